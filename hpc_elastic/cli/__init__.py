@@ -1,0 +1,1 @@
+"""The ``hpc-elastic`` command line: thin click commands that build config and call the library."""

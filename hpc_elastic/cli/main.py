@@ -1,0 +1,50 @@
+"""Entry point of the ``hpc-elastic`` command."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from hpc_elastic import __version__
+from hpc_elastic.errors import HpcElasticError
+
+USAGE_EXIT_CODE = 2
+
+
+class UserError(click.ClickException):
+    """One clear line on stderr and exit code 2 (bad input, Slurm unreachable, ...)."""
+
+    exit_code = USAGE_EXIT_CODE
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"hpc-elastic: error: {self.format_message()}", err=True)
+
+
+class Group(click.Group):
+    """A click group that maps library errors to :class:`UserError`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (HpcElasticError, ValueError) as exc:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise UserError(message) from exc
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hpc-elastic")
+def cli() -> None:
+    """hpc-elastic: elastic, preemptible, reproducible training on Slurm."""
+
+
+def _register() -> None:
+    from hpc_elastic.cli.cluster import cluster
+
+    for command in (cluster,):
+        cli.add_command(command)
+
+
+def main() -> None:
+    _register()
+    cli()

@@ -1,0 +1,194 @@
+"""Argv builders for every Slurm command hpc-elastic runs: pure, validated, tested for their exact argv.
+
+Nothing here runs a command; :mod:`hpc_elastic.slurm.runner` does. Values are validated before they reach an
+argv so that a bad job id or field value is a :class:`ValueError` naming it, never a half-applied change.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from hpc_elastic.slurm.parse import FIELD_SEPARATOR, SACCT_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
+
+
+class JobAction(enum.StrEnum):
+    """``scontrol <action> <job list>`` actions."""
+
+    REQUEUE = "requeue"
+    HOLD = "hold"
+    RELEASE = "release"
+    SUSPEND = "suspend"
+    RESUME = "resume"
+
+
+# Job fields hpc-elastic changes with ``scontrol update``; values are checked by the matching pattern.
+_INT = re.compile(r"-?\d+")
+_NONNEG = re.compile(r"\d+")
+_HOSTLIST = re.compile(r"[A-Za-z0-9_.\-\[\],]*")
+_TIME = re.compile(r"(UNLIMITED|INFINITE|\d+(-\d+)?(:\d+){0,2})", re.IGNORECASE)
+_NUM_NODES = re.compile(r"(\d+(-\d+)?|ALL)", re.IGNORECASE)
+UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
+    "Priority": _NONNEG,
+    "SiteFactor": _INT,
+    "Nice": _INT,
+    "NumNodes": _NUM_NODES,
+    "ReqNodeList": _HOSTLIST,
+    "ExcNodeList": _HOSTLIST,
+    "TimeLimit": _TIME,
+    "Comment": re.compile(r"[^\n\r\x00]*"),
+}
+
+SIGNAL_NAMES = frozenset(
+    {"HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "PIPE", "ALRM", "TERM", "CONT", "STOP", "TSTP", "URG"}
+)
+
+
+def job_id_list(job_ids: Iterable[int]) -> list[int]:
+    """Validated, de-duplicated job ids in their given order."""
+    out: list[int] = []
+    for job_id in job_ids:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+            raise ValueError(f"job id must be a positive integer, got {job_id!r}")
+        if job_id not in out:
+            out.append(job_id)
+    return out
+
+
+def _ids_or_raise(job_ids: Iterable[int]) -> str:
+    ids = job_id_list(job_ids)
+    if not ids:
+        raise ValueError("no job id given")
+    return ",".join(map(str, ids))
+
+
+def squeue_json(job_ids: Iterable[int] | None = None) -> list[str]:
+    argv = ["squeue", "--all", "--json"]
+    if job_ids is not None:
+        argv.append(f"--jobs={_ids_or_raise(job_ids)}")
+    return argv
+
+
+def squeue_text(job_ids: Iterable[int] | None = None) -> list[str]:
+    fmt = FIELD_SEPARATOR.join(code for _, code in SQUEUE_TEXT_FIELDS)
+    argv = ["squeue", "--all", "--noheader", "--states=all", f"--format={fmt}"]
+    if job_ids is not None:
+        argv.append(f"--jobs={_ids_or_raise(job_ids)}")
+    return argv
+
+
+def sinfo_json() -> list[str]:
+    return ["sinfo", "--json"]
+
+
+def scontrol_show_nodes() -> list[str]:
+    return ["scontrol", "show", "node", "--oneliner"]
+
+
+def scontrol_show_partitions() -> list[str]:
+    return ["scontrol", "show", "partition", "--oneliner"]
+
+
+def _slurm_time(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError(f"time must be timezone-aware, got {moment!r}")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _sacct_window(start: datetime, end: datetime | None, job_ids: Iterable[int] | None) -> list[str]:
+    if end is not None and end < start:
+        raise ValueError(f"history window ends ({end.isoformat()}) before it starts ({start.isoformat()})")
+    argv = ["--allusers", "--duplicates", f"--starttime={_slurm_time(start)}"]
+    if end is not None:
+        argv.append(f"--endtime={_slurm_time(end)}")
+    if job_ids is not None:
+        argv.append(f"--jobs={_ids_or_raise(job_ids)}")
+    return argv
+
+
+def sacct_json(start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[str]:
+    """Jobs (allocations, every requeue as its own record) in a time window. Times are sent in UTC, so the
+    command runs with ``TZ=UTC``."""
+    return ["sacct", "--json", *_sacct_window(start, end, job_ids)]
+
+
+def sacct_text(start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[str]:
+    return [
+        "sacct",
+        "--parsable2",
+        "--noheader",
+        "--allocations",
+        f"--format={','.join(SACCT_TEXT_FIELDS)}",
+        *_sacct_window(start, end, job_ids),
+    ]
+
+
+def sprio_site_factors(job_ids: Iterable[int] | None = None) -> list[str]:
+    argv = ["sprio", "--noheader", "--format=%i|%S"]
+    if job_ids is not None:
+        argv.append(f"--jobs={_ids_or_raise(job_ids)}")
+    return argv
+
+
+def sbatch(script: str | None, options: Sequence[str] = ()) -> list[str]:
+    """``sbatch --parsable [options] [script]``; ``script=None`` reads the script from standard input."""
+    for option in options:
+        if not option.startswith("-") or "\n" in option or "\x00" in option:
+            raise ValueError(f"sbatch option must start with '-' and be one line, got {option!r}")
+    argv = ["sbatch", "--parsable", *options]
+    if script is not None:
+        if not script or script.startswith("-"):
+            raise ValueError(f"bad batch script path {script!r}")
+        argv.append(script)
+    return argv
+
+
+def scontrol_update(job_id: int, fields: Mapping[str, str | int]) -> list[str]:
+    """``scontrol update JobId=<id> Key=Value ...`` for the fields in :data:`UPDATABLE_FIELDS`."""
+    (checked_id,) = job_id_list([job_id])
+    if not fields:
+        raise ValueError("scontrol update needs at least one field")
+    argv = ["scontrol", "update", f"JobId={checked_id}"]
+    for key, raw in fields.items():
+        pattern = UPDATABLE_FIELDS.get(key)
+        if pattern is None:
+            raise ValueError(f"cannot update job field {key!r}; allowed: {', '.join(UPDATABLE_FIELDS)}")
+        value = str(raw)
+        if isinstance(raw, bool) or not pattern.fullmatch(value):
+            raise ValueError(f"bad value for {key}: {raw!r}")
+        argv.append(f"{key}={value}")
+    return argv
+
+
+def scontrol_action(action: JobAction, job_ids: Iterable[int]) -> list[str]:
+    return ["scontrol", JobAction(action).value, _ids_or_raise(job_ids)]
+
+
+def scancel(job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False) -> list[str]:
+    """``scancel [--signal=SIG] [--batch|--full] ids``: without a signal the jobs are cancelled."""
+    if batch and full:
+        raise ValueError("scancel: --batch and --full exclude each other")
+    argv = ["scancel"]
+    if signal is not None:
+        name = signal.upper().removeprefix("SIG")
+        if name not in SIGNAL_NAMES and not (name.isdigit() and 0 < int(name) < 65):
+            raise ValueError(f"unknown signal {signal!r}")
+        argv.append(f"--signal={name}")
+    if batch:
+        argv.append("--batch")
+    if full:
+        argv.append("--full")
+    argv.extend(str(i) for i in job_id_list(job_ids))
+    if len(argv) == 1 + (signal is not None) + batch + full:
+        raise ValueError("no job id given")
+    return argv
+
+
+def scontrol_version() -> list[str]:
+    return ["scontrol", "--version"]
+
+
+def scontrol_ping() -> list[str]:
+    return ["scontrol", "ping"]
