@@ -25,6 +25,8 @@ class Environment:
     slurm_timeout_s: float = DEFAULT_SLURM_TIMEOUT_S
     slurm_conf: Path | None = None
     profile_dir: Path | None = None
+    est_spec: Path | None = None
+    est_rank: int | None = None
 
 
 def _positive_float(name: str, raw: str) -> float:
@@ -37,6 +39,18 @@ def _positive_float(name: str, raw: str) -> float:
     return value
 
 
+def _rank(raw: str | None) -> int | None:
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"HPC_ELASTIC_EST_RANK must be a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"HPC_ELASTIC_EST_RANK must be a non-negative integer, got {raw!r}")
+    return value
+
+
 def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
     """Build an :class:`Environment` from ``environ`` (``os.environ`` when omitted).
 
@@ -46,6 +60,8 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
     - ``HPC_ELASTIC_SLURM_BACKEND``: ``auto`` (default), ``cli`` or ``pyslurm``.
     - ``HPC_ELASTIC_SLURM_TIMEOUT``: seconds one Slurm command may take (default 30).
     - ``HPC_ELASTIC_PROFILES``: directory of model profiles (default: ``profiles/`` of the source checkout).
+    - ``HPC_ELASTIC_EST_SPEC``: run spec of an EST job process (set by ``hpc_elastic.est.launch``).
+    - ``HPC_ELASTIC_EST_RANK``: process rank of that job (gloo launches; MPI and Horovod know their own).
     - ``SLURM_CONF``: Slurm's own variable, read only to report which configuration is in use.
     """
     env = os.environ if environ is None else environ
@@ -64,6 +80,8 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
         slurm_timeout_s=timeout,
         slurm_conf=Path(conf) if conf else None,
         profile_dir=Path(env["HPC_ELASTIC_PROFILES"]) if env.get("HPC_ELASTIC_PROFILES") else None,
+        est_spec=Path(env["HPC_ELASTIC_EST_SPEC"]) if env.get("HPC_ELASTIC_EST_SPEC") else None,
+        est_rank=_rank(env.get("HPC_ELASTIC_EST_RANK")),
     )
 
 

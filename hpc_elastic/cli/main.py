@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import click
@@ -34,8 +35,12 @@ class Group(click.Group):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpc-elastic")
-def cli() -> None:
+@click.option("-v", "--verbose", count=True, help="More log output (-v: info, -vv: debug).")
+def cli(verbose: int) -> None:
     """hpc-elastic: elastic, preemptible, reproducible training on Slurm."""
+    # Without -v only errors are logged: a one-shot command reports failures as one line and exit code 2.
+    level = {0: logging.ERROR, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _register() -> None:

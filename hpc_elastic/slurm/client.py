@@ -190,7 +190,15 @@ class CliSlurm:
     def cancel(
         self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None:
-        self.runner.run(commands.scancel(job_ids, signal, batch=batch, full=full), idempotent=signal is None)
+        """Cancel or signal jobs. Unknown ids raise :class:`JobNotFound` before anything is sent: scancel itself
+        exits 0 and says nothing for a job id Slurm does not know (22.05)."""
+        argv = commands.scancel(job_ids, signal, batch=batch, full=full)
+        ids = commands.job_id_list(job_ids)
+        known = {job.job_id for job in self.jobs(ids)}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise JobNotFound(argv, 0, f"Invalid job id specified: {','.join(map(str, missing))}")
+        self.runner.run(argv, idempotent=signal is None)
 
 
 def _with_site_factor(job: Job, factor: int | None) -> Job:

@@ -25,8 +25,8 @@ Formats understood
   Slurm 22.05's ``squeue --json`` ignores ``-j``/``-u`` filters: callers filter the parsed jobs themselves.
 - Text fallbacks for sites without the JSON plugins: ``squeue --noheader --format`` with the field list of
   :data:`SQUEUE_TEXT_FIELDS` separated by :data:`FIELD_SEPARATOR`, ``scontrol show node|partition --oneliner``,
-  ``sacct --parsable2`` with :data:`SACCT_TEXT_FIELDS`. Times in text output are epoch seconds because the
-  adapter runs those commands with ``SLURM_TIME_FORMAT=%s``.
+  ``sacct --parsable2`` with :data:`SACCT_TEXT_FIELDS`. Times in text output are read as UTC because the
+  adapter runs those commands with ``TZ=UTC SLURM_TIME_FORMAT=standard`` (ISO 8601 in UTC).
 """
 
 from __future__ import annotations
@@ -124,7 +124,9 @@ def number(value: Any) -> int | None:
 
 
 def epoch(value: Any) -> datetime | None:
-    """A UTC datetime from epoch seconds (0 and sentinels mean unset)."""
+    """A UTC datetime from epoch seconds or ISO 8601 text in UTC (0, sentinels, ``N/A``, ``Unknown`` mean unset)."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\s*", value):
+        return datetime.fromisoformat(value.strip()).replace(tzinfo=UTC)
     seconds = number(value)
     if seconds is None or seconds <= 0:
         return None
@@ -622,7 +624,7 @@ def parse_squeue_text(text: str) -> list[Job]:
                 state=state,
                 partition=row["partition"],
                 account=row["account"],
-                array_job_id=_array_parent(row["array_job_id"], row["job_id"]),
+                array_job_id=number(row["array_job_id"]) if number(row["array_task_id"]) is not None else None,
                 array_task_id=number(row["array_task_id"]),
                 submit_time=epoch(row["submit_time"]),
                 start_time=epoch(row["start_time"]) if started else None,
@@ -639,11 +641,6 @@ def parse_squeue_text(text: str) -> list[Job]:
             )
         )
     return jobs
-
-
-def _array_parent(parent: str, job_id: str) -> int | None:
-    value = number(parent)
-    return None if value is None or str(value) == job_id.strip() else value
 
 
 def parse_sacct_text(text: str) -> list[Job]:

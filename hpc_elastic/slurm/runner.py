@@ -22,8 +22,10 @@ from hpc_elastic.slurm.errors import JobNotFound, PermissionDenied, SlurmCommand
 
 log = logging.getLogger(__name__)
 
-# Every command runs in UTC with epoch timestamps in text output, so parsing never depends on the locale.
-COMMAND_ENVIRONMENT = {"TZ": "UTC", "SLURM_TIME_FORMAT": "%s"}
+# Every command runs in UTC with ISO 8601 timestamps in text output, so parsing never depends on the site's
+# locale or time zone. (``SLURM_TIME_FORMAT=%s`` would give epochs, but sacct then rejects its own
+# ``--starttime``: "Invalid time specification".)
+COMMAND_ENVIRONMENT = {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
 
 _UNAVAILABLE = re.compile(
     r"unable to contact slurm controller|connection refused|socket timed out|zero bytes were transmitted"

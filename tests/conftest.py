@@ -1,0 +1,30 @@
+"""Shared pytest configuration.
+
+Integration tests (``-m integration``) run against the local dev cluster brought up by
+``scripts/dev-cluster up``. Where no cluster answers they skip with the reason, unless
+``HPC_ELASTIC_REQUIRE_CLUSTER=1`` (set by ``make test`` and CI), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Tests that stop Slurm daemons run last, so that they cannot disturb the others.
+    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+
+
+@pytest.fixture(scope="session")
+def slurm_data() -> Path:
+    return DATA / "slurm-22.05"
+
+
+def require_cluster() -> bool:
+    return os.environ.get("HPC_ELASTIC_REQUIRE_CLUSTER") == "1"

@@ -1,0 +1,101 @@
+"""Exact argv of every Slurm command, and rejection of bad values before anything runs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from hpc_elastic.slurm import commands
+from hpc_elastic.slurm.commands import JobAction
+
+
+def test_reads() -> None:
+    assert commands.squeue_json() == ["squeue", "--all", "--json"]
+    assert commands.squeue_json([3, 1, 3]) == ["squeue", "--all", "--json", "--jobs=3,1"]
+    text = commands.squeue_text([5])
+    assert text[:4] == ["squeue", "--all", "--noheader", "--states=all"]
+    assert text[4].startswith("--format=%A\x1f%F\x1f%K") and text[-1] == "--jobs=5"
+    assert commands.sinfo_json() == ["sinfo", "--json"]
+    assert commands.scontrol_show_nodes() == ["scontrol", "show", "node", "--oneliner"]
+    assert commands.scontrol_show_partitions() == ["scontrol", "show", "partition", "--oneliner"]
+    assert commands.sprio_site_factors([9]) == ["sprio", "--noheader", "--format=%i|%S", "--jobs=9"]
+
+
+def test_sacct_window_in_utc() -> None:
+    start = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=2)))
+    assert commands.sacct_json(start, job_ids=[7]) == [
+        "sacct",
+        "--json",
+        "--allusers",
+        "--duplicates",
+        "--starttime=2026-01-02T01:04:05",
+        "--jobs=7",
+    ]
+    end = datetime(2026, 1, 3, tzinfo=UTC)
+    argv = commands.sacct_text(start, end)
+    assert argv[:4] == ["sacct", "--parsable2", "--noheader", "--allocations"]
+    assert argv[-1] == "--endtime=2026-01-03T00:00:00"
+    with pytest.raises(ValueError, match="timezone-aware"):
+        commands.sacct_json(datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="before it starts"):
+        commands.sacct_json(end, start)
+
+
+def test_sbatch() -> None:
+    assert commands.sbatch("/gpfs/job.sh", ["--gres=gpu:a100:2", "-N", "1"][:1]) == [
+        "sbatch",
+        "--parsable",
+        "--gres=gpu:a100:2",
+        "/gpfs/job.sh",
+    ]
+    assert commands.sbatch(None) == ["sbatch", "--parsable"]
+    with pytest.raises(ValueError, match="option must start"):
+        commands.sbatch("x.sh", ["gres=gpu:1"])
+    with pytest.raises(ValueError, match="one line"):
+        commands.sbatch("x.sh", ["--comment=a\n#SBATCH --x"])
+    with pytest.raises(ValueError, match="bad batch script"):
+        commands.sbatch("--wrap=x")
+
+
+def test_scontrol_update() -> None:
+    assert commands.scontrol_update(12, {"Priority": 100, "SiteFactor": -5}) == [
+        "scontrol",
+        "update",
+        "JobId=12",
+        "Priority=100",
+        "SiteFactor=-5",
+    ]
+    assert commands.scontrol_update(3, {"NumNodes": 1, "ReqNodeList": "node[1-2]", "TimeLimit": "1-00:00:00"})[3:] == [
+        "NumNodes=1",
+        "ReqNodeList=node[1-2]",
+        "TimeLimit=1-00:00:00",
+    ]
+    with pytest.raises(ValueError, match="cannot update job field 'Partition'"):
+        commands.scontrol_update(1, {"Partition": "x"})
+    with pytest.raises(ValueError, match="bad value for Priority: -1"):
+        commands.scontrol_update(1, {"Priority": -1})
+    with pytest.raises(ValueError, match="bad value for ReqNodeList"):
+        commands.scontrol_update(1, {"ReqNodeList": "node1 Priority=9"})
+    with pytest.raises(ValueError, match="at least one field"):
+        commands.scontrol_update(1, {})
+    with pytest.raises(ValueError, match="positive integer, got 0"):
+        commands.scontrol_update(0, {"Priority": 1})
+
+
+def test_actions_and_scancel() -> None:
+    assert commands.scontrol_action(JobAction.REQUEUE, [4, 5]) == ["scontrol", "requeue", "4,5"]
+    assert commands.scontrol_action(JobAction("hold"), [4]) == ["scontrol", "hold", "4"]
+    with pytest.raises(ValueError, match="no job id"):
+        commands.scontrol_action(JobAction.RELEASE, [])
+    assert commands.scancel([8]) == ["scancel", "8"]
+    assert commands.scancel([8, 9], "SIGUSR1", batch=True) == ["scancel", "--signal=USR1", "--batch", "8", "9"]
+    assert commands.scancel([8], "term", full=True) == ["scancel", "--signal=TERM", "--full", "8"]
+    with pytest.raises(ValueError, match="unknown signal 'FOO'"):
+        commands.scancel([8], "FOO")
+    with pytest.raises(ValueError, match="exclude each other"):
+        commands.scancel([8], batch=True, full=True)
+    with pytest.raises(ValueError, match="no job id"):
+        commands.scancel([], "USR1")
+    with pytest.raises(ValueError, match="positive integer, got True"):
+        commands.scancel([True])

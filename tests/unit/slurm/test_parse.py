@@ -1,0 +1,258 @@
+"""Parsers fed with output captured from the real dev cluster (Slurm 22.05.8) and newer-version shapes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.slurm import parse
+from hpc_elastic.slurm.errors import SlurmParseError
+from hpc_elastic.slurm.types import GpuCounts, JobState, NodeState, PartitionState
+
+
+def read(data: Path, name: str) -> str:
+    return (data / name).read_text()
+
+
+def test_squeue_json_running_and_pending_jobs(slurm_data: Path) -> None:
+    jobs = {j.job_id: j for j in parse.parse_squeue_json(read(slurm_data, "squeue.json"))}
+    gpu = jobs[1]
+    assert gpu.state is JobState.RUNNING
+    assert gpu.name == "gputest" and gpu.user == "root" and gpu.partition == "gpu"
+    assert gpu.gpus == GpuCounts.of({"a100": 2}) and gpu.gpu_count == 2
+    assert gpu.nodes == ("node1",) and gpu.node_count == 1
+    assert gpu.start_time == datetime.fromtimestamp(1795355318, tz=UTC)
+    assert gpu.time_limit_s is None and gpu.memory_mb == 256 and gpu.requeue is True
+    two = jobs[2]
+    assert two.nodes == ("node5", "node6") and two.gpu_count == 0 and two.cpus == 2
+    assert jobs[3].comment == "hpc-elastic:test" and jobs[3].gpus.as_dict() == {"v100": 8}
+    pending = jobs[4]
+    assert pending.state is JobState.PENDING and pending.pending_reason == "Resources"
+    assert pending.start_time is None and pending.nodes == ()
+    assert pending.time_limit_s == 600 and pending.gpus.as_dict() == {"v100": 8}
+    done = jobs[5]
+    assert done.state is JobState.COMPLETED and done.exit_code == 0 and done.end_time is not None
+
+
+def test_squeue_json_after_requeue_counts_restart(slurm_data: Path) -> None:
+    jobs = {j.job_id: j for j in parse.parse_squeue_json(read(slurm_data, "squeue_after_requeue.json"))}
+    requeued = jobs[1]
+    assert requeued.state is JobState.PENDING
+    assert requeued.pending_reason == "BeginTime"
+    assert requeued.restart_count == 1
+    assert requeued.nodes == ()
+
+
+def test_squeue_text_fallback(slurm_data: Path) -> None:
+    jobs = {j.name: j for j in parse.parse_squeue_text(read(slurm_data, "squeue_text.txt")) if j.name != "arr"}
+    fill = jobs["fill|a100"]  # '|' in name and comment: the fields are separated by \x1f
+    assert fill.comment == "hpc-elastic:managed|x" and fill.state is JobState.RUNNING
+    assert fill.nodes == ("node1", "node2") and fill.gpus.as_dict() == {"a100": 8}
+    assert fill.start_time == datetime(2026, 11, 22, 14, 3, 18, tzinfo=UTC)
+    waiter = jobs["waiter"]
+    assert waiter.state is JobState.PENDING and waiter.priority == 250 and waiter.time_limit_s == 300
+    assert waiter.nodes == () and waiter.start_time is None and waiter.pending_reason == ""
+    assert jobs["requeued"].state is JobState.PENDING and jobs["requeued"].comment == ""
+    tasks = sorted(
+        (j.array_task_id, j.array_job_id, j.job_id)
+        for j in parse.parse_squeue_text(read(slurm_data, "squeue_text.txt"))
+        if j.name == "arr"
+    )
+    assert tasks == [(0, 26, 28), (1, 26, 26)]  # the first task listed carries the array's id
+    assert fill.array_job_id is None and fill.time_limit_s is None  # UNLIMITED
+
+
+def test_squeue_text_rejects_wrong_field_count() -> None:
+    with pytest.raises(SlurmParseError, match="line 1: expected"):
+        parse.parse_squeue_text("1\x1fonly-two\n")
+
+
+def test_sinfo_json_nodes(slurm_data: Path) -> None:
+    nodes = {n.name: n for n in parse.parse_sinfo_json(read(slurm_data, "sinfo.json"))}
+    assert sorted(nodes) == [f"node{i}" for i in range(1, 7)]
+    node1 = nodes["node1"]
+    assert node1.state is NodeState.MIXED and node1.cpus == 8 and node1.memory_mb == 16000
+    assert node1.gpus.as_dict() == {"a100": 4}
+    assert node1.gpus_allocated.as_dict() == {"a100": 2} and node1.gpus_free.as_dict() == {"a100": 2}
+    assert node1.partitions == ("gpu", "gpu-a100") and node1.features == ("a100",) and node1.available
+    assert nodes["node3"].gpus_free.total == 0
+    assert nodes["node5"].gpus.total == 0 and nodes["node5"].partitions == ("cpu",)
+
+
+def test_scontrol_nodes_text_agrees_with_sinfo_json(slurm_data: Path) -> None:
+    text = {n.name: n for n in parse.parse_scontrol_nodes(read(slurm_data, "scontrol_show_node_busy.txt"))}
+    js = {n.name: n for n in parse.parse_sinfo_json(read(slurm_data, "sinfo_busy.json"))}
+    assert set(text) == set(js)
+    for name, node in text.items():
+        assert node.gpus == js[name].gpus
+        assert node.gpus_allocated == js[name].gpus_allocated, name
+        assert node.cpus == js[name].cpus and node.partitions == js[name].partitions
+        assert node.state == js[name].state
+
+
+def test_partitions(slurm_data: Path) -> None:
+    parts = {p.name: p for p in parse.parse_scontrol_partitions(read(slurm_data, "scontrol_show_partition.txt"))}
+    assert list(parts) == ["gpu", "gpu-a100", "gpu-v100", "cpu"]
+    assert parts["gpu"].default and not parts["cpu"].default
+    assert parts["gpu"].nodes == ("node1", "node2", "node3", "node4")
+    assert parts["cpu"].state is PartitionState.UP and parts["cpu"].max_time_s is None
+    assert parts["gpu"].preempt_mode == "REQUEUE" and parts["gpu"].total_cpus == 32
+
+
+def test_sacct_json_keeps_each_requeue(slurm_data: Path) -> None:
+    jobs = parse.parse_sacct_json(read(slurm_data, "sacct.json"))
+    runs_of_1 = [j for j in jobs if j.job_id == 1]
+    assert [j.state for j in runs_of_1] == [JobState.REQUEUED, JobState.COMPLETED]
+    assert [j.elapsed_s for j in runs_of_1] == [14, 60]
+    assert all(j.gpus.as_dict() == {"a100": 2} for j in runs_of_1)
+    big = next(j for j in jobs if j.job_id == 3)
+    assert big.state is JobState.COMPLETED and big.nodes == ("node3", "node4") and big.gpu_count == 8
+    assert big.exit_code == 0 and big.cpus == 2
+
+
+def test_sacct_text_agrees_with_json(slurm_data: Path) -> None:
+    text = parse.parse_sacct_text(read(slurm_data, "sacct_parsable2.txt"))
+    by_id: dict[int, list[JobState]] = {}
+    for job in text:
+        by_id.setdefault(job.job_id, []).append(job.state)
+    assert by_id[1][:2] == [JobState.REQUEUED, JobState.COMPLETED]
+    first = text[0]
+    assert first.start_time == datetime(2026, 11, 22, 13, 48, 38, tzinfo=UTC) and first.elapsed_s == 14
+    assert first.gpus.as_dict() == {"a100": 2} and first.memory_mb == 256
+
+
+def test_sacct_text_skips_steps_and_keeps_pipes_in_comment() -> None:
+    fields = [
+        "12",
+        "12",
+        "n",
+        "u",
+        "COMPLETED",
+        "p",
+        "a",
+        "1",
+        "1",
+        "1",
+        "2",
+        "60",
+        "node1",
+        "1",
+        "cpu=1,gres/gpu=1",
+        "",
+        "1",
+        "5",
+        "0:15",
+        "None",
+        "1",
+        "100M",
+        "a|b",
+    ]
+    step = ["12.batch", *fields[1:]]
+    jobs = parse.parse_sacct_text("|".join(fields) + "\n" + "|".join(step) + "\n")
+    assert len(jobs) == 1
+    assert jobs[0].comment == "a|b" and jobs[0].signal == 15 and jobs[0].gpus.as_dict() == {"": 1}
+    assert jobs[0].time_limit_s == 3600
+
+
+def test_newer_version_shapes() -> None:
+    """Slurm 23.02+ wraps numbers in {set, infinite, number} and states in lists."""
+    record = {
+        "job_id": 42,
+        "name": "x",
+        "user_name": "alice",
+        "job_state": ["RUNNING"],
+        "submit_time": {"set": True, "infinite": False, "number": 1700000000},
+        "start_time": {"set": True, "infinite": False, "number": 1700000100},
+        "end_time": {"set": True, "infinite": False, "number": 0},
+        "time_limit": {"set": True, "infinite": True, "number": 0},
+        "priority": {"set": True, "infinite": False, "number": 77},
+        "nodes": "gpu[01-02]",
+        "node_count": {"set": True, "infinite": False, "number": 2},
+        "tres_alloc_str": "cpu=4,gres/gpu=8,gres/gpu:h100=8",
+        "memory_per_node": {"set": True, "infinite": False, "number": 1000},
+        "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "number": 0}},
+        "state_reason": "None",
+    }
+    job = parse.parse_squeue_json(json.dumps({"jobs": [record]}))[0]
+    assert job.state is JobState.RUNNING and job.priority == 77 and job.time_limit_s is None
+    assert job.nodes == ("gpu01", "gpu02") and job.gpus.as_dict() == {"h100": 8} and job.memory_mb == 2000
+    node = {
+        "name": "n1",
+        "state": ["IDLE", "DRAIN"],
+        "cpus": 4,
+        "gres": "gpu:h100:8(S:0-1)",
+        "gres_used": "gpu:h100:0(IDX:N/A)",
+        "partitions": ["p"],
+        "reason": {"description": "maint"},
+    }
+    parsed = parse.parse_sinfo_json(json.dumps({"nodes": [node]}))[0]
+    assert parsed.state is NodeState.IDLE and "DRAIN" in parsed.flags and not parsed.available
+    assert parsed.gpus_free.as_dict() == {"h100": 8} and parsed.reason == "maint"
+    sacct = {
+        "job_id": 5,
+        "state": {"current": ["COMPLETED"], "reason": "None"},
+        "time": {"start": 10, "end": 20, "elapsed": 10, "limit": {"set": True, "number": 5}},
+    }
+    hist = parse.parse_sacct_json(json.dumps({"jobs": [sacct]}))[0]
+    assert hist.state is JobState.COMPLETED and hist.time_limit_s == 300 and hist.elapsed_s == 10
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("node[1-3,7]", ("node1", "node2", "node3", "node7")),
+        ("gpu[08-10],cpu1", ("gpu08", "gpu09", "gpu10", "cpu1")),
+        ("rack[1-2]n[1-2]", ("rack1n1", "rack1n2", "rack2n1", "rack2n2")),
+        ("", ()),
+        ("(null)", ()),
+    ],
+)
+def test_hostlist_expand(text: str, names: tuple[str, ...]) -> None:
+    assert parse.expand_hostlist(text) == names
+
+
+def test_hostlist_roundtrip_and_errors() -> None:
+    names = ("node1", "node2", "node3", "node7", "gpu08", "gpu09", "login")
+    assert parse.compress_hostlist(names) == "login,node[1-3,7],gpu[08-09]"
+    assert set(parse.expand_hostlist(parse.compress_hostlist(names))) == set(names)
+    with pytest.raises(SlurmParseError, match="unbalanced"):
+        parse.expand_hostlist("node[1-2")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("UNLIMITED", None), ("10", 600), ("5:00", 300), ("1:02:03", 3723), ("2-00", 172800), ("1-01:00:00", 90000)],
+)
+def test_durations(text: str, seconds: int | None) -> None:
+    assert parse.duration_s(text) == seconds
+
+
+def test_gres_and_tres() -> None:
+    assert parse.gpus_from_gres("gpu:a100:4,gpu:v100:2(S:0)").as_dict() == {"a100": 4, "v100": 2}
+    assert parse.gpus_from_gres("gres:gpu:2").as_dict() == {"": 2}
+    assert parse.gpus_from_gres("(null)").total == 0
+    assert parse.gpus_from_tres(parse.parse_tres("gres/gpu=3,gres/gpu:a100=2")).as_dict() == {"": 1, "a100": 2}
+    assert parse.memory_mb("16G") == 16384 and parse.memory_mb("256Mc") == 256 and parse.memory_mb("x") is None
+
+
+def test_sbatch_and_sprio(slurm_data: Path) -> None:
+    assert parse.parse_sbatch_parsable("123\n") == 123
+    assert parse.parse_sbatch_parsable("77;cluster\n") == 77
+    with pytest.raises(SlurmParseError, match="no job id"):
+        parse.parse_sbatch_parsable("sbatch: error: something\n")
+    assert parse.parse_sprio_site_factors(read(slurm_data, "sprio.txt")) == {25: 250}
+
+
+def test_not_json_is_a_parse_error() -> None:
+    with pytest.raises(SlurmParseError, match="not JSON"):
+        parse.parse_squeue_json("squeue: error: ...")
+
+
+def test_job_state_spellings() -> None:
+    assert parse.job_state("CANCELLED by 0") is JobState.CANCELLED
+    assert parse.job_state(["PENDING", "REQUEUED"]) is JobState.PENDING
+    assert JobState.parse("PD") is JobState.PENDING and JobState.parse("bogus") is JobState.UNKNOWN
+    assert NodeState.parse("mix") is NodeState.MIXED and NodeState.parse("idle*") is NodeState.IDLE

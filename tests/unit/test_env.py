@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.env import DEFAULT_GPFS_ROOT, child_environment, read_environment
+
+
+def test_defaults_and_overrides() -> None:
+    env = read_environment({})
+    assert env.gpfs_root == DEFAULT_GPFS_ROOT and env.slurm_backend == "auto" and env.slurm_timeout_s == 30.0
+    env = read_environment(
+        {
+            "HPC_ELASTIC_GPFS": "/gpfs/x",
+            "HPC_ELASTIC_SLURM_BACKEND": "CLI",
+            "HPC_ELASTIC_SLURM_TIMEOUT": "5",
+            "SLURM_CONF": "/etc/slurm/slurm.conf",
+        }
+    )
+    assert env.gpfs_root == Path("/gpfs/x") and env.slurm_backend == "cli" and env.slurm_timeout_s == 5.0
+    assert env.slurm_conf == Path("/etc/slurm/slurm.conf")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("HPC_ELASTIC_SLURM_BACKEND", "rest", "must be one of auto, cli, pyslurm, got 'rest'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "soon", "must be a number of seconds, got 'soon'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "-1", "must be positive, got '-1'"),
+    ],
+)
+def test_bad_values(key: str, value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_environment({key: value})
+
+
+def test_child_environment() -> None:
+    assert child_environment({"TZ": "UTC"}, {"A": "1", "TZ": "x"}) == {"A": "1", "TZ": "UTC"}
