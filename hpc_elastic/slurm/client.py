@@ -55,9 +55,14 @@ class CliSlurm:
 
     name = "cli"
 
-    def __init__(self, runner: Runner | None = None, *, use_json: bool | None = None) -> None:
+    def __init__(
+        self, runner: Runner | None = None, *, use_json: bool | None = None, history_json: bool = False
+    ) -> None:
         self.runner = runner or Runner()
         self._json = use_json  # None: find out on first use
+        # sacct --json of Slurm 22.05 (dbv0.0.38) reports exit_code SUCCESS/0 for jobs that failed with a
+        # non-zero code (seen on the dev cluster), so history is read from --parsable2 unless asked otherwise.
+        self._history_json = history_json
 
     # ----------------------------------------------------------------------------------------- reads
 
@@ -134,6 +139,8 @@ class CliSlurm:
         ids = None if job_ids is None else commands.job_id_list(job_ids)
         if ids is not None and not ids:
             return []
+        if not self._history_json:
+            return parse.parse_sacct_text(self.runner.run(commands.sacct_text(start, end, ids)).stdout)
         is_json, out = self._read_json_or_text(
             commands.sacct_json(start, end, ids), commands.sacct_text(start, end, ids)
         )

@@ -73,9 +73,13 @@ def backoff_delays(policy: RetryPolicy, rng: random.Random) -> Iterator[float]:
         yield rng.uniform(0.0, min(policy.cap_s, policy.base_s * 2.0**attempt))
 
 
-def classify(argv: Sequence[str], returncode: int, stderr: str) -> SlurmCommandError | SlurmUnavailable | None:
+def classify(
+    argv: Sequence[str], returncode: int, stderr: str, stdout: str = ""
+) -> SlurmCommandError | SlurmUnavailable | None:
     """The typed error for a finished command, or None when it succeeded."""
     failed = returncode != 0
+    if failed and not stderr.strip() and re.search(r"\bis DOWN\b", stdout):  # `scontrol ping`
+        return SlurmUnavailable(f"{argv[0]}: Slurm is not reachable: {_first_line(stdout)}")
     if not failed and argv and argv[0] in _STDERR_CHECKED_ON_SUCCESS and _NOT_FOUND.search(stderr):
         return JobNotFound(argv, returncode, stderr)
     if not failed:
@@ -144,7 +148,7 @@ class Runner:
         except subprocess.TimeoutExpired as exc:
             raise SlurmUnavailable(f"{command[0]} did not answer within {self.timeout_s:g}s") from exc
         except subprocess.CalledProcessError as exc:
-            error = classify(command, exc.returncode, _text(exc.stderr))
+            error = classify(command, exc.returncode, _text(exc.stderr), _text(exc.stdout))
             if error is None:  # pragma: no cover - classify maps every non-zero exit to an error
                 error = SlurmCommandError(command, exc.returncode, _text(exc.stderr))
             raise error from exc

@@ -166,7 +166,9 @@ def test_finished_jobs_in_sacct(slurm: CliSlurm, workdir: Path, submitted: list[
     submitted.append(job_id)
 
     def finished() -> Job | None:
-        return next((j for j in slurm.history(start, job_ids=[job_id]) if not j.state.is_active), None)
+        # accounting is written asynchronously: wait for the complete record of this job
+        records = slurm.history(start, job_ids=[job_id])
+        return next((j for j in records if not j.state.is_active and j.name == "it-sacct" and j.partition), None)
 
     job = wait_for("sacct to record the finished job", finished)
     assert job.state is JobState.FAILED and job.exit_code == 3 and job.name == "it-sacct"
@@ -210,8 +212,10 @@ def test_controller_down_is_unavailable_then_recovers(slurm: CliSlurm) -> None:
         )
         restart.start()
         patient = CliSlurm(Runner(timeout_s=10.0, retry=RetryPolicy(12, 0.5, 4.0)))
-        patient.ping()
-        restart.join()
+        try:
+            patient.ping()
+        finally:
+            restart.join()
     finally:
         subprocess.run([str(DEV_CLUSTER), "up"], check=True, capture_output=True, timeout=180)
     assert {n.name for n in slurm.nodes()} == {f"node{i}" for i in range(1, 7)}

@@ -89,13 +89,19 @@ def test_other_json_errors_are_not_hidden() -> None:
 def test_history_and_writes(slurm_data: Path) -> None:
     cli, fake = make(
         {
-            "sacct --json": (slurm_data / "sacct.json").read_text(),
+            "sacct --parsable2": (slurm_data / "sacct_parsable2.txt").read_text(),
             "sbatch": "31\n",
             "squeue --all": (slurm_data / "squeue.json").read_text(),
         }
     )
     hist = cli.history(datetime(2026, 11, 22, tzinfo=UTC))
-    assert [j.state for j in hist if j.job_id == 1] == [JobState.REQUEUED, JobState.COMPLETED]
+    assert [j.state for j in hist if j.job_id == 1][:2] == [JobState.REQUEUED, JobState.COMPLETED]
+    assert fake.calls[-1][0][:2] == ["sacct", "--parsable2"]
+    json_history = CliSlurm(FakeRunner({"sacct --json": (slurm_data / "sacct.json").read_text()}), history_json=True)  # type: ignore[arg-type]
+    assert [j.state for j in json_history.history(datetime(2026, 11, 22, tzinfo=UTC)) if j.job_id == 1] == [
+        JobState.REQUEUED,
+        JobState.COMPLETED,
+    ]
     assert cli.submit(script_text="#!/bin/bash\ntrue\n", options=["--gres=gpu:1"]) == 31
     assert fake.calls[-1] == (["sbatch", "--parsable", "--gres=gpu:1"], "#!/bin/bash\ntrue\n", False)
     cli.set_site_factor(31, 100)

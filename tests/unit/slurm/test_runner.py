@@ -60,6 +60,11 @@ def test_classify(stderr: str, error: type[Exception]) -> None:
     assert type(found) is error
 
 
+def test_ping_of_a_down_controller_is_unavailable() -> None:
+    found = classify(["scontrol", "ping"], 1, "", "Slurmctld(primary) at vm is DOWN\n")
+    assert isinstance(found, SlurmUnavailable)
+
+
 def test_scancel_invalid_job_with_exit_zero_is_not_found() -> None:
     stderr = "scancel: error: Kill job error on job id 99: Invalid job id specified"
     assert isinstance(classify(["scancel", "99"], 0, stderr), JobNotFound)
