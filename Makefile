@@ -1,0 +1,37 @@
+# hpc-elastic — the two commands of the README:
+#   make demo   set everything up on a fresh Debian 12 machine, bring the local Slurm cluster up, run the demo
+#   make test   set everything up and run all tests (unit + integration against the local cluster) and lint
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup cluster demo test unit integration lint bench down
+
+setup:
+	scripts/install-deps
+
+cluster: setup
+	scripts/dev-cluster up
+
+demo: cluster
+	$(PY) scripts/demo.py
+
+# pytest exits 5 when nothing is collected; that is not a failure of the suite.
+test: lint cluster
+	HPC_ELASTIC_REQUIRE_CLUSTER=1 $(PY) -m pytest || [ $$? -eq 5 ]
+
+unit: setup
+	$(PY) -m pytest -m "not integration" || [ $$? -eq 5 ]
+
+integration: cluster
+	HPC_ELASTIC_REQUIRE_CLUSTER=1 $(PY) -m pytest -m integration || [ $$? -eq 5 ]
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: setup
+	@set -e; for b in bench/*.py; do [ -e "$$b" ] || continue; echo "== $$b"; $(PY) "$$b"; done
+
+down:
+	scripts/dev-cluster down
