@@ -90,3 +90,109 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
     base = dict(os.environ if environ is None else environ)
     base.update(overrides)
     return base
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inside an allocation: what the wrapper (wrappers/hpc-elastic-run) and each worker process see.
+#
+# The wrapper reads Slurm's variables and sets the HPC_ELASTIC_* ones for every worker it starts:
+#   HPC_ELASTIC_JOB_DIR      the job's directory on the shared filesystem: checkpoints/, control/, logs
+#   HPC_ELASTIC_WORKERS      logical workers N (the global data-parallel degree the script was designed for)
+#   HPC_ELASTIC_BACKEND      torch | mpi | horovod
+#   HPC_ELASTIC_RANK, HPC_ELASTIC_WORLD_SIZE, HPC_ELASTIC_LOCAL_RANK
+#                            this process's place among the M worker processes (else read from srun's
+#                            SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID or Open MPI's OMPI_COMM_WORLD_*)
+#   MASTER_ADDR, MASTER_PORT torch.distributed rendezvous
+# Control files (in HPC_ELASTIC_JOB_DIR/control): ``stop`` asks workers to checkpoint at the next mini-batch
+# boundary and exit; ``ack.json`` is written by rank 0 once that checkpoint is committed.
+# ----------------------------------------------------------------------------------------------------------
+
+JOB_BACKENDS = ("torch", "mpi", "horovod")
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """The allocation and this process's place in it."""
+
+    job_id: int | None = None
+    job_name: str = ""
+    restart_count: int = 0
+    node_list: str = ""
+    num_nodes: int = 1
+    node_name: str = ""
+    gpus: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of this process / task
+    gpus_per_task: int = 0  # the job's --gpus-per-task (SLURM_GPUS_PER_TASK, e.g. "a100:1")
+    cpus_on_node: int | None = None
+    job_dir: Path | None = None
+    workers: int | None = None
+    backend: str = "torch"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _first_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = _int(env, name)
+        if value is not None:
+            return value
+    return default
+
+
+def _gpus_per_task(raw: str) -> int:
+    """``SLURM_GPUS_PER_TASK``: ``1``, ``a100:1``, or ``a100:1,v100:1`` (types summed)."""
+    total = 0
+    for item in raw.split(","):
+        count = item.strip().rsplit(":", 1)[-1]
+        if count.isdigit():
+            total += int(count)
+    return total
+
+
+def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
+    """The :class:`JobEnvironment` of this process (``os.environ`` when ``environ`` is omitted)."""
+    env = os.environ if environ is None else environ
+    backend = env.get("HPC_ELASTIC_BACKEND", "torch").strip().lower() or "torch"
+    if backend not in JOB_BACKENDS:
+        raise ValueError(f"HPC_ELASTIC_BACKEND must be one of {', '.join(JOB_BACKENDS)}, got {backend!r}")
+    workers = _int(env, "HPC_ELASTIC_WORKERS")
+    if workers is not None and workers < 1:
+        raise ValueError(f"HPC_ELASTIC_WORKERS must be >= 1, got {workers}")
+    rank = _first_int(env, ("HPC_ELASTIC_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"), 0)
+    world = _first_int(env, ("HPC_ELASTIC_WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), 1)
+    local = _first_int(env, ("HPC_ELASTIC_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"), 0)
+    if not 0 <= rank < world:
+        raise ValueError(f"process rank {rank} is outside a world of {world}")
+    devices = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    job_dir = env.get("HPC_ELASTIC_JOB_DIR")
+    return JobEnvironment(
+        job_id=_int(env, "SLURM_JOB_ID"),
+        job_name=env.get("SLURM_JOB_NAME", ""),
+        restart_count=_int(env, "SLURM_RESTART_COUNT", 0) or 0,
+        node_list=env.get("SLURM_JOB_NODELIST", ""),
+        num_nodes=_int(env, "SLURM_JOB_NUM_NODES", 1) or 1,
+        node_name=env.get("SLURMD_NODENAME", ""),
+        gpus=tuple(d for d in devices.split(",") if d and devices not in {"NoDevFiles", "-1"}),
+        gpus_per_task=_gpus_per_task(env.get("SLURM_GPUS_PER_TASK", "")),
+        cpus_on_node=_int(env, "SLURM_CPUS_ON_NODE"),
+        job_dir=Path(job_dir) if job_dir else None,
+        workers=workers,
+        backend=backend,
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1") or "127.0.0.1",
+        master_port=_int(env, "MASTER_PORT", 29500) or 29500,
+    )

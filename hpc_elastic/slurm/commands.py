@@ -192,3 +192,34 @@ def scontrol_version() -> list[str]:
 
 def scontrol_ping() -> list[str]:
     return ["scontrol", "ping"]
+
+
+def srun_step(
+    command: Sequence[str],
+    ntasks: int,
+    *,
+    mpi: str | None = None,
+    gpus_per_task: int = 0,
+    kill_on_bad_exit: bool = True,
+) -> list[str]:
+    """``srun`` of the worker step inside an allocation: one task per worker process.
+
+    ``gpus_per_task`` must be given to srun itself: a step does not bind GPUs to tasks from the batch job's
+    ``--gpus-per-task`` (22.05: every task then sees no ``CUDA_VISIBLE_DEVICES``).
+    """
+    if ntasks < 1:
+        raise ValueError(f"srun needs at least one task, got {ntasks}")
+    if not command:
+        raise ValueError("srun needs a command")
+    if mpi is not None and mpi not in {"pmix", "pmi2", "none"}:
+        raise ValueError(f"unknown MPI plugin {mpi!r}")
+    if gpus_per_task < 0:
+        raise ValueError(f"gpus per task must be >= 0, got {gpus_per_task}")
+    argv = ["srun", f"--ntasks={ntasks}", "--unbuffered"]
+    if gpus_per_task:
+        argv.append(f"--gpus-per-task={gpus_per_task}")
+    if kill_on_bad_exit:
+        argv.append("--kill-on-bad-exit=1")
+    if mpi:
+        argv.append(f"--mpi={mpi}")
+    return [*argv, *command]

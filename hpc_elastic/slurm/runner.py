@@ -162,3 +162,14 @@ def _text(value: str | bytes | None) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a long-running Slurm step (``srun``/``mpirun``) in its own process group, so that the wrapper
+    can signal it and everything it started as one (``os.killpg``), and nothing outlives the wrapper."""
+    command = list(argv)
+    log.info("starting %s", command)
+    try:
+        return subprocess.Popen(command, env=env, shell=False, start_new_session=True)
+    except FileNotFoundError as exc:
+        raise SlurmUnavailable(f"{command[0]} not found: are Slurm's client commands installed?") from exc

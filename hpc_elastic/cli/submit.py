@@ -1,0 +1,61 @@
+"""``hpc-elastic submit SCRIPT [-- ARGS]``: write the batch script and submit it with sbatch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from hpc_elastic.env import read_environment
+from hpc_elastic.launch.batch import render_batch_script
+from hpc_elastic.launch.spec import Backend, SubmitSpec, explicit_options, merge, parse_directives
+
+
+def wrapper_argv(python: str) -> list[str]:
+    """How the batch script starts the wrapper: ``wrappers/hpc-elastic-run`` of this checkout when present,
+    else the same entry point as a module of the installed package."""
+    import hpc_elastic
+
+    script = Path(hpc_elastic.__file__).resolve().parent.parent / "wrappers" / "hpc-elastic-run"
+    return [python, str(script)] if script.is_file() else [python, "-m", "hpc_elastic.launch.run"]
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("script", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--gpus", type=int, help="GPUs now (one worker process each); 0 for a CPU job.")
+@click.option("--min-gpus", type=int, help="Fewest GPUs the scheduler may shrink the job to.")
+@click.option("--max-gpus", type=int, help="Most GPUs the scheduler may grow the job to.")
+@click.option("--gpu-type", help="GPU type (gres type), e.g. a100.")
+@click.option("--procs", type=int, help="Worker processes of a CPU job.")
+@click.option("--cpus-per-worker", type=int, help="CPU cores per worker process.")
+@click.option("--nodes", type=int, help="Nodes (default: Slurm decides).")
+@click.option("--partition", help="Slurm partition.")
+@click.option("--time", help="Time limit (Slurm format, e.g. 2:00:00).")
+@click.option("--backend", type=click.Choice([b.value for b in Backend]), help="Distributed backend.")
+@click.option("--workers", type=int, help="Logical workers N (default: GPUs).")
+@click.option("--ckpt-root", type=click.Path(path_type=Path), help="Job directories on the shared filesystem.")
+@click.option("--profile", help="Model profile name (profiles/).")
+@click.option("--job-name", help="Job name (default: the script's name).")
+@click.option("--grace", "grace_s", type=int, help="Seconds between the stop signal and the kill.")
+@click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
+def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
+    """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""
+    if not script.is_file():
+        raise ValueError(f"no such training script: {script}")
+    env = read_environment()
+    text = script.read_text(errors="replace")
+    base = SubmitSpec(
+        script=script.resolve(), args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=sys.executable
+    )
+    spec = merge(parse_directives(text), explicit_options(list(options.items())), base)
+    batch = render_batch_script(spec, wrapper_argv(spec.python))
+    if dry_run:
+        click.echo(batch, nl=False)
+        return
+    from hpc_elastic.slurm import connect
+
+    spec.ckpt_root.mkdir(parents=True, exist_ok=True)
+    job_id = connect(env).submit(script_text=batch)
+    click.echo(job_id)

@@ -1,0 +1,1 @@
+"""Submitting training jobs (``hpc-elastic submit``) and running them inside the allocation (the wrapper)."""

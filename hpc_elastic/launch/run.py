@@ -1,0 +1,29 @@
+"""Entry point of ``wrappers/hpc-elastic-run`` (also ``python -m hpc_elastic.launch.run``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from hpc_elastic.env import read_environment, read_job_environment
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.launch.supervisor import Supervisor, parse_wrapper_args
+from hpc_elastic.slurm import connect
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s hpc-elastic-run %(levelname)s: %(message)s")
+    try:
+        config = parse_wrapper_args(sys.argv[1:] if argv is None else argv)
+        job = read_job_environment()
+        slurm = connect(read_environment())
+        supervisor = Supervisor(config, job, slurm)
+    except (ValueError, HpcElasticError) as exc:
+        print(f"hpc-elastic-run: error: {exc}", file=sys.stderr)
+        return 2
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

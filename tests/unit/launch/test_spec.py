@@ -1,0 +1,135 @@
+"""Submit settings: validation, #HPC-ELASTIC directives, the job marker, and the batch script (golden files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.launch.batch import render_batch_script
+from hpc_elastic.launch.spec import Backend, SubmitSpec, decode_marker, encode_marker, merge, parse_directives
+from tests.conftest import DATA
+
+GOLDEN = DATA / "golden"
+WRAPPER = ["/opt/venv/bin/python", "/opt/hpc-elastic/wrappers/hpc-elastic-run"]
+
+
+def spec(**kw: object) -> SubmitSpec:
+    base: dict[str, object] = {
+        "script": Path("/home/u/train.py"),
+        "python": "/opt/venv/bin/python",
+        "ckpt_root": Path("/gpfs/jobs"),
+    }
+    base.update(kw)
+    return SubmitSpec(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [
+        (
+            "elastic_gpu",
+            {
+                "gpus": 4,
+                "min_gpus": 2,
+                "max_gpus": 8,
+                "workers": 8,
+                "gpu_type": "a100",
+                "partition": "gpu",
+                "time": "2:00:00",
+                "profile": "resnet_like",
+                "args": ("--lr", "0.1", "it's; rm -rf /", "$HOME"),
+            },
+        ),
+        (
+            "cpu_mpi",
+            {
+                "gpus": 0,
+                "procs": 4,
+                "cpus_per_worker": 2,
+                "nodes": 2,
+                "partition": "cpu",
+                "backend": Backend.MPI,
+                "job_name": "ps-job",
+                "grace_s": 30,
+            },
+        ),
+    ],
+)
+def test_batch_script_golden(name: str, settings: dict[str, object]) -> None:
+    text = render_batch_script(spec(**settings), WRAPPER)
+    golden = GOLDEN / f"{name}.sbatch"
+    assert text == golden.read_text(), f"regenerate {golden} if the change is intended"
+
+
+def test_everything_in_the_body_is_quoted() -> None:
+    text = render_batch_script(spec(args=("a b", "'q'", "`x`")), WRAPPER)
+    exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
+    assert exec_line.endswith("train.py 'a b' ''\"'\"'q'\"'\"'' '`x`'")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"gpus": -1}, "--gpus must be >= 0, got -1"),
+        ({"gpus": 0, "max_gpus": 2}, "need --gpus >= 1"),
+        ({"gpus": 2, "min_gpus": 4, "max_gpus": 2}, r"--min-gpus \(4\) is greater than --max-gpus \(2\)"),
+        ({"gpus": 1, "min_gpus": 2}, r"--gpus \(1\) is below --min-gpus \(2\)"),
+        ({"gpus": 4, "workers": 6}, r"--workers \(6\) must be a multiple"),
+        ({"gpus": 2, "max_gpus": 8, "workers": 4}, r"--workers \(4\) must be at least the largest"),
+        ({"time": "soon"}, "--time must be"),
+        ({"job_name": "a b"}, "bad job name 'a b'"),
+        ({"ckpt_root": Path("relative")}, "absolute path"),
+        ({"ckpt_root": Path("/gpfs/my jobs")}, "must not contain spaces"),
+        ({"grace_s": 0}, "--grace must be between"),
+        ({"extra": ("-x",)}, "one-line --long options"),
+        ({"args": ("a\nb",)}, "one line"),
+    ],
+)
+def test_bad_settings(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec(**settings)
+
+
+def test_directives_then_command_line() -> None:
+    text = (
+        "#!/usr/bin/env python3\n#HPC-ELASTIC --gpus 2 --max-gpus=4\n# plain comment\n"
+        "#HPC-ELASTIC --backend mpi\nimport x\n#HPC-ELASTIC --gpus 8\n"
+    )
+    found = parse_directives(text)
+    assert found == {"gpus": 2, "max_gpus": 4, "backend": "mpi"}  # directives after code do not count
+    merged = merge(found, {"gpus": 3}, spec())
+    assert merged.gpus == 3 and merged.max_gpus == 4 and merged.backend is Backend.MPI
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("#HPC-ELASTIC --colour red\n", "line 1: unknown #HPC-ELASTIC option '--colour'"),
+        ("#!/bin/sh\n#HPC-ELASTIC --gpus\n", "line 2: --gpus needs a value"),
+        ("#HPC-ELASTIC --gpus two\n", "line 1: bad value for --gpus: 'two'"),
+        ("#HPC-ELASTIC --job-name 'x\n", "line 1: No closing quotation"),
+    ],
+)
+def test_bad_directives(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_directives(text)
+
+
+def test_unknown_backend() -> None:
+    with pytest.raises(ValueError, match="unknown backend 'foo'"):
+        merge({"backend": "foo"}, {}, spec())
+
+
+def test_marker_round_trip() -> None:
+    s = spec(gpus=4, min_gpus=2, max_gpus=8, workers=8, gpu_type="v100", profile="vgg_like")
+    comment = encode_marker(s)
+    assert " " not in comment and '"' not in comment
+    marker = decode_marker(comment)
+    assert marker is not None
+    assert (marker.workers, marker.min, marker.max, marker.unit, marker.backend) == (8, 2, 8, "gpu", Backend.TORCH)
+    assert marker.gpu_type == "v100" and marker.profile == "vgg_like"
+    assert decode_marker("just a comment") is None
+    assert decode_marker("hpc-elastic:garbage") is None
+    cpu = decode_marker(encode_marker(spec(gpus=0, procs=3)))
+    assert cpu is not None and (cpu.unit, cpu.min, cpu.max, cpu.workers) == ("proc", 3, 3, 3)

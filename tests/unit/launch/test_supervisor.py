@@ -1,0 +1,126 @@
+"""The wrapper's decisions: why a job stops, whether it is requeued, how workers are started."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.env import JobEnvironment, read_job_environment
+from hpc_elastic.launch.spec import Backend
+from hpc_elastic.launch.supervisor import (
+    Launcher,
+    StopReason,
+    WrapperConfig,
+    classify_stop,
+    job_directory,
+    parse_wrapper_args,
+    should_requeue,
+    worker_argv,
+)
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def test_plugin_reason_wins() -> None:
+    assert classify_stop(StopReason.RESIZE, NOW, 60, NOW, 120) is StopReason.RESIZE
+
+
+def test_usr1_near_the_time_limit_is_a_timelimit() -> None:
+    start = NOW - timedelta(minutes=58)  # a 1-hour job, 2 minutes left, grace 120 s
+    assert classify_stop(None, start, 3600, NOW, 120) is StopReason.TIMELIMIT
+
+
+def test_usr1_far_from_the_time_limit_or_without_one_is_a_preemption() -> None:
+    assert classify_stop(None, NOW - timedelta(minutes=10), 3600, NOW, 120) is StopReason.PREEMPT
+    assert classify_stop(None, NOW, None, NOW, 120) is StopReason.PREEMPT
+    assert classify_stop(None, None, 3600, NOW, 120) is StopReason.PREEMPT
+
+
+def test_requeue_policy() -> None:
+    assert should_requeue(StopReason.PREEMPT, False) and should_requeue(StopReason.RESIZE, False)
+    assert not should_requeue(StopReason.TIMELIMIT, False) and should_requeue(StopReason.TIMELIMIT, True)
+
+
+def test_worker_argv() -> None:
+    torch = WrapperConfig(Path("/gpfs"), ("python", "t.py"))
+    assert worker_argv(torch, 4, gpus_per_task=1) == [
+        "srun",
+        "--ntasks=4",
+        "--unbuffered",
+        "--gpus-per-task=1",
+        "--kill-on-bad-exit=1",
+        "python",
+        "t.py",
+    ]
+    mpi = WrapperConfig(Path("/gpfs"), ("python", "t.py"), backend=Backend.MPI)
+    assert "--mpi=pmix" in worker_argv(mpi, 2)
+    mpirun = WrapperConfig(Path("/gpfs"), ("python", "t.py"), backend=Backend.MPI, launcher=Launcher.MPIRUN)
+    argv = worker_argv(mpirun, 3)
+    assert argv[0] == "mpirun" and argv[argv.index("-np") + 1] == "3" and argv[-2:] == ["python", "t.py"]
+    assert "tcp,self" in argv  # shared memory transport segfaults across fake nodes
+
+
+def test_parse_wrapper_args() -> None:
+    config = parse_wrapper_args(
+        [
+            "--ckpt-root=/gpfs/jobs",
+            "--backend=mpi",
+            "--workers=8",
+            "--grace=30",
+            "--requeue-on-timelimit",
+            "--",
+            "python",
+            "train.py",
+            "--lr",
+            "1",
+        ]
+    )
+    assert config.ckpt_root == Path("/gpfs/jobs") and config.backend is Backend.MPI and config.workers == 8
+    assert (
+        config.grace_s == 30 and config.requeue_on_timelimit and config.command == ("python", "train.py", "--lr", "1")
+    )
+    with pytest.raises(ValueError, match="usage"):
+        parse_wrapper_args(["--ckpt-root=/x", "python"])
+    with pytest.raises(ValueError, match="--ckpt-root=DIR is required"):
+        parse_wrapper_args(["--", "python"])
+    with pytest.raises(ValueError, match="unknown or incomplete option '--colour=red'"):
+        parse_wrapper_args(["--ckpt-root=/x", "--colour=red", "--", "python"])
+    with pytest.raises(ValueError, match="no worker command"):
+        parse_wrapper_args(["--ckpt-root=/x", "--"])
+
+
+def test_job_directory_is_stable_across_requeues() -> None:
+    job = JobEnvironment(job_id=42, job_name="train", restart_count=3)
+    assert job_directory(Path("/gpfs/jobs"), job) == Path("/gpfs/jobs/train-42")
+    with pytest.raises(ValueError, match="SLURM_JOB_ID is not set"):
+        job_directory(Path("/gpfs/jobs"), JobEnvironment())
+
+
+def test_job_environment_from_srun_and_mpirun_variables() -> None:
+    srun = read_job_environment(
+        {
+            "SLURM_JOB_ID": "7",
+            "SLURM_PROCID": "2",
+            "SLURM_NTASKS": "4",
+            "SLURM_LOCALID": "1",
+            "CUDA_VISIBLE_DEVICES": "3",
+            "SLURM_GPUS_PER_TASK": "a100:1",
+            "SLURM_RESTART_COUNT": "2",
+            "HPC_ELASTIC_JOB_DIR": "/gpfs/jobs/t-7",
+            "HPC_ELASTIC_WORKERS": "8",
+            "HPC_ELASTIC_BACKEND": "mpi",
+        }
+    )
+    assert (srun.job_id, srun.rank, srun.world_size, srun.local_rank) == (7, 2, 4, 1)
+    assert srun.gpus == ("3",) and srun.gpus_per_task == 1 and srun.restart_count == 2
+    assert srun.job_dir == Path("/gpfs/jobs/t-7") and srun.workers == 8 and srun.backend == "mpi"
+    ompi = read_job_environment({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+    assert (ompi.rank, ompi.world_size) == (1, 2)
+    with pytest.raises(ValueError, match="rank 4 is outside a world of 4"):
+        read_job_environment({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"})
+    with pytest.raises(ValueError, match="HPC_ELASTIC_BACKEND must be one of"):
+        read_job_environment({"HPC_ELASTIC_BACKEND": "nccl"})
+    with pytest.raises(ValueError, match="SLURM_PROCID must be an integer"):
+        read_job_environment({"SLURM_PROCID": "x"})
