@@ -1,0 +1,156 @@
+"""``hpc-elastic submit`` and the wrapper on the real dev cluster: run, preempt, requeue, resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.slurm import CliSlurm, JobState
+from tests.conftest import DATA
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+STEPPER = DATA / "workers" / "stepper.py"
+
+
+def submit(workdir: Path, script: Path, *options: str, args: tuple[str, ...] = ()) -> int:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_elastic", "submit", str(script), f"--ckpt-root={workdir}", *options, "--", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return int(out.stdout.strip())
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_preempt_checkpoints_requeues_and_resumes(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
+    job_id = submit(
+        workdir, STEPPER, "--gpus=2", "--gpu-type=a100", "--partition=gpu-a100", "--job-name=it-pre", args=("150",)
+    )
+    submitted.append(job_id)
+    job_dir = workdir / f"it-pre-{job_id}"
+    starts = job_dir / "starts.log"
+    first: list[str] = wait_for("two workers to start", lambda: lines(starts) if len(lines(starts)) == 2 else None)
+    assert sorted(line.split()[0] for line in first) == ["rank=0/2", "rank=1/2"]
+    gpus = sorted(line.split("gpus=")[1].split()[0] for line in first)
+    assert len(gpus) == 2 and all(gpus) and gpus[0] != gpus[1]  # one device per worker process
+    job = slurm.job(job_id)
+    assert job.comment.startswith("hpc-elastic:v=1,workers=2,min=2,max=2,unit=gpu")
+
+    slurm.cancel([job_id], "USR1", batch=True)
+    ack = wait_for("the checkpoint acknowledgement", (job_dir / "control" / "ack.json").exists)
+    assert ack
+    wait_for("the requeue", lambda: slurm.job(job_id).restart_count == 1)
+    wait_for("the second start", lambda: len(lines(starts)) == 4, timeout_s=150)
+    resumed = lines(starts)[2:]
+    assert all("restart=1" in line for line in resumed)
+    step = int(resumed[0].split("step=")[1].split()[0])
+    assert step > 0  # it continued from the checkpoint, not from scratch
+    wait_for("the job to finish", (job_dir / "done").exists, timeout_s=120)
+    assert int((job_dir / "done").read_text()) == 150
+
+
+def test_time_limit_checkpoints_without_requeue(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
+    # --time=2 with a 100 s grace: Slurm's USR1 comes ~20-80 s after the start, well before a preemption could.
+    job_id = submit(
+        workdir,
+        STEPPER,
+        "--gpus=0",
+        "--procs=1",
+        "--partition=cpu",
+        "--time=2",
+        "--grace=100",
+        "--job-name=it-tl",
+        args=("100000",),
+    )
+    submitted.append(job_id)
+    job_dir = workdir / f"it-tl-{job_id}"
+    wait_for("the time-limit warning", (job_dir / "control" / "ack.json").exists, timeout_s=150)
+    start = datetime.now(UTC) - timedelta(minutes=10)
+    record = wait_for(
+        "the job to end",
+        lambda: next(
+            (j for j in slurm.history(start, job_ids=[job_id]) if not j.state.is_active and j.partition), None
+        ),
+        timeout_s=60,
+    )
+    assert record.state is JobState.COMPLETED and record.exit_code == 0
+    assert '"reason": "timelimit"' in (job_dir / "control" / "stop").read_text()
+    assert slurm.job(job_id).restart_count == 0
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_cancel_leaves_no_process_behind(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
+    job_id = submit(
+        workdir,
+        STEPPER,
+        "--gpus=0",
+        "--procs=2",
+        "--nodes=2",
+        "--partition=cpu",
+        "--job-name=it-kill",
+        args=("100000",),
+    )
+    submitted.append(job_id)
+    job_dir = workdir / f"it-kill-{job_id}"
+    wait_for("the workers", lambda: len(lines(job_dir / "starts.log")) == 2)
+    marker = f"HPC_ELASTIC_JOB_DIR={job_dir}"
+    assert len(_processes_with(marker)) >= 2
+    slurm.cancel([job_id])
+    wait_for("every process of the job to end", lambda: not _processes_with(marker), timeout_s=60)
+    assert not (job_dir / "control" / "ack.json").exists()
+
+
+def test_mpi_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed")
+    job_id = submit(
+        workdir,
+        DATA / "workers" / "mpi_sum.py",
+        "--gpus=0",
+        "--procs=3",
+        "--nodes=2",
+        "--partition=cpu",
+        "--backend=mpi",
+        "--job-name=it-mpi",
+    )
+    submitted.append(job_id)
+    result = workdir / f"it-mpi-{job_id}" / "mpi.txt"
+    assert wait_for("the MPI result", lambda: result.exists() and result.read_text()) == "size=3 sum=3 env_rank=0\n"
+
+
+def test_bad_input_is_one_line_and_submits_nothing(slurm: CliSlurm, workdir: Path) -> None:
+    before = {j.job_id for j in slurm.jobs()}
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_elastic", "submit", str(STEPPER), "--gpus=4", "--max-gpus=2"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["hpc-elastic: error: --gpus (4) is above --max-gpus (2)"]
+    assert {j.job_id for j in slurm.jobs()} == before
