@@ -9,6 +9,7 @@ PY := $(VENV)/bin/python
 
 setup:
 	scripts/install-deps
+	scripts/build-horovod
 
 cluster: setup
 	scripts/dev-cluster up
@@ -18,7 +19,7 @@ demo: cluster
 
 # pytest exits 5 when nothing is collected; that is not a failure of the suite.
 test: lint cluster
-	HPC_ELASTIC_REQUIRE_CLUSTER=1 $(PY) -m pytest || [ $$? -eq 5 ]
+	HPC_ELASTIC_REQUIRE_CLUSTER=1 HPC_ELASTIC_REQUIRE_HOROVOD=1 $(PY) -m pytest || [ $$? -eq 5 ]
 
 unit: setup
 	$(PY) -m pytest -m "not integration" || [ $$? -eq 5 ]

@@ -28,3 +28,15 @@ def slurm_data() -> Path:
 
 def require_cluster() -> bool:
     return os.environ.get("HPC_ELASTIC_REQUIRE_CLUSTER") == "1"
+
+
+def require_horovod() -> None:
+    """Skip when Horovod is not installed (``scripts/build-horovod`` builds it), unless
+    ``HPC_ELASTIC_REQUIRE_HOROVOD=1`` (set by ``make test``): then its absence is a failure."""
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as exc:
+        message = f"horovod is not installed ({exc}); scripts/build-horovod builds it"
+        if os.environ.get("HPC_ELASTIC_REQUIRE_HOROVOD") == "1":
+            pytest.fail(message)
+        pytest.skip(message)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.slurm import CliSlurm, JobState
-from tests.conftest import DATA
+from tests.conftest import DATA, require_horovod
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -139,6 +139,23 @@ def test_mpi_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: 
     submitted.append(job_id)
     result = workdir / f"it-mpi-{job_id}" / "mpi.txt"
     assert wait_for("the MPI result", lambda: result.exists() and result.read_text()) == "size=3 sum=3 env_rank=0\n"
+
+
+def test_horovod_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
+    require_horovod()
+    job_id = submit(
+        workdir,
+        DATA / "workers" / "hvd_sum.py",
+        "--gpus=0",
+        "--procs=2",
+        "--nodes=2",
+        "--partition=cpu",
+        "--backend=horovod",
+        "--job-name=it-hvd",
+    )
+    submitted.append(job_id)
+    result = workdir / f"it-hvd-{job_id}" / "hvd.txt"
+    assert wait_for("the Horovod result", lambda: result.exists() and result.read_text()) == "size=2 sum=1\n"
 
 
 def test_bad_input_is_one_line_and_submits_nothing(slurm: CliSlurm, workdir: Path) -> None:
