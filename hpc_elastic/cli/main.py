@@ -45,8 +45,9 @@ def cli(verbose: int) -> None:
 
 def _register() -> None:
     from hpc_elastic.cli.cluster import cluster
+    from hpc_elastic.cli.submit import submit
 
-    for command in (cluster,):
+    for command in (cluster, submit):
         cli.add_command(command)
 
 
