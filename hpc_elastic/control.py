@@ -1,0 +1,126 @@
+"""The control files between the wrapper and the workers of a job (pure: formats only, no I/O).
+
+In ``$HPC_ELASTIC_JOB_DIR/control/``:
+
+``stop``
+    Created by the wrapper (``wrappers/hpc-elastic-run``) when the job must checkpoint and exit::
+
+        {"reason": "preempt" | "timelimit" | "resize", "requested_at": <epoch seconds, float>}
+
+    Its existence is the request; workers see it at the next mini-batch boundary.  A file that is empty or not
+    (yet) valid JSON still means "stop", with reason ``unknown``.
+
+``ack.json``
+    Written atomically by rank 0 once the checkpoint of the stop is committed::
+
+        {"job_id": <int or null>, "restart_count": <int>, "step": <int>, "checkpoint": "<absolute path>",
+         "written_at": <epoch seconds, float>}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+CONTROL_DIR = "control"
+STOP_FILE = "stop"
+ACK_FILE = "ack.json"
+
+
+class StopReason(StrEnum):
+    PREEMPT = "preempt"
+    TIMELIMIT = "timelimit"
+    RESIZE = "resize"
+    UNKNOWN = "unknown"  # a stop file that cannot be parsed (still a stop)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    reason: StopReason
+    requested_at: float | None
+
+    def to_json(self) -> str:
+        return json.dumps({"reason": self.reason.value, "requested_at": self.requested_at}, sort_keys=True)
+
+
+def parse_stop(text: str) -> StopRequest:
+    """Parse the content of a ``stop`` file; raise ``ValueError`` naming what is wrong."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError(f"stop file is not JSON: {text[:80]!r}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"stop file must hold a JSON object, got {doc!r}")
+    raw_reason = doc.get("reason")
+    try:
+        if not isinstance(raw_reason, str):
+            raise ValueError(raw_reason)
+        reason = StopReason(raw_reason)
+    except ValueError:
+        raise ValueError(f"stop reason must be one of preempt, timelimit, resize, got {raw_reason!r}") from None
+    if reason is StopReason.UNKNOWN:
+        raise ValueError(f"stop reason must be one of preempt, timelimit, resize, got {raw_reason!r}")
+    at = doc.get("requested_at")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise ValueError(f"stop requested_at must be epoch seconds, got {at!r}")
+    return StopRequest(reason, float(at))
+
+
+def parse_stop_lenient(text: str) -> StopRequest:
+    """Like :func:`parse_stop`, but a malformed (e.g. half-written) file is a stop with reason ``unknown``."""
+    try:
+        return parse_stop(text)
+    except ValueError:
+        return StopRequest(StopReason.UNKNOWN, None)
+
+
+@dataclass(frozen=True)
+class Ack:
+    job_id: int | None
+    restart_count: int
+    step: int
+    checkpoint: Path
+    written_at: float
+
+    def __post_init__(self) -> None:
+        if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
+            raise ValueError(f"job_id must be an integer or None, got {self.job_id!r}")
+        for name in ("restart_count", "step"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "restart_count": self.restart_count,
+            "step": self.step,
+            "checkpoint": str(self.checkpoint),
+            "written_at": self.written_at,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True) + "\n"
+
+
+def parse_ack(text: str) -> Ack:
+    """Parse ``ack.json`` (the wrapper's side of the contract); raise ``ValueError`` naming what is wrong."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError(f"ack file is not JSON: {text[:80]!r}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"ack file must hold a JSON object, got {doc!r}")
+    missing = [k for k in ("job_id", "restart_count", "step", "checkpoint", "written_at") if k not in doc]
+    if missing:
+        raise ValueError(f"ack file lacks {missing[0]!r}")
+    if not isinstance(doc["checkpoint"], str) or not doc["checkpoint"]:
+        raise ValueError(f"ack checkpoint must be a path, got {doc['checkpoint']!r}")
+    at = doc["written_at"]
+    if isinstance(at, bool) or not isinstance(at, int | float):
+        raise ValueError(f"ack written_at must be epoch seconds, got {at!r}")
+    return Ack(doc["job_id"], doc["restart_count"], doc["step"], Path(doc["checkpoint"]), float(at))

@@ -1,0 +1,319 @@
+"""CheckpointStore in one process and on threaded ranks: layout, manifest, keep-K, corruption fallback, async."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hpc_elastic.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    CorruptCheckpoint,
+    layout,
+    open_checkpoint,
+)
+from hpc_elastic.collective import LocalCollective
+from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks
+
+
+def shard_for(step: int, rank: int = 0) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return {"w": torch.randn(64, 8, generator=g), "step": step, "rank": rank, "tags": ["a", (1, 2.5)], "none": None}
+
+
+def assert_shard_equal(got: Any, want: dict[str, Any]) -> None:
+    assert set(got) == set(want)
+    assert torch.equal(got["w"], want["w"])
+    assert {k: v for k, v in got.items() if k != "w"} == {k: v for k, v in want.items() if k != "w"}
+
+
+def test_save_writes_shard_and_manifest_with_sha256(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    pending = store.save(7, shard_for(7), meta={"note": "x"})
+    assert pending.path == tmp_path / "ckpt-000000000007"
+    assert sorted(os.listdir(pending.path)) == ["MANIFEST.json", "shard-00000.pt"]
+    doc = json.loads((pending.path / "MANIFEST.json").read_text())
+    assert doc["format"] == layout.FORMAT and doc["step"] == 7 and doc["world_size"] == 1
+    assert doc["meta"] == {"note": "x"}
+    import hashlib
+
+    data = (pending.path / "shard-00000.pt").read_bytes()
+    assert doc["files"] == {"shard-00000.pt": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000007"]  # no temporary left behind
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 7
+    assert_shard_equal(ckpt.load_shard(0), shard_for(7))
+
+
+def test_not_weights_only_loadable_shard_is_refused_before_writing(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(ValueError, match=r"shard\['arr'\] is a ndarray"):
+        store.save(1, {"arr": np.zeros(3)})
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "3"])
+def test_keep_must_be_positive_int(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="keep must be a positive integer"):
+        CheckpointStore(tmp_path, keep=bad)
+
+
+def test_bad_step_and_mode_are_rejected(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(ValueError, match="step must be an integer"):
+        store.save(-1, {})
+    with pytest.raises(ValueError, match="mode must be sync or async, got 'later'"):
+        store.save(1, {}, mode="later")
+
+
+def test_keep_last_k(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (1, 2, 3, 4, 5):
+        store.save(step, shard_for(step))
+    assert store.steps() == [5, 4, 3]
+    store1 = CheckpointStore(tmp_path, keep=1)
+    store1.save(6, shard_for(6))
+    assert store1.steps() == [6]
+
+
+def corrupt_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["flip-byte", "truncate", "delete-shard", "delete-manifest", "garbage-manifest", "manifest-wrong-step"],
+)
+def test_damaged_newest_checkpoint_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, shard_for(1))
+    newest = store.save(2, shard_for(2)).path
+    shard = newest / "shard-00000.pt"
+    manifest = newest / "MANIFEST.json"
+    if damage == "flip-byte":
+        corrupt_byte(shard)
+    elif damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif damage == "delete-shard":
+        shard.unlink()
+    elif damage == "delete-manifest":
+        manifest.unlink()
+    elif damage == "garbage-manifest":
+        manifest.write_text("{not json")
+    else:
+        manifest.write_text(manifest.read_text().replace('"step": 2', '"step": 3'))
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 1
+    found = store.load_latest(lambda c: c.load_shard(0))
+    assert found is not None
+    assert found[0].step == 1
+    assert_shard_equal(found[1], shard_for(1))
+
+
+def test_flipped_byte_is_caught_by_hash_not_size(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    path = store.save(1, shard_for(1)).path
+    corrupt_byte(path / "shard-00000.pt")
+    ckpt = open_checkpoint(path)  # sizes still match: the manifest opens
+    with pytest.raises(CorruptCheckpoint, match="sha256"):
+        ckpt.load_shard(0)
+    with pytest.raises(CorruptCheckpoint, match="does not match"):
+        ckpt.verify()
+    assert store.latest() is None
+    assert store.load_latest(lambda c: c.load_shard(0)) is None
+
+
+def test_no_checkpoint_at_all(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "missing")
+    assert store.latest() is None
+    assert store.steps() == []
+    assert store.load_latest(lambda c: c.load_shard(0)) is None
+
+
+def test_leftover_temporaries_are_ignored_and_cleaned(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(1, shard_for(1))
+    stale = tmp_path / layout.tmp_dir_name(2, "dead")
+    stale.mkdir()
+    (stale / "shard-00000.pt").write_bytes(b"partial")
+    half_named = tmp_path / "ckpt-000000000003"  # a directory with the final name but no manifest
+    half_named.mkdir()
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 1
+    store.save(4, shard_for(4))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000000001", "ckpt-000000000004"]
+
+
+def test_resuming_from_an_older_checkpoint_discards_the_abandoned_newer_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(5, shard_for(5))
+    corrupt_byte(store.save(10, shard_for(10)).path / "shard-00000.pt")
+    found = store.load_latest(lambda c: c.load_shard(0))
+    assert found is not None and found[0].step == 5
+    store.save(7, shard_for(7))  # the new timeline: step 10 is from the old one
+    assert store.steps() == [7, 5]
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(3, shard_for(3))
+    store.save(3, shard_for(4))
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 3
+    assert_shard_equal(ckpt.load_shard(0), shard_for(4))
+    assert store.steps() == [3]
+
+
+def test_async_save_snapshots_tensors_before_returning(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    shard = shard_for(1)
+    original = shard["w"].clone()
+    pending = store.save(1, shard, mode="async")
+    shard["w"].add_(1.0)  # training goes on and changes the parameters in place
+    shard["tags"].append("later")
+    assert store.wait() == pending.path
+    ckpt = store.latest()
+    assert ckpt is not None
+    got = ckpt.load_shard(0)
+    assert torch.equal(got["w"], original)
+    assert got["tags"] == ["a", (1, 2.5)]
+    assert store.wait() is None  # nothing in flight any more
+
+
+def test_next_save_waits_for_the_async_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=5)
+    store.save(1, shard_for(1), mode="async")
+    store.save(2, shard_for(2), mode="async")
+    store.save(3, shard_for(3))
+    assert store.pending is None
+    assert store.steps() == [3, 2, 1]
+    for step in (1, 2, 3):
+        assert_shard_equal(open_checkpoint(tmp_path / layout.dir_name(step)).load_shard(0), shard_for(step))
+
+
+def test_async_failure_is_raised_by_wait(tmp_path: Path) -> None:
+    def explode(phase: str) -> None:
+        if phase.startswith("file:"):
+            raise OSError("disk on fire")
+
+    store = CheckpointStore(tmp_path, on_phase=explode)
+    store.save(1, shard_for(1), mode="async")
+    with pytest.raises(CheckpointError, match="disk on fire"):
+        store.wait()
+    assert store.latest() is None
+
+
+def test_sync_failure_raises_and_leaves_no_checkpoint(tmp_path: Path) -> None:
+    def explode(phase: str) -> None:
+        if phase.startswith("partial:"):
+            raise OSError("quota exceeded")
+
+    CheckpointStore(tmp_path).save(1, shard_for(1))
+    store = CheckpointStore(tmp_path, on_phase=explode)
+    with pytest.raises(CheckpointError, match="quota exceeded"):
+        store.save(2, shard_for(2))
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_four_ranks_write_one_checkpoint(tmp_path: Path, mode: str) -> None:
+    def rank_body(coll: ThreadCollective) -> Path | None:
+        store = CheckpointStore(tmp_path, coll, keep=2)
+        store.save(1, shard_for(1, coll.rank), mode=mode)
+        pending = store.save(2, None if coll.rank == 2 else shard_for(2, coll.rank), meta={"m": 1}, mode=mode)
+        waited = store.wait()
+        return waited if mode == "async" else pending.path
+
+    paths = run_ranks(4, rank_body)
+    assert paths == [tmp_path / "ckpt-000000000002"] * 4
+    ckpt = open_checkpoint(tmp_path / "ckpt-000000000002")
+    assert ckpt.world_size == 4 and ckpt.meta == {"m": 1}
+    assert ckpt.manifest.ranks == [0, 1, 3]  # rank 2 saved nothing
+    for r in (0, 1, 3):
+        assert_shard_equal(ckpt.load_shard(r), shard_for(2, r))
+    assert CheckpointStore(tmp_path).steps() == [2, 1]
+    assert sorted(os.listdir(ckpt.path)) == ["MANIFEST.json", "shard-00000.pt", "shard-00001.pt", "shard-00003.pt"]
+
+
+def test_one_rank_with_a_bad_shard_makes_every_rank_raise(tmp_path: Path) -> None:
+    outcomes: dict[int, str] = {}
+
+    def rank_body(coll: ThreadCollective) -> None:
+        store = CheckpointStore(tmp_path, coll)
+        shard: dict[str, Any] = shard_for(1, coll.rank)
+        if coll.rank == 1:
+            shard["bad"] = object()
+        try:
+            store.save(1, shard)
+        except ValueError as exc:
+            outcomes[coll.rank] = str(exc)
+
+    run_ranks(3, rank_body)
+    assert sorted(outcomes) == [0, 1, 2]
+    assert all("rank 1: shard['bad'] is a object" in m for m in outcomes.values())
+    assert CheckpointStore(tmp_path).steps() == []
+
+
+def test_ranks_agree_to_skip_a_checkpoint_one_rank_finds_corrupt(tmp_path: Path) -> None:
+    def write(coll: ThreadCollective) -> None:
+        store = CheckpointStore(tmp_path, coll)
+        store.save(1, shard_for(1, coll.rank))
+        store.save(2, shard_for(2, coll.rank))
+
+    run_ranks(2, write)
+    corrupt_byte(tmp_path / "ckpt-000000000002" / "shard-00001.pt")  # only rank 1 reads this file
+
+    def read(coll: ThreadCollective) -> tuple[int, Any]:
+        found = CheckpointStore(tmp_path, coll).load_latest(lambda c: c.load_shard(coll.rank))
+        assert found is not None
+        return found[0].step, found[1]
+
+    results = run_ranks(2, read)
+    assert [s for s, _ in results] == [1, 1]
+    for r, (_, shard) in enumerate(results):
+        assert_shard_equal(shard, shard_for(1, r))
+
+
+def test_an_error_in_load_that_is_not_corruption_is_raised_everywhere(tmp_path: Path) -> None:
+    CheckpointStore(tmp_path).save(1, shard_for(1))
+    raised: dict[int, str] = {}
+
+    def read(coll: ThreadCollective) -> None:
+        def load(c: Checkpoint) -> Any:
+            if coll.rank == 0:
+                raise KeyError("model")
+            return c.load_shard(0)
+
+        try:
+            CheckpointStore(tmp_path, coll).load_latest(load)
+        except (KeyError, CheckpointError) as exc:
+            raised[coll.rank] = type(exc).__name__
+
+    run_ranks(2, read)
+    assert raised == {0: "KeyError", 1: "CheckpointError"}
+
+
+def test_local_collective_semantics() -> None:
+    c = LocalCollective()
+    assert (c.rank, c.world_size) == (0, 1)
+    assert c.broadcast_object({"a": 1}) == {"a": 1}
+    assert c.gather_object(3) == [3]
+    assert c.allgather_object("x") == ["x"]
+    assert c.allreduce_max_int(-5) == -5
+    t = torch.arange(6).reshape(2, 3)
+    out = c.allgather_tensor(t)
+    assert torch.equal(out, t) and out.data_ptr() != t.data_ptr()
+    with pytest.raises(ValueError, match="root must be in"):
+        c.broadcast_object(1, root=1)
+    with pytest.raises(ValueError, match="needs an int"):
+        c.allreduce_max_int(1.5)  # type: ignore[arg-type]

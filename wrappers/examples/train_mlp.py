@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""A tiny MLP on synthetic data, trained with hpc-elastic's Session, ElasticSampler and State.
+
+The same script runs on the torch (gloo/nccl), mpi and horovod backends: the wrapper (or a person) sets
+HPC_ELASTIC_BACKEND, HPC_ELASTIC_JOB_DIR, HPC_ELASTIC_WORKERS and, for torch, HPC_ELASTIC_RANK /
+HPC_ELASTIC_WORLD_SIZE / MASTER_ADDR / MASTER_PORT (mpirun, srun and horovodrun give MPI and Horovod their ranks).
+
+Each of the N logical workers computes the gradient of the summed squared error over its own mini-batch; the
+per-worker gradients are added in logical-worker order (``Session.sum_over_workers``) and divided by the step's
+sample count.  So the parameters after any number of steps are the same bits whatever the number of processes M,
+and whatever restarts and resizes happened in between (same machine, one intra-op thread).
+
+On a stop request it checkpoints, rank 0 writes ``control/ack.json`` and it exits 0.  At the end rank 0 prints
+``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (also written to ``--result FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+import hpc_elastic
+from hpc_elastic.data import ElasticSampler
+
+IN_FEATURES = 8
+HIDDEN = 16
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60, help="total optimizer steps of the run")
+    p.add_argument("--dataset", type=int, default=44, help="synthetic samples")
+    p.add_argument("--batch", type=int, default=4, help="mini-batch per logical worker")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt-every", type=int, default=0, help="commit every K steps (0: only when stopping)")
+    p.add_argument("--async-ckpt", action="store_true", help="persist periodic checkpoints in the background")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
+    p.add_argument("--trace", type=Path, default=None, help="directory for per-process JSONL traces of samples")
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step (demos, tests)")
+    p.add_argument("--result", type=Path, default=None, help="rank 0 also writes the RESULT JSON to this file")
+    args = p.parse_args(argv)
+    for name in ("steps", "dataset", "batch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    return args
+
+
+def synthetic_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 + seed)
+    x = torch.randn(n, IN_FEATURES, generator=g)
+    w = torch.randn(IN_FEATURES, 1, generator=g)
+    y = torch.tanh(x @ w) + 0.1 * torch.randn(n, 1, generator=g)
+    return x, y
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    sha = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # same arithmetic in every process and every run
+    session = hpc_elastic.init(keep=args.keep)
+    torch.manual_seed(args.seed)  # identical initial parameters on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)).to(
+        session.device
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    x, y = (t.to(session.device) for t in synthetic_data(args.dataset, args.seed))
+    n = session.num_workers
+    sampler = ElasticSampler(args.dataset, args.batch, seed=args.seed)
+    state = session.state(
+        model=model, optimizer=optimizer, sampler=sampler, mode="async" if args.async_ckpt else "sync"
+    )
+    restored = state.restore()
+    start_step = state.step
+    params = list(model.parameters())
+    trace: TextIO | None = None
+    if args.trace is not None:
+        args.trace.mkdir(parents=True, exist_ok=True)
+        trace = open(args.trace / f"trace-{time.time_ns()}-rank{session.rank}.jsonl", "a")  # noqa: SIM115
+    if session.is_root:
+        print(
+            f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers {n}; "
+            f"restored from {restored.path if restored else 'nothing'} at step {start_step}",
+            flush=True,
+        )
+    stopped = False
+    while state.step < args.steps:
+        if session.should_stop():
+            path = session.checkpoint_and_acknowledge(state)
+            stopped = True
+            if session.is_root:
+                reason = session.stop_request.reason.value if session.stop_request else "unknown"
+                print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
+            break
+        count = sampler.step_size(n)
+        rows = []
+        for w in session.workers:
+            idx = sampler.indices(w, n)
+            for p in params:
+                p.grad = None
+            if idx:
+                loss = ((model(x[idx]) - y[idx]) ** 2).sum()
+                loss.backward()
+                rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
+            else:  # the short last step of an epoch: this worker has no samples
+                rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
+            if trace is not None:
+                record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
+                trace.write(json.dumps(record) + "\n")
+        total = session.sum_over_workers(torch.stack(rows)) / count
+        offset = 0
+        for p in params:
+            p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        optimizer.step()
+        sampler.advance(n)
+        state.step += 1
+        if trace is not None:
+            trace.flush()
+        if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
+            state.commit()
+        if args.step_delay:
+            time.sleep(args.step_delay)
+    state.wait()
+    if trace is not None:
+        trace.close()
+    sha = params_sha256(model)
+    if session.is_root:
+        if not stopped:
+            print(f"final-params-sha256 {sha}", flush=True)
+        result = {
+            "sha256": sha,
+            "step": state.step,
+            "start_step": start_step,
+            "epoch": state.epoch,
+            "stopped": stopped,
+            "world_size": session.world_size,
+            "num_workers": n,
+            "backend": session.backend.value,
+            "restored_from": str(restored.path) if restored else None,
+        }
+        print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
+        if args.result is not None:
+            args.result.parent.mkdir(parents=True, exist_ok=True)
+            tmp = args.result.with_name(args.result.name + ".tmp")
+            tmp.write_text(json.dumps(result, sort_keys=True) + "\n")
+            tmp.replace(args.result)
+    session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
