@@ -1,0 +1,214 @@
+"""``hpc-elastic simulate``: replay a job trace under one or more scheduling policies (issue 3).
+
+A thin layer over :mod:`hpc_elastic.sim` (trace loaders, discrete-event simulator, metrics) and
+:mod:`hpc_elastic.policy` (Tiresias 2D-LAS / 2D-Gittins and baselines).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
+from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS
+from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
+from hpc_elastic.policy.policies import DEFAULT_TIME_SLICE
+from hpc_elastic.sim.cluster import NodeSpec, load_cluster_file, parse_cluster_spec
+from hpc_elastic.sim.engine import DEFAULT_BANDWIDTH, SimConfig, SimResult, Simulator
+from hpc_elastic.sim.metrics import summarize
+from hpc_elastic.sim.synth import load_sizes
+from hpc_elastic.sim.trace import TraceFormat, load_trace
+
+#: Show a progress bar (on a terminal) from this many jobs x policies on.
+PROGRESS_FROM = 2000
+
+_TABLE_COLUMNS = (
+    ("avg_jct", "avg JCT s"),
+    ("median_jct", "median s"),
+    ("p95_jct", "p95 s"),
+    ("p99_jct", "p99 s"),
+    ("avg_queue_delay", "avg queue s"),
+    ("makespan", "makespan s"),
+    ("preemptions", "preempt"),
+    ("preemption_cost", "preempt cost s"),
+    ("utilization", "GPU util"),
+)
+
+
+def _parse_queues(raw: str) -> tuple[float, ...]:
+    if not raw.strip():
+        return ()
+    values: list[float] = []
+    for part in raw.split(","):
+        try:
+            values.append(float(part))
+        except ValueError:
+            raise ValueError(f"--queues takes GPU-second thresholds separated by commas, got {part!r}") from None
+    return tuple(values)
+
+
+def _cluster(spec: str | None, path: Path | None) -> tuple[NodeSpec, ...]:
+    if spec is not None and path is None:
+        return parse_cluster_spec(spec)
+    if path is not None and spec is None:
+        return load_cluster_file(path)
+    raise click.UsageError("give exactly one of --cluster NxG and --cluster-file FILE")
+
+
+def _clean(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _plot(results: dict[str, SimResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, result in results.items():
+        jct = np.sort(result.jct[~np.isnan(result.end)])
+        if jct.size:
+            ax.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=name, drawstyle="steps-post")
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ValueError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
+@click.command("simulate")
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path), required=True, help="Trace file.")
+@click.option(
+    "--format", "trace_format", type=click.Choice([f.value for f in TraceFormat]), required=True, help="Trace format."
+)
+@click.option("--cluster", "cluster_spec", metavar="NxG", help="N nodes of G GPUs, e.g. 15x4.")
+@click.option("--cluster-file", type=click.Path(path_type=Path), help="CSV node file: name,gpus[,gpu_type][,switch].")
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    type=click.Choice(POLICY_NAMES),
+    help="Policy to simulate; repeat to compare several (default: all).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {policy: {metric: value}}.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write the JCT CDF of every policy (PNG).")
+@click.option("--load-scale", type=float, default=1.0, show_default=True, help="Divide inter-arrival times by this.")
+@click.option("--skip-bad-rows", is_flag=True, help="Skip (and count) malformed trace rows instead of failing.")
+@click.option(
+    "--queues",
+    default=",".join(f"{t:g}" for t in DEFAULT_THRESHOLDS),
+    show_default=True,
+    help="MLFQ thresholds in GPU-seconds, comma-separated (K = count + 1 queues).",
+)
+@click.option("--promote-knob", type=float, default=math.inf, show_default=True, help="PROMOTEKNOB (inf: off).")
+@click.option("--pack-limit", type=float, default=DEFAULT_PACK_LIMIT, show_default=True, help="PACKLIMIT (skew).")
+@click.option("--min-run-time", type=float, default=0.0, show_default=True, help="Seconds between preemptions.")
+@click.option("--time-slice", type=float, default=DEFAULT_TIME_SLICE, show_default=True, help="gandiva slice, s.")
+@click.option("--history", "history_path", type=click.Path(path_type=Path), help="Job sizes (GPU-s) for Gittins.")
+@click.option("--bandwidth", type=float, default=DEFAULT_BANDWIDTH / 1e9, show_default=True, help="Checkpoint GB/s.")
+@click.option("--restart-overhead", type=float, default=0.0, show_default=True, help="Seconds per resume.")
+@click.option("--spread-slowdown", type=float, default=1.5, show_default=True, help="Skewed job over >1 node.")
+@click.option("--sched-interval", type=float, default=0.0, show_default=True, help="Periodic passes (0: events).")
+def simulate(  # noqa: PLR0917 - click passes every option as an argument
+    trace_path: Path,
+    trace_format: str,
+    cluster_spec: str | None,
+    cluster_file: Path | None,
+    policies: tuple[str, ...],
+    as_json: bool,
+    plot_path: Path | None,
+    load_scale: float,
+    skip_bad_rows: bool,
+    queues: str,
+    promote_knob: float,
+    pack_limit: float,
+    min_run_time: float,
+    time_slice: float,
+    history_path: Path | None,
+    bandwidth: float,
+    restart_overhead: float,
+    spread_slowdown: float,
+    sched_interval: float,
+) -> None:
+    """Replay a job trace on a simulated GPU cluster and compare scheduling policies."""
+    nodes = _cluster(cluster_spec, cluster_file)
+    trace = load_trace(trace_path, trace_format, skip_bad_rows=skip_bad_rows).scaled(load_scale)
+    history = ServiceDistribution.from_samples(load_sizes(history_path)) if history_path else None
+    options = PolicyOptions(
+        thresholds=_parse_queues(queues),
+        promote_knob=promote_knob,
+        pack_limit=pack_limit,
+        min_run_time=min_run_time,
+        time_slice=time_slice,
+    )
+    config = SimConfig(
+        bandwidth=bandwidth * 1e9,
+        restart_overhead=restart_overhead,
+        spread_slowdown=spread_slowdown,
+        sched_interval=sched_interval,
+        history=history,
+    )
+    names = policies or POLICY_NAMES
+    names = tuple(dict.fromkeys(names))
+    err = Console(stderr=True)
+    if trace.skipped or trace.ignored:
+        err.print(f"trace: {trace.skipped} malformed row(s) skipped, {trace.ignored} non-GPU row(s) ignored")
+    results: dict[str, SimResult] = {}
+    show = err.is_terminal and len(trace.jobs) * len(names) >= PROGRESS_FROM
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not show,
+    ) as bar:
+        for name in names:
+            sim = Simulator(trace.jobs, nodes, make_policy(name, options), config)
+            task = bar.add_task(name, total=len(sim.jobs))
+
+            def report(done: int, total: int, task: TaskID = task) -> None:
+                bar.update(task, completed=done, total=total)
+
+            results[name] = sim.run(report)
+    dropped = next(iter(results.values())).dropped
+    if dropped:
+        err.print(f"{len(dropped)} job(s) need more GPUs than the cluster has and were left out")
+    metrics = {name: summarize(result) for name, result in results.items()}
+    if plot_path is not None:
+        _plot(results, plot_path)
+    if as_json:
+        payload = {name: {key: _clean(value) for key, value in m.items()} for name, m in metrics.items()}
+        click.echo(json.dumps(payload, sort_keys=False))
+        return
+    table = Table(title=f"{trace_path.name}: {len(trace.jobs)} jobs, {sum(n.gpus for n in nodes)} GPUs")
+    table.add_column("policy")
+    for _, label in _TABLE_COLUMNS:
+        table.add_column(label, justify="right")
+    for name, m in metrics.items():
+        cells = [
+            f"{m[key]:.3f}" if key == "utilization" else f"{m[key]:.0f}" if not math.isnan(m[key]) else "-"
+            for key, _ in _TABLE_COLUMNS
+        ]
+        table.add_row(name, *cells)
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)
+    out.print(table)

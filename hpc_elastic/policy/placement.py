@@ -1,0 +1,225 @@
+"""Placement: which GPUs a starting job gets (Tiresias §3.3, Pseudocode 1 lines 20-22), and PACKLIMIT.
+
+Tiresias consolidates a job on as few nodes as possible when its skew S_J (largest-tensor share / parameter-server
+load skew, from its profile) exceeds PACKLIMIT, and otherwise places it to minimise fragmentation (§3.3.2). We
+read "minimise fragmentation" as: one node when the job fits on one (best fit: the fullest node that still fits),
+otherwise fill the most-used nodes first so that whole nodes stay free for the jobs that need consolidation.
+A consolidated job that needs several nodes goes under one network switch when one can hold it.
+
+PACKLIMIT itself is refitted from history "with a simple linear classifier ... using a job's placement and
+corresponding performance as features" (§3.3.2, "Determining PACKLIMIT"): :func:`fit_pack_limit`.
+
+:class:`FreeIndex` keeps the free GPUs of each pool bucketed by count, so a placement costs O(GPUs per node)
+plus the nodes it touches, not O(nodes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpc_elastic.policy.types import ClusterState, PlacementMode
+
+DEFAULT_PACK_LIMIT = 0.5
+"""Skew above which a job is consolidated. The paper gives no number; Table 6 separates the VGG family and
+AlexNet (largest tensor >= ~60% of the model) from the other models (<= ~20%), and 0.5 sits between."""
+
+
+class FreeIndex:
+    """Free GPUs per node, bucketed by free count within each pool. Local to one pass (mutable)."""
+
+    __slots__ = ("_buckets", "_node_size", "free", "pool", "switch")
+
+    def __init__(self, cluster: ClusterState, extra_free: dict[int, int] | None = None) -> None:
+        self.pool: list[int] = cluster.pool.tolist()
+        self.switch: list[int] = cluster.switch.tolist()
+        free = cluster.free.copy()
+        if extra_free:
+            nodes = np.fromiter(extra_free.keys(), dtype=np.int64, count=len(extra_free))
+            counts = np.fromiter(extra_free.values(), dtype=np.int64, count=len(extra_free))
+            np.add.at(free, nodes, counts)
+        self.free: list[int] = free.tolist()
+        max_size = int(cluster.total.max()) if cluster.total.size else 0
+        node_size = np.zeros(cluster.n_pools, dtype=np.int64)
+        np.maximum.at(node_size, cluster.pool, cluster.total)
+        self._node_size: list[int] = node_size.tolist()
+        self._buckets: list[list[dict[int, None]]] = [[{} for _ in range(max_size + 1)] for _ in range(cluster.n_pools)]
+        pools = self.pool
+        for node in np.flatnonzero(free > 0).tolist():
+            self._buckets[pools[node]][self.free[node]][node] = None
+
+    def pool_free(self, pool: int) -> int:
+        return sum(k * len(nodes) for k, nodes in enumerate(self._buckets[pool]))
+
+    def _move(self, node: int, new: int) -> None:
+        old = self.free[node]
+        buckets = self._buckets[self.pool[node]]
+        if old > 0:
+            del buckets[old][node]
+        if new > 0:
+            buckets[new][node] = None
+        self.free[node] = new
+
+    def take(self, allocation: Iterable[tuple[int, int]]) -> None:
+        for node, count in allocation:
+            if count > self.free[node]:
+                raise ValueError(f"node row {node} has {self.free[node]} free GPUs, cannot take {count}")
+            self._move(node, self.free[node] - count)
+
+    def release(self, allocation: Iterable[tuple[int, int]]) -> None:
+        for node, count in allocation:
+            self._move(node, self.free[node] + count)
+
+    def _best_fit(self, pool: int, gpus: int) -> int | None:
+        buckets = self._buckets[pool]
+        for k in range(gpus, len(buckets)):
+            if buckets[k]:
+                return next(iter(buckets[k]))
+        return None
+
+    def _choose(self, pool: int, gpus: int, consolidate: bool) -> list[tuple[int, int]] | None:
+        single = self._best_fit(pool, gpus)
+        if single is not None:
+            return [(single, gpus)]
+        buckets = self._buckets[pool]
+        chosen: list[tuple[int, int]] = []
+        need = gpus
+        if consolidate:
+            # Fewest nodes, within one switch when one can hold the job (§3.3: avoid the network).
+            nodes = [(node, k) for k in range(len(buckets) - 1, 0, -1) for node in buckets[k]]
+            switches = {self.switch[node] for node, _ in nodes}
+            best: list[tuple[int, int]] | None = None
+            if len(switches) > 1:
+                for sw in sorted(switches):
+                    option = _fewest([(node, k) for node, k in nodes if self.switch[node] == sw], gpus)
+                    if option is not None and (best is None or len(option) < len(best)):
+                        best = option
+            return best if best is not None else _fewest(nodes, gpus)
+        # Least fragmentation: fill the nodes with the fewest free GPUs first (whole nodes stay free).
+        for k in range(1, len(buckets)):
+            for node in buckets[k]:
+                take = min(k, need)
+                chosen.append((node, take))
+                need -= take
+                if need == 0:
+                    return chosen
+        return None
+
+    def place(
+        self, pool: int, gpus: int, mode: PlacementMode, skew: float, pack_limit: float
+    ) -> list[tuple[int, int]] | None:
+        """Choose ``gpus`` GPUs in ``pool`` (and take them), or return None if they cannot be placed.
+
+        ``skew`` NaN means unknown, hence not skewed (SKEW_AWARE spreads it).
+        """
+        if mode is PlacementMode.SKEW_AWARE:
+            consolidate = not math.isnan(skew) and skew > pack_limit
+        else:
+            consolidate = mode is not PlacementMode.SPREAD
+        chosen = self._strict(pool, gpus) if mode is PlacementMode.STRICT else self._choose(pool, gpus, consolidate)
+        if chosen is None:
+            return None
+        self.take(chosen)
+        return chosen
+
+    def _strict(self, pool: int, gpus: int) -> list[tuple[int, int]] | None:
+        """YARN-CS consolidation: exactly ceil(gpus / node size) nodes, the ones with the most free GPUs."""
+        size = self._node_size[pool]
+        if size == 0:
+            return None
+        if gpus <= size:
+            single = self._best_fit(pool, gpus)
+            return None if single is None else [(single, gpus)]
+        want = -(-gpus // size)
+        buckets = self._buckets[pool]
+        chosen: list[tuple[int, int]] = []
+        need = gpus
+        for k in range(len(buckets) - 1, 0, -1):
+            for node in buckets[k]:
+                take = min(k, need)
+                chosen.append((node, take))
+                need -= take
+                if need == 0:
+                    return chosen
+                if len(chosen) == want:
+                    return None
+        return None
+
+
+def _fewest(nodes: list[tuple[int, int]], gpus: int) -> list[tuple[int, int]] | None:
+    """Fewest nodes holding ``gpus`` GPUs, from (node, free) sorted by free GPUs, most first: take the fullest
+    nodes until the rest fits on one node, then best-fit that rest."""
+    chosen: list[tuple[int, int]] = []
+    need = gpus
+    i = 0
+    while need > 0 and i < len(nodes):
+        fits = [j for j in range(i, len(nodes)) if nodes[j][1] >= need]
+        if fits:
+            node, _ = nodes[fits[-1]]  # the smallest node that still holds the rest
+            chosen.append((node, need))
+            return chosen
+        node, free = nodes[i]
+        chosen.append((node, free))
+        need -= free
+        i += 1
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSample:
+    """One observation for refitting PACKLIMIT: a job of ``model`` with ``skew`` ran at ``speed`` (iterations
+    per second, any consistent unit) when placed on one node (``consolidated``) or on several."""
+
+    model: str
+    skew: float
+    consolidated: bool
+    speed: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.skew) and math.isfinite(self.speed) and self.speed > 0):
+            raise ValueError(f"placement sample of {self.model!r}: skew and speed must be finite, speed > 0")
+
+
+def fit_pack_limit(
+    samples: Sequence[PlacementSample], *, tolerance: float = 1.1, current: float = DEFAULT_PACK_LIMIT
+) -> float:
+    """Refit PACKLIMIT from (placement, speed) pairs with a one-feature linear classifier (§3.3.2).
+
+    For every model observed both consolidated and spread, the label is "sensitive" when the mean consolidated
+    speed is at least ``tolerance`` times the mean spread speed; the feature is its mean skew. The classifier
+    is the threshold on skew (w·x + b = 0 in one dimension) with the fewest misclassified models, ties broken by
+    the widest margin; PACKLIMIT is that threshold. With only one class observed there is nothing to separate
+    and ``current`` is returned.
+    """
+    if not tolerance >= 1.0:
+        raise ValueError(f"tolerance must be >= 1, got {tolerance!r}")
+    by_model: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for sample in samples:
+        skews, packed, spread = by_model.setdefault(sample.model, ([], [], []))
+        skews.append(sample.skew)
+        (packed if sample.consolidated else spread).append(sample.speed)
+    points: list[tuple[float, bool]] = []
+    for skews, packed, spread in by_model.values():
+        if packed and spread:
+            ratio = (sum(packed) / len(packed)) / (sum(spread) / len(spread))
+            points.append((sum(skews) / len(skews), ratio >= tolerance))
+    if not points or all(label for _, label in points) or not any(label for _, label in points):
+        return current
+    points.sort()
+    xs = [x for x, _ in points]
+    best: tuple[int, float, float] | None = None
+    # Candidate thresholds: between consecutive distinct skews (and below/above all of them).
+    candidates = [xs[0] - 1.0] + [(a + b) / 2 for a, b in itertools.pairwise(xs) if b > a] + [xs[-1] + 1.0]
+    for thr in candidates:
+        errors = sum(1 for x, label in points if (x > thr) != label)
+        margin = min(abs(x - thr) for x in xs)
+        key = (errors, -margin, thr)
+        if best is None or key < best:
+            best = key
+    if best is None:  # pragma: no cover - candidates is never empty
+        return current
+    return best[2]

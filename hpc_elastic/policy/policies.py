@@ -1,0 +1,436 @@
+"""Scheduling policies: Tiresias (Discretised 2D-LAS / 2D-Gittins) and the baselines it is compared with.
+
+Every policy is an immutable object whose :meth:`Policy.schedule` turns a :class:`PassInput` into a
+:class:`Decision`; the simulator and the Slurm daemon call the same objects. One pass costs O(n log n) for n jobs
+(one sort plus vectorised bookkeeping), independent of the cluster size except for the jobs it places.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import ClassVar
+
+import numpy as np
+
+from hpc_elastic.policy.core import (
+    TIME_EPS,
+    WalkResult,
+    feasible_rows,
+    nonpreemptive_walk,
+    pin_wakeup,
+    pinned_rows,
+    preemptive_walk,
+)
+from hpc_elastic.policy.gittins import GittinsTable, ServiceDistribution, gittins_index_sup
+from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS, MlfqConfig, mlfq_update, mlfq_wakeup
+from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT, FreeIndex
+from hpc_elastic.policy.types import (
+    BoolArray,
+    Decision,
+    FloatArray,
+    IntArray,
+    PassInput,
+    PlacementMode,
+    QueueChange,
+    QueueChangeKind,
+    Start,
+)
+
+DEFAULT_TIME_SLICE = 600.0
+"""Gandiva-like time slice (seconds): our choice, Gandiva rotates jobs on the order of minutes."""
+
+DEFAULT_MAX_AGE = 7 * 24 * 3600.0
+"""Slurm's PriorityMaxAge default (7-00:00:00): the age factor saturates after a week."""
+
+
+class DeltaMode(StrEnum):
+    """How 2D-Gittins picks the service quantum Δ."""
+
+    #: Discretised 2D-Gittins (§3.2.3): Δ_i = Q_i^hi, FIFO in the last queue.
+    QUEUE = "queue"
+    #: Continuous 2D-Gittins (Pseudocode 1 line 11): sup over all Δ > 0, in every queue.
+    SUP = "sup"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOptions:
+    """Knobs shared by the policies (each uses those that apply to it). Defaults follow the paper (§5.2)."""
+
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    promote_knob: float = math.inf
+    pack_limit: float = DEFAULT_PACK_LIMIT
+    min_run_time: float = 0.0
+    time_slice: float = DEFAULT_TIME_SLICE
+    max_age: float = DEFAULT_MAX_AGE
+    delta_mode: DeltaMode = DeltaMode.QUEUE
+    history: ServiceDistribution | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        MlfqConfig(self.thresholds, self.promote_knob)  # validates both
+        if not (math.isfinite(self.pack_limit)):
+            raise ValueError(f"PACKLIMIT must be finite, got {self.pack_limit!r}")
+        for name in ("min_run_time", "time_slice", "max_age"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.time_slice <= 0:
+            raise ValueError(f"time_slice must be > 0 seconds, got {self.time_slice!r}")
+        if self.max_age <= 0:
+            raise ValueError(f"max_age must be > 0 seconds, got {self.max_age!r}")
+        if not isinstance(self.delta_mode, DeltaMode):
+            raise ValueError(f"delta_mode must be a DeltaMode, got {self.delta_mode!r}")
+
+
+class Policy(ABC):
+    """A scheduling policy: pure, immutable, one :meth:`schedule` call per pass."""
+
+    name: ClassVar[str]
+    preemptive: ClassVar[bool]
+    #: whether :meth:`with_history` matters (2D-Gittins learns the job-size distribution).
+    uses_history: ClassVar[bool] = False
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        self.options = options or PolicyOptions()
+
+    @abstractmethod
+    def schedule(self, inp: PassInput) -> Decision:
+        """Decide which jobs start (and where), which are preempted, and queue changes."""
+
+    def with_history(self, samples: Iterable[float]) -> Policy:
+        """The same policy with a new job-size history (GPU-seconds of completed jobs)."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options!r})"
+
+
+def _first_start_key(first_start: FloatArray) -> FloatArray:
+    """FIFO by first start; never-started jobs after all started ones (§3.2.3)."""
+    return np.where(np.isnan(first_start), math.inf, first_start)
+
+
+def _waiting_after(inp: PassInput, walk: WalkResult) -> BoolArray:
+    return ~walk.holding & walk.feasible & ~inp.jobs.running
+
+
+def _finish(
+    inp: PassInput,
+    order: IntArray,
+    *,
+    walk: WalkResult | None,
+    starts: tuple[Start, ...],
+    changes: tuple[QueueChange, ...],
+    wakeup: float,
+    infeasible: tuple[int, ...],
+) -> Decision:
+    if math.isfinite(wakeup):
+        wakeup = max(wakeup, inp.now + TIME_EPS)
+    return Decision(
+        starts=starts,
+        preemptions=walk.preemptions if walk else (),
+        queue_changes=changes,
+        priority_order=order.astype(np.int64),
+        next_wakeup=wakeup if math.isfinite(wakeup) else None,
+        infeasible=infeasible,
+    )
+
+
+def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray) -> tuple[QueueChange, ...]:
+    jobs = inp.jobs
+    changed = np.flatnonzero((queue != jobs.queue) | promoted)
+    out: list[QueueChange] = []
+    for row in changed.tolist():
+        old, new = int(jobs.queue[row]), int(queue[row])
+        kind = QueueChangeKind.PROMOTE if promoted[row] else QueueChangeKind.DEMOTE
+        out.append(QueueChange(row, str(jobs.job_ids[row]), old, new, kind, reset=bool(promoted[row])))
+    return tuple(out)
+
+
+class _MlfqPolicy(Policy):
+    """Shared body of Discretised 2D-LAS and 2D-Gittins (Pseudocode 1 with §3.2.3 discretisation)."""
+
+    preemptive = True
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.mlfq = MlfqConfig(self.options.thresholds, self.options.promote_knob)
+
+    @abstractmethod
+    def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray: ...
+
+    def schedule(self, inp: PassInput) -> Decision:
+        jobs = inp.jobs
+        queue, promoted = mlfq_update(self.mlfq, jobs)
+        # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
+        attained = np.where(promoted, 0.0, jobs.attained)
+        order = self._order(inp, queue, attained)
+        pinned = pinned_rows(inp, self.options.min_run_time)
+        walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
+        waiting = _waiting_after(inp, walk)
+        wakeup = math.inf
+        if np.any(waiting):
+            # Jobs that hold GPUs after the pass (kept or started) accrue service from now on.
+            wakeup = min(
+                mlfq_wakeup(
+                    self.mlfq,
+                    inp.now,
+                    jobs=jobs,
+                    queue=queue,
+                    attained=attained,
+                    holding=walk.holding,
+                    waiting=waiting,
+                ),
+                pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts)),
+            )
+        return _finish(
+            inp,
+            order,
+            walk=walk,
+            starts=walk.starts,
+            changes=_queue_changes(inp, queue, promoted),
+            wakeup=wakeup,
+            infeasible=walk.infeasible,
+        )
+
+
+class TiresiasLas(_MlfqPolicy):
+    """Discretised 2D-LAS (§3.2.3): queue by attained service, FIFO by first start inside a queue."""
+
+    name = "tiresias-las"
+
+    def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
+        jobs = inp.jobs
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), queue))
+
+
+class TiresiasGittins(_MlfqPolicy):
+    """Discretised 2D-Gittins (§3.2.2-3.2.3): inside queue Q_i, highest G(a_J, Δ_i = Q_i^hi) first.
+
+    The last queue (Δ = ∞) is FIFO by first start. Without a job-size history the policy is 2D-LAS
+    (Pseudocode 1 lines 2-3). The per-queue index tables are rebuilt by :meth:`with_history`.
+    """
+
+    name = "tiresias-gittins"
+    uses_history = True
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        dist = self.options.history
+        self.distribution = dist if dist is not None else ServiceDistribution.from_samples(())
+        self.tables: tuple[GittinsTable, ...] = ()
+        if len(self.distribution) and self.options.delta_mode is DeltaMode.QUEUE:
+            self.tables = tuple(GittinsTable.build(self.distribution, d) for d in self.mlfq.thresholds)
+
+    def with_history(self, samples: Iterable[float]) -> TiresiasGittins:
+        return TiresiasGittins(replace(self.options, history=ServiceDistribution.from_samples(samples)))
+
+    def index(self, queue: IntArray, attained: FloatArray) -> FloatArray:
+        """G_J of every job (0 in the last queue, where the order is FIFO)."""
+        out = np.zeros(attained.shape, dtype=np.float64)
+        if not len(self.distribution):
+            return out
+        if self.options.delta_mode is DeltaMode.SUP:
+            return gittins_index_sup(self.distribution, attained)
+        for q, table in enumerate(self.tables):
+            rows = np.flatnonzero(queue == q)
+            if rows.size:
+                out[rows] = table.index(attained[rows])
+        return out
+
+    def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
+        jobs = inp.jobs
+        gittins = self.index(queue, attained)
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), -gittins, queue))
+
+
+class _OraclePolicy(Policy):
+    """Shortest remaining first with oracle durations (§3.2.1), Tiresias placement (§5.1 "Baselines")."""
+
+    preemptive = True
+
+    @abstractmethod
+    def _size(self, inp: PassInput) -> FloatArray: ...
+
+    def schedule(self, inp: PassInput) -> Decision:
+        jobs = inp.jobs
+        size = self._size(inp)
+        order = np.lexsort((jobs.submit, np.where(np.isnan(size), math.inf, size)))
+        pinned = pinned_rows(inp, self.options.min_run_time)
+        walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
+        wakeup = math.inf
+        if np.any(_waiting_after(inp, walk)):
+            wakeup = pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts))
+        return _finish(inp, order, walk=walk, starts=walk.starts, changes=(), wakeup=wakeup, infeasible=walk.infeasible)
+
+
+class Srtf(_OraclePolicy):
+    """Shortest remaining time first (remaining time known, e.g. from the trace)."""
+
+    name = "srtf"
+
+    def _size(self, inp: PassInput) -> FloatArray:
+        return inp.jobs.remaining
+
+
+class Srsf(_OraclePolicy):
+    """Shortest remaining service first: remaining time x GPUs (§3.2.1, Table 1)."""
+
+    name = "srsf"
+
+    def _size(self, inp: PassInput) -> FloatArray:
+        return inp.jobs.remaining * inp.jobs.gpus
+
+
+class Gandiva(Policy):
+    """Gandiva-like time slicing: gang round-robin with a fixed slice when the cluster is oversubscribed.
+
+    A running job keeps its GPUs for ``time_slice`` seconds; after that it competes, keyed by the end of its
+    slice, with waiting jobs keyed by when they began waiting, so that waiting jobs take turns. Rotations happen
+    on a global clock (multiples of the slice), as Gandiva switches jobs in rounds, so a pass rotates many jobs
+    at once instead of one pass per job.
+    """
+
+    name = "gandiva"
+    preemptive = True
+
+    def schedule(self, inp: PassInput) -> Decision:
+        jobs, now = inp.jobs, inp.now
+        quantum = self.options.time_slice
+        key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.waiting)
+        order = np.lexsort((jobs.submit, key))
+        min_run = max(self.options.min_run_time, quantum)
+        pinned = pinned_rows(inp, min_run)
+        walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
+        wakeup = math.inf
+        if np.any(_waiting_after(inp, walk)):
+            wakeup = pin_wakeup(inp, pinned, min_run, bool(walk.starts))
+            if math.isfinite(wakeup):
+                wakeup = math.ceil(wakeup / quantum - 1e-9) * quantum
+        return _finish(inp, order, walk=walk, starts=walk.starts, changes=(), wakeup=wakeup, infeasible=walk.infeasible)
+
+
+class Fifo(Policy):
+    """YARN capacity scheduler as in Microsoft's cluster (§1, §5.1): FIFO, no preemption, consolidation
+    required, head-of-line blocking."""
+
+    name = "fifo"
+    preemptive = False
+    skip: ClassVar[bool] = False
+
+    def schedule(self, inp: PassInput) -> Decision:
+        order = np.argsort(inp.jobs.submit, kind="stable")
+        starts, _, _, infeasible = nonpreemptive_walk(
+            inp, order, skip=self.skip, mode=PlacementMode.STRICT, pack_limit=self.options.pack_limit
+        )
+        return _finish(inp, order, walk=None, starts=tuple(starts), changes=(), wakeup=math.inf, infeasible=infeasible)
+
+
+class FifoSkip(Fifo):
+    """ "Best effort" (§5.3): YARN-CS without head-of-line blocking; small jobs jump over blocked ones."""
+
+    name = "fifo-skip"
+    skip = True
+
+
+class SlurmBackfill(Policy):
+    """Slurm-like: multifactor priority from age only, then EASY backfill on time limits.
+
+    Priority = min(age, PriorityMaxAge) (ties by submit time). Jobs start in priority order until the first that
+    does not fit; it gets a reservation at the earliest time enough GPUs free up according to the running jobs'
+    time limits (the shadow time). Later jobs may start now if they fit and either end before the shadow time
+    or use only GPUs the reservation does not need. Jobs without a time limit are assumed to run forever.
+    """
+
+    name = "slurm-backfill"
+    preemptive = False
+
+    def schedule(self, inp: PassInput) -> Decision:
+        jobs, now = inp.jobs, inp.now
+        age = np.minimum(np.maximum(now - jobs.submit, 0.0), self.options.max_age)
+        order = np.lexsort((jobs.submit, -age))
+        mode = PlacementMode.CONSOLIDATE
+        pack_limit = self.options.pack_limit
+        starts, index, rest, infeasible = nonpreemptive_walk(inp, order, skip=False, mode=mode, pack_limit=pack_limit)
+        rest = rest[feasible_rows(inp)[rest]]
+        if rest.size:
+            starts.extend(self._backfill(inp, rest, starts, index))
+        return _finish(inp, order, walk=None, starts=tuple(starts), changes=(), wakeup=math.inf, infeasible=infeasible)
+
+    def _backfill(self, inp: PassInput, rest: IntArray, started: list[Start], index: FreeIndex) -> list[Start]:
+        jobs, cluster, now = inp.jobs, inp.cluster, inp.now
+        n_pools = cluster.n_pools
+        pool_free = [index.pool_free(p) for p in range(n_pools)]
+        if sum(pool_free) == 0:
+            return []
+        limit = np.where(np.isnan(jobs.time_limit), math.inf, jobs.time_limit)
+        # Expected end and GPUs of every job holding GPUs (running or started by this pass), from time limits.
+        run_rows = np.flatnonzero(jobs.running)
+        new_rows = np.array([s.row for s in started], dtype=np.int64)
+        new_pools = np.array([cluster.pool[s.node_rows[0][0]] for s in started], dtype=np.int64)
+        end_all = np.concatenate(
+            (now + np.maximum(limit[run_rows] - jobs.executed[run_rows], 0.0), now + limit[new_rows])
+        )
+        pool_all = np.concatenate((jobs.pool[run_rows], new_pools))
+        gpus_all = np.concatenate((jobs.gpus[run_rows], jobs.gpus[new_rows]))
+        head = int(rest[0])
+        g_head = int(jobs.gpus[head])
+        head_mask = int(jobs.pool_mask[head])
+        best: tuple[float, int, int] | None = None  # (shadow, extra, pool)
+        for p in range(n_pools):
+            if not head_mask >> p & 1:
+                continue
+            avail = pool_free[p]
+            if avail >= g_head:
+                shadow, extra = now, avail - g_head
+            else:
+                sel = pool_all == p
+                ends = end_all[sel]
+                by_end = np.argsort(ends, kind="stable")
+                sorted_ends = ends[by_end]
+                cum = avail + np.cumsum(gpus_all[sel][by_end])
+                k = int(np.searchsorted(cum, g_head, side="left"))
+                if k < cum.size:
+                    shadow = float(sorted_ends[k])
+                    # every job ending by the shadow time frees its GPUs then (ties included)
+                    last = int(np.searchsorted(sorted_ends, shadow, side="right")) - 1
+                    extra = int(cum[last]) - g_head
+                else:
+                    shadow, extra = math.inf, 0
+            if best is None or (shadow, -extra, p) < (best[0], -best[1], best[2]):
+                best = (shadow, extra, p)
+        if best is None:
+            return []
+        shadow, extra, head_pool = best
+        out: list[Start] = []
+        total = sum(pool_free)
+        later = rest[1:]
+        for row in later[jobs.gpus[later] <= total].tolist():
+            if total <= 0:
+                break
+            g = int(jobs.gpus[row])
+            if g > total:
+                continue
+            mask = int(jobs.pool_mask[row])
+            ends_by = now + float(limit[row])
+            for p in sorted(range(n_pools), key=lambda q: (pool_free[q], q)):
+                if not mask >> p & 1 or pool_free[p] < g:
+                    continue
+                short = ends_by <= shadow + TIME_EPS
+                if p == head_pool and not short and g > extra:
+                    continue
+                placed = index.place(p, g, PlacementMode.CONSOLIDATE, float(jobs.skew[row]), self.options.pack_limit)
+                if placed is None:
+                    continue
+                pool_free[p] -= g
+                total -= g
+                if p == head_pool and not short:
+                    extra -= g
+                alloc = tuple(placed)
+                names = tuple((cluster.names[n], c) for n, c in alloc)
+                out.append(Start(row, str(jobs.job_ids[row]), alloc, names))
+                break
+        return out

@@ -1,0 +1,50 @@
+"""Policies by name: the simulator's ``--policy`` and the Slurm daemon look them up here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hpc_elastic.policy.policies import (
+    Fifo,
+    FifoSkip,
+    Gandiva,
+    Policy,
+    PolicyOptions,
+    SlurmBackfill,
+    Srsf,
+    Srtf,
+    TiresiasGittins,
+    TiresiasLas,
+)
+
+PolicyFactory = Callable[[PolicyOptions], Policy]
+
+_BUILTIN: dict[str, PolicyFactory] = {
+    "fifo": Fifo,
+    "fifo-skip": FifoSkip,
+    "srtf": Srtf,
+    "srsf": Srsf,
+    "slurm-backfill": SlurmBackfill,
+    "gandiva": Gandiva,
+    "tiresias-las": TiresiasLas,
+    "tiresias-gittins": TiresiasGittins,
+}
+
+#: The built-in policy names, in the order the issue lists them.
+POLICY_NAMES: tuple[str, ...] = tuple(_BUILTIN)
+
+
+def policy_names(extra: dict[str, PolicyFactory] | None = None) -> tuple[str, ...]:
+    """Built-in names plus those in ``extra``."""
+    return POLICY_NAMES + tuple(name for name in (extra or {}) if name not in _BUILTIN)
+
+
+def make_policy(
+    name: str, options: PolicyOptions | None = None, extra: dict[str, PolicyFactory] | None = None
+) -> Policy:
+    """Build the policy called ``name``; ``extra`` adds or overrides factories without global state."""
+    factories = {**_BUILTIN, **(extra or {})}
+    factory = factories.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(factories)}")
+    return factory(options or PolicyOptions())

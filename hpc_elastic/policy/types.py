@@ -1,0 +1,375 @@
+"""Inputs and outputs of one scheduling pass.
+
+Pure data: nothing here runs a command, reads a clock, an environment variable or a file.
+
+Two ways to describe the jobs of a pass:
+
+- :class:`JobView` / :class:`NodeView`: one frozen object per job / node, convenient for a daemon that reads
+  the live cluster (``squeue``/``sinfo``) and for tests;
+- :class:`JobTable` / :class:`ClusterState`: the same information column by column (numpy arrays), which is
+  what the policies compute on. ``JobTable.from_views`` and ``ClusterState.from_nodes`` convert; the simulator
+  fills the columns directly so that a pass over thousands of jobs costs a few vectorised operations.
+
+Units: times in seconds, attained service in GPU-seconds (Tiresias §3.2: a_J = W_J x t_J).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+ObjArray = npt.NDArray[np.object_]
+
+#: A job's GPUs on the nodes of a pass: ``((node_row, gpus), ...)``.
+RowAllocation = tuple[tuple[int, int], ...]
+#: The same with node names: ``(("node17", 4), ...)``.
+NamedAllocation = tuple[tuple[str, int], ...]
+
+MAX_POOLS = 62
+
+
+class JobStatus(StrEnum):
+    """State of a job as the policy sees it."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+
+
+class QueueChangeKind(StrEnum):
+    """Why a job changes queue (Tiresias §3.2.3, Figure 9)."""
+
+    DEMOTE = "demote"
+    PROMOTE = "promote"
+
+
+class PlacementMode(StrEnum):
+    """How a job's GPUs are chosen among the free GPUs (Tiresias §3.3)."""
+
+    #: Tiresias: consolidate when the job's skew exceeds PACKLIMIT, else minimise fragmentation.
+    SKEW_AWARE = "skew-aware"
+    #: fewest nodes possible now (best effort): used for skewed jobs.
+    CONSOLIDATE = "consolidate"
+    #: YARN-CS: the minimum number of nodes an empty cluster would need, or the job waits (§1, §2.2).
+    STRICT = "strict"
+    #: fill the most-used nodes first so that whole nodes stay free (minimise fragmentation).
+    SPREAD = "spread"
+
+
+def _first_duplicate(names: Iterable[str]) -> str:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return ""
+
+
+def _finite_nonneg(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node: its GPUs (all of one type) and how many are free now."""
+
+    name: str
+    total_gpus: int
+    free_gpus: int
+    gpu_type: str = ""
+    switch: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("node name must not be empty")
+        if isinstance(self.total_gpus, bool) or not isinstance(self.total_gpus, int) or self.total_gpus < 0:
+            raise ValueError(f"node {self.name}: total_gpus must be an int >= 0, got {self.total_gpus!r}")
+        if (
+            isinstance(self.free_gpus, bool)
+            or not isinstance(self.free_gpus, int)
+            or not 0 <= self.free_gpus <= self.total_gpus
+        ):
+            raise ValueError(
+                f"node {self.name}: free_gpus must be an int in [0, {self.total_gpus}], got {self.free_gpus!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """One job as a scheduling pass sees it.
+
+    ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J, seconds since the
+    job last ran, or since it arrived / was promoted) are the values *now*, counted since the job arrived or was
+    last promoted (§3.2.3: promotion resets t_J and δ_J, hence a_J). ``run_time`` is how long a running job has
+    run since it last (re)started: a job is not preempted again before it has run ``min_run_time``.
+    ``remaining_time`` (oracle, for SRTF/SRSF) and ``time_limit`` (for backfill) are optional.
+    ``gpu_types`` restricts the GPU types the job may use (None: any). ``allocation`` lists a running job's GPUs.
+    ``min_gpus``/``max_gpus`` describe an elastic job (the Tiresias policies place it at ``gpus``).
+    """
+
+    job_id: str
+    gpus: int
+    submit_time: float
+    status: JobStatus = JobStatus.PENDING
+    attained_service: float = 0.0
+    executed_time: float = 0.0
+    waiting_time: float = 0.0
+    run_time: float = 0.0
+    first_start_time: float | None = None
+    queue: int = 0
+    skew: float | None = None
+    gpu_types: frozenset[str] | None = None
+    allocation: NamedAllocation = ()
+    remaining_time: float | None = None
+    time_limit: float | None = None
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise ValueError("job_id must not be empty")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"job {self.job_id}: gpus must be an int >= 1, got {self.gpus!r}")
+        if not isinstance(self.status, JobStatus):
+            raise ValueError(f"job {self.job_id}: status must be a JobStatus, got {self.status!r}")
+        if not (isinstance(self.submit_time, (int, float)) and math.isfinite(self.submit_time)):
+            raise ValueError(f"job {self.job_id}: submit_time must be finite, got {self.submit_time!r}")
+        for name in ("attained_service", "executed_time", "waiting_time", "run_time"):
+            _finite_nonneg(f"job {self.job_id}: {name}", getattr(self, name))
+        for name in ("remaining_time", "time_limit", "first_start_time"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"job {self.job_id}: {name} must be finite or None, got {value!r}")
+        if isinstance(self.queue, bool) or not isinstance(self.queue, int) or self.queue < 0:
+            raise ValueError(f"job {self.job_id}: queue must be an int >= 0, got {self.queue!r}")
+        if self.skew is not None and not (isinstance(self.skew, (int, float)) and math.isfinite(self.skew)):
+            raise ValueError(f"job {self.job_id}: skew must be finite or None, got {self.skew!r}")
+        if self.status is JobStatus.RUNNING:
+            if not self.allocation:
+                raise ValueError(f"job {self.job_id}: a running job needs an allocation")
+            held = sum(count for _, count in self.allocation)
+            if held != self.gpus:
+                raise ValueError(f"job {self.job_id}: allocation holds {held} GPUs, job has {self.gpus}")
+        elif self.allocation:
+            raise ValueError(f"job {self.job_id}: a pending job has no allocation, got {self.allocation!r}")
+        for name in ("min_gpus", "max_gpus"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"job {self.job_id}: {name} must be an int >= 1 or None, got {value!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterState:
+    """The nodes of a pass, column by column. Nodes are grouped in *pools* by GPU type."""
+
+    names: tuple[str, ...]
+    pool: IntArray
+    total: IntArray
+    free: IntArray
+    switch: IntArray
+    pool_names: tuple[str, ...]
+    index: Mapping[str, int] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        for name in ("pool", "total", "free", "switch"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"ClusterState.{name} has {len(getattr(self, name))} entries, expected {n}")
+        if len(self.pool_names) > MAX_POOLS:
+            raise ValueError(f"at most {MAX_POOLS} GPU types are supported, got {len(self.pool_names)}")
+        if n and (np.any(self.free < 0) or np.any(self.free > self.total)):
+            bad = int(np.flatnonzero((self.free < 0) | (self.free > self.total))[0])
+            raise ValueError(f"node {self.names[bad]}: free GPUs {int(self.free[bad])} outside [0, total]")
+
+    @property
+    def n_pools(self) -> int:
+        return len(self.pool_names)
+
+    def pool_mask(self, gpu_types: Iterable[str] | None) -> int:
+        """Bit mask of the pools a job may use (all pools for None; 0 if none of its types exists here)."""
+        if gpu_types is None:
+            return (1 << self.n_pools) - 1
+        mask = 0
+        for t in gpu_types:
+            if t in self.pool_names:
+                mask |= 1 << self.pool_names.index(t)
+        return mask
+
+    @classmethod
+    def from_nodes(cls, nodes: Sequence[NodeView]) -> ClusterState:
+        names = tuple(node.name for node in nodes)
+        index = {name: i for i, name in enumerate(names)}
+        if len(index) != len(names):
+            raise ValueError(f"node {_first_duplicate(names)!r} appears twice")
+        pool_names = tuple(sorted({node.gpu_type for node in nodes}))
+        switches = sorted({node.switch for node in nodes})
+        return cls(
+            names=names,
+            pool=np.array([pool_names.index(node.gpu_type) for node in nodes], dtype=np.int64),
+            total=np.array([node.total_gpus for node in nodes], dtype=np.int64),
+            free=np.array([node.free_gpus for node in nodes], dtype=np.int64),
+            switch=np.array([switches.index(node.switch) for node in nodes], dtype=np.int64),
+            pool_names=pool_names,
+            index=index,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class JobTable:
+    """The jobs of a pass, column by column (row i of every column is job i). Treat as read-only.
+
+    Missing optional values are NaN (``first_start``, ``skew``, ``remaining``, ``time_limit``). ``pool`` is the
+    pool a running job holds its GPUs in (-1 for pending jobs). ``pool_mask`` has bit p set when the job may use
+    pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
+    """
+
+    job_ids: ObjArray
+    gpus: IntArray
+    submit: FloatArray
+    running: BoolArray
+    attained: FloatArray
+    executed: FloatArray
+    waiting: FloatArray
+    run_time: FloatArray
+    first_start: FloatArray
+    queue: IntArray
+    skew: FloatArray
+    pool_mask: IntArray
+    pool: IntArray
+    alloc: ObjArray
+    remaining: FloatArray
+    time_limit: FloatArray
+
+    def __post_init__(self) -> None:
+        n = len(self.job_ids)
+        for name in self.__dataclass_fields__:
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"JobTable.{name} has {len(getattr(self, name))} rows, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.job_ids)
+
+    @classmethod
+    def from_views(cls, jobs: Sequence[JobView], cluster: ClusterState) -> JobTable:
+        """Columns from :class:`JobView` objects; node names in allocations must exist in ``cluster``."""
+        nan = math.nan
+        ids = np.empty(len(jobs), dtype=object)
+        ids[:] = [job.job_id for job in jobs]
+        if len(set(ids.tolist())) != len(jobs):
+            raise ValueError(f"job {_first_duplicate([job.job_id for job in jobs])!r} appears twice")
+        allocs = np.empty(len(jobs), dtype=object)
+        pools = np.full(len(jobs), -1, dtype=np.int64)
+        for i, job in enumerate(jobs):
+            rows: list[tuple[int, int]] = []
+            for node, count in job.allocation:
+                row = cluster.index.get(node)
+                if row is None:
+                    raise ValueError(f"job {job.job_id}: allocation names unknown node {node!r}")
+                rows.append((row, count))
+            allocs[i] = tuple(rows)
+            if rows:
+                job_pools = {int(cluster.pool[row]) for row, _ in rows}
+                if len(job_pools) != 1:
+                    raise ValueError(f"job {job.job_id}: allocation spans several GPU types")
+                pools[i] = job_pools.pop()
+        held = np.zeros(len(cluster.names), dtype=np.int64)
+        for held_rows in allocs.tolist():
+            for node_row, count in held_rows:
+                held[node_row] += count
+        over = np.flatnonzero(held > cluster.total - cluster.free)
+        if over.size:
+            bad = int(over[0])
+            raise ValueError(
+                f"node {cluster.names[bad]}: running jobs hold {int(held[bad])} GPUs but only "
+                f"{int(cluster.total[bad] - cluster.free[bad])} are in use"
+            )
+        return cls(
+            job_ids=ids,
+            gpus=np.array([job.gpus for job in jobs], dtype=np.int64),
+            submit=np.array([job.submit_time for job in jobs], dtype=np.float64),
+            running=np.array([job.status is JobStatus.RUNNING for job in jobs], dtype=np.bool_),
+            attained=np.array([job.attained_service for job in jobs], dtype=np.float64),
+            executed=np.array([job.executed_time for job in jobs], dtype=np.float64),
+            waiting=np.array([job.waiting_time for job in jobs], dtype=np.float64),
+            run_time=np.array([job.run_time for job in jobs], dtype=np.float64),
+            first_start=np.array(
+                [nan if job.first_start_time is None else job.first_start_time for job in jobs], dtype=np.float64
+            ),
+            queue=np.array([job.queue for job in jobs], dtype=np.int64),
+            skew=np.array([nan if job.skew is None else job.skew for job in jobs], dtype=np.float64),
+            pool_mask=np.array([cluster.pool_mask(job.gpu_types) for job in jobs], dtype=np.int64),
+            pool=pools,
+            alloc=allocs,
+            remaining=np.array([nan if job.remaining_time is None else job.remaining_time for job in jobs]),
+            time_limit=np.array([nan if job.time_limit is None else job.time_limit for job in jobs]),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class PassInput:
+    """Everything one scheduling pass needs: the time, the jobs, the nodes."""
+
+    now: float
+    jobs: JobTable
+    cluster: ClusterState
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.now):
+            raise ValueError(f"now must be finite, got {self.now!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start (or resume) a pending job on these GPUs."""
+
+    row: int
+    job_id: str
+    node_rows: RowAllocation
+    allocation: NamedAllocation
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop a running job (checkpoint + requeue) so that higher-priority jobs can use its GPUs."""
+
+    row: int
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChange:
+    """Move a job to another MLFQ queue; ``reset`` asks the caller to zero t_J, δ_J and a_J (§3.2.3)."""
+
+    row: int
+    job_id: str
+    old_queue: int
+    queue: int
+    kind: QueueChangeKind
+    reset: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Decision:
+    """The outcome of one pass.
+
+    ``priority_order`` lists every row, highest priority first (a daemon can turn it into Slurm priorities).
+    ``next_wakeup`` is the earliest time at which this policy could decide differently even if nothing else
+    happens (a demotion threshold crossed while jobs wait, a promotion, a minimum run time ending, a time
+    slice ending); None when no such time exists. ``infeasible`` lists pending rows that can never fit the
+    cluster (more GPUs than any allowed pool has).
+    """
+
+    starts: tuple[Start, ...]
+    preemptions: tuple[Preemption, ...]
+    queue_changes: tuple[QueueChange, ...]
+    priority_order: IntArray
+    next_wakeup: float | None
+    infeasible: tuple[int, ...] = ()

@@ -1,0 +1,92 @@
+"""2D-Gittins index (Tiresias Pseudocode 1 line 11) against brute force on small distributions."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc_elastic.policy import GittinsTable, ServiceDistribution, gittins_index, gittins_index_sup
+
+
+def brute(samples: list[int], a: Fraction, delta: Fraction) -> Fraction:
+    """P(S - a <= Δ | S > a) / E[min(S - a, Δ) | S > a], exactly, by enumeration."""
+    alive = [Fraction(s) for s in samples if s > a]
+    if not alive:
+        return Fraction(0)
+    prob = Fraction(sum(1 for s in alive if s - a <= delta), len(alive))
+    mean = sum((min(s - a, delta) for s in alive), Fraction(0)) / len(alive)
+    return prob / mean
+
+
+sizes = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    samples=sizes,
+    delta=st.integers(min_value=1, max_value=30),
+    a_num=st.integers(0, 200),
+    a_den=st.sampled_from([1, 2, 4]),
+)
+def test_table_matches_brute_force(samples: list[int], delta: int, a_num: int, a_den: int) -> None:
+    a = Fraction(a_num, a_den)
+    dist = ServiceDistribution.from_samples(samples)
+    table = GittinsTable.build(dist, float(delta))
+    got = float(table.index(np.array([float(a)]))[0])
+    want = float(brute(samples, a, Fraction(delta)))
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert gittins_index(dist, float(a), float(delta)) == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(samples=sizes, delta=st.integers(min_value=1, max_value=30))
+def test_table_exact_at_breakpoints(samples: list[int], delta: int) -> None:
+    """At a = s_j and a = s_j - Δ the piece boundaries must give the value of the definition."""
+    dist = ServiceDistribution.from_samples(samples)
+    table = GittinsTable.build(dist, float(delta))
+    points = sorted({float(s) for s in samples} | {float(s - delta) for s in samples if s - delta >= 0})
+    got = table.index(np.array(points))
+    want = [float(brute(samples, Fraction(p), Fraction(delta))) for p in points]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=sizes, a=st.integers(0, 45))
+def test_sup_index_matches_brute_force_over_all_deltas(samples: list[int], a: int) -> None:
+    dist = ServiceDistribution.from_samples(samples)
+    candidates = [Fraction(d, 2) for d in range(1, 100)]
+    want = max((brute(samples, Fraction(a), d) for d in candidates), default=Fraction(0))
+    got = float(gittins_index_sup(dist, np.array([float(a)]))[0])
+    assert got == pytest.approx(float(want), rel=1e-9, abs=1e-12)
+
+
+def test_remaining_service_not_total_size() -> None:
+    """S = {10, 100}, a = 5, Δ = 10: the job completes within Δ if S - a <= 10, i.e. S = 10 (P = 1/2);
+    comparing S itself with Δ would give the same P but E[min(S, Δ)] = 10 instead of E[min(S - a, Δ)] = 7.5."""
+    dist = ServiceDistribution.from_samples([10, 100])
+    assert gittins_index(dist, 5.0, 10.0) == pytest.approx(0.5 / 7.5)
+    table = GittinsTable.build(dist, 10.0)
+    assert float(table.index(np.array([5.0]))[0]) == pytest.approx(0.5 / 7.5)
+
+
+def test_job_that_outlived_history_has_zero_index() -> None:
+    dist = ServiceDistribution.from_samples([3, 7])
+    table = GittinsTable.build(dist, 5.0)
+    assert table.index(np.array([7.0, 50.0])).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("bad", [0.0, -3.0, math.inf, math.nan])
+def test_bad_sizes_rejected(bad: float) -> None:
+    with pytest.raises(ValueError, match="job sizes"):
+        ServiceDistribution.from_samples([5.0, bad])
+
+
+@pytest.mark.parametrize("delta", [0.0, -1.0, math.inf])
+def test_bad_delta_rejected(delta: float) -> None:
+    with pytest.raises(ValueError, match="Δ"):
+        GittinsTable.build(ServiceDistribution.from_samples([1.0]), delta)

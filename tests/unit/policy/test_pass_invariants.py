@@ -1,0 +1,176 @@
+"""Invariants of one scheduling pass, for every policy, on random consistent inputs (hypothesis).
+
+MLFQ (Tiresias §3.2.3): capacity is never exceeded, demotion only on threshold crossings, promotion only when
+δ_J >= PROMOTEKNOB x t_J and with a reset, FIFO by first start inside a queue, all-or-nothing skipping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc_elastic.policy import (
+    POLICY_NAMES,
+    Decision,
+    JobView,
+    NodeView,
+    PassInput,
+    PolicyOptions,
+    QueueChangeKind,
+    make_policy,
+)
+from tests.unit.policy.strategies import level, pass_inputs
+
+THRESHOLDS = (1000.0, 5000.0)
+MLFQ = ("tiresias-las", "tiresias-gittins")
+PREEMPTIVE = ("srtf", "srsf", "gandiva", *MLFQ)
+
+
+def apply(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> dict[str, int]:
+    """Free GPUs per node after the decision; fails if a node would go negative."""
+    free = {node.name: node.free_gpus for node in nodes}
+    for pre in decision.preemptions:
+        for name, count in jobs[pre.row].allocation:
+            free[name] += count
+    for start in decision.starts:
+        for name, count in start.allocation:
+            free[name] -= count
+            assert free[name] >= 0, f"{start.job_id} overfills {name}"
+    return free
+
+
+def options(knob: float, min_run: float) -> PolicyOptions:
+    return PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=pass_inputs(types=("", "v100")),
+    name=st.sampled_from(POLICY_NAMES),
+    knob=st.sampled_from([math.inf, 0.5, 2.0]),
+    min_run=st.sampled_from([0.0, 300.0]),
+)
+def test_capacity_and_roles(
+    case: tuple[PassInput, list[JobView], list[NodeView]], name: str, knob: float, min_run: float
+) -> None:
+    inp, jobs, nodes = case
+    policy = make_policy(name, options(knob, min_run))
+    if policy.uses_history:
+        policy = policy.with_history([100.0, 900.0, 4000.0, 20000.0])
+    decision = policy.schedule(inp)
+    free = apply(decision, jobs, nodes)
+    assert all(count >= 0 for count in free.values())
+    started = {s.row for s in decision.starts}
+    preempted = {p.row for p in decision.preemptions}
+    assert all(not inp.jobs.running[r] for r in started)
+    assert all(inp.jobs.running[r] for r in preempted)
+    assert sorted(decision.priority_order.tolist()) == list(range(len(jobs)))
+    for start in decision.starts:
+        job = jobs[start.row]
+        assert sum(c for _, c in start.allocation) == job.gpus
+        node_types = {n.name: n.gpu_type for n in nodes}
+        kinds = {node_types[name] for name, _ in start.allocation}
+        assert len(kinds) == 1
+        if job.gpu_types is not None:
+            assert kinds <= job.gpu_types
+    if not policy.preemptive:
+        assert not preempted
+    for row in preempted:
+        assert jobs[row].run_time + 1e-6 >= min_run, "pinned job preempted"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=pass_inputs(),
+    name=st.sampled_from(PREEMPTIVE),
+)
+def test_no_fitting_job_left_waiting(case: tuple[PassInput, list[JobView], list[NodeView]], name: str) -> None:
+    """All-or-nothing with skipping (single pool): every waiting job needs more GPUs than remain free."""
+    inp, jobs, nodes = case
+    policy = make_policy(name, options(math.inf, 0.0))
+    decision = policy.schedule(inp)
+    free = sum(apply(decision, jobs, nodes).values())
+    holding = {s.row for s in decision.starts} | {
+        r for r in range(len(jobs)) if inp.jobs.running[r] and r not in {p.row for p in decision.preemptions}
+    }
+    capacity = sum(n.total_gpus for n in nodes)
+    for row, job in enumerate(jobs):
+        if row not in holding and job.gpus <= capacity:
+            assert job.gpus > free, f"{job.job_id} fits {free} free GPUs but waits"
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=pass_inputs(max_queue=2), knob=st.sampled_from([math.inf, 0.5, 1.0, 3.0]), name=st.sampled_from(MLFQ))
+def test_queue_changes(case: tuple[PassInput, list[JobView], list[NodeView]], knob: float, name: str) -> None:
+    inp, jobs, _ = case
+    decision = make_policy(name, options(knob, 0.0)).schedule(inp)
+    changes = {c.row: c for c in decision.queue_changes}
+    for row, job in enumerate(jobs):
+        change = changes.get(row)
+        lvl = level(THRESHOLDS, job.attained_service)
+        promotable = (
+            job.status.value == "pending"
+            and max(job.queue, lvl) > 0
+            and job.waiting_time + 1e-6 >= knob * job.executed_time
+        )
+        if change is None:
+            assert lvl <= job.queue, f"{job.job_id} crossed a threshold but was not demoted"
+            assert not promotable
+            continue
+        assert change.old_queue == job.queue
+        if change.kind is QueueChangeKind.PROMOTE:
+            assert promotable and change.queue == 0 and change.reset
+        else:
+            assert not change.reset
+            assert change.queue == lvl > job.queue, "demotion without a threshold crossing"
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=pass_inputs(max_queue=2))
+def test_las_order_is_queue_then_first_start(case: tuple[PassInput, list[JobView], list[NodeView]]) -> None:
+    inp, jobs, _ = case
+    decision = make_policy("tiresias-las", options(math.inf, 0.0)).schedule(inp)
+    new_queue = {c.row: c.queue for c in decision.queue_changes}
+    keys = []
+    for row in decision.priority_order.tolist():
+        job = jobs[row]
+        fs = math.inf if job.first_start_time is None else job.first_start_time
+        keys.append((new_queue.get(row, job.queue), fs, job.submit_time))
+    assert keys == sorted(keys)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=pass_inputs(max_queue=2))
+def test_mlfq_selection_is_greedy_in_priority_order(case: tuple[PassInput, list[JobView], list[NodeView]]) -> None:
+    """Reference: walk the priority order, keep a job iff its GPUs fit what is left (single pool)."""
+    inp, jobs, nodes = case
+    decision = make_policy("tiresias-las", options(math.inf, 0.0)).schedule(inp)
+    left = sum(n.total_gpus for n in nodes)
+    expected = set()
+    for row in decision.priority_order.tolist():
+        if jobs[row].gpus <= left:
+            left -= jobs[row].gpus
+            expected.add(row)
+    preempted = {p.row for p in decision.preemptions}
+    holding = {s.row for s in decision.starts} | {
+        r for r, j in enumerate(jobs) if j.status.value == "running" and r not in preempted
+    }
+    assert holding == expected
+
+
+def test_single_pool_fast_path_equals_loop() -> None:
+    from hpc_elastic.policy.core import _select_single_pool
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        gpus = rng.integers(1, 9, size=int(rng.integers(0, 40)))
+        cap = int(rng.integers(0, 60))
+        left, want = cap, []
+        for g in gpus.tolist():
+            fit = g <= left
+            want.append(fit)
+            left -= g if fit else 0
+        assert _select_single_pool(gpus.astype(np.int64), cap).tolist() == want

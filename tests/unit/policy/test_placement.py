@@ -1,0 +1,120 @@
+"""Placement (Tiresias §3.3): consolidate skewed jobs, reduce fragmentation otherwise; PACKLIMIT refit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hpc_elastic.policy import ClusterState, FreeIndex, NodeView, PlacementMode, PlacementSample, fit_pack_limit
+
+
+def index(free: list[int], size: int = 4) -> FreeIndex:
+    nodes = [NodeView(f"n{i}", size, f) for i, f in enumerate(free)]
+    return FreeIndex(ClusterState.from_nodes(nodes))
+
+
+def nodes_of(alloc: list[tuple[int, int]] | None) -> list[int]:
+    assert alloc is not None
+    return sorted(node for node, _ in alloc)
+
+
+def test_single_node_best_fit() -> None:
+    idx = index([4, 2, 3])
+    assert idx.place(0, 2, PlacementMode.SPREAD, math.nan, 0.5) == [(1, 2)]
+    assert idx.free == [4, 0, 3]
+
+
+def test_skewed_job_consolidates_on_fewest_nodes() -> None:
+    # 6 GPUs over nodes with free 1, 1, 2, 4, 4: fewest nodes = two 4s (or 4 + 2).
+    idx = index([1, 1, 2, 4, 4])
+    alloc = idx.place(0, 6, PlacementMode.SKEW_AWARE, 0.9, 0.5)
+    assert alloc is not None and len(alloc) == 2
+    assert sum(c for _, c in alloc) == 6
+
+
+def test_unskewed_job_fills_fragments_first() -> None:
+    idx = index([1, 1, 2, 4, 4])
+    alloc = idx.place(0, 6, PlacementMode.SKEW_AWARE, 0.1, 0.5)
+    assert nodes_of(alloc) == [0, 1, 2, 3]
+    assert idx.free[4] == 4, "a whole node stays free for a job that needs consolidation"
+
+
+def test_unknown_skew_is_not_skewed() -> None:
+    idx = index([1, 1, 2, 4, 4])
+    assert len(nodes_of(idx.place(0, 6, PlacementMode.SKEW_AWARE, math.nan, 0.5))) == 4
+
+
+def test_strict_requires_minimum_nodes() -> None:
+    idx = index([3, 3, 3])
+    assert idx.place(0, 7, PlacementMode.STRICT, math.nan, 0.5) is None, "7 GPUs must fit 2 nodes, not 3"
+    assert idx.free == [3, 3, 3]
+    assert len(nodes_of(idx.place(0, 5, PlacementMode.STRICT, math.nan, 0.5))) == 2
+    assert len(nodes_of(idx.place(0, 4, PlacementMode.CONSOLIDATE, math.nan, 0.5))) == 2
+    idx2 = index([4, 4, 1])
+    assert nodes_of(idx2.place(0, 8, PlacementMode.STRICT, math.nan, 0.5)) == [0, 1]
+
+
+def test_place_fails_without_enough_free() -> None:
+    idx = index([1, 1])
+    assert idx.place(0, 3, PlacementMode.SPREAD, math.nan, 0.5) is None
+    assert idx.place(0, 3, PlacementMode.CONSOLIDATE, math.nan, 0.5) is None
+
+
+def test_release_and_take_round_trip() -> None:
+    idx = index([4, 4])
+    alloc = idx.place(0, 6, PlacementMode.CONSOLIDATE, math.nan, 0.5)
+    assert alloc is not None
+    idx.release(alloc)
+    assert idx.free == [4, 4] and idx.pool_free(0) == 8
+    with pytest.raises(ValueError, match="cannot take"):
+        idx.take([(0, 5)])
+
+
+def samples(model: str, skew: float, packed: float, spread: float) -> list[PlacementSample]:
+    return [PlacementSample(model, skew, True, packed), PlacementSample(model, skew, False, spread)]
+
+
+def test_pack_limit_separates_sensitive_models() -> None:
+    data = (
+        samples("vgg16", 0.74, 10.0, 6.0)
+        + samples("alexnet", 0.62, 10.0, 7.0)
+        + samples("resnet50", 0.09, 10.0, 9.8)
+        + samples("googlenet", 0.15, 10.0, 9.9)
+    )
+    limit = fit_pack_limit(data, tolerance=1.1)
+    assert 0.15 < limit < 0.62
+    assert limit == pytest.approx((0.15 + 0.62) / 2)
+
+
+def test_pack_limit_keeps_current_with_one_class() -> None:
+    data = samples("resnet50", 0.09, 10.0, 9.9) + samples("inception3", 0.08, 10.0, 9.8)
+    assert fit_pack_limit(data, current=0.42) == 0.42
+    assert fit_pack_limit([], current=0.3) == 0.3
+
+
+def test_pack_limit_minimises_errors_with_noisy_labels() -> None:
+    data = (
+        samples("a", 0.1, 10.0, 9.9)
+        + samples("b", 0.2, 10.0, 6.0)  # a sensitive outlier among low-skew models
+        + samples("c", 0.3, 10.0, 9.9)
+        + samples("d", 0.7, 10.0, 6.0)
+        + samples("e", 0.8, 10.0, 6.0)
+    )
+    assert fit_pack_limit(data) == pytest.approx(0.5)
+
+
+def test_bad_samples_rejected() -> None:
+    with pytest.raises(ValueError, match="speed"):
+        PlacementSample("m", 0.5, True, 0.0)
+    with pytest.raises(ValueError, match="tolerance"):
+        fit_pack_limit([], tolerance=0.5)
+
+
+def test_consolidation_prefers_one_switch() -> None:
+    nodes = [NodeView("a", 4, 4, switch="s1"), NodeView("b", 4, 4, switch="s2"), NodeView("c", 4, 4, switch="s2")]
+    idx = FreeIndex(ClusterState.from_nodes(nodes))
+    assert nodes_of(idx.place(0, 8, PlacementMode.CONSOLIDATE, math.nan, 0.5)) == [1, 2]
+    # no single switch can hold 12 GPUs: fall back to the whole pool
+    idx = FreeIndex(ClusterState.from_nodes(nodes))
+    assert nodes_of(idx.place(0, 12, PlacementMode.CONSOLIDATE, math.nan, 0.5)) == [0, 1, 2]

@@ -1,0 +1,107 @@
+"""``hpc-elastic simulate`` end to end (click runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.policy import POLICY_NAMES
+from tests.unit.sim.helpers import TRACES, needs_traces
+
+KEYS = {"avg_jct", "median_jct", "p95_jct", "p99_jct", "avg_queue_delay", "makespan", "preemptions", "utilization"}
+
+
+@pytest.fixture(scope="module")
+def runner() -> CliRunner:
+    _register()
+    return CliRunner()
+
+
+def trace(tmp_path: Path) -> Path:
+    path = tmp_path / "t.csv"
+    rows = ["job_id,num_gpu,submit_time,iterations,model_name,duration,interval"]
+    rows += [
+        f"{i},{[1, 2, 4][i % 3]},{i * 7},0,{['vgg16', 'resnet50'][i % 2]},{30 + 11 * (i % 5)},7" for i in range(25)
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_json_has_every_policy_and_metric(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(
+        cli, ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "2x4", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert list(payload) == list(POLICY_NAMES)
+    for metrics in payload.values():
+        assert set(metrics) >= KEYS
+        assert metrics["finished"] == metrics["jobs"] == 25
+        assert 0 < metrics["utilization"] <= 1
+
+
+def test_repeated_policy_and_knobs_and_plot(runner: CliRunner, tmp_path: Path) -> None:
+    png = tmp_path / "cdf.png"
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "1x4"]
+    args += ["--policy", "fifo", "--policy", "tiresias-las", "--queues", "100,500", "--promote-knob", "4"]
+    args += ["--load-scale", "2", "--json", "--plot", str(png)]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert list(json.loads(result.stdout)) == ["fifo", "tiresias-las"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_output(runner: CliRunner, tmp_path: Path) -> None:
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "2x4", "--policy", "srtf"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0 and "srtf" in result.stdout and "avg JCT" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cluster", "2y4"], "cluster must look like NODESxGPUS"),
+        (["--cluster", "2x4", "--queues", "100,abc"], "'abc'"),
+        (["--cluster", "2x4", "--queues", "500,100"], "increasing"),
+        (["--cluster", "2x4", "--load-scale", "0"], "load scale"),
+        (["--cluster", "2x4", "--format", "pollux"], "header lacks"),
+    ],
+)
+def test_errors_are_one_line_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], message: str) -> None:
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", *extra]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_and_cluster_file_exclusive(runner: CliRunner, tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("name,gpus\na,4\n")
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias"]
+    assert runner.invoke(cli, [*args, "--cluster", "1x4", "--cluster-file", str(nodes)]).exit_code == 2
+    assert runner.invoke(cli, args).exit_code == 2
+    assert runner.invoke(cli, [*args, "--cluster-file", str(nodes), "--policy", "fifo"]).exit_code == 0
+
+
+def test_malformed_row_names_line_and_skip(runner: CliRunner, tmp_path: Path) -> None:
+    path = trace(tmp_path)
+    path.write_text(path.read_text() + "99,x,5,0,vgg16,10,0\n")
+    args = ["simulate", "--trace", str(path), "--format", "tiresias", "--cluster", "2x4", "--policy", "fifo"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2 and ":27: column 'num_gpu' must be an integer, got 'x'" in result.stderr
+    result = runner.invoke(cli, [*args, "--skip-bad-rows", "--json"])
+    assert result.exit_code == 0 and "1 malformed row(s) skipped" in result.stderr
+
+
+@needs_traces
+def test_shared_tiresias_trace(runner: CliRunner) -> None:
+    args = ["simulate", "--trace", str(TRACES / "tiresias_60_job.csv"), "--format", "tiresias", "--cluster", "15x4"]
+    result = runner.invoke(
+        cli, [*args, "--policy", "tiresias-gittins", "--history", str(TRACES / "tiresias_yarn-gput1000.csv"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tiresias-gittins"]["finished"] == 60

@@ -1,0 +1,195 @@
+"""Simulator invariants (hypothesis) and its cost / slowdown model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
+from hpc_elastic.sim.cluster import NodeSpec, parse_cluster_spec
+from hpc_elastic.sim.engine import EventKind, SimConfig, SimResult, Simulator
+from hpc_elastic.sim.metrics import summarize
+from hpc_elastic.sim.trace import TraceJob
+
+THRESHOLDS = (50.0, 400.0)
+
+
+@st.composite
+def traces(draw: st.DrawFn, max_jobs: int = 18) -> list[TraceJob]:
+    n = draw(st.integers(1, max_jobs))
+    jobs = []
+    for i in range(n):
+        jobs.append(
+            TraceJob(
+                job_id=f"j{i}",
+                submit=float(draw(st.integers(0, 300))),
+                gpus=draw(st.sampled_from([1, 1, 2, 3, 4, 8])),
+                duration=float(draw(st.integers(1, 200))),
+                skew=draw(st.one_of(st.none(), st.sampled_from([0.1, 0.8]))),
+                checkpoint_bytes=float(draw(st.sampled_from([0.0, 1.2e9]))),
+                line=i,
+            )
+        )
+    return jobs
+
+
+def replay_usage(result: SimResult, nodes: tuple[NodeSpec, ...]) -> None:
+    """Rebuild GPU usage from the event log: never above a node's GPUs, never a job in two places."""
+    cap = {n.name: n.gpus for n in nodes}
+    used = dict.fromkeys(cap, 0)
+    holding: dict[str, tuple[tuple[str, int], ...]] = {}
+    for event in result.log:
+        if event.kind is EventKind.START:
+            assert event.job_id not in holding
+            holding[event.job_id] = event.allocation
+            for node, count in event.allocation:
+                used[node] += count
+                assert used[node] <= cap[node], f"{node} over capacity at t={event.time}"
+        elif event.kind in (EventKind.PREEMPT, EventKind.COMPLETE):
+            for node, count in holding.pop(event.job_id):
+                used[node] -= count
+    assert not holding
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=traces(), name=st.sampled_from(POLICY_NAMES), knob=st.sampled_from([math.inf, 1.0]))
+def test_capacity_completion_and_queue_events(jobs: list[TraceJob], name: str, knob: float) -> None:
+    nodes = parse_cluster_spec("2x4")
+    policy = make_policy(name, PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=5.0))
+    result = Simulator(jobs, nodes, policy, SimConfig(record_events=True)).run()
+    assert result.finished == len(jobs) and not result.dropped
+    replay_usage(result, nodes)
+    for jct, job in zip(result.jct.tolist(), sorted(jobs, key=lambda j: (j.submit, j.line)), strict=True):
+        assert jct >= job.duration - 1e-6  # never faster than its work
+    for event in result.log:
+        if event.kind is EventKind.DEMOTE:  # only after crossing the queue's lower threshold
+            assert event.attained + 1e-6 >= THRESHOLDS[event.queue - 1]
+        if event.kind is EventKind.PROMOTE:
+            assert event.queue == 0 and not math.isinf(knob)
+
+
+@settings(max_examples=25, deadline=None)
+@given(jobs=traces(max_jobs=12))
+def test_promotion_resets_attained_service(jobs: list[TraceJob]) -> None:
+    nodes = parse_cluster_spec("1x4")
+    policy = make_policy("tiresias-las", PolicyOptions(thresholds=THRESHOLDS, promote_knob=0.5))
+    result = Simulator(jobs, nodes, policy, SimConfig(record_events=True)).run()
+    promoted_at: dict[str, float] = {}
+    ran_since: dict[str, float] = {}
+    started_at: dict[str, float] = {}
+    gpus = {j.job_id: j.gpus for j in jobs}
+    for event in result.log:
+        if event.kind is EventKind.PROMOTE:
+            promoted_at[event.job_id] = event.time
+            ran_since[event.job_id] = 0.0
+        elif event.kind is EventKind.START:
+            started_at[event.job_id] = event.time
+        elif event.kind is EventKind.PREEMPT and event.job_id in ran_since:
+            ran_since[event.job_id] += event.time - started_at[event.job_id]
+        elif event.kind is EventKind.DEMOTE and event.job_id in promoted_at:
+            # attained service counts only what ran since the promotion (t_J and a_J were reset)
+            running = (
+                event.time - started_at[event.job_id] if started_at[event.job_id] >= promoted_at[event.job_id] else 0.0
+            )
+            assert event.attained <= gpus[event.job_id] * (ran_since[event.job_id] + running) + 1e-6
+
+
+def starvation_case(knob: float) -> SimResult:
+    """A 4-GPU long job is demoted, then 1-GPU short jobs arrive back to back for a long time."""
+    jobs = [TraceJob("long", 0.0, 4, 100.0, line=0)]
+    t, i = 10.0, 1
+    while t < 3000.0:
+        jobs.extend(TraceJob(f"s{i}-{k}", t, 1, 12.0, line=i * 10 + k) for k in range(4))
+        t += 10.0
+        i += 1
+    policy = make_policy("tiresias-las", PolicyOptions(thresholds=(20.0,), promote_knob=knob))
+    return Simulator(jobs, parse_cluster_spec("1x4"), policy, SimConfig(record_events=True)).run()
+
+
+def end_of(result: SimResult, job_id: str) -> float:
+    return float(dict(zip(result.job_ids, result.end.tolist(), strict=True))[job_id])
+
+
+def test_no_starvation_with_finite_knob() -> None:
+    starved = starvation_case(math.inf)
+    rescued = starvation_case(2.0)
+    last_arrival = float(starved.submit.max())
+    assert end_of(starved, "long") >= last_arrival  # knob = ∞: it waits for the stream to end
+    assert end_of(rescued, "long") < last_arrival / 2
+    assert any(e.kind is EventKind.PROMOTE and e.job_id == "long" for e in rescued.log)
+
+
+def test_preemption_cost_from_checkpoint_size() -> None:
+    nodes = parse_cluster_spec("1x1")
+    jobs = [TraceJob("long", 0.0, 1, 100.0, checkpoint_bytes=1.2e9, line=0), TraceJob("new", 60.0, 1, 10.0, line=1)]
+    policy = make_policy("tiresias-las", PolicyOptions(thresholds=(50.0,)))
+    result = Simulator(jobs, nodes, policy, SimConfig(bandwidth=1.2e9, restart_overhead=3.0)).run()
+    assert int(result.preemptions.sum()) == 1
+    assert result.preemption_cost == pytest.approx(2 * 1.0 + 3.0)
+    ends = dict(zip(result.job_ids, result.end.tolist(), strict=True))
+    assert ends["new"] == pytest.approx(70.0)
+    assert ends["long"] == pytest.approx(70.0 + 40.0 + 5.0)  # 40 s of work left, plus restore
+
+
+def test_spread_skewed_job_runs_slower() -> None:
+    nodes = parse_cluster_spec("2x2")  # a 3-GPU job must span both nodes
+    cfg = SimConfig(spread_slowdown=2.0, skew_sensitive=0.5)
+    for skew, expected in ((0.9, 200.0), (0.1, 100.0), (None, 100.0)):
+        job = TraceJob("j", 0.0, 3, 100.0, skew=skew, line=0)
+        result = Simulator([job], nodes, make_policy("fifo"), cfg).run()
+        assert result.jct.tolist() == [pytest.approx(expected)]
+
+
+def test_periodic_scheduling_delays_starts_to_ticks() -> None:
+    jobs = [TraceJob("a", 3.0, 1, 10.0, line=0)]
+    result = Simulator(jobs, parse_cluster_spec("1x1"), make_policy("fifo"), SimConfig(sched_interval=60.0)).run()
+    assert result.first_start.tolist() == [60.0]
+
+
+def test_jobs_larger_than_cluster_dropped() -> None:
+    jobs = [TraceJob("big", 0.0, 64, 10.0, line=0), TraceJob("ok", 0.0, 1, 10.0, line=1)]
+    result = Simulator(jobs, parse_cluster_spec("2x4"), make_policy("fifo"), SimConfig()).run()
+    assert result.dropped == ("big",) and result.job_ids == ("ok",)
+
+
+def test_gpu_types_respected_on_typed_cluster() -> None:
+    nodes = (NodeSpec("t", 4, "T4"), NodeSpec("v", 4, "V100"))
+    jobs = [TraceJob(f"j{i}", 0.0, 4, 10.0, gpu_types=frozenset({"V100"}), line=i) for i in range(2)]
+    result = Simulator(jobs, nodes, make_policy("fifo-skip"), SimConfig(record_events=True)).run()
+    assert all(e.allocation == (("v", 4),) for e in result.log if e.kind is EventKind.START)
+    assert sorted(result.end.tolist()) == [10.0, 20.0]
+
+
+def test_gittins_learns_history_from_completed_jobs() -> None:
+    jobs = [TraceJob(f"j{i}", float(i), 1, float(10 + 5 * (i % 4)), line=i) for i in range(30)]
+    nodes = parse_cluster_spec("1x2")
+    learned = Simulator(jobs, nodes, make_policy("tiresias-gittins"), SimConfig()).run()
+    fixed = Simulator(
+        jobs,
+        nodes,
+        make_policy("tiresias-gittins"),
+        SimConfig(history=ServiceDistribution.from_samples([10.0, 15.0, 20.0, 25.0])),
+    ).run()
+    assert learned.finished == fixed.finished == 30
+
+
+def test_metrics() -> None:
+    jobs = [TraceJob("a", 0.0, 1, 10.0, line=0), TraceJob("b", 0.0, 1, 30.0, line=1)]
+    result = Simulator(jobs, parse_cluster_spec("1x1"), make_policy("fifo"), SimConfig()).run()
+    m = summarize(result)
+    assert m["avg_jct"] == pytest.approx((10 + 40) / 2)
+    assert m["median_jct"] == pytest.approx(25.0)
+    assert m["avg_queue_delay"] == pytest.approx(5.0)
+    assert m["makespan"] == pytest.approx(40.0)
+    assert m["utilization"] == pytest.approx(1.0)
+    assert m["p99_jct"] == pytest.approx(float(np.percentile([10, 40], 99)))
+
+
+@pytest.mark.parametrize(("field", "value"), [("bandwidth", 0.0), ("spread_slowdown", 0.5), ("sched_interval", -1.0)])
+def test_config_validated(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        SimConfig(**{field: value})  # type: ignore[arg-type]
