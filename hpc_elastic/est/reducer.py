@@ -1,0 +1,223 @@
+"""Gradient buckets and the deterministic allreduce of the N EST gradients (EasyScale §3.3, D1).
+
+Per process: one flat fp32 gradient buffer that the parameters' ``.grad`` are views of (buckets packed by
+parameter index, :func:`hpc_elastic.est.plan.plan_buckets`), and for D1/D2 two int64 bins per element.
+After each EST's backward, :meth:`GradientReducer.deposit` adds its gradient to the bins and clears the
+buffer (the whole cost of a context switch besides RNG/buffer swaps); :meth:`GradientReducer.reduce`
+then runs one byte-per-chunk ``MAX`` and one int64 ``SUM`` allreduce and writes the mean gradient back.
+D0 keeps PyTorch's usual fp32 accumulation and an fp32 ``SUM``: reproducible only for a fixed M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from hpc_elastic.est.comm import Communicator, ReduceOp
+from hpc_elastic.est.detsum import Kernels, bin_width, cpu_kernels, num_chunks
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.est.plan import BucketLayout
+
+
+class TensorKernels(Protocol):
+    name: str
+
+    def deposit(
+        self,
+        grad: torch.Tensor,
+        hi: torch.Tensor,
+        lo: torch.Tensor,
+        tops: torch.Tensor,
+        *,
+        chunk: int,
+        width: int,
+        first: bool,
+        clear: bool,
+    ) -> None: ...
+
+    def combine(
+        self, hi: torch.Tensor, lo: torch.Tensor, ltops: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int
+    ) -> None: ...
+
+    def finalize(
+        self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, *, chunk: int, width: int, divisor: float
+    ) -> None: ...
+
+
+class CpuTensorKernels:
+    """Adapts the NumPy-level CPU kernels to CPU tensors (zero-copy views)."""
+
+    def __init__(self, kernels: Kernels) -> None:
+        self._k = kernels
+        self.name = kernels.name
+
+    def deposit(
+        self,
+        grad: torch.Tensor,
+        hi: torch.Tensor,
+        lo: torch.Tensor,
+        tops: torch.Tensor,
+        *,
+        chunk: int,
+        width: int,
+        first: bool,
+        clear: bool,
+    ) -> None:
+        self._k.deposit(
+            grad.numpy(), hi.numpy(), lo.numpy(), tops.numpy(), chunk=chunk, width=width, first=first, clear=clear
+        )
+
+    def combine(
+        self, hi: torch.Tensor, lo: torch.Tensor, ltops: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int
+    ) -> None:
+        self._k.combine(hi.numpy(), lo.numpy(), ltops.numpy(), gtops.numpy(), chunk=chunk, width=width)
+
+    def finalize(
+        self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, *, chunk: int, width: int, divisor: float
+    ) -> None:
+        self._k.finalize(v.numpy(), gtops.numpy(), out.numpy(), chunk=chunk, width=width, divisor=divisor)
+
+
+def tensor_kernels(device: torch.device) -> TensorKernels:
+    if device.type == "cpu":
+        return CpuTensorKernels(cpu_kernels())
+    if device.type == "cuda":
+        from hpc_elastic.est.gpu import cuda_kernels
+
+        return cuda_kernels()
+    raise ValueError(f"no deterministic-allreduce kernels for device {device}")
+
+
+class GradientReducer:
+    """Owns the gradient buffers of one process and reduces them over ``comm``."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        layout: BucketLayout,
+        *,
+        num_ests: int,
+        comm: Communicator,
+        level: DeterminismLevel,
+        kernels: TensorKernels | None = None,
+    ) -> None:
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        devices = {p.device for p in params}
+        if len(devices) != 1:
+            raise ValueError(f"all parameters must live on one device, got {sorted(map(str, devices))}")
+        dtypes = {p.dtype for p in params}
+        if dtypes != {torch.float32}:
+            raise ValueError(
+                f"deterministic reduction supports float32 parameters only, got {sorted(map(str, dtypes))}"
+            )
+        sizes = [p.numel() for p in params]
+        planned = [s.numel for b in layout.buckets for s in b.slots]
+        if planned != sizes:
+            raise ValueError("the bucket layout does not match the model's parameters (different sizes or order)")
+        self.params = list(params)
+        self.layout = layout
+        self.num_ests = num_ests
+        self.width = bin_width(num_ests)
+        self.comm = comm
+        self.level = level
+        self.device = next(iter(devices))
+        total = sum(b.numel for b in layout.buckets)
+        self._bucket_start: list[int] = []
+        self._chunk_start: list[int] = []
+        start = cstart = 0
+        for b in layout.buckets:
+            self._bucket_start.append(start)
+            self._chunk_start.append(cstart)
+            start += b.numel
+            cstart += num_chunks(b.numel, layout.chunk)
+        self.flat_grad = torch.zeros(total, dtype=torch.float32, device=self.device)
+        self._views: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
+        for bi, b in enumerate(layout.buckets):
+            for s in b.slots:
+                off = self._bucket_start[bi] + s.offset
+                self._views[s.index] = self.flat_grad[off : off + s.numel].view_as(self.params[s.index])
+        self.exact = level.exact_allreduce
+        if self.exact:
+            self.kernels = kernels if kernels is not None else tensor_kernels(self.device)
+            self.hi = torch.zeros(total, dtype=torch.int64, device=self.device)
+            self.lo = torch.zeros(total, dtype=torch.int64, device=self.device)
+            self.local_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
+            self.global_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
+        self._deposits = 0
+        self.attach_grads()
+
+    def attach_grads(self) -> None:
+        """Make every ``param.grad`` a view of the flat buffer again (``zero_grad(set_to_none=True)`` or user
+        code may have replaced it)."""
+        for p, v in zip(self.params, self._views, strict=True):
+            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                if p.grad is not None:
+                    v.copy_(p.grad)
+                p.grad = v
+
+    def _segments(self) -> list[tuple[slice, slice]]:
+        out = []
+        for bi, b in enumerate(self.layout.buckets):
+            s = self._bucket_start[bi]
+            c = self._chunk_start[bi]
+            out.append((slice(s, s + b.numel), slice(c, c + num_chunks(b.numel, self.layout.chunk))))
+        return out
+
+    def deposit(self) -> None:
+        """Take the current EST's gradient out of the buffer (D1/D2) or leave it to accumulate (D0)."""
+        self.attach_grads()
+        if self.exact:
+            first = self._deposits == 0
+            for el, ch in self._segments():
+                self.kernels.deposit(
+                    self.flat_grad[el],
+                    self.hi[el],
+                    self.lo[el],
+                    self.local_tops[ch],
+                    chunk=self.layout.chunk,
+                    width=self.width,
+                    first=first,
+                    clear=True,
+                )
+        self._deposits += 1
+
+    def reduce(self) -> None:
+        """Allreduce over all processes; leaves the mean of the N EST gradients in ``param.grad``."""
+        if not self.exact:
+            self.comm.allreduce_(self.flat_grad, ReduceOp.SUM)
+            self.flat_grad.div_(float(self.num_ests))
+            self._deposits = 0
+            return
+        if self._deposits == 0:
+            self.hi.zero_()
+            self.lo.zero_()
+            self.local_tops.zero_()
+        self.global_tops.copy_(self.local_tops)
+        self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
+        for el, ch in self._segments():
+            self.kernels.combine(
+                self.hi[el],
+                self.lo[el],
+                self.local_tops[ch],
+                self.global_tops[ch],
+                chunk=self.layout.chunk,
+                width=self.width,
+            )
+        self.comm.allreduce_(self.hi, ReduceOp.SUM)
+        for el, ch in self._segments():
+            self.kernels.finalize(
+                self.hi[el],
+                self.global_tops[ch],
+                self.flat_grad[el],
+                chunk=self.layout.chunk,
+                width=self.width,
+                divisor=float(self.num_ests),
+            )
+        self._deposits = 0
+
+    def zero(self) -> None:
+        self.flat_grad.zero_()
+        self._deposits = 0

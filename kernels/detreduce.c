@@ -1,0 +1,464 @@
+/*
+ * hpc_elastic._detreduce: CPU hot loops of the deterministic allreduce and of the D2 Linear kernel.
+ *
+ * Method (EasyScale, SC'23, §3.3 "communication mechanism" and "D1: elastic determinism"): the sum of
+ * the N EST gradients must not depend on how the ESTs are spread over processes nor on the order in
+ * which a backend adds the messages.  We make the sum *exact*: every fp32 gradient value is turned
+ * into an integer on a window of fixed-point bins shared by all ESTs of a chunk, and integers add
+ * associatively.  See hpc_elastic/est/detsum.py for the full description, the proofs of
+ * order-independence and the NumPy reference these loops are tested against bit for bit.
+ *
+ * Notation, for one chunk of CHUNK consecutive gradient elements:
+ *   u(x)  = biased fp32 exponent of x + 1, in [1, 255); |x| < 2^(u - 127).  Non-finite -> NONFINITE.
+ *   t     = max over the chunk of floor(u / W): the chunk's top bin (bins are W bits wide and aligned on
+ *           absolute exponents, ReproBLAS style, so that bins of different processes line up).
+ *   L     = (t - 1) * W - 127: weight of the lowest kept bit; the window keeps bins t and t-1.
+ *   T(x)  = trunc(x * 2^-L), an integer with |T| < 2^(2W); split T = hi * 2^W + lo with
+ *           hi = trunc(T / 2^W), lo = T - hi * 2^W (both |.| < 2^W).
+ * Truncation toward zero nests: trunc(trunc(a) / 2^W) = trunc(a / 2^W).  So when the top bin of a
+ * process's accumulator rises by one, the hi bin becomes the lo bin and the old lo bin is dropped, and
+ * what remains is exactly what depositing every value on the new window would have given.  The result
+ * depends only on the final (global) top bin of each chunk, never on the order of deposits.
+ *
+ * Floating point: compiled with -ffp-contract=off; every operation below is an exact IEEE operation or
+ * a single correctly rounded conversion, so the CUDA twin (kernels/detreduce_cuda.cu) gives the same
+ * bits.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NONFINITE_TOP 255
+#define EXP_BIAS 127
+#define DOT_LANES 8
+
+/* ---------------------------------------------------------------- buffer helpers */
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} buf_t;
+
+static void release(buf_t *b) {
+    if (b->held) {
+        PyBuffer_Release(&b->view);
+        b->held = 0;
+    }
+}
+
+/* kind: 'f' float32, 'q' int64, 'B' uint8 */
+static int acquire(PyObject *obj, buf_t *b, char kind, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    b->held = 0;
+    if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s buffer", name, writable ? " writable" : "");
+        return -1;
+    }
+    b->held = 1;
+    const char *fmt = b->view.format ? b->view.format : "B";
+    size_t flen = strlen(fmt);
+    char last = flen ? fmt[flen - 1] : 'B';
+    if (flen > 1 && fmt[0] != '<' && fmt[0] != '=' && fmt[0] != '@') {
+        last = '?';
+    }
+    int ok = 0;
+    switch (kind) {
+    case 'f':
+        ok = (last == 'f' && b->view.itemsize == 4);
+        break;
+    case 'q':
+        ok = ((last == 'q' || last == 'l') && b->view.itemsize == 8);
+        break;
+    case 'B':
+        ok = (last == 'B' && b->view.itemsize == 1);
+        break;
+    default:
+        ok = 0;
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s must hold %s, got format '%s' with itemsize %zd", name,
+                     kind == 'f' ? "float32" : (kind == 'q' ? "int64" : "uint8"), fmt, b->view.itemsize);
+        release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static Py_ssize_t count(const buf_t *b) { return b->view.len / b->view.itemsize; }
+
+static int check_geometry(Py_ssize_t chunk, int width) {
+    if (chunk < 1) {
+        PyErr_Format(PyExc_ValueError, "chunk must be >= 1, got %zd", chunk);
+        return -1;
+    }
+    if (width < 8 || width > 31) {
+        PyErr_Format(PyExc_ValueError, "width must be in [8, 31], got %d", width);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- scalar building blocks */
+
+static inline int top_of(const float *x, Py_ssize_t len, int width) {
+    /* bin(x) = (biased_exponent + 1) / width is monotonic in the exponent: take the largest exponent
+       first (a vectorisable max over the exponent bits), divide once */
+    uint32_t emax = 0;
+    for (Py_ssize_t i = 0; i < len; ++i) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        uint32_t e = bits & 0x7f800000u;
+        emax = e > emax ? e : emax;
+    }
+    int e = (int)(emax >> 23);
+    return e == 0xff ? NONFINITE_TOP : (e + 1) / width;
+}
+
+/* Deposit one chunk on the window whose lowest kept bit weighs 2^low.  T = trunc(x * 2^-low) is computed
+   from the fp32 fields with integer shifts (x = m * 2^(e - 150), exact), which is the same integer as
+   the truncating conversion of the exact product, and vectorises (AVX2 clone where the CPU has it;
+   integer arithmetic only, so every clone gives the same bits). */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void deposit_chunk(const float *x, int64_t *hi, int64_t *lo, Py_ssize_t len, int low, int width, int first) {
+    const uint64_t mask = ((uint64_t)1 << width) - 1;
+    for (Py_ssize_t i = 0; i < len; ++i) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        uint32_t e = (bits >> 23) & 0xffu;
+        uint64_t m = (uint64_t)(bits & 0x7fffffu) | (e ? 0x800000u : 0u);
+        int s = (int)(e ? e : 1u) - 150 - low; /* |x| = m * 2^(s + low) */
+        uint64_t mag = s >= 0 ? (m << (s & 63)) : (s > -64 ? (m >> ((-s) & 63)) : 0u);
+        int64_t q = (int64_t)(mag >> width);
+        int64_t r = (int64_t)(mag & mask);
+        int64_t neg = -(int64_t)(bits >> 31); /* 0 or -1 */
+        q = (q ^ neg) - neg;
+        r = (r ^ neg) - neg;
+        if (first) {
+            hi[i] = q;
+            lo[i] = r;
+        } else {
+            hi[i] += q;
+            lo[i] += r;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- deposit */
+
+static const char deposit_doc[] =
+    "deposit(grad, hi, lo, tops, chunk, width, first, clear)\n"
+    "Add one EST's float32 gradient into the process accumulators (hi, lo: int64; tops: uint8 per chunk).\n"
+    "first=True starts a new sum; clear=True zeroes grad after reading it.";
+
+static PyObject *py_deposit(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *oh, *ol, *ot;
+    Py_ssize_t chunk;
+    int width, first, clear;
+    if (!PyArg_ParseTuple(args, "OOOOnipp", &og, &oh, &ol, &ot, &chunk, &width, &first, &clear)) {
+        return NULL;
+    }
+    if (check_geometry(chunk, width) != 0) {
+        return NULL;
+    }
+    buf_t g, h, l, t;
+    if (acquire(og, &g, 'f', clear, "grad") != 0) return NULL;
+    if (acquire(oh, &h, 'q', 1, "hi") != 0) { release(&g); return NULL; }
+    if (acquire(ol, &l, 'q', 1, "lo") != 0) { release(&g); release(&h); return NULL; }
+    if (acquire(ot, &t, 'B', 1, "tops") != 0) { release(&g); release(&h); release(&l); return NULL; }
+    Py_ssize_t n = count(&g);
+    Py_ssize_t nchunks = (n + chunk - 1) / chunk;
+    if (count(&h) != n || count(&l) != n || count(&t) != nchunks) {
+        PyErr_Format(PyExc_ValueError,
+                     "size mismatch: grad has %zd elements, hi %zd, lo %zd, tops %zd (expected %zd chunks)", n,
+                     count(&h), count(&l), count(&t), nchunks);
+        release(&g); release(&h); release(&l); release(&t);
+        return NULL;
+    }
+    float *gp = (float *)g.view.buf;
+    int64_t *hp = (int64_t *)h.view.buf;
+    int64_t *lp = (int64_t *)l.view.buf;
+    uint8_t *tp = (uint8_t *)t.view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+        Py_ssize_t s = c * chunk;
+        Py_ssize_t len = (s + chunk <= n) ? chunk : n - s;
+        float *x = gp + s;
+        int64_t *hi = hp + s;
+        int64_t *lo = lp + s;
+        int tn = top_of(x, len, width);
+        int ta;
+        if (first) {
+            ta = tn;
+            if (ta == NONFINITE_TOP) {
+                memset(hi, 0, (size_t)len * sizeof *hi);
+                memset(lo, 0, (size_t)len * sizeof *lo);
+            }
+        } else {
+            ta = tp[c];
+            if (ta != NONFINITE_TOP && tn == NONFINITE_TOP) {
+                ta = NONFINITE_TOP;
+            } else if (ta != NONFINITE_TOP && tn > ta) {
+                /* the window moves up: bin ta becomes the low bin, the old low bin falls out */
+                if (tn - ta == 1) {
+                    for (Py_ssize_t i = 0; i < len; ++i) {
+                        lo[i] = hi[i];
+                        hi[i] = 0;
+                    }
+                } else {
+                    memset(hi, 0, (size_t)len * sizeof *hi);
+                    memset(lo, 0, (size_t)len * sizeof *lo);
+                }
+                ta = tn;
+            }
+        }
+        tp[c] = (uint8_t)ta;
+        if (ta != NONFINITE_TOP) {
+            deposit_chunk(x, hi, lo, len, (ta - 1) * width - EXP_BIAS, width, first);
+        }
+        if (clear) {
+            memset(x, 0, (size_t)len * sizeof *x);
+        }
+    }
+    Py_END_ALLOW_THREADS
+
+    release(&g); release(&h); release(&l); release(&t);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- combine */
+
+static const char combine_doc[] =
+    "combine(hi, lo, local_tops, global_tops, chunk, width)\n"
+    "Rewrite the process accumulators as one int64 per element on the global window (in hi), ready for\n"
+    "an integer SUM allreduce.";
+
+static PyObject *py_combine(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oh, *ol, *olt, *ogt;
+    Py_ssize_t chunk;
+    int width;
+    if (!PyArg_ParseTuple(args, "OOOOni", &oh, &ol, &olt, &ogt, &chunk, &width)) {
+        return NULL;
+    }
+    if (check_geometry(chunk, width) != 0) {
+        return NULL;
+    }
+    buf_t h, l, lt, gt;
+    if (acquire(oh, &h, 'q', 1, "hi") != 0) return NULL;
+    if (acquire(ol, &l, 'q', 0, "lo") != 0) { release(&h); return NULL; }
+    if (acquire(olt, &lt, 'B', 0, "local_tops") != 0) { release(&h); release(&l); return NULL; }
+    if (acquire(ogt, &gt, 'B', 0, "global_tops") != 0) { release(&h); release(&l); release(&lt); return NULL; }
+    Py_ssize_t n = count(&h);
+    Py_ssize_t nchunks = (n + chunk - 1) / chunk;
+    if (count(&l) != n || count(&lt) != nchunks || count(&gt) != nchunks) {
+        PyErr_Format(PyExc_ValueError, "size mismatch: hi has %zd elements, lo %zd, tops %zd/%zd (expected %zd)",
+                     n, count(&l), count(&lt), count(&gt), nchunks);
+        release(&h); release(&l); release(&lt); release(&gt);
+        return NULL;
+    }
+    int64_t *hp = (int64_t *)h.view.buf;
+    const int64_t *lp = (const int64_t *)l.view.buf;
+    const uint8_t *ltp = (const uint8_t *)lt.view.buf;
+    const uint8_t *gtp = (const uint8_t *)gt.view.buf;
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+        if (gtp[c] != NONFINITE_TOP && ltp[c] > gtp[c]) {
+            bad = c;
+            break;
+        }
+    }
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "global top bin %d of chunk %zd is below the local one %d: not a MAX", gtp[bad],
+                     bad, ltp[bad]);
+        release(&h); release(&l); release(&lt); release(&gt);
+        return NULL;
+    }
+    const int64_t base = (int64_t)1 << width;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+        Py_ssize_t s = c * chunk;
+        Py_ssize_t len = (s + chunk <= n) ? chunk : n - s;
+        int g = gtp[c], lt_ = ltp[c];
+        int64_t *hi = hp + s;
+        const int64_t *lo = lp + s;
+        if (g == NONFINITE_TOP || g - lt_ >= 2) {
+            memset(hi, 0, (size_t)len * sizeof *hi);
+        } else if (g == lt_) {
+            for (Py_ssize_t i = 0; i < len; ++i) {
+                hi[i] = hi[i] * base + lo[i];
+            }
+        } /* g == lt_ + 1: the local high bin is the global low bin, the local low bin falls out */
+    }
+    Py_END_ALLOW_THREADS
+    release(&h); release(&l); release(&lt); release(&gt);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- finalize */
+
+static const char finalize_doc[] =
+    "finalize(v, global_tops, out, chunk, width, divisor)\n"
+    "Turn the reduced int64 values into float32: out = RN(v * 2^L) / divisor; NaN for non-finite chunks.";
+
+static PyObject *py_finalize(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ov, *ogt, *oo;
+    Py_ssize_t chunk;
+    int width;
+    float divisor;
+    if (!PyArg_ParseTuple(args, "OOOnif", &ov, &ogt, &oo, &chunk, &width, &divisor)) {
+        return NULL;
+    }
+    if (check_geometry(chunk, width) != 0) {
+        return NULL;
+    }
+    if (!(divisor > 0.0f) || isinf(divisor)) {
+        char *text = PyOS_double_to_string((double)divisor, 'r', 0, 0, NULL);
+        PyErr_Format(PyExc_ValueError, "divisor must be a positive finite number, got %s", text ? text : "?");
+        PyMem_Free(text);
+        return NULL;
+    }
+    buf_t v, gt, o;
+    if (acquire(ov, &v, 'q', 0, "v") != 0) return NULL;
+    if (acquire(ogt, &gt, 'B', 0, "global_tops") != 0) { release(&v); return NULL; }
+    if (acquire(oo, &o, 'f', 1, "out") != 0) { release(&v); release(&gt); return NULL; }
+    Py_ssize_t n = count(&v);
+    Py_ssize_t nchunks = (n + chunk - 1) / chunk;
+    if (count(&o) != n || count(&gt) != nchunks) {
+        PyErr_Format(PyExc_ValueError, "size mismatch: v has %zd elements, out %zd, tops %zd (expected %zd)", n,
+                     count(&o), count(&gt), nchunks);
+        release(&v); release(&gt); release(&o);
+        return NULL;
+    }
+    const int64_t *vp = (const int64_t *)v.view.buf;
+    const uint8_t *gtp = (const uint8_t *)gt.view.buf;
+    float *op = (float *)o.view.buf;
+    const int divide = divisor != 1.0f;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+        Py_ssize_t s = c * chunk;
+        Py_ssize_t len = (s + chunk <= n) ? chunk : n - s;
+        int g = gtp[c];
+        float *out = op + s;
+        const int64_t *vv = vp + s;
+        if (g == NONFINITE_TOP) {
+            for (Py_ssize_t i = 0; i < len; ++i) out[i] = NAN;
+            continue;
+        }
+        int L = (g - 1) * width - EXP_BIAS;
+        /* (float)v is one correctly rounded conversion; the scalings by powers of two are exact while
+           the result stays normal (two steps keep every factor a normal float). */
+        float s1, s2;
+        if (L >= -126) {
+            s1 = ldexpf(1.0f, L);
+            s2 = 1.0f;
+        } else {
+            s1 = 0x1p-64f;
+            s2 = ldexpf(1.0f, L + 64);
+        }
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            float f = (float)vv[i];
+            f = f * s1;
+            f = f * s2;
+            if (divide) f = f / divisor;
+            out[i] = f;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(&v); release(&gt); release(&o);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- D2: deterministic matmul */
+
+static const char matmul_doc[] =
+    "matmul_nt(a, b, out, m, n, k)\n"
+    "out[i, j] = sum_k a[i, k] * b[j, k] in float32 with a fixed order: lane l = k mod 8 accumulates its\n"
+    "terms in increasing k (separately rounded multiply and add), then the lanes are added as\n"
+    "((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).  Same bits on any IEEE-754 machine and in the CUDA twin.";
+
+static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oa, *ob, *oo;
+    Py_ssize_t m, n, k;
+    if (!PyArg_ParseTuple(args, "OOOnnn", &oa, &ob, &oo, &m, &n, &k)) {
+        return NULL;
+    }
+    if (m < 0 || n < 0 || k < 0) {
+        PyErr_Format(PyExc_ValueError, "matrix sizes must be >= 0, got m=%zd n=%zd k=%zd", m, n, k);
+        return NULL;
+    }
+    buf_t a, b, o;
+    if (acquire(oa, &a, 'f', 0, "a") != 0) return NULL;
+    if (acquire(ob, &b, 'f', 0, "b") != 0) { release(&a); return NULL; }
+    if (acquire(oo, &o, 'f', 1, "out") != 0) { release(&a); release(&b); return NULL; }
+    if (count(&a) != m * k || count(&b) != n * k || count(&o) != m * n) {
+        PyErr_Format(PyExc_ValueError, "size mismatch: a has %zd elements (m*k=%zd), b %zd (n*k=%zd), out %zd (m*n=%zd)",
+                     count(&a), m * k, count(&b), n * k, count(&o), m * n);
+        release(&a); release(&b); release(&o);
+        return NULL;
+    }
+    const float *ap = (const float *)a.view.buf;
+    const float *bp = (const float *)b.view.buf;
+    float *op = (float *)o.view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    const Py_ssize_t kb = k - k % DOT_LANES;
+    for (Py_ssize_t i = 0; i < m; ++i) {
+        const float *ar = ap + i * k;
+        for (Py_ssize_t j = 0; j < n; ++j) {
+            const float *br = bp + j * k;
+            float acc[DOT_LANES] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (Py_ssize_t kk = 0; kk < kb; kk += DOT_LANES) {
+                for (int ln = 0; ln < DOT_LANES; ++ln) {
+                    float p = ar[kk + ln] * br[kk + ln];
+                    acc[ln] = acc[ln] + p;
+                }
+            }
+            for (Py_ssize_t kk = kb; kk < k; ++kk) {
+                float p = ar[kk] * br[kk];
+                acc[kk - kb] = acc[kk - kb] + p;
+            }
+            float s01 = acc[0] + acc[1], s23 = acc[2] + acc[3];
+            float s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
+            float s03 = s01 + s23, s47 = s45 + s67;
+            op[i * n + j] = s03 + s47;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(&a); release(&b); release(&o);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"deposit", py_deposit, METH_VARARGS, deposit_doc},
+    {"combine", py_combine, METH_VARARGS, combine_doc},
+    {"finalize", py_finalize, METH_VARARGS, finalize_doc},
+    {"matmul_nt", py_matmul_nt, METH_VARARGS, matmul_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_detreduce",
+    "CPU kernels of hpc-elastic's deterministic allreduce and D2 operators (see kernels/detreduce.c).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__detreduce(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "NONFINITE_TOP", NONFINITE_TOP) != 0 ||
+        PyModule_AddIntConstant(m, "DOT_LANES", DOT_LANES) != 0 ||
+        PyModule_AddIntConstant(m, "ABI_VERSION", 1) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

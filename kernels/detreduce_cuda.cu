@@ -1,0 +1,242 @@
+// CUDA twin of kernels/detreduce.c (see that file and hpc_elastic/est/detsum.py for the method).
+// Every floating-point step is an explicit IEEE operation (__dmul_rn, __fmul_rn, __fadd_rn, __fdiv_rn,
+// __ll2float_rn) or integer arithmetic, so the results equal the CPU kernels bit for bit.
+// Built lazily by hpc_elastic/est/gpu.py with --fmad=false -ftz=false -prec-div=true.
+// UNTESTED: no GPU was available when this was written.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int NONFINITE_TOP = 255;
+constexpr int EXP_BIAS = 127;
+constexpr int LANES = 8;
+
+__device__ __forceinline__ int bin_of(float x, int width) {
+  uint32_t bits = __float_as_uint(x);
+  int e = (int)((bits >> 23) & 0xffu);
+  return e == 0xff ? NONFINITE_TOP : (e + 1) / width;
+}
+
+// trunc(x * 2^-low) split into (hi, lo) = (trunc(T / 2^width), T - hi * 2^width), from the fp32 fields
+// with integer shifts exactly as deposit_chunk() in detreduce.c does.
+__device__ __forceinline__ void split(float x, int low, int width, long long* q, long long* r) {
+  uint32_t bits = __float_as_uint(x);
+  uint32_t e = (bits >> 23) & 0xffu;
+  unsigned long long m = (unsigned long long)(bits & 0x7fffffu) | (e ? 0x800000ull : 0ull);
+  int s = (int)(e ? e : 1u) - 150 - low;
+  unsigned long long mag = s >= 0 ? (m << (s & 63)) : (s > -64 ? (m >> ((-s) & 63)) : 0ull);
+  long long qq = (long long)(mag >> width);
+  long long rr = (long long)(mag & ((1ull << width) - 1ull));
+  long long neg = -(long long)(bits >> 31);
+  *q = (qq ^ neg) - neg;
+  *r = (rr ^ neg) - neg;
+}
+
+// 2^e as a float, for e in [-126, 127] (exactly ldexpf(1.0f, e))
+__device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) << 23); }
+
+// One block per chunk.
+__global__ void deposit_kernel(float* grad, long long* hi, long long* lo, uint8_t* tops, long long n, long long chunk,
+                               int width, bool first, bool clear) {
+  __shared__ int s_top;
+  __shared__ int s_old;
+  const long long c = blockIdx.x;
+  const long long s = c * chunk;
+  const long long len = (s + chunk <= n) ? chunk : n - s;
+  if (threadIdx.x == 0) {
+    s_top = 0;
+    s_old = tops[c];
+  }
+  __syncthreads();
+  int tn = 0;
+  for (long long i = threadIdx.x; i < len; i += blockDim.x) tn = max(tn, bin_of(grad[s + i], width));
+  atomicMax(&s_top, tn);
+  __syncthreads();
+  tn = s_top;
+  int ta;
+  int shift = 0;  // 0: none, 1: promote hi to lo, 2: zero both
+  if (first) {
+    ta = tn;
+    if (ta == NONFINITE_TOP) shift = 2;
+  } else {
+    ta = s_old;
+    if (ta != NONFINITE_TOP && tn == NONFINITE_TOP) {
+      ta = NONFINITE_TOP;
+    } else if (ta != NONFINITE_TOP && tn > ta) {
+      shift = (tn - ta == 1) ? 1 : 2;
+      ta = tn;
+    }
+  }
+  const int low = (ta - 1) * width - EXP_BIAS;
+  for (long long i = threadIdx.x; i < len; i += blockDim.x) {
+    const long long k = s + i;
+    long long h = hi[k], l = lo[k];
+    if (shift == 1) {
+      l = h;
+      h = 0;
+    } else if (shift == 2) {
+      h = 0;
+      l = 0;
+    }
+    if (ta != NONFINITE_TOP) {
+      long long q, r;
+      split(grad[k], low, width, &q, &r);
+      if (first) {
+        h = q;
+        l = r;
+      } else {
+        h += q;
+        l += r;
+      }
+    }
+    hi[k] = h;
+    lo[k] = l;
+    if (clear) grad[k] = 0.0f;
+  }
+  if (threadIdx.x == 0) tops[c] = (uint8_t)ta;
+}
+
+__global__ void combine_kernel(long long* hi, const long long* lo, const uint8_t* ltops, const uint8_t* gtops,
+                               long long n, long long chunk, int width) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  long long c = i / chunk;
+  int g = gtops[c], l = ltops[c];
+  if (g == NONFINITE_TOP || g - l >= 2) {
+    hi[i] = 0;
+  } else if (g == l) {
+    hi[i] = hi[i] * (1LL << width) + lo[i];
+  }
+}
+
+__global__ void finalize_kernel(const long long* v, const uint8_t* gtops, float* out, long long n, long long chunk,
+                                int width, float divisor) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int g = gtops[i / chunk];
+  if (g == NONFINITE_TOP) {
+    out[i] = __int_as_float(0x7fc00000);
+    return;
+  }
+  int L = (g - 1) * width - EXP_BIAS;
+  float s1, s2;
+  if (L >= -126) {
+    s1 = pow2f(L);
+    s2 = 1.0f;
+  } else {
+    s1 = pow2f(-64);
+    s2 = pow2f(L + 64);
+  }
+  float f = __ll2float_rn(v[i]);
+  f = __fmul_rn(f, s1);
+  f = __fmul_rn(f, s2);
+  if (divisor != 1.0f) f = __fdiv_rn(f, divisor);
+  out[i] = f;
+}
+
+// out[i, j] = sum_k a[i, k] * b[j, k], lanes k mod 8, then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+__global__ void matmul_nt_kernel(const float* a, const float* b, float* out, long long m, long long n, long long k) {
+  long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= m * n) return;
+  long long i = idx / n, j = idx % n;
+  const float* ar = a + i * k;
+  const float* br = b + j * k;
+  float acc[LANES];
+#pragma unroll
+  for (int l = 0; l < LANES; ++l) acc[l] = 0.0f;
+  long long kk = 0;
+  for (; kk + LANES <= k; kk += LANES) {
+#pragma unroll
+    for (int l = 0; l < LANES; ++l) acc[l] = __fadd_rn(acc[l], __fmul_rn(ar[kk + l], br[kk + l]));
+  }
+  for (int l = 0; kk < k; ++kk, ++l) acc[l] = __fadd_rn(acc[l], __fmul_rn(ar[kk], br[kk]));
+  float s01 = __fadd_rn(acc[0], acc[1]), s23 = __fadd_rn(acc[2], acc[3]);
+  float s45 = __fadd_rn(acc[4], acc[5]), s67 = __fadd_rn(acc[6], acc[7]);
+  out[idx] = __fadd_rn(__fadd_rn(s01, s23), __fadd_rn(s45, s67));
+}
+
+void check(const torch::Tensor& t, at::ScalarType dtype, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has the wrong dtype");
+}
+
+long long nchunks(long long n, long long chunk) { return (n + chunk - 1) / chunk; }
+
+void deposit(torch::Tensor grad, torch::Tensor hi, torch::Tensor lo, torch::Tensor tops, int64_t chunk, int64_t width,
+             bool first, bool clear) {
+  check(grad, at::kFloat, "grad");
+  check(hi, at::kLong, "hi");
+  check(lo, at::kLong, "lo");
+  check(tops, at::kByte, "tops");
+  TORCH_CHECK(chunk >= 1 && width >= 8 && width <= 31, "bad chunk/width");
+  const long long n = grad.numel();
+  TORCH_CHECK(hi.numel() == n && lo.numel() == n && tops.numel() == nchunks(n, chunk), "size mismatch");
+  if (n == 0) return;
+  const int threads = chunk >= 256 ? 256 : (int)(((chunk + 31) / 32) * 32);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  deposit_kernel<<<(unsigned)nchunks(n, chunk), threads, 0, stream>>>(
+      grad.data_ptr<float>(), (long long*)hi.data_ptr<int64_t>(), (long long*)lo.data_ptr<int64_t>(),
+      tops.data_ptr<uint8_t>(), n, chunk, (int)width, first, clear);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void combine(torch::Tensor hi, torch::Tensor lo, torch::Tensor ltops, torch::Tensor gtops, int64_t chunk,
+             int64_t width) {
+  check(hi, at::kLong, "hi");
+  check(lo, at::kLong, "lo");
+  check(ltops, at::kByte, "local_tops");
+  check(gtops, at::kByte, "global_tops");
+  const long long n = hi.numel();
+  TORCH_CHECK(lo.numel() == n && ltops.numel() == nchunks(n, chunk) && gtops.numel() == nchunks(n, chunk),
+              "size mismatch");
+  TORCH_CHECK(!(ltops.gt(gtops).logical_and(gtops.ne(NONFINITE_TOP))).any().item<bool>(),
+              "global top bins must be the MAX of the local ones");
+  if (n == 0) return;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  combine_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+      (long long*)hi.data_ptr<int64_t>(), (const long long*)lo.data_ptr<int64_t>(), ltops.data_ptr<uint8_t>(),
+      gtops.data_ptr<uint8_t>(), n, chunk, (int)width);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void finalize(torch::Tensor v, torch::Tensor gtops, torch::Tensor out, int64_t chunk, int64_t width, double divisor) {
+  check(v, at::kLong, "v");
+  check(gtops, at::kByte, "global_tops");
+  check(out, at::kFloat, "out");
+  const long long n = v.numel();
+  TORCH_CHECK(out.numel() == n && gtops.numel() == nchunks(n, chunk), "size mismatch");
+  TORCH_CHECK(divisor > 0, "divisor must be positive");
+  if (n == 0) return;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  finalize_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+      (const long long*)v.data_ptr<int64_t>(), gtops.data_ptr<uint8_t>(), out.data_ptr<float>(), n, chunk,
+      (int)width, (float)divisor);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+torch::Tensor matmul_nt(torch::Tensor a, torch::Tensor b) {
+  check(a, at::kFloat, "a");
+  check(b, at::kFloat, "b");
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "shapes do not fit a @ b.T");
+  const long long m = a.size(0), n = b.size(0), k = a.size(1);
+  auto out = torch::empty({m, n}, a.options());
+  if (m * n == 0) return out;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  matmul_nt_kernel<<<(unsigned)((m * n + 127) / 128), 128, 0, stream>>>(a.data_ptr<float>(), b.data_ptr<float>(),
+                                                                          out.data_ptr<float>(), m, n, k);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("deposit", &deposit);
+  m.def("combine", &combine);
+  m.def("finalize", &finalize);
+  m.def("matmul_nt", &matmul_nt);
+}

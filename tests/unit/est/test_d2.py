@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hpc_elastic.est.d2 import D2Status, DetLinear, det_matmul_nt, register_d2_module, scan_model, to_d2
+from hpc_elastic.est.detsum import ref_matmul_nt
+from hpc_elastic.est.example import build_model
+
+
+def same(a: torch.Tensor, b: np.ndarray) -> bool:
+    return np.array_equal(a.detach().numpy().view(np.uint32), np.ascontiguousarray(b).view(np.uint32))
+
+
+def test_det_linear_forward_and_backward_follow_the_fixed_order() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(19, 5)
+    ref = nn.Linear(19, 5)
+    ref.load_state_dict(lin.state_dict())
+    to_d2(lin)
+    assert isinstance(lin, DetLinear)
+    x = torch.randn(6, 19, requires_grad=True)
+    y = lin(x)
+    g = torch.randn(6, 5)
+    y.backward(g)
+    xn, wn, gn = x.detach().numpy(), lin.weight.detach().numpy(), g.numpy()
+    assert same(y, ref_matmul_nt(xn, wn) + lin.bias.detach().numpy())
+    assert x.grad is not None and lin.weight.grad is not None and lin.bias.grad is not None
+    assert same(x.grad, ref_matmul_nt(gn, np.ascontiguousarray(wn.T)))
+    assert same(lin.weight.grad, ref_matmul_nt(np.ascontiguousarray(gn.T), np.ascontiguousarray(xn.T)))
+    assert same(lin.bias.grad, ref_matmul_nt(np.ones((1, 6), np.float32), np.ascontiguousarray(gn.T)).reshape(5))
+    xr = x.detach().clone().requires_grad_(True)
+    ref(xr).backward(g)
+    torch.testing.assert_close(y, ref(xr))
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(lin.weight.grad, ref.weight.grad)
+
+
+def test_det_linear_handles_extra_leading_dims() -> None:
+    lin = to_d2(nn.Linear(4, 3))
+    out = lin(torch.randn(2, 5, 4))
+    assert out.shape == (2, 5, 3)
+    with pytest.raises(ValueError, match="float32 only"):
+        det_matmul_nt(torch.zeros(2, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64))
+
+
+def test_scanner_reports_what_d2_covers() -> None:
+    report = scan_model(build_model("bn-dropout", 8))
+    status = {f.kind: f.status for f in report.findings}
+    assert status["BatchNorm1d"] is D2Status.NOT_COVERED
+    assert status["Dropout"] is D2Status.NOT_COVERED
+    assert status["Linear"] is D2Status.CONVERTIBLE
+    assert not report.holds and not report.holds_after_conversion
+    mlp = build_model("mlp", 8)
+    assert scan_model(mlp).holds_after_conversion and not scan_model(mlp).holds
+    assert scan_model(to_d2(mlp)).holds
+    assert any("convertible" in line for line in report.lines())
+
+
+def test_custom_modules_are_unknown_until_registered() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = torch.relu(self.fc(x)) + x
+            return out
+
+    block = to_d2(Block())
+    report = scan_model(block)
+    assert [f.status for f in report.findings] == [D2Status.UNKNOWN, D2Status.COVERED]
+    assert "Block at '<root>' is unknown" in report.first_problem()
+    register_d2_module(Block)
+    assert scan_model(block).holds
+    with pytest.raises(ValueError, match="needs an nn.Module subclass"):
+        register_d2_module(int)  # type: ignore[arg-type]

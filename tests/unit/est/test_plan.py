@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+
+from hpc_elastic.est.plan import BucketLayout, Placement, plan_buckets
+
+
+def test_contiguous_placement_is_balanced() -> None:
+    p = Placement.contiguous(5, 2)
+    assert p.owner == (0, 0, 0, 1, 1)
+    assert p.local_ests(1) == (3, 4)
+    assert p.as_map() == {0: [0, 1, 2], 1: [3, 4]}
+    assert Placement.contiguous(4, 4).owner == (0, 1, 2, 3)
+
+
+def test_explicit_map_and_parse() -> None:
+    p = Placement.from_map({0: [3, 0], 1: [1, 2]})
+    assert p.owner == (0, 1, 1, 0)
+    assert p.local_ests(0) == (0, 3)
+    assert Placement.parse("0,3;1,2", 4) == p
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({0: [0, 1], 1: [1]}, "EST 1 is placed twice"),
+        ({0: [0], 1: [2]}, "EST 1 is missing"),
+        ({0: [0], 2: [1]}, r"process ids must be 0..1, got \[0, 2\]"),
+        ({0: [0, 1], 1: []}, "process 1 has no EST"),
+        ({0: [-1]}, "virtual rank -1"),
+        ({}, "empty"),
+    ],
+)
+def test_bad_maps_name_the_bad_value(mapping: dict[int, list[int]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Placement.from_map(mapping)
+
+
+def test_bad_placements() -> None:
+    with pytest.raises(ValueError, match=r"num_procs \(3\) must not exceed num_ests \(2\)"):
+        Placement.contiguous(2, 3)
+    with pytest.raises(ValueError, match="EST 1 is placed on process 5"):
+        Placement((0, 5), 2)
+    with pytest.raises(ValueError, match="places 2 ESTs, expected 4"):
+        Placement.parse("0;1", 4)
+    with pytest.raises(ValueError, match="bad EST map 'a;b'"):
+        Placement.parse("a;b", 2)
+
+
+def test_buckets_follow_parameter_index() -> None:
+    layout = plan_buckets([10, 5, 100, 3, 4], bucket_elements=16, chunk=4)
+    assert [[s.index for s in b.slots] for b in layout.buckets] == [[0, 1], [2], [3, 4]]
+    assert [b.numel for b in layout.buckets] == [15, 100, 7]
+    assert layout.buckets[0].slots[1].offset == 10
+    assert BucketLayout.from_json(layout.to_json()) == layout
+    with pytest.raises(ValueError, match="bucket_elements must be an integer >= 1, got 0"):
+        plan_buckets([1], bucket_elements=0)
+    with pytest.raises(ValueError, match="numel of parameter 1"):
+        plan_buckets([1, -2])
+    with pytest.raises(ValueError, match="malformed bucket layout"):
+        BucketLayout.from_json({"chunk": 4})

@@ -1,0 +1,245 @@
+"""Bitwise tests of the C kernels (kernels/detreduce.c) against the NumPy reference (hpc_elastic.est.detsum)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from hpc_elastic.est import detsum as d
+
+C = d.CKernels(d.c_extension())  # no skip: CI builds the extension with the package
+REF = d.ReferenceKernels()
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(bits(a), bits(b))
+
+
+def any_f32(finite: bool) -> st.SearchStrategy[float]:
+    return st.floats(width=32, allow_nan=not finite, allow_infinity=not finite)
+
+
+@st.composite
+def contributions(draw: st.DrawFn, finite: bool = True) -> tuple[list[np.ndarray], int]:
+    n_est = draw(st.integers(1, 8))
+    size = draw(st.integers(1, 200))
+    chunk = draw(st.sampled_from([1, 3, 16, 64]))
+    elems = any_f32(finite)
+    xs = [draw(hnp.arrays(np.float32, size, elements=elems)) for _ in range(n_est)]
+    return xs, chunk
+
+
+def run_incremental(
+    kern: d.Kernels, xs: list[np.ndarray], groups: list[list[int]], chunk: int, divisor: float
+) -> np.ndarray:
+    """Deposit each group's ESTs in the given order, combine per group, sum the groups, finalize."""
+    n_est = len(xs)
+    width = d.bin_width(n_est)
+    n = xs[0].size
+    nch = d.num_chunks(n, chunk)
+    accs = []
+    for group in groups:
+        hi = np.zeros(n, np.int64)
+        lo = np.zeros(n, np.int64)
+        tops = np.zeros(nch, np.uint8)
+        for j, v in enumerate(group):
+            g = xs[v].copy()
+            kern.deposit(g, hi, lo, tops, chunk=chunk, width=width, first=j == 0, clear=True)
+            assert not np.any(g), "clear=True must zero the gradient"
+        accs.append((hi, lo, tops))
+    gtops = np.maximum.reduce([a[2] for a in accs])
+    total = np.zeros(n, np.int64)
+    for hi, lo, tops in reversed(accs):  # any order: integer sums
+        kern.combine(hi, lo, tops, gtops, chunk=chunk, width=width)
+        total += hi
+    out = np.empty(n, np.float32)
+    kern.finalize(total, gtops, out, chunk=chunk, width=width, divisor=divisor)
+    return out
+
+
+@st.composite
+def grouping(draw: st.DrawFn, n_est: int) -> list[list[int]]:
+    order = draw(st.permutations(list(range(n_est))))
+    m = draw(st.integers(1, n_est))
+    cuts = sorted(draw(st.lists(st.integers(1, max(1, n_est - 1)), min_size=m - 1, max_size=m - 1, unique=True)))
+    cuts = [c for c in cuts if 0 < c < n_est]
+    bounds = [0, *cuts, n_est]
+    return [list(order[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), case=contributions(finite=False))
+def test_any_grouping_and_order_gives_the_definition(data: st.DataObject, case: tuple[list[np.ndarray], int]) -> None:
+    xs, chunk = case
+    groups = data.draw(grouping(len(xs)))
+    divisor = float(data.draw(st.sampled_from([1, len(xs)])))
+    expected = d.reference_allreduce(xs, len(xs), chunk, divisor)
+    assert same(run_incremental(C, xs, groups, chunk, divisor), expected)
+    assert same(run_incremental(REF, xs, groups, chunk, divisor), expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), case=contributions(finite=False))
+def test_c_ops_equal_numpy_twin_step_by_step(data: st.DataObject, case: tuple[list[np.ndarray], int]) -> None:
+    xs, chunk = case
+    width = d.bin_width(len(xs))
+    n = xs[0].size
+    nch = d.num_chunks(n, chunk)
+    state: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
+        k: (np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(nch, np.uint8)) for k in ("c", "r")
+    }
+    for j, x in enumerate(xs):
+        clear = data.draw(st.booleans())
+        gc, gr = x.copy(), x.copy()
+        C.deposit(gc, *state["c"], chunk=chunk, width=width, first=j == 0, clear=clear)
+        REF.deposit(gr, *state["r"], chunk=chunk, width=width, first=j == 0, clear=clear)
+        for a, b in zip(state["c"], state["r"], strict=True):
+            assert np.array_equal(a, b)
+        assert same(gc, gr)
+    gtops = np.maximum(state["c"][2], data.draw(hnp.arrays(np.uint8, nch, elements=st.sampled_from([0, 1, 5, 255]))))
+    for k, kern in (("c", C), ("r", REF)):
+        kern.combine(state[k][0], state[k][1], state[k][2], gtops, chunk=chunk, width=width)
+    assert np.array_equal(state["c"][0], state["r"][0])
+    outs = []
+    for k, kern in (("c", C), ("r", REF)):
+        out = np.empty(n, np.float32)
+        kern.finalize(state[k][0], gtops, out, chunk=chunk, width=width, divisor=3.0)
+        outs.append(out)
+    assert same(outs[0], outs[1])
+
+
+def test_placements_of_four_ests_over_one_two_four_processes_agree() -> None:
+    rng = np.random.default_rng(7)
+    n = 10_000
+    xs = [(rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n))).astype(np.float32) for _ in range(4)]
+    results = []
+    for groups in ([[0, 1, 2, 3]], [[3, 2, 1, 0]], [[0, 1], [2, 3]], [[0, 3], [2, 1]], [[0], [1], [2], [3]]):
+        results.append(run_incremental(C, xs, groups, 64, 4.0))
+    assert all(same(results[0], r) for r in results[1:])
+    # while a plain fp32 sum does depend on the order (the reason this exists)
+    fwd = ((xs[0] + xs[1]) + xs[2]) + xs[3]
+    bwd = ((xs[3] + xs[2]) + xs[1]) + xs[0]
+    assert not same(fwd, bwd)
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data())
+def test_error_is_bounded_by_the_window(data: st.DataObject) -> None:
+    n_est = data.draw(st.integers(1, 16))
+    chunk = data.draw(st.sampled_from([4, 64]))
+    size = data.draw(st.integers(1, 300))
+    elems = st.floats(min_value=-1e6, max_value=1e6, width=32)
+    xs = [data.draw(hnp.arrays(np.float32, size, elements=elems)) for _ in range(n_est)]
+    out = d.reference_allreduce(xs, n_est, chunk, 1.0)
+    assert same(out, run_incremental(C, xs, [list(range(n_est))], chunk, 1.0))
+    exact = np.sum(np.stack([x.astype(np.float64) for x in xs]), axis=0)
+    width = d.bin_width(n_est)
+    pad = d.num_chunks(size, chunk) * chunk - size
+    chunk_max = np.repeat(np.pad(np.max(np.abs(np.stack(xs)), axis=0), (0, pad)).reshape(-1, chunk).max(axis=1), chunk)[
+        :size
+    ].astype(np.float64)
+    bound = n_est * chunk_max * 2.0 ** (1 - width) + np.spacing(np.abs(out)).astype(np.float64)
+    assert np.all(np.abs(out.astype(np.float64) - exact) <= bound)
+
+
+def test_zeros_and_non_finite_chunks() -> None:
+    x = np.zeros(130, np.float32)
+    y = np.ones(130, np.float32)
+    y[70] = np.inf
+    out = d.reference_allreduce([x, y], 2, 64, 1.0)
+    assert same(out, run_incremental(C, [x, y], [[1], [0]], 64, 1.0))
+    assert np.all(out[:64] == 1.0) and np.all(out[128:] == 1.0)
+    assert np.all(np.isnan(out[64:128]))
+    zero = d.reference_allreduce([x, -x], 2, 64, 2.0)
+    assert np.all(zero == 0.0) and not np.any(np.signbit(zero))
+
+
+def test_bin_width_never_overflows_int64() -> None:
+    for n in [*range(1, 65), 100, 1000, 4096, d.MAX_ESTS]:
+        w = d.bin_width(n)
+        assert 24 <= w <= 31
+        assert n * 2 ** (2 * w + 1) <= 2**63
+    for bad in (0, -1, d.MAX_ESTS + 1, True, 2.0):
+        with pytest.raises(ValueError, match="num_ests"):
+            d.bin_width(bad)  # type: ignore[arg-type]
+
+
+def test_kernels_reject_bad_buffers() -> None:
+    m = d.c_extension()
+    g = np.zeros(10, np.float32)
+    hi = np.zeros(10, np.int64)
+    lo = np.zeros(10, np.int64)
+    tops = np.zeros(1, np.uint8)
+    with pytest.raises(ValueError, match="grad must hold float32"):
+        m.deposit(np.zeros(10), hi, lo, tops, 64, 30, True, False)
+    with pytest.raises(ValueError, match="size mismatch"):
+        m.deposit(g, hi[:5], lo, tops, 64, 30, True, False)
+    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
+        m.deposit(g, hi, lo, tops, 0, 30, True, False)
+    with pytest.raises(ValueError, match="width must be in"):
+        m.deposit(g, hi, lo, tops, 64, 40, True, False)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        m.deposit(np.zeros(20, np.float32)[::2], hi, lo, tops, 64, 30, True, False)
+    with pytest.raises(ValueError, match="not a MAX"):
+        m.combine(hi, lo, np.full(1, 3, np.uint8), np.full(1, 2, np.uint8), 64, 30)
+    with pytest.raises(ValueError, match="divisor must be a positive finite number, got 0"):
+        m.finalize(hi, tops, g, 64, 30, 0.0)
+    with pytest.raises(ValueError, match="size mismatch"):
+        m.matmul_nt(np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32), np.zeros((2, 2), np.float32), 2, 2, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_matmul_nt_matches_reference_bitwise(data: st.DataObject) -> None:
+    m = data.draw(st.integers(0, 5))
+    n = data.draw(st.integers(0, 5))
+    k = data.draw(st.integers(0, 40))
+    elems = st.floats(min_value=-1e3, max_value=1e3, width=32)
+    a = data.draw(hnp.arrays(np.float32, (m, k), elements=elems))
+    b = data.draw(hnp.arrays(np.float32, (n, k), elements=elems))
+    out = np.empty((m, n), np.float32)
+    C.matmul_nt(a, b, out)
+    ref = d.ref_matmul_nt(a, b)
+    assert same(out, ref)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64).T, rtol=1e-4, atol=1e-2)
+
+
+def test_cpu_kernels_prefers_the_extension() -> None:
+    assert d.cpu_kernels().name == "c"
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU kernels untested here")
+
+
+@requires_cuda
+def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover - needs a GPU
+    from hpc_elastic.est.gpu import cuda_kernels
+
+    k = cuda_kernels()
+    rng = np.random.default_rng(3)
+    xs = [(rng.standard_normal(5000) * np.exp2(rng.integers(-40, 40, 5000))).astype(np.float32) for _ in range(3)]
+    chunk, width = 64, d.bin_width(3)
+    nch = d.num_chunks(5000, chunk)
+    hi = torch.zeros(5000, dtype=torch.int64, device="cuda")
+    lo = torch.zeros_like(hi)
+    tops = torch.zeros(nch, dtype=torch.uint8, device="cuda")
+    for j, x in enumerate(xs):
+        k.deposit(torch.from_numpy(x).cuda(), hi, lo, tops, chunk=chunk, width=width, first=j == 0, clear=True)
+    k.combine(hi, lo, tops, tops.clone(), chunk=chunk, width=width)
+    out = torch.empty(5000, dtype=torch.float32, device="cuda")
+    k.finalize(hi, tops, out, chunk=chunk, width=width, divisor=3.0)
+    assert same(out.cpu().numpy(), d.reference_allreduce(xs, 3, chunk, 3.0))
+    a = rng.standard_normal((7, 37)).astype(np.float32)
+    b = rng.standard_normal((5, 37)).astype(np.float32)
+    got = k.matmul_nt(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
+    assert same(got, d.ref_matmul_nt(a, b))
