@@ -1,0 +1,177 @@
+"""Load, save and list profiles: the one small API the scheduler, the planners and LB-BSP use.
+
+Profiles are JSON files ``<name>.json`` in a profile directory, by default ``profiles/`` of the source
+checkout, or the directory named by ``HPC_ELASTIC_PROFILES`` (read in :mod:`hpc_elastic.env`). A profile's
+name is ``<model>@<device type>`` unless the user chose another; there is one file per model × device type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hpc_elastic.env import Environment, read_environment
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.profile.schema import SCHEMA_VERSION, Profile, slugify
+
+SOURCE_PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
+SUFFIX = ".json"
+
+
+class ProfileError(HpcElasticError):
+    """A profile is missing, unreadable or does not match the schema."""
+
+
+def default_profile_dir(environment: Environment | None = None) -> Path:
+    """``HPC_ELASTIC_PROFILES`` when set, else ``profiles/`` of the source checkout."""
+    env = read_environment() if environment is None else environment
+    return env.profile_dir if env.profile_dir is not None else SOURCE_PROFILE_DIR
+
+
+def _directory(directory: Path | str | None) -> Path:
+    return default_profile_dir() if directory is None else Path(directory)
+
+
+def profile_path(name: str, directory: Path | str | None = None) -> Path:
+    """Path of the profile called ``name`` in ``directory``."""
+    if not name or "/" in name or name in {".", ".."} or name.startswith("."):
+        raise ValueError(f"not a profile name: {name!r}")
+    return _directory(directory) / f"{name}{SUFFIX}"
+
+
+def _validation_message(path: Path, error: ValidationError) -> str:
+    errors = error.errors()
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    message = " ".join(str(first["msg"]).split())
+    return f"{path}: invalid profile: {where}: {message}{more}"
+
+
+def parse_profile(data: Any, source: str = "<data>") -> Profile:
+    """Validate already-decoded JSON ``data`` as a profile; ``source`` names it in errors."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(
+            f"{source}: unsupported profile schema_version {version!r} (this hpc-elastic reads {SCHEMA_VERSION})"
+        )
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(_validation_message(Path(source), exc)) from None
+
+
+def read_profile_file(path: Path | str) -> Profile:
+    """Load and validate one profile file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"no profile file {file}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {file}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{file}: not valid JSON: {exc}") from None
+    return parse_profile(data, str(file))
+
+
+def profile_to_json(profile: Profile) -> str:
+    """Canonical JSON text of a profile (2-space indent, trailing newline)."""
+    return profile.model_dump_json(indent=2) + "\n"
+
+
+def _fsync_directory(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file in the same directory, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(path.parent)
+
+
+def save_profile(profile: Profile, directory: Path | str | None = None) -> Path:
+    """Write ``profile`` as ``<directory>/<profile.name>.json`` atomically; returns the path."""
+    path = profile_path(profile.name, directory)
+    atomic_write_text(path, profile_to_json(profile))
+    return path
+
+
+def list_profiles(directory: Path | str | None = None) -> list[Profile]:
+    """All profiles in ``directory``, sorted by name; an invalid file raises :class:`ProfileError`.
+
+    A missing directory has no profiles.
+    """
+    folder = _directory(directory)
+    if not folder.is_dir():
+        return []
+    profiles = [read_profile_file(path) for path in sorted(folder.glob(f"*{SUFFIX}")) if not path.name.startswith(".")]
+    return sorted(profiles, key=lambda profile: profile.name)
+
+
+def load_profile(name_or_path: str | Path, directory: Path | str | None = None) -> Profile:
+    """Load a profile by file path, by name (``vgg_like@cpu-amd-epyc``), or by model name when unique.
+
+    A ``Path``, or a string that ends in ``.json`` or contains ``/``, is a file path. Otherwise the name is
+    looked up as ``<directory>/<name>.json``, then as a model name (``vgg_like``) that must match exactly one
+    profile in ``directory``.
+    """
+    if isinstance(name_or_path, Path) or name_or_path.endswith(SUFFIX) or "/" in name_or_path:
+        return read_profile_file(name_or_path)
+    if not name_or_path:
+        raise ValueError("a profile name is needed, got ''")
+    folder = _directory(directory)
+    path = profile_path(name_or_path, folder)
+    if path.exists():
+        return read_profile_file(path)
+    matches = [profile for profile in list_profiles(folder) if profile.model.name == name_or_path]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        names = ", ".join(profile.name for profile in matches)
+        raise ProfileError(f"{name_or_path!r} names the model of several profiles in {folder}: {names}")
+    raise ProfileError(f"no profile named {name_or_path!r} in {folder} (see hpc-elastic profile list)")
+
+
+def find_profile(model: str, device_type: str, directory: Path | str | None = None) -> Profile | None:
+    """The profile of ``model`` (model name or full spec) on ``device_type``, or None.
+
+    Device types compare after :func:`~hpc_elastic.profile.schema.slugify` (``"NVIDIA H100"`` matches
+    ``nvidia-h100``). When several profiles match, the most recently measured wins.
+    """
+    wanted = slugify(device_type)
+    matches = [
+        profile
+        for profile in list_profiles(directory)
+        if model in (profile.model.name, profile.model.spec) and profile.device.type == wanted
+    ]
+    if not matches:
+        return None
+    return max(matches, key=lambda profile: profile.measurement.created_at)

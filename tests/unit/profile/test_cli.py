@@ -1,0 +1,232 @@
+"""``hpc-elastic profile``: run / list / show / plot, errors as one line and exit 2, --submit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.profile import load_profile, save_profile
+from hpc_elastic.profile.submit import (
+    SubmitRequest,
+    build_sbatch_argv,
+    job_script,
+    profile_job_command,
+    remote_run_args,
+    sbatch_options,
+)
+
+from .helpers import make_profile
+
+TINY = "tests.unit.profile.tiny_models:tiny"
+FAST = ["--batch-sizes", "1,4", "--iters", "1", "--repeats", "2", "--warmup", "0"]
+
+
+def invoke(*args: str) -> Result:
+    _register()
+    return CliRunner().invoke(cli, list(args))
+
+
+def assert_one_line_error(result: Result, fragment: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hpc-elastic: error: ")
+    assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "fragment"),
+    [
+        ("not a spec", "MODEL must be package.module:factory"),
+        ("no_colon.module", "MODEL must be package.module:factory"),
+        ("nosuch_pkg.mod:factory", "cannot import module 'nosuch_pkg.mod'"),
+        ("tests.unit.profile.tiny_models:missing", "has no callable 'missing'"),
+        ("tests.unit.profile.tiny_models:NOT_CALLABLE", "has no callable 'NOT_CALLABLE'"),
+        ("tests.unit.profile.tiny_models:not_a_module", "where a torch.nn.Module belongs"),
+        ("tests.unit.profile.tiny_models:raises", "calling raises() failed: RuntimeError: weights missing"),
+        ("train.py", "needs the hpc_elastic session API"),
+    ],
+)
+def test_bad_model_is_one_line_and_exit_2(model: str, fragment: str, tmp_path: Path) -> None:
+    result = invoke("profile", "run", model, "--no-memory-limit", "--profiles-dir", str(tmp_path), *FAST)
+    assert_one_line_error(result, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--device", "tpu"], "device must be cpu, cuda or cuda:INDEX, got 'tpu'"),
+        (["--device", "cpu:1"], "the cpu device takes no index"),
+        (["--batch-sizes", "8,x"], "bad item 'x'"),
+        (["--iters", "0"], "iters must be an integer >= 1, got 0"),
+        (["--memory-cap", "lots"], "not a memory size"),
+        (["--ps-shards", "0"], "--ps-shards must be comma-separated positive integers"),
+        (["--name", "a/b"], "a profile name takes"),
+        (["--partition", "gpu"], "--partition and --gpu-type go with --submit"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(args: list[str], fragment: str, tmp_path: Path) -> None:
+    result = invoke("profile", "run", TINY, "--profiles-dir", str(tmp_path), *args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+
+
+def test_run_then_list_show_plot(tmp_path: Path) -> None:
+    result = invoke(
+        "profile", "run", TINY, "--profiles-dir", str(tmp_path), "--max-batch", "8", "--device-type", "Test CPU", *FAST
+    )
+    assert result.exit_code == 0, result.output + result.stderr
+    path = tmp_path / "tiny@test-cpu.json"
+    assert result.output.startswith(f"wrote {path}\n")
+    profile = load_profile(path)
+    assert [p.batch_size for p in profile.points] == [1, 4]
+    assert profile.model.num_parameters == 8 * 16 + 16 + 16 * 4 + 4
+    assert profile.memory_limit is not None
+    assert (profile.memory_limit.batch_size, profile.memory_limit.capped) == (8, True)
+    assert [probe.batch_size for probe in profile.memory_limit.probes] == [1, 2, 4, 8]
+    assert all(probe.peak_bytes for probe in profile.memory_limit.probes)
+    assert profile.gamma is not None
+
+    listed = invoke("profile", "list", "--profiles-dir", str(tmp_path))
+    assert listed.exit_code == 0
+    assert listed.output.splitlines()[1].split()[:3] == ["tiny@test-cpu", "tiny", "test-cpu"]
+
+    shown = invoke("profile", "show", "tiny", "--profiles-dir", str(tmp_path))
+    assert shown.exit_code == 0
+    assert "x^o >= 8" in shown.output and "Γ(0) =" in shown.output
+
+    as_json = invoke("profile", "show", "tiny@test-cpu", "--json", "--profiles-dir", str(tmp_path))
+    assert as_json.exit_code == 0
+    assert json.loads(as_json.output) == json.loads(path.read_text())
+
+    image = tmp_path / "plots" / "tiny.png"
+    plotted = invoke("profile", "plot", "tiny", "-o", str(image), "--profiles-dir", str(tmp_path))
+    assert plotted.exit_code == 0, plotted.output + plotted.stderr
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_cap_below_one_sample_is_one_line(tmp_path: Path) -> None:
+    result = invoke("profile", "run", TINY, "--memory-cap", "1M", "--max-batch", "4", "--profiles-dir", str(tmp_path))
+    assert_one_line_error(result, "not even batch 1 fits under the memory cap 1.00 MiB")
+
+
+def test_show_and_list_errors(tmp_path: Path) -> None:
+    assert_one_line_error(invoke("profile", "show", "nope", "--profiles-dir", str(tmp_path)), "no profile named")
+    (tmp_path / "x.json").write_text('{"schema_version": 9}')
+    assert_one_line_error(
+        invoke("profile", "list", "--profiles-dir", str(tmp_path)), "unsupported profile schema_version 9"
+    )
+    empty = invoke("profile", "list", "--profiles-dir", str(tmp_path / "none"))
+    assert empty.exit_code == 0 and "no profiles" in empty.output
+
+
+def test_show_a_saved_profile(tmp_path: Path) -> None:
+    save_profile(make_profile(), tmp_path)
+    result = invoke("profile", "show", "toy@cpu-test", "--profiles-dir", str(tmp_path))
+    assert result.exit_code == 0
+    assert "largest tensor a.weight [4, 3] = 52.2% of the model" in result.output
+    assert "x^o = 40 under a 1.00 MiB cap (rss) (batch 41 did not fit)" in result.output
+
+
+def test_sbatch_argv_and_script_are_exact() -> None:
+    request = SubmitRequest(
+        partition="gpu",
+        gpu_type="h100",
+        run_args=remote_run_args(
+            "pkg.mod:net",
+            gpu_type="h100",
+            options=[("--iters", "5"), ("--profiles-dir", "/shared/profiles"), ("--quiet", None)],
+        ),
+        job_name="profile-net",
+        time_limit="01:00:00",
+        program=("/venv/bin/python", "-m", "hpc_elastic"),
+    )
+    assert build_sbatch_argv(request) == [
+        "sbatch",
+        "--parsable",
+        "--job-name=profile-net",
+        "--partition=gpu",
+        "--nodes=1",
+        "--ntasks=1",
+        "--gres=gpu:h100:1",
+        "--time=01:00:00",
+    ]
+    assert build_sbatch_argv(request)[2:] == sbatch_options(request)
+    assert profile_job_command(request) == [
+        "/venv/bin/python", "-m", "hpc_elastic", "profile", "run", "pkg.mod:net",
+        "--device", "cuda", "--device-type", "h100",
+        "--iters", "5", "--profiles-dir", "/shared/profiles", "--quiet",
+    ]  # fmt: skip
+    assert job_script(request) == (
+        "#!/bin/bash\n"
+        "# hpc-elastic profile job: measures one model on this node's device type.\n"
+        "set -euo pipefail\n"
+        "exec /venv/bin/python -m hpc_elastic profile run pkg.mod:net --device cuda --device-type h100 "
+        "--iters 5 --profiles-dir /shared/profiles --quiet\n"
+    )
+    cpu_job = SubmitRequest(partition="cpu", run_args=("pkg.mod:net",))
+    assert "--gres" not in " ".join(build_sbatch_argv(cpu_job))
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"partition": "gpu; rm"}, "partition must be a Slurm name"),
+        ({"gpu_type": "h 100"}, "GPU type must be a Slurm name"),
+        ({"time_limit": "soon"}, "time limit"),
+        ({"run_args": ()}, "at least the MODEL"),
+    ],
+)
+def test_bad_submit_requests(fields: dict[str, Any], fragment: str) -> None:
+    arguments: dict[str, Any] = {"partition": "gpu", "run_args": ("m:f",), **fields}
+    with pytest.raises(ValueError, match=fragment):
+        SubmitRequest(**arguments)
+
+
+class FakeSlurm:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def submit(self, script_path: str | None = None, options: Any = (), *, script_text: str | None = None) -> int:
+        self.calls.append({"script_path": script_path, "options": list(options), "script_text": script_text})
+        return 4242
+
+
+def test_submit_hands_the_job_to_the_slurm_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    monkeypatch.setattr("hpc_elastic.slurm.connect", lambda environment=None: fake)
+    result = invoke(
+        "profile", "run", TINY, "--submit", "--partition", "gpu", "--gpu-type", "a100",
+        "--iters", "7", "--profiles-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output + result.stderr
+    assert result.output.startswith("submitted profile job 4242")
+    (call,) = fake.calls
+    assert call["script_path"] is None
+    assert call["options"] == [
+        "--job-name=profile-tiny",
+        "--partition=gpu",
+        "--nodes=1",
+        "--ntasks=1",
+        "--gres=gpu:a100:1",
+        "--time=00:30:00",
+    ]
+    assert call["script_text"].splitlines()[-1] == (
+        f"exec {sys.executable} -m hpc_elastic profile run {TINY} --device cuda --device-type a100 "
+        f"--batch-sizes auto --iters 7 --warmup 2 --repeats 5 --max-batch 1024 --ps-shards 2,4,8 --seed 0 "
+        f"--profiles-dir {tmp_path.resolve()} --quiet"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_submit_needs_a_partition() -> None:
+    result = invoke("profile", "run", TINY, "--submit")
+    assert result.exit_code == 2
+    assert "--submit needs --partition" in result.stderr

@@ -1,0 +1,97 @@
+"""Γ(x) (LB-BSP §3.1, §3.2.1, §3.3.1): fitting, saturation, monotonicity within noise."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hpc_elastic.profile.curve import fit_gamma, monotone_violations, summarize_repeats
+from hpc_elastic.profile.measure import LoadedModel, StepRunner, measure_point
+
+from .tiny_models import tiny
+
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_a_line_is_fitted_exactly_without_a_saturation_point() -> None:
+    # CPU-like (§3.2.1): Γ(x) = a + x / v.
+    fit = fit_gamma([(x, 0.002 + 0.0005 * x) for x in BATCHES])
+    assert fit.saturation_batch is None
+    assert fit.launch_overhead_s == pytest.approx(0.002)
+    assert fit.per_sample_s == pytest.approx(0.0005)
+    assert fit.rms_relative_error == pytest.approx(0.0, abs=1e-12)
+    assert fit.predict(0) == pytest.approx(0.002)
+    assert fit.predict(100) == pytest.approx(0.052)
+
+
+def test_a_flat_region_gives_the_saturation_point_and_launch_overhead() -> None:
+    # GPU-like (§3.3.1): Γ(x) = C for x <= 32, then linear.
+    fit = fit_gamma([(x, 0.010 + 0.0001 * max(0, x - 32)) for x in BATCHES])
+    assert fit.saturation_batch == 32
+    assert fit.launch_overhead_s == pytest.approx(0.010)
+    assert fit.per_sample_s == pytest.approx(0.0001)
+    assert fit.predict(0) == fit.predict(32) == pytest.approx(0.010)
+    assert fit.predict(64) == pytest.approx(0.0132)
+
+
+def test_noise_alone_does_not_invent_a_saturation_point() -> None:
+    rng = random.Random(7)
+    points = [(x, (0.001 + 0.0002 * x) * (1 + rng.uniform(-0.02, 0.02))) for x in BATCHES]
+    fit = fit_gamma(points, noise=0.05)
+    assert fit.saturation_batch is None
+    assert fit.per_sample_s == pytest.approx(0.0002, rel=0.05)
+
+
+def test_negative_intercept_is_clamped_and_fit_is_monotone() -> None:
+    fit = fit_gamma([(1, 0.001), (100, 0.2), (200, 0.45)])
+    assert fit.launch_overhead_s >= 0.0
+    values = [fit.predict(x) for x in range(0, 300, 7)]
+    assert values == sorted(values)
+
+
+def test_a_decreasing_curve_is_fitted_flat() -> None:
+    fit = fit_gamma([(1, 0.3), (2, 0.2), (4, 0.1)])
+    assert fit.per_sample_s == 0.0
+
+
+@pytest.mark.parametrize(
+    "points",
+    [[(1, 0.1)], [(1, 0.1), (1, 0.2)], [(0, 0.1), (2, 0.2)], [(1, 0.0), (2, 0.1)], [(1, float("nan")), (2, 0.1)]],
+)
+def test_bad_points_are_rejected(points: list[tuple[int, float]]) -> None:
+    with pytest.raises(ValueError, match=r"got|twice"):
+        fit_gamma(points)
+
+
+def test_monotone_violations_respect_the_tolerance() -> None:
+    points = [(1, 1.0), (2, 0.95), (4, 0.5), (8, 2.0)]
+    assert monotone_violations(points, 0.1) == [(2, 4)]
+    assert monotone_violations(points, 0.6) == []
+    assert monotone_violations(points, 0.0) == [(1, 2), (2, 4)]
+    with pytest.raises(ValueError, match="tolerance"):
+        monotone_violations(points, 1.5)
+
+
+def test_summarize_repeats() -> None:
+    summary = summarize_repeats([0.3, 0.1, 0.2, 0.5])
+    assert (summary.median_s, summary.min_s, summary.max_s) == (0.25, 0.1, 0.5)
+    assert summary.relative_spread == pytest.approx(1.6)
+    with pytest.raises(ValueError, match="at least one"):
+        summarize_repeats([])
+
+
+def test_measured_gamma_is_monotone_within_noise() -> None:
+    """Batch sizes 64x apart on a tiny model: Γ must grow, allowing for a noisy, shared CPU."""
+    module, sample_batch = tiny()[:2]
+    runner = StepRunner(LoadedModel("t:tiny", "tiny", module, sample_batch, None), torch.device("cpu"), seed=0)
+    runner.step(*runner.batch(1))
+    runner.snapshot()
+    points = [measure_point(runner, batch, warmup=1, iters=2, repeats=3, meter=None) for batch in (1, 64, 4096)]
+    for measured in points:
+        assert measured.step_time_min_s <= measured.step_time_s <= measured.step_time_max_s
+        assert measured.samples_per_s == pytest.approx(measured.batch_size / measured.step_time_s)
+    pairs = [(p.batch_size, p.step_time_s) for p in points]
+    assert monotone_violations(pairs, relative_tolerance=0.5) == []
+    assert fit_gamma(pairs).per_sample_s > 0
