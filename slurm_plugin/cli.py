@@ -1,0 +1,130 @@
+"""``hpc-elastic-sched``: run the scheduler daemon, or show its view of the managed jobs.
+
+    hpc-elastic-sched --config site-config/hpc-elastic.toml [--once] [--dry-run]
+    hpc-elastic-sched --config site-config/hpc-elastic.toml queue [--json]
+
+Exit codes: 0 ok, 1 Slurm unreachable past the restart budget, 2 bad configuration, 3 (``--once``) the pass
+was skipped because Slurm's answers were partial, 4 another daemon holds the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from hpc_elastic.env import Environment, read_environment
+from hpc_elastic.launch.spec import JobMarker
+from hpc_elastic.slurm import RetryPolicy, Runner, connect
+from slurm_plugin.config import ConfigError, PluginConfig, load_config
+from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, SkewLookup, state_lock
+from slurm_plugin.metrics import Metrics
+from slurm_plugin.store import Store
+
+log = logging.getLogger("hpc-elastic-sched")
+
+
+def profile_skew(environment: Environment) -> SkewLookup:
+    """Skew S_J from the job's profile (Tiresias §3.3); unknown profile -> not skewed (None)."""
+    from hpc_elastic.profile import ProfileError, default_profile_dir, load_profile
+
+    directory = default_profile_dir(environment)
+
+    def lookup(marker: JobMarker, gpus: int) -> float | None:
+        if not marker.profile:
+            return None
+        try:
+            return float(load_profile(marker.profile, directory).model.skew_for(gpus))
+        except (ProfileError, ValueError, OSError) as exc:
+            log.debug("no skew for profile %s: %s", marker.profile, exc)
+            return None
+
+    return lookup
+
+
+def _load(path: Path) -> PluginConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(f"hpc-elastic-sched: {problem}", err=True)
+        sys.exit(2)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(path_type=Path), required=True, help="TOML configuration")
+@click.option("--once", is_flag=True, help="run one pass and exit")
+@click.option("--dry-run", is_flag=True, help="log the actions a pass would take; change nothing")
+@click.option("--no-metrics", is_flag=True, help="do not serve Prometheus metrics")
+@click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.pass_context
+def main(
+    ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_level: str
+) -> None:
+    """Tiresias scheduling for Slurm: order, checkpointed preemption, placement, elastic size."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    config = _load(config_path)
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = config
+        return
+    environment = read_environment()
+    runner = Runner(timeout_s=environment.slurm_timeout_s, retry=RetryPolicy())
+    client = connect(environment, runner)
+    metrics = Metrics()
+    if config.metrics.enabled and not no_metrics and not once:
+        metrics.serve(config.metrics.address, config.metrics.port)
+    store = Store(config.state_dir, read_only=dry_run)
+    daemon = Daemon(
+        config, client, store, clock=time.time, sleep=time.sleep, dry_run=dry_run, metrics=metrics,
+        skew_lookup=profile_skew(environment),
+    )
+    try:
+        if dry_run:
+            code = daemon.run(once=once)
+        else:
+            with state_lock(config.state_dir):
+                code = daemon.run(once=once)
+    except DaemonLocked as exc:
+        click.echo(f"hpc-elastic-sched: {exc}", err=True)
+        code = 4
+    finally:
+        store.close()
+    sys.exit(code)
+
+
+@main.command("queue")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_obj
+def queue(config: PluginConfig, as_json: bool) -> None:
+    """Managed jobs as of the daemon's last pass: queue, attained service, rank, nodes, planned action."""
+    path = config.state_dir / STATE_NAME
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        click.echo(f"hpc-elastic-sched: no state yet in {path} (has the daemon run?)", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(doc["jobs"], indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"managed jobs (pass at {time.strftime('%H:%M:%S', time.localtime(doc['time']))})")
+    columns = ("rank", "job", "name", "state", "GPUs", "queue", "attained GPU-s", "site factor", "nodes", "planned")
+    for column in columns:
+        table.add_column(column)
+    for job in sorted(doc["jobs"], key=lambda j: j["rank"]):
+        table.add_row(
+            str(job["rank"]), str(job["job_id"]), job["name"], job["state"], str(job["gpus"]), str(job["queue"]),
+            f"{job['attained_gpu_s']:.0f}", str(job["site_factor"] if job["site_factor"] is not None else "-"),
+            ",".join(job["nodes"]) or "-", job["planned"] or "-",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

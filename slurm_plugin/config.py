@@ -1,0 +1,216 @@
+"""The daemon's configuration: ``site-config/hpc-elastic.toml``, validated at start.
+
+Every problem is reported on its own line (unknown key, bad threshold, missing state directory, ...); the CLI
+prints them and exits 2. Pure except :func:`load_config`, which reads the file and checks the state directory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hpc_elastic.policy import DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
+
+DEFAULT_CKPT_ROOT = "/tmp/hpc-elastic/gpfs/jobs"  # noqa: S108 - the dev cluster's GPFS stand-in
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+class OrderField(StrEnum):
+    """How the policy's order reaches Slurm: SiteFactor keeps multifactor (age, ...) working; Priority freezes it."""
+
+    SITE_FACTOR = "SiteFactor"
+    PRIORITY = "Priority"
+
+
+class ConfigError(ValueError):
+    """One or more problems in the configuration, one per line in :attr:`problems`."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TiresiasConfig(_Section):
+    """Discretised 2DAS knobs (Tiresias §3.2.3) and PACKLIMIT (§3.3)."""
+
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    promote_knob: float = math.inf
+    pack_limit: float = DEFAULT_PACK_LIMIT
+
+    @field_validator("thresholds")
+    @classmethod
+    def _increasing(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        previous = 0.0
+        for item in value:
+            if not (math.isfinite(item) and item > previous):
+                raise ValueError(
+                    f"queue thresholds must be finite, > 0 and strictly increasing GPU-seconds, got {list(value)!r}"
+                )
+            previous = item
+        return value
+
+    @field_validator("promote_knob")
+    @classmethod
+    def _knob(cls, value: float) -> float:
+        if not value >= 0:
+            raise ValueError(f"promote_knob must be >= 0 (inf disables promotion), got {value!r}")
+        return value
+
+    @field_validator("pack_limit")
+    @classmethod
+    def _pack(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"pack_limit must be finite, got {value!r}")
+        return value
+
+
+class PreemptionConfig(_Section):
+    """Checkpointed preemption (Tiresias §3.2.3: preemption is expensive, hence ``min_run_time_s``)."""
+
+    enabled: bool = True
+    signal: str = "USR1"
+    batch: bool = True
+    grace_s: float = Field(default=120.0, gt=0, le=3600)
+    min_run_time_s: float = Field(default=300.0, ge=0)
+    max_per_pass: int = Field(default=4, ge=0)
+    requeue_wait_s: float = Field(default=10.0, ge=0)
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Z0-9]{1,8}", value):
+            raise ValueError(f"signal must be a signal name such as USR1, got {value!r}")
+        return value
+
+
+class OrderConfig(_Section):
+    field: OrderField = OrderField.SITE_FACTOR
+    base: int = Field(default=10_000, ge=0)
+    step: int = Field(default=1_000, ge=1)
+
+
+class PlacementConfig(_Section):
+    """Placement constraints for pending managed jobs (Tiresias §3.3)."""
+
+    enabled: bool = True
+    pin_nodes: bool = False
+
+
+class ResizeConfig(_Section):
+    enabled: bool = False
+
+
+class MetricsConfig(_Section):
+    enabled: bool = True
+    address: str = "127.0.0.1"
+    port: int = Field(default=9810, ge=0, le=65535)
+
+    @field_validator("address")
+    @classmethod
+    def _loopback(cls, value: str) -> str:
+        if value not in LOOPBACK:
+            allowed = ", ".join(sorted(LOOPBACK))
+            raise ValueError(f"metrics are served on a loopback address only ({allowed}), got {value!r}")
+        return value
+
+
+class PluginConfig(_Section):
+    state_dir: Path
+    policy: str = "tiresias-las"
+    interval_s: float = Field(default=10.0, gt=0, le=3600)
+    manage_all: bool = False
+    job_name_pattern: str = ""
+    ckpt_roots: tuple[Path, ...] = (Path(DEFAULT_CKPT_ROOT),)
+    history_refresh_s: float = Field(default=3600.0, gt=0)
+    history_window_days: float = Field(default=30.0, gt=0)
+    max_consecutive_errors: int = Field(default=5, ge=1)
+    tiresias: TiresiasConfig = TiresiasConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
+    order: OrderConfig = OrderConfig()
+    placement: PlacementConfig = PlacementConfig()
+    resize: ResizeConfig = ResizeConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        if value not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {value!r}; choose from {', '.join(POLICY_NAMES)}")
+        return value
+
+    @field_validator("job_name_pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"job_name_pattern is not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("ckpt_roots")
+    @classmethod
+    def _absolute(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        for path in value:
+            if not path.is_absolute():
+                raise ValueError(f"ckpt_roots must be absolute paths, got {str(path)!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _state_dir_absolute(self) -> PluginConfig:
+        if not self.state_dir.is_absolute():
+            raise ValueError(f"state_dir must be an absolute path, got {str(self.state_dir)!r}")
+        return self
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> PluginConfig:
+    """Validate a parsed TOML document; raise :class:`ConfigError` with one line per problem."""
+    try:
+        return PluginConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = _location(tuple(err["loc"]))
+            if err["type"] == "extra_forbidden":
+                problems.append(f"{source}: unknown key {where!r}")
+            elif err["type"] == "missing":
+                problems.append(f"{source}: missing required key {where!r}")
+            else:
+                message = str(err["msg"]).removeprefix("Value error, ")
+                problems.append(f"{source}: {where}: {message}")
+        raise ConfigError(problems) from None
+
+
+def load_config(path: Path) -> PluginConfig:
+    """Read and validate the TOML file; the state directory must exist and be writable."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    problems: list[str] = []
+    try:
+        config = parse_config(data, str(path))
+    except ConfigError as exc:
+        problems = list(exc.problems)
+        config = None
+    state = data.get("state_dir")
+    if isinstance(state, str) and Path(state).is_absolute() and not Path(state).is_dir():
+        problems.append(f"{path}: state_dir: directory {state!r} does not exist (create it, owned by the daemon)")
+    if problems or config is None:
+        raise ConfigError(problems)
+    return config

@@ -1,0 +1,231 @@
+"""From Slurm's jobs and nodes to the policy's :class:`JobView`/:class:`NodeView` (pure: ``now`` is passed in).
+
+Attained service a_J = W_J x t_J (Tiresias §3.2.2) is accumulated across runs: a requeue ends a run (its
+service is banked) and the next start opens a new one. Waiting time δ_J counts from arrival, the end of the
+last run, or the last promotion (§3.2.3 "Avoiding starvation").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from hpc_elastic.launch.spec import JobMarker, decode_marker
+from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
+from hpc_elastic.slurm import Job, JobState, Node
+from slurm_plugin.store import JobRecord
+
+#: A run whose start time moved by more than this (seconds) is a new run.
+RESTART_TOLERANCE_S = 1.0
+_HELD = re.compile(r"held|dependency", re.IGNORECASE)
+
+
+class PartialRead(ValueError):
+    """Slurm's answers do not add up (e.g. sinfo lags squeue): no action may be based on them this pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which jobs the daemon manages."""
+
+    manage_all: bool = False
+    name_pattern: str = ""
+
+    def marker(self, job: Job) -> JobMarker | None:
+        return decode_marker(job.comment)
+
+    def manages(self, job: Job) -> bool:
+        if self.name_pattern and not re.search(self.name_pattern, job.name):
+            return False
+        return self.manage_all or self.marker(job) is not None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One pass's view: policy inputs plus the Slurm jobs and updated records behind them."""
+
+    now: float
+    jobs: tuple[JobView, ...]
+    nodes: tuple[NodeView, ...]
+    slurm_jobs: Mapping[str, Job]
+    markers: Mapping[str, JobMarker | None]
+    records: Mapping[int, JobRecord]
+    forget: tuple[int, ...]
+
+
+def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
+    """The record after seeing ``job`` at ``now``: bank ended runs, follow the current one."""
+    submit = job.submit_time.timestamp() if job.submit_time else now
+    rec = record or JobRecord(job_id=job.job_id, first_seen=now, waiting_since=submit)
+    if job.state.is_running and job.start_time is not None:
+        start = job.start_time.timestamp()
+        if rec.run_start is not None and abs(rec.run_start - start) > RESTART_TOLERANCE_S:
+            # a whole run ended (and a new one began) between two passes: bank what was seen of it
+            rec = replace(rec, banked_service=rec.attained_service, banked_exec=rec.executed_time, run_start=None)
+        gpus = job.gpu_count or rec.run_gpus
+        return replace(
+            rec,
+            run_start=start,
+            run_gpus=gpus,
+            run_exec=max(0.0, now - start),
+            first_start=rec.first_start if rec.first_start is not None else start,
+        )
+    if rec.run_start is not None:  # the run ended (requeue / preemption): bank it, start waiting
+        return replace(
+            rec,
+            banked_service=rec.attained_service,
+            banked_exec=rec.executed_time,
+            run_start=None,
+            run_exec=0.0,
+            waiting_since=now,
+        )
+    return rec
+
+
+def node_views(nodes: Iterable[Node]) -> tuple[NodeView, ...]:
+    """GPU nodes only, one GPU type each; a node that cannot take work offers no free GPU."""
+    out = []
+    for node in nodes:
+        if node.gpus.total <= 0:
+            continue
+        gpu_type = node.gpus.by_type[0][0]
+        total = node.gpus.total
+        free = min(total, node.gpus_free.total) if node.available else 0
+        out.append(NodeView(name=node.name, total_gpus=total, free_gpus=free, gpu_type=gpu_type))
+    return tuple(out)
+
+
+def split_allocation(job: Job, in_use: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    """Per-node GPUs of a running job (squeue gives the total and the node list): evenly, within what each
+    node reports in use; ``in_use`` is decremented. Raises :class:`PartialRead` when it cannot add up."""
+    nodes = [n for n in job.nodes if n in in_use]
+    if len(nodes) != len(job.nodes) or not nodes:
+        raise PartialRead(f"job {job.job_id} runs on {','.join(job.nodes) or '?'}, not all known GPU nodes")
+    need = job.gpu_count
+    share = {n: min(in_use[n], need // len(nodes) + (1 if i < need % len(nodes) else 0)) for i, n in enumerate(nodes)}
+    left = need - sum(share.values())
+    for n in nodes:
+        extra = min(left, in_use[n] - share[n])
+        share[n] += extra
+        left -= extra
+    if left:
+        raise PartialRead(f"job {job.job_id} holds {need} GPUs but its nodes report fewer in use")
+    for n in nodes:
+        in_use[n] -= share[n]
+    return tuple((n, c) for n, c in share.items() if c)
+
+
+def _gpu_types(
+    job: Job, marker: JobMarker | None, partition_types: Mapping[str, frozenset[str]]
+) -> frozenset[str] | None:
+    allowed: frozenset[str] | None = None
+    if job.partition:
+        parts = [p for p in job.partition.split(",") if p in partition_types]
+        if parts:
+            allowed = frozenset().union(*(partition_types[p] for p in parts))
+    asked = {t for t, _ in job.gpus.by_type if t}
+    if marker is not None and marker.gpu_type:
+        asked.add(marker.gpu_type)
+    if asked:
+        allowed = frozenset(asked) if allowed is None else allowed & frozenset(asked)
+    return allowed
+
+
+def observe(
+    jobs: Sequence[Job],
+    nodes: Sequence[Node],
+    records: Mapping[int, JobRecord],
+    selection: Selection,
+    *,
+    now: float,
+    skews: Mapping[int, float] | None = None,
+) -> Observation:
+    """Policy views of the managed GPU jobs that are pending (not held) or running."""
+    if not math.isfinite(now):
+        raise ValueError(f"now must be finite, got {now!r}")
+    views = node_views(nodes)
+    if not views:
+        raise PartialRead("sinfo reported no GPU node")
+    in_use = {v.name: v.total_gpus - v.free_gpus for v in views}
+    partition_types: dict[str, set[str]] = {}
+    for node in nodes:
+        if node.gpus.total > 0:
+            for part in node.partitions:
+                partition_types.setdefault(part, set()).add(node.gpus.by_type[0][0])
+    frozen_types = {p: frozenset(t) for p, t in partition_types.items()}
+    skews = skews or {}
+    out_views: list[JobView] = []
+    slurm_jobs: dict[str, Job] = {}
+    markers: dict[str, JobMarker | None] = {}
+    new_records: dict[int, JobRecord] = {}
+    for job in sorted(jobs, key=lambda j: j.job_id):
+        if not job.state.is_active or not selection.manages(job):
+            continue
+        record = advance(records.get(job.job_id), job, now)
+        new_records[job.job_id] = record
+        running = job.state.is_running
+        held = _HELD.search(job.pending_reason) is not None or job.state is JobState.REQUEUE_HOLD
+        # a requeued job may not start before its BeginTime (credential expiry): nothing to preempt for yet
+        eligible = job.eligible_time is None or job.eligible_time.timestamp() <= now
+        pending = job.state.is_pending and not held and eligible and job.pending_reason != "BeginTime"
+        if job.gpu_count < 1 or not (running or pending) or (running and job.start_time is None):
+            continue
+        marker = selection.marker(job)
+        key = str(job.job_id)
+        elastic = marker if marker is not None and marker.unit == "gpu" and marker.min < marker.max else None
+        out_views.append(
+            JobView(
+                job_id=key,
+                gpus=job.gpu_count,
+                submit_time=job.submit_time.timestamp() if job.submit_time else record.first_seen,
+                status=JobStatus.RUNNING if running else JobStatus.PENDING,
+                attained_service=record.attained_service,
+                executed_time=record.executed_time,
+                waiting_time=0.0 if running else max(0.0, now - record.waiting_since),
+                run_time=record.run_exec if running else 0.0,
+                first_start_time=record.first_start,
+                queue=record.queue,
+                skew=skews.get(job.job_id),
+                gpu_types=_gpu_types(job, marker, frozen_types),
+                allocation=split_allocation(job, in_use) if running else (),
+                time_limit=float(job.time_limit_s) if job.time_limit_s else None,
+                min_gpus=elastic.min if elastic else None,
+                max_gpus=elastic.max if elastic else None,
+            )
+        )
+        slurm_jobs[key] = job
+        markers[key] = marker
+    forget = tuple(job_id for job_id in records if job_id not in new_records)
+    return Observation(now, tuple(out_views), views, slurm_jobs, markers, new_records, forget)
+
+
+def apply_queue_changes(
+    records: Mapping[int, JobRecord], decision: Decision, now: float
+) -> dict[int, JobRecord]:
+    """Records after the pass's demotions/promotions; a promotion resets t_J, δ_J and a_J (§3.2.3)."""
+    out = dict(records)
+    for change in decision.queue_changes:
+        job_id = int(change.job_id)
+        rec = out.get(job_id)
+        if rec is None:
+            continue
+        rec = replace(rec, queue=change.queue)
+        if change.reset:
+            rec = replace(rec, banked_service=0.0, banked_exec=0.0, run_exec=0.0, waiting_since=now)
+        out[job_id] = rec
+    return out
+
+
+def service_samples(history: Iterable[Job]) -> list[float]:
+    """GPU-seconds of completed jobs (all records of a job summed: each requeue is its own sacct record),
+    the job-size distribution of 2D-Gittins (§3.2.2)."""
+    total: dict[int, float] = {}
+    done: set[int] = set()
+    for record in history:
+        if record.elapsed_s and record.gpu_count:
+            total[record.job_id] = total.get(record.job_id, 0.0) + record.gpu_count * record.elapsed_s
+        if record.state is JobState.COMPLETED:
+            done.add(record.job_id)
+    return [total[j] for j in sorted(done) if total.get(j, 0.0) > 0]

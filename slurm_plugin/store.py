@@ -1,0 +1,113 @@
+"""Durable per-job accounting: attained service, executed and waiting time, queue, preemptions.
+
+One SQLite database in the state directory (``state.sqlite3``), written in one transaction per pass, so a
+daemon restart (or crash mid-pass) loses nothing that was committed. Records are plain frozen dataclasses;
+how they evolve from Slurm's view is pure and lives in :mod:`slurm_plugin.observe`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+DB_NAME = "state.sqlite3"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the daemon remembers of one managed job (times are epoch seconds).
+
+    ``banked_service``/``banked_exec``: GPU-seconds / seconds of runs that ended (since the last promotion,
+    Tiresias §3.2.3). ``run_start``/``run_gpus``/``run_exec``: the current run as last seen. ``waiting_since``:
+    when the job last began to wait (arrival, end of a run, promotion).
+    """
+
+    job_id: int
+    first_seen: float
+    waiting_since: float
+    banked_service: float = 0.0
+    banked_exec: float = 0.0
+    run_start: float | None = None
+    run_gpus: int = 0
+    run_exec: float = 0.0
+    first_start: float | None = None
+    queue: int = 0
+    preemptions: int = 0
+    last_preempt: float | None = None
+    placement: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.run_start is not None
+
+    @property
+    def attained_service(self) -> float:
+        """a_J = W_J x t_J summed over runs (Tiresias §3.2.2)."""
+        return self.banked_service + (self.run_exec * self.run_gpus if self.running else 0.0)
+
+    @property
+    def executed_time(self) -> float:
+        return self.banked_exec + (self.run_exec if self.running else 0.0)
+
+
+_COLUMNS = tuple(f.name for f in fields(JobRecord))
+_TYPES = {"job_id": "INTEGER PRIMARY KEY", "placement": "TEXT NOT NULL", "run_gpus": "INTEGER NOT NULL",
+          "queue": "INTEGER NOT NULL", "preemptions": "INTEGER NOT NULL"}
+
+
+class Store:
+    """SQLite store of :class:`JobRecord` and small key/value metadata."""
+
+    def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
+        self.path = state_dir / DB_NAME
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            self._db = sqlite3.connect(":memory:")
+        elif read_only:
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        else:
+            self._db = sqlite3.connect(self.path)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+        if not read_only or not self.path.exists():
+            columns = ", ".join(f"{name} {_TYPES.get(name, 'REAL')}" for name in _COLUMNS)
+            with self._db:
+                self._db.execute(f"CREATE TABLE IF NOT EXISTS jobs ({columns})")
+                self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def load(self) -> dict[int, JobRecord]:
+        rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs").fetchall()  # noqa: S608 - fixed names
+        out: dict[int, JobRecord] = {}
+        for row in rows:
+            values = dict(zip(_COLUMNS, row, strict=True))
+            values["placement"] = values["placement"] or ""
+            record = JobRecord(**values)
+            out[record.job_id] = record
+        return out
+
+    def save(self, records: Iterable[JobRecord], forget: Iterable[int] = ()) -> None:
+        """Insert or replace ``records`` and delete ``forget`` in one transaction (no-op when read-only)."""
+        if self.read_only:
+            return
+        marks = ", ".join("?" for _ in _COLUMNS)
+        with self._db:
+            self._db.executemany(
+                f"INSERT OR REPLACE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({marks})",  # noqa: S608
+                [tuple(asdict(record).values()) for record in records],
+            )
+            self._db.executemany("DELETE FROM jobs WHERE job_id = ?", [(job_id,) for job_id in forget])
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        if self.read_only:
+            return
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))

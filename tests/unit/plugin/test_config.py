@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_plugin.cli import main
+from slurm_plugin.config import ConfigError, OrderField, load_config, parse_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_shipped_config_is_valid_apart_from_its_state_dir(tmp_path: Path) -> None:
+    text = (REPO / "site-config" / "hpc-elastic.toml").read_text().replace("/var/lib/hpc-elastic", str(tmp_path))
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    config = load_config(path)
+    assert config.policy == "tiresias-las" and config.order.field is OrderField.SITE_FACTOR
+    assert config.tiresias.thresholds == (3200.0,) and math.isinf(config.tiresias.promote_knob)
+    assert config.metrics.address == "127.0.0.1"
+
+
+def test_every_problem_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        'state_dir = "/nonexistent/hpc-elastic"\nbogus = 1\npolicy = "sjf"\n'
+        "[tiresias]\nthresholds = [100.0, 50.0]\n[metrics]\naddress = \"0.0.0.0\"\n[preemption]\ngrace_s = -1\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    problems = err.value.problems
+    assert len(problems) == 6 and all("\n" not in p for p in problems)
+    text = "\n".join(problems)
+    assert "unknown key 'bogus'" in text
+    assert "tiresias.thresholds" in text and "strictly increasing" in text
+    assert "unknown policy 'sjf'" in text
+    assert "metrics.address" in text and "loopback" in text
+    assert "preemption.grace_s" in text
+    assert "state_dir: directory '/nonexistent/hpc-elastic' does not exist" in text
+
+
+def test_missing_state_dir_key_and_relative_paths() -> None:
+    with pytest.raises(ConfigError, match="missing required key 'state_dir'"):
+        parse_config({})
+    with pytest.raises(ConfigError, match="state_dir must be an absolute path"):
+        parse_config({"state_dir": "relative"})
+    with pytest.raises(ConfigError, match="ckpt_roots must be absolute"):
+        parse_config({"state_dir": "/tmp", "ckpt_roots": ["jobs"]})
+
+
+def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f'state_dir = "{tmp_path}"\n[tiresias]\nthresholds = [0.0]\n')
+    result = CliRunner().invoke(main, ["--config", str(path), "--once", "--dry-run"])
+    assert result.exit_code == 2
+    assert "tiresias.thresholds: queue thresholds must be finite, > 0" in result.output
+    broken = tmp_path / "broken.toml"
+    broken.write_text("state_dir = \n")
+    result = CliRunner().invoke(main, ["--config", str(broken)])
+    assert result.exit_code == 2 and "not valid TOML" in result.output

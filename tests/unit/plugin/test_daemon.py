@@ -1,0 +1,168 @@
+"""The pass loop over a fake client that serves parsed captured Slurm output and records what is changed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.slurm import Job, Node, SlurmUnavailable
+from slurm_plugin.config import PluginConfig
+from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
+from slurm_plugin.store import Store
+from tests.unit.plugin.conftest import at, config, start_of
+
+
+class FakeSlurm:
+    def __init__(self, jobs: list[Job], nodes: list[Node], *, ack_root: Path | None = None) -> None:
+        self._jobs, self._nodes, self.ack_root = jobs, nodes, ack_root
+        self.calls: list[tuple[str, object]] = []
+        self.fail_reads = 0
+
+    def jobs(self, job_ids: Iterable[int] | None = None, *, site_factors: bool = False) -> list[Job]:
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise SlurmUnavailable("slurm_load_jobs error: Unable to contact slurm controller")
+        wanted = None if job_ids is None else set(job_ids)
+        return [j for j in self._jobs if wanted is None or j.job_id in wanted]
+
+    def nodes(self) -> list[Node]:
+        return self._nodes
+
+    def history(self, start: datetime, end: datetime | None = None) -> list[Job]:
+        return []
+
+    def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
+        self.calls.append(("update", (job_id, dict(fields))))
+
+    def requeue(self, job_ids: Iterable[int]) -> None:
+        self.calls.append(("requeue", list(job_ids)))
+
+    def cancel(
+        self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
+    ) -> None:
+        ids = list(job_ids)
+        self.calls.append(("cancel", (ids, signal, batch)))
+        if self.ack_root is not None:  # the job's wrapper and workers: checkpoint and acknowledge
+            for job in self._jobs:
+                if job.job_id in ids:
+                    control = self.ack_root / f"{job.name}-{job.job_id}" / "control"
+                    stop = json.loads((control / "stop").read_text())
+                    (control / "ack.json").write_text(json.dumps(
+                        {"job_id": job.job_id, "restart_count": 0, "step": 42, "checkpoint": "/x",
+                         "written_at": stop["requested_at"] + 1}))
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def make(cfg: PluginConfig, fake: FakeSlurm, now: float, *, dry_run: bool = False) -> tuple[Daemon, Clock]:
+    clock = Clock(now)
+    store = Store(cfg.state_dir, read_only=dry_run)
+    return Daemon(cfg, fake, store, clock=clock, sleep=clock.sleep, dry_run=dry_run), clock
+
+
+PREEMPTING: dict[str, object] = {
+    "tiresias": {"thresholds": [100.0]},
+    "preemption": {"min_run_time_s": 30, "grace_s": 20, "requeue_wait_s": 2},
+}
+
+
+def test_pass_preempts_with_checkpoint_and_orders(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, **PREEMPTING)
+    job_dir = tmp_path / "jobs" / "fill|a100-24"
+    (job_dir / "control").mkdir(parents=True)
+    fake = FakeSlurm(jobs, nodes, ack_root=tmp_path / "jobs")
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
+    assert daemon.run(once=True) == 0
+    kinds = [c[0] for c in fake.calls]
+    assert kinds == ["cancel", "requeue", "update"]  # the fake job stays RUNNING, so the daemon requeues it
+    assert fake.calls[0][1] == ([24], "USR1", True)
+    assert fake.calls[2][1] == (25, {"SiteFactor": 11_000})
+    assert json.loads((job_dir / "control" / "stop").read_text())["reason"] == "preempt"
+    state = json.loads((tmp_path / STATE_NAME).read_text())
+    preempt = next(a for a in state["actions"] if a["kind"] == "preempt")
+    assert preempt["ok"] and "checkpoint acknowledged" in preempt["detail"]
+    record = Store(tmp_path).load()[24]
+    assert record.preemptions == 1 and record.queue == 1 and record.attained_service == pytest.approx(480)
+    assert daemon.metrics.preemptions._value.get() == 1
+
+
+def test_dry_run_changes_nothing(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, **PREEMPTING)
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60), dry_run=True)
+    report = daemon.run_pass()
+    assert {a.kind.value for a in report.actions} == {"preempt", "order"}
+    assert fake.calls == []
+    assert not (tmp_path / STATE_NAME).exists() and not (tmp_path / "state.sqlite3").exists()
+
+
+def test_restart_keeps_attained_service(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path)
+    first, _ = make(cfg, FakeSlurm(jobs, nodes), at(start_of(jobs, 24), 60))
+    first.run_pass()
+    first.store.close()
+    second, _ = make(cfg, FakeSlurm(jobs, nodes), at(start_of(jobs, 24), 90))
+    report = second.run_pass()
+    assert report.observation is not None
+    view = next(v for v in report.observation.jobs if v.job_id == "24")
+    assert view.attained_service == pytest.approx(8 * 90) and view.first_start_time == start_of(jobs, 24).timestamp()
+
+
+def test_unreachable_slurm_means_no_action_and_a_bounded_restart_budget(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, max_consecutive_errors=3, interval_s=5)
+    fake = FakeSlurm(jobs, nodes)
+    fake.fail_reads = 10
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
+    assert daemon.run() == 1
+    assert fake.calls == [] and clock.slept == [10, 20]
+    assert daemon.metrics.errors.labels("read")._value.get() == 3
+    fake.fail_reads = 1
+    assert daemon.run(once=True) == 1 and fake.calls == []
+
+
+def test_partial_read_skips_the_pass(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, _ = busy
+    cfg = config(tmp_path)
+    fake = FakeSlurm(jobs, [])
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
+    assert daemon.run(once=True) == 3
+    assert fake.calls == []
+
+
+def test_one_daemon_at_a_time(tmp_path: Path) -> None:
+    with state_lock(tmp_path), pytest.raises(DaemonLocked, match="another hpc-elastic-sched"), state_lock(tmp_path):
+        pass
+    with state_lock(tmp_path):  # released when the first one ends
+        pass
+
+
+def test_job_names_never_leave_the_checkpoint_roots(tmp_path: Path) -> None:
+    from slurm_plugin.apply import job_directory
+
+    root = tmp_path / "jobs"
+    (root / "ok-5").mkdir(parents=True)
+    (tmp_path / "x-5").mkdir()
+    assert job_directory([root], "ok", 5) == root / "ok-5"
+    for name in ("../x", "..", "a/b", "", "x\n", "$(touch /tmp/pwned)"):
+        assert job_directory([root], name, 5) is None

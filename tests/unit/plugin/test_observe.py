@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.policy import JobStatus
+from hpc_elastic.slurm import Job, Node
+from hpc_elastic.slurm.parse import parse_sacct_text, parse_sinfo_json, parse_squeue_json
+from slurm_plugin.observe import PartialRead, Selection, advance, observe, service_samples
+from tests.unit.plugin.conftest import at, marked, start_of
+
+
+def test_views_of_managed_running_and_pending_jobs(busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    now = at(start_of(jobs, 24), 100)
+    obs = observe(jobs, nodes, {}, Selection(), now=now)
+    views = {v.job_id: v for v in obs.jobs}
+    assert set(views) == {"24", "25"}  # unmarked jobs are not managed
+    run, wait = views["24"], views["25"]
+    assert run.status is JobStatus.RUNNING and run.allocation == (("node1", 4), ("node2", 4))
+    assert run.attained_service == pytest.approx(8 * 100) and run.run_time == pytest.approx(100)
+    assert wait.status is JobStatus.PENDING and wait.gpus == 1 and wait.gpu_types == frozenset({"a100"})
+    assert wait.waiting_time > 0
+    assert [(n.name, n.free_gpus) for n in obs.nodes] == [("node1", 0), ("node2", 0), ("node3", 4), ("node4", 4)]
+    assert {v.job_id for v in observe(jobs, nodes, {}, Selection(manage_all=True), now=now).jobs} == {"24", "25"}
+    named = observe(jobs, nodes, {}, Selection(name_pattern="^wait"), now=now)
+    assert [v.job_id for v in named.jobs] == ["25"]
+
+
+def test_attained_service_accumulates_across_a_requeue(slurm_data: Path) -> None:
+    before = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue.json").read_text())}
+    after = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue_after_requeue.json").read_text())}
+    start = before[1].start_time
+    assert start is not None and after[1].state.is_pending and after[1].restart_count == 1
+    rec = advance(None, before[1], at(start, 10))
+    assert rec.attained_service == pytest.approx(2 * 10)
+    rec = advance(rec, after[1], at(start, 14))  # requeued: the seen run is banked, waiting starts
+    assert rec.run_start is None and rec.attained_service == pytest.approx(20) and rec.waiting_since == at(start, 14)
+    second = replace(before[1], start_time=start + timedelta(seconds=30))
+    rec = advance(rec, second, at(start, 40))  # second run: 10 s so far
+    assert rec.attained_service == pytest.approx(20 + 2 * 10) and rec.executed_time == pytest.approx(20)
+    assert rec.first_start == start.timestamp()
+
+
+def test_sinfo_lagging_behind_squeue_is_a_partial_read(slurm_data: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, _ = busy
+    idle = parse_sinfo_json((slurm_data / "sinfo_idle.json").read_text())  # no GPU in use yet
+    with pytest.raises(PartialRead, match="job 24"):
+        observe(jobs, idle, {}, Selection(), now=at(start_of(jobs, 24), 5))
+    with pytest.raises(PartialRead, match="no GPU node"):
+        observe(jobs, [], {}, Selection(), now=0.0)
+
+
+def test_job_sizes_from_sacct_history(slurm_data: Path) -> None:
+    history = parse_sacct_text((slurm_data / "sacct_parsable2.txt").read_text())
+    # job 1 ran 14 s, was requeued, then ran 60 s on 2 GPUs: both records count; jobs 3 and 4: 8 GPUs x 30 s
+    assert sorted(service_samples(history)) == [2 * (14 + 60), 8 * 30, 8 * 30]
+
+
+def test_requeued_job_before_its_begin_time_is_not_scheduled(busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    now = at(start_of(jobs, 24), 100)
+    later = [replace(j, eligible_time=start_of(jobs, 24) + timedelta(seconds=120)) if j.job_id == 25 else j
+             for j in jobs]
+    obs = observe(later, nodes, {}, Selection(), now=now)
+    assert [v.job_id for v in obs.jobs] == ["24"] and 25 in obs.records  # still accounted, not scheduled
