@@ -170,9 +170,11 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
     workers = _int(env, "HPC_ELASTIC_WORKERS")
     if workers is not None and workers < 1:
         raise ValueError(f"HPC_ELASTIC_WORKERS must be >= 1, got {workers}")
-    rank = _first_int(env, ("HPC_ELASTIC_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"), 0)
-    world = _first_int(env, ("HPC_ELASTIC_WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), 1)
-    local = _first_int(env, ("HPC_ELASTIC_LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"), 0)
+    # Open MPI's variables before Slurm's: under ``mpirun`` inside an allocation every process inherits the batch
+    # step's SLURM_PROCID=0, while OMPI_COMM_WORLD_* are set per process (srun sets no OMPI_* before MPI_Init).
+    rank = _first_int(env, ("HPC_ELASTIC_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"), 0)
+    world = _first_int(env, ("HPC_ELASTIC_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"), 1)
+    local = _first_int(env, ("HPC_ELASTIC_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"), 0)
     if not 0 <= rank < world:
         raise ValueError(f"process rank {rank} is outside a world of {world}")
     devices = env.get("CUDA_VISIBLE_DEVICES", "").strip()

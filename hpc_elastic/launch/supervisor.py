@@ -8,15 +8,18 @@
    the time limit) it writes ``control/stop``; workers checkpoint at the next mini-batch boundary, rank 0 writes
    ``control/ack.json``, and they exit. A preemption or resize is then requeued (``scontrol requeue``); a time
    limit is not, unless asked, since the job used the time it requested.
-3. On ``TERM``/``INT`` it stops the worker step at once (TERM, then KILL) and exits 128 + signal.
+3. When the worker step fails (a worker killed, a crash) without a stop request, the step is started again in the
+   same allocation, at most ``max_restarts`` times (torch.distributed.elastic's restart budget); the workers
+   resume from the newest valid checkpoint. ``HPC_ELASTIC_ATTEMPT`` tells them which attempt they are.
+4. On ``TERM``/``INT`` it stops the worker step at once (TERM, then KILL) and exits 128 + signal.
 Workers run in their own process group, signalled as one: nothing outlives the wrapper.
+The control files and their formats are :mod:`hpc_elastic.control`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
 import os
 import signal
@@ -29,6 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hpc_elastic.checkpoint.fs import atomic_write_bytes
+from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, Ack, StopReason, StopRequest, parse_ack, parse_stop
 from hpc_elastic.env import JobEnvironment, child_environment
 from hpc_elastic.launch.spec import Backend
 from hpc_elastic.slurm import commands
@@ -38,16 +43,8 @@ from hpc_elastic.slurm.runner import spawn
 
 log = logging.getLogger(__name__)
 
-STOP_FILE = "stop"
-ACK_FILE = "ack.json"
 # A USR1 this close to the time limit (beyond the grace period) is the time-limit warning.
 TIMELIMIT_SLACK_S = 60.0
-
-
-class StopReason(enum.StrEnum):
-    PREEMPT = "preempt"
-    RESIZE = "resize"
-    TIMELIMIT = "timelimit"
 
 
 class Launcher(enum.StrEnum):
@@ -65,12 +62,15 @@ class WrapperConfig:
     launcher: Launcher = Launcher.SRUN
     requeue_on_timelimit: bool = False
     kill_timeout_s: float = 10.0
+    max_restarts: int = 2
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("no worker command given (put it after --)")
         if not self.grace_s > 0:
             raise ValueError(f"grace must be positive, got {self.grace_s}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max restarts must be >= 0, got {self.max_restarts}")
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -112,7 +112,7 @@ def worker_argv(config: WrapperConfig, ntasks: int, gpus_per_task: int = 0) -> l
 
 
 def worker_environment(
-    config: WrapperConfig, job: JobEnvironment, job_dir: Path, ntasks: int, port: int
+    config: WrapperConfig, job: JobEnvironment, job_dir: Path, ntasks: int, port: int, *, attempt: int = 0
 ) -> dict[str, str]:
     return {
         "HPC_ELASTIC_JOB_DIR": str(job_dir),
@@ -123,6 +123,7 @@ def worker_environment(
         "MASTER_PORT": str(port),
         # The wrapper's own view; each task's rank comes from SLURM_PROCID / OMPI_COMM_WORLD_RANK.
         "HPC_ELASTIC_RESTART_COUNT": str(job.restart_count),
+        "HPC_ELASTIC_ATTEMPT": str(attempt),
     }
 
 
@@ -141,26 +142,20 @@ def _free_port() -> int:
         return port
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
+def read_ack(path: Path) -> Ack | None:
+    """The acknowledgement in ``path``, or None when it is missing or not (yet) valid."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return parse_ack(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+
+
+def read_stop_reason(path: Path) -> StopReason | None:
+    """The reason the plugin wrote into ``control/stop`` before signalling, or None when it gave none."""
+    try:
+        return parse_stop(path.read_text()).reason
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------------------------------ the wrapper
@@ -183,7 +178,7 @@ class Supervisor:
         self.clock = clock
         self.sleep = sleep
         self.job_dir = job_directory(config.ckpt_root, job)
-        self.control = self.job_dir / "control"
+        self.control = self.job_dir / CONTROL_DIR
         self._usr1 = False
         self._fatal: int | None = None
 
@@ -195,11 +190,15 @@ class Supervisor:
         self._fatal = signum
 
     def prepare(self) -> None:
+        """Create the job directory; set aside the stop request and acknowledgement of a previous incarnation
+        (kept for the record) so that neither is taken for one of this run."""
         self.control.mkdir(parents=True, exist_ok=True)
         (self.job_dir / "checkpoints").mkdir(exist_ok=True)
-        stale = self.control / STOP_FILE
-        if stale.exists():
-            stale.replace(self.control / f"{STOP_FILE}.handled-{int(self.clock())}")
+        stamp = int(self.clock())
+        for name in (STOP_FILE, ACK_FILE):
+            stale = self.control / name
+            if stale.exists():
+                stale.replace(self.control / f"{name}.handled-{stamp}")
         newest = sorted((self.job_dir / "checkpoints").glob("ckpt-*"))
         log.info(
             "job %s restart %d in %s; newest checkpoint: %s",
@@ -210,10 +209,7 @@ class Supervisor:
         )
 
     def requested_reason(self) -> StopReason | None:
-        data = read_json(self.control / STOP_FILE)
-        if data and data.get("reason") in {r.value for r in StopReason}:
-            return StopReason(data["reason"])
-        return None
+        return read_stop_reason(self.control / STOP_FILE)
 
     def _stop_reason(self) -> StopReason:
         requested = self.requested_reason()
@@ -230,54 +226,72 @@ class Supervisor:
         self.prepare()
         ntasks = self.job.world_size
         argv = worker_argv(self.config, ntasks, gpus_per_task=self.job.gpus_per_task)
-        env = child_environment(worker_environment(self.config, self.job, self.job_dir, ntasks, _free_port()))
         previous = {
             signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_fatal),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_fatal),
         }
-        proc = spawn(argv, env)
         try:
-            return self._supervise(proc)
+            attempt = 0
+            while True:
+                extra = worker_environment(self.config, self.job, self.job_dir, ntasks, _free_port(), attempt=attempt)
+                proc = spawn(argv, child_environment(extra))
+                try:
+                    code, failed = self._supervise(proc)
+                finally:
+                    self._kill_group(proc)
+                if not failed or attempt >= self.config.max_restarts:
+                    if failed:
+                        log.error("worker step failed (exit %d); restart budget of %d used", code, attempt)
+                    return code
+                attempt += 1
+                log.warning(
+                    "worker step failed (exit %d): restart %d of %d from the newest checkpoint",
+                    code,
+                    attempt,
+                    self.config.max_restarts,
+                )
         finally:
-            self._kill_group(proc)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _supervise(self, proc: Any) -> int:
+    def _supervise(self, proc: Any) -> tuple[int, bool]:
+        """Watch one worker step. Return the wrapper's exit code and whether the step failed on its own (no stop
+        was requested, no fatal signal): such a step may be restarted."""
         reason: StopReason | None = None
         requested_at = 0.0
         while proc.poll() is None:
             if self._fatal is not None:
                 log.warning("received signal %d: stopping the workers now", self._fatal)
                 self._kill_group(proc)
-                return 128 + self._fatal
+                return 128 + self._fatal, False
             if self._usr1 and reason is None:
                 reason = self._stop_reason()
                 requested_at = self.clock()
-                write_json_atomic(self.control / STOP_FILE, {"reason": reason.value, "requested_at": requested_at})
+                request = StopRequest(reason, requested_at)
+                atomic_write_bytes(self.control / STOP_FILE, request.to_json().encode())
                 log.info("stop requested (%s): workers checkpoint at the next mini-batch boundary", reason.value)
             if reason is not None and self.clock() - requested_at > self.config.grace_s:
                 log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
                 self._kill_group(proc)
                 break
             self.sleep(0.2)
-        code = proc.wait()
+        code = int(proc.wait())
         if reason is None:
             log.info("workers finished with exit code %d", code)
-            return int(code)
-        ack = read_json(self.control / ACK_FILE)
-        acked = ack is not None and float(ack.get("written_at", 0)) >= requested_at - 1.0
-        if acked:
-            log.info("checkpoint acknowledged at step %s: %s", ack.get("step"), ack.get("checkpoint"))  # type: ignore[union-attr]
+            return code, code != 0 and self._fatal is None
+        ack = read_ack(self.control / ACK_FILE)
+        acked = ack is not None and ack.written_at >= requested_at - 1.0
+        if ack is not None and acked:
+            log.info("checkpoint acknowledged at step %d: %s", ack.step, ack.checkpoint)
         else:
             log.error("no checkpoint acknowledgement after the stop request; the job resumes from an older one")
         if should_requeue(reason, self.config.requeue_on_timelimit):
             if self.job.job_id is not None:
                 self.slurm.requeue([self.job.job_id])
                 log.info("job %s requeued (%s)", self.job.job_id, reason.value)
-            return 0
-        return 0 if acked else 1
+            return 0, False
+        return (0 if acked else 1), False
 
     def _kill_group(self, proc: Any) -> None:
         if proc.poll() is not None:
@@ -296,7 +310,7 @@ class Supervisor:
 
 def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
     """``[--ckpt-root=DIR] [--backend=B] [--workers=N] [--grace=S] [--launcher=srun|mpirun]
-    [--requeue-on-timelimit] -- COMMAND...``"""
+    [--max-restarts=N] [--requeue-on-timelimit] -- COMMAND...``"""
     if "--" not in argv:
         raise ValueError("usage: hpc-elastic-run [options] -- COMMAND [ARGS...]")
     split = list(argv).index("--")
@@ -316,6 +330,8 @@ def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
             values["grace_s"] = float(value)
         elif key == "--launcher" and value:
             values["launcher"] = Launcher(value)
+        elif key == "--max-restarts" and value:
+            values["max_restarts"] = int(value)
         else:
             raise ValueError(f"hpc-elastic-run: unknown or incomplete option {option!r}")
     if "ckpt_root" not in values:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -61,3 +63,30 @@ def submitted(slurm: CliSlurm) -> Iterator[list[int]]:
     if ids:
         with contextlib.suppress(SlurmError):
             slurm.cancel(ids)
+
+
+def hpc_submit(workdir: Path, script: Path, *options: str, args: tuple[str, ...] = ()) -> int:
+    """``hpc-elastic submit SCRIPT OPTIONS -- ARGS`` with job directories under ``workdir``; the job id."""
+    out = subprocess.run(
+        [sys.executable, "-m", "hpc_elastic", "submit", str(script), f"--ckpt-root={workdir}", *options, "--", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return int(out.stdout.strip())
+
+
+def processes_with(*markers: str) -> list[int]:
+    """Processes of this host whose environment holds every one of ``markers`` (``NAME=value`` entries)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(marker.encode() in environ for marker in markers):
+            found.append(int(entry.name))
+    return found

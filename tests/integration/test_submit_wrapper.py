@@ -12,21 +12,10 @@ import pytest
 
 from hpc_elastic.slurm import CliSlurm, JobState
 from tests.conftest import DATA, require_horovod
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import hpc_submit, processes_with, wait_for
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
-
-
-def submit(workdir: Path, script: Path, *options: str, args: tuple[str, ...] = ()) -> int:
-    out = subprocess.run(
-        [sys.executable, "-m", "hpc_elastic", "submit", str(script), f"--ckpt-root={workdir}", *options, "--", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return int(out.stdout.strip())
 
 
 def lines(path: Path) -> list[str]:
@@ -34,7 +23,7 @@ def lines(path: Path) -> list[str]:
 
 
 def test_preempt_checkpoints_requeues_and_resumes(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
-    job_id = submit(
+    job_id = hpc_submit(
         workdir, STEPPER, "--gpus=2", "--gpu-type=a100", "--partition=gpu-a100", "--job-name=it-pre", args=("150",)
     )
     submitted.append(job_id)
@@ -62,7 +51,7 @@ def test_preempt_checkpoints_requeues_and_resumes(slurm: CliSlurm, workdir: Path
 
 def test_time_limit_checkpoints_without_requeue(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     # --time=2 with a 100 s grace: Slurm's USR1 comes ~20-80 s after the start, well before a preemption could.
-    job_id = submit(
+    job_id = hpc_submit(
         workdir,
         STEPPER,
         "--gpus=0",
@@ -89,22 +78,8 @@ def test_time_limit_checkpoints_without_requeue(slurm: CliSlurm, workdir: Path, 
     assert slurm.job(job_id).restart_count == 0
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in environ:
-            found.append(int(entry.name))
-    return found
-
-
 def test_cancel_leaves_no_process_behind(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
-    job_id = submit(
+    job_id = hpc_submit(
         workdir,
         STEPPER,
         "--gpus=0",
@@ -118,15 +93,15 @@ def test_cancel_leaves_no_process_behind(slurm: CliSlurm, workdir: Path, submitt
     job_dir = workdir / f"it-kill-{job_id}"
     wait_for("the workers", lambda: len(lines(job_dir / "starts.log")) == 2)
     marker = f"HPC_ELASTIC_JOB_DIR={job_dir}"
-    assert len(_processes_with(marker)) >= 2
+    assert len(processes_with(marker)) >= 2
     slurm.cancel([job_id])
-    wait_for("every process of the job to end", lambda: not _processes_with(marker), timeout_s=60)
+    wait_for("every process of the job to end", lambda: not processes_with(marker), timeout_s=60)
     assert not (job_dir / "control" / "ack.json").exists()
 
 
 def test_mpi_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     pytest.importorskip("mpi4py", reason="mpi4py is not installed")
-    job_id = submit(
+    job_id = hpc_submit(
         workdir,
         DATA / "workers" / "mpi_sum.py",
         "--gpus=0",
@@ -143,7 +118,7 @@ def test_mpi_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: 
 
 def test_horovod_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     require_horovod()
-    job_id = submit(
+    job_id = hpc_submit(
         workdir,
         DATA / "workers" / "hvd_sum.py",
         "--gpus=0",

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from hpc_elastic.control import StopReason, StopRequest
 from hpc_elastic.env import JobEnvironment, read_job_environment
 from hpc_elastic.launch.spec import Backend
 from hpc_elastic.launch.supervisor import (
     Launcher,
-    StopReason,
+    Supervisor,
     WrapperConfig,
     classify_stop,
     job_directory,
     parse_wrapper_args,
+    read_stop_reason,
     should_requeue,
     worker_argv,
 )
@@ -124,3 +127,69 @@ def test_job_environment_from_srun_and_mpirun_variables() -> None:
         read_job_environment({"HPC_ELASTIC_BACKEND": "nccl"})
     with pytest.raises(ValueError, match="SLURM_PROCID must be an integer"):
         read_job_environment({"SLURM_PROCID": "x"})
+
+
+# ------------------------------------------------------------------ the control loop, with real worker processes
+
+ATTEMPT_LOG = "import os, sys; open(sys.argv[1], 'a').write(os.environ['HPC_ELASTIC_ATTEMPT'] + '\\n'); "
+
+
+class NoSlurm:
+    """The wrapper must not call Slurm when no stop was requested."""
+
+    def requeue(self, job_ids: list[int]) -> None:
+        raise AssertionError(f"unexpected requeue of {job_ids}")
+
+
+def supervise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, max_restarts: int
+) -> tuple[int, list[str], Supervisor]:
+    log = tmp_path / "attempts.log"
+    command = (sys.executable, "-c", ATTEMPT_LOG + body, str(log))
+    monkeypatch.setattr("hpc_elastic.launch.supervisor.worker_argv", lambda config, ntasks, gpus_per_task=0: command)
+    config = WrapperConfig(tmp_path / "jobs", command, max_restarts=max_restarts, kill_timeout_s=2)
+    supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), NoSlurm())  # type: ignore[arg-type]
+    code = supervisor.run()
+    return code, log.read_text().split(), supervisor
+
+
+def test_a_failed_worker_step_is_restarted_in_the_allocation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Attempt 0 dies as a worker killed with -9 would (exit 137); attempt 1 succeeds.
+    body = "sys.exit(137 if os.environ['HPC_ELASTIC_ATTEMPT'] == '0' else 0)"
+    code, attempts, _ = supervise(tmp_path, monkeypatch, body, max_restarts=2)
+    assert code == 0 and attempts == ["0", "1"]
+
+
+def test_the_restart_budget_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, attempts, _ = supervise(tmp_path, monkeypatch, "sys.exit(3)", max_restarts=1)
+    assert code == 3 and attempts == ["0", "1"]
+    code, attempts, _ = supervise(tmp_path / "b", monkeypatch, "sys.exit(0)", max_restarts=1)
+    assert code == 0 and attempts == ["0"]
+
+
+def test_a_new_incarnation_sets_aside_the_previous_stop_and_ack(tmp_path: Path) -> None:
+    config = WrapperConfig(tmp_path, ("true",))
+    supervisor = Supervisor(config, JobEnvironment(job_id=9, job_name="j"), NoSlurm(), clock=lambda: 1000.0)  # type: ignore[arg-type]
+    control = tmp_path / "j-9" / "control"
+    control.mkdir(parents=True)
+    (control / "stop").write_text(StopRequest(StopReason.PREEMPT, 900.0).to_json())
+    (control / "ack.json").write_text('{"job_id": 9}')
+    supervisor.prepare()
+    assert sorted(p.name for p in control.iterdir()) == ["ack.json.handled-1000", "stop.handled-1000"]
+    assert supervisor.requested_reason() is None
+
+
+def test_the_plugins_reason_is_read_from_the_stop_file(tmp_path: Path) -> None:
+    (tmp_path / "stop").write_text(StopRequest(StopReason.RESIZE, 5.0).to_json())
+    assert read_stop_reason(tmp_path / "stop") is StopReason.RESIZE
+    (tmp_path / "stop").write_text("{half")
+    assert read_stop_reason(tmp_path / "stop") is None
+    assert read_stop_reason(tmp_path / "missing") is None
+
+
+def test_mpirun_inside_an_allocation_takes_open_mpis_rank() -> None:
+    # The batch step's SLURM_PROCID=0 is inherited by every process mpirun starts.
+    env = read_job_environment(
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}
+    )
+    assert (env.rank, env.world_size) == (2, 4)
