@@ -158,3 +158,16 @@ def test_gloo_kill_9_mid_run_resumes_from_the_last_async_checkpoint(reference: d
     assert final["step"] == STEPS and final["sha256"] == reference["sha256"]
     kept = sorted(p.name for p in (job / "checkpoints").iterdir())
     assert len(kept) == 3 and all(name.startswith("ckpt-") for name in kept)  # keep 3, leftovers cleaned
+
+
+@pytest.mark.parametrize("backend", ["torch", "mpi"])
+def test_four_processes_give_the_bits_of_one(backend: str, tmp_path: Path) -> None:
+    """N = 4 logical workers on M = 4 processes (gloo, then mpirun) against M = 1: the same final parameters."""
+    if backend == "mpi" and MPI_REASON is not None:
+        pytest.skip(f"MPI unavailable: {MPI_REASON}")
+    short = ["--steps", "12", "--dataset", str(DATASET), "--batch", "4"]
+    one = ok(launch("torch", 1, tmp_path / "one", short, workers=4, logs=tmp_path / "l1"))
+    four = ok(launch(backend, 4, tmp_path / "four", short, workers=4, logs=tmp_path / "l4"))
+    assert (four["world_size"], four["num_workers"], four["backend"]) == (4, 4, backend)
+    assert (one["world_size"], one["num_workers"]) == (1, 4)
+    assert four["sha256"] == one["sha256"]
