@@ -306,8 +306,10 @@ class CheckpointStore:
         import torch
 
         name = layout.shard_name(self.collective.rank)
-        with open(tmp / name, "wb") as fh:
-            writer = HashingWriter(fh, on_first_write=lambda: self._phase(f"partial:{name}"))
+        with (
+            open(tmp / name, "wb") as fh,
+            HashingWriter(fh, on_first_write=lambda: self._phase(f"partial:{name}")) as writer,
+        ):
             torch.save(shard, cast(IO[bytes], writer))
             fh.flush()
             os.fsync(fh.fileno())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import itertools
 import json
 import os
 from pathlib import Path
@@ -19,6 +22,7 @@ from hpc_elastic.checkpoint import (
     layout,
     open_checkpoint,
 )
+from hpc_elastic.checkpoint.fs import HashingWriter
 from hpc_elastic.collective import LocalCollective
 from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks
 
@@ -317,3 +321,15 @@ def test_local_collective_semantics() -> None:
         c.broadcast_object(1, root=1)
     with pytest.raises(ValueError, match="needs an int"):
         c.allreduce_max_int(1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cuts", [[], [100], [3, 40 << 20]])
+def test_pipelined_hashing_writes_and_hashes_every_byte_in_order(cuts: list[int]) -> None:
+    data = os.urandom(50 << 20)  # several pieces of HashingWriter.PIECE: hashed on the helper thread
+    bounds = [0, *cuts, len(data)]
+    sink = io.BytesIO()
+    with HashingWriter(sink) as writer:
+        for lo, hi in itertools.pairwise(bounds):
+            assert writer.write(data[lo:hi]) == hi - lo
+    assert sink.getvalue() == data
+    assert (writer.hexdigest(), writer.size) == (hashlib.sha256(data).hexdigest(), len(data))
