@@ -21,6 +21,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -70,16 +71,23 @@ def params_sha256(model: torch.nn.Module) -> str:
     return sha.hexdigest()
 
 
-def main(argv: list[str] | None = None) -> int:
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
+
+
+def main(
+    argv: list[str] | None = None,
+    build_model: Callable[[], torch.nn.Module] = mlp,
+    make_data: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] = synthetic_data,
+) -> int:
+    """Train ``build_model()`` on ``make_data(samples, seed)`` (``train_cnn.py`` passes its own)."""
     args = parse_args(argv)
     torch.set_num_threads(1)  # same arithmetic in every process and every run
     session = hpc_elastic.init(keep=args.keep)
     torch.manual_seed(args.seed)  # identical initial parameters on every rank
-    model = torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1)).to(
-        session.device
-    )
+    model = build_model().to(session.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    x, y = (t.to(session.device) for t in synthetic_data(args.dataset, args.seed))
+    x, y = (t.to(session.device) for t in make_data(args.dataset, args.seed))
     n = session.num_workers
     sampler = ElasticSampler(args.dataset, args.batch, seed=args.seed)
     state = session.state(

@@ -122,7 +122,7 @@ def launch(
     env = base_env(job_dir, workers, backend)
     result = logs / f"{stamp}-result.json"
     argv = [sys.executable, str(script), *args]
-    if script == EXAMPLE:
+    if script.parent == EXAMPLE.parent:  # the examples write their RESULT to --result
         argv += ["--result", str(result)]
     if backend == "torch":
         env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "HPC_ELASTIC_WORLD_SIZE": str(world)})

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.unit.session.launch import (
+    EXAMPLE,
     Run,
     clear_control,
     horovod_unavailable_reason,
@@ -171,3 +172,12 @@ def test_four_processes_give_the_bits_of_one(backend: str, tmp_path: Path) -> No
     assert (four["world_size"], four["num_workers"], four["backend"]) == (4, 4, backend)
     assert (one["world_size"], one["num_workers"]) == (1, 4)
     assert four["sha256"] == one["sha256"]
+
+
+def test_the_cnn_example_gives_the_same_bits_on_one_and_two_processes(tmp_path: Path) -> None:
+    cnn = EXAMPLE.with_name("train_cnn.py")
+    short = ["--steps", "8", "--dataset", "40", "--batch", "4"]
+    one = ok(launch("torch", 1, tmp_path / "one", short, workers=2, logs=tmp_path / "l1", script=cnn))
+    two = ok(launch("torch", 2, tmp_path / "two", short, workers=2, logs=tmp_path / "l2", script=cnn))
+    assert (one["step"], two["step"], two["world_size"]) == (8, 8, 2)
+    assert one["sha256"] == two["sha256"]
