@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Sequence
 
 from hpc_elastic import __version__
-from hpc_elastic.launch.spec import SubmitSpec, encode_marker
+from hpc_elastic.launch.spec import DEFAULT_MAX_RESTARTS, SubmitSpec, encode_marker
 
 
 def worker_command(spec: SubmitSpec) -> list[str]:
@@ -54,6 +54,7 @@ def render_batch_script(spec: SubmitSpec, wrapper: Sequence[str]) -> str:
         f"--backend={spec.backend.value}",
         f"--workers={spec.logical_workers}",
         f"--grace={spec.grace_s}",
+        *([f"--max-restarts={spec.max_restarts}"] if spec.max_restarts != DEFAULT_MAX_RESTARTS else []),
         "--",
         *worker_command(spec),
     ]

@@ -16,6 +16,7 @@ from typing import Any
 DIRECTIVE = "#HPC-ELASTIC"
 MARKER = "hpc-elastic:"  # prefix of the job comment that marks a job as managed by the scheduler plugin
 DEFAULT_GRACE_S = 120
+DEFAULT_MAX_RESTARTS = 2  # in-allocation restarts of a failed worker step (the wrapper's restart budget)
 _TIME = re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?)")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -54,6 +55,7 @@ class SubmitSpec:
     profile: str | None = None
     job_name: str | None = None
     grace_s: int = DEFAULT_GRACE_S
+    max_restarts: int = DEFAULT_MAX_RESTARTS
     python: str = "python3"
     extra: tuple[str, ...] = field(default=())  # raw sbatch options, passed through after validation
 
@@ -128,6 +130,8 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"bad --profile {spec.profile!r}")
     if not 0 < spec.grace_s <= 3600:
         raise ValueError(f"--grace must be between 1 and 3600 seconds, got {spec.grace_s}")
+    if not 0 <= spec.max_restarts <= 100:
+        raise ValueError(f"--max-restarts must be between 0 and 100, got {spec.max_restarts}")
     if not spec.ckpt_root.is_absolute():
         raise ValueError(f"--ckpt-root must be an absolute path on the shared filesystem, got {str(spec.ckpt_root)!r}")
     for option in spec.extra:
@@ -158,6 +162,7 @@ _DIRECTIVE_OPTIONS: Mapping[str, tuple[str, type]] = {
     "--profile": ("profile", str),
     "--job-name": ("job_name", str),
     "--grace": ("grace_s", int),
+    "--max-restarts": ("max_restarts", int),
 }
 
 
