@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from hpc_elastic.policy import Decision, JobStatus
+from hpc_elastic.launch.spec import JobMarker
+from hpc_elastic.policy import Decision, JobStatus, JobView
 from hpc_elastic.slurm.parse import compress_hostlist
 from slurm_plugin.config import OrderField, PluginConfig
 from slurm_plugin.observe import Observation
+from slurm_plugin.store import JobRecord
 
 
 class ActionKind(StrEnum):
@@ -20,6 +22,8 @@ class ActionKind(StrEnum):
     PREEMPT = "preempt"
     PLACE = "place"
     RESIZE = "resize"
+    REQUEUE = "requeue"
+    SIZE = "size"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +40,13 @@ class SetOrder:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
-    """Checkpoint (stop file + signal), wait for the acknowledgement, requeue."""
+    """Ask for a checkpoint (stop file + signal); the requeue follows (by the job's wrapper after its
+    acknowledgement, else by a later pass: :class:`Requeue`). Jobs without a job directory are requeued at once."""
 
     job_id: int
     name: str
     checkpointed: bool
+    restart_count: int
     reason: str
     kind: ActionKind = ActionKind.PREEMPT
 
@@ -62,16 +68,42 @@ class Place:
 
 @dataclass(frozen=True, slots=True)
 class Resize:
-    """Change an elastic job's GPUs within [min, max] (checkpoint -> requeue with the new size)."""
+    """Change an elastic job's GPUs within [min, max]: checkpoint (stop reason ``resize``) -> requeue ->
+    :class:`SetSize` on the pending job. GPU jobs cannot change size in place: their worker step has a fixed
+    task count, and Slurm 22.05 cannot grow a job that holds GRES (../shared/notes/local-slurm.md)."""
 
     job_id: int
+    name: str
+    checkpointed: bool
+    restart_count: int
     old_gpus: int
     new_gpus: int
     reason: str
     kind: ActionKind = ActionKind.RESIZE
 
 
-Action = SetOrder | Preempt | Place | Resize
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Requeue a job whose checkpoint was acknowledged (its wrapper did not requeue it) or whose grace ended."""
+
+    job_id: int
+    reason: str
+    kind: ActionKind = ActionKind.REQUEUE
+
+
+@dataclass(frozen=True, slots=True)
+class SetSize:
+    """Set a pending (requeued) job's task count, hence its GPUs (one per task), and its CPUs."""
+
+    job_id: int
+    tasks: int
+    cpus: int
+    reason: str
+    kind: ActionKind = ActionKind.SIZE
+
+
+Action = SetOrder | Preempt | Place | Resize | Requeue | SetSize
+Stop = Preempt | Resize
 
 
 def order_actions(obs: Observation, decision: Decision, config: PluginConfig) -> list[SetOrder]:
@@ -109,7 +141,7 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
     for victim in decision.preemptions:
         view = obs.jobs[victim.row]
         record = obs.records[int(view.job_id)]
-        if view.status is not JobStatus.RUNNING or view.run_time < min_run:
+        if view.status is not JobStatus.RUNNING or view.run_time < min_run or _busy(record):
             continue
         if record.last_preempt is not None and obs.now - record.last_preempt < min_run:
             continue
@@ -119,15 +151,14 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
             f"queue {record.queue} with {view.attained_service:.0f} GPU-s attained; its GPUs go to higher-priority "
             f"job(s) {','.join(beneficiaries) or '?'}"
         )
-        out.append(Preempt(int(view.job_id), job.name, obs.markers.get(view.job_id) is not None, reason))
+        checkpointed = obs.markers.get(view.job_id) is not None
+        out.append(Preempt(int(view.job_id), job.name, checkpointed, job.restart_count, reason))
         if len(out) >= config.preemption.max_per_pass:
             break
     return out
 
 
-def place_actions(
-    obs: Observation, decision: Decision, config: PluginConfig, pack_limit: float
-) -> list[Place]:
+def place_actions(obs: Observation, decision: Decision, config: PluginConfig, pack_limit: float) -> list[Place]:
     """For the jobs the policy starts now: consolidate skewed jobs (S_J > PACKLIMIT) on as few nodes as the
     plan uses; with ``pin_nodes`` pin every start to the planned nodes (spread to limit fragmentation, §3.3)."""
     if not config.placement.enabled:
@@ -149,54 +180,153 @@ def place_actions(
     return out
 
 
-def resize_actions(obs: Observation, decision: Decision, config: PluginConfig) -> list[Resize]:
-    """Elastic jobs shrink toward ``min`` while feasible jobs wait, and grow toward ``max`` into GPUs left idle
-    when nothing waits (one job per pass, so a resize is never undone by the next one of the same pass)."""
-    if not config.resize.enabled:
+def _busy(record: JobRecord) -> bool:
+    """A checkpoint + requeue (preemption or resize) of this job is in flight."""
+    return bool(record.stop_kind or record.resize_to)
+
+
+def elastic_sizes(view: JobView, marker: JobMarker | None) -> list[int]:
+    """GPU counts an elastic job may run with: within [min, max] and dividing its logical workers N, so that
+    every process runs the same number of logical workers (bitwise-identical training, EasyScale)."""
+    if view.min_gpus is None or view.max_gpus is None:
         return []
-    started = {s.row for s in decision.starts}
-    victims = {p.row for p in decision.preemptions}
+    workers = marker.workers if marker is not None else view.max_gpus
+    return [n for n in range(view.min_gpus, view.max_gpus + 1) if workers % n == 0]
+
+
+def resize_actions(
+    obs: Observation, decision: Decision, config: PluginConfig, preempted: frozenset[int] = frozenset()
+) -> list[Resize]:
+    """Elastic jobs shrink toward ``min`` while a feasible job waits and the GPUs given up let it start, and
+    grow toward ``max`` into GPUs left idle when nothing waits. One resize per pass and none while another is in
+    flight, so that the same free GPUs are never promised twice. ``preempted``: the jobs this pass really
+    preempts; a start the policy planned on the GPUs of a victim that is kept (preemption disabled, minimum run
+    time) does not happen, so that job still waits (and the kept victim may shrink for it instead)."""
+    if not config.resize.enabled or any(_busy(r) for r in obs.records.values()):
+        return []
+    kept = [p.row for p in decision.preemptions if int(p.job_id) not in preempted]
+    kept_nodes = {node for row in kept for node, _ in obs.jobs[row].allocation}
+    starts = [s for s in decision.starts if not any(node in kept_nodes for node, _ in s.allocation)]
+    started = {s.row for s in starts}
     infeasible = set(decision.infeasible)
     waiting = [
-        row for row, v in enumerate(obs.jobs)
+        row
+        for row, v in enumerate(obs.jobs)
         if v.status is JobStatus.PENDING and row not in started and row not in infeasible
     ]
-    running = [
-        row for row, v in enumerate(obs.jobs)
-        if v.status is JobStatus.RUNNING and row not in victims and v.run_time >= config.preemption.min_run_time_s
-    ]
-    if waiting:
-        need = min(obs.jobs[row].gpus for row in waiting)
-        for row in reversed(decision.priority_order.tolist()):  # lowest priority first
-            view = obs.jobs[row]
-            if row in running and view.min_gpus is not None and view.gpus > view.min_gpus:
-                new = max(view.min_gpus, view.gpus - need)
-                return [Resize(int(view.job_id), view.gpus, new, f"shrink: {len(waiting)} feasible job(s) wait")]
-        return []
+    running = {
+        row
+        for row, v in enumerate(obs.jobs)
+        if v.status is JobStatus.RUNNING
+        and int(v.job_id) not in preempted
+        and v.run_time >= config.preemption.min_run_time_s
+    }
     free_by_type: dict[str, int] = {}
     for node in obs.nodes:
         free_by_type[node.gpu_type] = free_by_type.get(node.gpu_type, 0) + node.free_gpus
+    node_type = {node.name: node.gpu_type for node in obs.nodes}
+    for start in starts:  # GPUs this pass gives to starting jobs are not idle
+        for name, count in start.allocation:
+            free_by_type[node_type[name]] -= count
+
+    def job_type(view: JobView) -> str:
+        return node_type[view.allocation[0][0]]
+
+    def resize(view: JobView, new: int, why: str) -> Resize:
+        job = obs.slurm_jobs[view.job_id]
+        checkpointed = obs.markers.get(view.job_id) is not None
+        return Resize(int(view.job_id), job.name, checkpointed, job.restart_count, view.gpus, new, why)
+
+    if waiting:
+        for row in reversed(decision.priority_order.tolist()):  # lowest priority first
+            view = obs.jobs[row]
+            if row not in running:
+                continue
+            smaller = [n for n in elastic_sizes(view, obs.markers.get(view.job_id)) if n < view.gpus]
+            if not smaller:
+                continue
+            pool = job_type(view)
+            fits = [
+                w for w in waiting if obs.jobs[w].gpu_types is None or pool in (obs.jobs[w].gpu_types or frozenset())
+            ]
+            for new in sorted(smaller, reverse=True):  # give up as few GPUs as will let a waiting job start
+                freed = max(0, free_by_type.get(pool, 0)) + view.gpus - new
+                helped = [w for w in fits if obs.jobs[w].gpus <= freed]
+                if helped:
+                    names = ",".join(obs.jobs[w].job_id for w in helped[:3])
+                    return [resize(view, new, f"shrink: job(s) {names} wait for {pool} GPUs")]
+        return []
     for row in decision.priority_order.tolist():  # highest priority first
         view = obs.jobs[row]
-        if row not in running or view.max_gpus is None or view.gpus >= view.max_gpus:
+        if row not in running:
             continue
-        types = view.gpu_types or frozenset(free_by_type)
-        free = max((free_by_type.get(t, 0) for t in types), default=0)
-        if free > 0:
-            new = min(view.max_gpus, view.gpus + free)
-            return [Resize(int(view.job_id), view.gpus, new, f"grow: {free} GPU(s) idle and no job waits")]
+        idle = max(0, free_by_type.get(job_type(view), 0))
+        larger = [n for n in elastic_sizes(view, obs.markers.get(view.job_id)) if view.gpus < n <= view.gpus + idle]
+        if larger:
+            new = max(larger)
+            return [resize(view, new, f"grow: {idle} {job_type(view)} GPU(s) idle and no job waits")]
     return []
+
+
+def followup_actions(obs: Observation, acks: Mapping[int, float], config: PluginConfig) -> list[Requeue | SetSize]:
+    """What stops in flight need now. ``acks`` maps job id -> time of a checkpoint acknowledgement written
+    after the stop was requested. The job's wrapper requeues it after the checkpoint; the daemon requeues when
+    the wrapper has not done so ``requeue_wait_s`` after the acknowledgement, or when no acknowledgement came
+    within ``grace_s``. A resized job gets its new size while it waits after the requeue."""
+    out: list[Requeue | SetSize] = []
+    preemption = config.preemption
+    for job_id in sorted(obs.records):
+        record = obs.records[job_id]
+        job = obs.managed.get(job_id)
+        if job is None:
+            continue
+        if record.stop_kind and job.state.is_running:
+            acked = acks.get(job_id)
+            asked = record.stop_at if record.stop_at is not None else obs.now
+            if acked is not None and obs.now - acked >= preemption.requeue_wait_s:
+                out.append(
+                    Requeue(
+                        job_id,
+                        f"{record.stop_kind}: checkpoint acknowledged; the job did not requeue "
+                        f"itself within {preemption.requeue_wait_s:.0f}s",
+                    )
+                )
+            elif acked is None and obs.now - asked >= preemption.grace_s:
+                out.append(
+                    Requeue(
+                        job_id,
+                        f"{record.stop_kind}: no checkpoint acknowledgement within "
+                        f"{preemption.grace_s:.0f}s; it resumes from an older checkpoint",
+                    )
+                )
+        elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
+            per_task = max(1, job.cpus // max(1, job.gpu_count)) if job.cpus else 1
+            out.append(
+                SetSize(
+                    job_id,
+                    record.resize_to,
+                    record.resize_to * per_task,
+                    f"resize to {record.resize_to} GPUs after its checkpoint and requeue",
+                )
+            )
+    return out
 
 
 def plan(obs: Observation, decision: Decision, config: PluginConfig) -> list[Action]:
     """All actions of a pass: preemptions first (they free GPUs), then placement, order, resize."""
     pack_limit = config.tiresias.pack_limit
     actions: list[Action] = []
-    actions += preempt_actions(obs, decision, config)
+    preempts = preempt_actions(obs, decision, config)
+    actions += preempts
     actions += place_actions(obs, decision, config, pack_limit)
     actions += order_actions(obs, decision, config)
-    actions += resize_actions(obs, decision, config)
+    actions += resize_actions(obs, decision, config, frozenset(p.job_id for p in preempts))
     return actions
+
+
+def in_flight(records: Mapping[int, JobRecord]) -> bool:
+    """Whether a checkpoint + requeue or a resize is under way (the daemon then looks again sooner)."""
+    return any(_busy(r) for r in records.values())
 
 
 def planned_by_job(actions: list[Action]) -> Mapping[int, str]:

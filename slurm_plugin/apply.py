@@ -1,16 +1,16 @@
 """Execute actions through the Slurm adapter (the only way this package touches Slurm).
 
-Preemption (Tiresias §3.2: checkpoint + requeue; ``scontrol suspend`` would keep the GPUs): write
-``control/stop`` with reason ``preempt`` in the job directory on the shared filesystem, send the checkpoint
-signal to the batch shell (``scancel --signal=USR1 --batch``), wait for ``control/ack.json`` up to the grace
-period, then requeue unless the job's wrapper already did. Job names and paths never reach a shell: the
-adapter runs argv lists, and a job directory is used only if its name is a single plain path component.
+Preemption (Tiresias §3.2: checkpoint + requeue; ``scontrol suspend`` would keep the GPUs) and resize: write
+``control/stop`` with reason ``preempt``/``resize`` in the job directory on the shared filesystem and send the
+checkpoint signal to the batch shell (``scancel --signal=USR1 --batch``). Nothing waits inside a pass: the stop
+is recorded as in flight, and later passes requeue the job if its wrapper has not (after ``control/ack.json``
+plus ``requeue_wait_s``, or after ``grace_s`` without an acknowledgement) and set a resized job's size.
+Job names and paths never reach a shell: the adapter runs argv lists, and a job directory is
+used only if its name is a single plain path component.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,7 +20,7 @@ from typing import Protocol
 
 from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, StopReason, StopRequest, parse_ack
 from hpc_elastic.slurm import Job, SlurmError
-from slurm_plugin.actions import Action, Place, Preempt, Resize, SetOrder
+from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.store import JobRecord
 
@@ -74,16 +74,33 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _acked(job_dir: Path, requested_at: float) -> bool:
+def read_ack(job_dir: Path, requested_at: float) -> float | None:
+    """When the job acknowledged a checkpoint requested at ``requested_at`` (None: not yet)."""
     try:
         ack = parse_ack((job_dir / CONTROL_DIR / ACK_FILE).read_text())
     except (OSError, ValueError):
-        return False
-    return ack.written_at >= requested_at - 1.0
+        return None
+    return ack.written_at if ack.written_at >= requested_at - 1.0 else None
+
+
+def acknowledgements(
+    roots: Sequence[Path], records: Mapping[int, JobRecord], jobs: Mapping[int, Job]
+) -> dict[int, float]:
+    """Acknowledgements of the stops in flight (job id -> when written)."""
+    out: dict[int, float] = {}
+    for job_id, record in records.items():
+        job = jobs.get(job_id)
+        if not record.stop_kind or record.stop_at is None or job is None:
+            continue
+        job_dir = job_directory(roots, job.name, job_id)
+        acked = read_ack(job_dir, record.stop_at) if job_dir is not None else None
+        if acked is not None:
+            out[job_id] = acked
+    return out
 
 
 class Applier:
-    """Applies actions; ``clock`` and ``sleep`` are injectable; ``dry_run`` logs and changes nothing."""
+    """Applies actions; ``clock`` is injectable; ``dry_run`` logs and changes nothing. Never blocks."""
 
     def __init__(
         self,
@@ -91,118 +108,102 @@ class Applier:
         config: PluginConfig,
         *,
         clock: Callable[[], float],
-        sleep: Callable[[float], None],
         dry_run: bool = False,
     ) -> None:
         self.client = client
         self.config = config
         self.clock = clock
-        self.sleep = sleep
         self.dry_run = dry_run
 
-    def apply(
-        self, actions: Sequence[Action], records: Mapping[int, JobRecord], jobs: Mapping[int, Job]
-    ) -> ApplyResult:
+    def apply(self, actions: Sequence[Action], records: Mapping[int, JobRecord]) -> ApplyResult:
         result = ApplyResult(records=dict(records))
-        preempts = [a for a in actions if isinstance(a, Preempt)]
-        if preempts:
-            self._preempt(preempts, jobs, result)
         for action in actions:
-            if isinstance(action, Preempt):
-                continue
             prefix = "[dry-run] " if self.dry_run else ""
             log.info("%s%s job %d: %s (%s)", prefix, action.kind.value, action.job_id, _describe(action), action.reason)
             if self.dry_run:
                 result.outcomes.append(Outcome(action, True, "dry-run"))
                 continue
             try:
-                self._apply_one(action, result)
-                result.outcomes.append(Outcome(action, True, _describe(action)))
-            except SlurmError as exc:
+                detail = self._apply_one(action, result)
+                result.outcomes.append(Outcome(action, True, detail))
+                if detail != _describe(action):
+                    log.info("%s job %d: %s", action.kind.value, action.job_id, detail)
+            except (SlurmError, OSError) as exc:
                 log.warning("%s job %d failed: %s", action.kind.value, action.job_id, exc)
                 result.outcomes.append(Outcome(action, False, str(exc)))
         return result
 
-    def _apply_one(self, action: Action, result: ApplyResult) -> None:
+    def _update(self, result: ApplyResult, job_id: int, **changes: object) -> None:
+        record = result.records.get(job_id)
+        if record is not None:
+            result.records[job_id] = replace(record, **changes)  # type: ignore[arg-type]
+
+    def _apply_one(self, action: Action, result: ApplyResult) -> str:
         if isinstance(action, SetOrder):
             self.client.update_job(action.job_id, {action.field.value: action.value})
-        elif isinstance(action, Place):
+            return _describe(action)
+        if isinstance(action, Place):
             fields: dict[str, str | int] = {}
             if action.num_nodes is not None:
                 fields["NumNodes"] = action.num_nodes
             if action.node_list is not None:
                 fields["ReqNodeList"] = action.node_list
             self.client.update_job(action.job_id, fields)
+            self._update(result, action.job_id, placement=action.signature)
+            return _describe(action)
+        if isinstance(action, (Preempt, Resize)):
+            return self._stop(action, result)
+        if isinstance(action, Requeue):
+            self.client.requeue([action.job_id])
             record = result.records.get(action.job_id)
-            if record is not None:
-                result.records[action.job_id] = replace(record, placement=action.signature)
-        elif isinstance(action, Resize):
-            # The adapter cannot change a pending job's task count yet (NumTasks is not an updatable field),
-            # and Slurm 22.05 cannot grow GPU jobs in place: resizes are planned and reported only.
-            raise SlurmError(f"resize of job {action.job_id} to {action.new_gpus} GPUs is not supported yet")
+            self._update(result, action.job_id, stop_kind="", stop_at=None)
+            if record is not None and record.resize_to:
+                return "requeued by the daemon; " + self._set_size(action.job_id, record.resize_to, result)
+            return "requeued by the daemon"
+        return self._set_size(action.job_id, action.tasks, result, cpus=action.cpus)
 
-    # ---------------------------------------------------------------------------------------- preemption
+    def _set_size(self, job_id: int, tasks: int, result: ApplyResult, cpus: int | None = None) -> str:
+        if cpus is None:
+            current = {j.job_id: j for j in self.client.jobs([job_id])}.get(job_id)
+            per_task = max(1, current.cpus // max(1, current.gpu_count)) if current and current.cpus else 1
+            cpus = tasks * per_task
+        self.client.update_job(job_id, {"NumTasks": tasks, "NumCPUs": cpus, "NumNodes": f"1-{tasks}"})
+        self._update(result, job_id, resize_set=tasks)
+        return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
 
-    def _preempt(self, actions: Sequence[Preempt], jobs: Mapping[int, Job], result: ApplyResult) -> None:
-        signalled: dict[int, tuple[Preempt, Path | None, float]] = {}
-        for action in actions:
-            log.info("%spreempt job %d (%s)", "[dry-run] " if self.dry_run else "", action.job_id, action.reason)
-            if self.dry_run:
-                result.outcomes.append(Outcome(action, True, "dry-run"))
-                continue
-            job_dir = job_directory(self.config.ckpt_roots, action.name, action.job_id) if action.checkpointed else None
-            now = self.clock()
-            try:
-                if job_dir is not None:
-                    control = job_dir / CONTROL_DIR
-                    control.mkdir(exist_ok=True)
-                    _write_atomic(control / STOP_FILE, StopRequest(StopReason.PREEMPT, now).to_json())
-                    preemption = self.config.preemption
-                    self.client.cancel([action.job_id], preemption.signal, batch=preemption.batch)
-                else:
-                    log.warning("job %d: no job directory under %s; requeue without checkpoint", action.job_id,
-                                ", ".join(map(str, self.config.ckpt_roots)))
-                signalled[action.job_id] = (action, job_dir, now)
-            except (SlurmError, OSError) as exc:
-                log.warning("preempt job %d failed: %s", action.job_id, exc)
-                result.outcomes.append(Outcome(action, False, str(exc)))
-        if not signalled:
-            return
-        waiting = {i for i, (_, d, _) in signalled.items() if d is not None}
-        deadline = self.clock() + self.config.preemption.grace_s
-        while waiting and self.clock() < deadline:
-            waiting = {i for i in waiting if not _acked(signalled[i][1] or Path("/nonexistent"), signalled[i][2])}
-            if waiting:
-                self.sleep(POLL_S)
-        acked = {i for i, (_, d, _) in signalled.items() if d is not None and i not in waiting}
-        before = {i: jobs[i].restart_count if i in jobs else 0 for i in signalled}
-        # the wrapper requeues after its checkpoint: give it ``requeue_wait_s`` before doing it ourselves
-        requeue_deadline = self.clock() + (self.config.preemption.requeue_wait_s if acked else 0.0)
-        left = set(signalled)
-        while True:
-            with contextlib.suppress(SlurmError):
-                current = {j.job_id: j for j in self.client.jobs(sorted(left))}
-                left = {i for i in left if i in current and current[i].state.is_running
-                        and current[i].restart_count <= before[i]}
-            if not left or self.clock() >= requeue_deadline:
-                break
-            self.sleep(POLL_S)
-        for job_id, (action, _job_dir, at) in signalled.items():
-            detail = "checkpoint acknowledged" if job_id in acked else "no checkpoint acknowledgement"
-            ok = True
-            if job_id in left:
-                try:
-                    self.client.requeue([job_id])
-                    detail += "; requeued by the daemon"
-                except SlurmError as exc:
-                    ok, detail = False, f"{detail}; requeue failed: {exc}"
-            else:
-                detail += "; requeued by its wrapper"
-            log.info("preempt job %d: %s", job_id, detail)
-            result.outcomes.append(Outcome(action, ok, detail))
-            record = result.records.get(job_id)
-            if record is not None and ok:
-                result.records[job_id] = replace(record, last_preempt=at, preemptions=record.preemptions + 1)
+    def _stop(self, action: Preempt | Resize, result: ApplyResult) -> str:
+        """Checkpoint request (stop file + signal), recorded as in flight; no job directory: requeue at once."""
+        reason = StopReason.PREEMPT if isinstance(action, Preempt) else StopReason.RESIZE
+        job_dir = job_directory(self.config.ckpt_roots, action.name, action.job_id) if action.checkpointed else None
+        now = self.clock()
+        record = result.records.get(action.job_id)
+        changes: dict[str, object] = {}
+        if isinstance(action, Preempt) and record is not None:
+            changes = {"last_preempt": now, "preemptions": record.preemptions + 1}
+        if isinstance(action, Resize):
+            changes["resize_to"] = action.new_gpus
+            changes["resize_set"] = 0
+        if job_dir is None:
+            log.warning(
+                "job %d: no job directory under %s; requeue without checkpoint",
+                action.job_id,
+                ", ".join(map(str, self.config.ckpt_roots)),
+            )
+            self.client.requeue([action.job_id])
+            self._update(result, action.job_id, **changes)
+            detail = "no job directory: requeued without checkpoint"
+            if isinstance(action, Resize):
+                detail += "; " + self._set_size(action.job_id, action.new_gpus, result)
+            return detail
+        control = job_dir / CONTROL_DIR
+        control.mkdir(exist_ok=True)
+        _write_atomic(control / STOP_FILE, StopRequest(reason, now).to_json())
+        preemption = self.config.preemption
+        self.client.cancel([action.job_id], preemption.signal, batch=preemption.batch)
+        self._update(
+            result, action.job_id, stop_kind=reason.value, stop_at=now, stop_restarts=action.restart_count, **changes
+        )
+        return f"checkpoint requested ({preemption.signal} to the batch shell); requeue follows its acknowledgement"
 
 
 def _describe(action: Action) -> str:
@@ -210,11 +211,17 @@ def _describe(action: Action) -> str:
         return f"{action.field.value} {action.old if action.old is not None else '?'} -> {action.value}"
     if isinstance(action, Place):
         return " ".join(
-            part for part in (
+            part
+            for part in (
                 f"NumNodes={action.num_nodes}" if action.num_nodes is not None else "",
                 f"ReqNodeList={action.node_list}" if action.node_list is not None else "",
-            ) if part
+            )
+            if part
         )
     if isinstance(action, Resize):
-        return f"{action.old_gpus} -> {action.new_gpus} GPUs"
-    return json.dumps({"job": action.job_id})
+        return f"{action.old_gpus} -> {action.new_gpus} GPUs (checkpoint, requeue, new size)"
+    if isinstance(action, SetSize):
+        return f"NumTasks={action.tasks} NumCPUs={action.cpus}"
+    if isinstance(action, Requeue):
+        return "requeue"
+    return "checkpoint, then requeue"

@@ -21,7 +21,7 @@ from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.slurm import RetryPolicy, Runner, connect
 from slurm_plugin.config import ConfigError, PluginConfig, load_config
-from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, SkewLookup, state_lock
+from slurm_plugin.daemon import Daemon, DaemonLocked, SkewLookup, state_lock
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.store import Store
 
@@ -62,9 +62,7 @@ def _load(path: Path) -> PluginConfig:
 @click.option("--no-metrics", is_flag=True, help="do not serve Prometheus metrics")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_context
-def main(
-    ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_level: str
-) -> None:
+def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_level: str) -> None:
     """Tiresias scheduling for Slurm: order, checkpointed preemption, placement, elastic size."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     config = _load(config_path)
@@ -79,7 +77,13 @@ def main(
         metrics.serve(config.metrics.address, config.metrics.port)
     store = Store(config.state_dir, read_only=dry_run)
     daemon = Daemon(
-        config, client, store, clock=time.time, sleep=time.sleep, dry_run=dry_run, metrics=metrics,
+        config,
+        client,
+        store,
+        clock=time.time,
+        sleep=time.sleep,
+        dry_run=dry_run,
+        metrics=metrics,
         skew_lookup=profile_skew(environment),
     )
     try:
@@ -101,29 +105,17 @@ def main(
 @click.pass_obj
 def queue(config: PluginConfig, as_json: bool) -> None:
     """Managed jobs as of the daemon's last pass: queue, attained service, rank, nodes, planned action."""
-    path = config.state_dir / STATE_NAME
+    from slurm_plugin.queue_view import NoState, load_state, render
+
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        click.echo(f"hpc-elastic-sched: no state yet in {path} (has the daemon run?)", err=True)
+        doc = load_state(config.state_dir)
+    except NoState as exc:
+        click.echo(f"hpc-elastic-sched: {exc}", err=True)
         sys.exit(1)
     if as_json:
-        click.echo(json.dumps(doc["jobs"], indent=1))
+        click.echo(json.dumps(doc["jobs"], indent=1, sort_keys=True))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"managed jobs (pass at {time.strftime('%H:%M:%S', time.localtime(doc['time']))})")
-    columns = ("rank", "job", "name", "state", "GPUs", "queue", "attained GPU-s", "site factor", "nodes", "planned")
-    for column in columns:
-        table.add_column(column)
-    for job in sorted(doc["jobs"], key=lambda j: j["rank"]):
-        table.add_row(
-            str(job["rank"]), str(job["job_id"]), job["name"], job["state"], str(job["gpus"]), str(job["queue"]),
-            f"{job['attained_gpu_s']:.0f}", str(job["site_factor"] if job["site_factor"] is not None else "-"),
-            ",".join(job["nodes"]) or "-", job["planned"] or "-",
-        )
-    Console().print(table)
+    render(doc)
 
 
 if __name__ == "__main__":

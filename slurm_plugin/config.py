@@ -107,6 +107,9 @@ class PlacementConfig(_Section):
 
 
 class ResizeConfig(_Section):
+    """Elastic jobs (``--min-gpus``/``--max-gpus`` at submit) shrink when others wait and grow into idle GPUs,
+    by checkpoint -> requeue -> new size (NumTasks) while pending."""
+
     enabled: bool = False
 
 
@@ -128,6 +131,8 @@ class PluginConfig(_Section):
     state_dir: Path
     policy: str = "tiresias-las"
     interval_s: float = Field(default=10.0, gt=0, le=3600)
+    event_poll_s: float = Field(default=2.0, ge=0, le=3600)
+    stop_poll_s: float = Field(default=1.0, gt=0, le=60)
     manage_all: bool = False
     job_name_pattern: str = ""
     ckpt_roots: tuple[Path, ...] = (Path(DEFAULT_CKPT_ROOT),)

@@ -14,8 +14,8 @@ import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -23,17 +23,19 @@ from typing import IO, Any, Protocol
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
 from hpc_elastic.slurm import Job, Node, SlurmError
-from slurm_plugin.actions import Action, ActionKind, plan, planned_by_job
-from slurm_plugin.apply import Applier, ApplyResult, SlurmOps
+from slurm_plugin.actions import Action, ActionKind, followup_actions, plan, planned_by_job
+from slurm_plugin.apply import Applier, ApplyResult, Outcome, SlurmOps, acknowledgements
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
-from slurm_plugin.store import Store
+from slurm_plugin.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
 LOCK_NAME = "hpc-elastic-sched.lock"
 STATE_NAME = "state.json"
 MIN_SLEEP_S = 1.0
+SETTLE_SLACK_S = 15.0
+RECENT_ACTIONS = 200
 
 
 class DaemonLocked(RuntimeError):
@@ -111,8 +113,10 @@ class Daemon:
         self.skew_lookup = skew_lookup
         self.policy = build_policy(config)
         self.selection = Selection(config.manage_all, config.job_name_pattern)
-        self.applier = Applier(client, config, clock=clock, sleep=sleep, dry_run=dry_run)
+        self.applier = Applier(client, config, clock=clock, dry_run=dry_run)
         self._history_at: float | None = None
+        self._signature: frozenset[tuple[int, str, int]] | None = None
+        self._recent: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -127,7 +131,9 @@ class Daemon:
         self.policy = build_policy(self.config).with_history(service_samples(records))
         self._history_at = now
 
-    def run_pass(self) -> PassReport:
+    def run_pass(self, *, followups_only: bool = False) -> PassReport:
+        """One pass (issue 4 "Each pass" 1-4). ``followups_only``: only finish the stops in flight (requeue,
+        new size), decide nothing new (``--once`` uses it to complete the preemptions of its pass)."""
         now = self.clock()
         report = PassReport(now)
         started = now
@@ -149,14 +155,20 @@ class Daemon:
             report.skipped = f"partial read, no action this pass: {exc}"
             log.warning("%s", report.skipped)
             return report
+        self._signature = signature(obs.managed.values())
         decision = self.policy.schedule(PassInput(now, table, cluster))
-        records_after = apply_queue_changes(obs.records, decision, now)
-        obs = Observation(obs.now, obs.jobs, obs.nodes, obs.slurm_jobs, obs.markers, records_after, obs.forget)
-        for change in decision.queue_changes:
-            log.info("job %s: %s from queue %d to %d", change.job_id, change.kind.value, change.old_queue, change.queue)
-        actions = plan(obs, decision, self.config)
-        by_id = {int(k): v for k, v in obs.slurm_jobs.items()}
-        result = self.applier.apply(actions, records_after, by_id)
+        if not followups_only:
+            records_after = apply_queue_changes(obs.records, decision, now)
+            obs = replace(obs, records=records_after)
+            for change in decision.queue_changes:
+                log.info(
+                    "job %s: %s from queue %d to %d", change.job_id, change.kind.value, change.old_queue, change.queue
+                )
+        acks = acknowledgements(self.config.ckpt_roots, obs.records, obs.managed)
+        actions: list[Action] = list(followup_actions(obs, acks, self.config))
+        if not followups_only:
+            actions += plan(obs, decision, self.config)
+        result = self.applier.apply(actions, obs.records)
         self.store.save(result.records.values(), obs.forget)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report
@@ -175,8 +187,14 @@ class Daemon:
         return out
 
     def _export(
-        self, report: PassReport, *, obs: Observation, decision: Decision, actions: list[Action],
-        result: ApplyResult, started: float,
+        self,
+        report: PassReport,
+        *,
+        obs: Observation,
+        decision: Decision,
+        actions: list[Action],
+        result: ApplyResult,
+        started: float,
     ) -> None:
         report.actions, report.result, report.decision, report.observation = actions, result, decision, obs
         for outcome in result.outcomes:
@@ -194,7 +212,13 @@ class Daemon:
         self.metrics.pass_latency.observe(max(0.0, self.clock() - started))
         self.metrics.last_pass.set(self.clock())
         if not self.dry_run:
-            write_state(self.config.state_dir / STATE_NAME, state_document(report))
+            path = self.config.state_dir / STATE_NAME
+            if self._recent is None:  # a restarted daemon goes on with its predecessor's list
+                self._recent = previous_actions(path)
+            doc = state_document(report)
+            self._recent = (self._recent + doc["actions"])[-RECENT_ACTIONS:]
+            doc["recent_actions"] = self._recent
+            write_state(path, doc)
 
     # ------------------------------------------------------------------------------------------ the loop
 
@@ -203,6 +227,8 @@ class Daemon:
         while True:
             try:
                 report = self.run_pass()
+                if once:
+                    self._settle(report)
                 errors = 0
             except SlurmError as exc:
                 errors += 1
@@ -213,14 +239,59 @@ class Daemon:
                 continue
             if once:
                 return 0 if not report.skipped else 3
-            self.sleep(self._sleep_time(report))
+            self._wait(self._sleep_time(report))
+
+    def _settle(self, report: PassReport) -> None:
+        """``--once``: finish the checkpoint + requeue (and new sizes) that this pass started, with follow-up
+        passes that decide nothing new, within the grace period."""
+        p = self.config.preemption
+        deadline = self.clock() + p.grace_s + p.requeue_wait_s + SETTLE_SLACK_S
+        while report.result is not None and unsettled(report.result.records) and self.clock() < deadline:
+            self.sleep(self.config.stop_poll_s)
+            report = self.run_pass(followups_only=True)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep until the next pass, but start it early when managed jobs arrive, start or finish (issue 4:
+        "and when jobs arrive or finish"): one squeue every ``event_poll_s`` compared with the last pass."""
+        deadline = self.clock() + seconds
+        poll = self.config.event_poll_s
+        while True:
+            left = deadline - self.clock()
+            if left <= 0:
+                return
+            if poll <= 0:
+                self.sleep(left)
+                return
+            self.sleep(min(poll, left))
+            if self.clock() >= deadline:
+                return
+            try:
+                now = signature(j for j in self.client.jobs() if self.selection.manages(j))
+            except SlurmError:
+                continue  # the next pass reports it
+            if self._signature is not None and now != self._signature:
+                log.info("managed jobs arrived, started or ended: pass now")
+                self.metrics.early_passes.inc()
+                return
 
     def _sleep_time(self, report: PassReport) -> float:
         wait = self.config.interval_s
         wake = report.decision.next_wakeup if report.decision is not None else None
         if wake is not None and math.isfinite(wake):
             wait = min(wait, max(MIN_SLEEP_S, wake - report.now))
+        if report.result is not None and unsettled(report.result.records):
+            wait = min(wait, self.config.stop_poll_s)  # a checkpoint + requeue is in flight: look again soon
         return wait
+
+
+def unsettled(records: Mapping[int, JobRecord]) -> bool:
+    """A stop in flight, or a resized job whose new size is not set yet."""
+    return any(r.stop_kind or r.resize_to != r.resize_set for r in records.values())
+
+
+def signature(jobs: Iterable[Job]) -> frozenset[tuple[int, str, int]]:
+    """What makes an early pass worth it: managed jobs appearing, changing state or being requeued."""
+    return frozenset((j.job_id, j.state.value, j.restart_count) for j in jobs if j.state.is_active)
 
 
 def state_document(report: PassReport) -> dict[str, Any]:
@@ -235,19 +306,75 @@ def state_document(report: PassReport) -> dict[str, Any]:
         job_id = int(view.job_id)
         record = result.records[job_id]
         job = obs.slurm_jobs[view.job_id]
-        doc["jobs"].append({
-            "job_id": job_id, "name": job.name, "state": view.status.value, "gpus": view.gpus,
-            "queue": record.queue, "attained_gpu_s": round(view.attained_service, 1),
-            "executed_s": round(view.executed_time, 1), "waiting_s": round(view.waiting_time, 1),
-            "rank": rank[job_id], "site_factor": job.site_factor, "nodes": list(job.nodes),
-            "preemptions": record.preemptions, "planned": planned.get(job_id, ""),
-        })
-    for outcome in result.outcomes:
-        doc["actions"].append({
-            "kind": outcome.action.kind.value, "job_id": outcome.action.job_id, "ok": outcome.ok,
-            "detail": outcome.detail, "reason": outcome.action.reason,
-        })
+        doc["jobs"].append(
+            {
+                "job_id": job_id,
+                "name": job.name,
+                "state": view.status.value,
+                "gpus": view.gpus,
+                "queue": record.queue,
+                "attained_gpu_s": round(view.attained_service, 1),
+                "executed_s": round(view.executed_time, 1),
+                "waiting_s": round(view.waiting_time, 1),
+                "rank": rank[job_id],
+                "site_factor": job.site_factor,
+                "nodes": list(job.nodes),
+                "preemptions": record.preemptions,
+                "planned": planned.get(job_id, ""),
+                "in_flight": record.stop_kind,
+                "resize_to": record.resize_to or None,
+                "placement": record.placement,
+            }
+        )
+    seen = {int(view.job_id) for view in obs.jobs}
+    for job_id, job in sorted(obs.managed.items()):
+        if job_id in seen:
+            continue
+        record = result.records[job_id]
+        why = f" ({job.pending_reason})" if job.pending_reason else ""
+        doc["jobs"].append(
+            {
+                "job_id": job_id,
+                "name": job.name,
+                "state": f"{job.state.value.lower()}{why}",
+                "gpus": job.gpu_count,
+                "queue": record.queue,
+                "attained_gpu_s": round(record.attained_service, 1),
+                "executed_s": round(record.executed_time, 1),
+                "waiting_s": None,
+                "rank": None,
+                "site_factor": job.site_factor,
+                "nodes": list(job.nodes),
+                "preemptions": record.preemptions,
+                "planned": planned.get(job_id, ""),
+                "in_flight": record.stop_kind,
+                "resize_to": record.resize_to or None,
+                "placement": record.placement,
+            }
+        )
+    doc["actions"] = [outcome_document(report.now, outcome) for outcome in result.outcomes]
     return doc
+
+
+def outcome_document(now: float, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "time": now,
+        "kind": outcome.action.kind.value,
+        "job_id": outcome.action.job_id,
+        "ok": outcome.ok,
+        "detail": outcome.detail,
+        "reason": outcome.action.reason,
+    }
+
+
+def previous_actions(path: Path) -> list[dict[str, Any]]:
+    """The recent actions recorded in an existing state file (empty when there is none or it is unreadable)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    recent = doc.get("recent_actions") if isinstance(doc, dict) else None
+    return [a for a in recent if isinstance(a, dict)] if isinstance(recent, list) else []
 
 
 def write_state(path: Path, doc: dict[str, Any]) -> None:

@@ -13,7 +13,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.pass_latency = Histogram(
-            "hpc_elastic_sched_pass_seconds", "Duration of one scheduling pass", registry=self.registry,
+            "hpc_elastic_sched_pass_seconds",
+            "Duration of one scheduling pass",
+            registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
         self.jobs = Gauge(
@@ -24,12 +26,19 @@ class Metrics:
         self.actions = Counter(
             "hpc_elastic_sched_actions", "Actions by kind and result", ["kind", "result"], registry=self.registry
         )
-        self.errors = Counter("hpc_elastic_sched_errors", "Errors by where they happened", ["where"],
-                              registry=self.registry)
-        self.last_pass = Gauge("hpc_elastic_sched_last_pass_timestamp_seconds", "End of the last complete pass",
-                               registry=self.registry)
+        self.errors = Counter(
+            "hpc_elastic_sched_errors", "Errors by where they happened", ["where"], registry=self.registry
+        )
+        self.early_passes = Counter(
+            "hpc_elastic_sched_early_passes",
+            "Passes started early because managed jobs arrived, started or ended",
+            registry=self.registry,
+        )
+        self.last_pass = Gauge(
+            "hpc_elastic_sched_last_pass_timestamp_seconds", "End of the last complete pass", registry=self.registry
+        )
         for kind in ActionKind:
-            for result in ("ok", "failed", "dry-run"):
+            for result in ("ok", "failed", "dry-run"):  # every kind, also those not seen yet
                 self.actions.labels(kind.value, result)
 
     def serve(self, address: str, port: int) -> None:

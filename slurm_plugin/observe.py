@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hpc_elastic.launch.spec import JobMarker, decode_marker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
@@ -19,6 +19,8 @@ from slurm_plugin.store import JobRecord
 
 #: A run whose start time moved by more than this (seconds) is a new run.
 RESTART_TOLERANCE_S = 1.0
+#: A managed job absent from squeue this long (seconds) is forgotten (Slurm keeps ended jobs MinJobAge=300 s).
+FORGET_AFTER_S = 600.0
 _HELD = re.compile(r"held|dependency", re.IGNORECASE)
 
 
@@ -53,12 +55,20 @@ class Observation:
     markers: Mapping[str, JobMarker | None]
     records: Mapping[int, JobRecord]
     forget: tuple[int, ...]
+    #: every managed active job (also those the policy does not see: held, or waiting for their BeginTime)
+    managed: Mapping[int, Job] = field(default_factory=dict)
 
 
 def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
     """The record after seeing ``job`` at ``now``: bank ended runs, follow the current one."""
     submit = job.submit_time.timestamp() if job.submit_time else now
     rec = record or JobRecord(job_id=job.job_id, first_seen=now, waiting_since=submit)
+    if rec.missing_since is not None:
+        rec = replace(rec, missing_since=None)
+    if rec.stop_kind and (job.restart_count > rec.stop_restarts or not job.state.is_running):
+        rec = replace(rec, stop_kind="", stop_at=None)  # the requested checkpoint + requeue happened
+    if rec.resize_to and not rec.stop_kind and job.state.is_running:
+        rec = replace(rec, resize_to=0, resize_set=0)  # the job runs again (at its new size if it was set)
     if job.state.is_running and job.start_time is not None:
         start = job.start_time.timestamp()
         if rec.run_start is not None and abs(rec.run_start - start) > RESTART_TOLERANCE_S:
@@ -160,11 +170,13 @@ def observe(
     slurm_jobs: dict[str, Job] = {}
     markers: dict[str, JobMarker | None] = {}
     new_records: dict[int, JobRecord] = {}
+    managed: dict[int, Job] = {}
     for job in sorted(jobs, key=lambda j: j.job_id):
         if not job.state.is_active or not selection.manages(job):
             continue
         record = advance(records.get(job.job_id), job, now)
         new_records[job.job_id] = record
+        managed[job.job_id] = job
         running = job.state.is_running
         held = _HELD.search(job.pending_reason) is not None or job.state is JobState.REQUEUE_HOLD
         # a requeued job may not start before its BeginTime (credential expiry): nothing to preempt for yet
@@ -175,10 +187,12 @@ def observe(
         marker = selection.marker(job)
         key = str(job.job_id)
         elastic = marker if marker is not None and marker.unit == "gpu" and marker.min < marker.max else None
+        # a pending job resized after its requeue: squeue shows the old GPU count until it starts
+        gpus = record.resize_set if pending and record.resize_set else job.gpu_count
         out_views.append(
             JobView(
                 job_id=key,
-                gpus=job.gpu_count,
+                gpus=gpus,
                 submit_time=job.submit_time.timestamp() if job.submit_time else record.first_seen,
                 status=JobStatus.RUNNING if running else JobStatus.PENDING,
                 attained_service=record.attained_service,
@@ -197,13 +211,21 @@ def observe(
         )
         slurm_jobs[key] = job
         markers[key] = marker
-    forget = tuple(job_id for job_id in records if job_id not in new_records)
-    return Observation(now, tuple(out_views), views, slurm_jobs, markers, new_records, forget)
+    # A job missing from squeue is forgotten only after FORGET_AFTER_S: a controller that is restarting can
+    # answer with an empty or short job list, and forgetting would lose the job's attained service.
+    forget = []
+    for job_id, record in records.items():
+        if job_id in new_records:
+            continue
+        since = record.missing_since if record.missing_since is not None else now
+        if now - since >= FORGET_AFTER_S:
+            forget.append(job_id)
+        else:
+            new_records[job_id] = replace(record, missing_since=since)
+    return Observation(now, tuple(out_views), views, slurm_jobs, markers, new_records, tuple(forget), managed)
 
 
-def apply_queue_changes(
-    records: Mapping[int, JobRecord], decision: Decision, now: float
-) -> dict[int, JobRecord]:
+def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, now: float) -> dict[int, JobRecord]:
     """Records after the pass's demotions/promotions; a promotion resets t_J, δ_J and a_J (§3.2.3)."""
     out = dict(records)
     for change in decision.queue_changes:

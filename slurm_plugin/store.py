@@ -11,6 +11,7 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 DB_NAME = "state.sqlite3"
 
@@ -22,6 +23,10 @@ class JobRecord:
     ``banked_service``/``banked_exec``: GPU-seconds / seconds of runs that ended (since the last promotion,
     Tiresias §3.2.3). ``run_start``/``run_gpus``/``run_exec``: the current run as last seen. ``waiting_since``:
     when the job last began to wait (arrival, end of a run, promotion).
+
+    A stop in flight (checkpoint requested, requeue not yet seen): ``stop_kind`` (``preempt`` or ``resize``),
+    ``stop_at`` (when it was requested), ``stop_restarts`` (the job's restart count then). ``resize_to``: the
+    GPUs an elastic job is being resized to; ``resize_set``: the size already set on the pending job.
     """
 
     job_id: int
@@ -37,6 +42,12 @@ class JobRecord:
     preemptions: int = 0
     last_preempt: float | None = None
     placement: str = ""
+    stop_kind: str = ""
+    stop_at: float | None = None
+    stop_restarts: int = 0
+    resize_to: int = 0
+    resize_set: int = 0
+    missing_since: float | None = None
 
     @property
     def running(self) -> bool:
@@ -53,8 +64,25 @@ class JobRecord:
 
 
 _COLUMNS = tuple(f.name for f in fields(JobRecord))
-_TYPES = {"job_id": "INTEGER PRIMARY KEY", "placement": "TEXT NOT NULL", "run_gpus": "INTEGER NOT NULL",
-          "queue": "INTEGER NOT NULL", "preemptions": "INTEGER NOT NULL"}
+_ADDED = (
+    "placement",
+    "stop_kind",
+    "stop_restarts",
+    "resize_to",
+    "resize_set",
+    "missing_since",
+)  # may be missing in old databases
+_TYPES = {
+    "job_id": "INTEGER PRIMARY KEY",
+    "placement": "TEXT NOT NULL",
+    "run_gpus": "INTEGER NOT NULL",
+    "queue": "INTEGER NOT NULL",
+    "preemptions": "INTEGER NOT NULL",
+    "stop_kind": "TEXT NOT NULL DEFAULT ''",
+    "stop_restarts": "INTEGER NOT NULL DEFAULT 0",
+    "resize_to": "INTEGER NOT NULL DEFAULT 0",
+    "resize_set": "INTEGER NOT NULL DEFAULT 0",
+}
 
 
 class Store:
@@ -76,16 +104,27 @@ class Store:
             with self._db:
                 self._db.execute(f"CREATE TABLE IF NOT EXISTS jobs ({columns})")
                 self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                # a database written by an older daemon: add the columns it lacks (their defaults apply)
+                have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+                for name in _COLUMNS:
+                    if name not in have:
+                        self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {_TYPES.get(name, 'REAL')}")
 
     def close(self) -> None:
         self._db.close()
 
     def load(self) -> dict[int, JobRecord]:
-        rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs").fetchall()  # noqa: S608 - fixed names
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        columns = [name for name in _COLUMNS if name in have]  # a read-only view of an older database
+        rows = self._db.execute(f"SELECT {', '.join(columns)} FROM jobs").fetchall()  # noqa: S608 - fixed names
         out: dict[int, JobRecord] = {}
         for row in rows:
-            values = dict(zip(_COLUMNS, row, strict=True))
-            values["placement"] = values["placement"] or ""
+            values: dict[str, Any] = dict.fromkeys(_ADDED)
+            values.update(zip(columns, row, strict=True))
+            for name in ("placement", "stop_kind"):
+                values[name] = values[name] or ""
+            for name in ("stop_restarts", "resize_to", "resize_set"):
+                values[name] = int(values[name] or 0)
             record = JobRecord(**values)
             out[record.job_id] = record
         return out

@@ -46,11 +46,12 @@ def cli(verbose: int) -> None:
 def _register() -> None:
     from hpc_elastic.cli.cluster import cluster
     from hpc_elastic.cli.profile import profile
+    from hpc_elastic.cli.queue import queue
     from hpc_elastic.cli.simulate import simulate
     from hpc_elastic.cli.submit import submit
     from hpc_elastic.cli.verify import verify_determinism
 
-    for command in (cluster, profile, simulate, submit, verify_determinism):
+    for command in (cluster, profile, queue, simulate, submit, verify_determinism):
         cli.add_command(command)
 
 

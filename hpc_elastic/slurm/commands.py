@@ -35,6 +35,10 @@ UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
     "SiteFactor": _INT,
     "Nice": _INT,
     "NumNodes": _NUM_NODES,
+    # A pending job's size (elastic resize after a requeue): with --gpus-per-task the GPUs follow NumTasks
+    # when the job starts; NumCPUs must be lowered with it (22.05, measured on the dev cluster).
+    "NumTasks": re.compile(r"[1-9]\d*"),
+    "NumCPUs": re.compile(r"[1-9]\d*"),
     "ReqNodeList": _HOSTLIST,
     "ExcNodeList": _HOSTLIST,
     "TimeLimit": _TIME,

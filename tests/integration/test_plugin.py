@@ -25,9 +25,24 @@ STEPPER = DATA / "workers" / "stepper.py"
 
 def submit(workdir: Path, name: str, gpus: int, steps: int) -> int:
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_elastic", "submit", str(STEPPER), f"--gpus={gpus}", "--gpu-type=a100",
-         "--partition=gpu-a100", f"--job-name={name}", f"--ckpt-root={workdir}", "--", str(steps)],
-        check=True, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "hpc_elastic",
+            "submit",
+            str(STEPPER),
+            f"--gpus={gpus}",
+            "--gpu-type=a100",
+            "--partition=gpu-a100",
+            f"--job-name={name}",
+            f"--ckpt-root={workdir}",
+            "--",
+            str(steps),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return int(out.stdout.strip())
 
@@ -46,7 +61,10 @@ def write_config(workdir: Path, prefix: str, extra: str) -> Path:
 def run_once(config: Path, *flags: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "slurm_plugin.cli", "--config", str(config), "--once", *flags],
-        check=False, capture_output=True, text=True, timeout=150,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     assert proc.returncode == 0, proc.stderr
     state = config.parent / "state" / "state.json"
@@ -89,31 +107,60 @@ def test_higher_priority_job_preempts_with_checkpoint(slurm: CliSlurm, workdir: 
     prefix = f"itp{uuid.uuid4().hex[:6]}"
     # a 1 GPU-second threshold demotes the running 8-GPU job at once; no minimum run time
     config = write_config(
-        workdir, prefix,
+        workdir,
+        prefix,
         "[tiresias]\nthresholds = [1.0]\n[preemption]\nmin_run_time_s = 0\ngrace_s = 60\nrequeue_wait_s = 20\n",
     )
     victim = submit(workdir, f"{prefix}-long", 8, 100000)
     submitted.append(victim)
     victim_dir = workdir / f"{prefix}-long-{victim}"
-    wait_for("the long job's 8 workers", lambda: len((victim_dir / "starts.log").read_text().splitlines()) == 8
-             if (victim_dir / "starts.log").exists() else None, timeout_s=90)
+    wait_for(
+        "the long job's 8 workers",
+        lambda: (
+            len((victim_dir / "starts.log").read_text().splitlines()) == 8
+            if (victim_dir / "starts.log").exists()
+            else None
+        ),
+        timeout_s=90,
+    )
     short = submit(workdir, f"{prefix}-short", 4, 50)
     submitted.append(short)
     wait_for("the short job to wait", lambda: slurm.job(short).state is JobState.PENDING)
 
-    doc = run_once(config)
-    preempts = [a for a in doc["actions"] if a["kind"] == "preempt"]
+    # --dry-run: the same decision is logged, nothing changes in Slurm or on disk
+    dry = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli", "--config", str(config), "--once", "--dry-run"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert f"[dry-run] preempt job {victim}" in dry.stderr
+    assert running(slurm, victim) and slurm.job(victim).restart_count == 0
+    assert not (victim_dir / "control" / "stop").exists() and not (config.parent / "state" / "state.json").exists()
+    assert slurm.jobs([short], site_factors=True)[0].site_factor in (None, 0)
+
+    doc = run_once(config)  # one pass, then follow-up passes until the checkpoint + requeue is done
+    preempts = [a for a in doc["recent_actions"] if a["kind"] == "preempt"]
     assert [a["job_id"] for a in preempts] == [victim]
-    assert preempts[0]["ok"] and "checkpoint acknowledged" in preempts[0]["detail"]
+    assert preempts[0]["ok"] and "checkpoint requested" in preempts[0]["detail"]
     assert str(short) in preempts[0]["reason"] and preempts[0]["reason"].startswith("queue 1 ")
+    assert slurm.job(victim).restart_count == 1  # requeued (by its wrapper after the ack, or by the daemon)
     ack = json.loads((victim_dir / "control" / "ack.json").read_text())
     assert ack["job_id"] == victim and ack["step"] > 0
-    stop = json.loads((victim_dir / "control").joinpath("stop").read_text()) if (
-        victim_dir / "control" / "stop").exists() else {"reason": "preempt"}
+    stop = (
+        json.loads((victim_dir / "control").joinpath("stop").read_text())
+        if (victim_dir / "control" / "stop").exists()
+        else {"reason": "preempt"}
+    )
     assert stop["reason"] == "preempt"
 
-    wait_for("the short job to start", lambda: slurm.job(short).state in (JobState.RUNNING, JobState.COMPLETED)
-             or None, timeout_s=60)
+    wait_for(
+        "the short job to start",
+        lambda: slurm.job(short).state in (JobState.RUNNING, JobState.COMPLETED) or None,
+        timeout_s=60,
+    )
     requeued = slurm.job(victim)
     assert requeued.restart_count == 1 and requeued.state.is_pending
     record = Store(config.parent / "state", read_only=True).load()[victim]

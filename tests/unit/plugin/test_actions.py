@@ -12,8 +12,9 @@ from slurm_plugin.observe import Observation, Selection, observe
 from tests.unit.plugin.conftest import at, config, start_of
 
 
-def decide(cfg: PluginConfig, jobs: list[Job], nodes: list[Node], now: float,
-           skews: dict[int, float] | None = None) -> tuple[Observation, Decision]:
+def decide(
+    cfg: PluginConfig, jobs: list[Job], nodes: list[Node], now: float, skews: dict[int, float] | None = None
+) -> tuple[Observation, Decision]:
     obs = observe(jobs, nodes, {}, Selection(), now=now, skews=skews)
     cluster = ClusterState.from_nodes(list(obs.nodes))
     return obs, build_policy(cfg).schedule(PassInput(now, JobTable.from_views(list(obs.jobs), cluster), cluster))
@@ -64,8 +65,9 @@ def test_same_queue_keeps_the_running_job_and_orders_by_fifo(
 
 def test_skewed_job_is_consolidated(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
     jobs, nodes = busy
-    cfg = config(tmp_path, tiresias={"thresholds": [100.0]}, preemption={"min_run_time_s": 30},
-                 placement={"pin_nodes": True})
+    cfg = config(
+        tmp_path, tiresias={"thresholds": [100.0]}, preemption={"min_run_time_s": 30}, placement={"pin_nodes": True}
+    )
     obs, decision = decide(cfg, jobs, nodes, at(start_of(jobs, 24), 60), skews={25: 0.9})
     places = [a for a in plan(obs, decision, cfg) if isinstance(a, Place)]
     assert len(places) == 1 and places[0].job_id == 25 and places[0].num_nodes == 1

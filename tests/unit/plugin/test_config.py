@@ -26,7 +26,7 @@ def test_every_problem_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(
         'state_dir = "/nonexistent/hpc-elastic"\nbogus = 1\npolicy = "sjf"\n'
-        "[tiresias]\nthresholds = [100.0, 50.0]\n[metrics]\naddress = \"0.0.0.0\"\n[preemption]\ngrace_s = -1\n"
+        '[tiresias]\nthresholds = [100.0, 50.0]\n[metrics]\naddress = "0.0.0.0"\n[preemption]\ngrace_s = -1\n'
     )
     with pytest.raises(ConfigError) as err:
         load_config(path)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from hpc_elastic.slurm import Job, Node, SlurmUnavailable
+from hpc_elastic.slurm import Job, JobState, Node, SlurmUnavailable
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
 from slurm_plugin.store import Store
@@ -37,6 +38,10 @@ class FakeSlurm:
 
     def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
         self.calls.append(("update", (job_id, dict(fields))))
+        if "SiteFactor" in fields:  # what sprio then reports
+            self._jobs = [
+                replace(j, site_factor=int(fields["SiteFactor"])) if j.job_id == job_id else j for j in self._jobs
+            ]
 
     def requeue(self, job_ids: Iterable[int]) -> None:
         self.calls.append(("requeue", list(job_ids)))
@@ -51,9 +56,17 @@ class FakeSlurm:
                 if job.job_id in ids:
                     control = self.ack_root / f"{job.name}-{job.job_id}" / "control"
                     stop = json.loads((control / "stop").read_text())
-                    (control / "ack.json").write_text(json.dumps(
-                        {"job_id": job.job_id, "restart_count": 0, "step": 42, "checkpoint": "/x",
-                         "written_at": stop["requested_at"] + 1}))
+                    (control / "ack.json").write_text(
+                        json.dumps(
+                            {
+                                "job_id": job.job_id,
+                                "restart_count": 0,
+                                "step": 42,
+                                "checkpoint": "/x",
+                                "written_at": stop["requested_at"] + 1,
+                            }
+                        )
+                    )
 
 
 class Clock:
@@ -90,16 +103,84 @@ def test_pass_preempts_with_checkpoint_and_orders(tmp_path: Path, busy: tuple[li
     daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
     assert daemon.run(once=True) == 0
     kinds = [c[0] for c in fake.calls]
-    assert kinds == ["cancel", "requeue", "update"]  # the fake job stays RUNNING, so the daemon requeues it
+    # signal and order in the first pass; the fake job stays RUNNING, so a follow-up pass of --once requeues it
+    assert kinds == ["cancel", "update", "requeue"]
     assert fake.calls[0][1] == ([24], "USR1", True)
-    assert fake.calls[2][1] == (25, {"SiteFactor": 11_000})
+    assert fake.calls[1][1] == (25, {"SiteFactor": 11_000})
     assert json.loads((job_dir / "control" / "stop").read_text())["reason"] == "preempt"
     state = json.loads((tmp_path / STATE_NAME).read_text())
-    preempt = next(a for a in state["actions"] if a["kind"] == "preempt")
-    assert preempt["ok"] and "checkpoint acknowledged" in preempt["detail"]
+    done = [(a["kind"], a["job_id"], a["ok"]) for a in state["recent_actions"]]
+    assert done == [("preempt", 24, True), ("order", 25, True), ("requeue", 24, True)]
+    assert "acknowledged" in state["recent_actions"][2]["reason"]
     record = Store(tmp_path).load()[24]
-    assert record.preemptions == 1 and record.queue == 1 and record.attained_service == pytest.approx(480)
-    assert daemon.metrics.preemptions._value.get() == 1
+    # follow-up passes every stop_poll_s (1 s): ack at +1 s, requeue_wait_s = 2 -> requeued 3 s after the signal
+    assert record.preemptions == 1 and record.queue == 1 and record.attained_service == pytest.approx(8 * 63)
+    assert record.stop_kind == "" and daemon.metrics.preemptions._value.get() == 1
+
+
+def test_a_preemption_in_flight_does_not_block_the_pass(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, **PREEMPTING)
+    (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
+    fake = FakeSlurm(jobs, nodes)  # nobody acknowledges
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
+    report = daemon.run_pass()
+    assert [c[0] for c in fake.calls] == ["cancel", "update"] and clock.slept == []  # returned at once
+    assert Store(tmp_path).load()[24].stop_kind == "preempt"
+    assert daemon._sleep_time(report) == cfg.stop_poll_s  # look again soon
+    clock.now += 5
+    daemon.run_pass()  # in flight, within the grace: no second signal, no requeue
+    assert [c[0] for c in fake.calls] == ["cancel", "update"]
+    clock.now += 20  # grace_s = 20 without acknowledgement: requeue anyway
+    report = daemon.run_pass()
+    assert fake.calls[-1] == ("requeue", [24])
+    assert report.result is not None and "no checkpoint acknowledgement" in report.result.outcomes[0].action.reason
+
+
+def test_the_wrappers_own_requeue_ends_the_stop(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, **PREEMPTING)
+    (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
+    fake = FakeSlurm(jobs, nodes, ack_root=tmp_path / "jobs")
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
+    daemon.run_pass()
+    # the wrapper checkpointed and requeued: pending again, restart count + 1
+    fake._jobs = [
+        replace(j, state=JobState.PENDING, restart_count=1, start_time=None, nodes=(), pending_reason="BeginTime")
+        if j.job_id == 24
+        else j
+        for j in jobs
+    ]
+    clock.now += 3
+    daemon.run_pass()
+    assert [c[0] for c in fake.calls].count("requeue") == 0
+    record = Store(tmp_path).load()[24]
+    assert record.stop_kind == "" and not record.running and record.attained_service == pytest.approx(8 * 60)
+
+
+def test_jobs_arriving_start_the_next_pass_early(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, interval_s=60, event_poll_s=2)
+    fake = FakeSlurm(jobs, nodes)
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
+    daemon.run_pass()
+    start = clock.now
+    daemon._wait(60)
+    assert clock.now - start == pytest.approx(60)  # nothing changed: the whole interval
+    assert daemon.metrics.early_passes._value.get() == 0
+    newcomer = replace(next(j for j in jobs if j.job_id == 25), job_id=99)
+    fake._jobs = [*jobs, newcomer]
+    start = clock.now
+    daemon._wait(60)
+    assert clock.now - start == pytest.approx(2)  # the first poll sees the arrival
+    assert daemon.metrics.early_passes._value.get() == 1
+    unmanaged = replace(newcomer, job_id=100, comment="")
+    fake._jobs = [*jobs, unmanaged]
+    daemon.run_pass()
+    fake._jobs = [*jobs, unmanaged, replace(unmanaged, job_id=101)]
+    start = clock.now
+    daemon._wait(10)
+    assert clock.now - start == pytest.approx(10)  # jobs the daemon does not manage do not count
 
 
 def test_dry_run_changes_nothing(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:

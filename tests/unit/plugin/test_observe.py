@@ -63,7 +63,8 @@ def test_job_sizes_from_sacct_history(slurm_data: Path) -> None:
 def test_requeued_job_before_its_begin_time_is_not_scheduled(busy: tuple[list[Job], list[Node]]) -> None:
     jobs, nodes = busy
     now = at(start_of(jobs, 24), 100)
-    later = [replace(j, eligible_time=start_of(jobs, 24) + timedelta(seconds=120)) if j.job_id == 25 else j
-             for j in jobs]
+    later = [
+        replace(j, eligible_time=start_of(jobs, 24) + timedelta(seconds=120)) if j.job_id == 25 else j for j in jobs
+    ]
     obs = observe(later, nodes, {}, Selection(), now=now)
     assert [v.job_id for v in obs.jobs] == ["24"] and 25 in obs.records  # still accounted, not scheduled

@@ -7,9 +7,21 @@ from slurm_plugin.store import JobRecord, Store
 
 def test_records_survive_a_reopen(tmp_path: Path) -> None:
     records = [
-        JobRecord(job_id=7, first_seen=100.0, waiting_since=100.0, banked_service=320.0, banked_exec=80.0,
-                  run_start=500.0, run_gpus=4, run_exec=25.5, first_start=120.0, queue=1, preemptions=2,
-                  last_preempt=400.0, placement="N=1;L="),
+        JobRecord(
+            job_id=7,
+            first_seen=100.0,
+            waiting_since=100.0,
+            banked_service=320.0,
+            banked_exec=80.0,
+            run_start=500.0,
+            run_gpus=4,
+            run_exec=25.5,
+            first_start=120.0,
+            queue=1,
+            preemptions=2,
+            last_preempt=400.0,
+            placement="N=1;L=",
+        ),
         JobRecord(job_id=8, first_seen=110.0, waiting_since=110.0),
     ]
     store = Store(tmp_path)

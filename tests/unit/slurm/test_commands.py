@@ -99,3 +99,19 @@ def test_actions_and_scancel() -> None:
         commands.scancel([], "USR1")
     with pytest.raises(ValueError, match="positive integer, got True"):
         commands.scancel([True])
+
+
+def test_scontrol_update_size_of_a_pending_job() -> None:
+    assert commands.scontrol_update(7, {"NumTasks": 2, "NumCPUs": 2, "NumNodes": "1-2"}) == [
+        "scontrol",
+        "update",
+        "JobId=7",
+        "NumTasks=2",
+        "NumCPUs=2",
+        "NumNodes=1-2",
+    ]
+    for bad in (0, -1, "2 Priority=9", "x"):
+        with pytest.raises(ValueError, match="bad value for NumTasks"):
+            commands.scontrol_update(7, {"NumTasks": bad})
+    with pytest.raises(ValueError, match="bad value for NumCPUs"):
+        commands.scontrol_update(7, {"NumCPUs": 0})
