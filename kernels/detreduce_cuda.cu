@@ -235,8 +235,12 @@ torch::Tensor matmul_nt(torch::Tensor a, torch::Tensor b) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("deposit", &deposit);
-  m.def("combine", &combine);
-  m.def("finalize", &finalize);
-  m.def("matmul_nt", &matmul_nt);
+  // argument names as hpc_elastic.est.detsum.Kernels, so the reducer calls both twins the same way
+  m.def("deposit", &deposit, py::arg("grad"), py::arg("hi"), py::arg("lo"), py::arg("tops"), py::arg("chunk"),
+        py::arg("width"), py::arg("first"), py::arg("clear"));
+  m.def("combine", &combine, py::arg("hi"), py::arg("lo"), py::arg("local_tops"), py::arg("global_tops"),
+        py::arg("chunk"), py::arg("width"));
+  m.def("finalize", &finalize, py::arg("v"), py::arg("global_tops"), py::arg("out"), py::arg("chunk"),
+        py::arg("width"), py::arg("divisor"));
+  m.def("matmul_nt", &matmul_nt, py::arg("a"), py::arg("b"));
 }

@@ -9,7 +9,8 @@ Entry points (imported lazily: ``import hpc_elastic.est`` loads neither torch no
 - :class:`Placement`, :func:`plan_buckets`: pure planning (EST-to-process map, gradient buckets);
 - :class:`DeterminismLevel`, :func:`apply_determinism`, :func:`seed_everything`;
 - :func:`scan_model`, :func:`to_d2`, :class:`DetLinear`: D2;
-- :func:`reference_allreduce`: the NumPy definition of the deterministic sum.
+- :func:`reference_allreduce`: the NumPy definition of the deterministic sum;
+- :func:`checkpoint_at`, :func:`read_state`: EST checkpoints (on :mod:`hpc_elastic.checkpoint`'s store).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ _EXPORTS = {
     "ESTContext": "hpc_elastic.est.context",
     "DataPlan": "hpc_elastic.est.data",
     "ESTLoader": "hpc_elastic.est.data",
-    "CheckpointStore": "hpc_elastic.est.checkpoint",
+    "CheckpointStore": "hpc_elastic.checkpoint",
+    "checkpoint_at": "hpc_elastic.est.checkpoint",
+    "read_state": "hpc_elastic.est.checkpoint",
     "scan_model": "hpc_elastic.est.d2",
     "to_d2": "hpc_elastic.est.d2",
     "DetLinear": "hpc_elastic.est.d2",
@@ -60,12 +63,14 @@ __all__ = [
     "Placement",
     "RunSpec",
     "apply_determinism",
+    "checkpoint_at",
     "job_from_environment",
     "job_from_spec",
     "launch",
     "make_communicator",
     "params_sha256",
     "plan_buckets",
+    "read_state",
     "reference_allreduce",
     "scan_model",
     "seed_everything",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from hpc_elastic.est.choices import parse_choice
+
 
 class CommBackend(StrEnum):
     LOCAL = "local"
@@ -14,10 +16,4 @@ class CommBackend(StrEnum):
 
     @classmethod
     def parse(cls, value: str | CommBackend) -> CommBackend:
-        if isinstance(value, CommBackend):
-            return value
-        text = str(value).strip().lower()
-        for b in cls:
-            if b.value == text:
-                return b
-        raise ValueError(f"backend must be one of {', '.join(b.value for b in cls)}, got {value!r}")
+        return parse_choice(cls, value, "backend")

@@ -1,174 +1,127 @@
-"""On-demand checkpoint of an EST job (EasyScale §3.2, "Adapting to elasticity").
+"""Checkpoints of an EST job (EasyScale §3.2, "Adapting to elasticity") on the library's checkpoint store.
 
-One directory per global step: ``shared.pt`` (parameters, optimizer, LR scheduler and the extra state
-of §3.3: step, bucket layout, seed, level), one ``est-<vrank>.pt`` per EST context, and ``MANIFEST.json``
-with the sha256 of every file.  A checkpoint exists once ``LATEST`` names it: every file is written to a
-temporary name, fsynced and renamed, the manifest last, then ``LATEST``, so a process killed at any moment
-leaves either the previous checkpoint or the new one, never a torn one.  A restart with another number
-of processes reads ``shared.pt`` plus the contexts of the ESTs now placed on it.
+The files, their atomic commit (temporary directory, fsync, rename), the sha256 manifest, keep-K and the
+fall-back to the previous checkpoint when one is damaged are :mod:`hpc_elastic.checkpoint`'s.  This module
+only decides what goes into the shards and how a restart on another number of processes finds its ESTs:
 
-(A simple store of its own until the shared checkpoint library arrives with a later issue.)
+- every process saves one shard: ``{"ests": {vrank: context}, "shared": ...}`` holding the contexts of the
+  ESTs it runs (:meth:`hpc_elastic.est.context.ESTContext.to_state`) and, on rank 0 only, the state the ESTs
+  share (parameters, optimizer, LR scheduler; §3.3's "extra state" step and bucket layout go to the meta);
+- the manifest's ``meta["est"]`` records N, the EST-to-process placement of the saving run (which shard
+  holds which EST) and what a restart must not change (seed, level, bin width, bucket layout, parameters);
+- a restart on any M reads shard 0 for the shared state and, for each EST now placed on it, the shard of
+  the process that ran it (hashes checked by the store on read).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
-import json
-import os
-import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, CorruptCheckpoint, open_checkpoint
+from hpc_elastic.checkpoint.layout import dir_name
+from hpc_elastic.collective import Collective
 
-from hpc_elastic.errors import HpcElasticError
-
-FORMAT_VERSION = 1
-MANIFEST = "MANIFEST.json"
-LATEST = "LATEST"
-SHARED = "shared.pt"
-
-
-def est_file(vrank: int) -> str:
-    return f"est-{vrank:05d}.pt"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename, fsync dir); return its sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return hashlib.sha256(data).hexdigest()
-
-
-def save_object(path: Path, obj: Any) -> str:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return atomic_write_bytes(path, buf.getvalue())
-
-
-def load_object(path: Path, sha256: str) -> Any:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise HpcElasticError(f"checkpoint file {path} cannot be read: {exc.strerror}") from exc
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != sha256:
-        raise HpcElasticError(f"checkpoint file {path} is corrupt: sha256 {digest[:12]}… != manifest {sha256[:12]}…")
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-def read_manifest(directory: Path) -> Manifest:
-    """The manifest of the checkpoint in ``directory`` (complete by construction once it exists)."""
-    path = directory / MANIFEST
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HpcElasticError(f"{directory} is not a complete checkpoint (no {MANIFEST})") from None
-    except (OSError, ValueError) as exc:
-        raise HpcElasticError(f"checkpoint manifest {path} is unreadable: {exc}") from exc
-    try:
-        if doc["format"] != FORMAT_VERSION:
-            raise HpcElasticError(f"checkpoint {directory} has format {doc['format']}, expected {FORMAT_VERSION}")
-        return Manifest(directory, int(doc["step"]), int(doc["num_ests"]), dict(doc["files"]), dict(doc["meta"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HpcElasticError(f"checkpoint manifest {path} is malformed: {exc!r}") from exc
-
-
-def load_file(manifest: Manifest, name: str) -> Any:
-    """Load one file of a checkpoint, checking its sha256 against the manifest."""
-    return load_object(manifest.directory / name, manifest.sha(name))
+EST_FORMAT = "hpc-elastic-est/1"
+META_KEY = "est"
 
 
 @dataclass(frozen=True)
-class Manifest:
-    directory: Path
+class ESTState:
+    """What one process reads from a checkpoint to continue: the shared state and its ESTs' contexts."""
+
     step: int
-    num_ests: int
-    files: dict[str, str]
-    meta: dict[str, Any]
-
-    def sha(self, name: str) -> str:
-        try:
-            return self.files[name]
-        except KeyError:
-            raise HpcElasticError(f"checkpoint {self.directory} has no {name}") from None
+    meta: Mapping[str, Any]
+    shared: Mapping[str, Any]
+    contexts: Mapping[int, Mapping[str, Any]]
+    source: Path
 
 
-class CheckpointStore:
-    """The checkpoints of one job under ``root``."""
+def open_store(root: Path | str, collective: Collective | None = None, keep: int = 2) -> CheckpointStore:
+    """The checkpoint store of an EST job under ``root`` (``collective``: the job's process group)."""
+    return CheckpointStore(root, collective, keep=keep)
 
-    def __init__(self, root: Path | str, keep: int = 2) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {keep!r}")
-        self.root = Path(root)
-        self.keep = keep
 
-    def step_dir(self, step: int) -> Path:
-        return self.root / f"step-{step:09d}"
+def save_state(
+    store: CheckpointStore,
+    step: int,
+    contexts: Mapping[int, Mapping[str, Any]],
+    shared: Mapping[str, Any] | None,
+    meta: Mapping[str, Any],
+) -> Path:
+    """Save this process's part of checkpoint ``step`` (collective over the store's collective): its ESTs'
+    ``contexts`` and, on rank 0, the ``shared`` state.  ``meta`` (JSON) must hold ``num_ests`` and
+    ``placement`` (the owner process of every EST)."""
+    for key in ("num_ests", "placement"):
+        if key not in meta:
+            raise ValueError(f"EST checkpoint meta needs {key!r}")
+    shard = {"ests": {int(v): dict(c) for v, c in contexts.items()}, "shared": dict(shared) if shared else None}
+    pending = store.save(step, shard, meta={META_KEY: {"format": EST_FORMAT, **dict(meta)}})
+    return pending.path
 
-    def write(self, step: int, name: str, obj: Any) -> str:
-        return save_object(self.step_dir(step) / name, obj)
 
-    def commit(self, step: int, num_ests: int, files: Mapping[str, str], meta: Mapping[str, Any]) -> Manifest:
-        """Publish checkpoint ``step`` once all its files are written (one process calls this)."""
-        expected = {SHARED} | {est_file(v) for v in range(num_ests)}
-        missing = sorted(expected - set(files))
-        if missing:
-            raise HpcElasticError(f"checkpoint of step {step} lacks {missing[0]}")
-        directory = self.step_dir(step)
-        doc = {"format": FORMAT_VERSION, "step": step, "num_ests": num_ests, "files": dict(files), "meta": dict(meta)}
-        atomic_write_bytes(directory / MANIFEST, json.dumps(doc, indent=1, sort_keys=True).encode())
-        atomic_write_bytes(self.root / LATEST, f"{directory.name}\n".encode())
-        self._prune(directory.name)
-        return Manifest(directory, step, num_ests, dict(files), dict(meta))
+def est_meta(checkpoint: Checkpoint) -> Mapping[str, Any]:
+    """The EST part of a checkpoint's meta; :class:`CorruptCheckpoint` when it is not an EST checkpoint."""
+    meta = checkpoint.meta.get(META_KEY)
+    if not isinstance(meta, Mapping) or meta.get("format") != EST_FORMAT:
+        raise CorruptCheckpoint(f"{checkpoint.path} is not an EST checkpoint (no {EST_FORMAT} meta)")
+    placement = meta.get("placement")
+    n = meta.get("num_ests")
+    if not isinstance(placement, list) or not isinstance(n, int) or len(placement) != n:
+        raise CorruptCheckpoint(f"{checkpoint.path}: EST meta has a bad placement {placement!r} for num_ests {n!r}")
+    return meta
 
-    def _prune(self, latest: str) -> None:
-        steps = sorted(p.name for p in self.root.glob("step-*") if p.is_dir())
-        committed = [s for s in steps if (self.root / s / MANIFEST).exists() and s <= latest]
-        for name in committed[: -self.keep]:
-            shutil.rmtree(self.root / name, ignore_errors=True)
-        for name in steps:  # leftovers of a run killed while writing a checkpoint
-            if name != latest and not (self.root / name / MANIFEST).exists():
-                shutil.rmtree(self.root / name, ignore_errors=True)
 
-    def latest(self) -> Manifest | None:
-        """The newest complete checkpoint, or ``None`` when there is none."""
-        pointer = self.root / LATEST
-        try:
-            name = pointer.read_text().strip()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise HpcElasticError(f"cannot read {pointer}: {exc.strerror}") from exc
-        return read_manifest(self.root / name)
+def read_state(checkpoint: Checkpoint, wanted: Sequence[int], num_ests: int | None = None) -> ESTState:
+    """The shared state plus the contexts of the ESTs in ``wanted``, whatever process saved them
+    (``ValueError`` when ``num_ests`` is given and the checkpoint's job has another N)."""
+    meta = est_meta(checkpoint)
+    if num_ests is not None and meta["num_ests"] != num_ests:
+        raise ValueError(f"checkpoint {checkpoint.path} has {meta['num_ests']} ESTs, this job has {num_ests}")
+    owner: list[int] = meta["placement"]
+    for v in wanted:
+        if not 0 <= v < len(owner):
+            raise ValueError(f"checkpoint {checkpoint.path} has ESTs 0..{len(owner) - 1}, not {v}")
+    shards: dict[int, Any] = {}
 
-    def at(self, step: int) -> Manifest:
-        """The complete checkpoint of global step ``step``."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        return read_manifest(self.step_dir(step))
+    def shard(rank: int) -> Any:
+        if rank not in shards:
+            shards[rank] = checkpoint.load_shard(rank)
+        return shards[rank]
 
-    def load(self, manifest: Manifest, name: str) -> Any:
-        return load_file(manifest, name)
+    shared = shard(0).get("shared")
+    if not isinstance(shared, Mapping):
+        raise CorruptCheckpoint(f"checkpoint {checkpoint.path}: shard 0 holds no shared state")
+    contexts: dict[int, Mapping[str, Any]] = {}
+    for v in wanted:
+        ests = shard(owner[v]).get("ests", {})
+        if v not in ests:
+            raise CorruptCheckpoint(f"checkpoint {checkpoint.path}: shard {owner[v]} lacks the context of EST {v}")
+        contexts[v] = ests[v]
+    return ESTState(checkpoint.step, meta, shared, contexts, checkpoint.path)
 
-    def clear(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.root)
+
+def checkpoint_at(root: Path | str, step: int) -> Checkpoint:
+    """The committed checkpoint of global step ``step`` under ``root`` (:class:`CorruptCheckpoint` if none)."""
+    return open_checkpoint(Path(root) / dir_name(step))
+
+
+def load_latest_state(
+    store: CheckpointStore,
+    wanted: Sequence[int],
+    num_ests: int | None = None,
+    check: Callable[[ESTState], None] | None = None,
+) -> ESTState | None:
+    """The newest checkpoint every process can read its ESTs from (collective; a damaged one is skipped on
+    every process); ``check`` may refuse a state by raising.  ``None`` when there is no checkpoint."""
+
+    def load(ckpt: Checkpoint) -> ESTState:
+        state = read_state(ckpt, wanted, num_ests)
+        if check is not None:
+            check(state)
+        return state
+
+    found = store.load_latest(load)
+    return None if found is None else found[1]

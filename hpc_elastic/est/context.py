@@ -36,15 +36,23 @@ def mix_seed(*parts: int) -> int:
 
 @dataclass
 class RNGState:
-    """The RNG states one EST owns, in a form ``torch.load(weights_only=True)`` accepts."""
+    """The RNG states one EST owns, in a form ``torch.load(weights_only=True)`` accepts.
+
+    CUDA generators are captured once CUDA is initialised.  Before that, ``cuda_seed`` stands for the
+    EST's CUDA stream: :meth:`restore` seeds every CUDA generator with it (lazily, as ``torch.manual_seed``
+    does), so an EST that first touches the GPU starts from its own seed, not from the previous EST's.
+    """
 
     python: tuple[Any, ...]
     numpy: dict[str, Any]
     torch_cpu: torch.Tensor
     torch_cuda: list[torch.Tensor] = field(default_factory=list)
+    cuda_seed: int | None = None
 
     @classmethod
-    def capture(cls) -> RNGState:
+    def capture(cls, previous: RNGState | None = None) -> RNGState:
+        """The process's generators now; ``previous`` (the EST's state at switch-in) supplies the CUDA seed
+        while CUDA is not initialised."""
         name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []  # type: ignore[no-untyped-call]
         return cls(
@@ -58,6 +66,7 @@ class RNGState:
             },
             torch_cpu=torch.get_rng_state(),
             torch_cuda=list(cuda),
+            cuda_seed=None if cuda or previous is None else previous.cuda_seed,
         )
 
     def restore(self) -> None:
@@ -65,8 +74,12 @@ class RNGState:
         n = self.numpy
         np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
         torch.set_rng_state(self.torch_cpu)
-        if self.torch_cuda and torch.cuda.is_available():
+        if not torch.cuda.is_available():
+            return
+        if self.torch_cuda:
             torch.cuda.set_rng_state_all(self.torch_cuda)
+        elif self.cuda_seed is not None:
+            torch.cuda.manual_seed_all(self.cuda_seed)
 
     @classmethod
     def seeded(cls, seed: int) -> RNGState:
@@ -76,8 +89,13 @@ class RNGState:
         try:
             random.seed(seed)
             np.random.seed(seed % (1 << 32))
-            torch.manual_seed(seed)
-            return cls.capture()
+            torch.default_generator.manual_seed(seed)  # CPU only: CUDA is seeded through cuda_seed
+            state = cls.capture()
+            if torch.cuda.is_available() and state.torch_cuda:
+                torch.cuda.manual_seed_all(seed)
+                state = cls.capture()
+            state.cuda_seed = seed
+            return state
         finally:
             saved.restore()
 
@@ -88,16 +106,19 @@ class RNGState:
             "numpy": dict(self.numpy),
             "torch_cpu": self.torch_cpu,
             "torch_cuda": list(self.torch_cuda),
+            "cuda_seed": self.cuda_seed,
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> RNGState:
         version, internal, gauss = state["python"]
+        seed = state.get("cuda_seed")
         return cls(
             python=(int(version), tuple(int(v) for v in internal), gauss),
             numpy=dict(state["numpy"]),
             torch_cpu=state["torch_cpu"],
             torch_cuda=list(state["torch_cuda"]),
+            cuda_seed=None if seed is None else int(seed),
         )
 
 

@@ -40,9 +40,10 @@ def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a = a.detach().contiguous()
     b = b.detach().contiguous()
     if a.device.type == "cuda":
-        from hpc_elastic.est.gpu import cuda_kernels
+        from hpc_elastic.est.gpu import cuda_extension
 
-        return cuda_kernels().matmul_nt(a, b)
+        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a, b)
+        return out_gpu
     if a.device.type != "cpu":
         raise ValueError(f"no D2 kernel for device {a.device}")
     out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32)

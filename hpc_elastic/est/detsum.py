@@ -224,7 +224,7 @@ def ref_matmul_nt(a: F32, b: F32) -> F32:
 
 
 class Kernels(Protocol):
-    """The four hot loops, on NumPy arrays (CPU)."""
+    """The four hot loops, on NumPy arrays (CPU).  The CUDA extension takes the same argument names."""
 
     name: str
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.reducer import TensorKernels
 
 SOURCE_NAME = "detreduce_cuda.cu"
 
@@ -22,44 +23,10 @@ def source_path() -> Path:
     return Path(__file__).resolve().parents[2] / "kernels" / SOURCE_NAME
 
 
-class CudaKernels:
-    name = "cuda"
-
-    def __init__(self, ext: Any) -> None:
-        self._x = ext
-
-    def deposit(
-        self,
-        grad: torch.Tensor,
-        hi: torch.Tensor,
-        lo: torch.Tensor,
-        tops: torch.Tensor,
-        *,
-        chunk: int,
-        width: int,
-        first: bool,
-        clear: bool,
-    ) -> None:
-        self._x.deposit(grad, hi, lo, tops, chunk, width, first, clear)
-
-    def combine(
-        self, hi: torch.Tensor, lo: torch.Tensor, ltops: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int
-    ) -> None:
-        self._x.combine(hi, lo, ltops, gtops, chunk, width)
-
-    def finalize(
-        self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, *, chunk: int, width: int, divisor: float
-    ) -> None:
-        self._x.finalize(v, gtops, out, chunk, width, float(divisor))
-
-    def matmul_nt(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self._x.matmul_nt(a, b)
-        return out
-
-
 @lru_cache(maxsize=1)
-def cuda_kernels() -> CudaKernels:
-    """Build (once, cached by torch under ~/.cache/torch_extensions) and load the CUDA kernels."""
+def cuda_extension() -> Any:
+    """Build (once, cached by torch under ~/.cache/torch_extensions) and load ``kernels/detreduce_cuda.cu``:
+    ``deposit``, ``combine``, ``finalize`` (argument names as the C kernels') and ``matmul_nt(a, b)``."""
     if not torch.cuda.is_available():
         raise HpcElasticError("CUDA kernels requested but torch sees no CUDA device")
     src = source_path()
@@ -74,4 +41,9 @@ def cuda_kernels() -> CudaKernels:
         extra_cuda_cflags=["--fmad=false", "-prec-div=true", "-ftz=false"],
         verbose=False,
     )
-    return CudaKernels(ext)
+    return ext
+
+
+def cuda_kernels() -> TensorKernels:
+    """The deterministic-allreduce loops on CUDA tensors (same bits as the CPU kernels)."""
+    return TensorKernels("cuda", cuda_extension())

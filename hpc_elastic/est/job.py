@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hpc_elastic.checkpoint.fs import atomic_write_bytes
 from hpc_elastic.env import read_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.backends import CommBackend
-from hpc_elastic.est.checkpoint import CheckpointStore, atomic_write_bytes
+from hpc_elastic.est.checkpoint import checkpoint_at
 from hpc_elastic.est.comm import Communicator, make_communicator
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import Placement
@@ -114,11 +115,11 @@ class ESTJob:
             root = self.spec.resume_from or self.spec.checkpoint_dir
             if root is None:
                 raise ValueError("resume needs resume_from or checkpoint_dir")
-            store = CheckpointStore(Path(root))
-            manifest = store.latest() if self.spec.resume_step is None else store.at(self.spec.resume_step)
-            if manifest is None:
-                raise HpcElasticError(f"resume requested but {root} holds no checkpoint")
-            rt.restore(manifest)
+            if self.spec.resume_step is None:
+                if not rt.restore(root=root):
+                    raise HpcElasticError(f"resume requested but {root} holds no checkpoint")
+            else:
+                rt.restore(checkpoint_at(root, self.spec.resume_step))
         return rt
 
     def report(

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_elastic.collective import horovod_available
 from hpc_elastic.env import child_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.backends import CommBackend
-from hpc_elastic.est.comm import horovod_available
 from hpc_elastic.est.job import RunSpec
 from hpc_elastic.est.levels import child_environment as determinism_environment
 
@@ -52,7 +52,7 @@ def backend_unavailable_reason(backend: CommBackend) -> str | None:
         return mpi_unavailable_reason()
     if backend is CommBackend.HOROVOD:
         if not horovod_available():
-            return "Horovod is not installed (horovod 0.28.1 does not build against torch 2.13 as released)"
+            return "Horovod is not installed with PyTorch support (scripts/build-horovod builds it)"
         return mpi_unavailable_reason()
     if backend is CommBackend.NCCL:
         import torch

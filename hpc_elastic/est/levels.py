@@ -9,6 +9,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from hpc_elastic.est.choices import parse_choice
+
 CUBLAS_WORKSPACE = ":4096:8"
 
 
@@ -30,13 +32,7 @@ class DeterminismLevel(StrEnum):
 
     @classmethod
     def parse(cls, value: str | DeterminismLevel) -> DeterminismLevel:
-        if isinstance(value, DeterminismLevel):
-            return value
-        text = str(value).strip().lower()
-        for level in cls:
-            if text == level.value:
-                return level
-        raise ValueError(f"determinism level must be one of d0, d1, d2, got {value!r}")
+        return parse_choice(cls, value, "determinism level")
 
     @property
     def exact_allreduce(self) -> bool:

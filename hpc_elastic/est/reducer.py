@@ -10,8 +10,8 @@ D0 keeps PyTorch's usual fp32 accumulation and an fp32 ``SUM``: reproducible onl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -21,8 +21,32 @@ from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import BucketLayout
 
 
-class TensorKernels(Protocol):
-    name: str
+def _as_numpy(t: torch.Tensor) -> Any:
+    return t.numpy()  # zero-copy view of a CPU tensor
+
+
+def _as_tensor(t: torch.Tensor) -> Any:
+    return t
+
+
+class TensorKernels:
+    """The three loops of the deterministic allreduce (:mod:`hpc_elastic.est.detsum`) on tensors.
+
+    Forwards every call to ``impl`` — a :class:`~hpc_elastic.est.detsum.Kernels` (C extension or NumPy
+    reference) or the CUDA extension, which share argument names — after ``to_arg`` has turned each tensor
+    into what ``impl`` takes (a NumPy view on CPU, the tensor itself on CUDA).
+    """
+
+    def __init__(self, name: str, impl: Any, to_arg: Callable[[torch.Tensor], Any] = _as_tensor) -> None:
+        self.name = name
+        self._impl = impl
+        self._arg = to_arg
+
+    @classmethod
+    def for_cpu(cls, kernels: Kernels | None = None) -> TensorKernels:
+        """The CPU kernels (the C extension unless ``kernels`` says otherwise) on CPU tensors."""
+        k = kernels if kernels is not None else cpu_kernels()
+        return cls(k.name, k, _as_numpy)
 
     def deposit(
         self,
@@ -35,54 +59,26 @@ class TensorKernels(Protocol):
         width: int,
         first: bool,
         clear: bool,
-    ) -> None: ...
-
-    def combine(
-        self, hi: torch.Tensor, lo: torch.Tensor, ltops: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int
-    ) -> None: ...
-
-    def finalize(
-        self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, *, chunk: int, width: int, divisor: float
-    ) -> None: ...
-
-
-class CpuTensorKernels:
-    """Adapts the NumPy-level CPU kernels to CPU tensors (zero-copy views)."""
-
-    def __init__(self, kernels: Kernels) -> None:
-        self._k = kernels
-        self.name = kernels.name
-
-    def deposit(
-        self,
-        grad: torch.Tensor,
-        hi: torch.Tensor,
-        lo: torch.Tensor,
-        tops: torch.Tensor,
-        *,
-        chunk: int,
-        width: int,
-        first: bool,
-        clear: bool,
     ) -> None:
-        self._k.deposit(
-            grad.numpy(), hi.numpy(), lo.numpy(), tops.numpy(), chunk=chunk, width=width, first=first, clear=clear
-        )
+        a = self._arg
+        self._impl.deposit(a(grad), a(hi), a(lo), a(tops), chunk=chunk, width=width, first=first, clear=clear)
 
     def combine(
         self, hi: torch.Tensor, lo: torch.Tensor, ltops: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int
     ) -> None:
-        self._k.combine(hi.numpy(), lo.numpy(), ltops.numpy(), gtops.numpy(), chunk=chunk, width=width)
+        a = self._arg
+        self._impl.combine(a(hi), a(lo), a(ltops), a(gtops), chunk=chunk, width=width)
 
     def finalize(
         self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, *, chunk: int, width: int, divisor: float
     ) -> None:
-        self._k.finalize(v.numpy(), gtops.numpy(), out.numpy(), chunk=chunk, width=width, divisor=divisor)
+        a = self._arg
+        self._impl.finalize(a(v), a(gtops), a(out), chunk=chunk, width=width, divisor=float(divisor))
 
 
 def tensor_kernels(device: torch.device) -> TensorKernels:
     if device.type == "cpu":
-        return CpuTensorKernels(cpu_kernels())
+        return TensorKernels.for_cpu()
     if device.type == "cuda":
         from hpc_elastic.est.gpu import cuda_kernels
 

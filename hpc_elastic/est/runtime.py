@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpc_elastic.checkpoint import Checkpoint
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.est.checkpoint import SHARED, CheckpointStore, Manifest, est_file, load_file
-from hpc_elastic.est.comm import Communicator, LocalCommunicator
+from hpc_elastic.est.checkpoint import ESTState, load_latest_state, open_store, read_state, save_state
+from hpc_elastic.est.comm import Communicator, local_communicator
 from hpc_elastic.est.context import ESTContext, RNGState
 from hpc_elastic.est.data import DataPlan, ESTLoader
 from hpc_elastic.est.detsum import DEFAULT_CHUNK, MAX_ESTS, bin_width
@@ -106,7 +107,7 @@ class ESTRuntime:
         kernels: TensorKernels | None = None,
     ) -> None:
         self.config = config
-        self.comm = comm if comm is not None else LocalCommunicator()
+        self.comm = comm if comm is not None else local_communicator()
         self.placement = placement if placement is not None else Placement.contiguous(config.num_ests, self.comm.size)
         if self.placement.num_ests != config.num_ests:
             raise ValueError(f"placement has {self.placement.num_ests} ESTs, the job has {config.num_ests}")
@@ -140,7 +141,9 @@ class ESTRuntime:
         self._loader: ESTLoader | None = None
         self.data_plan: DataPlan | None = None
         self.store = (
-            CheckpointStore(config.checkpoint_dir, keep=config.keep_checkpoints) if config.checkpoint_dir else None
+            open_store(config.checkpoint_dir, self.comm.collective, keep=config.keep_checkpoints)
+            if config.checkpoint_dir
+            else None
         )
 
     # ------------------------------------------------------------------ context switching
@@ -181,7 +184,7 @@ class ESTRuntime:
             raise
         # the EST's generators are saved at the switch-out, so whatever the process draws between ESTs
         # (nothing in a well-formed step) cannot shift an EST's stream
-        ctx.rng = RNGState.capture()
+        ctx.rng = RNGState.capture(previous=ctx.rng)
         self._save_buffers(ctx)
         self._active = None
         self.reducer.deposit()
@@ -263,67 +266,73 @@ class ESTRuntime:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write every EST context plus the shared state for the current step (collective)."""
+        """Write every EST context plus the shared state for the current step (collective); return the
+        committed checkpoint directory."""
         if self.store is None:
             raise HpcElasticError("no checkpoint_dir configured")
         if self._active is not None or self._ran:
             raise RuntimeError("checkpoints are taken between global steps")
-        files: dict[str, str] = {}
-        for v in self.local_ests:
-            files[est_file(v)] = self.store.write(self.step, est_file(v), self.contexts[v].to_state())
+        shared = None
         if self.comm.rank == 0:
             shared = {
                 "step": self.step,
-                "meta": self._meta(),
                 "params": [p.detach().cpu().clone() for p in self.params],
                 "optimizer": self.optimizer.state_dict(),
                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             }
-            files[SHARED] = self.store.write(self.step, SHARED, shared)
-        merged: dict[str, str] = {}
-        for part in self.comm.allgather_object(files):
-            merged.update(part)
-        if self.comm.rank == 0:
-            self.store.commit(self.step, self.config.num_ests, merged, {"placement": list(self.placement.owner)})
-        self.comm.barrier()
+        contexts = {v: self.contexts[v].to_state() for v in self.local_ests}
+        meta = {**self._meta(), "placement": list(self.placement.owner), "procs": self.comm.size}
+        path = save_state(self.store, self.step, contexts, shared, meta)
         self.last_checkpoint_step = self.step
-        return self.store.step_dir(self.step)
+        return path
 
-    def restore(self, manifest: Manifest | None = None) -> bool:
-        """Continue from ``manifest`` (default: the latest checkpoint of ``checkpoint_dir``); ``False`` when
-        there is none.  The checkpoint may come from any number of processes and any placement."""
-        m = manifest
-        if m is None:
-            m = self.store.latest() if self.store is not None else None
-        if m is None:
-            return False
-        if m.num_ests != self.config.num_ests:
-            raise ValueError(f"checkpoint {m.directory} has {m.num_ests} ESTs, this job has {self.config.num_ests}")
-        shared = load_file(m, SHARED)
-        meta = shared["meta"]
+    def _check_state(self, state: ESTState) -> None:
+        """Refuse a checkpoint this job cannot continue from (same seed, level, layout, parameters)."""
+        meta = state.meta
         mine = self._meta()
         for key in ("seed", "level", "width", "layout", "param_names"):
             if meta.get(key) != mine[key]:
                 raise ValueError(
-                    f"checkpoint {m.directory} was written with {key}={meta.get(key)!r}, now {mine[key]!r}"
+                    f"checkpoint {state.source} was written with {key}={meta.get(key)!r}, now {mine[key]!r}"
                 )
-        saved = shared["params"]
+        saved = state.shared["params"]
+        if len(saved) != len(self.params):
+            raise ValueError(f"checkpoint {state.source} has {len(saved)} parameters, the model {len(self.params)}")
+        for name, p, t in zip(self.param_names, self.params, saved, strict=True):
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"parameter {name} has shape {tuple(t.shape)} in the checkpoint, {tuple(p.shape)} now")
+        for v, ctx in state.contexts.items():
+            if set(ctx.get("buffers", {})) != set(self._buffers):
+                raise ValueError(f"checkpoint {state.source}: the buffers of EST {v} do not fit this model")
+
+    def restore(self, checkpoint: Checkpoint | None = None, *, root: Path | str | None = None) -> bool:
+        """Continue from ``checkpoint``, or else from the newest loadable checkpoint under ``root`` (default:
+        ``checkpoint_dir``; collective, a damaged checkpoint is skipped on every process).  ``False`` when
+        there is none.  The checkpoint may come from any number of processes and any placement."""
+        n = self.config.num_ests
+        if checkpoint is not None:
+            state = read_state(checkpoint, self.local_ests, n)
+            self._check_state(state)
+        else:
+            store = self.store if root is None else open_store(root, self.comm.collective)
+            if store is None:
+                raise HpcElasticError("restore() needs a checkpoint, a root or a checkpoint_dir")
+            found = load_latest_state(store, self.local_ests, n, self._check_state)
+            if found is None:
+                return False
+            state = found
         with torch.no_grad():
-            for name, p, s in zip(self.param_names, self.params, saved, strict=True):
-                if s.shape != p.shape:
-                    raise ValueError(
-                        f"parameter {name} has shape {tuple(s.shape)} in the checkpoint, {tuple(p.shape)} now"
-                    )
-                p.copy_(s)
-        self.optimizer.load_state_dict(shared["optimizer"])
-        if self.lr_scheduler is not None and shared["lr_scheduler"] is not None:
-            self.lr_scheduler.load_state_dict(shared["lr_scheduler"])
+            for p, saved in zip(self.params, state.shared["params"], strict=True):
+                p.copy_(saved)
+        self.optimizer.load_state_dict(state.shared["optimizer"])
+        if self.lr_scheduler is not None and state.shared["lr_scheduler"] is not None:
+            self.lr_scheduler.load_state_dict(state.shared["lr_scheduler"])
         for v in self.local_ests:
-            ctx = ESTContext.from_state(load_file(m, est_file(v)))
-            if ctx.vrank != v or set(ctx.buffers) != set(self._buffers):
-                raise HpcElasticError(f"checkpoint {m.directory}: context of EST {v} does not fit this model")
+            ctx = ESTContext.from_state(state.contexts[v])
+            if ctx.vrank != v:
+                raise HpcElasticError(f"checkpoint {state.source}: the context saved for EST {v} is EST {ctx.vrank}'s")
             self.contexts[v] = ctx
-        self.step = int(shared["step"])
+        self.step = int(state.shared["step"])
         self.last_checkpoint_step = self.step
         self.reducer.zero()
         self._ran = []

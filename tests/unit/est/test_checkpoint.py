@@ -1,58 +1,93 @@
+"""EST checkpoints on the library's store: shard contents, reading ESTs saved by other processes, falling back
+past a damaged checkpoint, refusing a checkpoint of another job."""
+
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.est.checkpoint import SHARED, CheckpointStore, atomic_write_bytes, est_file, load_file
+from hpc_elastic.checkpoint import CheckpointStore, CorruptCheckpoint
+from hpc_elastic.est.checkpoint import EST_FORMAT, checkpoint_at, est_meta, read_state, save_state
+from hpc_elastic.est.levels import DeterminismLevel, seed_everything
+from hpc_elastic.est.runtime import ESTConfig, ESTRuntime
+from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks
+from tests.unit.est.test_runtime_local import make, train
 
 
-def _write_step(store: CheckpointStore, step: int, n: int = 2) -> dict[str, str]:
-    files = {SHARED: store.write(step, SHARED, {"step": step, "t": torch.arange(3)})}
-    for v in range(n):
-        files[est_file(v)] = store.write(step, est_file(v), {"vrank": v})
-    return files
+def test_each_est_is_read_from_the_shard_of_the_process_that_ran_it(tmp_path: Path) -> None:
+    placement = [1, 0, 0, 1]  # EST -> process of the saving run (non-contiguous)
+
+    def save(member: ThreadCollective) -> None:
+        store = CheckpointStore(tmp_path, member)
+        mine = {v: {"vrank": v, "saved_by": member.rank} for v, p in enumerate(placement) if p == member.rank}
+        shared = {"step": 7, "params": [torch.arange(3.0)]} if member.rank == 0 else None
+        save_state(store, 7, mine, shared, {"num_ests": 4, "placement": placement})
+
+    run_ranks(2, save)
+    ckpt = checkpoint_at(tmp_path, 7)
+    assert ckpt.world_size == 2 and sorted(ckpt.manifest.files) == ["shard-00000.pt", "shard-00001.pt"]
+    meta = est_meta(ckpt)
+    assert meta["format"] == EST_FORMAT and meta["placement"] == placement
+    state = read_state(ckpt, [0, 1, 2, 3], num_ests=4)  # a restart with M = 1 wants all four
+    assert {v: c["saved_by"] for v, c in state.contexts.items()} == {0: 1, 1: 0, 2: 0, 3: 1}
+    assert state.step == 7 and torch.equal(state.shared["params"][0], torch.arange(3.0))
+    assert set(read_state(ckpt, [3]).contexts) == {3}
+    with pytest.raises(ValueError, match="has 4 ESTs, this job has 2"):
+        read_state(ckpt, [0], num_ests=2)
+    with pytest.raises(ValueError, match="has ESTs 0..3, not 4"):
+        read_state(ckpt, [4])
+    (ckpt.path / "shard-00001.pt").write_bytes(b"x" * ckpt.manifest.files["shard-00001.pt"].size)
+    with pytest.raises(CorruptCheckpoint, match="is corrupt"):
+        read_state(ckpt, [0])
 
 
-def test_atomic_write_leaves_no_temporaries(tmp_path: Path) -> None:
-    sha = atomic_write_bytes(tmp_path / "a" / "f.bin", b"hello")
-    assert (tmp_path / "a" / "f.bin").read_bytes() == b"hello"
-    assert len(sha) == 64
-    assert [p.name for p in (tmp_path / "a").iterdir()] == ["f.bin"]
+def test_runtime_checkpoint_is_a_library_checkpoint_with_every_context(tmp_path: Path) -> None:
+    rt, model = make(checkpoint_dir=tmp_path, checkpoint_every=2)
+    train(rt, model, 2)
+    ckpt = CheckpointStore(tmp_path).latest()
+    assert ckpt is not None and ckpt.step == 2 and ckpt.path.name == "ckpt-000000000002"
+    shard = ckpt.load_shard(0)
+    assert sorted(shard["ests"]) == [0, 1, 2, 3]
+    assert [c["cursor"] for c in shard["ests"].values()] == [2, 2, 2, 2]
+    assert set(shard["ests"][0]["buffers"]) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    # the BatchNorm statistics are per EST: each saw its own data
+    assert not torch.equal(shard["ests"][0]["buffers"]["1.running_mean"], shard["ests"][1]["buffers"]["1.running_mean"])
+    assert shard["shared"]["step"] == 2 and len(shard["shared"]["params"]) == len(rt.params)
 
 
-def test_commit_latest_load_and_prune(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, keep=2)
-    assert store.latest() is None
-    for step in (1, 2, 3):
-        m = store.commit(step, 2, _write_step(store, step), {"placement": [0, 1]})
-    latest = store.latest()
-    assert latest is not None and latest.step == 3 and latest == m
-    assert torch.equal(load_file(latest, SHARED)["t"], torch.arange(3))
-    assert store.at(2).step == 2
-    assert not store.step_dir(1).exists()  # pruned
-    with pytest.raises(HpcElasticError, match="not a complete checkpoint"):
-        store.at(1)
-    _write_step(store, 4)  # a run killed before committing step 4 ...
-    assert store.latest() == latest  # ... is invisible
-    store.commit(5, 2, _write_step(store, 5), {})
-    assert not store.step_dir(4).exists()  # and its leftovers go at the next commit
+def test_restore_skips_a_damaged_newest_checkpoint(tmp_path: Path) -> None:
+    straight, model = make(checkpoint_dir=tmp_path, checkpoint_every=2)
+    train(straight, model, 4)
+    newest = checkpoint_at(tmp_path, 4)
+    path = newest.path / "shard-00000.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    resumed, model2 = make(checkpoint_dir=tmp_path)
+    assert resumed.restore() and resumed.step == 2  # step 4 is damaged: step 2 it is
+    train(resumed, model2, 4)
+    assert resumed.state_sha256() == straight.state_sha256()
 
 
-def test_corruption_and_incomplete_commits_are_reported(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path)
-    files = _write_step(store, 1)
-    with pytest.raises(HpcElasticError, match="lacks est-00001.pt"):
-        store.commit(1, 2, {k: v for k, v in files.items() if k != est_file(1)}, {})
-    m = store.commit(1, 2, files, {})
-    (m.directory / est_file(0)).write_bytes(b"garbage")
-    with pytest.raises(HpcElasticError, match="is corrupt"):
-        load_file(m, est_file(0))
-    (m.directory / "MANIFEST.json").write_text(json.dumps({"format": 99}))
-    with pytest.raises(HpcElasticError, match="format 99"):
-        store.latest()
-    with pytest.raises(ValueError, match="keep must be a positive integer, got 0"):
-        CheckpointStore(tmp_path, keep=0)
+def test_restore_refuses_another_jobs_checkpoint(tmp_path: Path) -> None:
+    rt, model = make(checkpoint_dir=tmp_path, checkpoint_every=1)
+    train(rt, model, 1)
+    seed_everything(3)
+    from hpc_elastic.est.example import build_model
+
+    other_model = build_model("bn-dropout", 16)
+    other = ESTRuntime(
+        other_model,
+        torch.optim.SGD(other_model.parameters(), lr=0.1),
+        ESTConfig(num_ests=4, seed=9, level=DeterminismLevel.D1, checkpoint_dir=tmp_path),
+    )
+    with pytest.raises(ValueError, match="was written with seed=3, now 9"):
+        other.restore()
+    empty, _ = make(checkpoint_dir=tmp_path / "none")
+    assert not empty.restore()
+    plain = CheckpointStore(tmp_path / "plain")
+    plain.save(1, {"x": torch.zeros(1)})
+    with pytest.raises(CorruptCheckpoint, match="is not an EST checkpoint"):
+        empty.restore(checkpoint_at(tmp_path / "plain", 1))

@@ -90,3 +90,29 @@ def test_shared_loader_batches_do_not_depend_on_workers_or_order() -> None:
     assert torch.equal(again[0], a[2][0])
     with pytest.raises(ValueError, match="EST 0 does not run on this process"):
         inproc.get(0, 0)
+
+
+def test_each_est_gets_its_own_cuda_seed_before_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU here, the CUDA calls are recorded: an EST whose context never saw an initialised CUDA
+    must still seed the CUDA generators with its own seed at every switch-in (and keep it in checkpoints)."""
+    import io
+
+    a, b = RNGState.seeded(est_seed(0, 0)), RNGState.seeded(est_seed(0, 1))
+    assert a.cuda_seed == est_seed(0, 0) and b.cuda_seed == est_seed(0, 1) and not a.torch_cuda
+    seeded: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
+    saved = RNGState.capture()
+    a.restore()
+    after_a = RNGState.capture(previous=a)  # the switch-out of EST 0
+    b.restore()
+    after_a.restore()
+    assert seeded == [est_seed(0, 0), est_seed(0, 1), est_seed(0, 0)]
+    assert RNGState.capture().cuda_seed is None  # a capture with no EST behind it has no seed to carry
+    buf = io.BytesIO()
+    torch.save(ESTContext(0, after_a).to_state(), buf)
+    buf.seek(0)
+    assert ESTContext.from_state(torch.load(buf, weights_only=True)).rng.cuda_seed == est_seed(0, 0)
+    monkeypatch.undo()
+    saved.restore()

@@ -13,9 +13,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from hpc_elastic.checkpoint import CheckpointStore
 from hpc_elastic.cli.main import _register, cli
 from hpc_elastic.est.backends import CommBackend
-from hpc_elastic.est.checkpoint import CheckpointStore
 from hpc_elastic.est.job import RunSpec
 from hpc_elastic.est.launch import free_port, launch, mpi_unavailable_reason, start
 from tests.conftest import require_horovod
@@ -82,12 +82,18 @@ def test_mpi_m1_m2_m4_match_gloo(gloo_runs: dict[str, dict[str, Any]], tmp_path:
         assert (r.result["param_sha256"], r.result["state_sha256"]) == (ref["param_sha256"], ref["state_sha256"])
 
 
-def test_horovod_m2_matches_gloo(gloo_runs: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+def test_verify_determinism_over_horovod_matches_gloo(gloo_runs: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """``hpc-elastic verify-determinism --backend horovod`` for real (mpirun with this venv's Horovod)."""
     require_horovod()
     ref = gloo_runs["fixed-m1"]
-    r = launch(spec(tmp_path, "hvd-m2", 2, CommBackend.HOROVOD), tmp_path, name="hvd-m2")
-    assert r.result is not None and r.result["backend"] == "horovod"
-    assert (r.result["param_sha256"], r.result["state_sha256"]) == (ref["param_sha256"], ref["state_sha256"])
+    args = ["verify-determinism", "--workers", str(N), "--procs", "2", "--steps", str(STEPS), "--backend", "horovod"]
+    result = CliRunner().invoke(cli, [*args, "--workdir", str(tmp_path), "-o", "loader_workers=1"])
+    print(result.output)
+    assert result.exit_code == 0, result.output
+    r = json.loads((tmp_path / "fixed-m2.result.json").read_text())
+    assert r["backend"] == "horovod" and r["procs"] == 2
+    assert (r["param_sha256"], r["state_sha256"]) == (ref["param_sha256"], ref["state_sha256"])
+    assert ref["param_sha256"] in result.output
 
 
 def test_kill_9_then_resume_on_fewer_processes(gloo_runs: dict[str, dict[str, Any]], tmp_path: Path) -> None:

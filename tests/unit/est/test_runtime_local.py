@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.checkpoint import checkpoint_at
 from hpc_elastic.est.detsum import cpu_kernels, reference_allreduce
 from hpc_elastic.est.example import AugmentedBlobs, build_model
 from hpc_elastic.est.levels import DeterminismLevel, seed_everything
-from hpc_elastic.est.reducer import CpuTensorKernels, TensorKernels
+from hpc_elastic.est.reducer import TensorKernels
 from hpc_elastic.est.runtime import ESTConfig, ESTRuntime
 
 
@@ -28,11 +29,12 @@ def _restore_torch_globals() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-class RecordingKernels(CpuTensorKernels):
+class RecordingKernels(TensorKernels):
     """The C kernels, remembering every EST gradient deposited and every reduced result."""
 
     def __init__(self) -> None:
-        super().__init__(cpu_kernels())
+        k = cpu_kernels()
+        super().__init__(k.name, k, torch.Tensor.numpy)
         self.deposits: list[np.ndarray] = []
         self.results: list[np.ndarray] = []
 
@@ -81,8 +83,7 @@ def test_restore_continues_bitwise(tmp_path: Path) -> None:
     straight, model = make(checkpoint_dir=tmp_path / "a", checkpoint_every=2)
     train(straight, model, 4)
     resumed, model2 = make(checkpoint_dir=tmp_path / "a")
-    manifest = resumed.store.at(2) if resumed.store else None
-    assert manifest is not None and resumed.restore(manifest)
+    assert resumed.restore(checkpoint_at(tmp_path / "a", 2))
     assert resumed.step == 2
     train(resumed, model2, 4)
     assert resumed.params_sha256() == straight.params_sha256()

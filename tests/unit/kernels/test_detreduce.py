@@ -223,7 +223,7 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUD
 
 @requires_cuda
 def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover - needs a GPU
-    from hpc_elastic.est.gpu import cuda_kernels
+    from hpc_elastic.est.gpu import cuda_extension, cuda_kernels
 
     k = cuda_kernels()
     rng = np.random.default_rng(3)
@@ -241,5 +241,5 @@ def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover -
     assert same(out.cpu().numpy(), d.reference_allreduce(xs, 3, chunk, 3.0))
     a = rng.standard_normal((7, 37)).astype(np.float32)
     b = rng.standard_normal((5, 37)).astype(np.float32)
-    got = k.matmul_nt(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
+    got = cuda_extension().matmul_nt(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
     assert same(got, d.ref_matmul_nt(a, b))
