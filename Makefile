@@ -16,6 +16,7 @@ cluster: setup
 
 demo: cluster
 	$(PY) scripts/demo.py
+	$(PY) -m hpc_elastic cluster status
 
 # pytest exits 5 when nothing is collected; that is not a failure of the suite.
 test: lint cluster
