@@ -13,6 +13,7 @@ Ends with one JSON object on the last line.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -116,12 +117,12 @@ def main() -> None:
         inp, jobs, nodes = build(n, seed=n)
         repeats = args.repeats or max(3, min(30, 30_000 // n))
         cluster = ClusterState.from_nodes(nodes)
-        convert_ms[n] = timed(lambda j=jobs, c=cluster: JobTable.from_views(j, c), max(1, repeats // 3))
+        convert_ms[n] = timed(functools.partial(JobTable.from_views, jobs, cluster), max(1, repeats // 3))
         for name, policy in policies.items():
             decision = policy.schedule(inp)
             starts[name][n] = len(decision.starts)
             preempts[name][n] = len(decision.preemptions)
-            ms[name][n] = timed(lambda p=policy, i=inp: p.schedule(i), repeats)
+            ms[name][n] = timed(functools.partial(policy.schedule, inp), repeats)
     print("one pass, 2,000 GPUs; median ms (starts/preemptions in the pass)")
     print(f"  {'policy':18s}" + "".join(f"{n:>22,d}" for n in sizes) + "   growth per x10")
     ratios: dict[str, list[float]] = {}

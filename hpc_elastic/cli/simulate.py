@@ -118,6 +118,9 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
 )
 @click.option("--promote-knob", type=float, default=math.inf, show_default=True, help="PROMOTEKNOB (inf: off).")
 @click.option("--pack-limit", type=float, default=DEFAULT_PACK_LIMIT, show_default=True, help="PACKLIMIT (skew).")
+@click.option(
+    "--refit-pack-limit", is_flag=True, help="Refit PACKLIMIT from observed (placement, speed) pairs while replaying."
+)
 @click.option("--min-run-time", type=float, default=0.0, show_default=True, help="Seconds between preemptions.")
 @click.option("--time-slice", type=float, default=DEFAULT_TIME_SLICE, show_default=True, help="gandiva slice, s.")
 @click.option("--history", "history_path", type=click.Path(path_type=Path), help="Job sizes (GPU-s) for Gittins.")
@@ -138,6 +141,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     queues: str,
     promote_knob: float,
     pack_limit: float,
+    refit_pack_limit: bool,
     min_run_time: float,
     time_slice: float,
     history_path: Path | None,
@@ -163,6 +167,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
         spread_slowdown=spread_slowdown,
         sched_interval=sched_interval,
         history=history,
+        refit_pack_limit=refit_pack_limit,
     )
     names = policies or POLICY_NAMES
     names = tuple(dict.fromkeys(names))
@@ -188,6 +193,9 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
                 bar.update(task, completed=done, total=total)
 
             results[name] = sim.run(report)
+    if refit_pack_limit:
+        for name, result in results.items():
+            err.print(f"{name}: PACKLIMIT {pack_limit:g} -> {result.pack_limit:.3g} (refitted from placements)")
     dropped = next(iter(results.values())).dropped
     if dropped:
         err.print(f"{len(dropped)} job(s) need more GPUs than the cluster has and were left out")

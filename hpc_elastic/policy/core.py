@@ -47,6 +47,8 @@ class WalkResult:
     holding: BoolArray  # rows that hold GPUs after the pass (kept or started)
     feasible: BoolArray  # rows that fit the cluster at all (running rows included)
     infeasible: tuple[int, ...]
+    #: GPUs that must be freed before a later pass could hold a job this one leaves out (see Decision.idle_below).
+    deficit: int = 0
 
 
 def pool_capacity(cluster: ClusterState) -> IntArray:
@@ -129,8 +131,11 @@ def preemptive_walk(
     holding = pinned.copy()
     start_pool: dict[int, int] = {}
     start_rows: list[int] = []
+    deficit = 0
     if n_pools == 1:
-        take = _select_single_pool(gpus[candidates], int(capacity[0]))
+        cand_gpus = gpus[candidates]
+        take = _select_single_pool(cand_gpus, int(capacity[0]))
+        deficit = _min_deficit(cand_gpus, take, int(capacity[0]))
         holding[candidates[take]] = True
         start_rows = candidates[take & ~running[candidates]].tolist()
         start_pool = dict.fromkeys(start_rows, 0)
@@ -189,7 +194,26 @@ def preemptive_walk(
             starts.append(Start(row, str(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
     preemptions = tuple(Preemption(row, str(jobs.job_ids[row])) for row in preempt_rows.tolist())
     infeasible = tuple(np.flatnonzero(~feasible).tolist())
-    return WalkResult(tuple(starts), preemptions, holding, feasible, infeasible)
+    return WalkResult(tuple(starts), preemptions, holding, feasible, infeasible, deficit)
+
+
+#: ``idle_below`` when no job is left out: no amount of freed GPUs changes the next pass.
+NEVER = 2**62
+
+
+def _min_deficit(gpus: IntArray, take: BoolArray, capacity: int) -> int:
+    """Fewest GPUs that must be freed so that a job the greedy walk left out would fit at its place in the order.
+
+    Job i (not taken) saw ``capacity - Σ taken GPUs before i`` GPUs left; it lacked ``gpus[i]`` minus that. With
+    the same order and nothing but completions (which only return GPUs), it fits only once the GPUs freed reach
+    its deficit, so the walk selects the same jobs until the smallest deficit is reached.
+    """
+    out = ~take
+    if not np.any(out):
+        return NEVER
+    taken = np.where(take, gpus, 0)
+    left_before = capacity - (np.cumsum(taken) - taken)
+    return max(int(np.min(gpus[out] - left_before[out])), 1)
 
 
 def nonpreemptive_walk(
@@ -202,8 +226,8 @@ def nonpreemptive_walk(
 ) -> tuple[list[Start], FreeIndex, IntArray, tuple[int, ...]]:
     """Place waiting jobs in ``order`` on the free GPUs; stop at the first misfit unless ``skip``.
 
-    Returns the starts, the free-GPU index after them, the waiting rows not started (in ``order``) and the
-    infeasible rows. Jobs that can never fit are passed over even without ``skip`` (a real YARN rejects them).
+    Returns the starts, the free-GPU index after them, the feasible waiting rows not started (in ``order``) and
+    the infeasible rows. Jobs that can never fit are passed over even without ``skip`` (a real YARN rejects them).
     """
     jobs, cluster = inp.jobs, inp.cluster
     feasible = feasible_rows(inp)
@@ -253,10 +277,19 @@ def nonpreemptive_walk(
             starts.append(Start(row, str(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
             if total <= 0:
                 break
-    keep = np.ones(pending.size, dtype=np.bool_)
+    keep = feasible[pending]
     keep[started_pos] = False
     infeasible = tuple(np.flatnonzero(~feasible & ~jobs.running).tolist())
     return starts, index, pending[keep], infeasible
+
+
+def nonpreemptive_idle(inp: PassInput, waiting: IntArray, index: FreeIndex) -> int:
+    """``Decision.idle_below`` of a non-preemptive pass: a job can only start on free GPUs, so until the GPUs
+    freed reach (smallest waiting job - GPUs free after the pass) the next pass starts nothing."""
+    if waiting.size == 0:
+        return NEVER
+    free_after = sum(index.pool_free(p) for p in range(inp.cluster.n_pools))
+    return max(int(inp.jobs.gpus[waiting].min()) - free_after, 1)
 
 
 def pinned_rows(inp: PassInput, min_run_time: float) -> BoolArray:

@@ -30,72 +30,120 @@ AlexNet (largest tensor >= ~60% of the model) from the other models (<= ~20%), a
 
 
 class FreeIndex:
-    """Free GPUs per node, bucketed by free count within each pool. Local to one pass (mutable)."""
+    """Free GPUs per node of one pass (mutable). Construction costs a few vectorised operations.
 
-    __slots__ = ("_buckets", "_node_size", "free", "pool", "switch")
+    A single-node best fit is a vectorised scan (ties: lowest node row). Jobs that need several nodes use free-GPU
+    buckets per pool (nodes bucketed by free count, in row order), built on first need, so a placement then costs
+    O(GPUs per node) plus the nodes it touches.
+    """
+
+    __slots__ = ("_buckets", "_cluster", "_free", "_node_size", "_pool_free", "_switched")
 
     def __init__(self, cluster: ClusterState, extra_free: dict[int, int] | None = None) -> None:
-        self.pool: list[int] = cluster.pool.tolist()
-        self.switch: list[int] = cluster.switch.tolist()
+        self._cluster = cluster
         free = cluster.free.copy()
         if extra_free:
-            nodes = np.fromiter(extra_free.keys(), dtype=np.int64, count=len(extra_free))
-            counts = np.fromiter(extra_free.values(), dtype=np.int64, count=len(extra_free))
-            np.add.at(free, nodes, counts)
-        self.free: list[int] = free.tolist()
-        max_size = int(cluster.total.max()) if cluster.total.size else 0
-        node_size = np.zeros(cluster.n_pools, dtype=np.int64)
-        np.maximum.at(node_size, cluster.pool, cluster.total)
-        self._node_size: list[int] = node_size.tolist()
-        self._buckets: list[list[dict[int, None]]] = [[{} for _ in range(max_size + 1)] for _ in range(cluster.n_pools)]
-        pools = self.pool
-        for node in np.flatnonzero(free > 0).tolist():
-            self._buckets[pools[node]][self.free[node]][node] = None
+            nodes_x = np.fromiter(extra_free.keys(), dtype=np.int64, count=len(extra_free))
+            counts_x = np.fromiter(extra_free.values(), dtype=np.int64, count=len(extra_free))
+            np.add.at(free, nodes_x, counts_x)
+        self._free = free
+        if cluster.n_pools == 1:
+            self._pool_free: list[int] = [int(free.sum())]
+        else:
+            self._pool_free = np.bincount(cluster.pool, weights=free, minlength=cluster.n_pools).astype(int).tolist()
+        self._buckets: list[list[dict[int, None]]] | None = None
+        self._node_size: list[int] | None = None
+        self._switched: bool | None = None
+
+    def _bucketed(self) -> list[list[dict[int, None]]]:
+        if self._buckets is None:
+            cluster = self._cluster
+            max_size = int(cluster.total.max()) if cluster.total.size else 0
+            buckets: list[list[dict[int, None]]] = [[{} for _ in range(max_size + 1)] for _ in range(cluster.n_pools)]
+            rows = np.flatnonzero(self._free > 0)
+            for node, k, p in zip(rows.tolist(), self._free[rows].tolist(), cluster.pool[rows].tolist(), strict=True):
+                buckets[p][k][node] = None
+            self._buckets = buckets
+        return self._buckets
+
+    @property
+    def free(self) -> list[int]:
+        """Free GPUs of every node (row order of the cluster)."""
+        out: list[int] = self._free.tolist()
+        return out
+
+    def free_of(self, node: int) -> int:
+        return int(self._free[node])
 
     def pool_free(self, pool: int) -> int:
-        return sum(k * len(nodes) for k, nodes in enumerate(self._buckets[pool]))
+        return self._pool_free[pool]
 
     def _move(self, node: int, new: int) -> None:
-        old = self.free[node]
-        buckets = self._buckets[self.pool[node]]
-        if old > 0:
-            del buckets[old][node]
-        if new > 0:
-            buckets[new][node] = None
-        self.free[node] = new
+        old = int(self._free[node])
+        pool = int(self._cluster.pool[node])
+        self._free[node] = new
+        self._pool_free[pool] += new - old
+        if self._buckets is not None:
+            buckets = self._buckets[pool]
+            if old > 0:
+                del buckets[old][node]
+            if new > 0:
+                buckets[new][node] = None
 
     def take(self, allocation: Iterable[tuple[int, int]]) -> None:
         for node, count in allocation:
-            if count > self.free[node]:
-                raise ValueError(f"node row {node} has {self.free[node]} free GPUs, cannot take {count}")
-            self._move(node, self.free[node] - count)
+            have = int(self._free[node])
+            if count > have:
+                raise ValueError(f"node row {node} has {have} free GPUs, cannot take {count}")
+            self._move(node, have - count)
 
     def release(self, allocation: Iterable[tuple[int, int]]) -> None:
         for node, count in allocation:
-            self._move(node, self.free[node] + count)
+            self._move(node, int(self._free[node]) + count)
 
     def _best_fit(self, pool: int, gpus: int) -> int | None:
-        buckets = self._buckets[pool]
-        for k in range(gpus, len(buckets)):
-            if buckets[k]:
-                return next(iter(buckets[k]))
-        return None
+        """The node of ``pool`` with the fewest free GPUs that still holds ``gpus`` (lowest row on ties)."""
+        free = self._free
+        ok = free >= gpus
+        if self._cluster.n_pools > 1:
+            ok &= self._cluster.pool == pool
+        rows = np.flatnonzero(ok)
+        if rows.size == 0:
+            return None
+        return int(rows[int(np.argmin(free[rows]))])
+
+    def _switch(self, node: int) -> int:
+        return int(self._cluster.switch[node])
+
+    def _has_switches(self) -> bool:
+        if self._switched is None:
+            switch = self._cluster.switch
+            self._switched = bool(switch.size) and int(switch.max()) != int(switch.min())
+        return self._switched
+
+    def _size_of_pool(self, pool: int) -> int:
+        if self._node_size is None:
+            cluster = self._cluster
+            size = np.zeros(cluster.n_pools, dtype=np.int64)
+            np.maximum.at(size, cluster.pool, cluster.total)
+            self._node_size = size.tolist()
+        return self._node_size[pool]
 
     def _choose(self, pool: int, gpus: int, consolidate: bool) -> list[tuple[int, int]] | None:
         single = self._best_fit(pool, gpus)
         if single is not None:
             return [(single, gpus)]
-        buckets = self._buckets[pool]
+        buckets = self._bucketed()[pool]
         chosen: list[tuple[int, int]] = []
         need = gpus
         if consolidate:
             # Fewest nodes, within one switch when one can hold the job (§3.3: avoid the network).
             nodes = [(node, k) for k in range(len(buckets) - 1, 0, -1) for node in buckets[k]]
-            switches = {self.switch[node] for node, _ in nodes}
             best: list[tuple[int, int]] | None = None
+            switches = {self._switch(node) for node, _ in nodes} if self._has_switches() else set()
             if len(switches) > 1:
                 for sw in sorted(switches):
-                    option = _fewest([(node, k) for node, k in nodes if self.switch[node] == sw], gpus)
+                    option = _fewest([(node, k) for node, k in nodes if self._switch(node) == sw], gpus)
                     if option is not None and (best is None or len(option) < len(best)):
                         best = option
             return best if best is not None else _fewest(nodes, gpus)
@@ -128,14 +176,14 @@ class FreeIndex:
 
     def _strict(self, pool: int, gpus: int) -> list[tuple[int, int]] | None:
         """YARN-CS consolidation: exactly ceil(gpus / node size) nodes, the ones with the most free GPUs."""
-        size = self._node_size[pool]
+        size = self._size_of_pool(pool)
         if size == 0:
             return None
         if gpus <= size:
             single = self._best_fit(pool, gpus)
             return None if single is None else [(single, gpus)]
         want = -(-gpus // size)
-        buckets = self._buckets[pool]
+        buckets = self._bucketed()[pool]
         chosen: list[tuple[int, int]] = []
         need = gpus
         for k in range(len(buckets) - 1, 0, -1):

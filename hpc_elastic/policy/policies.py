@@ -19,7 +19,7 @@ import numpy as np
 from hpc_elastic.policy.core import (
     TIME_EPS,
     WalkResult,
-    feasible_rows,
+    nonpreemptive_idle,
     nonpreemptive_walk,
     pin_wakeup,
     pinned_rows,
@@ -92,6 +92,12 @@ class Policy(ABC):
     preemptive: ClassVar[bool]
     #: whether :meth:`with_history` matters (2D-Gittins learns the job-size distribution).
     uses_history: ClassVar[bool] = False
+    #: True when, if every waiting job fits the free GPUs, a pass over the waiting jobs alone that starts them
+    #: all places them exactly where a pass over all jobs would, and that pass would decide nothing else (no
+    #: preemption, no wake-up since nobody is left waiting). Holds for the greedy walks of :mod:`.core`: with
+    #: enough free GPUs every job fits in priority order and placement only looks at free GPUs. A caller (the
+    #: simulator) may then leave the running jobs out of such a pass.
+    fit_shortcut: ClassVar[bool] = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options or PolicyOptions()
@@ -104,6 +110,10 @@ class Policy(ABC):
         """The same policy with a new job-size history (GPU-seconds of completed jobs)."""
         return self
 
+    def with_options(self, options: PolicyOptions) -> Policy:
+        """The same kind of policy with other knobs (e.g. a refitted PACKLIMIT, §3.3.2)."""
+        return type(self)(options)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options!r})"
 
@@ -114,7 +124,8 @@ def _first_start_key(first_start: FloatArray) -> FloatArray:
 
 
 def _waiting_after(inp: PassInput, walk: WalkResult) -> BoolArray:
-    return ~walk.holding & walk.feasible & ~inp.jobs.running
+    """Jobs that wait after the pass: those left out, including the running jobs it preempts."""
+    return ~walk.holding & walk.feasible
 
 
 def _finish(
@@ -126,6 +137,7 @@ def _finish(
     changes: tuple[QueueChange, ...],
     wakeup: float,
     infeasible: tuple[int, ...],
+    idle_below: int = 0,
 ) -> Decision:
     if math.isfinite(wakeup):
         wakeup = max(wakeup, inp.now + TIME_EPS)
@@ -136,6 +148,7 @@ def _finish(
         priority_order=order.astype(np.int64),
         next_wakeup=wakeup if math.isfinite(wakeup) else None,
         infeasible=infeasible,
+        idle_below=idle_below,
     )
 
 
@@ -154,6 +167,9 @@ class _MlfqPolicy(Policy):
     """Shared body of Discretised 2D-LAS and 2D-Gittins (Pseudocode 1 with §3.2.3 discretisation)."""
 
     preemptive = True
+    fit_shortcut = True
+    #: whether the order of the jobs stays fixed between wake-ups (False: it drifts with attained service).
+    fixed_order: ClassVar[bool] = True
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
@@ -194,6 +210,7 @@ class _MlfqPolicy(Policy):
             changes=_queue_changes(inp, queue, promoted),
             wakeup=wakeup,
             infeasible=walk.infeasible,
+            idle_below=walk.deficit if self.fixed_order else 0,
         )
 
 
@@ -216,6 +233,8 @@ class TiresiasGittins(_MlfqPolicy):
 
     name = "tiresias-gittins"
     uses_history = True
+    # G(a, Δ) of a running job changes as it attains service, so its rank among its queue drifts between passes.
+    fixed_order = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
@@ -251,6 +270,7 @@ class _OraclePolicy(Policy):
     """Shortest remaining first with oracle durations (§3.2.1), Tiresias placement (§5.1 "Baselines")."""
 
     preemptive = True
+    fit_shortcut = True
 
     @abstractmethod
     def _size(self, inp: PassInput) -> FloatArray: ...
@@ -264,7 +284,18 @@ class _OraclePolicy(Policy):
         wakeup = math.inf
         if np.any(_waiting_after(inp, walk)):
             wakeup = pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts))
-        return _finish(inp, order, walk=walk, starts=walk.starts, changes=(), wakeup=wakeup, infeasible=walk.infeasible)
+        # Remaining times of running jobs only shrink (they only move up), waiting jobs' stay: the order of the
+        # walk cannot let a left-out job in without GPUs being freed.
+        return _finish(
+            inp,
+            order,
+            walk=walk,
+            starts=walk.starts,
+            changes=(),
+            wakeup=wakeup,
+            infeasible=walk.infeasible,
+            idle_below=walk.deficit,
+        )
 
 
 class Srtf(_OraclePolicy):
@@ -296,6 +327,7 @@ class Gandiva(Policy):
 
     name = "gandiva"
     preemptive = True
+    fit_shortcut = True
 
     def schedule(self, inp: PassInput) -> Decision:
         jobs, now = inp.jobs, inp.now
@@ -310,7 +342,17 @@ class Gandiva(Policy):
             wakeup = pin_wakeup(inp, pinned, min_run, bool(walk.starts))
             if math.isfinite(wakeup):
                 wakeup = math.ceil(wakeup / quantum - 1e-9) * quantum
-        return _finish(inp, order, walk=walk, starts=walk.starts, changes=(), wakeup=wakeup, infeasible=walk.infeasible)
+        # keys (end of a running job's slice, start of a waiting job's wait) are fixed between passes
+        return _finish(
+            inp,
+            order,
+            walk=walk,
+            starts=walk.starts,
+            changes=(),
+            wakeup=wakeup,
+            infeasible=walk.infeasible,
+            idle_below=walk.deficit,
+        )
 
 
 class Fifo(Policy):
@@ -319,14 +361,24 @@ class Fifo(Policy):
 
     name = "fifo"
     preemptive = False
+    fit_shortcut = True
     skip: ClassVar[bool] = False
 
     def schedule(self, inp: PassInput) -> Decision:
         order = np.argsort(inp.jobs.submit, kind="stable")
-        starts, _, _, infeasible = nonpreemptive_walk(
+        starts, index, rest, infeasible = nonpreemptive_walk(
             inp, order, skip=self.skip, mode=PlacementMode.STRICT, pack_limit=self.options.pack_limit
         )
-        return _finish(inp, order, walk=None, starts=tuple(starts), changes=(), wakeup=math.inf, infeasible=infeasible)
+        return _finish(
+            inp,
+            order,
+            walk=None,
+            starts=tuple(starts),
+            changes=(),
+            wakeup=math.inf,
+            infeasible=infeasible,
+            idle_below=nonpreemptive_idle(inp, rest, index),
+        )
 
 
 class FifoSkip(Fifo):
@@ -347,6 +399,7 @@ class SlurmBackfill(Policy):
 
     name = "slurm-backfill"
     preemptive = False
+    fit_shortcut = True
 
     def schedule(self, inp: PassInput) -> Decision:
         jobs, now = inp.jobs, inp.now
@@ -355,10 +408,23 @@ class SlurmBackfill(Policy):
         mode = PlacementMode.CONSOLIDATE
         pack_limit = self.options.pack_limit
         starts, index, rest, infeasible = nonpreemptive_walk(inp, order, skip=False, mode=mode, pack_limit=pack_limit)
-        rest = rest[feasible_rows(inp)[rest]]
         if rest.size:
-            starts.extend(self._backfill(inp, rest, starts, index))
-        return _finish(inp, order, walk=None, starts=tuple(starts), changes=(), wakeup=math.inf, infeasible=infeasible)
+            filled = self._backfill(inp, rest, starts, index)
+            if filled:
+                starts.extend(filled)
+                rest = np.setdiff1d(rest, [s.row for s in filled], assume_unique=True)
+        # Age order is submit order, and the shadow time only moves when jobs end: nothing new can start
+        # before enough GPUs are freed for the smallest waiting job.
+        return _finish(
+            inp,
+            order,
+            walk=None,
+            starts=tuple(starts),
+            changes=(),
+            wakeup=math.inf,
+            infeasible=infeasible,
+            idle_below=nonpreemptive_idle(inp, rest, index),
+        )
 
     def _backfill(self, inp: PassInput, rest: IntArray, started: list[Start], index: FreeIndex) -> list[Start]:
         jobs, cluster, now = inp.jobs, inp.cluster, inp.now
@@ -434,3 +500,16 @@ class SlurmBackfill(Policy):
                 out.append(Start(row, str(jobs.job_ids[row]), alloc, names))
                 break
         return out
+
+
+#: Every built-in policy class; :mod:`hpc_elastic.policy.registry` names them by their ``name``.
+BUILTIN_POLICIES: tuple[type[Policy], ...] = (
+    Fifo,
+    FifoSkip,
+    Srtf,
+    Srsf,
+    SlurmBackfill,
+    Gandiva,
+    TiresiasLas,
+    TiresiasGittins,
+)

@@ -4,31 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hpc_elastic.policy.policies import (
-    Fifo,
-    FifoSkip,
-    Gandiva,
-    Policy,
-    PolicyOptions,
-    SlurmBackfill,
-    Srsf,
-    Srtf,
-    TiresiasGittins,
-    TiresiasLas,
-)
+from hpc_elastic.policy.policies import BUILTIN_POLICIES, Policy, PolicyOptions
 
 PolicyFactory = Callable[[PolicyOptions], Policy]
 
-_BUILTIN: dict[str, PolicyFactory] = {
-    "fifo": Fifo,
-    "fifo-skip": FifoSkip,
-    "srtf": Srtf,
-    "srsf": Srsf,
-    "slurm-backfill": SlurmBackfill,
-    "gandiva": Gandiva,
-    "tiresias-las": TiresiasLas,
-    "tiresias-gittins": TiresiasGittins,
-}
+_BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in BUILTIN_POLICIES}
 
 #: The built-in policy names, in the order the issue lists them.
 POLICY_NAMES: tuple[str, ...] = tuple(_BUILTIN)

@@ -185,7 +185,7 @@ class ClusterState:
                 raise ValueError(f"ClusterState.{name} has {len(getattr(self, name))} entries, expected {n}")
         if len(self.pool_names) > MAX_POOLS:
             raise ValueError(f"at most {MAX_POOLS} GPU types are supported, got {len(self.pool_names)}")
-        if n and (np.any(self.free < 0) or np.any(self.free > self.total)):
+        if n and not (int(self.free.min()) >= 0 and bool((self.free <= self.total).all())):
             bad = int(np.flatnonzero((self.free < 0) | (self.free > self.total))[0])
             raise ValueError(f"node {self.names[bad]}: free GPUs {int(self.free[bad])} outside [0, total]")
 
@@ -365,6 +365,11 @@ class Decision:
     happens (a demotion threshold crossed while jobs wait, a promotion, a minimum run time ending, a time
     slice ending); None when no such time exists. ``infeasible`` lists pending rows that can never fit the
     cluster (more GPUs than any allowed pool has).
+
+    ``idle_below`` lets an event-driven caller skip useless passes: until ``next_wakeup``, as long as no job
+    arrives and the running jobs that ended since this pass freed fewer than ``idle_below`` GPUs in total, a new
+    pass would start and preempt nothing (the policy's order is fixed between wake-ups and the walk is greedy).
+    0 means "always run the next pass".
     """
 
     starts: tuple[Start, ...]
@@ -373,3 +378,4 @@ class Decision:
     priority_order: IntArray
     next_wakeup: float | None
     infeasible: tuple[int, ...] = ()
+    idle_below: int = 0

@@ -13,7 +13,10 @@ Model:
 - a preempted job is checkpointed to the shared filesystem and restored when it resumes (§2.2, Figures 4-5): it
   then first spends ``2 x checkpoint_bytes / bandwidth + restart_overhead`` seconds on its GPUs before making
   progress again (default bandwidth 1.2 GB/s, Tiresias's GPFS, §5.1 "Testbed");
-- attained service a_J accrues at ``gpus`` GPU-seconds per second of wall time on GPUs, overheads included.
+- attained service a_J accrues at ``gpus`` GPU-seconds per second of wall time on GPUs, overheads included;
+- optionally (``refit_pack_limit``) PACKLIMIT is refitted during the replay from the observed (placement, speed)
+  pairs of the jobs started so far with :func:`hpc_elastic.policy.placement.fit_pack_limit` (§3.3.2,
+  "Determining PACKLIMIT"), as the paper does periodically from job history.
 
 The job state lives in numpy arrays; one pass hands the policy a :class:`JobTable` of the active jobs built with
 a dozen vectorised gathers, so a replay costs roughly (number of events) x (cost of one pass).
@@ -25,12 +28,13 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
 
 from hpc_elastic.policy.gittins import ServiceDistribution
+from hpc_elastic.policy.placement import PlacementSample, fit_pack_limit
 from hpc_elastic.policy.policies import Policy
 from hpc_elastic.policy.types import ClusterState, Decision, FloatArray, IntArray, JobTable, PassInput
 from hpc_elastic.sim.cluster import NodeSpec
@@ -84,6 +88,14 @@ class SimConfig:
     history: ServiceDistribution | None = field(default=None, compare=False)
     #: Rebuild the learned history when the number of completed jobs has grown by this factor.
     history_growth: float = 1.1
+    #: Refit PACKLIMIT from observed (placement, speed) pairs while replaying (§3.3.2).
+    refit_pack_limit: bool = False
+    #: A model is placement-sensitive when consolidated speed >= this x spread speed (for the refit).
+    refit_tolerance: float = 1.1
+    #: Skip the passes a policy's ``Decision.idle_below`` proves useless (same results, fewer passes).
+    skip_idle_passes: bool = True
+    #: Decide on the waiting jobs alone when they all fit the free GPUs (policies with ``fit_shortcut``).
+    fit_shortcut: bool = True
     record_events: bool = False
 
     def __post_init__(self) -> None:
@@ -95,6 +107,7 @@ class SimConfig:
             "sched_interval": self.sched_interval >= 0,
             "time_limit_factor": self.time_limit_factor > 0,
             "history_growth": self.history_growth > 1,
+            "refit_tolerance": self.refit_tolerance >= 1,
         }
         for name, ok in checks.items():
             value = getattr(self, name)
@@ -121,7 +134,11 @@ class SimResult:
     events: int
     passes: int
     wall_seconds: float
+    #: passes decided on the waiting jobs alone (``SimConfig.fit_shortcut``)
+    shortcut_passes: int
     log: tuple[SimEvent, ...] = ()
+    #: PACKLIMIT in force at the end of the replay (differs from the policy's knob after a refit).
+    pack_limit: float = math.nan
 
     @property
     def jct(self) -> FloatArray:
@@ -171,6 +188,7 @@ class Simulator:
         self.submit = np.array([job.submit for job in keep], dtype=np.float64)
         self.work = np.array([job.duration for job in keep], dtype=np.float64)
         self.skew = np.array([math.nan if job.skew is None else job.skew for job in keep], dtype=np.float64)
+        self.models = tuple(job.model for job in keep)
         self.ckpt = np.array(
             [cfg.default_checkpoint_bytes if job.checkpoint_bytes is None else job.checkpoint_bytes for job in keep],
             dtype=np.float64,
@@ -231,6 +249,10 @@ class Simulator:
             policy = policy.with_history(cfg.history.samples.tolist())
         history: list[float] = []
         next_refresh = 1
+        # (model, consolidated) -> [skew, Σ speed, count] of the runs started so far, for the PACKLIMIT refit.
+        observed: dict[tuple[str, bool], list[float]] = {}
+        n_observed = 0
+        next_refit = 1
         preemptive = policy.preemptive
 
         active_arr = np.zeros(0, dtype=np.int64)  # rows of arrived, unfinished jobs (sorted)
@@ -239,6 +261,12 @@ class Simulator:
         # A non-preemptive policy ranks new jobs last, so arrivals alone only matter if one fits the free GPUs.
         lazy_arrivals = not policy.preemptive
         n_pending = 0
+        pending_gpus = 0  # GPUs wanted by the waiting jobs
+        shortcut = cfg.fit_shortcut and policy.fit_shortcut
+        shortcuts = 0
+        # Decision.idle_below of the last pass, and the GPUs completions have freed since it ran.
+        idle_below = 0
+        freed = 0
         heap: list[tuple[float, int, int, int, int]] = []
         seq = 0
         wake_gen = 0
@@ -266,80 +294,8 @@ class Simulator:
             pool[row] = -1
             return float(el)
 
-        while True:
-            t_arr = float(self.submit[next_arrival]) if next_arrival < n else math.inf
-            t_heap = heap[0][0] if heap else math.inf
-            t_next = min(t_arr, t_heap)
-            if math.isinf(t_next):
-                break
-            now = float(t_next)
-            changed = False
-            free_total = int(free.sum()) if lazy_arrivals else 0
-            # -- arrivals
-            while next_arrival < n and self.submit[next_arrival] <= now:
-                row = next_arrival
-                next_arrival += 1
-                status[row] = _PENDING
-                since[row] = self.submit[row]
-                arrived.append(row)
-                n_pending += 1
-                if not lazy_arrivals or self.gpus[row] <= free_total:
-                    changed = True
-                events += 1
-                if record:
-                    log.append(SimEvent(now, EventKind.ARRIVE, str(self.ids[row])))
-            # -- completions and wake-ups due now
-            wake = tick_now = False
-            while heap and heap[0][0] <= now:
-                _, _, kind, row, tag = heapq.heappop(heap)
-                events += 1
-                if kind == _COMPLETION:
-                    if tag != version[row] or status[row] != _RUNNING:
-                        continue
-                    stop(row, now)
-                    status[row] = _DONE
-                    end[row] = now
-                    remaining[row] = 0.0
-                    departed.append(row)
-                    changed = True
-                    completed += 1
-                    history.append(float(service_total[row]))
-                    if record:
-                        log.append(SimEvent(now, EventKind.COMPLETE, str(self.ids[row]), int(queue[row])))
-                    if progress is not None and completed % report_every == 0:
-                        progress(completed, n)
-                elif tag == _TICK:  # periodic scheduling tick
-                    tick_pending = math.inf
-                    tick_now = True
-                elif tag == wake_gen:  # only the latest pass's wake-up counts
-                    wake = True
-            if not (changed or wake or tick_now):
-                continue
-            if interval > 0 and not tick_now:
-                # Periodic scheduling: passes happen on ticks (multiples of the interval) only.
-                tick = math.ceil(now / interval) * interval
-                if tick > now:
-                    if tick < tick_pending:
-                        tick_pending = tick
-                        seq += 1
-                        heapq.heappush(heap, (tick, seq, _WAKE, -1, _TICK))
-                    continue
-            if n_pending == 0:
-                continue
-            if not preemptive and not np.any(free):
-                continue
-            # -- learned job-size history for 2D-Gittins
-            if learn and len(history) >= next_refresh:
-                policy = policy.with_history(history)
-                next_refresh = max(int(len(history) * cfg.history_growth), len(history) + 1)
-            # -- one scheduling pass
-            if departed:
-                active_arr = np.delete(active_arr, np.searchsorted(active_arr, departed))
-                departed.clear()
-            if arrived:
-                active_arr = np.concatenate((active_arr, np.asarray(arrived, dtype=np.int64)))
-                arrived.clear()
-            rows = active_arr
+        def table_of(rows: IntArray, now: float) -> JobTable:
+            """The policy's view of these jobs at ``now`` (a few vectorised gathers)."""
             fg = fstate[rows]
             ig = istate[rows]
             running = ig[:, _STATUS] == _RUNNING
@@ -347,7 +303,7 @@ class Simulator:
             el = now - fg[:, _SINCE]
             el_run = np.where(running, el, 0.0)
             progress_run = np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED]
-            table = JobTable(
+            return JobTable(
                 job_ids=self.ids[rows],
                 gpus=g_rows,
                 submit=fg[:, _SUBMIT],
@@ -365,6 +321,90 @@ class Simulator:
                 remaining=np.maximum(fg[:, _REMAIN] - progress_run, 0.0),
                 time_limit=fg[:, _LIMIT],
             )
+
+        while True:
+            t_arr = float(self.submit[next_arrival]) if next_arrival < n else math.inf
+            t_heap = heap[0][0] if heap else math.inf
+            t_next = min(t_arr, t_heap)
+            if math.isinf(t_next):
+                break
+            now = float(t_next)
+            changed = arrival = False
+            free_total = int(free.sum()) if lazy_arrivals else 0
+            # -- arrivals
+            while next_arrival < n and self.submit[next_arrival] <= now:
+                row = next_arrival
+                next_arrival += 1
+                status[row] = _PENDING
+                since[row] = self.submit[row]
+                arrived.append(row)
+                n_pending += 1
+                pending_gpus += int(self.gpus[row])
+                if not lazy_arrivals or self.gpus[row] <= free_total:
+                    changed = arrival = True
+                elif cfg.skip_idle_passes:  # it can start once free GPUs reach its size (free_total = after + freed)
+                    idle_below = min(idle_below, max(int(self.gpus[row]) - free_total + freed, 1))
+                events += 1
+                if record:
+                    log.append(SimEvent(now, EventKind.ARRIVE, str(self.ids[row])))
+            # -- completions and wake-ups due now
+            wake = tick_now = False
+            while heap and heap[0][0] <= now:
+                _, _, kind, row, tag = heapq.heappop(heap)
+                events += 1
+                if kind == _COMPLETION:
+                    if tag != version[row] or status[row] != _RUNNING:
+                        continue
+                    stop(row, now)
+                    status[row] = _DONE
+                    end[row] = now
+                    remaining[row] = 0.0
+                    departed.append(row)
+                    changed = True
+                    freed += int(self.gpus[row])
+                    completed += 1
+                    history.append(float(service_total[row]))
+                    if record:
+                        log.append(SimEvent(now, EventKind.COMPLETE, str(self.ids[row]), int(queue[row])))
+                    if progress is not None and completed % report_every == 0:
+                        progress(completed, n)
+                elif tag == _TICK:  # periodic scheduling tick
+                    tick_pending = math.inf
+                    tick_now = True
+                elif tag == wake_gen:  # only the latest pass's wake-up counts
+                    wake = True
+            if not (changed or wake or tick_now):
+                continue
+            if not (arrival or wake or tick_now) and freed < idle_below:
+                continue  # the last pass said no completion this small can change its decision
+            if interval > 0 and not tick_now:
+                # Periodic scheduling: passes happen on ticks (multiples of the interval) only.
+                tick = math.ceil(now / interval) * interval
+                if tick > now:
+                    if tick < tick_pending:
+                        tick_pending = tick
+                        seq += 1
+                        heapq.heappush(heap, (tick, seq, _WAKE, -1, _TICK))
+                    continue
+            if n_pending == 0:
+                continue
+            if not preemptive and not np.any(free):
+                continue
+            # -- learned job-size history for 2D-Gittins
+            if learn and len(history) >= next_refresh:
+                policy = policy.with_history(history)
+                next_refresh = max(int(len(history) * cfg.history_growth), len(history) + 1)
+            # -- PACKLIMIT refitted from observed placements (§3.3.2)
+            if cfg.refit_pack_limit and n_observed >= next_refit:
+                policy = _refit(policy, observed, cfg.refit_tolerance)
+                next_refit = max(int(n_observed * cfg.history_growth), n_observed + 1)
+            # -- one scheduling pass
+            if departed:
+                active_arr = np.delete(active_arr, np.searchsorted(active_arr, departed))
+                departed.clear()
+            if arrived:
+                active_arr = np.concatenate((active_arr, np.asarray(arrived, dtype=np.int64)))
+                arrived.clear()
             cluster = ClusterState(
                 names=cluster0.names,
                 pool=node_pool,
@@ -374,8 +414,22 @@ class Simulator:
                 pool_names=cluster0.pool_names,
                 index=cluster0.index,
             )
-            decision: Decision = policy.schedule(PassInput(now, table, cluster))
+            rows = active_arr
+            decision: Decision | None = None
+            if shortcut and pending_gpus <= int(free.sum()):
+                # Every waiting job may fit the free GPUs: ask the policy about the waiting jobs alone; if it
+                # starts them all, a full pass would have decided exactly that (Policy.fit_shortcut).
+                waiting_rows = rows[status[rows] == _PENDING]
+                table = table_of(waiting_rows, now)
+                sub = policy.schedule(PassInput(now, table, cluster))
+                if len(sub.starts) == waiting_rows.size and not sub.preemptions:
+                    decision, rows = sub, waiting_rows
+                    shortcuts += 1
+            if decision is None:
+                table = table_of(rows, now)
+                decision = policy.schedule(PassInput(now, table, cluster))
             passes += 1
+            idle_below, freed = (decision.idle_below if cfg.skip_idle_passes else 0), 0
             # -- apply: queue changes, preemptions, starts
             for change in decision.queue_changes:
                 row = int(rows[change.row])
@@ -402,6 +456,7 @@ class Simulator:
                 wait_base[row] = 0.0
                 version[row] += 1
                 preempts[row] += 1
+                pending_gpus += int(self.gpus[row])
                 cost = 2.0 * self.ckpt[row] / cfg.bandwidth + cfg.restart_overhead
                 owed[row] = cost
                 preempt_cost += cost
@@ -422,12 +477,18 @@ class Simulator:
                 pend_total[row] += now - since[row]
                 status[row] = _RUNNING
                 n_pending -= 1
+                pending_gpus -= int(self.gpus[row])
                 since[row] = now
                 alloc[row] = start.node_rows
                 pool[row] = node_pool[start.node_rows[0][0]]
                 spread = len(start.node_rows) > 1
                 skewed = not math.isnan(self.skew[row]) and self.skew[row] > cfg.skew_sensitive
                 speed[row] = 1.0 / cfg.spread_slowdown if (spread and skewed) else 1.0
+                if cfg.refit_pack_limit and self.models[row] and not math.isnan(self.skew[row]):
+                    obs = observed.setdefault((self.models[row], not spread), [float(self.skew[row]), 0.0, 0.0])
+                    obs[1] += float(speed[row])
+                    obs[2] += 1.0
+                    n_observed += 1
                 overhead[row] = owed[row]
                 owed[row] = 0.0
                 if math.isnan(first_start[row]):
@@ -459,6 +520,19 @@ class Simulator:
             dropped=self.dropped,
             events=events,
             passes=passes,
+            shortcut_passes=shortcuts,
             wall_seconds=time.perf_counter() - started_wall,
             log=tuple(log),
+            pack_limit=policy.options.pack_limit,
         )
+
+
+def _refit(policy: Policy, observed: dict[tuple[str, bool], list[float]], tolerance: float) -> Policy:
+    """The policy with PACKLIMIT refitted from the mean speed of every (model, placement) observed."""
+    samples = [
+        PlacementSample(model, skew, consolidated, total / count)
+        for (model, consolidated), (skew, total, count) in observed.items()
+    ]
+    current = policy.options.pack_limit
+    fitted = fit_pack_limit(samples, tolerance=tolerance, current=current)
+    return policy if fitted == current else policy.with_options(replace(policy.options, pack_limit=fitted))

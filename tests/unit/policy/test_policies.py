@@ -349,3 +349,22 @@ def test_waiting_job_prefers_idle_pool_over_preemption() -> None:
     new = JobView("new", 4, 50.0)
     decision = run("tiresias-las", [demoted, new], nodes)
     assert preempted(decision) == [] and [s.allocation for s in decision.starts] == [(("b", 4),)]
+
+
+def test_las_wakes_up_for_a_job_it_preempted() -> None:
+    """The preempted job waits after the pass: the pass must wake up when the job it started is demoted."""
+    nodes = [NodeView("n0", 2, 0)]
+    old = JobView(
+        "old",
+        2,
+        0.0,
+        R,
+        attained_service=4000.0,
+        executed_time=2000.0,
+        allocation=(("n0", 2),),
+        first_start_time=0.0,
+        queue=1,
+    )
+    decision = run("tiresias-las", [old, JobView("new", 2, 90.0)], nodes)
+    assert preempted(decision) == ["old"] and started(decision) == ["new"]
+    assert decision.next_wakeup == pytest.approx(100.0 + 3200.0 / 2)

@@ -105,3 +105,29 @@ def test_shared_tiresias_trace(runner: CliRunner) -> None:
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["tiresias-gittins"]["finished"] == 60
+
+
+def test_refit_pack_limit_reported(runner: CliRunner, tmp_path: Path) -> None:
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "2x4"]
+    result = runner.invoke(cli, [*args, "--policy", "tiresias-las", "--refit-pack-limit", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "tiresias-las: PACKLIMIT 0.5 ->" in result.stderr
+    assert json.loads(result.stdout)["tiresias-las"]["finished"] == 25
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--promote-knob", "-1"], "PROMOTEKNOB"),
+        (["--pack-limit", "nan"], "PACKLIMIT"),
+        (["--bandwidth", "0"], "bandwidth"),
+        (["--time-slice", "0"], "time_slice"),
+        (["--policy", "lottery"], "lottery"),
+        (["--format", "csv"], "csv"),
+    ],
+)
+def test_bad_knobs_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], message: str) -> None:
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "2x4", *extra]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2
+    assert message in result.stderr

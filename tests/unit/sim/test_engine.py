@@ -193,3 +193,53 @@ def test_metrics() -> None:
 def test_config_validated(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         SimConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_pack_limit_refitted_from_observed_placements() -> None:
+    """Start with PACKLIMIT 0.95 (nothing consolidated): skewed models (VGG, AlexNet) run slower when spread, the
+    refit learns a threshold between the insensitive (skew <= 0.21) and sensitive (>= 0.62) models (§3.3.2)."""
+    models = [("vgg16", 0.74), ("alexnet", 0.62), ("resnet50", 0.09), ("bert", 0.21)]
+    jobs = []
+    for i in range(80):
+        model, skew = models[i % 4]
+        gpus = (1, 3, 4, 6)[(i // 4) % 4]
+        jobs.append(TraceJob(f"j{i}", float(7 * i), gpus, 50.0 + 13 * (i % 5), model=model, skew=skew, line=i))
+    nodes = parse_cluster_spec("4x4")
+    cfg = SimConfig(spread_slowdown=2.0, skew_sensitive=0.5, refit_pack_limit=True)
+    policy = make_policy("tiresias-las", PolicyOptions(pack_limit=0.95))
+    result = Simulator(jobs, nodes, policy, cfg).run()
+    assert result.finished == 80
+    assert 0.21 < result.pack_limit < 0.62
+    fixed = Simulator(jobs, nodes, policy, SimConfig(spread_slowdown=2.0, skew_sensitive=0.5)).run()
+    assert fixed.pack_limit == 0.95
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    jobs=traces(),
+    name=st.sampled_from(POLICY_NAMES),
+    knob=st.sampled_from([math.inf, 1.0]),
+    min_run=st.sampled_from([0.0, 5.0]),
+)
+def test_skipped_and_shortcut_passes_change_nothing(
+    jobs: list[TraceJob], name: str, knob: float, min_run: float
+) -> None:
+    """Decision.idle_below only lets the simulator drop passes that would have decided nothing, and a pass over
+    the waiting jobs alone (Policy.fit_shortcut) decides what the full pass would."""
+    nodes = parse_cluster_spec("2x4")
+    policy = make_policy(name, PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run))
+    slow = Simulator(
+        jobs, nodes, policy, SimConfig(record_events=True, skip_idle_passes=False, fit_shortcut=False)
+    ).run()
+    for cfg in (SimConfig(record_events=True), SimConfig(record_events=True, fit_shortcut=False)):
+        fast = Simulator(jobs, nodes, policy, cfg).run()
+        assert fast.passes <= slow.passes
+        np.testing.assert_array_equal(fast.end, slow.end)
+        np.testing.assert_array_equal(fast.preemptions, slow.preemptions)
+        assert decisions(fast) == decisions(slow)
+
+
+def decisions(result: SimResult) -> list[tuple[float, EventKind, str, tuple[tuple[str, int], ...]]]:
+    """Starts, preemptions and completions (the queue a running job is logged in may be updated later)."""
+    kinds = {EventKind.START, EventKind.PREEMPT, EventKind.COMPLETE}
+    return [(e.time, e.kind, e.job_id, e.allocation) for e in result.log if e.kind in kinds]
