@@ -20,7 +20,7 @@ from hpc_elastic.cli.main import Group
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.profile.memory import format_size, parse_size
 from hpc_elastic.profile.options import parse_batch_sizes, parse_device, parse_model_spec, parse_positive_ints
-from hpc_elastic.profile.schema import Profile
+from hpc_elastic.profile.schema import Profile, StepClock
 from hpc_elastic.profile.store import (
     default_profile_dir,
     list_profiles,
@@ -71,7 +71,8 @@ def describe(profile: Profile) -> list[str]:
     measurement = profile.measurement
     lines.append(
         f"  measured {measurement.created_at.isoformat(timespec='seconds')}: {measurement.warmup} warm-up + "
-        f"{measurement.repeats} repeats x {measurement.iters} steps per batch size, {measurement.optimizer}"
+        f"{measurement.repeats} repeats x {measurement.iters} steps per batch size, {measurement.optimizer}, "
+        f"{measurement.clock.value} clock"
     )
     if measurement.load_average_start is not None and measurement.load_average_end is not None:
         lines.append(
@@ -163,8 +164,20 @@ def _progress_bar(enabled: bool) -> Iterator[Any]:
     help="Comma-separated batch sizes, or auto: powers of two up to min(memory limit, --max-batch).",
 )
 @click.option("--iters", type=int, default=3, show_default=True, help="Timed steps per repeat.")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed steps before the repeats.")
-@click.option("--repeats", type=int, default=5, show_default=True, help="Repeats per batch size (median reported).")
+@click.option(
+    "--warmup",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Untimed steps before a batch size's first repeat (1 before later ones).",
+)
+@click.option(
+    "--repeats",
+    type=int,
+    default=5,
+    show_default=True,
+    help="Repeats per batch size, interleaved over batch sizes (median, min, max).",
+)
 @click.option("--max-batch", type=int, default=1024, show_default=True, help="Largest batch the memory search tries.")
 @click.option("--memory-cap", default=None, help="Memory cap, e.g. 4GiB (default: half the free RAM; all GPU memory).")
 @click.option("--no-memory-limit", is_flag=True, help="Skip the memory-limit search.")
@@ -172,6 +185,14 @@ def _progress_bar(enabled: bool) -> Iterator[Any]:
 @click.option("--name", default=None, help="Profile name (default: MODEL@DEVICE-TYPE).")
 @click.option("--device-type", default=None, help="Device type key (default: from the CPU model or GPU name).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--clock",
+    type=click.Choice([clock.value for clock in StepClock]),
+    default=StepClock.WALL.value,
+    show_default=True,
+    help="wall, or process: CPU time of the profiler (CPU only; for shared hosts, best with --threads 1).",
+)
+@click.option("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core).")
 @_DIR_OPTION
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--submit", is_flag=True, help="Run this profile as a Slurm job instead of here.")
@@ -192,6 +213,8 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
     name: str | None,
     device_type: str | None,
     seed: int,
+    clock: str,
+    threads: int | None,
     profiles_dir: Path | None,
     quiet: bool,
     submit: bool,
@@ -199,13 +222,9 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
     gpu_type: str | None,
     time_limit: str,
 ) -> None:
-    """Profile MODEL (package.module:factory returning (nn.Module, sample_batch[, loss_fn]))."""
-    if model.endswith(".py"):
-        raise HpcElasticError(
-            f"MODEL {model!r} is a script; profiling training scripts needs the hpc_elastic session API, "
-            "which does not exist yet: give MODEL as package.module:factory"
-        )
-    parse_model_spec(model)
+    """Profile MODEL: package.module:factory, or a training script path/to/train.py[:factory] (default factory
+    profile_model), whose factory returns (nn.Module, sample_batch[, loss_fn]); see hpc_elastic.models."""
+    parsed = parse_model_spec(model)
     device_spec = parse_device(device)
     sizes = parse_batch_sizes(batch_sizes)
     shards = parse_positive_ints(ps_shards, "--ps-shards")
@@ -225,11 +244,16 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
                 ("--name", name),
                 ("--device-type", device_type if gpu_type is None else None),
                 ("--seed", seed),
+                ("--threads", threads),
+                ("--clock", clock if clock != StepClock.WALL.value else None),
             )
             if value is not None
         ]
         if no_memory_limit:
             forwarded.append(("--no-memory-limit", None))
+        if parsed.script is not None:  # the job may start elsewhere: give it the script's absolute path
+            script = str(Path(parsed.script).expanduser().resolve())
+            model = script if parsed.text == parsed.script else f"{script}:{parsed.factory}"
         _submit(
             model,
             partition=partition,
@@ -258,6 +282,8 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
         name=name,
         device_type=device_type,
         seed=seed,
+        threads=threads,
+        clock=StepClock(clock),
     )
     with _progress_bar(not quiet) as bar:
         task = bar.add_task(f"profiling {model}", total=None) if bar is not None else None
@@ -286,12 +312,14 @@ def _submit(
     if partition is None:
         raise click.UsageError("--submit needs --partition")
     options = [*forwarded, ("--profiles-dir", str(directory.resolve())), ("--quiet", None)]
-    _, factory = parse_model_spec(model)
+    logs = directory.resolve() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create the directory of --output
     request = SubmitRequest(
         partition=partition,
         gpu_type=gpu_type,
         run_args=remote_run_args(model, gpu_type=gpu_type, options=options),
-        job_name=f"profile-{factory}"[:64],
+        job_name=f"profile-{parse_model_spec(model).name}"[:64],
+        output=str(logs / "profile-%j.out"),
         time_limit=time_limit,
         program=(sys.executable, "-m", "hpc_elastic"),
     )
@@ -300,8 +328,9 @@ def _submit(
 
     client = connect(read_environment())
     job_id = client.submit(options=sbatch_options(request), script_text=job_script(request))
-    click.echo(f"submitted profile job {job_id}: {shlex.join(build_sbatch_argv(request))} < script running")
-    click.echo(f"  {shlex.join(profile_job_command(request))}")
+    click.echo(f"submitted profile job {job_id}: {shlex.join(build_sbatch_argv(request))}")
+    click.echo(f"  runs: {shlex.join(profile_job_command(request))}")
+    click.echo(f"  log:  {request.output.replace('%j', str(job_id)) if request.output else '(Slurm default)'}")
 
 
 @profile.command("list")
@@ -377,8 +406,6 @@ def plot_profile(item: Profile, target: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hpc_elastic.profile.curve import GammaFit
-
     batches = [point.batch_size for point in item.points]
     times = [point.step_time_s * 1e3 for point in item.points]
     low = [(point.step_time_s - point.step_time_min_s) * 1e3 for point in item.points]
@@ -391,13 +418,7 @@ def plot_profile(item: Profile, target: Path) -> None:
         right = max(right, limit.batch_size)
     if item.gamma is not None:
         gamma = item.gamma
-        fit = GammaFit(
-            gamma.launch_overhead_s,
-            gamma.flat_time_s,
-            gamma.per_sample_s,
-            gamma.saturation_batch,
-            gamma.rms_relative_error,
-        )
+        fit = gamma.to_fit()
         xs = [min(batches) * (right * 1.2 / min(batches)) ** (i / 200) for i in range(201)]
         axis.plot(
             xs,

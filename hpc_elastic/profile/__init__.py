@@ -7,12 +7,15 @@ and pynvml lazily, is :mod:`.measure`.
 
 The scheduler, the planners and LB-BSP use::
 
-    from hpc_elastic.profile import find_profile, list_profiles, load_profile
+    from hpc_elastic.profile import find_profile, list_profiles, load_profile, placement_skew
 
     profile = load_profile("vgg_like@cpu-amd-epyc")          # by name, path, or unique model name
     profile = find_profile("vgg_like", "nvidia-h100")          # model x device type, or None
-    profile.model.largest_tensor_share, profile.model.skew_for(4)
-    profile.gamma.launch_overhead_s, profile.memory_limit.batch_size
+    profile.points / profile.gamma / profile.memory_limit      # C and Γ(x) per batch size, its fit, x^o
+    profile.placement_skew                                     # S_J vs PACKLIMIT (largest tensor share)
+    placement_skew("vgg_like")                                 # the same in one call
+    profile.model.skew_for(4)                                  # round-robin PS-shard skew, in [1, K]
+    profile.step_time(64), profile.gamma.launch_overhead_s, profile.memory_limit.batch_size   # Γ(64), Γ(0), x^o
 """
 
 from hpc_elastic.profile.schema import (
@@ -33,6 +36,7 @@ from hpc_elastic.profile.store import (
     list_profiles,
     load_profile,
     parse_profile,
+    placement_skew,
     profile_path,
     read_profile_file,
     save_profile,
@@ -54,6 +58,7 @@ __all__ = [
     "list_profiles",
     "load_profile",
     "parse_profile",
+    "placement_skew",
     "profile_path",
     "read_profile_file",
     "save_profile",

@@ -14,12 +14,14 @@ import ctypes
 import ctypes.util
 import gc
 import importlib
+import importlib.util
 import math
 import multiprocessing
 import os
 import platform
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +48,7 @@ from hpc_elastic.profile.schema import (
     ModelInfo,
     Profile,
     ShardSkew,
+    StepClock,
     TensorInfo,
     slugify,
 )
@@ -85,6 +88,8 @@ class ProfileRequest:
     name: str | None = None
     device_type: str | None = None
     seed: int = 0
+    threads: int | None = None  # torch intra-op threads; None: torch's default (one per core)
+    clock: StepClock = StepClock.WALL
 
     def __post_init__(self) -> None:
         for label, value, low in (
@@ -101,6 +106,10 @@ class ProfileRequest:
             raise ValueError(f"batch sizes must be positive integers, got {self.batch_sizes!r}")
         if self.name is not None and not re.match(NAME_PATTERN, self.name):
             raise ValueError(f"a profile name takes letters, digits, _ . + - and one @, got {self.name!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
+        if self.clock is StepClock.PROCESS and self.device.kind is DeviceKind.CUDA:
+            raise ValueError("--clock process times CPU work; a CUDA profile needs the wall clock")
         if not self.shard_counts or min(self.shard_counts) < 1:
             raise ValueError(f"shard counts must be positive integers, got {self.shard_counts!r}")
 
@@ -123,21 +132,51 @@ def _torch() -> Any:
         raise ProfileRunError("profiling needs torch: pip install 'hpc-elastic[torch]'") from None
 
 
-def load_model(spec: str) -> LoadedModel:
-    """Import ``package.module:factory``, call it and check what it returns (the MODEL protocol)."""
-    if spec.endswith(".py") or os.sep in spec:
-        raise ProfileRunError(
-            f"MODEL {spec!r} looks like a training script; profiling scripts needs the hpc_elastic session API, "
-            "which does not exist yet: give MODEL as package.module:factory"
-        )
-    module_path, factory_name = parse_model_spec(spec)
-    torch = _torch()
+def _import_script(path_text: str, spec: str) -> Any:
+    """Import a training script from its file as ``_hpc_elastic_script_<stem>`` (not ``__main__``).
+
+    Its directory goes first on ``sys.path``, as when Python runs the script, so sibling modules import.
+    """
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise ProfileRunError(f"MODEL {spec!r}: no script file {path}")
+    name = "_hpc_elastic_script_" + re.sub(r"\W", "_", path.stem)
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ProfileRunError(f"MODEL {spec!r}: cannot import {path} as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[name] = module
     try:
-        module = importlib.import_module(module_path)
-    except Exception as exc:  # ImportError, or whatever the module raises while it is imported
+        module_spec.loader.exec_module(module)
+    except BaseException as exc:  # the script is user code (SystemExit included): report it in one line
+        del sys.modules[name]
         raise ProfileRunError(
-            f"cannot import module {module_path!r} of MODEL {spec!r}: {type(exc).__name__}: {exc}"
+            f"cannot import script {path_text!r} of MODEL {spec!r}: {type(exc).__name__}: {exc}"
         ) from None
+    return module
+
+
+def load_model(spec: str) -> LoadedModel:
+    """Import MODEL (``package.module:factory`` or ``train.py[:factory]``), call the factory and check what
+    it returns (the MODEL protocol of :mod:`hpc_elastic.models`)."""
+    parsed = parse_model_spec(spec)
+    factory_name = parsed.factory
+    torch = _torch()
+    if parsed.script is not None:
+        module = _import_script(parsed.script, spec)
+        module_path = parsed.script
+    else:
+        module_path = cast("str", parsed.module)
+        try:
+            module = importlib.import_module(module_path)
+        except Exception as exc:  # ImportError, or whatever the module raises while it is imported
+            raise ProfileRunError(
+                f"cannot import module {module_path!r} of MODEL {spec!r}: {type(exc).__name__}: {exc}"
+            ) from None
     factory = getattr(module, factory_name, None)
     if factory is None or not callable(factory):
         raise ProfileRunError(f"module {module_path!r} has no callable {factory_name!r} (MODEL {spec!r})")
@@ -156,7 +195,7 @@ def load_model(spec: str) -> LoadedModel:
         raise ProfileRunError(f"MODEL {spec!r} returned {type(net).__name__} where a torch.nn.Module belongs")
     if not callable(sample_batch) or (loss_fn is not None and not callable(loss_fn)):
         raise ProfileRunError(f"MODEL {spec!r}: sample_batch and loss_fn must be callables")
-    return LoadedModel(spec, factory_name, net, sample_batch, loss_fn)
+    return LoadedModel(spec, parsed.name, net, sample_batch, loss_fn)
 
 
 def tensor_infos(module: nn.Module) -> list[TensorInfo]:
@@ -363,35 +402,79 @@ def _is_oom(exc: BaseException, torch: Any) -> bool:
     )
 
 
+def measure_curve(
+    runner: StepRunner,
+    sizes: Sequence[int],
+    *,
+    warmup: int,
+    iters: int,
+    repeats: int,
+    meter: PeakMeter | None,
+    progress: Progress | None = None,
+    clock: StepClock = StepClock.WALL,
+) -> list[CurvePoint]:
+    """Γ(x) and throughput C at each batch size (LB-BSP §3.1): ``repeats`` timings of ``iters`` steps each.
+
+    The repeats are interleaved: round r times every batch size once, so a burst of load from other processes
+    on a shared host lands on several batch sizes' r-th repeat instead of on all repeats of one batch size,
+    and the median over rounds discards it. Each batch size gets ``warmup`` untimed steps before its first
+    timed repeat and one untimed step before each later one (switching batch size re-primes allocator and
+    kernel caches); warm-up steps are never timed. Every repeat starts from the same weights and optimizer
+    state. ``peak_memory_bytes`` is the meter's peak over the first round (warm-up and timed steps).
+    ``clock`` WALL times with ``time.perf_counter``; PROCESS with ``time.process_time``, the CPU time of all
+    threads of this process, which on a shared host excludes the time other processes held the cores (with
+    one torch thread it is the step time on a dedicated core; meaningless for CUDA, which runs off the CPU).
+    """
+    if not sizes:
+        raise ValueError("at least one batch size is needed, got none")
+    report: Progress = progress or (lambda description, done, total: None)
+    timer = time.perf_counter if clock is StepClock.WALL else time.process_time
+    batches = {size: runner.batch(size) for size in sizes}
+    timings: dict[int, list[float]] = {size: [] for size in sizes}
+    peaks: dict[int, int | None] = dict.fromkeys(sizes)
+    total = repeats * len(sizes)
+    for round_index in range(repeats):
+        for position, size in enumerate(sizes):
+            done = round_index * len(sizes) + position
+            report(f"Γ(x): batch {size}, repeat {round_index + 1}/{repeats}", done, total)
+            inputs, targets = batches[size]
+            runner.restore()
+            first = round_index == 0
+            if first and meter is not None:
+                meter.start()
+            for _ in range(warmup if first else min(warmup, 1)):
+                runner.step(inputs, targets)
+            runner.sync()
+            began = timer()
+            for _ in range(iters):
+                runner.step(inputs, targets)
+            runner.sync()
+            timings[size].append((timer() - began) / iters)
+            if first and meter is not None:
+                peaks[size] = meter.stop()
+    report("Γ(x): done", total, total)
+    points: list[CurvePoint] = []
+    for size in sizes:
+        summary = summarize_repeats(timings[size])
+        points.append(
+            CurvePoint(
+                batch_size=size,
+                step_time_s=summary.median_s,
+                step_time_min_s=summary.min_s,
+                step_time_max_s=summary.max_s,
+                batches_per_s=1.0 / summary.median_s,
+                samples_per_s=size / summary.median_s,
+                peak_memory_bytes=peaks[size],
+            )
+        )
+    return points
+
+
 def measure_point(
     runner: StepRunner, batch_size: int, *, warmup: int, iters: int, repeats: int, meter: PeakMeter | None
 ) -> CurvePoint:
-    """Γ(x) at one batch size: ``repeats`` timings of ``iters`` steps each after ``warmup`` steps."""
-    runner.restore()
-    inputs, targets = runner.batch(batch_size)
-    if meter is not None:
-        meter.start()
-    for _ in range(warmup):
-        runner.step(inputs, targets)
-    runner.sync()
-    per_step: list[float] = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        for _ in range(iters):
-            runner.step(inputs, targets)
-        runner.sync()
-        per_step.append((time.perf_counter() - began) / iters)
-    peak = meter.stop() if meter is not None else None
-    summary = summarize_repeats(per_step)
-    return CurvePoint(
-        batch_size=batch_size,
-        step_time_s=summary.median_s,
-        step_time_min_s=summary.min_s,
-        step_time_max_s=summary.max_s,
-        batches_per_s=1.0 / summary.median_s,
-        samples_per_s=batch_size / summary.median_s,
-        peak_memory_bytes=peak,
-    )
+    """Γ(x) at one batch size (:func:`measure_curve` with a single size)."""
+    return measure_curve(runner, [batch_size], warmup=warmup, iters=iters, repeats=repeats, meter=meter)[0]
 
 
 StepPeak = Callable[[int], int | None]
@@ -424,9 +507,11 @@ def in_process_step_peak(runner: StepRunner, meter: PeakMeter) -> StepPeak:
     return peak_of
 
 
-def _child_step_peak(spec: str, seed: int, batch_size: int) -> int | None:
+def _child_step_peak(spec: str, seed: int, batch_size: int, threads: int | None = None) -> int | None:
     """Run in a fresh process: peak RSS of one CPU step at ``batch_size`` after a first step at batch 1."""
     torch = _torch()
+    if threads is not None:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)
     runner = StepRunner(load_model(spec), torch.device("cpu"), seed)
     runner.step(*runner.batch(1))
@@ -441,9 +526,9 @@ def _child_step_peak(spec: str, seed: int, batch_size: int) -> int | None:
     return meter.stop()
 
 
-def _child_entry(connection: Any, spec: str, seed: int, batch_size: int) -> None:
+def _child_entry(connection: Any, spec: str, seed: int, batch_size: int, threads: int | None) -> None:
     try:
-        connection.send(("ok", _child_step_peak(spec, seed, batch_size)))
+        connection.send(("ok", _child_step_peak(spec, seed, batch_size, threads)))
     except BaseException as exc:  # report everything to the parent, in one line
         connection.send(("error", f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
     finally:
@@ -461,20 +546,23 @@ class ChildProcessStepPeak:
     must guard its main module with ``if __name__ == "__main__":``.
     """
 
-    def __init__(self, spec: str, seed: int) -> None:
+    def __init__(self, spec: str, seed: int, threads: int | None = None) -> None:
         methods = multiprocessing.get_all_start_methods()
         self._context: Any = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         if "forkserver" in methods:
-            module_path, _ = parse_model_spec(spec)
+            parsed = parse_model_spec(spec)
             # torch.optim imports torch._dynamo on first use (over a second): preload it once in the server.
-            self._context.set_forkserver_preload(["torch", "torch._dynamo", __name__, module_path])
+            # A script is imported by file in each probe (it is no importable module name).
+            preload = ["torch", "torch._dynamo", __name__]
+            self._context.set_forkserver_preload(preload if parsed.module is None else [*preload, parsed.module])
         self._spec = spec
         self._seed = seed
+        self._threads = threads
 
     def __call__(self, batch_size: int) -> int | None:
         receiver, sender = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=_child_entry, args=(sender, self._spec, self._seed, batch_size), daemon=True
+            target=_child_entry, args=(sender, self._spec, self._seed, batch_size, self._threads), daemon=True
         )
         process.start()
         sender.close()
@@ -619,6 +707,9 @@ def run_profile(request: ProfileRequest, progress: Progress | None = None) -> Pr
     began = time.perf_counter()
     load_start = _load_average()
     torch = _torch()
+    if request.threads is not None:
+        # On a shared host, fewer threads than cores avoids OpenMP barriers waiting on descheduled threads.
+        torch.set_num_threads(request.threads)
     device = _resolve_device(request)
     torch.manual_seed(request.seed)
     loaded = load_model(request.model_spec)
@@ -643,7 +734,7 @@ def run_profile(request: ProfileRequest, progress: Progress | None = None) -> Pr
         if device.type == "cuda":
             step_peak = in_process_step_peak(runner, meter)
         else:
-            step_peak = ChildProcessStepPeak(request.model_spec, request.seed)
+            step_peak = ChildProcessStepPeak(request.model_spec, request.seed, request.threads)
         fits = fits_under(step_peak, cap, peaks)
         probes_done = 0
 
@@ -676,15 +767,16 @@ def run_profile(request: ProfileRequest, progress: Progress | None = None) -> Pr
         raise ProfileRunError(
             f"every batch size asked for is above the memory limit x^o = {limit_batch}; ask for smaller ones"
         )
-    points: list[CurvePoint] = []
-    for done, size in enumerate(sizes):
-        report(f"Γ(x): batch {size}", done, len(sizes))
-        points.append(
-            measure_point(
-                runner, size, warmup=request.warmup, iters=request.iters, repeats=request.repeats, meter=meter
-            )
-        )
-    report("done", len(sizes), len(sizes))
+    points = measure_curve(
+        runner,
+        sorted(sizes),
+        warmup=request.warmup,
+        iters=request.iters,
+        repeats=request.repeats,
+        meter=meter,
+        progress=report,
+        clock=request.clock,
+    )
 
     gamma: GammaFitInfo | None = None
     if len(points) >= 2:
@@ -710,6 +802,7 @@ def run_profile(request: ProfileRequest, progress: Progress | None = None) -> Pr
             repeats=request.repeats,
             optimizer=OPTIMIZER,
             seed=request.seed,
+            clock=request.clock,
             duration_s=time.perf_counter() - began,
             load_average_start=load_start,
             load_average_end=_load_average(),

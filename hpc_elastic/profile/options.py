@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from hpc_elastic.profile.schema import DeviceKind
 
 _MODEL_SPEC_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([A-Za-z_][A-Za-z0-9_]*)$")
+_SCRIPT_SPEC_RE = re.compile(r"^(.+\.py)(?::([A-Za-z_][A-Za-z0-9_]*))?$")
+_NAME_CHARS_RE = re.compile(r"[^A-Za-z0-9_.+-]+")
+DEFAULT_SCRIPT_FACTORY = "profile_model"
+"""The factory ``hpc-elastic profile run train.py`` calls when the script is given without ``:factory``."""
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 AUTO = "auto"
 
@@ -27,13 +32,43 @@ class DeviceSpec:
         return "cpu"
 
 
-def parse_model_spec(spec: str) -> tuple[str, str]:
-    """``package.module:factory`` → (module path, factory name)."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed MODEL: ``package.module:factory``, or a training script ``path/to/train.py[:factory]``.
+
+    A script is imported from its file under a private module name (never as ``__main__``), so the training
+    that a script using the hpc_elastic session API runs under ``if __name__ == "__main__":`` does not start;
+    the profiler only calls its factory (``profile_model`` unless named).
+    """
+
+    text: str
+    factory: str
+    module: str | None = None  # dotted module path (package.module:factory)
+    script: str | None = None  # path of a .py file (train.py[:factory])
+
+    @property
+    def name(self) -> str:
+        """Model name: the factory's name, or the script's file name when its default factory is used."""
+        if self.script is not None and self.factory == DEFAULT_SCRIPT_FACTORY:
+            stem = _NAME_CHARS_RE.sub("-", PurePath(self.script).stem).strip("-._+")
+            return stem or self.factory
+        return self.factory
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """``package.module:factory`` or ``path/to/train.py[:factory]`` → :class:`ModelSpec`."""
     text = spec.strip() if isinstance(spec, str) else spec
-    match = _MODEL_SPEC_RE.match(text) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"MODEL must be package.module:factory (for example hpc_elastic.models:mlp), got {spec!r}")
-    return match.group(1), match.group(2)
+    if isinstance(text, str):
+        match = _MODEL_SPEC_RE.match(text)
+        if match is not None:
+            return ModelSpec(text=text, factory=match.group(2), module=match.group(1))
+        script = _SCRIPT_SPEC_RE.match(text)
+        if script is not None:
+            return ModelSpec(text=text, factory=script.group(2) or DEFAULT_SCRIPT_FACTORY, script=script.group(1))
+    raise ValueError(
+        "MODEL must be package.module:factory (for example hpc_elastic.models:mlp) or a training script "
+        f"path/to/train.py[:factory], got {spec!r}"
+    )
 
 
 def parse_device(text: str) -> DeviceSpec:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hpc_elastic.profile.curve import GammaFit
 from hpc_elastic.profile.skew import largest_tensor_share, shard_skew
 
 SCHEMA_VERSION = 1
@@ -36,6 +37,13 @@ class MemoryMethod(StrEnum):
 
     RSS = "rss"  # peak resident set size of the profiling process (psutil; kernel VmHWM on Linux)
     CUDA_PEAK = "cuda-peak"  # torch.cuda.max_memory_reserved after reset_peak_memory_stats
+
+
+class StepClock(StrEnum):
+    """Which clock timed the training steps."""
+
+    WALL = "wall"  # time.perf_counter: elapsed time, what a dedicated device delivers
+    PROCESS = "process"  # time.process_time: CPU time of the profiling process (shared hosts, CPU only)
 
 
 def slugify(text: str) -> str:
@@ -102,6 +110,17 @@ class ModelInfo(_Strict):
                 raise ValueError(f"shard_skew for {entry.shards} shards is {entry.skew}, the tensors give {expected}")
         return self
 
+    @property
+    def placement_skew(self) -> float:
+        """S_J for Tiresias placement (§3.3.2): the largest tensor's share of the model, in (0, 1].
+
+        This is the quantity of Tiresias Table 6 ("for the VGG family and AlexNet, the size of each model is
+        dominated by its largest tensor") and the scale of PACKLIMIT (``DEFAULT_PACK_LIMIT = 0.5`` in
+        :mod:`hpc_elastic.policy.placement`). It does not depend on the number of shards or workers; the
+        round-robin shard skew :meth:`skew_for` lies in [1, K] and must not be compared with PACKLIMIT.
+        """
+        return self.largest_tensor_share
+
     def skew_for(self, shards: int) -> float:
         """Recorded skew for K shards, or computed from the tensor sizes when K was not recorded."""
         for entry in self.shard_skew:
@@ -137,6 +156,7 @@ class Measurement(_Strict):
     repeats: int = Field(ge=1)
     optimizer: str
     seed: int
+    clock: StepClock = StepClock.WALL
     duration_s: float = Field(ge=0.0)
     load_average_start: float | None = Field(default=None, ge=0.0)  # host 1-minute load: other work skews timings
     load_average_end: float | None = Field(default=None, ge=0.0)
@@ -180,6 +200,12 @@ class GammaFitInfo(_Strict):
     per_sample_s: float = Field(ge=0.0)
     saturation_batch: int | None = Field(default=None, ge=1)
     rms_relative_error: float = Field(ge=0.0)
+
+    def to_fit(self) -> GammaFit:
+        """The fit as a :class:`~hpc_elastic.profile.curve.GammaFit`, whose ``predict(x)`` is Γ(x)."""
+        return GammaFit(
+            self.launch_overhead_s, self.flat_time_s, self.per_sample_s, self.saturation_batch, self.rms_relative_error
+        )
 
 
 class MemoryProbe(_Strict):
@@ -236,6 +262,17 @@ class Profile(_Strict):
         if self.gamma is not None and len(self.points) < 2:
             raise ValueError("a Γ(x) fit needs at least two points")
         return self
+
+    @property
+    def placement_skew(self) -> float:
+        """S_J of the model for placement against PACKLIMIT: :attr:`ModelInfo.placement_skew`."""
+        return self.model.placement_skew
+
+    def step_time(self, batch_size: float) -> float:
+        """Γ(x) in seconds (LB-BSP §3.1) from the fitted curve; x = 0 gives the launch overhead Γ(0)."""
+        if self.gamma is None:
+            raise ValueError(f"profile {self.name} has no Γ(x) fit (fewer than two batch sizes were measured)")
+        return self.gamma.to_fit().predict(batch_size)
 
     @property
     def best_point(self) -> CurvePoint:

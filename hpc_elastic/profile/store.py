@@ -175,3 +175,12 @@ def find_profile(model: str, device_type: str, directory: Path | str | None = No
     if not matches:
         return None
     return max(matches, key=lambda profile: profile.measurement.created_at)
+
+
+def placement_skew(name_or_path: str | Path, directory: Path | str | None = None) -> float:
+    """S_J of profile ``name_or_path`` for Tiresias placement (§3.3.2), on the scale of PACKLIMIT.
+
+    The scheduler calls this (or ``load_profile(...).placement_skew``): the largest tensor's share of the
+    model, see :attr:`~hpc_elastic.profile.schema.ModelInfo.placement_skew`.
+    """
+    return load_profile(name_or_path, directory).placement_skew

@@ -34,6 +34,7 @@ class SubmitRequest:
     job_name: str = "hpc-elastic-profile"
     time_limit: str = DEFAULT_TIME_LIMIT
     program: tuple[str, ...] = ("hpc-elastic",)
+    output: str | None = None  # sbatch --output (%j = job id); None: Slurm's slurm-%j.out in the submit directory
 
     def __post_init__(self) -> None:
         _slurm_name("partition", self.partition)
@@ -42,6 +43,8 @@ class SubmitRequest:
             _slurm_name("GPU type", self.gpu_type)
         if not _TIME_RE.match(self.time_limit):
             raise ValueError(f"time limit must look like [D-]HH:MM:SS, got {self.time_limit!r}")
+        if self.output is not None and (not self.output or "\n" in self.output):
+            raise ValueError(f"the job output path must be one non-empty line, got {self.output!r}")
         if not self.run_args or not self.program:
             raise ValueError("a profile job needs a program and at least the MODEL argument")
 
@@ -62,6 +65,8 @@ def sbatch_options(request: SubmitRequest) -> list[str]:
     if request.gpu_type is not None:
         options.append(f"--gres=gpu:{request.gpu_type}:1")
     options.append(f"--time={request.time_limit}")
+    if request.output is not None:
+        options.append(f"--output={request.output}")
     return options
 
 

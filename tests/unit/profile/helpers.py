@@ -7,25 +7,12 @@ from typing import Any
 
 from torch import nn
 
-from hpc_elastic.profile.schema import (
-    CurvePoint,
-    DeviceInfo,
-    DeviceKind,
-    GammaFitInfo,
-    Measurement,
-    MemoryLimitInfo,
-    MemoryMethod,
-    MemoryProbe,
-    ModelInfo,
-    Profile,
-    ShardSkew,
-    TensorInfo,
-)
+from hpc_elastic.profile import schema
 from hpc_elastic.profile.skew import shard_skew
 
 
-def point(batch: int, seconds: float) -> CurvePoint:
-    return CurvePoint(
+def point(batch: int, seconds: float) -> schema.CurvePoint:
+    return schema.CurvePoint(
         batch_size=batch,
         step_time_s=seconds,
         step_time_min_s=seconds * 0.9,
@@ -41,28 +28,28 @@ def make_profile(
     device_type: str = "cpu-test",
     created_at: datetime | None = None,
     name: str | None = None,
-) -> Profile:
+) -> schema.Profile:
     sizes = [48, 12, 24, 8]  # float32 tensors of 12, 3, 6 and 2 elements
     tensors = [
-        TensorInfo(name="a.weight", shape=[4, 3], bytes=48),
-        TensorInfo(name="a.bias", shape=[3], bytes=12),
-        TensorInfo(name="b.weight", shape=[2, 3], bytes=24),
-        TensorInfo(name="b.bias", shape=[2], bytes=8),
+        schema.TensorInfo(name="a.weight", shape=[4, 3], bytes=48),
+        schema.TensorInfo(name="a.bias", shape=[3], bytes=12),
+        schema.TensorInfo(name="b.weight", shape=[2, 3], bytes=24),
+        schema.TensorInfo(name="b.bias", shape=[2], bytes=8),
     ]
-    return Profile(
+    return schema.Profile(
         schema_version=1,
         name=name or f"{model}@{device_type}",
-        model=ModelInfo(
+        model=schema.ModelInfo(
             spec=f"tests.unit.profile.tiny_models:{model}",
             name=model,
             num_parameters=12 + 3 + 6 + 2,
             parameter_bytes=sum(sizes),
             tensors=tensors,
             largest_tensor_share=48 / 92,
-            shard_skew=[ShardSkew(shards=k, skew=shard_skew(sizes, k)) for k in (2, 4)],
+            shard_skew=[schema.ShardSkew(shards=k, skew=shard_skew(sizes, k)) for k in (2, 4)],
         ),
-        device=DeviceInfo(
-            kind=DeviceKind.CPU,
+        device=schema.DeviceInfo(
+            kind=schema.DeviceKind.CPU,
             type=device_type,
             name="Test CPU",
             memory_bytes=1 << 30,
@@ -72,7 +59,7 @@ def make_profile(
             host="testhost",
             torch_version="2.13.0",
         ),
-        measurement=Measurement(
+        measurement=schema.Measurement(
             created_at=created_at or datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
             hpc_elastic_version="0.1.0",
             warmup=1,
@@ -83,21 +70,21 @@ def make_profile(
             duration_s=1.5,
         ),
         points=[point(1, 0.002), point(4, 0.003), point(16, 0.008)],
-        gamma=GammaFitInfo(
+        gamma=schema.GammaFitInfo(
             launch_overhead_s=0.0017,
             flat_time_s=0.0017,
             per_sample_s=0.0004,
             saturation_batch=None,
             rms_relative_error=0.01,
         ),
-        memory_limit=MemoryLimitInfo(
+        memory_limit=schema.MemoryLimitInfo(
             batch_size=40,
             capped=False,
             max_batch=64,
             first_failing_batch=41,
             cap_bytes=1 << 20,
-            method=MemoryMethod.RSS,
-            probes=[MemoryProbe(batch_size=64, fits=False, peak_bytes=2 << 20)],
+            method=schema.MemoryMethod.RSS,
+            probes=[schema.MemoryProbe(batch_size=64, fits=False, peak_bytes=2 << 20)],
         ),
     )
 

@@ -11,15 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hpc_elastic.cli.main import _register, cli
-from hpc_elastic.profile import load_profile, save_profile
-from hpc_elastic.profile.submit import (
-    SubmitRequest,
-    build_sbatch_argv,
-    job_script,
-    profile_job_command,
-    remote_run_args,
-    sbatch_options,
-)
+from hpc_elastic.profile import load_profile, save_profile, submit
 
 from .helpers import make_profile
 
@@ -44,13 +36,14 @@ def assert_one_line_error(result: Result, fragment: str) -> None:
     ("model", "fragment"),
     [
         ("not a spec", "MODEL must be package.module:factory"),
+        ("train.txt", "or a training script path/to/train.py[:factory]"),
+        ("missing_dir/train.py", "no script file"),
         ("no_colon.module", "MODEL must be package.module:factory"),
         ("nosuch_pkg.mod:factory", "cannot import module 'nosuch_pkg.mod'"),
         ("tests.unit.profile.tiny_models:missing", "has no callable 'missing'"),
         ("tests.unit.profile.tiny_models:NOT_CALLABLE", "has no callable 'NOT_CALLABLE'"),
         ("tests.unit.profile.tiny_models:not_a_module", "where a torch.nn.Module belongs"),
         ("tests.unit.profile.tiny_models:raises", "calling raises() failed: RuntimeError: weights missing"),
-        ("train.py", "needs the hpc_elastic session API"),
     ],
 )
 def test_bad_model_is_one_line_and_exit_2(model: str, fragment: str, tmp_path: Path) -> None:
@@ -66,6 +59,8 @@ def test_bad_model_is_one_line_and_exit_2(model: str, fragment: str, tmp_path: P
         (["--device", "cpu:1"], "the cpu device takes no index"),
         (["--batch-sizes", "8,x"], "bad item 'x'"),
         (["--iters", "0"], "iters must be an integer >= 1, got 0"),
+        (["--threads", "0"], "threads must be a positive integer, got 0"),
+        (["--device", "cuda", "--clock", "process"], "a CUDA profile needs the wall clock"),
         (["--memory-cap", "lots"], "not a memory size"),
         (["--ps-shards", "0"], "--ps-shards must be comma-separated positive integers"),
         (["--name", "a/b"], "a profile name takes"),
@@ -112,6 +107,66 @@ def test_run_then_list_show_plot(tmp_path: Path) -> None:
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+TRAINING_SCRIPT = """\
+import sys
+
+import torch
+from torch import nn
+
+import hpc_elastic
+
+
+def build() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def batch(batch_size):
+    return torch.randn(batch_size, 6), torch.randint(0, 3, (batch_size,))
+
+
+def profile_model():
+    return build(), batch
+
+
+def main() -> int:
+    session = hpc_elastic.init()
+    model = build()
+    state = session.state(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    state.restore()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit("training must not start when the script is profiled")
+"""
+
+
+@pytest.fixture
+def training_script(tmp_path: Path) -> Path:
+    """A training script on the hpc_elastic session API with a ``profile_model`` factory."""
+    path = tmp_path / "job" / "train.py"
+    path.parent.mkdir()
+    path.write_text(TRAINING_SCRIPT)
+    return path
+
+
+def test_run_a_training_script(tmp_path: Path, training_script: Path) -> None:
+    out = tmp_path / "profiles"
+    result = invoke(
+        "profile", "run", str(training_script), "--max-batch", "2", "--device-type", "cpu-x",
+        "--profiles-dir", str(out), *FAST,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output + result.stderr
+    profile = load_profile(out / "train@cpu-x.json")
+    assert profile.model.spec == str(training_script)
+    assert profile.model.name == "train"
+    assert [t.shape for t in profile.model.tensors] == [[5, 6], [5], [3, 5], [3]]
+    assert profile.memory_limit is not None and profile.memory_limit.batch_size == 2  # probes load it by path
+    named = invoke("profile", "run", f"{training_script}:build", "--no-memory-limit", "--profiles-dir", str(out), *FAST)
+    assert named.exit_code == 2
+    assert "MODEL" in named.stderr and "must return (module, sample_batch)" in named.stderr
+
+
 def test_memory_cap_below_one_sample_is_one_line(tmp_path: Path) -> None:
     result = invoke("profile", "run", TINY, "--memory-cap", "1M", "--max-batch", "4", "--profiles-dir", str(tmp_path))
     assert_one_line_error(result, "not even batch 1 fits under the memory cap 1.00 MiB")
@@ -136,10 +191,10 @@ def test_show_a_saved_profile(tmp_path: Path) -> None:
 
 
 def test_sbatch_argv_and_script_are_exact() -> None:
-    request = SubmitRequest(
+    request = submit.SubmitRequest(
         partition="gpu",
         gpu_type="h100",
-        run_args=remote_run_args(
+        run_args=submit.remote_run_args(
             "pkg.mod:net",
             gpu_type="h100",
             options=[("--iters", "5"), ("--profiles-dir", "/shared/profiles"), ("--quiet", None)],
@@ -148,7 +203,7 @@ def test_sbatch_argv_and_script_are_exact() -> None:
         time_limit="01:00:00",
         program=("/venv/bin/python", "-m", "hpc_elastic"),
     )
-    assert build_sbatch_argv(request) == [
+    assert submit.build_sbatch_argv(request) == [
         "sbatch",
         "--parsable",
         "--job-name=profile-net",
@@ -158,21 +213,21 @@ def test_sbatch_argv_and_script_are_exact() -> None:
         "--gres=gpu:h100:1",
         "--time=01:00:00",
     ]
-    assert build_sbatch_argv(request)[2:] == sbatch_options(request)
-    assert profile_job_command(request) == [
+    assert submit.build_sbatch_argv(request)[2:] == submit.sbatch_options(request)
+    assert submit.profile_job_command(request) == [
         "/venv/bin/python", "-m", "hpc_elastic", "profile", "run", "pkg.mod:net",
         "--device", "cuda", "--device-type", "h100",
         "--iters", "5", "--profiles-dir", "/shared/profiles", "--quiet",
     ]  # fmt: skip
-    assert job_script(request) == (
+    assert submit.job_script(request) == (
         "#!/bin/bash\n"
         "# hpc-elastic profile job: measures one model on this node's device type.\n"
         "set -euo pipefail\n"
         "exec /venv/bin/python -m hpc_elastic profile run pkg.mod:net --device cuda --device-type h100 "
         "--iters 5 --profiles-dir /shared/profiles --quiet\n"
     )
-    cpu_job = SubmitRequest(partition="cpu", run_args=("pkg.mod:net",))
-    assert "--gres" not in " ".join(build_sbatch_argv(cpu_job))
+    cpu_job = submit.SubmitRequest(partition="cpu", run_args=("pkg.mod:net",))
+    assert "--gres" not in " ".join(submit.build_sbatch_argv(cpu_job))
 
 
 @pytest.mark.parametrize(
@@ -187,7 +242,7 @@ def test_sbatch_argv_and_script_are_exact() -> None:
 def test_bad_submit_requests(fields: dict[str, Any], fragment: str) -> None:
     arguments: dict[str, Any] = {"partition": "gpu", "run_args": ("m:f",), **fields}
     with pytest.raises(ValueError, match=fragment):
-        SubmitRequest(**arguments)
+        submit.SubmitRequest(**arguments)
 
 
 class FakeSlurm:
@@ -217,16 +272,40 @@ def test_submit_hands_the_job_to_the_slurm_adapter(tmp_path: Path, monkeypatch: 
         "--ntasks=1",
         "--gres=gpu:a100:1",
         "--time=00:30:00",
+        f"--output={tmp_path.resolve()}/logs/profile-%j.out",
     ]
     assert call["script_text"].splitlines()[-1] == (
         f"exec {sys.executable} -m hpc_elastic profile run {TINY} --device cuda --device-type a100 "
         f"--batch-sizes auto --iters 7 --warmup 2 --repeats 5 --max-batch 1024 --ps-shards 2,4,8 --seed 0 "
         f"--profiles-dir {tmp_path.resolve()} --quiet"
     )
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["logs"]  # sbatch needs the --output directory to exist
+    assert result.output.splitlines()[-1] == f"  log:  {tmp_path.resolve()}/logs/profile-4242.out"
+
+
+def test_submit_a_script_passes_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training_script: Path
+) -> None:
+    fake = FakeSlurm()
+    monkeypatch.setattr("hpc_elastic.slurm.connect", lambda environment=None: fake)
+    monkeypatch.chdir(training_script.parent)
+    result = invoke("profile", "run", "train.py", "--submit", "--partition", "cpu", "--profiles-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output + result.stderr
+    (call,) = fake.calls
+    assert "--job-name=profile-train" in call["options"]
+    assert not any(option.startswith("--gres") for option in call["options"])
+    assert f"profile run {training_script} --batch-sizes auto" in call["script_text"]
 
 
 def test_submit_needs_a_partition() -> None:
     result = invoke("profile", "run", TINY, "--submit")
     assert result.exit_code == 2
     assert "--submit needs --partition" in result.stderr
+
+
+def test_a_script_that_fails_on_import_is_one_line(tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nraise SystemExit('no data here')\n")
+    result = invoke("profile", "run", str(script), "--no-memory-limit", "--profiles-dir", str(tmp_path), *FAST)
+    assert_one_line_error(result, "cannot import script")
+    assert "SystemExit: no data here" in result.stderr

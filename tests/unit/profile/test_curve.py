@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hpc_elastic.profile.curve import fit_gamma, monotone_violations, summarize_repeats
-from hpc_elastic.profile.measure import LoadedModel, StepRunner, measure_point
+from hpc_elastic.profile.measure import LoadedModel, StepRunner, measure_curve, measure_point
+from hpc_elastic.profile.schema import StepClock
 
 from .tiny_models import tiny
 
@@ -83,15 +84,85 @@ def test_summarize_repeats() -> None:
 
 
 def test_measured_gamma_is_monotone_within_noise() -> None:
-    """Batch sizes 64x apart on a tiny model: Γ must grow, allowing for a noisy, shared CPU."""
+    """Batch sizes 64x apart on a tiny model, measured interleaved: Γ must grow, allowing for a noisy, shared CPU."""
     module, sample_batch = tiny()[:2]
     runner = StepRunner(LoadedModel("t:tiny", "tiny", module, sample_batch, None), torch.device("cpu"), seed=0)
     runner.step(*runner.batch(1))
     runner.snapshot()
-    points = [measure_point(runner, batch, warmup=1, iters=2, repeats=3, meter=None) for batch in (1, 64, 4096)]
+    assert measure_point(runner, 2, warmup=0, iters=1, repeats=1, meter=None).batch_size == 2
+    points = measure_curve(runner, [1, 64, 4096, 32768], warmup=1, iters=2, repeats=5, meter=None)
     for measured in points:
         assert measured.step_time_min_s <= measured.step_time_s <= measured.step_time_max_s
         assert measured.samples_per_s == pytest.approx(measured.batch_size / measured.step_time_s)
     pairs = [(p.batch_size, p.step_time_s) for p in points]
     assert monotone_violations(pairs, relative_tolerance=0.5) == []
     assert fit_gamma(pairs).per_sample_s > 0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedRunner:
+    """Stands in for StepRunner: a step at batch x takes 1 ms + 0.1 ms·x on a fake clock, the first two
+    steps at each batch size take 1 s extra (first-use set-up), and round 2 of batch 8 is hit by a load burst."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.steps: list[int] = []
+        self.restores = 0
+
+    def batch(self, batch_size: int) -> tuple[int, int]:
+        return batch_size, batch_size
+
+    def restore(self) -> None:
+        self.restores += 1
+
+    def step(self, inputs: int, targets: int) -> None:
+        cold = 1.0 if self.steps.count(inputs) < 2 else 0.0
+        burst = 0.5 if (inputs == 8 and self.restores == 2 * 3 + 2) else 0.0  # round index 2, second size
+        self.clock.now += 0.001 + 0.0001 * inputs + cold + burst
+        self.steps.append(inputs)
+
+    def sync(self) -> None:
+        pass
+
+
+def test_warm_up_is_excluded_and_repeats_are_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("hpc_elastic.profile.measure.time.perf_counter", clock)
+    runner = ScriptedRunner(clock)
+    points = measure_curve(runner, [1, 8, 64], warmup=2, iters=4, repeats=5, meter=None)  # type: ignore[arg-type]
+    # Round 0: 2 warm-up + 4 timed steps per size; later rounds: 1 untimed + 4 timed; sizes interleaved.
+    assert runner.steps[:18] == [1] * 6 + [8] * 6 + [64] * 6
+    assert runner.steps[18:33] == [1] * 5 + [8] * 5 + [64] * 5
+    assert len(runner.steps) == 3 * (6 + 4 * 5)
+    for point in points:
+        exact = 0.001 + 0.0001 * point.batch_size
+        assert point.step_time_s == pytest.approx(exact)  # warm-up untimed; the median drops the burst
+        assert point.step_time_min_s == pytest.approx(exact)
+        assert point.samples_per_s == pytest.approx(point.batch_size / exact)
+    assert points[1].step_time_max_s > points[1].step_time_s  # the burst shows up in the spread only
+    assert [p.batch_size for p in points] == [1, 8, 64]
+
+
+def test_the_process_clock_times_steps_with_process_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    wall, cpu = FakeClock(), FakeClock()
+    monkeypatch.setattr("hpc_elastic.profile.measure.time.perf_counter", wall)
+    monkeypatch.setattr("hpc_elastic.profile.measure.time.process_time", cpu)
+    runner = ScriptedRunner(cpu)  # the steps advance only the CPU clock
+    points = measure_curve(
+        runner,  # type: ignore[arg-type]
+        [4],
+        warmup=2,
+        iters=2,
+        repeats=3,
+        meter=None,
+        clock=StepClock.PROCESS,
+    )
+    assert points[0].step_time_s == pytest.approx(0.0014)
+    assert wall.now == 0.0

@@ -9,17 +9,8 @@ from typing import Any
 
 import pytest
 
+import hpc_elastic.profile as api
 from hpc_elastic.env import Environment, read_environment
-from hpc_elastic.profile import (
-    ProfileError,
-    default_profile_dir,
-    find_profile,
-    list_profiles,
-    load_profile,
-    parse_profile,
-    read_profile_file,
-    save_profile,
-)
 from hpc_elastic.profile.schema import slugify
 from hpc_elastic.profile.store import SOURCE_PROFILE_DIR, atomic_write_text, profile_path, profile_to_json
 
@@ -28,9 +19,9 @@ from .helpers import make_profile, profile_dict
 
 def test_json_round_trip(tmp_path: Path) -> None:
     original = make_profile()
-    path = save_profile(original, tmp_path)
+    path = api.save_profile(original, tmp_path)
     assert path == tmp_path / "toy@cpu-test.json"
-    loaded = read_profile_file(path)
+    loaded = api.read_profile_file(path)
     assert loaded == original
     assert profile_to_json(loaded) == path.read_text()
     assert json.loads(path.read_text())["schema_version"] == 1
@@ -70,8 +61,8 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
     ],
 )
 def test_schema_errors_are_one_clear_line(data: Any, message: str) -> None:
-    with pytest.raises(ProfileError, match=message) as caught:
-        parse_profile(data, "f.json")
+    with pytest.raises(api.ProfileError, match=message) as caught:
+        api.parse_profile(data, "f.json")
     assert "\n" not in str(caught.value)
     assert str(caught.value).startswith("f.json: ")
 
@@ -99,70 +90,70 @@ def _edited(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     ],
 )
 def test_inconsistent_profiles_are_rejected(path: tuple[str, ...], value: Any, message: str) -> None:
-    with pytest.raises(ProfileError, match=message):
-        parse_profile(_edited(path, value), "f.json")
+    with pytest.raises(api.ProfileError, match=message):
+        api.parse_profile(_edited(path, value), "f.json")
 
 
 def test_inconsistent_points_are_rejected() -> None:
     data = profile_dict()
     data["points"][0]["samples_per_s"] = 1.0
-    with pytest.raises(ProfileError, match="samples_per_s"):
-        parse_profile(data)
+    with pytest.raises(api.ProfileError, match="samples_per_s"):
+        api.parse_profile(data)
     data = profile_dict()
     data["points"].reverse()
-    with pytest.raises(ProfileError, match="increasing, distinct batch sizes"):
-        parse_profile(data)
+    with pytest.raises(api.ProfileError, match="increasing, distinct batch sizes"):
+        api.parse_profile(data)
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
-    with pytest.raises(ProfileError, match="no profile file"):
-        read_profile_file(tmp_path / "missing.json")
+    with pytest.raises(api.ProfileError, match="no profile file"):
+        api.read_profile_file(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ProfileError, match="not valid JSON"):
-        read_profile_file(bad)
+    with pytest.raises(api.ProfileError, match="not valid JSON"):
+        api.read_profile_file(bad)
 
 
 def test_load_by_name_path_and_unique_model_name(tmp_path: Path) -> None:
-    save_profile(make_profile("toy", "cpu-a"), tmp_path)
-    save_profile(make_profile("other", "cpu-a"), tmp_path)
-    assert load_profile("toy@cpu-a", tmp_path).name == "toy@cpu-a"
-    assert load_profile(tmp_path / "toy@cpu-a.json").name == "toy@cpu-a"
-    assert load_profile(str(tmp_path / "toy@cpu-a.json")).name == "toy@cpu-a"
-    assert load_profile("toy", tmp_path).name == "toy@cpu-a"
-    save_profile(make_profile("toy", "cpu-b"), tmp_path)
-    with pytest.raises(ProfileError, match="several profiles"):
-        load_profile("toy", tmp_path)
-    with pytest.raises(ProfileError, match="no profile named 'nope'"):
-        load_profile("nope", tmp_path)
+    api.save_profile(make_profile("toy", "cpu-a"), tmp_path)
+    api.save_profile(make_profile("other", "cpu-a"), tmp_path)
+    assert api.load_profile("toy@cpu-a", tmp_path).name == "toy@cpu-a"
+    assert api.load_profile(tmp_path / "toy@cpu-a.json").name == "toy@cpu-a"
+    assert api.load_profile(str(tmp_path / "toy@cpu-a.json")).name == "toy@cpu-a"
+    assert api.load_profile("toy", tmp_path).name == "toy@cpu-a"
+    api.save_profile(make_profile("toy", "cpu-b"), tmp_path)
+    with pytest.raises(api.ProfileError, match="several profiles"):
+        api.load_profile("toy", tmp_path)
+    with pytest.raises(api.ProfileError, match="no profile named 'nope'"):
+        api.load_profile("nope", tmp_path)
     with pytest.raises(ValueError, match="not a profile name"):
         profile_path("../x", tmp_path)
 
 
 def test_list_and_find_by_model_and_device_type(tmp_path: Path) -> None:
-    assert list_profiles(tmp_path / "missing") == []
+    assert api.list_profiles(tmp_path / "missing") == []
     older = datetime(2026, 1, 1, tzinfo=UTC)
     newer = datetime(2026, 2, 1, tzinfo=UTC)
-    save_profile(make_profile("toy", "nvidia-h100", created_at=older), tmp_path)
-    save_profile(make_profile("toy", "nvidia-h100", created_at=newer, name="toy-rerun"), tmp_path)
-    save_profile(make_profile("toy", "cpu-a"), tmp_path)
+    api.save_profile(make_profile("toy", "nvidia-h100", created_at=older), tmp_path)
+    api.save_profile(make_profile("toy", "nvidia-h100", created_at=newer, name="toy-rerun"), tmp_path)
+    api.save_profile(make_profile("toy", "cpu-a"), tmp_path)
     (tmp_path / "notes.txt").write_text("ignored")
-    assert [p.name for p in list_profiles(tmp_path)] == ["toy-rerun", "toy@cpu-a", "toy@nvidia-h100"]
-    found = find_profile("toy", "NVIDIA H100", tmp_path)
+    assert [p.name for p in api.list_profiles(tmp_path)] == ["toy-rerun", "toy@cpu-a", "toy@nvidia-h100"]
+    found = api.find_profile("toy", "NVIDIA H100", tmp_path)
     assert found is not None and found.name == "toy-rerun"
-    by_spec = find_profile("tests.unit.profile.tiny_models:toy", "cpu-a", tmp_path)
+    by_spec = api.find_profile("tests.unit.profile.tiny_models:toy", "cpu-a", tmp_path)
     assert by_spec is not None and by_spec.name == "toy@cpu-a"
-    assert find_profile("toy", "a100", tmp_path) is None
+    assert api.find_profile("toy", "a100", tmp_path) is None
     (tmp_path / "broken.json").write_text("[]")
-    with pytest.raises(ProfileError, match="broken.json"):
-        list_profiles(tmp_path)
+    with pytest.raises(api.ProfileError, match="broken.json"):
+        api.list_profiles(tmp_path)
 
 
 def test_default_directory_comes_from_the_environment(tmp_path: Path) -> None:
     assert read_environment({"HPC_ELASTIC_PROFILES": str(tmp_path)}).profile_dir == tmp_path
     assert read_environment({}).profile_dir is None
-    assert default_profile_dir(Environment(profile_dir=tmp_path)) == tmp_path
-    assert default_profile_dir(Environment()) == SOURCE_PROFILE_DIR
+    assert api.default_profile_dir(Environment(profile_dir=tmp_path)) == tmp_path
+    assert api.default_profile_dir(Environment()) == SOURCE_PROFILE_DIR
 
 
 def test_slugify() -> None:
@@ -173,8 +164,30 @@ def test_slugify() -> None:
 
 
 def test_shipped_reference_profiles_are_valid() -> None:
-    profiles = list_profiles(SOURCE_PROFILE_DIR)
+    profiles = api.list_profiles(SOURCE_PROFILE_DIR)
     assert {p.model.name for p in profiles} >= {"vgg_like", "resnet_like", "transformer_small", "mlp"}
     for item in profiles:
         assert item.name == f"{item.model.name}@{item.device.type}"
         assert item.gamma is not None and item.memory_limit is not None
+
+
+def test_placement_skew_is_the_largest_tensor_share_on_the_packlimit_scale(tmp_path: Path) -> None:
+    from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
+
+    profile = make_profile()
+    api.save_profile(profile, tmp_path)
+    assert profile.placement_skew == profile.model.largest_tensor_share == 48 / 92
+    assert api.placement_skew("toy", tmp_path) == 48 / 92
+    assert profile.model.skew_for(4) == 4 * 48 / 92  # PS-shard skew lies in [1, K]: not comparable to PACKLIMIT
+    shipped = {item.model.name: item.placement_skew for item in api.list_profiles(SOURCE_PROFILE_DIR)}
+    assert shipped["vgg_like"] > DEFAULT_PACK_LIMIT  # Tiresias Table 6: VGG is dominated by one tensor
+    assert max(shipped["resnet_like"], shipped["mlp"], shipped["transformer_small"]) < DEFAULT_PACK_LIMIT
+
+
+def test_step_time_follows_the_fitted_gamma() -> None:
+    profile = make_profile()  # Γ(x) = 1.7 ms + 0.4 ms·x, no saturation point
+    assert profile.step_time(0) == pytest.approx(0.0017)
+    assert profile.step_time(10) == pytest.approx(0.0057)
+    unfitted = profile.model_copy(update={"gamma": None})
+    with pytest.raises(ValueError, match="no Γ"):
+        unfitted.step_time(1)
