@@ -29,8 +29,9 @@ log = logging.getLogger("hpc-elastic-sched")
 
 
 def profile_skew(environment: Environment) -> SkewLookup:
-    """Skew S_J from the job's profile (Tiresias §3.3); unknown profile -> not skewed (None)."""
-    from hpc_elastic.profile import ProfileError, default_profile_dir, load_profile
+    """Skew S_J from the job's profile: the largest tensor's share of the model (Tiresias §3.3, Table 6), the
+    scale PACKLIMIT is on; unknown profile -> not skewed (None)."""
+    from hpc_elastic.profile import ProfileError, default_profile_dir, placement_skew
 
     directory = default_profile_dir(environment)
 
@@ -38,7 +39,7 @@ def profile_skew(environment: Environment) -> SkewLookup:
         if not marker.profile:
             return None
         try:
-            return float(load_profile(marker.profile, directory).model.skew_for(gpus))
+            return placement_skew(marker.profile, directory)
         except (ProfileError, ValueError, OSError) as exc:
             log.debug("no skew for profile %s: %s", marker.profile, exc)
             return None

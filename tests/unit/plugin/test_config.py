@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from slurm_plugin.cli import main
 from slurm_plugin.config import ConfigError, OrderField, load_config, parse_config
 
@@ -60,3 +61,20 @@ def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     broken.write_text("state_dir = \n")
     result = CliRunner().invoke(main, ["--config", str(broken)])
     assert result.exit_code == 2 and "not valid TOML" in result.output
+
+
+def test_skew_comes_from_the_profiles_largest_tensor_share() -> None:
+    """S_J is on PACKLIMIT's scale (Tiresias Table 6): the shipped vgg_like profile is skewed, resnet_like not."""
+    from hpc_elastic.env import Environment
+    from hpc_elastic.launch.spec import Backend, JobMarker
+    from slurm_plugin.cli import profile_skew
+
+    lookup = profile_skew(Environment())
+
+    def marker(profile: str | None) -> JobMarker:
+        return JobMarker(workers=4, min=4, max=4, unit="gpu", backend=Backend.TORCH, profile=profile)
+
+    vgg, resnet = lookup(marker("vgg_like"), 4), lookup(marker("resnet_like"), 4)
+    assert vgg is not None and resnet is not None
+    assert resnet < DEFAULT_PACK_LIMIT < vgg < 1.0
+    assert lookup(marker("no_such_model"), 4) is None and lookup(marker(None), 4) is None
