@@ -257,7 +257,11 @@ class Supervisor:
 
     def _supervise(self, proc: Any) -> tuple[int, bool]:
         """Watch one worker step. Return the wrapper's exit code and whether the step failed on its own (no stop
-        was requested, no fatal signal): such a step may be restarted."""
+        was requested, no fatal signal): such a step may be restarted.
+
+        A preemption or resize is requeued as soon as the checkpoint is acknowledged: the checkpoint is durable
+        then, and the workers' own exit (process-group and interpreter teardown, seconds on a loaded node) need
+        not delay the GPUs' release."""
         reason: StopReason | None = None
         requested_at = 0.0
         while proc.poll() is None:
@@ -271,18 +275,28 @@ class Supervisor:
                 request = StopRequest(reason, requested_at)
                 atomic_write_bytes(self.control / STOP_FILE, request.to_json().encode())
                 log.info("stop requested (%s): workers checkpoint at the next mini-batch boundary", reason.value)
-            if reason is not None and self.clock() - requested_at > self.config.grace_s:
-                log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
-                self._kill_group(proc)
-                break
+            if reason is not None:
+                if should_requeue(reason, self.config.requeue_on_timelimit) and self._acknowledged(requested_at):
+                    return self._finish_stop(reason, requested_at), False
+                if self.clock() - requested_at > self.config.grace_s:
+                    log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
+                    self._kill_group(proc)
+                    break
             self.sleep(0.2)
         code = int(proc.wait())
         if reason is None:
             log.info("workers finished with exit code %d", code)
             return code, code != 0 and self._fatal is None
+        return self._finish_stop(reason, requested_at), False
+
+    def _acknowledged(self, requested_at: float) -> Ack | None:
+        """The workers' acknowledgement of the stop requested at ``requested_at``, if it has been written."""
         ack = read_ack(self.control / ACK_FILE)
-        acked = ack is not None and ack.written_at >= requested_at - 1.0
-        if ack is not None and acked:
+        return ack if ack is not None and ack.written_at >= requested_at - 1.0 else None
+
+    def _finish_stop(self, reason: StopReason, requested_at: float) -> int:
+        ack = self._acknowledged(requested_at)
+        if ack is not None:
             log.info("checkpoint acknowledged at step %d: %s", ack.step, ack.checkpoint)
         else:
             log.error("no checkpoint acknowledgement after the stop request; the job resumes from an older one")
@@ -290,8 +304,8 @@ class Supervisor:
             if self.job.job_id is not None:
                 self.slurm.requeue([self.job.job_id])
                 log.info("job %s requeued (%s)", self.job.job_id, reason.value)
-            return 0, False
-        return (0 if acked else 1), False
+            return 0
+        return 0 if ack is not None else 1
 
     def _kill_group(self, proc: Any) -> None:
         if proc.poll() is not None:

@@ -193,3 +193,44 @@ def test_mpirun_inside_an_allocation_takes_open_mpis_rank() -> None:
         {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}
     )
     assert (env.rank, env.world_size) == (2, 4)
+
+
+class RecordingSlurm:
+    """Records requeues; the job has no time limit, so a USR1 is a preemption."""
+
+    def __init__(self) -> None:
+        self.requeued: list[int] = []
+
+    def requeue(self, job_ids: list[int]) -> None:
+        self.requeued += job_ids
+
+    def job(self, job_id: int) -> object:
+        return type("Job", (), {"start_time": None, "time_limit_s": None})()
+
+
+PREEMPTED_WORKER = """
+import json, os, pathlib, signal, sys, time
+log, control = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+os.kill(os.getppid(), signal.SIGUSR1)  # the preemption signal reaches the wrapper
+while not (control / "stop").exists():
+    time.sleep(0.05)
+ack = {"job_id": 5, "restart_count": 0, "step": 7, "checkpoint": "/ckpt", "written_at": time.time()}
+(control / ".ack.tmp").write_text(json.dumps(ack))
+os.replace(control / ".ack.tmp", control / "ack.json")
+time.sleep(60)  # a slow teardown after the acknowledgement
+log.write_text("exited by itself")
+"""
+
+
+def test_a_preemption_is_requeued_once_acknowledged_without_waiting_for_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, control = tmp_path / "worker.log", tmp_path / "jobs" / "t-5" / "control"
+    command = (sys.executable, "-c", PREEMPTED_WORKER, str(log), str(control))
+    monkeypatch.setattr("hpc_elastic.launch.supervisor.worker_argv", lambda config, ntasks, gpus_per_task=0: command)
+    slurm = RecordingSlurm()
+    config = WrapperConfig(tmp_path / "jobs", command, kill_timeout_s=2)
+    code = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm).run()  # type: ignore[arg-type]
+    assert code == 0 and slurm.requeued == [5]
+    assert read_stop_reason(control / "stop") is StopReason.PREEMPT
+    assert not log.exists()  # the worker was stopped, not waited for
