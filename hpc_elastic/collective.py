@@ -89,6 +89,21 @@ def _check_int(value: int) -> int:
     return value
 
 
+class _Group:
+    """Rank and size of a process group, fixed when it is opened."""
+
+    _rank: int
+    _world: int
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+
 class LocalCollective:
     """A group of one process."""
 
@@ -121,7 +136,7 @@ class LocalCollective:
         return None
 
 
-class TorchCollective:
+class TorchCollective(_Group):
     """``torch.distributed``.  Opens the default process group unless one is already initialised (then it only
     uses it, and :meth:`close` leaves it alone)."""
 
@@ -168,14 +183,6 @@ class TorchCollective:
                 f"torch.distributed says rank {self._rank} of {self._world}, the job environment rank {rank} of "
                 f"{world_size}"
             )
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
 
     def barrier(self) -> None:
         self._dist.barrier()
@@ -225,7 +232,7 @@ def import_mpi() -> Any:
         raise HpcElasticError(f"the mpi backend needs mpi4py (pip install mpi4py): {exc}") from exc
 
 
-class MPICollective:
+class MPICollective(_Group):
     """MPI through mpi4py."""
 
     def __init__(self, comm: Any = None) -> None:
@@ -234,14 +241,6 @@ class MPICollective:
         self._comm = comm if comm is not None else mpi.COMM_WORLD
         self._rank = int(self._comm.Get_rank())
         self._world = int(self._comm.Get_size())
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
 
     def barrier(self) -> None:
         self._comm.Barrier()
@@ -293,7 +292,7 @@ def horovod_available() -> bool:
     return True
 
 
-class HorovodCollective:
+class HorovodCollective(_Group):
     """Horovod's PyTorch API (``hvd.init()`` is called if needed).  Only runs where Horovod is installed."""
 
     def __init__(self) -> None:
@@ -308,14 +307,6 @@ class HorovodCollective:
         self._torch = torch
         self._rank = int(hvd.rank())
         self._world = int(hvd.size())
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
 
     def barrier(self) -> None:
         self._hvd.barrier()
