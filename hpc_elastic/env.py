@@ -7,6 +7,7 @@ Everything else in hpc-elastic receives these values as arguments or through the
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,7 @@ class JobEnvironment:
     node_name: str = ""
     gpus: tuple[str, ...] = ()  # CUDA_VISIBLE_DEVICES of this process / task
     gpus_per_task: int = 0  # the job's --gpus-per-task (SLURM_GPUS_PER_TASK, e.g. "a100:1")
+    allocated_tasks: int | None = None  # tasks of the allocation now (SLURM_TASKS_PER_NODE), None outside one
     cpus_on_node: int | None = None
     job_dir: Path | None = None
     workers: int | None = None
@@ -161,6 +163,21 @@ def _gpus_per_task(raw: str) -> int:
     return total
 
 
+def tasks_per_node_total(raw: str) -> int | None:
+    """Total of ``SLURM_TASKS_PER_NODE`` (``4``, ``2(x2),1``), or None when it is absent or unreadable.
+
+    It follows the allocation the job has now: after the scheduler plugin changes ``NumTasks`` of a requeued job,
+    the new batch step still inherits the original ``SLURM_NTASKS``/``SLURM_NPROCS`` from the submission, while
+    ``SLURM_TASKS_PER_NODE`` describes the tasks actually allocated."""
+    total = 0
+    for item in raw.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if match is None:
+            return None
+        total += int(match.group(1)) * int(match.group(2) or 1)
+    return total or None
+
+
 def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
     """The :class:`JobEnvironment` of this process (``os.environ`` when ``environ`` is omitted)."""
     env = os.environ if environ is None else environ
@@ -188,6 +205,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         node_name=env.get("SLURMD_NODENAME", ""),
         gpus=tuple(d for d in devices.split(",") if d and devices not in {"NoDevFiles", "-1"}),
         gpus_per_task=_gpus_per_task(env.get("SLURM_GPUS_PER_TASK", "")),
+        allocated_tasks=tasks_per_node_total(env.get("SLURM_TASKS_PER_NODE", "")),
         cpus_on_node=_int(env, "SLURM_CPUS_ON_NODE"),
         job_dir=Path(job_dir) if job_dir else None,
         workers=workers,

@@ -224,7 +224,10 @@ class Supervisor:
 
     def run(self) -> int:
         self.prepare()
-        ntasks = self.job.world_size
+        # The tasks allocated now, not the submission's SLURM_NTASKS: a resize changes NumTasks between runs.
+        ntasks = self.job.allocated_tasks or self.job.world_size
+        if ntasks != self.job.world_size:
+            log.info("the allocation has %d tasks (submitted with %d): resized", ntasks, self.job.world_size)
         argv = worker_argv(self.config, ntasks, gpus_per_task=self.job.gpus_per_task)
         previous = {
             signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.control import StopReason, StopRequest
-from hpc_elastic.env import JobEnvironment, read_job_environment
+from hpc_elastic.env import JobEnvironment, read_job_environment, tasks_per_node_total
 from hpc_elastic.launch.spec import Backend
 from hpc_elastic.launch.supervisor import (
     Launcher,
@@ -234,3 +234,17 @@ def test_a_preemption_is_requeued_once_acknowledged_without_waiting_for_the_work
     assert code == 0 and slurm.requeued == [5]
     assert read_stop_reason(control / "stop") is StopReason.PREEMPT
     assert not log.exists()  # the worker was stopped, not waited for
+
+
+@pytest.mark.parametrize(
+    ("raw", "total"), [("4", 4), ("2(x2),1", 5), ("1(x3)", 3), ("", None), ("x", None), ("0", None)]
+)
+def test_tasks_per_node_total(raw: str, total: int | None) -> None:
+    assert tasks_per_node_total(raw) == total
+
+
+def test_a_resized_allocation_wins_over_the_submissions_task_count() -> None:
+    # What a batch step sees after the plugin set NumTasks=4 on a job submitted with 2 tasks (dev cluster).
+    env = read_job_environment({"SLURM_JOB_ID": "105", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "4"})
+    assert (env.world_size, env.allocated_tasks) == (2, 4)
+    assert read_job_environment({}).allocated_tasks is None
