@@ -10,7 +10,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,6 +17,7 @@ from hpc_elastic.slurm import CliSlurm, JobState
 from slurm_plugin.store import Store
 from tests.conftest import DATA
 from tests.integration.conftest import wait_for
+from tests.integration.plugin_helpers import run_once, write_config
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
@@ -45,31 +45,6 @@ def submit(workdir: Path, name: str, gpus: int, steps: int) -> int:
         timeout=60,
     )
     return int(out.stdout.strip())
-
-
-def write_config(workdir: Path, prefix: str, extra: str) -> Path:
-    state = workdir / "state"
-    state.mkdir(exist_ok=True)
-    path = workdir / "sched.toml"
-    path.write_text(
-        f'state_dir = "{state}"\njob_name_pattern = "^{prefix}-"\nckpt_roots = ["{workdir}"]\n'
-        f"[metrics]\nenabled = false\n{extra}"
-    )
-    return path
-
-
-def run_once(config: Path, *flags: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "slurm_plugin.cli", "--config", str(config), "--once", *flags],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    assert proc.returncode == 0, proc.stderr
-    state = config.parent / "state" / "state.json"
-    doc: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {}
-    return doc
 
 
 def running(slurm: CliSlurm, job_id: int) -> bool:

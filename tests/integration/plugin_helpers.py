@@ -1,0 +1,41 @@
+"""Helpers shared by the hpc-elastic-sched integration tests: a test-scoped daemon configuration and ``--once``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: The job comment ``hpc-elastic submit`` writes, for plain ``sbatch`` jobs that the daemon must manage
+#: (4 logical workers, not elastic, no job directory: preempted without a checkpoint).
+MARK = "hpc-elastic:v=1,workers=4,min=4,max=4,unit=gpu,backend=torch,gpu_type=a100"
+
+
+def write_config(workdir: Path, prefix: str, extra: str, *, top: str = "") -> Path:
+    """A daemon configuration that manages only the jobs named ``<prefix>-...`` (state under ``workdir``);
+    ``top``: more top-level keys, ``extra``: more sections (TOML text)."""
+    state = workdir / "state"
+    state.mkdir(exist_ok=True)
+    path = workdir / "sched.toml"
+    path.write_text(
+        f'state_dir = "{state}"\njob_name_pattern = "^{prefix}-"\nckpt_roots = ["{workdir}"]\n{top}'
+        f"[metrics]\nenabled = false\n{extra}"
+    )
+    return path
+
+
+def run_once(config: Path, *flags: str) -> dict[str, Any]:
+    """``hpc-elastic-sched --once``; the state document it wrote ({} when it wrote none)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_plugin.cli", "--config", str(config), "--once", *flags],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stderr
+    state = config.parent / "state" / "state.json"
+    doc: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {}
+    return doc
