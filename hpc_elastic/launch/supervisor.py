@@ -33,7 +33,17 @@ from types import FrameType
 from typing import Any
 
 from hpc_elastic.checkpoint.fs import atomic_write_bytes
-from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, Ack, StopReason, StopRequest, parse_ack, parse_stop
+from hpc_elastic.control import (
+    ACK_FILE,
+    CONTROL_DIR,
+    STOP_FILE,
+    Ack,
+    StopReason,
+    StopRequest,
+    parse_ack,
+    parse_stop,
+    parse_stop_lenient,
+)
 from hpc_elastic.env import JobEnvironment, child_environment
 from hpc_elastic.launch.spec import Backend
 from hpc_elastic.slurm import commands
@@ -272,12 +282,8 @@ class Supervisor:
                 log.warning("received signal %d: stopping the workers now", self._fatal)
                 self._kill_group(proc)
                 return 128 + self._fatal, False
-            if self._usr1 and reason is None:
-                reason = self._stop_reason()
-                requested_at = self.clock()
-                request = StopRequest(reason, requested_at)
-                atomic_write_bytes(self.control / STOP_FILE, request.to_json().encode())
-                log.info("stop requested (%s): workers checkpoint at the next mini-batch boundary", reason.value)
+            if reason is None:
+                reason, requested_at = self._take_stop_request()
             if reason is not None:
                 if should_requeue(reason, self.config.requeue_on_timelimit) and self._acknowledged(requested_at):
                     return self._finish_stop(reason, requested_at), False
@@ -287,10 +293,37 @@ class Supervisor:
                     break
             self.sleep(0.2)
         code = int(proc.wait())
+        if reason is None:  # the workers may have seen the scheduler's stop file before its signal reached us
+            reason, requested_at = self._take_stop_request()
         if reason is None:
             log.info("workers finished with exit code %d", code)
             return code, code != 0 and self._fatal is None
         return self._finish_stop(reason, requested_at), False
+
+    def _take_stop_request(self) -> tuple[StopReason | None, float]:
+        """A stop to act on, and when it was requested: the scheduler's ``control/stop`` (it writes the file,
+        then signals; the workers may see the file first), else our own after a ``USR1`` (preemption by Slurm,
+        or the time-limit warning)."""
+        path = self.control / STOP_FILE
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            text = None
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if text is not None:  # prepare() set aside older ones: this request is for this run
+            request = parse_stop_lenient(text)
+            reason = request.reason if request.reason is not StopReason.UNKNOWN else self._stop_reason()
+            log.info("stop requested by the scheduler (%s): workers checkpoint at the next boundary", reason.value)
+            # An unreadable request has no time: the grace period starts now.
+            return reason, request.requested_at if request.requested_at is not None else self.clock()
+        if not self._usr1:
+            return None, 0.0
+        reason = self._stop_reason()
+        requested_at = self.clock()
+        atomic_write_bytes(path, StopRequest(reason, requested_at).to_json().encode())
+        log.info("stop requested (%s): workers checkpoint at the next mini-batch boundary", reason.value)
+        return reason, requested_at
 
     def _acknowledged(self, requested_at: float) -> Ack | None:
         """The workers' acknowledgement of the stop requested at ``requested_at``, if it has been written."""

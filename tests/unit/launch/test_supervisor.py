@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -248,3 +249,36 @@ def test_a_resized_allocation_wins_over_the_submissions_task_count() -> None:
     env = read_job_environment({"SLURM_JOB_ID": "105", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "4"})
     assert (env.world_size, env.allocated_tasks) == (2, 4)
     assert read_job_environment({}).allocated_tasks is None
+
+
+SCHEDULER_STOPPED_WORKER = """
+import json, os, pathlib, sys, time
+control = pathlib.Path(sys.argv[2])
+while not (control / "stop").exists():
+    time.sleep(0.05)
+ack = {"job_id": 5, "restart_count": 0, "step": 3, "checkpoint": "/ckpt", "written_at": time.time()}
+(control / ".ack.tmp").write_text(json.dumps(ack))
+os.replace(control / ".ack.tmp", control / "ack.json")
+"""
+
+
+def test_the_schedulers_stop_file_is_a_stop_even_before_its_signal_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin writes control/stop, then signals; the workers may see the file, checkpoint and exit 0 before
+    the USR1 reaches the wrapper. That is a preemption to requeue, not the end of the job."""
+    control = tmp_path / "jobs" / "t-5" / "control"
+    command = (sys.executable, "-c", SCHEDULER_STOPPED_WORKER, "-", str(control))
+    monkeypatch.setattr("hpc_elastic.launch.supervisor.worker_argv", lambda config, ntasks, gpus_per_task=0: command)
+    slurm = RecordingSlurm()
+    supervisor = Supervisor(WrapperConfig(tmp_path / "jobs", command), JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
+    original = supervisor.prepare
+
+    def prepare_then_the_scheduler_asks() -> None:
+        original()
+        (control / "stop").write_text(StopRequest(StopReason.RESIZE, time.time()).to_json())
+
+    supervisor.prepare = prepare_then_the_scheduler_asks  # type: ignore[method-assign]
+    assert supervisor.run() == 0  # no USR1 ever arrives here
+    assert slurm.requeued == [5]
+    assert read_stop_reason(control / "stop") is StopReason.RESIZE  # the scheduler's request, not rewritten
