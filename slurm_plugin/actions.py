@@ -300,7 +300,10 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                     )
                 )
         elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
-            per_task = max(1, job.cpus // max(1, job.gpu_count)) if job.cpus else 1
+            # CPUs per task from squeue's CPUs and tasks (both follow our NumTasks/NumCPUs updates; 22.05 reports
+            # cpus_per_task as null). The GPU count of a pending job still shows the submission's, after a resize.
+            tasks_now = job.tasks or job.gpu_count
+            per_task = max(1, job.cpus // max(1, tasks_now)) if job.cpus else 1
             out.append(
                 SetSize(
                     job_id,

@@ -382,6 +382,7 @@ def parse_squeue_json_record(raw: Mapping[str, Any]) -> Job:
         node_count=node_count,
         gpus=gpus,
         cpus=cpus,
+        tasks=number(raw.get("tasks")) or None,
         memory_mb=memory,
         priority=number(raw.get("priority")),
         comment=text_of(raw.get("comment")),

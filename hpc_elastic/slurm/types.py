@@ -233,6 +233,7 @@ class Job:
     node_count: int = 0
     gpus: GpuCounts = field(default_factory=GpuCounts)
     cpus: int = 0
+    tasks: int | None = None  # squeue's task count (follows NumTasks updates); None where not reported
     memory_mb: int | None = None
     priority: int | None = None
     site_factor: int | None = None

@@ -184,3 +184,21 @@ def test_a_job_missing_from_one_answer_is_not_forgotten(tmp_path: Path, busy: tu
     assert back.records[24].queue == 1 and back.records[24].missing_since is None
     gone = observe([], nodes, empty.records, Selection(), now=now + 5 + FORGET_AFTER_S)
     assert gone.forget == (24,)
+
+
+def test_a_second_resize_keeps_the_cpus_per_task(tmp_path: Path) -> None:
+    """Grown to 4 tasks of 1 CPU, then requeued to shrink: squeue shows the pending job with the submission's
+    2 GPUs but 4 tasks and 4 CPUs (what we set). The shrink to 2 tasks asks for 2 CPUs, not 4."""
+    cfg = config(tmp_path, resize={"enabled": True})
+    obs, _ = _one_node_obs(None)
+    pending = replace(
+        obs.slurm_jobs["7"], state=JobState.PENDING, gpus=GpuCounts.of({"a100": 2}), tasks=4, cpus=4, nodes=()
+    )
+    obs = replace(
+        obs,
+        slurm_jobs={**obs.slurm_jobs, "7": pending},
+        managed={7: pending},
+        records={7: replace(obs.records[7], resize_to=2, resize_set=0)},
+    )
+    (size,) = [a for a in followup_actions(obs, {}, cfg) if isinstance(a, SetSize)]
+    assert (size.job_id, size.tasks, size.cpus) == (7, 2, 2)

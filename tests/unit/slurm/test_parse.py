@@ -27,7 +27,7 @@ def test_squeue_json_running_and_pending_jobs(slurm_data: Path) -> None:
     assert gpu.start_time == datetime.fromtimestamp(1795355318, tz=UTC)
     assert gpu.time_limit_s is None and gpu.memory_mb == 256 and gpu.requeue is True
     two = jobs[2]
-    assert two.nodes == ("node5", "node6") and two.gpu_count == 0 and two.cpus == 2
+    assert two.nodes == ("node5", "node6") and two.gpu_count == 0 and two.cpus == 2 and two.tasks == 2
     assert jobs[3].comment == "hpc-elastic:test" and jobs[3].gpus.as_dict() == {"v100": 8}
     pending = jobs[4]
     assert pending.state is JobState.PENDING and pending.pending_reason == "Resources"
