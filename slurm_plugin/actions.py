@@ -316,13 +316,15 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
 
 
 def plan(obs: Observation, decision: Decision, config: PluginConfig) -> list[Action]:
-    """All actions of a pass: preemptions first (they free GPUs), then placement, order, resize."""
+    """All actions of a pass: placement and order of the pending jobs first, then the preemptions that free their
+    GPUs (a victim without a job directory is requeued at once, and Slurm may start the waiting job right away:
+    its node constraints and SiteFactor must already be set), then resizes."""
     pack_limit = config.tiresias.pack_limit
     actions: list[Action] = []
-    preempts = preempt_actions(obs, decision, config)
-    actions += preempts
     actions += place_actions(obs, decision, config, pack_limit)
     actions += order_actions(obs, decision, config)
+    preempts = preempt_actions(obs, decision, config)
+    actions += preempts
     actions += resize_actions(obs, decision, config, frozenset(p.job_id for p in preempts))
     return actions
 

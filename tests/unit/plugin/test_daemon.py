@@ -103,14 +103,15 @@ def test_pass_preempts_with_checkpoint_and_orders(tmp_path: Path, busy: tuple[li
     daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
     assert daemon.run(once=True) == 0
     kinds = [c[0] for c in fake.calls]
-    # signal and order in the first pass; the fake job stays RUNNING, so a follow-up pass of --once requeues it
-    assert kinds == ["cancel", "update", "requeue"]
-    assert fake.calls[0][1] == ([24], "USR1", True)
-    assert fake.calls[1][1] == (25, {"SiteFactor": 11_000})
+    # order, then signal in the first pass (the waiting job's SiteFactor is set before GPUs are freed); the fake
+    # job stays RUNNING, so a follow-up pass of --once requeues it
+    assert kinds == ["update", "cancel", "requeue"]
+    assert fake.calls[0][1] == (25, {"SiteFactor": 11_000})
+    assert fake.calls[1][1] == ([24], "USR1", True)
     assert json.loads((job_dir / "control" / "stop").read_text())["reason"] == "preempt"
     state = json.loads((tmp_path / STATE_NAME).read_text())
     done = [(a["kind"], a["job_id"], a["ok"]) for a in state["recent_actions"]]
-    assert done == [("preempt", 24, True), ("order", 25, True), ("requeue", 24, True)]
+    assert done == [("order", 25, True), ("preempt", 24, True), ("requeue", 24, True)]
     assert "acknowledged" in state["recent_actions"][2]["reason"]
     record = Store(tmp_path).load()[24]
     # follow-up passes every stop_poll_s (1 s): ack at +1 s, requeue_wait_s = 2 -> requeued 3 s after the signal
@@ -125,12 +126,12 @@ def test_a_preemption_in_flight_does_not_block_the_pass(tmp_path: Path, busy: tu
     fake = FakeSlurm(jobs, nodes)  # nobody acknowledges
     daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
     report = daemon.run_pass()
-    assert [c[0] for c in fake.calls] == ["cancel", "update"] and clock.slept == []  # returned at once
+    assert [c[0] for c in fake.calls] == ["update", "cancel"] and clock.slept == []  # returned at once
     assert Store(tmp_path).load()[24].stop_kind == "preempt"
     assert daemon._sleep_time(report) == cfg.stop_poll_s  # look again soon
     clock.now += 5
     daemon.run_pass()  # in flight, within the grace: no second signal, no requeue
-    assert [c[0] for c in fake.calls] == ["cancel", "update"]
+    assert [c[0] for c in fake.calls] == ["update", "cancel"]
     clock.now += 20  # grace_s = 20 without acknowledgement: requeue anyway
     report = daemon.run_pass()
     assert fake.calls[-1] == ("requeue", [24])
