@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import Decision, JobStatus, JobView
+from hpc_elastic.slurm import Job
 from hpc_elastic.slurm.parse import compress_hostlist
 from slurm_plugin.config import OrderField, PluginConfig
 from slurm_plugin.observe import Observation
@@ -79,6 +80,7 @@ class Resize:
     old_gpus: int
     new_gpus: int
     reason: str
+    cpus_per_task: int = 1
     kind: ActionKind = ActionKind.RESIZE
 
 
@@ -88,6 +90,7 @@ class Requeue:
 
     job_id: int
     reason: str
+    cpus_per_task: int = 1  # for the new size of a job being resized
     kind: ActionKind = ActionKind.REQUEUE
 
 
@@ -235,7 +238,9 @@ def resize_actions(
     def resize(view: JobView, new: int, why: str) -> Resize:
         job = obs.slurm_jobs[view.job_id]
         checkpointed = obs.markers.get(view.job_id) is not None
-        return Resize(int(view.job_id), job.name, checkpointed, job.restart_count, view.gpus, new, why)
+        return Resize(
+            int(view.job_id), job.name, checkpointed, job.restart_count, view.gpus, new, why, cpus_per_task(job)
+        )
 
     if waiting:
         for row in reversed(decision.priority_order.tolist()):  # lowest priority first
@@ -268,6 +273,13 @@ def resize_actions(
     return []
 
 
+def cpus_per_task(job: Job) -> int:
+    """CPUs per task of ``job``, from squeue's CPUs and tasks: both follow our NumTasks/NumCPUs updates, while
+    22.05 reports ``cpus_per_task`` as null and, for a pending job, the GPU count of the submission."""
+    tasks = job.tasks or job.gpu_count
+    return max(1, job.cpus // max(1, tasks)) if job.cpus else 1
+
+
 def followup_actions(obs: Observation, acks: Mapping[int, float], config: PluginConfig) -> list[Requeue | SetSize]:
     """What stops in flight need now. ``acks`` maps job id -> time of a checkpoint acknowledgement written
     after the stop was requested. The job's wrapper requeues it after the checkpoint; the daemon requeues when
@@ -289,6 +301,7 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         job_id,
                         f"{record.stop_kind}: checkpoint acknowledged; the job did not requeue "
                         f"itself within {preemption.requeue_wait_s:.0f}s",
+                        cpus_per_task(job),
                     )
                 )
             elif acked is None and obs.now - asked >= preemption.grace_s:
@@ -297,13 +310,11 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         job_id,
                         f"{record.stop_kind}: no checkpoint acknowledgement within "
                         f"{preemption.grace_s:.0f}s; it resumes from an older checkpoint",
+                        cpus_per_task(job),
                     )
                 )
         elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
-            # CPUs per task from squeue's CPUs and tasks (both follow our NumTasks/NumCPUs updates; 22.05 reports
-            # cpus_per_task as null). The GPU count of a pending job still shows the submission's, after a resize.
-            tasks_now = job.tasks or job.gpu_count
-            per_task = max(1, job.cpus // max(1, tasks_now)) if job.cpus else 1
+            per_task = cpus_per_task(job)
             out.append(
                 SetSize(
                     job_id,

@@ -158,15 +158,14 @@ class Applier:
             record = result.records.get(action.job_id)
             self._update(result, action.job_id, stop_kind="", stop_at=None)
             if record is not None and record.resize_to:
-                return "requeued by the daemon; " + self._set_size(action.job_id, record.resize_to, result)
+                tasks = record.resize_to
+                return "requeued by the daemon; " + self._set_size(
+                    action.job_id, tasks, tasks * action.cpus_per_task, result
+                )
             return "requeued by the daemon"
-        return self._set_size(action.job_id, action.tasks, result, cpus=action.cpus)
+        return self._set_size(action.job_id, action.tasks, action.cpus, result)
 
-    def _set_size(self, job_id: int, tasks: int, result: ApplyResult, cpus: int | None = None) -> str:
-        if cpus is None:
-            current = {j.job_id: j for j in self.client.jobs([job_id])}.get(job_id)
-            per_task = max(1, current.cpus // max(1, current.gpu_count)) if current and current.cpus else 1
-            cpus = tasks * per_task
+    def _set_size(self, job_id: int, tasks: int, cpus: int, result: ApplyResult) -> str:
         self.client.update_job(job_id, {"NumTasks": tasks, "NumCPUs": cpus, "NumNodes": f"1-{tasks}"})
         self._update(result, job_id, resize_set=tasks)
         return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
@@ -193,7 +192,8 @@ class Applier:
             self._update(result, action.job_id, **changes)
             detail = "no job directory: requeued without checkpoint"
             if isinstance(action, Resize):
-                detail += "; " + self._set_size(action.job_id, action.new_gpus, result)
+                cpus = action.new_gpus * action.cpus_per_task
+                detail += "; " + self._set_size(action.job_id, action.new_gpus, cpus, result)
             return detail
         control = job_dir / CONTROL_DIR
         control.mkdir(exist_ok=True)
