@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import subprocess
 import sys
 import time
@@ -33,8 +34,58 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 90.0, 
         time.sleep(every_s)
 
 
+TEST_ROOT_NAME = "tests"  # every test job writes its output under <gpfs_root>/tests/
+SESSION_WAIT_S = 1800.0
+
+
+def _stale_test_jobs(test_root: Path) -> list[int]:
+    """Jobs whose standard output lies under ``test_root``: left by an earlier test session that was killed
+    before its fixtures could cancel them (slurmctld keeps them across a cluster restart)."""
+    out = subprocess.run(
+        ["squeue", "--noheader", "--Format=JobID:20,STDOUT:1000"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    ).stdout
+    stale = []
+    for line in out.splitlines():
+        fields = line.split(None, 1)
+        if len(fields) == 2 and Path(fields[1].strip()).is_relative_to(test_root):
+            stale.append(int(fields[0].split("_")[0]))
+    return sorted(set(stale))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster_to_ourselves() -> Iterator[None]:
+    """One test session at a time on the dev cluster, starting from a cluster without stale test jobs.
+
+    Tests count GPUs: a second session on the same cluster (or a blocker left running by a killed one) starves
+    the first. The lock is a ``flock`` on the shared filesystem; it goes with the process that holds it."""
+    test_root = read_environment().gpfs_root / TEST_ROOT_NAME
+    test_root.mkdir(parents=True, exist_ok=True)
+    with (test_root / ".session.lock").open("a") as lock:
+        deadline = time.monotonic() + SESSION_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test session held {lock.name} for {SESSION_WAIT_S:.0f}s")
+                time.sleep(2.0)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            stale = _stale_test_jobs(test_root)
+            if stale:
+                subprocess.run(["scancel", *map(str, stale)], check=False, timeout=20)
+                deadline = time.monotonic() + 120.0
+                while _stale_test_jobs(test_root) and time.monotonic() < deadline:
+                    time.sleep(1.0)
+        yield
+
+
 @pytest.fixture(scope="session")
-def slurm() -> CliSlurm:
+def slurm(cluster_to_ourselves: None) -> CliSlurm:
     client = connect(Environment(slurm_backend="cli"), Runner(timeout_s=20.0, retry=RetryPolicy(3, 0.5, 2.0)))
     try:
         client.ping()
