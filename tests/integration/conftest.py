@@ -15,7 +15,7 @@ from typing import TypeVar
 import pytest
 
 from hpc_elastic.env import Environment, read_environment
-from hpc_elastic.slurm import CliSlurm, RetryPolicy, Runner, SlurmError, connect
+from hpc_elastic.slurm import CliSlurm, JobState, RetryPolicy, Runner, SlurmError, connect
 from tests.conftest import REPO, require_cluster
 
 T = TypeVar("T")
@@ -126,6 +126,17 @@ def hpc_submit(workdir: Path, script: Path, *options: str, args: tuple[str, ...]
         timeout=60,
     )
     return int(out.stdout.strip())
+
+
+def stop_controller(slurm: CliSlurm) -> None:
+    """Stop slurmctld once no job is completing. A step that ends while the controller is away cannot report
+    its end; past UnkillableStepTimeout its node is drained ("Kill task failed") for the tests that follow."""
+    wait_for(
+        "no job completing",
+        lambda: not any(job.state is JobState.COMPLETING for job in slurm.jobs()),
+        timeout_s=120,
+    )
+    subprocess.run([str(DEV_CLUSTER), "stop", "slurmctld"], check=True, capture_output=True, timeout=60)
 
 
 def processes_with(*markers: str) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 
 from hpc_elastic.slurm import CliSlurm, JobState, SlurmError
 from slurm_plugin.scenario import DaemonProcess
-from tests.integration.conftest import DEV_CLUSTER, wait_for
+from tests.integration.conftest import DEV_CLUSTER, stop_controller, wait_for
 
 pytestmark = pytest.mark.integration
 HOSTILE = ("x; rm -rf /tmp/y", "$(touch /tmp/pwned)")
@@ -153,7 +153,7 @@ def test_slurmctld_restart_mid_run_causes_no_wrong_action(slurm: CliSlurm, workd
         before = json.loads(doc_path.read_text())
         attained_before = before["jobs"][0]["attained_gpu_s"]
         try:
-            subprocess.run([str(DEV_CLUSTER), "stop", "slurmctld"], check=True, capture_output=True, timeout=60)
+            stop_controller(slurm)
             time.sleep(8)  # several passes fail while the controller is away
             assert daemon.alive
         finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.slurm import CliSlurm, Job, JobNotFound, JobState, RetryPolicy, Runner, SlurmUnavailable
-from tests.integration.conftest import DEV_CLUSTER, wait_for
+from tests.integration.conftest import DEV_CLUSTER, stop_controller, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +189,7 @@ def test_unknown_job_is_job_not_found(slurm: CliSlurm) -> None:
 
 @pytest.mark.disruptive
 def test_controller_down_is_unavailable_then_recovers(slurm: CliSlurm) -> None:
-    subprocess.run([str(DEV_CLUSTER), "stop", "slurmctld"], check=True, capture_output=True, timeout=60)
+    stop_controller(slurm)
     try:
         quick = CliSlurm(Runner(timeout_s=5.0, retry=RetryPolicy(2, 0.1, 0.2)))
         with pytest.raises(SlurmUnavailable, match="not reachable|did not answer"):
