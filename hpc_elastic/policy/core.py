@@ -93,7 +93,7 @@ def _select_single_pool(gpus: IntArray, capacity: int) -> BoolArray:
     i = k
     while i < gpus.size and left > 0:
         tail = gpus[i:]
-        hits = np.flatnonzero(tail <= left)
+        hits = (tail <= left).nonzero()[0]
         if hits.size == 0:
             break
         # Every hit fits alone; greedily the leading hits fit together while their running sum does.
@@ -123,9 +123,9 @@ def preemptive_walk(
     gpus = jobs.gpus
     # What the policy may hand out: free GPUs plus the GPUs of the jobs it manages.
     capacity = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64)
-    if np.any(running):
+    if running.any():
         capacity += np.bincount(jobs.pool[running], weights=gpus[running], minlength=n_pools).astype(np.int64)
-    if np.any(pinned):
+    if pinned.any():
         capacity -= np.bincount(jobs.pool[pinned], weights=gpus[pinned], minlength=n_pools).astype(np.int64)
     candidates = order[feasible[order] & ~pinned[order]]
     holding = pinned.copy()
@@ -175,7 +175,7 @@ def preemptive_walk(
                 holding[row] = True
                 start_pool[row] = p
                 start_rows.append(row)
-    preempt_rows = np.flatnonzero(running & ~holding)
+    preempt_rows = (running & ~holding).nonzero()[0]
     extra: dict[int, int] = {}
     for row in preempt_rows.tolist():
         for node, count in jobs.alloc[row]:
@@ -193,7 +193,7 @@ def preemptive_walk(
             rows_alloc = tuple(placed)
             starts.append(Start(row, str(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
     preemptions = tuple(Preemption(row, str(jobs.job_ids[row])) for row in preempt_rows.tolist())
-    infeasible = tuple(np.flatnonzero(~feasible).tolist())
+    infeasible = tuple((~feasible).nonzero()[0].tolist())
     return WalkResult(tuple(starts), preemptions, holding, feasible, infeasible, deficit)
 
 
@@ -209,7 +209,7 @@ def _min_deficit(gpus: IntArray, take: BoolArray, capacity: int) -> int:
     its deficit, so the walk selects the same jobs until the smallest deficit is reached.
     """
     out = ~take
-    if not np.any(out):
+    if not out.any():
         return NEVER
     taken = np.where(take, gpus, 0)
     left_before = capacity - (np.cumsum(taken) - taken)
@@ -247,7 +247,7 @@ def nonpreemptive_walk(
         pools_cache: dict[int, tuple[int, ...]] = {}
         # (pool, gpus) that failed to place: free GPUs only decrease, so they fail again in this pass.
         failed: set[tuple[int, int]] = set()
-        positions = np.flatnonzero(ok)
+        positions = ok.nonzero()[0]
         # Without skipping the walk usually stops at the first job: do not convert the whole queue.
         for pos in positions.tolist() if skip else map(int, positions):
             row = int(pending[pos])
@@ -279,7 +279,7 @@ def nonpreemptive_walk(
                 break
     keep = feasible[pending]
     keep[started_pos] = False
-    infeasible = tuple(np.flatnonzero(~feasible & ~jobs.running).tolist())
+    infeasible = tuple((~feasible & ~jobs.running).nonzero()[0].tolist())
     return starts, index, pending[keep], infeasible
 
 
@@ -302,7 +302,7 @@ def pinned_rows(inp: PassInput, min_run_time: float) -> BoolArray:
 def pin_wakeup(inp: PassInput, pinned: BoolArray, min_run_time: float, started: bool) -> float:
     """When the earliest pinned job may be preempted again (∞ if none)."""
     best = math.inf
-    if np.any(pinned):
+    if pinned.any():
         best = inp.now + float(np.min(min_run_time - inp.jobs.run_time[pinned]))
     if started and min_run_time > 0:
         best = min(best, inp.now + min_run_time)

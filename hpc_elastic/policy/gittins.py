@@ -82,7 +82,7 @@ class GittinsTable:
     def index(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) for every a in ``attained`` (0 where no sample is larger than a: the job outlived history)."""
         k = np.searchsorted(self.breakpoints, attained, side="right") - 1
-        k = np.clip(k, 0, self.breakpoints.size - 1)
+        k = np.maximum(k, 0)  # k <= size - 1 already (side='right' minus one); np.clip costs more
         c = self.within[k]
         denom = self.within_sum[k] - attained * c + self.delta * self.beyond[k]
         out = np.zeros(attained.shape, dtype=np.float64)

@@ -52,7 +52,7 @@ class MlfqConfig:
     def upper(self, queue: IntArray) -> FloatArray:
         """Q_i^hi of each queue index (∞ for the last queue)."""
         table = np.asarray((*self.thresholds, math.inf), dtype=np.float64)
-        return table[np.clip(queue, 0, len(self.thresholds))]
+        return table[np.minimum(np.maximum(queue, 0), len(self.thresholds))]
 
 
 def mlfq_update(config: MlfqConfig, jobs: JobTable) -> tuple[IntArray, BoolArray]:
@@ -86,18 +86,18 @@ def mlfq_wakeup(
 
     ``holding`` marks the jobs that hold GPUs after the pass, ``waiting`` the jobs still waiting.
     """
-    if not np.any(waiting):
+    if not waiting.any():
         return math.inf
     best = math.inf
     moving = holding & (queue < config.n_queues - 1)
-    if np.any(moving):
-        rows = np.flatnonzero(moving)
+    if moving.any():
+        rows = moving.nonzero()[0]
         cross = now + (config.upper(queue[rows]) - attained[rows]) / jobs.gpus[rows]
         best = min(best, float(np.min(cross)))
     if not math.isinf(config.promote_knob):
         low = waiting & (queue > 0)
-        if np.any(low):
-            rows = np.flatnonzero(low)
+        if low.any():
+            rows = low.nonzero()[0]
             due = now + np.maximum(config.promote_knob * jobs.executed[rows] - jobs.waiting[rows], 0.0)
             best = min(best, float(np.min(due)))
     return best

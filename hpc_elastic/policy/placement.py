@@ -60,7 +60,7 @@ class FreeIndex:
             cluster = self._cluster
             max_size = int(cluster.total.max()) if cluster.total.size else 0
             buckets: list[list[dict[int, None]]] = [[{} for _ in range(max_size + 1)] for _ in range(cluster.n_pools)]
-            rows = np.flatnonzero(self._free > 0)
+            rows = (self._free > 0).nonzero()[0]
             for node, k, p in zip(rows.tolist(), self._free[rows].tolist(), cluster.pool[rows].tolist(), strict=True):
                 buckets[p][k][node] = None
             self._buckets = buckets
@@ -107,7 +107,7 @@ class FreeIndex:
         ok = free >= gpus
         if self._cluster.n_pools > 1:
             ok &= self._cluster.pool == pool
-        rows = np.flatnonzero(ok)
+        rows = ok.nonzero()[0]
         if rows.size == 0:
             return None
         return int(rows[int(np.argmin(free[rows]))])

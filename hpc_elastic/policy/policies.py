@@ -154,7 +154,7 @@ def _finish(
 
 def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray) -> tuple[QueueChange, ...]:
     jobs = inp.jobs
-    changed = np.flatnonzero((queue != jobs.queue) | promoted)
+    changed = ((queue != jobs.queue) | promoted).nonzero()[0]
     out: list[QueueChange] = []
     for row in changed.tolist():
         old, new = int(jobs.queue[row]), int(queue[row])
@@ -188,7 +188,7 @@ class _MlfqPolicy(Policy):
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
         waiting = _waiting_after(inp, walk)
         wakeup = math.inf
-        if np.any(waiting):
+        if waiting.any():
             # Jobs that hold GPUs after the pass (kept or started) accrue service from now on.
             wakeup = min(
                 mlfq_wakeup(
@@ -255,7 +255,7 @@ class TiresiasGittins(_MlfqPolicy):
         if self.options.delta_mode is DeltaMode.SUP:
             return gittins_index_sup(self.distribution, attained)
         for q, table in enumerate(self.tables):
-            rows = np.flatnonzero(queue == q)
+            rows = (queue == q).nonzero()[0]
             if rows.size:
                 out[rows] = table.index(attained[rows])
         return out
@@ -282,7 +282,7 @@ class _OraclePolicy(Policy):
         pinned = pinned_rows(inp, self.options.min_run_time)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
         wakeup = math.inf
-        if np.any(_waiting_after(inp, walk)):
+        if _waiting_after(inp, walk).any():
             wakeup = pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts))
         # Remaining times of running jobs only shrink (they only move up), waiting jobs' stay: the order of the
         # walk cannot let a left-out job in without GPUs being freed.
@@ -338,7 +338,7 @@ class Gandiva(Policy):
         pinned = pinned_rows(inp, min_run)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
         wakeup = math.inf
-        if np.any(_waiting_after(inp, walk)):
+        if _waiting_after(inp, walk).any():
             wakeup = pin_wakeup(inp, pinned, min_run, bool(walk.starts))
             if math.isfinite(wakeup):
                 wakeup = math.ceil(wakeup / quantum - 1e-9) * quantum
@@ -434,7 +434,7 @@ class SlurmBackfill(Policy):
             return []
         limit = np.where(np.isnan(jobs.time_limit), math.inf, jobs.time_limit)
         # Expected end and GPUs of every job holding GPUs (running or started by this pass), from time limits.
-        run_rows = np.flatnonzero(jobs.running)
+        run_rows = jobs.running.nonzero()[0]
         new_rows = np.array([s.row for s in started], dtype=np.int64)
         new_pools = np.array([cluster.pool[s.node_rows[0][0]] for s in started], dtype=np.int64)
         end_all = np.concatenate(

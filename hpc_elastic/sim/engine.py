@@ -388,7 +388,7 @@ class Simulator:
                     continue
             if n_pending == 0:
                 continue
-            if not preemptive and not np.any(free):
+            if not preemptive and not free.any():
                 continue
             # -- learned job-size history for 2D-Gittins
             if learn and len(history) >= next_refresh:
