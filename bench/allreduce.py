@@ -4,9 +4,11 @@ Spawns RANKS processes (gloo by default, or MPI through mpi4py under mpirun), ea
 gradient, and times, interleaved repetition by repetition:
 
 - ``native``: ``all_reduce(fp32, SUM)`` of the backend;
-- ``det``: the deterministic allreduce of hpc_elastic.est: MAX of one byte per chunk, exact int64 SUM,
-  conversion back to fp32 (what ``GradientReducer.reduce`` does), plus the deposit of the process's one
-  EST gradient (what a context switch costs), reported separately.
+- ``det``: ``GradientReducer.reduce`` at D1 on one flat parameter: MAX of one byte per chunk, exact int64 SUM
+  as a reduce-scatter over chunk-aligned ranges, conversion of the process's own range to fp32, fp32
+  allgather; the deposit of the process's one EST gradient (what a context switch costs) is reported apart;
+- ``det_allreduce``: the same reducer on one int64 allreduce instead (the path of Horovod and NCCL), to show
+  what the reduce-scatter gains; both paths must give the same bits.
 
 Prints one line per measurement and, last, one JSON object.  Usage::
 
@@ -30,55 +32,52 @@ import numpy as np
 import torch
 
 from hpc_elastic.est.comm import Communicator, ReduceOp, make_communicator
-from hpc_elastic.est.detsum import bin_width, num_chunks
 from hpc_elastic.est.launch import free_port
-from hpc_elastic.est.reducer import tensor_kernels
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.est.plan import plan_buckets
+from hpc_elastic.est.reducer import GradientReducer
 
 
 def worker(rank: int, size: int, *, backend: str, init: str, size_mb: int, reps: int, out: str) -> None:
     torch.set_num_threads(1)
     comm: Communicator = make_communicator(backend, rank=rank, size=size, init_method=init)
     n = size_mb * (1 << 20) // 4
-    chunk = 64
-    width = bin_width(size)
-    k = tensor_kernels(torch.device("cpu"))
     g = torch.from_numpy(np.random.default_rng(rank).standard_normal(n).astype(np.float32))
     native = g.clone()
-    grad = g.clone()
-    hi = torch.zeros(n, dtype=torch.int64)
-    lo = torch.zeros(n, dtype=torch.int64)
-    ltops = torch.zeros(num_chunks(n, chunk), dtype=torch.uint8)
-    gtops = torch.zeros_like(ltops)
-    times: dict[str, list[float]] = {"native": [], "det": [], "deposit": [], "det_comm": [], "det_kernels": []}
+    # the library's reducer on one flat parameter of n elements, one EST per process (N = M = size)
+    param = torch.nn.Parameter(torch.zeros(n))
+    layout = plan_buckets([n])
+    ring = GradientReducer([param], layout, num_ests=size, comm=comm, level=DeterminismLevel.D1)
+    # the same reducer made to use one int64 allreduce (the path of backends without a reduce-scatter)
+    whole = comm.allreduce_only()
+    plain_param = torch.nn.Parameter(torch.zeros(n))
+    plain = GradientReducer([plain_param], layout, num_ests=size, comm=whole, level=DeterminismLevel.D1)
+    times: dict[str, list[float]] = {"native": [], "det": [], "det_allreduce": [], "deposit": []}
     for rep in range(reps + 1):  # the first repetition warms up
         native.copy_(g)
         comm.barrier()
         t0 = time.perf_counter()
         comm.allreduce_(native, ReduceOp.SUM)
         t1 = time.perf_counter()
-        grad.copy_(g)
-        comm.barrier()
-        t2 = time.perf_counter()
-        k.deposit(grad, hi, lo, ltops, chunk=chunk, width=width, first=True, clear=True)
-        t3 = time.perf_counter()
-        gtops.copy_(ltops)
-        comm.allreduce_(gtops, ReduceOp.MAX)
-        t4 = time.perf_counter()
-        k.combine(hi, lo, ltops, gtops, chunk=chunk, width=width)
-        t5 = time.perf_counter()
-        comm.allreduce_(hi, ReduceOp.SUM)
-        t6 = time.perf_counter()
-        k.finalize(hi, gtops, grad, chunk=chunk, width=width, divisor=1.0)
-        t7 = time.perf_counter()
+        for name, reducer in (("det", ring), ("det_allreduce", plain)):
+            reducer.flat_grad.copy_(g)
+            comm.barrier()
+            t2 = time.perf_counter()
+            reducer.deposit()
+            t3 = time.perf_counter()
+            reducer.reduce()
+            t4 = time.perf_counter()
+            if rep:
+                times[name].append(t4 - t3)
+                if name == "det":
+                    times["deposit"].append(t3 - t2)
         if rep:
             times["native"].append(t1 - t0)
-            times["deposit"].append(t3 - t2)
-            times["det"].append(t7 - t3)
-            times["det_comm"].append((t4 - t3) + (t6 - t5))
-            times["det_kernels"].append((t5 - t4) + (t7 - t6))
-    # both results are sums of the same data: sanity-check they agree to rounding
-    close = bool(torch.allclose(native, grad, rtol=1e-5, atol=1e-5))
-    gathered = comm.allgather_object({k_: statistics.median(v) for k_, v in times.items()} | {"close": close})
+    # the two deterministic paths give the same bits; both agree with the fp32 sum to rounding
+    same = bool(torch.equal(ring.flat_grad, plain.flat_grad))
+    close = bool(torch.allclose(native / size, ring.flat_grad, rtol=1e-5, atol=1e-6))
+    medians = {k_: statistics.median(v) for k_, v in times.items()}
+    gathered = comm.allgather_object(medians | {"close": close, "same": same})
     if rank == 0:
         Path(out).write_text(json.dumps(gathered))
     comm.close()
@@ -131,17 +130,19 @@ def main() -> None:
         per_rank: list[dict[str, Any]] = json.loads(Path(out).read_text())
         wall = time.perf_counter() - start
     # a collective ends when its slowest rank ends
-    agg = {key: max(r[key] for r in per_rank) for key in ("native", "det", "deposit", "det_comm", "det_kernels")}
+    agg = {key: max(r[key] for r in per_rank) for key in ("native", "det", "det_allreduce", "deposit")}
     ratio = agg["native"] / agg["det"]
+    ratio_allreduce = agg["native"] / agg["det_allreduce"]
     ratio_with_deposit = agg["native"] / (agg["det"] + agg["deposit"])
     print(f"{args.backend} allreduce of {args.size_mb} MB fp32 over {args.ranks} ranks (median of {args.reps}):")
-    print(f"  native fp32 SUM         {agg['native'] * 1e3:9.1f} ms")
+    print(f"  native fp32 SUM                          {agg['native'] * 1e3:9.1f} ms")
+    print(f"  deterministic, reduce-scatter + gather   {agg['det'] * 1e3:9.1f} ms  (GradientReducer.reduce)")
+    print(f"  deterministic, one int64 allreduce      {agg['det_allreduce'] * 1e3:9.1f} ms  (Horovod/NCCL path)")
+    print(f"  + deposit of one EST                     {agg['deposit'] * 1e3:9.1f} ms  (paid at the context switch)")
     print(
-        f"  deterministic allreduce {agg['det'] * 1e3:9.1f} ms  (comm {agg['det_comm'] * 1e3:.1f} ms, "
-        f"kernels {agg['det_kernels'] * 1e3:.1f} ms)"
+        f"  throughput ratio det/native: {ratio:.3f} (goal >= 0.8); int64-allreduce path {ratio_allreduce:.3f}; "
+        f"with the deposit {ratio_with_deposit:.3f}"
     )
-    print(f"  + deposit of one EST    {agg['deposit'] * 1e3:9.1f} ms  (paid at the context switch)")
-    print(f"  throughput ratio det/native: {ratio:.3f} (goal >= 0.8); with the deposit: {ratio_with_deposit:.3f}")
     print("  NCCL comparison: not measured (no GPU on this machine)")
     print(
         json.dumps(
@@ -153,13 +154,14 @@ def main() -> None:
                 "reps": args.reps,
                 "native_s": round(agg["native"], 6),
                 "det_s": round(agg["det"], 6),
-                "det_comm_s": round(agg["det_comm"], 6),
-                "det_kernels_s": round(agg["det_kernels"], 6),
+                "det_allreduce_s": round(agg["det_allreduce"], 6),
                 "deposit_s": round(agg["deposit"], 6),
                 "ratio_det_vs_native": round(ratio, 4),
+                "ratio_allreduce_path": round(ratio_allreduce, 4),
                 "ratio_with_deposit": round(ratio_with_deposit, 4),
                 "goal": 0.8,
                 "results_close": all(r["close"] for r in per_rank),
+                "paths_bitwise_equal": all(r["same"] for r in per_rank),
                 "device": f"cpu ({os.cpu_count()} cores)",
                 "nccl": "not measured: no GPU",
                 "wall_s": round(wall, 1),
