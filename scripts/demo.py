@@ -72,7 +72,10 @@ def table(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    out = Table(title="job completion time (JCT = end - submit, from Slurm), with and without hpc-elastic-sched")
+    out = Table(
+        title="job completion time (JCT = end - first submission), with and without hpc-elastic-sched",
+        caption="Slurm resets a job's submit time on requeue; the first one is recorded at submission",
+    )
     for column in ("job", "JCT plugin (s)", "JCT plain (s)", "preemptions (plugin)", "resumed from checkpoint"):
         out.add_column(column)
     for job in doc["jobs"]:
@@ -103,7 +106,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("job completion time (s)")
     ax.set_title("Same mix on the dev cluster, measured")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

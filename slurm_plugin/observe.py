@@ -62,7 +62,7 @@ class Observation:
 def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
     """The record after seeing ``job`` at ``now``: bank ended runs, follow the current one."""
     submit = job.submit_time.timestamp() if job.submit_time else now
-    rec = record or JobRecord(job_id=job.job_id, first_seen=now, waiting_since=submit)
+    rec = record or JobRecord(job_id=job.job_id, first_seen=now, waiting_since=submit, submitted=submit)
     if rec.missing_since is not None:
         rec = replace(rec, missing_since=None)
     if rec.stop_kind and (job.restart_count > rec.stop_restarts or not job.state.is_running):
@@ -92,6 +92,17 @@ def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
             waiting_since=now,
         )
     return rec
+
+
+def _submitted(job: Job, record: JobRecord) -> float:
+    """When the job was submitted. Slurm resets a job's submit time when it is requeued (seen on 22.05), so a
+    preempted job would look newer than it is: the record keeps the submit time of its first sighting (a record
+    of an older daemon lacks it; then the first sighting bounds the real submission)."""
+    if record.submitted is not None:
+        return record.submitted
+    if job.submit_time is None:
+        return record.first_seen
+    return min(job.submit_time.timestamp(), record.first_seen)
 
 
 def node_views(nodes: Iterable[Node]) -> tuple[NodeView, ...]:
@@ -193,7 +204,7 @@ def observe(
             JobView(
                 job_id=key,
                 gpus=gpus,
-                submit_time=job.submit_time.timestamp() if job.submit_time else record.first_seen,
+                submit_time=_submitted(job, record),
                 status=JobStatus.RUNNING if running else JobStatus.PENDING,
                 attained_service=record.attained_service,
                 executed_time=record.executed_time,

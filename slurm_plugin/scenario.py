@@ -192,6 +192,15 @@ def _state(slurm: CliSlurm, job_id: int) -> Job | None:
     return None
 
 
+def _first_submit(slurm: CliSlurm, job_id: int) -> float:
+    """When the job was submitted, read at once: Slurm resets a job's submit time when it is requeued, so the
+    submit time it reports at the end is that of the last requeue, not the user's submission."""
+    job = _state(slurm, job_id)
+    if job is not None and job.submit_time is not None and job.restart_count == 0:
+        return job.submit_time.timestamp()
+    return time.time()
+
+
 def _attained(workdir: Path, job_id: int) -> float | None:
     try:
         doc = json.loads((workdir / "state" / "state.json").read_text())
@@ -239,12 +248,14 @@ def run_mix(
         long_id = submit_training(workdir, mix, prefix, mix.long)
         ids.append(long_id)
         names = {long_id: mix.long.name}
+        submitted = {long_id: _first_submit(slurm, long_id)}
         say(f"submitted {mix.long.name} ({mix.long.gpus} GPUs, {mix.long.steps} steps): job {long_id}")
         wait_until(f"{mix.long.name} to run", lambda: (j := _state(slurm, long_id)) and j.state.is_running, deadline)
         for job in mix.short:
             job_id = submit_training(workdir, mix, prefix, job)
             ids.append(job_id)
             names[job_id] = job.name
+            submitted[job_id] = _first_submit(slurm, job_id)
             say(f"submitted {job.name} ({job.gpus} GPUs, {job.steps} steps): job {job_id}")
         restarted = not restart_daemon
         seen_restarts = 0
@@ -272,7 +283,7 @@ def run_mix(
                 restarted = True
             time.sleep(1.0)
         for job_id, done in ended.items():
-            result.jobs[names[job_id]] = outcome(workdir, names[job_id], done)
+            result.jobs[names[job_id]] = outcome(workdir, names[job_id], done, submitted[job_id])
         if daemon is not None:
             with contextlib.suppress(OSError, ValueError):
                 doc = json.loads((workdir / "state" / "state.json").read_text())
@@ -291,13 +302,14 @@ def _restart(daemon: DaemonProcess, workdir: Path, job_id: int, deadline: float,
     result.attained_after_restart = _attained(workdir, job_id)
 
 
-def outcome(workdir: Path, name: str, job: Job) -> JobOutcome:
+def outcome(workdir: Path, name: str, job: Job, submitted: float) -> JobOutcome:
+    """The job's outcome; JCT = Slurm's end time - ``submitted`` (the first submission, see _first_submit)."""
     res = json.loads((workdir / f"{name}.result.json").read_text())
     if res.get("stopped"):
         raise ScenarioError(f"{name}: the last result is of a stopped run: {res}")
-    if job.submit_time is None or job.end_time is None:
-        raise ScenarioError(f"{name}: Slurm reports no submit/end time")
-    submit, end = job.submit_time.timestamp(), job.end_time.timestamp()
+    if job.end_time is None:
+        raise ScenarioError(f"{name}: Slurm reports no end time")
+    submit, end = submitted, job.end_time.timestamp()
     return JobOutcome(
         name=name,
         job_id=job.job_id,

@@ -48,6 +48,8 @@ class JobRecord:
     resize_to: int = 0
     resize_set: int = 0
     missing_since: float | None = None
+    #: Slurm's submit time when the daemon first saw the job (Slurm resets it on every requeue)
+    submitted: float | None = None
 
     @property
     def running(self) -> bool:
@@ -71,6 +73,7 @@ _ADDED = (
     "resize_to",
     "resize_set",
     "missing_since",
+    "submitted",
 )  # may be missing in old databases
 _TYPES = {
     "job_id": "INTEGER PRIMARY KEY",

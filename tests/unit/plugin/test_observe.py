@@ -68,3 +68,18 @@ def test_requeued_job_before_its_begin_time_is_not_scheduled(busy: tuple[list[Jo
     ]
     obs = observe(later, nodes, {}, Selection(), now=now)
     assert [v.job_id for v in obs.jobs] == ["24"] and 25 in obs.records  # still accounted, not scheduled
+
+
+def test_submit_time_of_a_requeued_job_is_its_first_submission(slurm_data: Path) -> None:
+    before = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue.json").read_text())}
+    after = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue_after_requeue.json").read_text())}
+    first, requeued = before[1].submit_time, after[1].submit_time
+    assert first is not None and requeued is not None and requeued > first  # what Slurm 22.05 reports
+    start = before[1].start_time
+    assert start is not None
+    record = advance(advance(None, before[1], at(start, 10)), after[1], at(start, 14))
+    # pending again after the requeue, eligible now: the policy sees it with its first submission time
+    again = replace(after[1], eligible_time=None, pending_reason="Priority")
+    nodes = parse_sinfo_json((slurm_data / "sinfo_idle.json").read_text())
+    views = observe([again], nodes, {1: record}, Selection(), now=at(start, 40)).jobs
+    assert [v.submit_time for v in views] == [first.timestamp()]
