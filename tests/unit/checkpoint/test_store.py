@@ -136,6 +136,25 @@ def test_flipped_byte_is_caught_by_hash_not_size(tmp_path: Path) -> None:
     assert store.load_latest(lambda c: c.load_shard(0)) is None
 
 
+def test_shards_skip_torch_zip_crc_yet_a_flipped_tensor_byte_is_caught(tmp_path: Path) -> None:
+    from torch.utils.serialization import config
+
+    store = CheckpointStore(tmp_path)
+    want = {"w": torch.arange(4096, dtype=torch.float32)}
+    path = store.save(1, want).path
+    assert config.save.compute_crc32 is True  # the process-wide setting is restored after the save
+    assert torch.equal(open_checkpoint(path).load_shard(0)["w"], want["w"])  # torch.load(weights_only=True)
+    # The zip CRC of the tensor record is not computed: the manifest's sha256 is what catches damage there.
+    shard = path / "shard-00000.pt"
+    data = bytearray(shard.read_bytes())
+    at = bytes(data).index(want["w"][1000:1004].numpy().tobytes())
+    data[at] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="sha256"):
+        open_checkpoint(path).load_shard(0)
+    assert store.latest() is None
+
+
 def test_no_checkpoint_at_all(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "missing")
     assert store.latest() is None
