@@ -48,6 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=None, help="directory for per-process JSONL traces of samples")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step (demos, tests)")
     p.add_argument("--result", type=Path, default=None, help="rank 0 also writes the RESULT JSON to this file")
+    p.add_argument(
+        "--horovod-elastic",
+        action="store_true",
+        help="under horovodrun's elastic mode: workers may leave or join mid-run (hvd.elastic.run; a commit in "
+        "memory every step, on the shared filesystem every --ckpt-every steps)",
+    )
     args = p.parse_args(argv)
     for name in ("steps", "dataset", "batch"):
         if getattr(args, name) < 1:
@@ -93,57 +99,77 @@ def main(
     state = session.state(
         model=model, optimizer=optimizer, sampler=sampler, mode="async" if args.async_ckpt else "sync"
     )
-    restored = state.restore()
-    start_step = state.step
+    hstate = None
+    restored = None
+    if args.horovod_elastic:
+        from hpc_elastic import hvd_elastic
+
+        hstate = hvd_elastic.elastic_state(session, state)  # its first sync restores the newest checkpoint
+    else:
+        restored = state.restore()
     params = list(model.parameters())
     trace: TextIO | None = None
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
         trace = open(args.trace / f"trace-{time.time_ns()}-rank{session.rank}.jsonl", "a")  # noqa: SIM115
-    if session.is_root:
-        print(
-            f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers {n}; "
-            f"restored from {restored.path if restored else 'nothing'} at step {start_step}",
-            flush=True,
-        )
-    stopped = False
-    while state.step < args.steps:
-        if session.should_stop():
-            path = session.checkpoint_and_acknowledge(state)
-            stopped = True
+    started: list[int] = []  # the step this run started from, once known
+
+    def train() -> bool:
+        """Optimizer steps until the end of the run; True when a stop request ended it first."""
+        nonlocal restored
+        if not started:
+            if hstate is not None:
+                restored = hstate.restored
+            started.append(state.step)
             if session.is_root:
-                reason = session.stop_request.reason.value if session.stop_request else "unknown"
-                print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
-            break
-        count = sampler.step_size(n)
-        rows = []
-        for w in session.workers:
-            idx = sampler.indices(w, n)
+                print(
+                    f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers "
+                    f"{n}; restored from {restored.path if restored else 'nothing'} at step {state.step}",
+                    flush=True,
+                )
+        while state.step < args.steps:
+            if session.should_stop():
+                path = session.checkpoint_and_acknowledge(state)
+                if session.is_root:
+                    reason = session.stop_request.reason.value if session.stop_request else "unknown"
+                    print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
+                return True
+            count = sampler.step_size(n)
+            rows = []
+            for w in session.workers:
+                idx = sampler.indices(w, n)
+                for p in params:
+                    p.grad = None
+                if idx:
+                    loss = ((model(x[idx]) - y[idx]) ** 2).sum()
+                    loss.backward()
+                    rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
+                else:  # the short last step of an epoch: this worker has no samples
+                    rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
+                if trace is not None:
+                    record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
+                    trace.write(json.dumps(record) + "\n")
+            total = session.sum_over_workers(torch.stack(rows)) / count
+            offset = 0
             for p in params:
-                p.grad = None
-            if idx:
-                loss = ((model(x[idx]) - y[idx]) ** 2).sum()
-                loss.backward()
-                rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
-            else:  # the short last step of an epoch: this worker has no samples
-                rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
+                p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+            optimizer.step()
+            sampler.advance(n)
+            state.step += 1
             if trace is not None:
-                record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
-                trace.write(json.dumps(record) + "\n")
-        total = session.sum_over_workers(torch.stack(rows)) / count
-        offset = 0
-        for p in params:
-            p.grad = total[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        optimizer.step()
-        sampler.advance(n)
-        state.step += 1
-        if trace is not None:
-            trace.flush()
-        if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
-            state.commit()
-        if args.step_delay:
-            time.sleep(args.step_delay)
+                trace.flush()
+            due = bool(args.ckpt_every) and state.step % args.ckpt_every == 0 and state.step < args.steps
+            if hstate is not None:
+                hstate.commit(persist=due)  # raises HostsUpdatedInterrupt when workers are to leave or join
+            elif due:
+                state.commit()
+            if args.step_delay:
+                time.sleep(args.step_delay)
+        return False
+
+    stopped = hvd_elastic.run(hstate, train) if hstate is not None else train()
+    start_step = started[0]
     state.wait()
     if trace is not None:
         trace.close()
@@ -161,6 +187,7 @@ def main(
             "num_workers": n,
             "backend": session.backend.value,
             "restored_from": str(restored.path) if restored else None,
+            "membership_changes": hstate.resets if hstate is not None else 0,
         }
         print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
         if args.result is not None:
