@@ -17,6 +17,7 @@ On a stop request it checkpoints, rank 0 writes ``control/ack.json`` and it exit
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -28,7 +29,9 @@ from typing import TextIO
 import torch
 
 import hpc_elastic
+from hpc_elastic.checkpoint import Checkpoint
 from hpc_elastic.data import ElasticSampler
+from hpc_elastic.state import State
 
 IN_FEATURES = 8
 HIDDEN = 16
@@ -81,6 +84,82 @@ def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
 
 
+def train_step(
+    session: hpc_elastic.Session,
+    state: State,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: ElasticSampler,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    trace: TextIO | None,
+) -> None:
+    """One optimizer step: each logical worker's gradient of its mini-batch, summed in logical-worker order."""
+    n = session.num_workers
+    params = list(model.parameters())
+    count = sampler.step_size(n)
+    rows = []
+    for w in session.workers:
+        idx = sampler.indices(w, n)
+        for p in params:
+            p.grad = None
+        if idx:
+            loss = ((model(x[idx]) - y[idx]) ** 2).sum()
+            loss.backward()
+            rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
+        else:  # the short last step of an epoch: this worker has no samples
+            rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
+        if trace is not None:
+            record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
+            trace.write(json.dumps(record) + "\n")
+    total = session.sum_over_workers(torch.stack(rows)) / count
+    offset = 0
+    for p in params:
+        p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    optimizer.step()
+    sampler.advance(n)
+    state.step += 1
+    if trace is not None:
+        trace.flush()
+
+
+def train_elastic(
+    args: argparse.Namespace,
+    session: hpc_elastic.Session,
+    state: State,
+    step: Callable[[], None],
+) -> tuple[bool, int, Checkpoint | None, int]:
+    """The run under Horovod's elastic mode (hpc_elastic.hvd_elastic): ``step()`` until the end or a stop request,
+    a commit in memory after every step.  Returns (stopped, start step, checkpoint resumed from, membership
+    changes)."""
+    from hpc_elastic import hvd_elastic
+
+    hstate = hvd_elastic.elastic_state(session, state)  # its first sync restores the newest checkpoint
+    started: list[int] = []
+
+    def train() -> bool:
+        if not started:
+            started.append(state.step)
+            if session.is_root:
+                where = hstate.restored.path if hstate.restored else "nothing"
+                print(f"rank 0 of {session.world_size} (horovod elastic); restored from {where}", flush=True)
+        while state.step < args.steps:
+            if session.should_stop():
+                session.checkpoint_and_acknowledge(state)
+                return True
+            step()
+            due = bool(args.ckpt_every) and state.step % args.ckpt_every == 0 and state.step < args.steps
+            hstate.commit(persist=due)  # raises HostsUpdatedInterrupt when workers are to leave or join
+            if args.step_delay:
+                time.sleep(args.step_delay)
+        return False
+
+    stopped = hvd_elastic.run(hstate, train)
+    return stopped, started[0], hstate.restored, int(hstate.resets)
+
+
 def main(
     argv: list[str] | None = None,
     build_model: Callable[[], torch.nn.Module] = mlp,
@@ -99,77 +178,38 @@ def main(
     state = session.state(
         model=model, optimizer=optimizer, sampler=sampler, mode="async" if args.async_ckpt else "sync"
     )
-    hstate = None
-    restored = None
-    if args.horovod_elastic:
-        from hpc_elastic import hvd_elastic
-
-        hstate = hvd_elastic.elastic_state(session, state)  # its first sync restores the newest checkpoint
-    else:
-        restored = state.restore()
-    params = list(model.parameters())
+    restored = None if args.horovod_elastic else state.restore()
+    start_step = state.step
     trace: TextIO | None = None
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
         trace = open(args.trace / f"trace-{time.time_ns()}-rank{session.rank}.jsonl", "a")  # noqa: SIM115
-    started: list[int] = []  # the step this run started from, once known
-
-    def train() -> bool:
-        """Optimizer steps until the end of the run; True when a stop request ended it first."""
-        nonlocal restored
-        if not started:
-            if hstate is not None:
-                restored = hstate.restored
-            started.append(state.step)
+    if session.is_root:
+        print(
+            f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers {n}; "
+            f"restored from {restored.path if restored else 'nothing'} at step {start_step}",
+            flush=True,
+        )
+    stopped = False
+    changes = 0
+    if args.horovod_elastic:
+        step = functools.partial(
+            train_step, session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace
+        )
+        stopped, start_step, restored, changes = train_elastic(args, session, state, step)
+    while not args.horovod_elastic and state.step < args.steps:
+        if session.should_stop():
+            path = session.checkpoint_and_acknowledge(state)
+            stopped = True
             if session.is_root:
-                print(
-                    f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers "
-                    f"{n}; restored from {restored.path if restored else 'nothing'} at step {state.step}",
-                    flush=True,
-                )
-        while state.step < args.steps:
-            if session.should_stop():
-                path = session.checkpoint_and_acknowledge(state)
-                if session.is_root:
-                    reason = session.stop_request.reason.value if session.stop_request else "unknown"
-                    print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
-                return True
-            count = sampler.step_size(n)
-            rows = []
-            for w in session.workers:
-                idx = sampler.indices(w, n)
-                for p in params:
-                    p.grad = None
-                if idx:
-                    loss = ((model(x[idx]) - y[idx]) ** 2).sum()
-                    loss.backward()
-                    rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
-                else:  # the short last step of an epoch: this worker has no samples
-                    rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
-                if trace is not None:
-                    record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
-                    trace.write(json.dumps(record) + "\n")
-            total = session.sum_over_workers(torch.stack(rows)) / count
-            offset = 0
-            for p in params:
-                p.grad = total[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
-            optimizer.step()
-            sampler.advance(n)
-            state.step += 1
-            if trace is not None:
-                trace.flush()
-            due = bool(args.ckpt_every) and state.step % args.ckpt_every == 0 and state.step < args.steps
-            if hstate is not None:
-                hstate.commit(persist=due)  # raises HostsUpdatedInterrupt when workers are to leave or join
-            elif due:
-                state.commit()
-            if args.step_delay:
-                time.sleep(args.step_delay)
-        return False
-
-    stopped = hvd_elastic.run(hstate, train) if hstate is not None else train()
-    start_step = started[0]
+                reason = session.stop_request.reason.value if session.stop_request else "unknown"
+                print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
+            break
+        train_step(session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace)
+        if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
+            state.commit()
+        if args.step_delay:
+            time.sleep(args.step_delay)
     state.wait()
     if trace is not None:
         trace.close()
@@ -187,8 +227,9 @@ def main(
             "num_workers": n,
             "backend": session.backend.value,
             "restored_from": str(restored.path) if restored else None,
-            "membership_changes": hstate.resets if hstate is not None else 0,
         }
+        if args.horovod_elastic:
+            result["membership_changes"] = changes
         print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
         if args.result is not None:
             args.result.parent.mkdir(parents=True, exist_ok=True)
