@@ -45,10 +45,15 @@ def horovodrun() -> str:
     return found
 
 
-def reference_run(tmp_path: Path) -> tuple[str, dict[tuple[int, int], list[int]]]:
-    """The uninterrupted one-process run: final sha256 and the samples of every (step, logical worker)."""
-    trace = tmp_path / "ref-trace"
-    run = launch("torch", 1, tmp_path / "ref", [*ARGS, "--trace", str(trace)], workers=N, logs=tmp_path)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[tuple[int, int], list[int]]]:
+    """The uninterrupted one-process run (MPI backend, one process under mpirun; any backend gives these bits):
+    final sha256 and the samples of every (step, logical worker)."""
+    if HVD_REASON is not None:
+        pytest.skip(HVD_REASON)
+    work = tmp_path_factory.mktemp("reference")
+    trace = work / "trace"
+    run = launch("mpi", 1, work / "job", [*ARGS, "--trace", str(trace)], workers=N, logs=work)
     assert run.wait() == [0], "\n".join(run.outputs)
     plan = {(r["step"], r["worker"]): r["indices"] for r in read_traces(trace)}
     return str(run.result()["sha256"]), plan
@@ -98,8 +103,10 @@ def check_result(tmp_path: Path, job: Path, sha256: str) -> None:
 
 
 @pytest.mark.skipif(HVD_REASON is not None, reason=str(HVD_REASON))
-def test_worker_removed_mid_run_the_survivor_goes_on_with_the_same_bits(tmp_path: Path) -> None:
-    sha256, plan = reference_run(tmp_path)
+def test_worker_removed_mid_run_the_survivor_goes_on_with_the_same_bits(
+    tmp_path: Path, reference: tuple[str, dict[tuple[int, int], list[int]]]
+) -> None:
+    sha256, plan = reference
     log, job = run_elastic(tmp_path, "localhost:2\n", lambda _job, hosts: hosts.write_text("localhost:1\n"))
     assert "has been removed from elastic job" in log  # Horovod took a worker away mid-run
     check_result(tmp_path, job, sha256)
@@ -121,9 +128,11 @@ def second_local_host() -> str:
 
 
 @pytest.mark.skipif(HVD_REASON is not None, reason=str(HVD_REASON))
-def test_worker_killed_mid_run_the_survivor_rolls_back_and_goes_on_with_the_same_bits(tmp_path: Path) -> None:
+def test_worker_killed_mid_run_the_survivor_rolls_back_and_goes_on_with_the_same_bits(
+    tmp_path: Path, reference: tuple[str, dict[tuple[int, int], list[int]]]
+) -> None:
     other = second_local_host()
-    sha256, plan = reference_run(tmp_path)
+    sha256, plan = reference
     killed: list[int] = []
 
     def kill_the_other(job: Path, _hosts: Path) -> None:
