@@ -136,6 +136,21 @@ class LocalCollective:
         return None
 
 
+def _import_before_init_process_group() -> None:
+    """Import ``torch.distributed.nn`` while no default process group exists.
+
+    Its ``functional`` module has defaults like ``group=group.WORLD``, evaluated at import: imported after
+    ``init_process_group`` they hold the default group for the life of the process, so ``destroy_process_group``
+    cannot free it and gloo's worker threads outlive :meth:`TorchCollective.close`.  torch imports that module
+    lazily (the first ``torch.optim`` optimizer pulls in ``torch._dynamo``, which imports it), i.e. after our
+    ``init_process_group``.  A gloo thread still alive at interpreter exit may be releasing the last collective's
+    tensors, which needs the GIL; a thread that asks for the GIL during finalization is ended by
+    ``pthread_exit``, whose forced unwind through ``ProcessGroupGloo::runLoop`` calls ``std::terminate``: the
+    worker had printed its result and then died of SIGABRT ("terminate called without an active exception").
+    Seen about once in 450 one-process runs here; with the import first, ``close`` joins those threads."""
+    importlib.import_module("torch.distributed.nn")
+
+
 class TorchCollective(_Group):
     """``torch.distributed``.  Opens the default process group unless one is already initialised (then it only
     uses it, and :meth:`close` leaves it alone)."""
@@ -160,6 +175,7 @@ class TorchCollective(_Group):
         if not dist.is_initialized():
             if world_size < 1 or not 0 <= rank < world_size:
                 raise ValueError(f"rank {rank} is outside a world of {world_size}")
+            _import_before_init_process_group()
             pg_backend = "nccl" if self.device.type == "cuda" else "gloo"
             timeout = _dt.timedelta(seconds=timeout_s)
             if world_size == 1:  # no rendezvous (and no port) needed for a group of one

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.unit.session.launch import horovod_unavailable_reason, launch, mpi_unavailable_reason
+from tests.unit.session.launch import REPO, horovod_unavailable_reason, launch, mpi_unavailable_reason
 
 PROBE = Path(__file__).with_name("collective_probe.py")
 MPI_REASON = mpi_unavailable_reason()
@@ -54,3 +57,40 @@ def test_mpi(tmp_path: Path) -> None:
 @pytest.mark.skipif(HVD_REASON is not None, reason=str(HVD_REASON))
 def test_horovod(tmp_path: Path) -> None:
     probe("horovod", tmp_path)
+
+
+CLOSE_PROBE = """
+import json, os, sys
+import torch
+from hpc_elastic.collective import TorchCollective
+
+def gloo_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as fh:
+            names.append(fh.read().strip())
+    return sorted(n for n in names if "gloo" in n)
+
+coll = TorchCollective(rank=0, world_size=1)
+opened = gloo_threads()
+model = torch.nn.Linear(3, 1)
+torch.optim.SGD(model.parameters(), lr=0.1)  # the first optimizer imports torch._dynamo, hence torch.distributed.nn
+coll.allgather_tensor(torch.ones(1, 3))
+coll.close()
+print(json.dumps({"opened": opened, "after_close": gloo_threads()}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc to list the process's threads")
+def test_torch_close_joins_gloo_threads_even_after_torch_dynamo_is_imported() -> None:
+    """close() must really free the default group: a gloo thread left alive at interpreter exit can abort the
+    process (see collective._import_before_init_process_group)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "HPC_ELASTIC_", "SLURM_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = subprocess.run(
+        [sys.executable, "-c", CLOSE_PROBE], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["opened"], "no gloo thread seen while the group was open: the probe cannot tell anything"
+    assert doc["after_close"] == [], doc
