@@ -214,6 +214,16 @@ class Session:
             )
         return self._store
 
+    def rebind(self, collective: Collective) -> None:
+        """Go on in a new process group of the same job (Horovod elastic re-forms its group inside the running
+        processes when workers leave or join): this process's rank and world size, its logical workers (N does not
+        change) and the checkpoint store follow ``collective``.  Only between steps, with no checkpoint in flight."""
+        if self._store is not None and self._store.pending is not None:
+            raise HpcElasticError("cannot change the process group while an asynchronous checkpoint is in flight")
+        self.assignment = WorkerAssignment(self.assignment.num_workers, collective.world_size, collective.rank)
+        self.collective = collective
+        self._store = None
+
     # -- stop / acknowledge ---------------------------------------------------------------------------------
 
     def _read_stop(self) -> StopRequest | None:

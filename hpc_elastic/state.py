@@ -117,6 +117,34 @@ class State:
             shard["shared"] = self._shared()
         return shard
 
+    def replicated(self) -> dict[str, Any]:
+        """The state every rank holds alike (step, epoch, model, optimizer, scheduler, sampler, extras), as
+        references to the live objects' state dicts: copy it to keep it."""
+        return self._shared()
+
+    def load_replicated(self, shared: Mapping[str, Any]) -> None:
+        """Set the replicated state from :meth:`replicated`'s form."""
+        self._apply(shared)
+
+    def rebind(self, store: CheckpointStore, assignment: WorkerAssignment, workers: Mapping[int, Any]) -> None:
+        """Go on in a new process group (see :meth:`hpc_elastic.session.Session.rebind`): commit through
+        ``store``, own ``assignment``'s logical workers, whose contexts ``workers`` must hold."""
+        if assignment.world_size != store.collective.world_size or assignment.rank != store.collective.rank:
+            raise ValueError(
+                f"worker assignment is for rank {assignment.rank} of {assignment.world_size}, the store's collective "
+                f"is rank {store.collective.rank} of {store.collective.world_size}"
+            )
+        if assignment.num_workers != self.assignment.num_workers:
+            raise ValueError(
+                f"the logical worker count must not change: {self.assignment.num_workers} -> {assignment.num_workers}"
+            )
+        missing = [w for w in assignment.workers if w not in workers]
+        if missing:
+            raise ValueError(f"no context for logical workers {missing}")
+        self.store = store
+        self.assignment = assignment
+        self.workers = {w: dict(workers[w]) for w in assignment.workers}
+
     # -- commit ---------------------------------------------------------------------------------------------
 
     def commit(self, *, mode: SaveMode | str | None = None) -> Path:

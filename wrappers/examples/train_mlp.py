@@ -17,6 +17,7 @@ On a stop request it checkpoints, rank 0 writes ``control/ack.json`` and it exit
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -28,7 +29,9 @@ from typing import TextIO
 import torch
 
 import hpc_elastic
+from hpc_elastic.checkpoint import Checkpoint
 from hpc_elastic.data import ElasticSampler
+from hpc_elastic.state import State
 
 IN_FEATURES = 8
 HIDDEN = 16
@@ -48,6 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=None, help="directory for per-process JSONL traces of samples")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step (demos, tests)")
     p.add_argument("--result", type=Path, default=None, help="rank 0 also writes the RESULT JSON to this file")
+    p.add_argument(
+        "--horovod-elastic",
+        action="store_true",
+        help="under horovodrun's elastic mode: workers may leave or join mid-run (hvd.elastic.run; a commit in "
+        "memory every step, on the shared filesystem every --ckpt-every steps)",
+    )
     args = p.parse_args(argv)
     for name in ("steps", "dataset", "batch"):
         if getattr(args, name) < 1:
@@ -75,6 +84,82 @@ def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
 
 
+def train_step(
+    session: hpc_elastic.Session,
+    state: State,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: ElasticSampler,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    trace: TextIO | None,
+) -> None:
+    """One optimizer step: each logical worker's gradient of its mini-batch, summed in logical-worker order."""
+    n = session.num_workers
+    params = list(model.parameters())
+    count = sampler.step_size(n)
+    rows = []
+    for w in session.workers:
+        idx = sampler.indices(w, n)
+        for p in params:
+            p.grad = None
+        if idx:
+            loss = ((model(x[idx]) - y[idx]) ** 2).sum()
+            loss.backward()
+            rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
+        else:  # the short last step of an epoch: this worker has no samples
+            rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
+        if trace is not None:
+            record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
+            trace.write(json.dumps(record) + "\n")
+    total = session.sum_over_workers(torch.stack(rows)) / count
+    offset = 0
+    for p in params:
+        p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    optimizer.step()
+    sampler.advance(n)
+    state.step += 1
+    if trace is not None:
+        trace.flush()
+
+
+def train_elastic(
+    args: argparse.Namespace,
+    session: hpc_elastic.Session,
+    state: State,
+    step: Callable[[], None],
+) -> tuple[bool, int, Checkpoint | None, int]:
+    """The run under Horovod's elastic mode (hpc_elastic.hvd_elastic): ``step()`` until the end or a stop request,
+    a commit in memory after every step.  Returns (stopped, start step, checkpoint resumed from, membership
+    changes)."""
+    from hpc_elastic import hvd_elastic
+
+    hstate = hvd_elastic.elastic_state(session, state)  # its first sync restores the newest checkpoint
+    started: list[int] = []
+
+    def train() -> bool:
+        if not started:
+            started.append(state.step)
+            if session.is_root:
+                where = hstate.restored.path if hstate.restored else "nothing"
+                print(f"rank 0 of {session.world_size} (horovod elastic); restored from {where}", flush=True)
+        while state.step < args.steps:
+            if session.should_stop():
+                session.checkpoint_and_acknowledge(state)
+                return True
+            step()
+            due = bool(args.ckpt_every) and state.step % args.ckpt_every == 0 and state.step < args.steps
+            hstate.commit(persist=due)  # raises HostsUpdatedInterrupt when workers are to leave or join
+            if args.step_delay:
+                time.sleep(args.step_delay)
+        return False
+
+    stopped = hvd_elastic.run(hstate, train)
+    return stopped, started[0], hstate.restored, int(hstate.resets)
+
+
 def main(
     argv: list[str] | None = None,
     build_model: Callable[[], torch.nn.Module] = mlp,
@@ -93,9 +178,8 @@ def main(
     state = session.state(
         model=model, optimizer=optimizer, sampler=sampler, mode="async" if args.async_ckpt else "sync"
     )
-    restored = state.restore()
+    restored = None if args.horovod_elastic else state.restore()
     start_step = state.step
-    params = list(model.parameters())
     trace: TextIO | None = None
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
@@ -107,7 +191,13 @@ def main(
             flush=True,
         )
     stopped = False
-    while state.step < args.steps:
+    changes = 0
+    if args.horovod_elastic:
+        step = functools.partial(
+            train_step, session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace
+        )
+        stopped, start_step, restored, changes = train_elastic(args, session, state, step)
+    while not args.horovod_elastic and state.step < args.steps:
         if session.should_stop():
             path = session.checkpoint_and_acknowledge(state)
             stopped = True
@@ -115,31 +205,7 @@ def main(
                 reason = session.stop_request.reason.value if session.stop_request else "unknown"
                 print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
             break
-        count = sampler.step_size(n)
-        rows = []
-        for w in session.workers:
-            idx = sampler.indices(w, n)
-            for p in params:
-                p.grad = None
-            if idx:
-                loss = ((model(x[idx]) - y[idx]) ** 2).sum()
-                loss.backward()
-                rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
-            else:  # the short last step of an epoch: this worker has no samples
-                rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
-            if trace is not None:
-                record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
-                trace.write(json.dumps(record) + "\n")
-        total = session.sum_over_workers(torch.stack(rows)) / count
-        offset = 0
-        for p in params:
-            p.grad = total[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        optimizer.step()
-        sampler.advance(n)
-        state.step += 1
-        if trace is not None:
-            trace.flush()
+        train_step(session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace)
         if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
             state.commit()
         if args.step_delay:
@@ -162,6 +228,8 @@ def main(
             "backend": session.backend.value,
             "restored_from": str(restored.path) if restored else None,
         }
+        if args.horovod_elastic:
+            result["membership_changes"] = changes
         print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
         if args.result is not None:
             args.result.parent.mkdir(parents=True, exist_ok=True)
