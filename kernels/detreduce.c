@@ -375,6 +375,133 @@ static PyObject *py_finalize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- one EST per process: tops, accumulate
+ *
+ * When every process hosts at most one EST, its contribution is its gradient itself, and trunc(x * 2^-L)
+ * can be formed where the sum is made, after the global top bins are known: the processes exchange raw
+ * float32 (4 bytes per element, as a float32 allreduce does) instead of int64 partial sums, and the owner of
+ * a range adds the N integers exactly.  V = sum_i trunc(x_i * 2^-L) is the same integer as the binned path
+ * computes, so the result has the same bits (hpc_elastic/est/reducer.py). */
+
+static const char tops_doc[] =
+    "tops(grad, tops, chunk, width)\n"
+    "Top bin of every chunk of a float32 gradient (255 for a chunk holding a NaN or an infinity).";
+
+static PyObject *py_tops(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *ot;
+    Py_ssize_t chunk;
+    int width;
+    if (!PyArg_ParseTuple(args, "OOni", &og, &ot, &chunk, &width)) {
+        return NULL;
+    }
+    if (check_geometry(chunk, width) != 0) {
+        return NULL;
+    }
+    buf_t g, t;
+    if (acquire(og, &g, 'f', 0, "grad") != 0) return NULL;
+    if (acquire(ot, &t, 'B', 1, "tops") != 0) { release(&g); return NULL; }
+    Py_ssize_t n = count(&g);
+    Py_ssize_t nchunks = (n + chunk - 1) / chunk;
+    if (count(&t) != nchunks) {
+        PyErr_Format(PyExc_ValueError, "size mismatch: grad has %zd elements, tops %zd (expected %zd chunks)", n,
+                     count(&t), nchunks);
+        release(&g); release(&t);
+        return NULL;
+    }
+    const float *gp = (const float *)g.view.buf;
+    uint8_t *tp = (uint8_t *)t.view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+        Py_ssize_t s = c * chunk;
+        tp[c] = (uint8_t)top_of(gp + s, (s + chunk <= n) ? chunk : n - s, width);
+    }
+    Py_END_ALLOW_THREADS
+    release(&g); release(&t);
+    Py_RETURN_NONE;
+}
+
+/* acc (+)= trunc(x * 2^-low) for one chunk: deposit_chunk's integer arithmetic without the hi/lo split
+   (|T| < 2^(2W) <= 2^62 when the chunk's top bin is at most the global one). */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void accumulate_chunk(const float *x, int64_t *acc, Py_ssize_t len, int low, int first) {
+    for (Py_ssize_t i = 0; i < len; ++i) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        uint32_t e = (bits >> 23) & 0xffu;
+        uint64_t m = (uint64_t)(bits & 0x7fffffu) | (e ? 0x800000u : 0u);
+        int s = (int)(e ? e : 1u) - 150 - low;
+        uint64_t mag = s >= 0 ? (m << (s & 63)) : (s > -64 ? (m >> ((-s) & 63)) : 0u);
+        int64_t v = (int64_t)mag;
+        int64_t neg = -(int64_t)(bits >> 31);
+        v = (v ^ neg) - neg;
+        acc[i] = first ? v : acc[i] + v;
+    }
+}
+
+static const char accumulate_doc[] =
+    "accumulate(grad, acc, global_tops, chunk, width, first)\n"
+    "Add trunc(grad * 2^-L) on the window of the global top bins to the int64 acc (first=True: store it);\n"
+    "0 for non-finite chunks (finalize turns them into NaN).";
+
+static PyObject *py_accumulate(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *oa, *ogt;
+    Py_ssize_t chunk;
+    int width, first;
+    if (!PyArg_ParseTuple(args, "OOOnip", &og, &oa, &ogt, &chunk, &width, &first)) {
+        return NULL;
+    }
+    if (check_geometry(chunk, width) != 0) {
+        return NULL;
+    }
+    buf_t g, a, gt;
+    if (acquire(og, &g, 'f', 0, "grad") != 0) return NULL;
+    if (acquire(oa, &a, 'q', 1, "acc") != 0) { release(&g); return NULL; }
+    if (acquire(ogt, &gt, 'B', 0, "global_tops") != 0) { release(&g); release(&a); return NULL; }
+    Py_ssize_t n = count(&g);
+    Py_ssize_t nchunks = (n + chunk - 1) / chunk;
+    if (count(&a) != n || count(&gt) != nchunks) {
+        PyErr_Format(PyExc_ValueError, "size mismatch: grad has %zd elements, acc %zd, tops %zd (expected %zd)", n,
+                     count(&a), count(&gt), nchunks);
+        release(&g); release(&a); release(&gt);
+        return NULL;
+    }
+    const float *gp = (const float *)g.view.buf;
+    int64_t *ap = (int64_t *)a.view.buf;
+    const uint8_t *gtp = (const uint8_t *)gt.view.buf;
+    Py_ssize_t bad = -1;
+    int bad_top = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+        Py_ssize_t s = c * chunk;
+        Py_ssize_t len = (s + chunk <= n) ? chunk : n - s;
+        int gtop = gtp[c];
+        if (gtop == NONFINITE_TOP) {
+            if (first) memset(ap + s, 0, (size_t)len * sizeof *ap);
+            continue;
+        }
+        int tn = top_of(gp + s, len, width);
+        if (tn > gtop) { /* not the MAX of the tops: the integers could overflow */
+            bad = c;
+            bad_top = tn;
+            break;
+        }
+        accumulate_chunk(gp + s, ap + s, len, (gtop - 1) * width - EXP_BIAS, first);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "global top bin %d of chunk %zd is below this gradient's %d: not a MAX",
+                     gtp[bad], bad, bad_top);
+        release(&g); release(&a); release(&gt);
+        return NULL;
+    }
+    release(&g); release(&a); release(&gt);
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- D2: deterministic matmul */
 
 static const char matmul_doc[] =
@@ -441,6 +568,8 @@ static PyMethodDef methods[] = {
     {"deposit", py_deposit, METH_VARARGS, deposit_doc},
     {"combine", py_combine, METH_VARARGS, combine_doc},
     {"finalize", py_finalize, METH_VARARGS, finalize_doc},
+    {"tops", py_tops, METH_VARARGS, tops_doc},
+    {"accumulate", py_accumulate, METH_VARARGS, accumulate_doc},
     {"matmul_nt", py_matmul_nt, METH_VARARGS, matmul_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -39,6 +39,9 @@ class ReduceOp(StrEnum):
 TensorAllreduce = Callable[[torch.Tensor, ReduceOp], None]
 #: ``(tensor, bounds)``: ``bounds`` are M + 1 increasing offsets; rank r owns ``tensor[bounds[r]:bounds[r + 1]]``.
 RangeExchange = Callable[[torch.Tensor, Sequence[int]], None]
+#: ``(tensor, bounds, scratch, consume)``: ``consume`` gets every process's copy of the caller's own range, its own
+#: first; the others arrive in the rows of ``scratch`` (M - 1 rows at least as long as the range).
+OwnerExchange = Callable[[torch.Tensor, Sequence[int], torch.Tensor, Callable[[torch.Tensor], None]], None]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class ScatterGather:
 
     sum_scatter: RangeExchange
     gather: RangeExchange
+    #: every process's copy of each range to the range's owner (an all-to-all): with one EST per process the
+    #: reducer sends raw fp32 this way and forms the exact integers where they are added (4 + 4 bytes per element)
+    to_owners: OwnerExchange | None = None
 
 
 def _no_exchange(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -192,7 +198,33 @@ def _torch_ring() -> ScatterGather:
             for req in reqs:
                 req.wait()
 
-    return ScatterGather(sum_scatter, gather)
+    def to_owners(
+        tensor: torch.Tensor, bounds: Sequence[int], scratch: torch.Tensor, consume: Callable[[torch.Tensor], None]
+    ) -> None:
+        size, rank = dist.get_world_size(), dist.get_rank()
+        ranges = _ranges(bounds, size)
+        lo, hi = ranges[rank]
+        if scratch.dim() != 2 or scratch.shape[0] < size - 1 or scratch.shape[1] < hi - lo:
+            raise ValueError(f"scratch must have {size - 1} rows of {hi - lo} elements, got {tuple(scratch.shape)}")
+        if scratch.dtype != tensor.dtype:
+            raise ValueError(f"scratch holds {scratch.dtype}, the tensor {tensor.dtype}")
+        sends, recvs = [], []
+        for k in range(1, size):  # rotated, so that no process is everyone's first peer
+            dst, src = (rank + k) % size, (rank - k) % size
+            a, b = ranges[dst]
+            if b > a:
+                sends.append(_started(dist.isend(tensor[a:b], dst)))
+            if hi > lo:
+                row = scratch[k - 1, : hi - lo]
+                recvs.append((_started(dist.irecv(row, src)), row))
+        consume(tensor[lo:hi])
+        for req, part in recvs:
+            req.wait()
+            consume(part)
+        for req in sends:
+            req.wait()
+
+    return ScatterGather(sum_scatter, gather, to_owners)
 
 
 def _mpi_allreduce(comm: Any) -> TensorAllreduce:

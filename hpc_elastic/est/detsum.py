@@ -178,6 +178,22 @@ def ref_finalize(v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, d
     out[:] = f
 
 
+def ref_accumulate(grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
+    """NumPy twin of ``_detreduce.accumulate``: ``acc (+)= trunc(grad * 2^-L)`` on the global window, 0 in
+    non-finite chunks (the one-EST-per-process path of the reducer; the same integers as a deposit)."""
+    n = grad.size
+    g = global_tops.astype(np.int64)
+    if np.any((g != NONFINITE_TOP) & (ref_tops(grad, chunk, width).astype(np.int64) > g)):
+        raise ValueError("global top bins must be at least this gradient's (the MAX of the local ones)")
+    finite = _per_element(g != NONFINITE_TOP, n, chunk)
+    low = _per_element((g - 1) * width - EXP_BIAS, n, chunk)
+    t_val = np.where(finite, _trunc_scaled(np.where(finite, grad, 0).astype(np.float32), low), 0)
+    if first:
+        acc[:] = t_val
+    else:
+        acc += t_val
+
+
 def reference_allreduce(
     contributions: Sequence[F32], num_ests: int, chunk: int = DEFAULT_CHUNK, divisor: float = 1.0
 ) -> F32:
@@ -224,7 +240,7 @@ def ref_matmul_nt(a: F32, b: F32) -> F32:
 
 
 class Kernels(Protocol):
-    """The four hot loops, on NumPy arrays (CPU).  The CUDA extension takes the same argument names."""
+    """The hot loops, on NumPy arrays (CPU).  The CUDA extension takes the same argument names."""
 
     name: str
 
@@ -235,6 +251,10 @@ class Kernels(Protocol):
     def combine(self, hi: I64, lo: I64, local_tops: U8, global_tops: U8, *, chunk: int, width: int) -> None: ...
 
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None: ...
+
+    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None: ...
+
+    def accumulate(self, grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None: ...
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None: ...
 
@@ -254,6 +274,12 @@ class ReferenceKernels:
 
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
         ref_finalize(v, global_tops, out, chunk=chunk, width=width, divisor=divisor)
+
+    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None:
+        tops[:] = ref_tops(grad, chunk, width)
+
+    def accumulate(self, grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
+        ref_accumulate(grad, acc, global_tops, chunk=chunk, width=width, first=first)
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None:
         out[...] = ref_matmul_nt(a, b)
@@ -277,6 +303,12 @@ class CKernels:
 
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
         self._m.finalize(v, global_tops, out, chunk, width, float(divisor))
+
+    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None:
+        self._m.tops(grad, tops, chunk, width)
+
+    def accumulate(self, grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
+        self._m.accumulate(grad, acc, global_tops, chunk, width, first)
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None:
         m, k = a.shape

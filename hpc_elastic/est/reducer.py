@@ -9,11 +9,15 @@ Over gloo on CPU tensors the int64 ``SUM`` is a ring reduce-scatter over chunk-a
 converts only its own range to fp32, and an fp32 ring allgather returns the rest (12 bytes per element on the
 wire instead of 16); elsewhere (MPI, Horovod, NCCL) it is one int64 allreduce. Both give the same bits: the
 integer sum is exact and the conversion is elementwise.
+With at most one EST per process (as many devices as ESTs) and that ring, nothing is binned: each process
+sends its raw fp32 gradient of every other range to the range's owner, which forms and adds the N integers
+exactly (8 bytes per element on the wire, like an fp32 ring allreduce); the integers, hence the bits, are the same.
 D0 keeps PyTorch's usual fp32 accumulation and an fp32 ``SUM``: reproducible only for a fixed M.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,6 +83,16 @@ class TensorKernels:
         a = self._arg
         self._impl.finalize(a(v), a(gtops), a(out), chunk=chunk, width=width, divisor=float(divisor))
 
+    def tops(self, grad: torch.Tensor, tops: torch.Tensor, *, chunk: int, width: int) -> None:
+        a = self._arg
+        self._impl.tops(a(grad), a(tops), chunk=chunk, width=width)
+
+    def accumulate(
+        self, grad: torch.Tensor, acc: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int, first: bool
+    ) -> None:
+        a = self._arg
+        self._impl.accumulate(a(grad), a(acc), a(gtops), chunk=chunk, width=width, first=first)
+
 
 def tensor_kernels(device: torch.device) -> TensorKernels:
     if device.type == "cpu":
@@ -102,7 +116,12 @@ class GradientReducer:
         comm: Communicator,
         level: DeterminismLevel,
         kernels: TensorKernels | None = None,
+        max_local_ests: int | None = None,
     ) -> None:
+        """``max_local_ests``: the most ESTs any process of the group hosts (the same on every process, from the
+        placement); 1 lets D1/D2 on gloo take the one-EST-per-process path (see :meth:`reduce`)."""
+        if max_local_ests is not None and (isinstance(max_local_ests, bool) or max_local_ests < 0):
+            raise ValueError(f"max_local_ests must be a non-negative integer, got {max_local_ests!r}")
         if not params:
             raise ValueError("the model has no trainable parameters")
         devices = {p.device for p in params}
@@ -140,16 +159,29 @@ class GradientReducer:
                 off = self._bucket_start[bi] + s.offset
                 self._views[s.index] = self.flat_grad[off : off + s.numel].view_as(self.params[s.index])
         self.exact = level.exact_allreduce
-        if self.exact:
-            self.kernels = kernels if kernels is not None else tensor_kernels(self.device)
-            self.hi = torch.zeros(total, dtype=torch.int64, device=self.device)
-            self.lo = torch.zeros(total, dtype=torch.int64, device=self.device)
-            self.local_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
-            self.global_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
         self._deposits = 0
         self._bounds: list[int] | None = None
         if self.exact and comm.size > 1 and comm.scatter_gather is not None and self.device.type == "cpu":
             self._bounds = self._range_bounds(comm.size)
+        #: one EST per process at most, and an all-to-all to the range owners: raw fp32 on the wire, no bins
+        self.one_est_each = (
+            self._bounds is not None
+            and max_local_ests is not None
+            and max_local_ests <= 1
+            and comm.scatter_gather is not None
+            and comm.scatter_gather.to_owners is not None
+        )
+        if self.one_est_each and self._bounds is not None:  # the owner's buffers, kept across steps
+            width = max(b - a for a, b in itertools.pairwise(self._bounds))
+            self._acc = torch.zeros(width, dtype=torch.int64)
+            self._inbox = torch.zeros((comm.size - 1, width), dtype=torch.float32)
+        if self.exact:
+            self.kernels = kernels if kernels is not None else tensor_kernels(self.device)
+            bins = 0 if self.one_est_each else total  # the one-EST path keeps the gradient itself until reduce
+            self.hi = torch.zeros(bins, dtype=torch.int64, device=self.device)
+            self.lo = torch.zeros(bins, dtype=torch.int64, device=self.device)
+            self.local_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
+            self.global_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
         self.attach_grads()
 
     def _range_bounds(self, size: int) -> list[int]:
@@ -187,6 +219,11 @@ class GradientReducer:
     def deposit(self) -> None:
         """Take the current EST's gradient out of the buffer (D1/D2) or leave it to accumulate (D0)."""
         self.attach_grads()
+        if self.one_est_each:
+            if self._deposits:
+                raise RuntimeError("a second EST on this process, but the reducer was planned for one per process")
+            self._deposits = 1  # the gradient stays in the buffer until reduce()
+            return
         if self.exact:
             first = self._deposits == 0
             for el, ch in self._segments():
@@ -209,6 +246,10 @@ class GradientReducer:
             self.flat_grad.div_(float(self.num_ests))
             self._deposits = 0
             return
+        if self.one_est_each:
+            self._reduce_one_est_each()
+            self._deposits = 0
+            return
         if self._deposits == 0:
             self.hi.zero_()
             self.lo.zero_()
@@ -226,27 +267,77 @@ class GradientReducer:
             )
         if self._bounds is None:
             self.comm.allreduce_(self.hi, ReduceOp.SUM)
-            self._finalize(0, self.flat_grad.numel())
+            self._finalize(0, self.flat_grad.numel(), self.hi)
         else:
             exchange = self.comm.scatter_gather
             if exchange is None:
                 raise RuntimeError("the communicator lost its reduce-scatter")
             rank = self.comm.rank
             exchange.sum_scatter(self.hi, self._bounds)
-            self._finalize(self._bounds[rank], self._bounds[rank + 1])
+            self._finalize(self._bounds[rank], self._bounds[rank + 1], self.hi)
             exchange.gather(self.flat_grad, self._bounds)
         self._deposits = 0
 
-    def _finalize(self, lo: int, hi: int) -> None:
-        """fp32 mean gradient of the elements ``[lo, hi)`` (both at chunk starts of their buckets, or the end)."""
+    def _reduce_one_est_each(self) -> None:
+        """D1 with at most one EST per process (EasyScale's usual case: as many devices as ESTs).
+
+        The same integers as the binned path, formed elsewhere: after the MAX allreduce of the top bins, each
+        process sends its raw fp32 gradient of every other range to that range's owner, and the owner adds
+        ``trunc(x * 2^-L)`` of all N contributions exactly (int64), converts its range to fp32 and the ring
+        allgather returns the rest.  ``V = sum_i trunc(x_i * 2^-L)`` is the definition
+        (:func:`hpc_elastic.est.detsum.reference_allreduce`), so the bits equal those of any other placement.
+        On the wire: 4 + 4 bytes per element (the fp32 ring allreduce's volume) instead of 8 + 4; no bins, no
+        deposit pass at the context switch."""
+        bounds, exchange = self._bounds, self.comm.scatter_gather
+        if bounds is None or exchange is None or exchange.to_owners is None:
+            raise RuntimeError("the communicator lost its range exchange")
+        if self._deposits == 0:  # no EST here: contribute nothing
+            self.flat_grad.zero_()
         chunk = self.layout.chunk
         for el, ch in self._segments():
+            self.kernels.tops(self.flat_grad[el], self.local_tops[ch], chunk=chunk, width=self.width)
+        self.global_tops.copy_(self.local_tops)
+        self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
+        rank = self.comm.rank
+        lo, hi = bounds[rank], bounds[rank + 1]
+        acc = self._acc[: hi - lo]
+        received = 0
+
+        def add(part: torch.Tensor) -> None:
+            nonlocal received
+            for a, b, first_chunk in self._pieces_of(lo, hi):
+                self.kernels.accumulate(
+                    part[a - lo : b - lo],
+                    acc[a - lo : b - lo],
+                    self.global_tops[first_chunk : first_chunk + num_chunks(b - a, chunk)],
+                    chunk=chunk,
+                    width=self.width,
+                    first=received == 0,
+                )
+            received += 1
+
+        exchange.to_owners(self.flat_grad, bounds, self._inbox, add)
+        self._finalize(lo, hi, acc, lo)
+        exchange.gather(self.flat_grad, bounds)
+
+    def _pieces_of(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``[lo, hi)`` (both at chunk starts of their buckets, or the end) cut at bucket boundaries: element range
+        and index of its first chunk, for each piece."""
+        chunk = self.layout.chunk
+        out = []
+        for el, ch in self._segments():
             a, b = max(lo, el.start), min(hi, el.stop)
-            if a >= b:
-                continue
-            first = ch.start + (a - el.start) // chunk
+            if a < b:
+                out.append((a, b, ch.start + (a - el.start) // chunk))
+        return out
+
+    def _finalize(self, lo: int, hi: int, sums: torch.Tensor, base: int = 0) -> None:
+        """fp32 mean gradient of the elements ``[lo, hi)`` (both at chunk starts of their buckets, or the end)
+        from the reduced integers of element ``i`` in ``sums[i - base]``."""
+        chunk = self.layout.chunk
+        for a, b, first in self._pieces_of(lo, hi):
             self.kernels.finalize(
-                self.hi[a:b],
+                sums[a - base : b - base],
                 self.global_tops[first : first + num_chunks(b - a, chunk)],
                 self.flat_grad[a:b],
                 chunk=chunk,

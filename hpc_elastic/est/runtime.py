@@ -129,7 +129,13 @@ class ESTRuntime:
         self.params = [p for _, p in named]
         self.layout: BucketLayout = plan_buckets([p.numel() for p in self.params], config.bucket_elements, config.chunk)
         self.reducer = GradientReducer(
-            self.params, self.layout, num_ests=config.num_ests, comm=self.comm, level=config.level, kernels=kernels
+            self.params,
+            self.layout,
+            num_ests=config.num_ests,
+            comm=self.comm,
+            level=config.level,
+            kernels=kernels,
+            max_local_ests=max(len(self.placement.local_ests(r)) for r in range(self.comm.size)),
         )
         self._buffers = dict(model.named_buffers())
         self.local_ests = self.placement.local_ests(self.comm.rank)

@@ -6,13 +6,20 @@ so it knows the exact sums; it writes whether its own range and the gathered ten
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from hpc_elastic.est.comm import make_communicator
+from hpc_elastic.est.comm import Communicator, make_communicator
+from hpc_elastic.est.detsum import reference_allreduce
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.est.plan import plan_buckets
+from hpc_elastic.est.reducer import GradientReducer
 
 
 def main() -> None:
@@ -39,8 +46,57 @@ def main() -> None:
     values[lo:hi] = expected[lo:hi].to(torch.float32)
     exchange.gather(values, bounds)
     gathered_ok = bool(torch.equal(values, expected.to(torch.float32)))
-    (out.parent / f"{out.name}.{rank}").write_text(json.dumps({"own": own_ok, "gathered": gathered_ok}))
+    # every process's copy of this rank's range, to this rank (the one-EST-per-process path)
+    if exchange.to_owners is None:
+        raise SystemExit(f"{backend} has no exchange to the range owners")
+    floats = [d.to(torch.float32) for d in data]
+    got: list[torch.Tensor] = []
+    inbox = torch.full((size - 1, max(b - a for a, b in itertools.pairwise(bounds))), float("nan"))
+    exchange.to_owners(floats[rank].clone(), bounds, inbox, lambda part: got.append(part.clone()))
+    want = [f[lo:hi] for f in (floats[rank], *(floats[(rank - k) % size] for k in range(1, size)))]
+    if hi == lo:  # an empty range: only the (empty) own part, nothing to receive
+        want = want[:1]
+    owners_ok = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    (out.parent / f"{out.name}.{rank}").write_text(
+        json.dumps({"own": own_ok, "gathered": gathered_ok, "owners": owners_ok, "reducers": reducers_agree(comm)})
+    )
     comm.close()
+
+
+def reducers_agree(comm: Communicator) -> bool:
+    """The one-EST-per-process reducer and the binned one give the same bits (and the definition's) on a model of
+    several buckets, with a chunk holding an infinity and a process contributing zeros."""
+    size, rank = comm.size, comm.rank
+    shapes = [(37, 11), (5,), (1000,), (3, 3)]
+    grads = [
+        [
+            torch.randn(s, generator=torch.Generator().manual_seed(100 * r + i)) * 2.0 ** (4 * i)
+            for i, s in enumerate(shapes)
+        ]
+        for r in range(size)
+    ]
+    grads[1][2][7] = float("inf")
+    grads[size - 1] = [torch.zeros(s) for s in shapes]
+    layout = plan_buckets([math.prod(s) for s in shapes], bucket_elements=600, chunk=16)
+    outs = []
+    for one in (1, 2):
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        red = GradientReducer(params, layout, num_ests=size, comm=comm, level=DeterminismLevel.D1, max_local_ests=one)
+        if red.one_est_each != (one == 1):
+            return False
+        for p, g in zip(params, grads[rank], strict=True):
+            p.grad = g.clone()
+        red.deposit()
+        red.reduce()
+        outs.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
+    flat = [np.concatenate([g.reshape(-1).numpy() for g in grads[r]]) for r in range(size)]
+    parts, start = [], 0  # chunks start again at every bucket
+    for bucket in layout.buckets:
+        piece = [f[start : start + bucket.numel] for f in flat]
+        parts.append(reference_allreduce(piece, size, chunk=16, divisor=float(size)))
+        start += bucket.numel
+    want = torch.from_numpy(np.concatenate(parts))
+    return all(torch.equal(o.view(torch.int32), want.view(torch.int32)) for o in outs)
 
 
 if __name__ == "__main__":

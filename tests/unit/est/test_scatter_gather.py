@@ -1,6 +1,7 @@
 """The ring reduce-scatter + allgather the deterministic allreduce runs on gloo (hpc_elastic.est.comm):
-exact int64 sums in each rank's own range and a complete allgather, over uneven ranges (one empty), on real
-processes."""
+exact int64 sums in each rank's own range, a complete allgather and every copy of a range at its owner, over
+uneven ranges (one empty), on real processes; and the reducer's two paths over them (one EST per process, binned)
+giving the definition's bits."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_gloo_ring_sums_each_range_exactly_and_gathers_all(tmp_path: Path) -> No
         for r in range(SIZE)
     ]
     assert [p.wait(timeout=120) for p in procs] == [0] * SIZE
-    assert _results(out) == [{"own": True, "gathered": True}] * SIZE
+    assert _results(out) == [{"own": True, "gathered": True, "owners": True, "reducers": True}] * SIZE
 
 
 def test_ranges_reject_bad_bounds() -> None:

@@ -243,3 +243,48 @@ def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover -
     b = rng.standard_normal((5, 37)).astype(np.float32)
     got = cuda_extension().matmul_nt(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
     assert same(got, d.ref_matmul_nt(a, b))
+
+
+def one_est_each(kern: d.Kernels, xs: list[np.ndarray], chunk: int, divisor: float) -> np.ndarray:
+    """The one-EST-per-process path: tops of each gradient, their MAX, every gradient accumulated on that window
+    at the owner (in the given order), finalize."""
+    width = d.bin_width(len(xs))
+    n = xs[0].size
+    tops = []
+    for x in xs:
+        t = np.zeros(d.num_chunks(n, chunk), np.uint8)
+        kern.tops(x, t, chunk=chunk, width=width)
+        tops.append(t)
+    g = np.maximum.reduce(tops)
+    acc = np.full(n, 12345, np.int64)  # first=True must overwrite whatever is there
+    for i, x in enumerate(xs):
+        kern.accumulate(x, acc, g, chunk=chunk, width=width, first=i == 0)
+    out = np.empty(n, np.float32)
+    kern.finalize(acc, g, out, chunk=chunk, width=width, divisor=divisor)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), case=contributions(finite=False))
+def test_one_est_per_process_path_gives_the_definition(data: st.DataObject, case: tuple[list[np.ndarray], int]) -> None:
+    xs, chunk = case
+    order = data.draw(st.permutations(range(len(xs))))
+    want = d.reference_allreduce(xs, len(xs), chunk, float(len(xs)))
+    for kern in (C, REF):
+        assert same(one_est_each(kern, [xs[i] for i in order], chunk, float(len(xs))), want)
+    width = d.bin_width(len(xs))
+    for x in xs:  # and the C tops equal the NumPy twin's
+        t = np.zeros(d.num_chunks(x.size, chunk), np.uint8)
+        C.tops(x, t, chunk=chunk, width=width)
+        assert np.array_equal(t, d.ref_tops(x, chunk, width))
+
+
+def test_accumulate_rejects_tops_below_the_gradient() -> None:
+    x = np.full(10, 1e10, np.float32)  # bin 5 at width 30
+    acc = np.zeros(10, np.int64)
+    low = np.full(1, 4, np.uint8)
+    for kern in (C, REF):
+        with pytest.raises(ValueError, match="MAX"):
+            kern.accumulate(x, acc, low, chunk=64, width=30, first=True)
+    with pytest.raises(ValueError, match="size mismatch"):
+        C.tops(x, np.zeros(2, np.uint8), chunk=64, width=30)
