@@ -444,7 +444,7 @@ static void accumulate_chunk(const float *x, int64_t *acc, Py_ssize_t len, int l
 static const char accumulate_doc[] =
     "accumulate(grad, acc, global_tops, chunk, width, first)\n"
     "Add trunc(grad * 2^-L) on the window of the global top bins to the int64 acc (first=True: store it);\n"
-    "0 for non-finite chunks (finalize turns them into NaN).";
+    "grad may hold several rows of acc's length, all added; 0 for non-finite chunks (finalize makes them NaN).";
 
 static PyObject *py_accumulate(PyObject *self, PyObject *args) {
     (void)self;
@@ -461,11 +461,13 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
     if (acquire(og, &g, 'f', 0, "grad") != 0) return NULL;
     if (acquire(oa, &a, 'q', 1, "acc") != 0) { release(&g); return NULL; }
     if (acquire(ogt, &gt, 'B', 0, "global_tops") != 0) { release(&g); release(&a); return NULL; }
-    Py_ssize_t n = count(&g);
+    Py_ssize_t n = count(&a);
     Py_ssize_t nchunks = (n + chunk - 1) / chunk;
-    if (count(&a) != n || count(&gt) != nchunks) {
-        PyErr_Format(PyExc_ValueError, "size mismatch: grad has %zd elements, acc %zd, tops %zd (expected %zd)", n,
-                     count(&a), count(&gt), nchunks);
+    Py_ssize_t rows = n ? count(&g) / n : 0;
+    if ((n ? count(&g) % n : count(&g)) != 0 || (n && rows < 1) || count(&gt) != nchunks) {
+        PyErr_Format(PyExc_ValueError,
+                     "size mismatch: grad has %zd elements (rows of acc's %zd expected), tops %zd (expected %zd)",
+                     count(&g), n, count(&gt), nchunks);
         release(&g); release(&a); release(&gt);
         return NULL;
     }
@@ -475,7 +477,8 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
     Py_ssize_t bad = -1;
     int bad_top = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t c = 0; c < nchunks; ++c) {
+    /* chunk by chunk, every row into the chunk's accumulators while they sit in L1: acc is read and written once */
+    for (Py_ssize_t c = 0; c < nchunks && bad < 0; ++c) {
         Py_ssize_t s = c * chunk;
         Py_ssize_t len = (s + chunk <= n) ? chunk : n - s;
         int gtop = gtp[c];
@@ -483,13 +486,16 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
             if (first) memset(ap + s, 0, (size_t)len * sizeof *ap);
             continue;
         }
-        int tn = top_of(gp + s, len, width);
-        if (tn > gtop) { /* not the MAX of the tops: the integers could overflow */
-            bad = c;
-            bad_top = tn;
-            break;
+        for (Py_ssize_t r = 0; r < rows; ++r) {
+            const float *x = gp + r * n + s;
+            int tn = top_of(x, len, width);
+            if (tn > gtop) { /* not the MAX of the tops: the integers could overflow */
+                bad = c;
+                bad_top = tn;
+                break;
+            }
+            accumulate_chunk(x, ap + s, len, (gtop - 1) * width - EXP_BIAS, first && r == 0);
         }
-        accumulate_chunk(gp + s, ap + s, len, (gtop - 1) * width - EXP_BIAS, first);
     }
     Py_END_ALLOW_THREADS
     if (bad >= 0) {

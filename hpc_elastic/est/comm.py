@@ -39,9 +39,9 @@ class ReduceOp(StrEnum):
 TensorAllreduce = Callable[[torch.Tensor, ReduceOp], None]
 #: ``(tensor, bounds)``: ``bounds`` are M + 1 increasing offsets; rank r owns ``tensor[bounds[r]:bounds[r + 1]]``.
 RangeExchange = Callable[[torch.Tensor, Sequence[int]], None]
-#: ``(tensor, bounds, scratch, consume)``: ``consume`` gets every process's copy of the caller's own range, its own
-#: first; the others arrive in the rows of ``scratch`` (M - 1 rows at least as long as the range).
-OwnerExchange = Callable[[torch.Tensor, Sequence[int], torch.Tensor, Callable[[torch.Tensor], None]], None]
+#: ``(tensor, bounds, inbox)``: the other processes' copies of the caller's own range arrive in the M - 1 rows of
+#: ``inbox`` (each as long as the range).
+OwnerExchange = Callable[[torch.Tensor, Sequence[int], torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -198,30 +198,23 @@ def _torch_ring() -> ScatterGather:
             for req in reqs:
                 req.wait()
 
-    def to_owners(
-        tensor: torch.Tensor, bounds: Sequence[int], scratch: torch.Tensor, consume: Callable[[torch.Tensor], None]
-    ) -> None:
+    def to_owners(tensor: torch.Tensor, bounds: Sequence[int], inbox: torch.Tensor) -> None:
         size, rank = dist.get_world_size(), dist.get_rank()
         ranges = _ranges(bounds, size)
         lo, hi = ranges[rank]
-        if scratch.dim() != 2 or scratch.shape[0] < size - 1 or scratch.shape[1] < hi - lo:
-            raise ValueError(f"scratch must have {size - 1} rows of {hi - lo} elements, got {tuple(scratch.shape)}")
-        if scratch.dtype != tensor.dtype:
-            raise ValueError(f"scratch holds {scratch.dtype}, the tensor {tensor.dtype}")
-        sends, recvs = [], []
+        if tuple(inbox.shape) != (size - 1, hi - lo) or inbox.dtype != tensor.dtype:
+            raise ValueError(
+                f"inbox must be {tensor.dtype} of shape {(size - 1, hi - lo)}, got {inbox.dtype} {tuple(inbox.shape)}"
+            )
+        reqs = []
         for k in range(1, size):  # rotated, so that no process is everyone's first peer
             dst, src = (rank + k) % size, (rank - k) % size
             a, b = ranges[dst]
             if b > a:
-                sends.append(_started(dist.isend(tensor[a:b], dst)))
+                reqs.append(_started(dist.isend(tensor[a:b], dst)))
             if hi > lo:
-                row = scratch[k - 1, : hi - lo]
-                recvs.append((_started(dist.irecv(row, src)), row))
-        consume(tensor[lo:hi])
-        for req, part in recvs:
-            req.wait()
-            consume(part)
-        for req in sends:
+                reqs.append(_started(dist.irecv(inbox[k - 1], src)))
+        for req in reqs:
             req.wait()
 
     return ScatterGather(sum_scatter, gather, to_owners)

@@ -180,18 +180,25 @@ def ref_finalize(v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, d
 
 def ref_accumulate(grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
     """NumPy twin of ``_detreduce.accumulate``: ``acc (+)= trunc(grad * 2^-L)`` on the global window, 0 in
-    non-finite chunks (the one-EST-per-process path of the reducer; the same integers as a deposit)."""
-    n = grad.size
+    non-finite chunks (the one-EST-per-process path of the reducer; the same integers as a deposit).  ``grad`` may
+    hold several rows of ``acc``'s length: all are added."""
+    n = acc.size
+    if n == 0 or grad.size % n:
+        if grad.size == 0 and n == 0:
+            return
+        raise ValueError(f"size mismatch: grad has {grad.size} elements, not rows of acc's {n}")
     g = global_tops.astype(np.int64)
-    if np.any((g != NONFINITE_TOP) & (ref_tops(grad, chunk, width).astype(np.int64) > g)):
-        raise ValueError("global top bins must be at least this gradient's (the MAX of the local ones)")
     finite = _per_element(g != NONFINITE_TOP, n, chunk)
     low = _per_element((g - 1) * width - EXP_BIAS, n, chunk)
-    t_val = np.where(finite, _trunc_scaled(np.where(finite, grad, 0).astype(np.float32), low), 0)
+    total = np.zeros(n, dtype=np.int64)
+    for row in grad.reshape(-1, n):
+        if np.any((g != NONFINITE_TOP) & (ref_tops(row, chunk, width).astype(np.int64) > g)):
+            raise ValueError("global top bins must be at least this gradient's (the MAX of the local ones)")
+        total += np.where(finite, _trunc_scaled(np.where(finite, row, 0).astype(np.float32), low), 0)
     if first:
-        acc[:] = t_val
+        acc[:] = total
     else:
-        acc += t_val
+        acc += total
 
 
 def reference_allreduce(

@@ -17,7 +17,6 @@ D0 keeps PyTorch's usual fp32 accumulation and an fp32 ``SUM``: reproducible onl
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -172,7 +171,7 @@ class GradientReducer:
             and comm.scatter_gather.to_owners is not None
         )
         if self.one_est_each and self._bounds is not None:  # the owner's buffers, kept across steps
-            width = max(b - a for a, b in itertools.pairwise(self._bounds))
+            width = self._bounds[comm.rank + 1] - self._bounds[comm.rank]
             self._acc = torch.zeros(width, dtype=torch.int64)
             self._inbox = torch.zeros((comm.size - 1, width), dtype=torch.float32)
         if self.exact:
@@ -300,24 +299,15 @@ class GradientReducer:
         self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
         rank = self.comm.rank
         lo, hi = bounds[rank], bounds[rank + 1]
-        acc = self._acc[: hi - lo]
-        received = 0
-
-        def add(part: torch.Tensor) -> None:
-            nonlocal received
-            for a, b, first_chunk in self._pieces_of(lo, hi):
-                self.kernels.accumulate(
-                    part[a - lo : b - lo],
-                    acc[a - lo : b - lo],
-                    self.global_tops[first_chunk : first_chunk + num_chunks(b - a, chunk)],
-                    chunk=chunk,
-                    width=self.width,
-                    first=received == 0,
-                )
-            received += 1
-
-        exchange.to_owners(self.flat_grad, bounds, self._inbox, add)
-        self._finalize(lo, hi, acc, lo)
+        exchange.to_owners(self.flat_grad, bounds, self._inbox)
+        for a, b, first_chunk in self._pieces_of(lo, hi):
+            tops = self.global_tops[first_chunk : first_chunk + num_chunks(b - a, chunk)]
+            acc = self._acc[a - lo : b - lo]
+            self.kernels.accumulate(self.flat_grad[a:b], acc, tops, chunk=chunk, width=self.width, first=True)
+            rows = self._inbox[:, a - lo : b - lo]
+            for block in [rows] if rows.is_contiguous() else list(rows):  # all rows in one pass where contiguous
+                self.kernels.accumulate(block, acc, tops, chunk=chunk, width=self.width, first=False)
+        self._finalize(lo, hi, self._acc, lo)
         exchange.gather(self.flat_grad, bounds)
 
     def _pieces_of(self, lo: int, hi: int) -> list[tuple[int, int, int]]:

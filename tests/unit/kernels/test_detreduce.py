@@ -257,8 +257,9 @@ def one_est_each(kern: d.Kernels, xs: list[np.ndarray], chunk: int, divisor: flo
         tops.append(t)
     g = np.maximum.reduce(tops)
     acc = np.full(n, 12345, np.int64)  # first=True must overwrite whatever is there
-    for i, x in enumerate(xs):
-        kern.accumulate(x, acc, g, chunk=chunk, width=width, first=i == 0)
+    kern.accumulate(xs[0], acc, g, chunk=chunk, width=width, first=True)
+    if len(xs) > 1:  # the others as the rows of one buffer, as the owner receives them
+        kern.accumulate(np.stack(xs[1:]), acc, g, chunk=chunk, width=width, first=False)
     out = np.empty(n, np.float32)
     kern.finalize(acc, g, out, chunk=chunk, width=width, divisor=divisor)
     return out
@@ -288,3 +289,6 @@ def test_accumulate_rejects_tops_below_the_gradient() -> None:
             kern.accumulate(x, acc, low, chunk=64, width=30, first=True)
     with pytest.raises(ValueError, match="size mismatch"):
         C.tops(x, np.zeros(2, np.uint8), chunk=64, width=30)
+    for kern in (C, REF):  # rows must be acc's length
+        with pytest.raises(ValueError, match="size mismatch"):
+            kern.accumulate(np.zeros(15, np.float32), acc, np.full(1, 9, np.uint8), chunk=64, width=30, first=True)
