@@ -463,8 +463,8 @@ static PyObject *py_accumulate(PyObject *self, PyObject *args) {
     if (acquire(ogt, &gt, 'B', 0, "global_tops") != 0) { release(&g); release(&a); return NULL; }
     Py_ssize_t n = count(&a);
     Py_ssize_t nchunks = (n + chunk - 1) / chunk;
-    Py_ssize_t rows = n ? count(&g) / n : 0;
-    if ((n ? count(&g) % n : count(&g)) != 0 || (n && rows < 1) || count(&gt) != nchunks) {
+    Py_ssize_t rows = n ? count(&g) / n : 0; /* grad: rows of acc's length, one row at least */
+    if ((n ? count(&g) % n != 0 || rows < 1 : count(&g) != 0) || count(&gt) != nchunks) {
         PyErr_Format(PyExc_ValueError,
                      "size mismatch: grad has %zd elements (rows of acc's %zd expected), tops %zd (expected %zd)",
                      count(&g), n, count(&gt), nchunks);

@@ -23,7 +23,9 @@ bins** (a ReproBLAS-flavoured binned sum carried in int64):
 * **Same bits on CPU and GPU** (D2): the kernels use only integer arithmetic, exact scalings by powers
   of two and single correctly rounded conversions.
 
-Cost: the SUM moves int64, twice the bytes of fp32 (``bench/allreduce.py`` measures the consequence).
+Cost: the SUM moves int64, twice the bytes of fp32 (``bench/allreduce.py`` measures the consequence).  Where each
+process hosts one EST, the integers are formed at the owner of each range from raw fp32 (:func:`ref_accumulate`),
+so only fp32 travels (``hpc_elastic/est/reducer.py``).
 Precision: within a chunk, the window keeps between W and 2W bits below the top of the chunk's largest
 magnitude (W = ``bin_width(N)``, 29-31 bits for N <= 16); smaller bits are truncated toward zero, an
 absolute error below 2^-W of the chunk's largest value per contribution, far under fp32's own rounding of
@@ -183,10 +185,10 @@ def ref_accumulate(grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: i
     non-finite chunks (the one-EST-per-process path of the reducer; the same integers as a deposit).  ``grad`` may
     hold several rows of ``acc``'s length: all are added."""
     n = acc.size
-    if n == 0 or grad.size % n:
-        if grad.size == 0 and n == 0:
-            return
+    if (grad.size % n if n else grad.size) != 0:
         raise ValueError(f"size mismatch: grad has {grad.size} elements, not rows of acc's {n}")
+    if n == 0:
+        return
     g = global_tops.astype(np.int64)
     finite = _per_element(g != NONFINITE_TOP, n, chunk)
     low = _per_element((g - 1) * width - EXP_BIAS, n, chunk)

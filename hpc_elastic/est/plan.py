@@ -8,6 +8,7 @@ inputs, so that the later heterogeneity planner can hand over any EST-to-device 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,11 @@ class Placement:
     @property
     def num_ests(self) -> int:
         return len(self.owner)
+
+    @property
+    def max_local_ests(self) -> int:
+        """The most ESTs any one process runs."""
+        return max(Counter(self.owner).values())
 
     def local_ests(self, proc: int) -> tuple[int, ...]:
         _int("process", proc, 0, self.num_procs - 1)

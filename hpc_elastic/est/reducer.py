@@ -164,7 +164,7 @@ class GradientReducer:
             self._bounds = self._range_bounds(comm.size)
         #: one EST per process at most, and an all-to-all to the range owners: raw fp32 on the wire, no bins
         self.one_est_each = (
-            self._bounds is not None
+            self._bounds is not None  # the ring on CPU
             and max_local_ests is not None
             and max_local_ests <= 1
             and comm.scatter_gather is not None

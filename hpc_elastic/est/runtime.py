@@ -135,7 +135,7 @@ class ESTRuntime:
             comm=self.comm,
             level=config.level,
             kernels=kernels,
-            max_local_ests=max(len(self.placement.local_ests(r)) for r in range(self.comm.size)),
+            max_local_ests=self.placement.max_local_ests,
         )
         self._buffers = dict(model.named_buffers())
         self.local_ests = self.placement.local_ests(self.comm.rank)
