@@ -125,6 +125,33 @@ def train_step(
         trace.flush()
 
 
+def checkpoint_due(args: argparse.Namespace, step: int) -> bool:
+    """A durable checkpoint after this step (not after the last one: the run ends there)."""
+    return bool(args.ckpt_every) and step % args.ckpt_every == 0 and step < args.steps
+
+
+def stop_now(session: hpc_elastic.Session, state: State) -> None:
+    """The stop request: checkpoint, acknowledge (rank 0), say so."""
+    path = session.checkpoint_and_acknowledge(state)
+    if session.is_root:
+        reason = session.stop_request.reason.value if session.stop_request else "unknown"
+        print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
+
+
+def train_plain(args: argparse.Namespace, session: hpc_elastic.Session, state: State, step: Callable[[], None]) -> bool:
+    """``step()`` until the end of the run; True when a stop request ended it first."""
+    while state.step < args.steps:
+        if session.should_stop():
+            stop_now(session, state)
+            return True
+        step()
+        if checkpoint_due(args, state.step):
+            state.commit()
+        if args.step_delay:
+            time.sleep(args.step_delay)
+    return False
+
+
 def train_elastic(
     args: argparse.Namespace,
     session: hpc_elastic.Session,
@@ -147,11 +174,11 @@ def train_elastic(
                 print(f"rank 0 of {session.world_size} (horovod elastic); restored from {where}", flush=True)
         while state.step < args.steps:
             if session.should_stop():
-                session.checkpoint_and_acknowledge(state)
+                stop_now(session, state)
                 return True
             step()
-            due = bool(args.ckpt_every) and state.step % args.ckpt_every == 0 and state.step < args.steps
-            hstate.commit(persist=due)  # raises HostsUpdatedInterrupt when workers are to leave or join
+            # in memory after every step; raises HostsUpdatedInterrupt when workers are to leave or join
+            hstate.commit(persist=checkpoint_due(args, state.step))
             if args.step_delay:
                 time.sleep(args.step_delay)
         return False
@@ -178,38 +205,26 @@ def main(
     state = session.state(
         model=model, optimizer=optimizer, sampler=sampler, mode="async" if args.async_ckpt else "sync"
     )
-    restored = None if args.horovod_elastic else state.restore()
-    start_step = state.step
     trace: TextIO | None = None
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
         trace = open(args.trace / f"trace-{time.time_ns()}-rank{session.rank}.jsonl", "a")  # noqa: SIM115
-    if session.is_root:
-        print(
-            f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers {n}; "
-            f"restored from {restored.path if restored else 'nothing'} at step {start_step}",
-            flush=True,
-        )
-    stopped = False
+    step = functools.partial(
+        train_step, session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace
+    )
     changes = 0
-    if args.horovod_elastic:
-        step = functools.partial(
-            train_step, session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace
-        )
+    if args.horovod_elastic:  # restores (and reports) at its first sync
         stopped, start_step, restored, changes = train_elastic(args, session, state, step)
-    while not args.horovod_elastic and state.step < args.steps:
-        if session.should_stop():
-            path = session.checkpoint_and_acknowledge(state)
-            stopped = True
-            if session.is_root:
-                reason = session.stop_request.reason.value if session.stop_request else "unknown"
-                print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
-            break
-        train_step(session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace)
-        if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
-            state.commit()
-        if args.step_delay:
-            time.sleep(args.step_delay)
+    else:
+        restored = state.restore()
+        start_step = state.step
+        if session.is_root:
+            print(
+                f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers {n}; "
+                f"restored from {restored.path if restored else 'nothing'} at step {start_step}",
+                flush=True,
+            )
+        stopped = train_plain(args, session, state, step)
     state.wait()
     if trace is not None:
         trace.close()
