@@ -5,8 +5,8 @@ gradient, and times, interleaved repetition by repetition:
 
 - ``native``: ``all_reduce(fp32, SUM)`` of the backend;
 - ``det``: ``GradientReducer.reduce`` at D1 on one flat parameter with one EST per process (N = M, the runtime's
-  case when the job has as many devices as ESTs): MAX of one byte per chunk, raw fp32 of every range to its owner,
-  exact int64 sum and conversion there, fp32 allgather;
+  case when the job has as many devices as ESTs): raw fp32 of every range to its owner, top bins, exact int64 sum
+  and conversion there, the owner's fp32 back to everyone (pipelined by pieces);
 - ``det_binned``: the path of processes hosting several ESTs: each EST's gradient deposited into int64 bins at its
   context switch (that deposit is reported apart), the exact int64 SUM as a reduce-scatter over chunk-aligned
   ranges, conversion of the process's own range to fp32, fp32 allgather;
@@ -150,7 +150,7 @@ def main() -> None:
     ratio_binned_with_deposit = agg["native"] / (agg["det_binned"] + agg["deposit"])
     print(f"{args.backend} allreduce of {args.size_mb} MB fp32 over {args.ranks} ranks (median of {args.reps}):")
     print(f"  native fp32 SUM                          {agg['native'] * 1e3:9.1f} ms")
-    print(f"  deterministic, one EST per process       {agg['det'] * 1e3:9.1f} ms  (fp32 to owners + gather)")
+    print(f"  deterministic, one EST per process       {agg['det'] * 1e3:9.1f} ms  (fp32 to owners and back)")
     print(f"  deterministic, binned reduce-scatter     {agg['det_binned'] * 1e3:9.1f} ms  (several ESTs per process)")
     print(f"  deterministic, one int64 allreduce      {agg['det_allreduce'] * 1e3:9.1f} ms  (Horovod/NCCL path)")
     print(f"  + deposit of one EST (binned paths)      {agg['deposit'] * 1e3:9.1f} ms  (paid at the context switch)")

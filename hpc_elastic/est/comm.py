@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import torch
@@ -39,9 +39,39 @@ class ReduceOp(StrEnum):
 TensorAllreduce = Callable[[torch.Tensor, ReduceOp], None]
 #: ``(tensor, bounds)``: ``bounds`` are M + 1 increasing offsets; rank r owns ``tensor[bounds[r]:bounds[r + 1]]``.
 RangeExchange = Callable[[torch.Tensor, Sequence[int]], None]
-#: ``(tensor, bounds, inbox)``: the other processes' copies of the caller's own range arrive in the M - 1 rows of
-#: ``inbox`` (each as long as the range).
-OwnerExchange = Callable[[torch.Tensor, Sequence[int], torch.Tensor], None]
+
+
+class OwnerRound(Protocol):
+    """One round of the range owners' all-to-all, in flight: every process's copy of each range goes to the range's
+    owner, piece by piece, and each owner's result comes back to every process, piece by piece.
+
+    A range is cut into the pieces given by ``cuts``; the owner waits for one piece (:meth:`arrived`), works on it and
+    sends its result out (:meth:`publish`) while the next pieces are still on the wire.  Piece ``i`` of the owner's
+    range, ``pieces[i] = (a, b)`` with offset ``o = a - bounds[rank]``, arrives in ``inbox[M * o : M * (o + b - a)]``:
+    M contiguous rows of ``b - a``, row ``k`` the copy of rank ``rank - k`` (row 0 the caller's own).
+    """
+
+    @property
+    def pieces(self) -> Sequence[tuple[int, int]]:
+        """The pieces ``(a, b)`` of the caller's own range, in order."""
+        ...
+
+    def arrived(self, piece: int) -> torch.Tensor:
+        """Wait until every copy of piece ``piece`` is in; return them as an (M, b - a) view of ``inbox``."""
+        ...
+
+    def publish(self, piece: int) -> None:
+        """Start sending ``tensor[a:b]`` of own piece ``piece`` (the owner's result) to every other process."""
+        ...
+
+    def finish(self) -> None:
+        """Wait until every owner's published pieces are in ``tensor`` and every message of the round has left."""
+        ...
+
+
+#: ``(tensor, bounds, cuts, inbox)``: start an :class:`OwnerRound`; ``cuts`` are increasing offsets from 0 to
+#: ``len(tensor)`` holding every bound, ``inbox`` a flat tensor of M times the caller's range length.
+OwnerExchange = Callable[[torch.Tensor, Sequence[int], Sequence[int], torch.Tensor], OwnerRound]
 
 
 @dataclass(frozen=True)
@@ -56,9 +86,10 @@ class ScatterGather:
 
     sum_scatter: RangeExchange
     gather: RangeExchange
-    #: every process's copy of each range to the range's owner (an all-to-all): with one EST per process the
-    #: reducer sends raw fp32 this way and forms the exact integers where they are added (4 + 4 bytes per element)
-    to_owners: OwnerExchange | None = None
+    #: every process's copy of each range to the range's owner and the owners' results back (two all-to-alls,
+    #: pipelined by pieces): with one EST per process the reducer sends raw fp32 this way and forms the exact
+    #: integers where they are added (4 + 4 bytes per element)
+    owner_round: OwnerExchange | None = None
 
 
 def _no_exchange(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -151,6 +182,91 @@ def _started(work: Any) -> Any:
     return work
 
 
+def _pieces_between(cuts: Sequence[int], lo: int, hi: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut at the ``cuts`` inside it (``lo`` and ``hi`` must be cuts)."""
+    inside = [c for c in cuts if lo <= c <= hi]
+    if hi > lo and (inside[:1] != [lo] or inside[-1:] != [hi]):
+        raise ValueError(f"range [{lo}, {hi}) does not start and end at cuts")
+    return [(a, b) for a, b in itertools.pairwise(inside) if b > a]
+
+
+#: tag of the owners' results (a piece's index is added): apart from the tags of the copies to the owners
+_PUBLISH_TAG = 1 << 20
+
+
+class _TorchOwnerRound:
+    """:class:`OwnerRound` on torch.distributed point-to-point messages (gloo), every message posted at once.
+
+    The copies to the owners are all posted when the round starts (rotated, so that no process is everyone's first
+    peer); the receives of the owners' results land in the ranges just sent, so they are posted once those sends
+    have left (at the first :meth:`publish`).  Nothing here waits on another process's progress past that point, so
+    the round cannot deadlock whatever order the processes reach their calls in."""
+
+    def __init__(
+        self, dist: Any, tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor
+    ) -> None:
+        if list(cuts) != sorted(set(cuts)) or not cuts or cuts[0] != 0 or cuts[-1] != tensor.numel():
+            raise ValueError(f"cuts must be increasing offsets from 0 to {tensor.numel()}, got {list(cuts)!r}")
+        self._dist = dist
+        self._tensor = tensor
+        size, rank = dist.get_world_size(), dist.get_rank()
+        self._size, self._rank = size, rank
+        self._owned = [_pieces_between(cuts, a, b) for a, b in _ranges(bounds, size)]
+        self.pieces: list[tuple[int, int]] = self._owned[rank]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        if inbox.dtype != tensor.dtype or tuple(inbox.shape) != (size * (hi - lo),):
+            raise ValueError(
+                f"inbox must be flat {tensor.dtype} of {size * (hi - lo)} elements, "
+                f"got {inbox.dtype} {tuple(inbox.shape)}"
+            )
+        self._rows = [inbox[size * (a - lo) : size * (b - lo)].view(size, b - a) for a, b in self.pieces]
+        self._sends: list[Any] = []
+        self._arrivals: list[list[Any]] = [[] for _ in self.pieces]
+        for k in range(1, size):
+            dst, src = (rank + k) % size, (rank - k) % size
+            for i, (a, b) in enumerate(self._owned[dst]):
+                self._sends.append(_started(dist.isend(tensor[a:b], dst, tag=i)))
+            for i, rows in enumerate(self._rows):
+                self._arrivals[i].append(_started(dist.irecv(rows[k], src, tag=i)))
+        for (a, b), rows in zip(self.pieces, self._rows, strict=True):  # the own copy, while the others travel
+            rows[0].copy_(tensor[a:b])
+        self._results: list[Any] | None = None  # receives of the other owners' pieces
+        self._published: list[Any] = []
+
+    def arrived(self, piece: int) -> torch.Tensor:
+        for req in self._arrivals[piece]:
+            req.wait()
+        self._arrivals[piece] = []
+        return self._rows[piece]
+
+    def _receive_results(self) -> list[Any]:
+        if self._results is None:
+            for req in self._sends:  # the copies must have left before the results overwrite them
+                req.wait()
+            self._sends = []
+            self._results = [
+                _started(self._dist.irecv(self._tensor[a:b], owner, tag=_PUBLISH_TAG + i))
+                for owner in range(self._size)
+                if owner != self._rank
+                for i, (a, b) in enumerate(self._owned[owner])
+            ]
+        return self._results
+
+    def publish(self, piece: int) -> None:
+        self._receive_results()
+        a, b = self.pieces[piece]
+        for k in range(1, self._size):
+            dst = (self._rank + k) % self._size
+            self._published.append(_started(self._dist.isend(self._tensor[a:b], dst, tag=_PUBLISH_TAG + piece)))
+
+    def finish(self) -> None:
+        for i in range(len(self._arrivals)):
+            self.arrived(i)
+        for req in [*self._receive_results(), *self._published]:
+            req.wait()
+        self._results, self._published = [], []
+
+
 def _torch_ring() -> ScatterGather:
     """Ring reduce-scatter and allgather on torch.distributed point-to-point messages (gloo).
 
@@ -204,26 +320,12 @@ def _torch_ring() -> ScatterGather:
             for req in reqs:
                 req.wait()
 
-    def to_owners(tensor: torch.Tensor, bounds: Sequence[int], inbox: torch.Tensor) -> None:
-        size, rank = dist.get_world_size(), dist.get_rank()
-        ranges = _ranges(bounds, size)
-        lo, hi = ranges[rank]
-        if tuple(inbox.shape) != (size - 1, hi - lo) or inbox.dtype != tensor.dtype:
-            raise ValueError(
-                f"inbox must be {tensor.dtype} of shape {(size - 1, hi - lo)}, got {inbox.dtype} {tuple(inbox.shape)}"
-            )
-        reqs = []
-        for k in range(1, size):  # rotated, so that no process is everyone's first peer
-            dst, src = (rank + k) % size, (rank - k) % size
-            a, b = ranges[dst]
-            if b > a:
-                reqs.append(_started(dist.isend(tensor[a:b], dst)))
-            if hi > lo:
-                reqs.append(_started(dist.irecv(inbox[k - 1], src)))
-        for req in reqs:
-            req.wait()
+    def owner_round(
+        tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor
+    ) -> OwnerRound:
+        return _TorchOwnerRound(dist, tensor, bounds, cuts, inbox)
 
-    return ScatterGather(sum_scatter, gather, to_owners)
+    return ScatterGather(sum_scatter, gather, owner_round)
 
 
 def _mpi_allreduce(comm: Any) -> TensorAllreduce:

@@ -24,7 +24,7 @@ bins** (a ReproBLAS-flavoured binned sum carried in int64):
   of two and single correctly rounded conversions.
 
 Cost: the SUM moves int64, twice the bytes of fp32 (``bench/allreduce.py`` measures the consequence).  Where each
-process hosts one EST, the integers are formed at the owner of each range from raw fp32 (:func:`ref_accumulate`),
+process hosts one EST, the integers are formed at the owner of each range from raw fp32 (:func:`ref_owner_sum`),
 so only fp32 travels (``hpc_elastic/est/reducer.py``).
 Precision: within a chunk, the window keeps between W and 2W bits below the top of the chunk's largest
 magnitude (W = ``bin_width(N)``, 29-31 bits for N <= 16); smaller bits are truncated toward zero, an
@@ -180,27 +180,27 @@ def ref_finalize(v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, d
     out[:] = f
 
 
-def ref_accumulate(grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
-    """NumPy twin of ``_detreduce.accumulate``: ``acc (+)= trunc(grad * 2^-L)`` on the global window, 0 in
-    non-finite chunks (the one-EST-per-process path of the reducer; the same integers as a deposit).  ``grad`` may
-    hold several rows of ``acc``'s length: all are added."""
+def ref_owner_sum(rows: F32, acc: I64, tops: U8, *, chunk: int, width: int) -> None:
+    """NumPy twin of ``_detreduce.owner_sum`` (the one-EST-per-process path of the reducer): ``rows`` holds all N
+    contributions of a range, as rows of ``acc``'s length; ``tops`` gets each chunk's top bin over every row and
+    ``acc`` the sum over the rows of ``trunc(x * 2^-L)`` on that window (the same integers as the deposits make),
+    0 in non-finite chunks."""
     n = acc.size
-    if (grad.size % n if n else grad.size) != 0:
-        raise ValueError(f"size mismatch: grad has {grad.size} elements, not rows of acc's {n}")
+    if (rows.size % n if n else rows.size) != 0 or (n and rows.size == 0):
+        raise ValueError(f"size mismatch: rows has {rows.size} elements, not rows of acc's {n}")
+    if tops.size != num_chunks(n, chunk):
+        raise ValueError(f"size mismatch: tops has {tops.size} entries, expected {num_chunks(n, chunk)}")
     if n == 0:
         return
-    g = global_tops.astype(np.int64)
+    rs = rows.reshape(-1, n)
+    g = np.maximum.reduce([ref_tops(r, chunk, width).astype(np.int64) for r in rs])
     finite = _per_element(g != NONFINITE_TOP, n, chunk)
     low = _per_element((g - 1) * width - EXP_BIAS, n, chunk)
     total = np.zeros(n, dtype=np.int64)
-    for row in grad.reshape(-1, n):
-        if np.any((g != NONFINITE_TOP) & (ref_tops(row, chunk, width).astype(np.int64) > g)):
-            raise ValueError("global top bins must be at least this gradient's (the MAX of the local ones)")
+    for row in rs:
         total += np.where(finite, _trunc_scaled(np.where(finite, row, 0).astype(np.float32), low), 0)
-    if first:
-        acc[:] = total
-    else:
-        acc += total
+    tops[:] = g.astype(np.uint8)
+    acc[:] = total
 
 
 def reference_allreduce(
@@ -261,9 +261,7 @@ class Kernels(Protocol):
 
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None: ...
 
-    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None: ...
-
-    def accumulate(self, grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None: ...
+    def owner_sum(self, rows: F32, acc: I64, tops: U8, *, chunk: int, width: int) -> None: ...
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None: ...
 
@@ -284,11 +282,8 @@ class ReferenceKernels:
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
         ref_finalize(v, global_tops, out, chunk=chunk, width=width, divisor=divisor)
 
-    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None:
-        tops[:] = ref_tops(grad, chunk, width)
-
-    def accumulate(self, grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
-        ref_accumulate(grad, acc, global_tops, chunk=chunk, width=width, first=first)
+    def owner_sum(self, rows: F32, acc: I64, tops: U8, *, chunk: int, width: int) -> None:
+        ref_owner_sum(rows, acc, tops, chunk=chunk, width=width)
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None:
         out[...] = ref_matmul_nt(a, b)
@@ -313,11 +308,8 @@ class CKernels:
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
         self._m.finalize(v, global_tops, out, chunk, width, float(divisor))
 
-    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None:
-        self._m.tops(grad, tops, chunk, width)
-
-    def accumulate(self, grad: F32, acc: I64, global_tops: U8, *, chunk: int, width: int, first: bool) -> None:
-        self._m.accumulate(grad, acc, global_tops, chunk, width, first)
+    def owner_sum(self, rows: F32, acc: I64, tops: U8, *, chunk: int, width: int) -> None:
+        self._m.owner_sum(rows, acc, tops, chunk, width)
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None:
         m, k = a.shape

@@ -9,14 +9,17 @@ Over gloo on CPU tensors the int64 ``SUM`` is a ring reduce-scatter over chunk-a
 converts only its own range to fp32, and an fp32 ring allgather returns the rest (12 bytes per element on the
 wire instead of 16); elsewhere (MPI, Horovod, NCCL) it is one int64 allreduce. Both give the same bits: the
 integer sum is exact and the conversion is elementwise.
-With at most one EST per process (as many devices as ESTs) and that ring, nothing is binned: each process
-sends its raw fp32 gradient of every other range to the range's owner, which forms and adds the N integers
-exactly (8 bytes per element on the wire, like an fp32 ring allreduce); the integers, hence the bits, are the same.
+With at most one EST per process (as many devices as ESTs) over gloo, nothing is binned: each process
+sends its raw fp32 gradient of every other range to the range's owner, which finds the chunks' top bins over the N
+copies, forms and adds the N integers exactly and sends its range back (8 bytes per element on the wire, like an
+fp32 ring allreduce; no MAX allreduce); the integers, hence the bits, are the same.
 D0 keeps PyTorch's usual fp32 accumulation and an fp32 ``SUM``: reproducible only for a fixed M.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +29,11 @@ from hpc_elastic.est.comm import Communicator, ReduceOp
 from hpc_elastic.est.detsum import Kernels, bin_width, cpu_kernels, num_chunks
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import BucketLayout
+
+#: the one-EST path cuts each (range, bucket) part into this many pieces, so that adding and converting one piece
+#: overlaps the transfer of the next (measured on 64 MB over 4 gloo ranks: see bench/allreduce.py)
+OWNER_PIECES = 4
+OWNER_MIN_PIECE = 1 << 16
 
 
 def _as_numpy(t: torch.Tensor) -> Any:
@@ -82,15 +90,9 @@ class TensorKernels:
         a = self._arg
         self._impl.finalize(a(v), a(gtops), a(out), chunk=chunk, width=width, divisor=float(divisor))
 
-    def tops(self, grad: torch.Tensor, tops: torch.Tensor, *, chunk: int, width: int) -> None:
+    def owner_sum(self, rows: torch.Tensor, acc: torch.Tensor, tops: torch.Tensor, *, chunk: int, width: int) -> None:
         a = self._arg
-        self._impl.tops(a(grad), a(tops), chunk=chunk, width=width)
-
-    def accumulate(
-        self, grad: torch.Tensor, acc: torch.Tensor, gtops: torch.Tensor, *, chunk: int, width: int, first: bool
-    ) -> None:
-        a = self._arg
-        self._impl.accumulate(a(grad), a(acc), a(gtops), chunk=chunk, width=width, first=first)
+        self._impl.owner_sum(a(rows), a(acc), a(tops), chunk=chunk, width=width)
 
 
 def tensor_kernels(device: torch.device) -> TensorKernels:
@@ -101,6 +103,22 @@ def tensor_kernels(device: torch.device) -> TensorKernels:
 
         return cuda_kernels()
     raise ValueError(f"no deterministic-allreduce kernels for device {device}")
+
+
+def piece_cuts(bounds: Sequence[int], bucket_starts: Sequence[int], total: int, chunk: int) -> list[int]:
+    """Where the one-EST path cuts its ranges into pieces: at every range bound and bucket start, and each
+    (range, bucket) part into up to OWNER_PIECES pieces of whole chunks of their bucket, OWNER_MIN_PIECE elements at
+    least.  A piece lies in one bucket, so the kernels take all its rows in one call.  ``bounds`` must be chunk
+    starts of their buckets (or ``total``), as :meth:`GradientReducer._range_bounds` makes them."""
+    edges = sorted({*bounds, *bucket_starts, total})
+    cuts = set(edges)
+    for a, b in itertools.pairwise(edges):
+        count = max(1, min(OWNER_PIECES, (b - a) // OWNER_MIN_PIECE))
+        start = bucket_starts[bisect.bisect_right(bucket_starts, a) - 1]
+        for k in range(1, count):  # rounded down to a chunk start of the piece's bucket
+            x = a + (b - a) * k // count
+            cuts.add(start + (x - start) // chunk * chunk)
+    return sorted(cuts)
 
 
 class GradientReducer:
@@ -168,12 +186,13 @@ class GradientReducer:
             and max_local_ests is not None
             and max_local_ests <= 1
             and comm.scatter_gather is not None
-            and comm.scatter_gather.to_owners is not None
+            and comm.scatter_gather.owner_round is not None
         )
         if self.one_est_each and self._bounds is not None:  # the owner's buffers, kept across steps
             width = self._bounds[comm.rank + 1] - self._bounds[comm.rank]
             self._acc = torch.zeros(width, dtype=torch.int64)
-            self._inbox = torch.zeros((comm.size - 1, width), dtype=torch.float32)
+            self._inbox = torch.zeros(comm.size * width, dtype=torch.float32)
+            self._cuts = piece_cuts(self._bounds, self._bucket_start, total, layout.chunk)
         if self.exact:
             self.kernels = kernels if kernels is not None else tensor_kernels(self.device)
             bins = 0 if self.one_est_each else total  # the one-EST path keeps the gradient itself until reduce
@@ -280,35 +299,32 @@ class GradientReducer:
     def _reduce_one_est_each(self) -> None:
         """D1 with at most one EST per process (EasyScale's usual case: as many devices as ESTs).
 
-        The same integers as the binned path, formed elsewhere: after the MAX allreduce of the top bins, each
-        process sends its raw fp32 gradient of every other range to that range's owner, and the owner adds
-        ``trunc(x * 2^-L)`` of all N contributions exactly (int64), converts its range to fp32 and the ring
-        allgather returns the rest.  ``V = sum_i trunc(x_i * 2^-L)`` is the definition
-        (:func:`hpc_elastic.est.detsum.reference_allreduce`), so the bits equal those of any other placement.
+        The same integers as the binned path, formed elsewhere: each process sends its raw fp32 gradient of every
+        other range to that range's owner; the owner, holding all N contributions of its range, finds each chunk's
+        top bin over them (no MAX allreduce), adds ``trunc(x * 2^-L)`` of the N contributions exactly (int64),
+        converts its range to fp32 and sends it back to every process.  ``V = sum_i trunc(x_i * 2^-L)`` on the
+        window of the top bin over all N is the definition (:func:`hpc_elastic.est.detsum.reference_allreduce`), so
+        the bits equal those of any other placement.
         On the wire: 4 + 4 bytes per element (the fp32 ring allreduce's volume) instead of 8 + 4; no bins, no
-        deposit pass at the context switch."""
+        deposit pass at the context switch.
+
+        Pipelined by pieces: the owner adds and converts a piece as soon as its copies are in, and sends it back
+        while the next pieces are still coming in."""
         bounds, exchange = self._bounds, self.comm.scatter_gather
-        if bounds is None or exchange is None or exchange.to_owners is None:
+        if bounds is None or exchange is None or exchange.owner_round is None:
             raise RuntimeError("the communicator lost its range exchange")
         if self._deposits == 0:  # no EST here: contribute nothing
             self.flat_grad.zero_()
         chunk = self.layout.chunk
-        for el, ch in self._segments():
-            self.kernels.tops(self.flat_grad[el], self.local_tops[ch], chunk=chunk, width=self.width)
-        self.global_tops.copy_(self.local_tops)
-        self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
-        rank = self.comm.rank
-        lo, hi = bounds[rank], bounds[rank + 1]
-        exchange.to_owners(self.flat_grad, bounds, self._inbox)
-        for a, b, first_chunk in self._pieces_of(lo, hi):
-            tops = self.global_tops[first_chunk : first_chunk + num_chunks(b - a, chunk)]
-            acc = self._acc[a - lo : b - lo]
-            self.kernels.accumulate(self.flat_grad[a:b], acc, tops, chunk=chunk, width=self.width, first=True)
-            rows = self._inbox[:, a - lo : b - lo]
-            for block in [rows] if rows.is_contiguous() else list(rows):  # all rows in one pass where contiguous
-                self.kernels.accumulate(block, acc, tops, chunk=chunk, width=self.width, first=False)
-        self._finalize(lo, hi, self._acc, lo)
-        exchange.gather(self.flat_grad, bounds)
+        lo = bounds[self.comm.rank]
+        rnd = exchange.owner_round(self.flat_grad, bounds, self._cuts, self._inbox)
+        for i, (a, b) in enumerate(rnd.pieces):  # a piece lies in one bucket: one kernel call each
+            (_, _, c), *_ = self._pieces_of(a, b)
+            tops = self.global_tops[c : c + num_chunks(b - a, chunk)]
+            self.kernels.owner_sum(rnd.arrived(i), self._acc[a - lo : b - lo], tops, chunk=chunk, width=self.width)
+            self._finalize(a, b, self._acc, lo)
+            rnd.publish(i)
+        rnd.finish()
 
     def _pieces_of(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """``[lo, hi)`` (both at chunk starts of their buckets, or the end) cut at bucket boundaries: element range

@@ -45,15 +45,36 @@ def main() -> None:
     values[lo:hi] = expected[lo:hi].to(torch.float32)
     exchange.gather(values, bounds)
     gathered_ok = bool(torch.equal(values, expected.to(torch.float32)))
-    # every process's copy of this rank's range, to this rank (the one-EST-per-process path)
-    if exchange.to_owners is None:
+    # every process's copy of this rank's range, to this rank, and the owners' results back (the one-EST path)
+    if exchange.owner_round is None:
         raise SystemExit(f"{backend} has no exchange to the range owners")
     floats = [d.to(torch.float32) for d in data]
-    inbox = torch.full((size - 1, hi - lo), float("nan"))
-    exchange.to_owners(floats[rank].clone(), bounds, inbox)
-    owners_ok = all(torch.equal(inbox[k - 1], floats[(rank - k) % size][lo:hi]) for k in range(1, size))
+    results = torch.stack(floats).sum(dim=0).neg()  # what each owner "computes" for its range
+    cuts = sorted({*bounds, 17, 1003, n // 2, n // 2 + 64, n - 3})  # uneven pieces; some ranges in several
+    inbox = torch.full((size * (hi - lo),), float("nan"))
+    tensor = floats[rank].clone()
+    rnd = exchange.owner_round(tensor, bounds, cuts, inbox)
+    pieces = list(rnd.pieces)
+    owners_ok = [a for a, _ in pieces] + [hi] * bool(pieces) == [c for c in cuts if lo <= c <= hi] * bool(pieces)
+    for i, (a, b) in enumerate(pieces):
+        rows = rnd.arrived(i)
+        owners_ok &= all(torch.equal(rows[k], floats[(rank - k) % size][a:b]) for k in range(size))
+        tensor[a:b] = results[a:b]
+    # odd ranks publish their pieces last first: the round must not depend on the order
+    for i in reversed(range(len(pieces))) if rank % 2 else range(len(pieces)):
+        rnd.publish(i)
+    rnd.finish()
+    published_ok = bool(torch.equal(tensor, results))
     (out.parent / f"{out.name}.{rank}").write_text(
-        json.dumps({"own": own_ok, "gathered": gathered_ok, "owners": owners_ok, "reducers": reducers_agree(comm)})
+        json.dumps(
+            {
+                "own": own_ok,
+                "gathered": gathered_ok,
+                "owners": owners_ok,
+                "published": published_ok,
+                "reducers": reducers_agree(comm),
+            }
+        )
     )
     comm.close()
 

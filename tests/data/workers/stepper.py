@@ -33,9 +33,16 @@ def main() -> int:
         if stop.exists():
             if job.rank == 0:
                 write(state, {"step": step})
-                write(job.job_dir / "control" / "ack.json",
-                      {"job_id": job.job_id, "restart_count": job.restart_count, "step": step,
-                       "checkpoint": str(state), "written_at": time.time()})
+                write(
+                    job.job_dir / "control" / "ack.json",
+                    {
+                        "job_id": job.job_id,
+                        "restart_count": job.restart_count,
+                        "step": step,
+                        "checkpoint": str(state),
+                        "written_at": time.time(),
+                    },
+                )
             return 0
         time.sleep(0.1)
         step += 1

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_elastic.est.comm import _pieces, _ranges
+from hpc_elastic.est.comm import _pieces, _pieces_between, _ranges
 from hpc_elastic.est.launch import free_port
+from hpc_elastic.est.reducer import OWNER_MIN_PIECE, OWNER_PIECES, piece_cuts
 from tests.conftest import REPO
 
 WORKER = REPO / "tests" / "data" / "workers" / "scatter_gather.py"
@@ -33,7 +34,9 @@ def test_gloo_ring_sums_each_range_exactly_and_gathers_all(tmp_path: Path) -> No
         for r in range(SIZE)
     ]
     assert [p.wait(timeout=120) for p in procs] == [0] * SIZE
-    assert _results(out) == [{"own": True, "gathered": True, "owners": True, "reducers": True}] * SIZE
+    assert (
+        _results(out) == [{"own": True, "gathered": True, "owners": True, "published": True, "reducers": True}] * SIZE
+    )
 
 
 def test_ranges_reject_bad_bounds() -> None:
@@ -51,3 +54,25 @@ def test_ring_pieces_cover_a_range_once() -> None:
         assert all(a < b for a, b in pieces) and all(p[1] == q[0] for p, q in itertools.pairwise(pieces))
         if covered is not None:
             assert covered == list(range(lo, hi))
+
+
+def test_owner_pieces_follow_the_cuts() -> None:
+    assert _pieces_between([0, 3, 9, 9, 20], 3, 20) == [(3, 9), (9, 20)]
+    assert _pieces_between([0, 5], 5, 5) == []
+    with pytest.raises(ValueError, match="does not start and end at cuts"):
+        _pieces_between([0, 4, 10], 3, 10)
+
+
+def test_piece_cuts_stay_in_one_bucket_on_chunk_starts() -> None:
+    chunk = 64
+    buckets = [0, 3 * OWNER_MIN_PIECE + 10, 3 * OWNER_MIN_PIECE + 10 + 640]  # the middle bucket: 10 chunks
+    total = buckets[-1] + 9 * OWNER_MIN_PIECE + 1
+    bounds = [0, 2 * OWNER_MIN_PIECE, buckets[2] + 64 * 5, total]
+    cuts = piece_cuts(bounds, buckets, total, chunk)
+    assert set(bounds) | set(buckets) <= set(cuts) and cuts == sorted(set(cuts))
+    for a, b in itertools.pairwise(cuts):
+        start = max(s for s in buckets if s <= a)
+        assert (a - start) % chunk == 0 and (b == total or b in buckets or (b - start) % chunk == 0)
+        assert not any(a < s < b for s in buckets)
+    # the last bucket's part of the last range (9 minimum pieces long) is cut OWNER_PIECES times
+    assert len([c for c in cuts if bounds[2] <= c < total]) == OWNER_PIECES

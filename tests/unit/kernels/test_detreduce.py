@@ -245,24 +245,17 @@ def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover -
     assert same(got, d.ref_matmul_nt(a, b))
 
 
-def one_est_each(kern: d.Kernels, xs: list[np.ndarray], chunk: int, divisor: float) -> np.ndarray:
-    """The one-EST-per-process path: tops of each gradient, their MAX, every gradient accumulated on that window
-    at the owner (in the given order), finalize."""
+def one_est_each(kern: d.Kernels, xs: list[np.ndarray], chunk: int, divisor: float) -> tuple[np.ndarray, np.ndarray]:
+    """The one-EST-per-process path at an owner: all contributions as the rows of one buffer (in the given order),
+    their exact sum with the top bins found over them, finalize.  Returns (result, top bins)."""
     width = d.bin_width(len(xs))
     n = xs[0].size
-    tops = []
-    for x in xs:
-        t = np.zeros(d.num_chunks(n, chunk), np.uint8)
-        kern.tops(x, t, chunk=chunk, width=width)
-        tops.append(t)
-    g = np.maximum.reduce(tops)
-    acc = np.full(n, 12345, np.int64)  # first=True must overwrite whatever is there
-    kern.accumulate(xs[0], acc, g, chunk=chunk, width=width, first=True)
-    if len(xs) > 1:  # the others as the rows of one buffer, as the owner receives them
-        kern.accumulate(np.stack(xs[1:]), acc, g, chunk=chunk, width=width, first=False)
+    acc = np.full(n, 12345, np.int64)  # owner_sum must overwrite whatever is there
+    tops = np.full(d.num_chunks(n, chunk), 7, np.uint8)
+    kern.owner_sum(np.stack(xs), acc, tops, chunk=chunk, width=width)
     out = np.empty(n, np.float32)
-    kern.finalize(acc, g, out, chunk=chunk, width=width, divisor=divisor)
-    return out
+    kern.finalize(acc, tops, out, chunk=chunk, width=width, divisor=divisor)
+    return out, tops
 
 
 @settings(max_examples=80, deadline=None)
@@ -271,24 +264,18 @@ def test_one_est_per_process_path_gives_the_definition(data: st.DataObject, case
     xs, chunk = case
     order = data.draw(st.permutations(range(len(xs))))
     want = d.reference_allreduce(xs, len(xs), chunk, float(len(xs)))
-    for kern in (C, REF):
-        assert same(one_est_each(kern, [xs[i] for i in order], chunk, float(len(xs))), want)
     width = d.bin_width(len(xs))
-    for x in xs:  # and the C tops equal the NumPy twin's
-        t = np.zeros(d.num_chunks(x.size, chunk), np.uint8)
-        C.tops(x, t, chunk=chunk, width=width)
-        assert np.array_equal(t, d.ref_tops(x, chunk, width))
-
-
-def test_accumulate_rejects_tops_below_the_gradient() -> None:
-    x = np.full(10, 1e10, np.float32)  # bin 5 at width 30
-    acc = np.zeros(10, np.int64)
-    low = np.full(1, 4, np.uint8)
+    want_tops = np.maximum.reduce([d.ref_tops(x, chunk, width) for x in xs])
     for kern in (C, REF):
-        with pytest.raises(ValueError, match="MAX"):
-            kern.accumulate(x, acc, low, chunk=64, width=30, first=True)
-    with pytest.raises(ValueError, match="size mismatch"):
-        C.tops(x, np.zeros(2, np.uint8), chunk=64, width=30)
-    for kern in (C, REF):  # rows must be acc's length
-        with pytest.raises(ValueError, match="size mismatch"):
-            kern.accumulate(np.zeros(15, np.float32), acc, np.full(1, 9, np.uint8), chunk=64, width=30, first=True)
+        got, tops = one_est_each(kern, [xs[i] for i in order], chunk, float(len(xs)))
+        assert same(got, want)
+        assert np.array_equal(tops, want_tops)  # the MAX over the contributions, found where they are added
+
+
+def test_owner_sum_rejects_mismatched_sizes() -> None:
+    acc = np.zeros(10, np.int64)
+    for kern in (C, REF):
+        with pytest.raises(ValueError, match="size mismatch"):  # rows must be acc's length
+            kern.owner_sum(np.zeros(15, np.float32), acc, np.zeros(1, np.uint8), chunk=64, width=30)
+        with pytest.raises(ValueError, match="size mismatch"):  # one top bin per chunk
+            kern.owner_sum(np.zeros(20, np.float32), acc, np.zeros(2, np.uint8), chunk=64, width=30)
