@@ -1,0 +1,140 @@
+"""Every instruction-set clone of the C kernels gives the same bits.
+
+The package build compiles the hot loops of kernels/detreduce.c for AVX-512 (x86-64-v4), AVX2 and baseline x86-64
+(GCC ``target_clones``); the loader picks one by the CPU, so the installed module only ever runs this machine's.
+Here the file is built once per instruction set this CPU can run, with the clones off (``-DDETREDUCE_NO_CLONES``,
+``-march=...``), and every build must give the bits of the NumPy reference on the same data: values over the whole
+fp32 range (subnormals, zeros, both signs), a chunk with an infinity, several ESTs whose top bins rise between
+deposits.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from hpc_elastic.est import detsum as d
+from tests.conftest import REPO
+
+SOURCE = REPO / "kernels" / "detreduce.c"
+#: the package build's flags (setup.py), clones off
+FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-DDETREDUCE_NO_CLONES"]
+#: instruction sets and the CPU flags each needs
+ARCHES = {
+    "x86-64": (),
+    "x86-64-v3": ("avx2", "fma", "bmi2"),
+    "x86-64-v4": ("avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd"),
+}
+CHUNK = 64
+N_EST = 5
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+
+def _load(so: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_detreduce", so)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {so}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d.CKernels]:
+    if platform.machine() != "x86_64":
+        pytest.skip(f"the clones are x86-64 ones; this machine is {platform.machine()}")
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no gcc to build the kernels per instruction set")
+    flags = _cpu_flags()
+    out: dict[str, d.CKernels] = {}
+    for arch, needs in ARCHES.items():
+        if not set(needs) <= flags:
+            continue  # this CPU cannot run that build
+        target = tmp_path_factory.mktemp(arch) / f"_detreduce{sysconfig.get_config_var('EXT_SUFFIX')}"
+        include = sysconfig.get_paths()["include"]
+        subprocess.run(
+            [cc, *FLAGS, f"-march={arch}", f"-I{include}", str(SOURCE), "-o", str(target)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        out[arch] = d.CKernels(_load(target))
+    return out
+
+
+def _contributions(seed: int, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    xs = []
+    for j in range(N_EST):
+        # sign * 2^e * m over fp32's whole range, including subnormals; later ESTs reach higher, so tops rise
+        e = rng.integers(-150, 60 + 10 * j, n)
+        x = (rng.choice([-1.0, 1.0], n) * np.ldexp(rng.uniform(1.0, 2.0, n), e)).astype(np.float32)
+        x[rng.random(n) < 0.05] = 0.0
+        xs.append(x)
+    xs[2][CHUNK + 3] = np.inf  # one non-finite chunk
+    return xs
+
+
+def _outputs(kern: d.Kernels, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Every kernel's output on ``xs``: the binned path (deposits, combine, finalize), the owner's path
+    (owner_sum, finalize) and the fixed-order matmul."""
+    n = xs[0].size
+    width = d.bin_width(len(xs))
+    nch = d.num_chunks(n, CHUNK)
+    hi, lo, tops = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(nch, np.uint8)
+    for j, x in enumerate(xs):
+        kern.deposit(x.copy(), hi, lo, tops, chunk=CHUNK, width=width, first=j == 0, clear=True)
+    binned_hi, binned_lo = hi.copy(), lo.copy()
+    kern.combine(hi, lo, tops, tops.copy(), chunk=CHUNK, width=width)
+    binned = np.empty(n, np.float32)
+    kern.finalize(hi, tops, binned, chunk=CHUNK, width=width, divisor=float(len(xs)))
+    acc, owner_tops = np.empty(n, np.int64), np.empty(nch, np.uint8)
+    kern.owner_sum(np.stack(xs), acc, owner_tops, chunk=CHUNK, width=width)
+    owner = np.empty(n, np.float32)
+    kern.finalize(acc, owner_tops, owner, chunk=CHUNK, width=width, divisor=3.0)
+    a = np.clip(np.nan_to_num(np.stack(xs)[:, :96], posinf=1.0), -1e12, 1e12)  # no overflow in the products
+    mm = np.empty((N_EST, N_EST), np.float32)
+    kern.matmul_nt(a, a, mm)
+    return {
+        "hi": binned_hi,
+        "lo": binned_lo,
+        "tops": tops,
+        "combined": hi,
+        "binned": binned,
+        "acc": acc,
+        "owner_tops": owner_tops,
+        "owner": owner,
+        "matmul": mm,
+    }
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_instruction_set_gives_the_reference_bits(builds: dict[str, d.CKernels], seed: int) -> None:
+    assert "x86-64" in builds  # every x86-64 CPU runs the baseline build
+    xs = _contributions(seed, 20 * CHUNK + 17)
+    want = _outputs(d.ReferenceKernels(), xs)
+    assert np.isnan(want["owner"][CHUNK]) and np.isfinite(want["owner"][0])  # the data reach both cases
+    for arch, kern in builds.items():
+        got = _outputs(kern, xs)
+        for name, value in want.items():
+            assert np.array_equal(_bits(got[name]), _bits(value)), f"{arch}: {name} differs from the reference"
