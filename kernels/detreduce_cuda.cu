@@ -21,7 +21,8 @@ __device__ __forceinline__ int bin_of(float x, int width) {
 }
 
 // trunc(x * 2^-low) split into (hi, lo) = (trunc(T / 2^width), T - hi * 2^width), from the fp32 fields
-// with integer shifts exactly as deposit_chunk() in detreduce.c does.
+// with integer shifts: the same integer T as deposit_chunk() in detreduce.c forms by converting the exact
+// product x * 2^-low to int64 (the C kernels' test checks both forms against the NumPy reference).
 __device__ __forceinline__ void split(float x, int low, int width, long long* q, long long* r) {
   uint32_t bits = __float_as_uint(x);
   uint32_t e = (bits >> 23) & 0xffu;
