@@ -2,7 +2,8 @@
 // Every floating-point step is an explicit IEEE operation (__dmul_rn, __fmul_rn, __fadd_rn, __fdiv_rn,
 // __ll2float_rn) or integer arithmetic, so the results equal the CPU kernels bit for bit.
 // Built lazily by hpc_elastic/est/gpu.py with --fmad=false -ftz=false -prec-div=true.
-// UNTESTED: no GPU was available when this was written.
+// Not yet run on a GPU (none was lent while this was written); tests/unit/kernels/test_cuda_build.py compiles it
+// to PTX with nvcc and checks that every float operation is unfused, round-to-nearest, without flush to zero.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>

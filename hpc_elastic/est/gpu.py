@@ -1,7 +1,8 @@
 """CUDA twin of the CPU kernels, compiled on first use from ``kernels/detreduce_cuda.cu``.
 
 Imported lazily (only when a tensor lives on a CUDA device); nothing here runs at import time.
-UNTESTED ON A GPU: no GPU was available while this was written; the unit tests skip without CUDA.
+NOT YET RUN ON A GPU: no GPU was lent while this was written; the tests that run it skip without CUDA.  Where nvcc
+is installed, tests/unit/kernels/test_cuda_build.py compiles it to PTX and checks its float arithmetic.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.reducer import TensorKernels
 
 SOURCE_NAME = "detreduce_cuda.cu"
+#: no FMA contraction, IEEE division, no flush to zero: the bits must equal the CPU kernels' (the PTX is checked for
+#: it in tests/unit/kernels/test_cuda_build.py)
+NVCC_FLAGS = ("--fmad=false", "-prec-div=true", "-ftz=false")
 
 
 def source_path() -> Path:
@@ -37,8 +41,7 @@ def cuda_extension() -> Any:
     ext = load(
         name="hpc_elastic_detreduce_cuda",
         sources=[str(src)],
-        # no FMA contraction and IEEE division/sqrt: the bits must equal the CPU kernels'
-        extra_cuda_cflags=["--fmad=false", "-prec-div=true", "-ftz=false"],
+        extra_cuda_cflags=list(NVCC_FLAGS),
         verbose=False,
     )
     return ext
