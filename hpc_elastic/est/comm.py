@@ -86,10 +86,6 @@ class ScatterGather:
 
     sum_scatter: RangeExchange
     gather: RangeExchange
-    #: every process's copy of each range to the range's owner and the owners' results back (two all-to-alls,
-    #: pipelined by pieces): with one EST per process the reducer sends raw fp32 this way and forms the exact
-    #: integers where they are added (4 + 4 bytes per element)
-    owner_round: OwnerExchange | None = None
 
 
 def _no_exchange(tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -105,12 +101,17 @@ class Communicator:
         collective: Collective,
         allreduce: TensorAllreduce,
         scatter_gather: ScatterGather | None = None,
+        owner_exchange: OwnerExchange | None = None,
     ) -> None:
         self.backend = backend
         self.collective = collective
         self._allreduce = allreduce
         #: reduce-scatter + allgather over ranges, where the backend has them on CPU tensors (None: allreduce only)
         self.scatter_gather = scatter_gather
+        #: every process's copy of each range to the range's owner and the owners' results back (two all-to-alls,
+        #: pipelined by pieces), on CPU tensors: with one EST per process the reducer sends raw fp32 this way and
+        #: forms the exact integers where they are added (4 + 4 bytes per element).  None: not on this backend
+        self.owner_exchange = owner_exchange
 
     @property
     def rank(self) -> int:
@@ -130,8 +131,9 @@ class Communicator:
         return self.collective.allgather_object(obj)
 
     def allreduce_only(self) -> Communicator:
-        """The same group without the reduce-scatter: the path of Horovod and NCCL (for comparisons)."""
-        return Communicator(self.backend, self.collective, self._allreduce, None)
+        """The same group without the reduce-scatter and the owner exchange: the path of Horovod and NCCL (for
+        comparisons)."""
+        return Communicator(self.backend, self.collective, self._allreduce)
 
     def barrier(self) -> None:
         self.collective.barrier()
@@ -190,27 +192,35 @@ def _pieces_between(cuts: Sequence[int], lo: int, hi: int) -> list[tuple[int, in
     return [(a, b) for a, b in itertools.pairwise(inside) if b > a]
 
 
-#: tag of the owners' results (a piece's index is added): apart from the tags of the copies to the owners
-_PUBLISH_TAG = 1 << 20
+@dataclass(frozen=True)
+class PointToPoint:
+    """Non-blocking point-to-point messages of contiguous CPU tensors on one backend: ``isend(tensor, peer, tag)``
+    and ``irecv(tensor, peer, tag)`` start a message and return a request, ``wait(request)`` waits for it."""
+
+    rank: int
+    size: int
+    isend: Callable[[torch.Tensor, int, int], Any]
+    irecv: Callable[[torch.Tensor, int, int], Any]
+    wait: Callable[[Any], None]
 
 
-class _TorchOwnerRound:
-    """:class:`OwnerRound` on torch.distributed point-to-point messages (gloo), every message posted at once.
+class _OwnerRound:
+    """:class:`OwnerRound` on non-blocking point-to-point messages, every message posted as early as it can be.
 
     The copies to the owners are all posted when the round starts (rotated, so that no process is everyone's first
     peer); the receives of the owners' results land in the ranges just sent, so they are posted once those sends
     have left (at the first :meth:`publish`).  Nothing here waits on another process's progress past that point, so
-    the round cannot deadlock whatever order the processes reach their calls in."""
+    the round cannot deadlock whatever order the processes reach their calls in.  Piece ``i``'s copy travels with
+    tag ``2 i``, its result with ``2 i + 1``: small tags, as MPI only promises 32767."""
 
     def __init__(
-        self, dist: Any, tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor
+        self, p2p: PointToPoint, tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor
     ) -> None:
         if list(cuts) != sorted(set(cuts)) or not cuts or cuts[0] != 0 or cuts[-1] != tensor.numel():
             raise ValueError(f"cuts must be increasing offsets from 0 to {tensor.numel()}, got {list(cuts)!r}")
-        self._dist = dist
+        self._p2p = p2p
         self._tensor = tensor
-        size, rank = dist.get_world_size(), dist.get_rank()
-        self._size, self._rank = size, rank
+        size, rank = p2p.size, p2p.rank
         self._owned = [_pieces_between(cuts, a, b) for a, b in _ranges(bounds, size)]
         self.pieces: list[tuple[int, int]] = self._owned[rank]
         lo, hi = bounds[rank], bounds[rank + 1]
@@ -225,29 +235,32 @@ class _TorchOwnerRound:
         for k in range(1, size):
             dst, src = (rank + k) % size, (rank - k) % size
             for i, (a, b) in enumerate(self._owned[dst]):
-                self._sends.append(_started(dist.isend(tensor[a:b], dst, tag=i)))
+                self._sends.append(p2p.isend(tensor[a:b], dst, 2 * i))
             for i, rows in enumerate(self._rows):
-                self._arrivals[i].append(_started(dist.irecv(rows[k], src, tag=i)))
+                self._arrivals[i].append(p2p.irecv(rows[k], src, 2 * i))
         for (a, b), rows in zip(self.pieces, self._rows, strict=True):  # the own copy, while the others travel
             rows[0].copy_(tensor[a:b])
         self._results: list[Any] | None = None  # receives of the other owners' pieces
         self._published: list[Any] = []
 
+    def _wait(self, requests: list[Any]) -> None:
+        for req in requests:
+            self._p2p.wait(req)
+
     def arrived(self, piece: int) -> torch.Tensor:
-        for req in self._arrivals[piece]:
-            req.wait()
+        self._wait(self._arrivals[piece])
         self._arrivals[piece] = []
         return self._rows[piece]
 
     def _receive_results(self) -> list[Any]:
         if self._results is None:
-            for req in self._sends:  # the copies must have left before the results overwrite them
-                req.wait()
+            self._wait(self._sends)  # the copies must have left before the results overwrite them
             self._sends = []
+            p2p = self._p2p
             self._results = [
-                _started(self._dist.irecv(self._tensor[a:b], owner, tag=_PUBLISH_TAG + i))
-                for owner in range(self._size)
-                if owner != self._rank
+                p2p.irecv(self._tensor[a:b], owner, 2 * i + 1)
+                for owner in range(p2p.size)
+                if owner != p2p.rank
                 for i, (a, b) in enumerate(self._owned[owner])
             ]
         return self._results
@@ -255,16 +268,47 @@ class _TorchOwnerRound:
     def publish(self, piece: int) -> None:
         self._receive_results()
         a, b = self.pieces[piece]
-        for k in range(1, self._size):
-            dst = (self._rank + k) % self._size
-            self._published.append(_started(self._dist.isend(self._tensor[a:b], dst, tag=_PUBLISH_TAG + piece)))
+        p2p = self._p2p
+        for k in range(1, p2p.size):
+            self._published.append(p2p.isend(self._tensor[a:b], (p2p.rank + k) % p2p.size, 2 * piece + 1))
 
     def finish(self) -> None:
         for i in range(len(self._arrivals)):
             self.arrived(i)
-        for req in [*self._receive_results(), *self._published]:
-            req.wait()
+        self._wait([*self._receive_results(), *self._published])
         self._results, self._published = [], []
+
+
+def owner_exchange(p2p: PointToPoint) -> OwnerExchange:
+    """The :data:`OwnerExchange` of a backend's point-to-point messages."""
+
+    def start(tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor) -> OwnerRound:
+        return _OwnerRound(p2p, tensor, bounds, cuts, inbox)
+
+    return start
+
+
+def _torch_p2p() -> PointToPoint:
+    import torch.distributed as dist
+
+    return PointToPoint(
+        rank=dist.get_rank(),
+        size=dist.get_world_size(),
+        isend=lambda t, peer, tag: _started(dist.isend(t, peer, tag=tag)),
+        irecv=lambda t, peer, tag: _started(dist.irecv(t, peer, tag=tag)),
+        wait=lambda req: req.wait(),
+    )
+
+
+def _mpi_p2p(comm: Any) -> PointToPoint:
+    """mpi4py's Isend/Irecv on the NumPy views of CPU tensors (the datatype follows the array's)."""
+    return PointToPoint(
+        rank=comm.Get_rank(),
+        size=comm.Get_size(),
+        isend=lambda t, peer, tag: comm.Isend(t.numpy(), dest=peer, tag=tag),
+        irecv=lambda t, peer, tag: comm.Irecv(t.numpy(), source=peer, tag=tag),
+        wait=lambda req: req.Wait(),
+    )
 
 
 def _torch_ring() -> ScatterGather:
@@ -320,12 +364,7 @@ def _torch_ring() -> ScatterGather:
             for req in reqs:
                 req.wait()
 
-    def owner_round(
-        tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor
-    ) -> OwnerRound:
-        return _TorchOwnerRound(dist, tensor, bounds, cuts, inbox)
-
-    return ScatterGather(sum_scatter, gather, owner_round)
+    return ScatterGather(sum_scatter, gather)
 
 
 def _mpi_allreduce(comm: Any) -> TensorAllreduce:
@@ -405,12 +444,16 @@ def make_communicator(
             timeout_s=timeout_s,
         )
         # nccl keeps the allreduce path: the ring above is written for CPU tensors
-        comm = Communicator(b, coll, _torch_allreduce(), _torch_ring() if b is CommBackend.GLOO else None)
+        if b is CommBackend.GLOO:
+            comm = Communicator(b, coll, _torch_allreduce(), _torch_ring(), owner_exchange(_torch_p2p()))
+        else:
+            comm = Communicator(b, coll, _torch_allreduce())
     elif b is CommBackend.MPI:
         world = import_mpi().COMM_WORLD
         # Open MPI's Reduce_scatter with per-rank counts plus Allgatherv measured 2x slower than its int64
         # Allreduce here (bench/allreduce.py --backend mpi: 493 ms vs 250 ms for 64 MB over 4 ranks)
-        comm = Communicator(b, MPICollective(world), _mpi_allreduce(world))
+        # its point-to-point messages do carry the one-EST path's owner exchange (bench/allreduce.py --backend mpi)
+        comm = Communicator(b, MPICollective(world), _mpi_allreduce(world), None, owner_exchange(_mpi_p2p(world)))
     else:
         comm = Communicator(b, HorovodCollective(), _horovod_allreduce())
     if size is not None and comm.size != size:

@@ -9,7 +9,7 @@ Over gloo on CPU tensors the int64 ``SUM`` is a ring reduce-scatter over chunk-a
 converts only its own range to fp32, and an fp32 ring allgather returns the rest (12 bytes per element on the
 wire instead of 16); elsewhere (MPI, Horovod, NCCL) it is one int64 allreduce. Both give the same bits: the
 integer sum is exact and the conversion is elementwise.
-With at most one EST per process (as many devices as ESTs) over gloo, nothing is binned: each process
+With at most one EST per process (as many devices as ESTs) over gloo or MPI, nothing is binned: each process
 sends its raw fp32 gradient of every other range to the range's owner, which finds the chunks' top bins over the N
 copies, forms and adds the N integers exactly and sends its range back (8 bytes per element on the wire, like an
 fp32 ring allreduce; no MAX allreduce); the integers, hence the bits, are the same.
@@ -136,7 +136,7 @@ class GradientReducer:
         max_local_ests: int | None = None,
     ) -> None:
         """``max_local_ests``: the most ESTs any process of the group hosts (the same on every process, from the
-        placement); 1 lets D1/D2 on gloo take the one-EST-per-process path (see :meth:`reduce`)."""
+        placement); 1 lets D1/D2 on CPU over gloo or MPI take the one-EST-per-process path (see :meth:`reduce`)."""
         if max_local_ests is not None and (isinstance(max_local_ests, bool) or max_local_ests < 0):
             raise ValueError(f"max_local_ests must be a non-negative integer, got {max_local_ests!r}")
         if not params:
@@ -177,17 +177,14 @@ class GradientReducer:
                 self._views[s.index] = self.flat_grad[off : off + s.numel].view_as(self.params[s.index])
         self.exact = level.exact_allreduce
         self._deposits = 0
-        self._bounds: list[int] | None = None
-        if self.exact and comm.size > 1 and comm.scatter_gather is not None and self.device.type == "cpu":
-            self._bounds = self._range_bounds(comm.size)
+        exchanges = self.exact and comm.size > 1 and self.device.type == "cpu"  # over ranges of CPU tensors
         #: one EST per process at most, and an all-to-all to the range owners: raw fp32 on the wire, no bins
         self.one_est_each = (
-            self._bounds is not None  # the ring on CPU
-            and max_local_ests is not None
-            and max_local_ests <= 1
-            and comm.scatter_gather is not None
-            and comm.scatter_gather.owner_round is not None
+            exchanges and max_local_ests is not None and max_local_ests <= 1 and comm.owner_exchange is not None
         )
+        self._bounds: list[int] | None = None
+        if self.one_est_each or (exchanges and comm.scatter_gather is not None):
+            self._bounds = self._range_bounds(comm.size)
         if self.one_est_each and self._bounds is not None:  # the owner's buffers, kept across steps
             width = self._bounds[comm.rank + 1] - self._bounds[comm.rank]
             self._acc = torch.zeros(width, dtype=torch.int64)
@@ -310,14 +307,14 @@ class GradientReducer:
 
         Pipelined by pieces: the owner adds and converts a piece as soon as its copies are in, and sends it back
         while the next pieces are still coming in."""
-        bounds, exchange = self._bounds, self.comm.scatter_gather
-        if bounds is None or exchange is None or exchange.owner_round is None:
-            raise RuntimeError("the communicator lost its range exchange")
+        bounds, start = self._bounds, self.comm.owner_exchange
+        if bounds is None or start is None:
+            raise RuntimeError("the communicator lost its owner exchange")
         if self._deposits == 0:  # no EST here: contribute nothing
             self.flat_grad.zero_()
         chunk = self.layout.chunk
         lo = bounds[self.comm.rank]
-        rnd = exchange.owner_round(self.flat_grad, bounds, self._cuts, self._inbox)
+        rnd = start(self.flat_grad, bounds, self._cuts, self._inbox)
         for i, (a, b) in enumerate(rnd.pieces):  # a piece lies in one bucket: one kernel call each
             (_, _, c), *_ = self._pieces_of(a, b)
             tops = self.global_tops[c : c + num_chunks(b - a, chunk)]

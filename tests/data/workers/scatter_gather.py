@@ -1,7 +1,8 @@
 """Worker of tests/unit/est/test_scatter_gather.py: one rank of a reduce-scatter + allgather over uneven ranges.
 
-Usage: ``scatter_gather.py gloo OUT RANK SIZE INIT``. Every rank builds the data of every rank from its seed,
-so it knows the exact sums; it writes whether its own range and the gathered tensor came out right.
+Usage: ``scatter_gather.py gloo OUT RANK SIZE INIT`` or ``mpirun -np SIZE scatter_gather.py mpi OUT``. Every rank
+builds the data of every rank from its seed, so it knows the exact sums; it writes whether its own range, the gathered
+tensor (gloo's ring), the owner exchange and the reducer's paths came out right.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpc_elastic.est.comm import Communicator, make_communicator
+from hpc_elastic.est.comm import Communicator, ScatterGather, make_communicator
 from hpc_elastic.est.detsum import reference_allreduce
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import plan_buckets
@@ -23,8 +24,11 @@ from hpc_elastic.est.reducer import GradientReducer
 
 def main() -> None:
     backend, out = sys.argv[1], Path(sys.argv[2])
-    rank, size, init = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    comm = make_communicator(backend, rank=rank, size=size, init_method=init)
+    if backend == "mpi":  # rank and size from mpirun
+        comm = make_communicator(backend)
+    else:
+        comm = make_communicator(backend, rank=int(sys.argv[3]), size=int(sys.argv[4]), init_method=sys.argv[5])
+    rank, size = comm.rank, comm.size
     n = 300_001  # several ring pieces per range, odd length
     # uneven ranges, the second one empty
     bounds = [0, 1000, 1000, *[1000 + (n - 1000) * k // (size - 2) for k in range(1, size - 1)]]
@@ -32,28 +36,42 @@ def main() -> None:
         torch.randint(-(2**50), 2**50, (n,), dtype=torch.int64, generator=torch.Generator().manual_seed(r))
         for r in range(size)
     ]
+    report: dict[str, bool] = {}
+    if comm.scatter_gather is not None:
+        report.update(ring_checks(comm.scatter_gather, rank, bounds, data))
+    report.update(owner_checks(comm, bounds, [d.to(torch.float32) for d in data]))
+    report["reducers"] = reducers_agree(comm)
+    (out.parent / f"{out.name}.{rank}").write_text(json.dumps(report))
+    comm.close()
+
+
+def ring_checks(exchange: ScatterGather, rank: int, bounds: list[int], data: list[torch.Tensor]) -> dict[str, bool]:
+    """The ring reduce-scatter sums this rank's range exactly; the allgather fills in every other range."""
     expected = torch.stack(data).sum(dim=0)
-    exchange = comm.scatter_gather
-    if exchange is None:
-        raise SystemExit(f"{backend} has no reduce-scatter")
     tensor = data[rank].clone()
     exchange.sum_scatter(tensor, bounds)
     lo, hi = bounds[rank], bounds[rank + 1]
     own_ok = bool(torch.equal(tensor[lo:hi], expected[lo:hi]))
     # the allgather: each rank fills only its range of a float tensor
-    values = torch.full((n,), float("nan"))
+    values = torch.full((expected.numel(),), float("nan"))
     values[lo:hi] = expected[lo:hi].to(torch.float32)
     exchange.gather(values, bounds)
-    gathered_ok = bool(torch.equal(values, expected.to(torch.float32)))
-    # every process's copy of this rank's range, to this rank, and the owners' results back (the one-EST path)
-    if exchange.owner_round is None:
-        raise SystemExit(f"{backend} has no exchange to the range owners")
-    floats = [d.to(torch.float32) for d in data]
+    return {"own": own_ok, "gathered": bool(torch.equal(values, expected.to(torch.float32)))}
+
+
+def owner_checks(comm: Communicator, bounds: list[int], floats: list[torch.Tensor]) -> dict[str, bool]:
+    """Every process's copy of this rank's range reaches this rank piece by piece, and the owners' results come back
+    (the one-EST path's exchange)."""
+    start = comm.owner_exchange
+    if start is None:
+        raise SystemExit(f"{comm.backend} has no exchange to the range owners")
+    rank, size, n = comm.rank, comm.size, floats[0].numel()
+    lo, hi = bounds[rank], bounds[rank + 1]
     results = torch.stack(floats).sum(dim=0).neg()  # what each owner "computes" for its range
     cuts = sorted({*bounds, 17, 1003, n // 2, n // 2 + 64, n - 3})  # uneven pieces; some ranges in several
     inbox = torch.full((size * (hi - lo),), float("nan"))
     tensor = floats[rank].clone()
-    rnd = exchange.owner_round(tensor, bounds, cuts, inbox)
+    rnd = start(tensor, bounds, cuts, inbox)
     pieces = list(rnd.pieces)
     owners_ok = [a for a, _ in pieces] + [hi] * bool(pieces) == [c for c in cuts if lo <= c <= hi] * bool(pieces)
     for i, (a, b) in enumerate(pieces):
@@ -64,19 +82,7 @@ def main() -> None:
     for i in reversed(range(len(pieces))) if rank % 2 else range(len(pieces)):
         rnd.publish(i)
     rnd.finish()
-    published_ok = bool(torch.equal(tensor, results))
-    (out.parent / f"{out.name}.{rank}").write_text(
-        json.dumps(
-            {
-                "own": own_ok,
-                "gathered": gathered_ok,
-                "owners": owners_ok,
-                "published": published_ok,
-                "reducers": reducers_agree(comm),
-            }
-        )
-    )
-    comm.close()
+    return {"owners": owners_ok, "published": bool(torch.equal(tensor, results))}
 
 
 def reducers_agree(comm: Communicator) -> bool:

@@ -1,7 +1,7 @@
 """The ring reduce-scatter + allgather the deterministic allreduce runs on gloo (hpc_elastic.est.comm):
-exact int64 sums in each rank's own range, a complete allgather and every copy of a range at its owner, over
+exact int64 sums in each rank's own range, a complete allgather and every copy of a range at its owner and back, over
 uneven ranges (one empty), on real processes; and the reducer's two paths over them (one EST per process, binned)
-giving the definition's bits."""
+giving the definition's bits.  The owner exchange and the reducer's paths over MPI too."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.est.comm import _pieces, _pieces_between, _ranges
-from hpc_elastic.est.launch import free_port
+from hpc_elastic.est.launch import free_port, mpi_unavailable_reason
 from hpc_elastic.est.reducer import OWNER_MIN_PIECE, OWNER_PIECES, piece_cuts
 from tests.conftest import REPO
+from tests.unit.session.launch import MPIRUN
 
 WORKER = REPO / "tests" / "data" / "workers" / "scatter_gather.py"
 SIZE = 4
@@ -37,6 +38,15 @@ def test_gloo_ring_sums_each_range_exactly_and_gathers_all(tmp_path: Path) -> No
     assert (
         _results(out) == [{"own": True, "gathered": True, "owners": True, "published": True, "reducers": True}] * SIZE
     )
+
+
+@pytest.mark.skipif(mpi_unavailable_reason() is not None, reason=f"MPI unavailable: {mpi_unavailable_reason()}")
+def test_mpi_owner_exchange_and_reducer_paths(tmp_path: Path) -> None:
+    out = tmp_path / "mpi"
+    cmd = [*MPIRUN, "-np", str(SIZE), sys.executable, str(WORKER), "mpi", str(out)]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _results(out) == [{"owners": True, "published": True, "reducers": True}] * SIZE
 
 
 def test_ranges_reject_bad_bounds() -> None:
