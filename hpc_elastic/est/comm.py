@@ -232,12 +232,16 @@ class _OwnerRound:
         self._rows = [inbox[size * (a - lo) : size * (b - lo)].view(size, b - a) for a, b in self.pieces]
         self._sends: list[Any] = []
         self._arrivals: list[list[Any]] = [[] for _ in self.pieces]
-        for k in range(1, size):
-            dst, src = (rank + k) % size, (rank - k) % size
-            for i, (a, b) in enumerate(self._owned[dst]):
-                self._sends.append(p2p.isend(tensor[a:b], dst, 2 * i))
-            for i, rows in enumerate(self._rows):
-                self._arrivals[i].append(p2p.irecv(rows[k], src, 2 * i))
+        for i, rows in enumerate(self._rows):
+            for k in range(1, size):
+                self._arrivals[i].append(p2p.irecv(rows[k], (rank - k) % size, 2 * i))
+        # piece-major: every owner's first piece is on the wire before anyone's second
+        for i in range(max(map(len, self._owned))):
+            for k in range(1, size):
+                dst = (rank + k) % size
+                if i < len(self._owned[dst]):
+                    a, b = self._owned[dst][i]
+                    self._sends.append(p2p.isend(tensor[a:b], dst, 2 * i))
         for (a, b), rows in zip(self.pieces, self._rows, strict=True):  # the own copy, while the others travel
             rows[0].copy_(tensor[a:b])
         self._results: list[Any] | None = None  # receives of the other owners' pieces
