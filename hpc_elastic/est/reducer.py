@@ -318,7 +318,8 @@ class GradientReducer:
         lo = bounds[self.comm.rank]
         rnd = start(self.flat_grad, bounds, self._cuts, self._inbox)
         for i, (a, b) in enumerate(rnd.pieces):  # a piece lies in one bucket: one kernel call each
-            (_, _, c), *_ = self._pieces_of(a, b)
+            bi = bisect.bisect_right(self._bucket_start, a) - 1
+            c = self._chunk_start[bi] + (a - self._bucket_start[bi]) // chunk  # the piece's first chunk
             tops = self.global_tops[c : c + num_chunks(b - a, chunk)]
             self.kernels.owner_sum(rnd.arrived(i), self._acc[a - lo : b - lo], tops, chunk=chunk, width=self.width)
             self._finalize(a, b, self._acc, lo)
