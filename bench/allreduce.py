@@ -9,7 +9,8 @@ gradient, and times, interleaved repetition by repetition:
   and conversion there, the owner's fp32 back to everyone (pipelined by pieces);
 - ``det_binned``: the path of processes hosting several ESTs: each EST's gradient deposited into int64 bins at its
   context switch (that deposit is reported apart), the exact int64 SUM as a reduce-scatter over chunk-aligned
-  ranges, conversion of the process's own range to fp32, fp32 allgather (over MPI: one int64 allreduce);
+  ranges, conversion of the process's own range to fp32, fp32 allgather (over MPI: the combined int64 of every
+  range to its owner, which adds them and sends the fp32 back);
 - ``det_allreduce``: the binned reducer on one int64 allreduce instead (the path of Horovod and NCCL).
 All three must give the same bits.
 
@@ -151,7 +152,7 @@ def main() -> None:
     print(f"{args.backend} allreduce of {args.size_mb} MB fp32 over {args.ranks} ranks (median of {args.reps}):")
     print(f"  native fp32 SUM                          {agg['native'] * 1e3:9.1f} ms")
     print(f"  deterministic, one EST per process       {agg['det'] * 1e3:9.1f} ms  (fp32 to owners and back)")
-    binned = "reduce-scatter" if args.backend == "gloo" else "int64 allreduce"  # MPI has no ring here
+    binned = "reduce-scatter" if args.backend == "gloo" else "int64 to owners"  # MPI has no ring here
     print(f"  deterministic, binned, {binned:<17} {agg['det_binned'] * 1e3:9.1f} ms  (several ESTs per process)")
     print(f"  deterministic, one int64 allreduce      {agg['det_allreduce'] * 1e3:9.1f} ms  (Horovod/NCCL path)")
     print(f"  + deposit of one EST (binned paths)      {agg['deposit'] * 1e3:9.1f} ms  (paid at the context switch)")

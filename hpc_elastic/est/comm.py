@@ -42,8 +42,9 @@ RangeExchange = Callable[[torch.Tensor, Sequence[int]], None]
 
 
 class OwnerRound(Protocol):
-    """One round of the range owners' all-to-all, in flight: every process's copy of each range goes to the range's
-    owner, piece by piece, and each owner's result comes back to every process, piece by piece.
+    """One round of the range owners' all-to-all, in flight: every process's copy of each range of ``tensor`` goes to
+    the range's owner, piece by piece, and each owner's result (its range of ``result``) comes back to every process's
+    ``result``, piece by piece.
 
     A range is cut into the pieces given by ``cuts``; the owner waits for one piece (:meth:`arrived`), works on it and
     sends its result out (:meth:`publish`) while the next pieces are still on the wire.  Piece ``i`` of the owner's
@@ -61,17 +62,18 @@ class OwnerRound(Protocol):
         ...
 
     def publish(self, piece: int) -> None:
-        """Start sending ``tensor[a:b]`` of own piece ``piece`` (the owner's result) to every other process."""
+        """Start sending ``result[a:b]`` of own piece ``piece`` (the owner's result) to every other process."""
         ...
 
     def finish(self) -> None:
-        """Wait until every owner's published pieces are in ``tensor`` and every message of the round has left."""
+        """Wait until every owner's published pieces are in ``result`` and every message of the round has left."""
         ...
 
 
-#: ``(tensor, bounds, cuts, inbox)``: start an :class:`OwnerRound`; ``cuts`` are increasing offsets from 0 to
-#: ``len(tensor)`` holding every bound, ``inbox`` a flat tensor of M times the caller's range length.
-OwnerExchange = Callable[[torch.Tensor, Sequence[int], Sequence[int], torch.Tensor], OwnerRound]
+#: ``(tensor, bounds, cuts, inbox, result)``: start an :class:`OwnerRound`; ``cuts`` are increasing offsets from 0 to
+#: ``len(tensor)`` holding every bound, ``inbox`` a flat tensor of ``tensor``'s dtype and M times the caller's range
+#: length, ``result`` a tensor as long as ``tensor`` (``tensor`` itself, or another one).
+OwnerExchange = Callable[[torch.Tensor, Sequence[int], Sequence[int], torch.Tensor, torch.Tensor], OwnerRound]
 
 
 @dataclass(frozen=True)
@@ -208,18 +210,28 @@ class _OwnerRound:
     """:class:`OwnerRound` on non-blocking point-to-point messages, every message posted as early as it can be.
 
     The copies to the owners are all posted when the round starts (rotated, so that no process is everyone's first
-    peer); the receives of the owners' results land in the ranges just sent, so they are posted once those sends
-    have left (at the first :meth:`publish`).  Nothing here waits on another process's progress past that point, so
+    peer); the receives of the owners' results are posted then too when ``result`` is another tensor, and where the
+    results land in the ranges just sent (``result`` is ``tensor``), once those sends have left (at the first
+    :meth:`publish`).  Nothing here waits on another process's progress past that point, so
     the round cannot deadlock whatever order the processes reach their calls in.  Piece ``i``'s copy travels with
     tag ``2 i``, its result with ``2 i + 1``: small tags, as MPI only promises 32767."""
 
     def __init__(
-        self, p2p: PointToPoint, tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor
+        self,
+        p2p: PointToPoint,
+        tensor: torch.Tensor,
+        bounds: Sequence[int],
+        cuts: Sequence[int],
+        *,
+        inbox: torch.Tensor,
+        result: torch.Tensor,
     ) -> None:
         if list(cuts) != sorted(set(cuts)) or not cuts or cuts[0] != 0 or cuts[-1] != tensor.numel():
             raise ValueError(f"cuts must be increasing offsets from 0 to {tensor.numel()}, got {list(cuts)!r}")
+        if result.numel() != tensor.numel() or not result.is_contiguous():
+            raise ValueError(f"result must be contiguous with {tensor.numel()} elements, got {tuple(result.shape)}")
         self._p2p = p2p
-        self._tensor = tensor
+        self._result = result
         size, rank = p2p.size, p2p.rank
         self._owned = [_pieces_between(cuts, a, b) for a, b in _ranges(bounds, size)]
         self.pieces: list[tuple[int, int]] = self._owned[rank]
@@ -246,6 +258,10 @@ class _OwnerRound:
             rows[0].copy_(tensor[a:b])
         self._results: list[Any] | None = None  # receives of the other owners' pieces
         self._published: list[Any] = []
+        #: the results land in the buffer the copies are sent from
+        self._overwrites = result.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+        if not self._overwrites:
+            self._receive_results()
 
     def _wait(self, requests: list[Any]) -> None:
         for req in requests:
@@ -258,11 +274,12 @@ class _OwnerRound:
 
     def _receive_results(self) -> list[Any]:
         if self._results is None:
-            self._wait(self._sends)  # the copies must have left before the results overwrite them
-            self._sends = []
+            if self._overwrites:  # the copies must have left before the results overwrite them
+                self._wait(self._sends)
+                self._sends = []
             p2p = self._p2p
             self._results = [
-                p2p.irecv(self._tensor[a:b], owner, 2 * i + 1)
+                p2p.irecv(self._result[a:b], owner, 2 * i + 1)
                 for owner in range(p2p.size)
                 if owner != p2p.rank
                 for i, (a, b) in enumerate(self._owned[owner])
@@ -274,20 +291,22 @@ class _OwnerRound:
         a, b = self.pieces[piece]
         p2p = self._p2p
         for k in range(1, p2p.size):
-            self._published.append(p2p.isend(self._tensor[a:b], (p2p.rank + k) % p2p.size, 2 * piece + 1))
+            self._published.append(p2p.isend(self._result[a:b], (p2p.rank + k) % p2p.size, 2 * piece + 1))
 
     def finish(self) -> None:
         for i in range(len(self._arrivals)):
             self.arrived(i)
-        self._wait([*self._receive_results(), *self._published])
-        self._results, self._published = [], []
+        self._wait([*self._receive_results(), *self._published, *self._sends])
+        self._results, self._published, self._sends = [], [], []
 
 
 def owner_exchange(p2p: PointToPoint) -> OwnerExchange:
     """The :data:`OwnerExchange` of a backend's point-to-point messages."""
 
-    def start(tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor) -> OwnerRound:
-        return _OwnerRound(p2p, tensor, bounds, cuts, inbox)
+    def start(
+        tensor: torch.Tensor, bounds: Sequence[int], cuts: Sequence[int], inbox: torch.Tensor, result: torch.Tensor
+    ) -> OwnerRound:
+        return _OwnerRound(p2p, tensor, bounds, cuts, inbox=inbox, result=result)
 
     return start
 

@@ -7,7 +7,8 @@ buffer (the whole cost of a context switch besides RNG/buffer swaps); :meth:`Gra
 then runs one byte-per-chunk ``MAX`` allreduce and an exact int64 ``SUM``, and writes the mean gradient back.
 Over gloo on CPU tensors the int64 ``SUM`` is a ring reduce-scatter over chunk-aligned ranges, each process
 converts only its own range to fp32, and an fp32 ring allgather returns the rest (12 bytes per element on the
-wire instead of 16); elsewhere (MPI, Horovod, NCCL) it is one int64 allreduce. Both give the same bits: the
+wire instead of 16); over MPI each range's int64 go to its owner, which adds them, converts, and sends the fp32
+back (the same volume); elsewhere (Horovod, NCCL) it is one int64 allreduce. All give the same bits: the
 integer sum is exact and the conversion is elementwise.
 With at most one EST per process (as many devices as ESTs) over gloo or MPI, nothing is binned: each process
 sends its raw fp32 gradient of every other range to the range's owner, which finds the chunks' top bins over the N
@@ -184,19 +185,31 @@ class GradientReducer:
         self.one_est_each = (
             exchanges and max_local_ests is not None and max_local_ests <= 1 and comm.owner_exchange is not None
         )
+        #: several ESTs on some process and no ring (MPI): the binned int64 go to the range owners the same way (after
+        #: the MAX).  Over gloo the ring stays: both measured alike there (0.46-0.49x vs 0.39-0.50x of gloo's SUM,
+        #: bench/allreduce.py); over MPI the owners took 139 ms against 211-236 ms for the int64 Allreduce
+        self._binned_at_owners = (
+            exchanges and not self.one_est_each and comm.owner_exchange is not None and comm.scatter_gather is None
+        )
         self._bounds: list[int] | None = None
-        if self.one_est_each or (exchanges and comm.scatter_gather is not None):
+        inbox = 0
+        if self.one_est_each or self._binned_at_owners or (exchanges and comm.scatter_gather is not None):
             self._bounds = self._range_bounds(comm.size)
-        if self.one_est_each and self._bounds is not None:  # the owner's buffers, kept across steps
             width = self._bounds[comm.rank + 1] - self._bounds[comm.rank]
-            self._acc = torch.zeros(width, dtype=torch.int64)
-            self._inbox = torch.zeros(comm.size * width, dtype=torch.float32)
-            self._cuts = piece_cuts(self._bounds, self._bucket_start, total, layout.chunk)
+            inbox = comm.size * width
+            if self.one_est_each or self._binned_at_owners:  # the owner's buffers, kept across steps
+                self._acc = torch.zeros(width, dtype=torch.int64)
+                self._cuts = piece_cuts(self._bounds, self._bucket_start, total, layout.chunk)
+        if self.one_est_each:
+            self._inbox = torch.zeros(inbox, dtype=torch.float32)
         if self.exact:
             self.kernels = kernels if kernels is not None else tensor_kernels(self.device)
             bins = 0 if self.one_est_each else total  # the one-EST path keeps the gradient itself until reduce
             self.hi = torch.zeros(bins, dtype=torch.int64, device=self.device)
-            self.lo = torch.zeros(bins, dtype=torch.int64, device=self.device)
+            # the lo bins are spent once combined: the binned owners' inbox uses them (M times a range may pass
+            # the total by a few chunks)
+            lo = max(bins, inbox) if self._binned_at_owners else bins
+            self.lo = torch.zeros(lo, dtype=torch.int64, device=self.device)
             self.local_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
             self.global_tops = torch.zeros(cstart, dtype=torch.uint8, device=self.device)
         self.attach_grads()
@@ -282,7 +295,9 @@ class GradientReducer:
                 chunk=self.layout.chunk,
                 width=self.width,
             )
-        if self._bounds is None:
+        if self._binned_at_owners:
+            self._sum_at_owners()
+        elif self._bounds is None:
             self.comm.allreduce_(self.hi, ReduceOp.SUM)
             self._finalize(0, self.flat_grad.numel(), self.hi)
         else:
@@ -316,12 +331,29 @@ class GradientReducer:
             self.flat_grad.zero_()
         chunk = self.layout.chunk
         lo = bounds[self.comm.rank]
-        rnd = start(self.flat_grad, bounds, self._cuts, self._inbox)
+        rnd = start(self.flat_grad, bounds, self._cuts, self._inbox, self.flat_grad)
         for i, (a, b) in enumerate(rnd.pieces):  # a piece lies in one bucket: one kernel call each
             bi = bisect.bisect_right(self._bucket_start, a) - 1
             c = self._chunk_start[bi] + (a - self._bucket_start[bi]) // chunk  # the piece's first chunk
             tops = self.global_tops[c : c + num_chunks(b - a, chunk)]
             self.kernels.owner_sum(rnd.arrived(i), self._acc[a - lo : b - lo], tops, chunk=chunk, width=self.width)
+            self._finalize(a, b, self._acc, lo)
+            rnd.publish(i)
+        rnd.finish()
+
+    def _sum_at_owners(self) -> None:
+        """The binned path's exact SUM over the owner exchange: each process's combined int64 of every range to the
+        range's owner (into the spent lo bins), which adds the M rows, converts, and sends its fp32 back, piece by
+        piece.  Integer sums are exact, so this gives the ring's and the allreduce's bits."""
+        bounds, start = self._bounds, self.comm.owner_exchange
+        if bounds is None or start is None:
+            raise RuntimeError("the communicator lost its owner exchange")
+        rank, size = self.comm.rank, self.comm.size
+        lo = bounds[rank]
+        inbox = self.lo[: size * (bounds[rank + 1] - lo)]
+        rnd = start(self.hi, bounds, self._cuts, inbox, self.flat_grad)
+        for i, (a, b) in enumerate(rnd.pieces):
+            torch.sum(rnd.arrived(i), dim=0, out=self._acc[a - lo : b - lo])
             self._finalize(a, b, self._acc, lo)
             rnd.publish(i)
         rnd.finish()

@@ -39,7 +39,7 @@ def main() -> None:
     report: dict[str, bool] = {}
     if comm.scatter_gather is not None:
         report.update(ring_checks(comm.scatter_gather, rank, bounds, data))
-    report.update(owner_checks(comm, bounds, [d.to(torch.float32) for d in data]))
+    report.update(owner_checks(comm, bounds, data))
     report["reducers"] = reducers_agree(comm)
     (out.parent / f"{out.name}.{rank}").write_text(json.dumps(report))
     comm.close()
@@ -59,30 +59,38 @@ def ring_checks(exchange: ScatterGather, rank: int, bounds: list[int], data: lis
     return {"own": own_ok, "gathered": bool(torch.equal(values, expected.to(torch.float32)))}
 
 
-def owner_checks(comm: Communicator, bounds: list[int], floats: list[torch.Tensor]) -> dict[str, bool]:
-    """Every process's copy of this rank's range reaches this rank piece by piece, and the owners' results come back
-    (the one-EST path's exchange)."""
+def owner_checks(comm: Communicator, bounds: list[int], data: list[torch.Tensor]) -> dict[str, bool]:
+    """Every process's copy of this rank's range reaches this rank piece by piece, and the owners' results come back:
+    results into the tensor the copies left from (the one-EST path: fp32 both ways), and into another tensor (the
+    binned path over MPI: int64 copies, fp32 results)."""
     start = comm.owner_exchange
     if start is None:
         raise SystemExit(f"{comm.backend} has no exchange to the range owners")
-    rank, size, n = comm.rank, comm.size, floats[0].numel()
+    rank, size, n = comm.rank, comm.size, data[0].numel()
     lo, hi = bounds[rank], bounds[rank + 1]
-    results = torch.stack(floats).sum(dim=0).neg()  # what each owner "computes" for its range
     cuts = sorted({*bounds, 17, 1003, n // 2, n // 2 + 64, n - 3})  # uneven pieces; some ranges in several
-    inbox = torch.full((size * (hi - lo),), float("nan"))
-    tensor = floats[rank].clone()
-    rnd = start(tensor, bounds, cuts, inbox)
-    pieces = list(rnd.pieces)
-    owners_ok = [a for a, _ in pieces] + [hi] * bool(pieces) == [c for c in cuts if lo <= c <= hi] * bool(pieces)
-    for i, (a, b) in enumerate(pieces):
-        rows = rnd.arrived(i)
-        owners_ok &= all(torch.equal(rows[k], floats[(rank - k) % size][a:b]) for k in range(size))
-        tensor[a:b] = results[a:b]
-    # odd ranks publish their pieces last first: the round must not depend on the order
-    for i in reversed(range(len(pieces))) if rank % 2 else range(len(pieces)):
-        rnd.publish(i)
-    rnd.finish()
-    return {"owners": owners_ok, "published": bool(torch.equal(tensor, results))}
+    floats = [d.to(torch.float32) for d in data]
+    results = torch.stack(floats).sum(dim=0).neg()  # what each owner "computes" for its range
+    owners_ok, published_ok = True, True
+    for copies, separate in ((floats, False), (data, True)):
+        inbox = torch.zeros(size * (hi - lo), dtype=copies[0].dtype)
+        tensor = copies[rank].clone()
+        result = torch.full((n,), float("nan")) if separate else tensor
+        rnd = start(tensor, bounds, cuts, inbox, result)
+        pieces = list(rnd.pieces)
+        owners_ok &= [a for a, _ in pieces] + [hi] * bool(pieces) == [c for c in cuts if lo <= c <= hi] * bool(pieces)
+        for i, (a, b) in enumerate(pieces):
+            rows = rnd.arrived(i)
+            owners_ok &= all(torch.equal(rows[k], copies[(rank - k) % size][a:b]) for k in range(size))
+            result[a:b] = results[a:b]
+        # odd ranks publish their pieces last first: the round must not depend on the order
+        for i in reversed(range(len(pieces))) if rank % 2 else range(len(pieces)):
+            rnd.publish(i)
+        rnd.finish()
+        published_ok &= bool(torch.equal(result, results))
+        if separate:  # the copies' buffer is left as it was
+            published_ok &= bool(torch.equal(tensor, copies[rank]))
+    return {"owners": owners_ok, "published": published_ok}
 
 
 def reducers_agree(comm: Communicator) -> bool:
