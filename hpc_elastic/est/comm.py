@@ -182,7 +182,7 @@ def _pieces(lo: int, hi: int) -> list[tuple[int, int]]:
 
 def _started(work: Any) -> Any:
     if work is None:  # torch returns None for a peer outside the group: the group is the world here
-        raise HpcElasticError("a ring message was not started: this process is not in the default group")
+        raise HpcElasticError("a point-to-point message was not started: this process is not in the default group")
     return work
 
 

@@ -324,36 +324,42 @@ class GradientReducer:
 
         Pipelined by pieces: the owner adds and converts a piece as soon as its copies are in, and sends it back
         while the next pieces are still coming in."""
-        bounds, start = self._bounds, self.comm.owner_exchange
-        if bounds is None or start is None:
-            raise RuntimeError("the communicator lost its owner exchange")
         if self._deposits == 0:  # no EST here: contribute nothing
             self.flat_grad.zero_()
         chunk = self.layout.chunk
-        lo = bounds[self.comm.rank]
-        rnd = start(self.flat_grad, bounds, self._cuts, self._inbox, self.flat_grad)
-        for i, (a, b) in enumerate(rnd.pieces):  # a piece lies in one bucket: one kernel call each
+
+        def add(rows: torch.Tensor, a: int, acc: torch.Tensor) -> None:  # a piece lies in one bucket: one call
             bi = bisect.bisect_right(self._bucket_start, a) - 1
             c = self._chunk_start[bi] + (a - self._bucket_start[bi]) // chunk  # the piece's first chunk
-            tops = self.global_tops[c : c + num_chunks(b - a, chunk)]
-            self.kernels.owner_sum(rnd.arrived(i), self._acc[a - lo : b - lo], tops, chunk=chunk, width=self.width)
-            self._finalize(a, b, self._acc, lo)
-            rnd.publish(i)
-        rnd.finish()
+            tops = self.global_tops[c : c + num_chunks(acc.numel(), chunk)]
+            self.kernels.owner_sum(rows, acc, tops, chunk=chunk, width=self.width)
+
+        self._at_owners(self.flat_grad, self._inbox, add)
 
     def _sum_at_owners(self) -> None:
         """The binned path's exact SUM over the owner exchange: each process's combined int64 of every range to the
         range's owner (into the spent lo bins), which adds the M rows, converts, and sends its fp32 back, piece by
         piece.  Integer sums are exact, so this gives the ring's and the allreduce's bits."""
+        inbox = self.lo[: self.comm.size * self._acc.numel()]
+
+        def add(rows: torch.Tensor, a: int, acc: torch.Tensor) -> None:
+            torch.sum(rows, dim=0, out=acc)
+
+        self._at_owners(self.hi, inbox, add)
+
+    def _at_owners(
+        self, tensor: torch.Tensor, inbox: torch.Tensor, add: Callable[[torch.Tensor, int, torch.Tensor], None]
+    ) -> None:
+        """One owner round of ``tensor`` (copies into ``inbox``, results into the gradient buffer): for each piece
+        ``[a, b)`` of this process's range, ``add(rows, a, acc)`` leaves the exact integer sums of its M copies in
+        ``acc`` (a view of the owner's int64 buffer), then the piece is converted and sent back to every process."""
         bounds, start = self._bounds, self.comm.owner_exchange
         if bounds is None or start is None:
             raise RuntimeError("the communicator lost its owner exchange")
-        rank, size = self.comm.rank, self.comm.size
-        lo = bounds[rank]
-        inbox = self.lo[: size * (bounds[rank + 1] - lo)]
-        rnd = start(self.hi, bounds, self._cuts, inbox, self.flat_grad)
+        lo = bounds[self.comm.rank]
+        rnd = start(tensor, bounds, self._cuts, inbox, self.flat_grad)
         for i, (a, b) in enumerate(rnd.pieces):
-            torch.sum(rnd.arrived(i), dim=0, out=self._acc[a - lo : b - lo])
+            add(rnd.arrived(i), a, self._acc[a - lo : b - lo])
             self._finalize(a, b, self._acc, lo)
             rnd.publish(i)
         rnd.finish()
