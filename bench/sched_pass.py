@@ -67,7 +67,7 @@ def build(n: int, seed: int) -> tuple[PassInput, list[JobView], list[NodeView]]:
         a = float(attained[i]) if started[i] else 0.0
         jobs.append(
             JobView(
-                job_id=f"j{i}",
+                job_id=i,
                 gpus=g,
                 submit_time=float(i),
                 status=JobStatus.RUNNING if running else JobStatus.PENDING,

@@ -118,7 +118,7 @@ def order_actions(obs: Observation, decision: Decision, config: PluginConfig) ->
     for rank, row in enumerate(pending):
         view = obs.jobs[row]
         job = obs.slurm_jobs[view.job_id]
-        queue = obs.records[int(view.job_id)].queue
+        queue = obs.records[view.job_id].queue
         value = config.order.base + (len(pending) - rank) * config.order.step
         old = job.site_factor if field is OrderField.SITE_FACTOR else job.priority
         if old != value:
@@ -126,7 +126,7 @@ def order_actions(obs: Observation, decision: Decision, config: PluginConfig) ->
                 f"rank {rank + 1}/{len(pending)} among pending managed jobs "
                 f"(queue {queue}, attained {view.attained_service:.0f} GPU-s)"
             )
-            out.append(SetOrder(int(view.job_id), field, value, old, reason))
+            out.append(SetOrder(view.job_id, field, value, old, reason))
     return out
 
 
@@ -135,7 +135,7 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
     were preempted less than that long ago (preemption is expensive: Tiresias §2.2, §3.2.3)."""
     if not config.preemption.enabled:
         return []
-    started_on: dict[str, list[str]] = {}
+    started_on: dict[str, list[int]] = {}
     for start in decision.starts:
         for node, _ in start.allocation:
             started_on.setdefault(node, []).append(start.job_id)
@@ -143,19 +143,19 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
     min_run = config.preemption.min_run_time_s
     for victim in decision.preemptions:
         view = obs.jobs[victim.row]
-        record = obs.records[int(view.job_id)]
+        record = obs.records[view.job_id]
         if view.status is not JobStatus.RUNNING or view.run_time < min_run or _busy(record):
             continue
         if record.last_preempt is not None and obs.now - record.last_preempt < min_run:
             continue
-        beneficiaries = sorted({j for node, _ in view.allocation for j in started_on.get(node, [])}, key=int)
+        beneficiaries = sorted({j for node, _ in view.allocation for j in started_on.get(node, [])})
         job = obs.slurm_jobs[view.job_id]
         reason = (
             f"queue {record.queue} with {view.attained_service:.0f} GPU-s attained; its GPUs go to higher-priority "
-            f"job(s) {','.join(beneficiaries) or '?'}"
+            f"job(s) {','.join(map(str, beneficiaries)) or '?'}"
         )
         checkpointed = obs.markers.get(view.job_id) is not None
-        out.append(Preempt(int(view.job_id), job.name, checkpointed, job.restart_count, reason))
+        out.append(Preempt(view.job_id, job.name, checkpointed, job.restart_count, reason))
         if len(out) >= config.preemption.max_per_pass:
             break
     return out
@@ -169,7 +169,7 @@ def place_actions(obs: Observation, decision: Decision, config: PluginConfig, pa
     out: list[Place] = []
     for start in decision.starts:
         view = obs.jobs[start.row]
-        record = obs.records[int(view.job_id)]
+        record = obs.records[view.job_id]
         skewed = view.skew is not None and view.skew > pack_limit
         nodes = [name for name, _ in start.allocation]
         num_nodes = len(nodes) if skewed else None
@@ -177,7 +177,7 @@ def place_actions(obs: Observation, decision: Decision, config: PluginConfig, pa
         if num_nodes is None and node_list is None:
             continue
         why = f"skew {view.skew:.2f} > PACKLIMIT {pack_limit:.2f}: consolidate" if skewed else "planned nodes"
-        action = Place(int(view.job_id), num_nodes, node_list, f"{why} on {','.join(nodes)}")
+        action = Place(view.job_id, num_nodes, node_list, f"{why} on {','.join(nodes)}")
         if action.signature != record.placement:
             out.append(action)
     return out
@@ -207,7 +207,7 @@ def resize_actions(
     time) does not happen, so that job still waits (and the kept victim may shrink for it instead)."""
     if not config.resize.enabled or any(_busy(r) for r in obs.records.values()):
         return []
-    kept = [p.row for p in decision.preemptions if int(p.job_id) not in preempted]
+    kept = [p.row for p in decision.preemptions if p.job_id not in preempted]
     kept_nodes = {node for row in kept for node, _ in obs.jobs[row].allocation}
     starts = [s for s in decision.starts if not any(node in kept_nodes for node, _ in s.allocation)]
     started = {s.row for s in starts}
@@ -221,7 +221,7 @@ def resize_actions(
         row
         for row, v in enumerate(obs.jobs)
         if v.status is JobStatus.RUNNING
-        and int(v.job_id) not in preempted
+        and v.job_id not in preempted
         and v.run_time >= config.preemption.min_run_time_s
     }
     free_by_type: dict[str, int] = {}
@@ -239,7 +239,7 @@ def resize_actions(
         job = obs.slurm_jobs[view.job_id]
         checkpointed = obs.markers.get(view.job_id) is not None
         return Resize(
-            int(view.job_id), job.name, checkpointed, job.restart_count, view.gpus, new, why, cpus_per_task(job)
+            view.job_id, job.name, checkpointed, job.restart_count, view.gpus, new, why, cpus_per_task(job)
         )
 
     if waiting:
@@ -258,7 +258,7 @@ def resize_actions(
                 freed = max(0, free_by_type.get(pool, 0)) + view.gpus - new
                 helped = [w for w in fits if obs.jobs[w].gpus <= freed]
                 if helped:
-                    names = ",".join(obs.jobs[w].job_id for w in helped[:3])
+                    names = ",".join(str(obs.jobs[w].job_id) for w in helped[:3])
                     return [resize(view, new, f"shrink: job(s) {names} wait for {pool} GPUs")]
         return []
     for row in decision.priority_order.tolist():  # highest priority first

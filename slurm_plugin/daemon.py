@@ -207,7 +207,7 @@ class Daemon:
                     self.metrics.resizes.inc()
             if not outcome.ok:
                 self.metrics.errors.labels("apply").inc()
-        counts = Counter((int(result.records[int(v.job_id)].queue), v.status.value) for v in obs.jobs)
+        counts = Counter((int(result.records[v.job_id].queue), v.status.value) for v in obs.jobs)
         self.metrics.set_jobs((q, s, n) for (q, s), n in counts.items())
         self.metrics.pass_latency.observe(max(0.0, self.clock() - started))
         self.metrics.last_pass.set(self.clock())
@@ -301,9 +301,9 @@ def state_document(report: PassReport) -> dict[str, Any]:
     if obs is None or decision is None or result is None:
         return doc
     planned = planned_by_job(report.actions)
-    rank = {int(obs.jobs[row].job_id): i + 1 for i, row in enumerate(decision.priority_order.tolist())}
+    rank = {obs.jobs[row].job_id: i + 1 for i, row in enumerate(decision.priority_order.tolist())}
     for view in obs.jobs:
-        job_id = int(view.job_id)
+        job_id = view.job_id
         record = result.records[job_id]
         job = obs.slurm_jobs[view.job_id]
         doc["jobs"].append(
@@ -326,7 +326,7 @@ def state_document(report: PassReport) -> dict[str, Any]:
                 "placement": record.placement,
             }
         )
-    seen = {int(view.job_id) for view in obs.jobs}
+    seen = {view.job_id for view in obs.jobs}
     for job_id, job in sorted(obs.managed.items()):
         if job_id in seen:
             continue

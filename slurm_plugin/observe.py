@@ -51,8 +51,8 @@ class Observation:
     now: float
     jobs: tuple[JobView, ...]
     nodes: tuple[NodeView, ...]
-    slurm_jobs: Mapping[str, Job]
-    markers: Mapping[str, JobMarker | None]
+    slurm_jobs: Mapping[int, Job]
+    markers: Mapping[int, JobMarker | None]
     records: Mapping[int, JobRecord]
     forget: tuple[int, ...]
     #: every managed active job (also those the policy does not see: held, or waiting for their BeginTime)
@@ -178,8 +178,8 @@ def observe(
     frozen_types = {p: frozenset(t) for p, t in partition_types.items()}
     skews = skews or {}
     out_views: list[JobView] = []
-    slurm_jobs: dict[str, Job] = {}
-    markers: dict[str, JobMarker | None] = {}
+    slurm_jobs: dict[int, Job] = {}
+    markers: dict[int, JobMarker | None] = {}
     new_records: dict[int, JobRecord] = {}
     managed: dict[int, Job] = {}
     for job in sorted(jobs, key=lambda j: j.job_id):
@@ -196,7 +196,7 @@ def observe(
         if job.gpu_count < 1 or not (running or pending) or (running and job.start_time is None):
             continue
         marker = selection.marker(job)
-        key = str(job.job_id)
+        key = job.job_id
         elastic = marker if marker is not None and marker.unit == "gpu" and marker.min < marker.max else None
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
         gpus = record.resize_set if pending and record.resize_set else job.gpu_count
@@ -240,7 +240,7 @@ def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, no
     """Records after the pass's demotions/promotions; a promotion resets t_J, δ_J and a_J (§3.2.3)."""
     out = dict(records)
     for change in decision.queue_changes:
-        job_id = int(change.job_id)
+        job_id = change.job_id
         rec = out.get(job_id)
         if rec is None:
             continue

@@ -191,8 +191,8 @@ def preemptive_walk(
                 holding[row] = False
                 continue
             rows_alloc = tuple(placed)
-            starts.append(Start(row, str(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
-    preemptions = tuple(Preemption(row, str(jobs.job_ids[row])) for row in preempt_rows.tolist())
+            starts.append(Start(row, int(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
+    preemptions = tuple(Preemption(row, int(jobs.job_ids[row])) for row in preempt_rows.tolist())
     infeasible = tuple((~feasible).nonzero()[0].tolist())
     return WalkResult(tuple(starts), preemptions, holding, feasible, infeasible, deficit)
 
@@ -274,7 +274,7 @@ def nonpreemptive_walk(
                 continue
             started_pos.append(pos)
             rows_alloc = tuple(placed)
-            starts.append(Start(row, str(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
+            starts.append(Start(row, int(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
             if total <= 0:
                 break
     keep = feasible[pending]

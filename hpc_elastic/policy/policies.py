@@ -159,7 +159,7 @@ def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray) -> tupl
     for row in changed.tolist():
         old, new = int(jobs.queue[row]), int(queue[row])
         kind = QueueChangeKind.PROMOTE if promoted[row] else QueueChangeKind.DEMOTE
-        out.append(QueueChange(row, str(jobs.job_ids[row]), old, new, kind, reset=bool(promoted[row])))
+        out.append(QueueChange(row, int(jobs.job_ids[row]), old, new, kind, reset=bool(promoted[row])))
     return tuple(out)
 
 
@@ -497,7 +497,7 @@ class SlurmBackfill(Policy):
                     extra -= g
                 alloc = tuple(placed)
                 names = tuple((cluster.names[n], c) for n, c in alloc)
-                out.append(Start(row, str(jobs.job_ids[row]), alloc, names))
+                out.append(Start(row, int(jobs.job_ids[row]), alloc, names))
                 break
         return out
 

@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +28,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 ObjArray = npt.NDArray[np.object_]
+T = TypeVar("T")
 
 #: A job's GPUs on the nodes of a pass: ``((node_row, gpus), ...)``.
 RowAllocation = tuple[tuple[int, int], ...]
@@ -63,13 +65,13 @@ class PlacementMode(StrEnum):
     SPREAD = "spread"
 
 
-def _first_duplicate(names: Iterable[str]) -> str:
-    seen: set[str] = set()
+def _first_duplicate(names: Iterable[T]) -> T | None:
+    seen: set[T] = set()
     for name in names:
         if name in seen:
             return name
         seen.add(name)
-    return ""
+    return None
 
 
 def _finite_nonneg(name: str, value: float) -> None:
@@ -115,7 +117,7 @@ class JobView:
     ``min_gpus``/``max_gpus`` describe an elastic job (the Tiresias policies place it at ``gpus``).
     """
 
-    job_id: str
+    job_id: int
     gpus: int
     submit_time: float
     status: JobStatus = JobStatus.PENDING
@@ -134,8 +136,8 @@ class JobView:
     max_gpus: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.job_id:
-            raise ValueError("job_id must not be empty")
+        if isinstance(self.job_id, bool) or not isinstance(self.job_id, int) or self.job_id < 0:
+            raise ValueError(f"job_id must be an int >= 0, got {self.job_id!r}")
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"job {self.job_id}: gpus must be an int >= 1, got {self.gpus!r}")
         if not isinstance(self.status, JobStatus):
@@ -231,7 +233,7 @@ class JobTable:
     pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
     """
 
-    job_ids: ObjArray
+    job_ids: IntArray
     gpus: IntArray
     submit: FloatArray
     running: BoolArray
@@ -261,8 +263,7 @@ class JobTable:
     def from_views(cls, jobs: Sequence[JobView], cluster: ClusterState) -> JobTable:
         """Columns from :class:`JobView` objects; node names in allocations must exist in ``cluster``."""
         nan = math.nan
-        ids = np.empty(len(jobs), dtype=object)
-        ids[:] = [job.job_id for job in jobs]
+        ids = np.array([job.job_id for job in jobs], dtype=np.int64)
         if len(set(ids.tolist())) != len(jobs):
             raise ValueError(f"job {_first_duplicate([job.job_id for job in jobs])!r} appears twice")
         allocs = np.empty(len(jobs), dtype=object)
@@ -331,7 +332,7 @@ class Start:
     """Start (or resume) a pending job on these GPUs."""
 
     row: int
-    job_id: str
+    job_id: int
     node_rows: RowAllocation
     allocation: NamedAllocation
 
@@ -341,7 +342,7 @@ class Preemption:
     """Stop a running job (checkpoint + requeue) so that higher-priority jobs can use its GPUs."""
 
     row: int
-    job_id: str
+    job_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +350,7 @@ class QueueChange:
     """Move a job to another MLFQ queue; ``reset`` asks the caller to zero t_J, δ_J and a_J (§3.2.3)."""
 
     row: int
-    job_id: str
+    job_id: int
     old_queue: int
     queue: int
     kind: QueueChangeKind

@@ -69,7 +69,7 @@ class SimEvent:
 
     time: float
     kind: EventKind
-    job_id: str
+    job_id: int
     queue: int = 0
     allocation: tuple[tuple[str, int], ...] = ()
     attained: float = 0.0
@@ -120,7 +120,8 @@ class SimResult:
     """Per-job outcomes (arrays over the simulated jobs, trace order) and totals."""
 
     policy: str
-    job_ids: tuple[str, ...]
+    job_ids: tuple[int, ...]  # the position of each job in the simulated trace (submission order)
+    names: tuple[str, ...]  # the trace's labels
     gpus: IntArray
     submit: FloatArray
     first_start: FloatArray
@@ -174,7 +175,7 @@ class Simulator:
             mask = self.cluster0.pool_mask(job.gpu_types if typed else None)
             best = max((pool_cap[p] for p in range(self.cluster0.n_pools) if mask >> p & 1), default=0)
             if job.gpus > best:
-                dropped.append(job.job_id)
+                dropped.append(job.name)
                 continue
             keep.append(job)
             masks.append(mask)
@@ -182,8 +183,7 @@ class Simulator:
         self.dropped = tuple(dropped)
         n = len(keep)
         cfg = self.config
-        self.ids = np.empty(n, dtype=object)
-        self.ids[:] = [job.job_id for job in keep]
+        self.ids = np.arange(n, dtype=np.int64)
         self.gpus = np.array([job.gpus for job in keep], dtype=np.int64)
         self.submit = np.array([job.submit for job in keep], dtype=np.float64)
         self.work = np.array([job.duration for job in keep], dtype=np.float64)
@@ -346,7 +346,7 @@ class Simulator:
                     idle_below = min(idle_below, max(int(self.gpus[row]) - free_total + freed, 1))
                 events += 1
                 if record:
-                    log.append(SimEvent(now, EventKind.ARRIVE, str(self.ids[row])))
+                    log.append(SimEvent(now, EventKind.ARRIVE, int(self.ids[row])))
             # -- completions and wake-ups due now
             wake = tick_now = False
             while heap and heap[0][0] <= now:
@@ -365,7 +365,7 @@ class Simulator:
                     completed += 1
                     history.append(float(service_total[row]))
                     if record:
-                        log.append(SimEvent(now, EventKind.COMPLETE, str(self.ids[row]), int(queue[row])))
+                        log.append(SimEvent(now, EventKind.COMPLETE, int(self.ids[row]), int(queue[row])))
                     if progress is not None and completed % report_every == 0:
                         progress(completed, n)
                 elif tag == _TICK:  # periodic scheduling tick
@@ -507,7 +507,8 @@ class Simulator:
             progress(completed, n)
         return SimResult(
             policy=self.policy.name,
-            job_ids=tuple(str(x) for x in self.ids.tolist()),
+            job_ids=tuple(int(x) for x in self.ids.tolist()),
+            names=tuple(job.name for job in self.jobs),
             gpus=self.gpus,
             submit=self.submit,
             first_start=first_start.copy(),

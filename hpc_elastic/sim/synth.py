@@ -83,7 +83,7 @@ def synthesize(
         info = model_info(name)
         jobs.append(
             TraceJob(
-                job_id=f"syn-{i}",
+                name=f"syn-{i}",
                 submit=float(submit[i]),
                 gpus=int(gpus[i]),
                 duration=float(service[i] / gpus[i]),

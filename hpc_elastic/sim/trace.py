@@ -39,9 +39,10 @@ class TraceFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceJob:
-    """One job of a trace: it needs ``gpus`` GPUs for ``duration`` seconds (at full speed, consolidated)."""
+    """One job of a trace: it needs ``gpus`` GPUs for ``duration`` seconds (at full speed, consolidated).
+    ``name`` is the trace's own label for it; the simulator numbers jobs itself (job ids are ints everywhere)."""
 
-    job_id: str
+    name: str
     submit: float
     gpus: int
     duration: float
@@ -205,7 +206,7 @@ def _tiresias(row: _Row) -> TraceJob:
     if not duration:
         raise row.fail("column 'duration' must be > 0 seconds, got 0")
     return TraceJob(
-        job_id=row.text("job_id", required=False) or f"job-{row.line}",
+        name=row.text("job_id", required=False) or f"job-{row.line}",
         submit=row.value("submit_time"),
         gpus=row.integer("num_gpu", minimum=1),
         duration=duration,
@@ -224,7 +225,7 @@ def _pollux(row: _Row) -> TraceJob:
     gpus = row.integer("num_replicas", minimum=1)
     info = model_info(app)
     return TraceJob(
-        job_id=row.text("name"),
+        name=row.text("name"),
         submit=row.value("time"),
         gpus=gpus,
         duration=hours * 3600.0 / gpus,
@@ -250,7 +251,7 @@ def _openb(row: _Row) -> TraceJob | None:
     spec = row.text("gpu_spec", required=False)
     types = frozenset(t.strip() for t in spec.split("|") if t.strip()) if spec else None
     return TraceJob(
-        job_id=row.text("name"),
+        name=row.text("name"),
         submit=created,
         gpus=gpus,
         duration=deleted - created,
@@ -283,7 +284,7 @@ def _philly(row: _Row) -> TraceJob:
     cluster = row.text("cluster", required=False)
     job_id = row.text("job_id", required=False) or row.text("jobid", required=False) or f"job-{row.line}"
     return TraceJob(
-        job_id=job_id,
+        name=job_id,
         submit=_timestamp(row, "timestamp"),
         gpus=gpus,
         duration=duration,

@@ -204,7 +204,7 @@ def test_restart_keeps_attained_service(tmp_path: Path, busy: tuple[list[Job], l
     second, _ = make(cfg, FakeSlurm(jobs, nodes), at(start_of(jobs, 24), 90))
     report = second.run_pass()
     assert report.observation is not None
-    view = next(v for v in report.observation.jobs if v.job_id == "24")
+    view = next(v for v in report.observation.jobs if v.job_id == 24)
     assert view.attained_service == pytest.approx(8 * 90) and view.first_start_time == start_of(jobs, 24).timestamp()
 
 

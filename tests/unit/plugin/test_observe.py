@@ -18,16 +18,16 @@ def test_views_of_managed_running_and_pending_jobs(busy: tuple[list[Job], list[N
     now = at(start_of(jobs, 24), 100)
     obs = observe(jobs, nodes, {}, Selection(), now=now)
     views = {v.job_id: v for v in obs.jobs}
-    assert set(views) == {"24", "25"}  # unmarked jobs are not managed
-    run, wait = views["24"], views["25"]
+    assert set(views) == {24, 25}  # unmarked jobs are not managed
+    run, wait = views[24], views[25]
     assert run.status is JobStatus.RUNNING and run.allocation == (("node1", 4), ("node2", 4))
     assert run.attained_service == pytest.approx(8 * 100) and run.run_time == pytest.approx(100)
     assert wait.status is JobStatus.PENDING and wait.gpus == 1 and wait.gpu_types == frozenset({"a100"})
     assert wait.waiting_time > 0
     assert [(n.name, n.free_gpus) for n in obs.nodes] == [("node1", 0), ("node2", 0), ("node3", 4), ("node4", 4)]
-    assert {v.job_id for v in observe(jobs, nodes, {}, Selection(manage_all=True), now=now).jobs} == {"24", "25"}
+    assert {v.job_id for v in observe(jobs, nodes, {}, Selection(manage_all=True), now=now).jobs} == {24, 25}
     named = observe(jobs, nodes, {}, Selection(name_pattern="^wait"), now=now)
-    assert [v.job_id for v in named.jobs] == ["25"]
+    assert [v.job_id for v in named.jobs] == [25]
 
 
 def test_attained_service_accumulates_across_a_requeue(slurm_data: Path) -> None:
@@ -67,7 +67,7 @@ def test_requeued_job_before_its_begin_time_is_not_scheduled(busy: tuple[list[Jo
         replace(j, eligible_time=start_of(jobs, 24) + timedelta(seconds=120)) if j.job_id == 25 else j for j in jobs
     ]
     obs = observe(later, nodes, {}, Selection(), now=now)
-    assert [v.job_id for v in obs.jobs] == ["24"] and 25 in obs.records  # still accounted, not scheduled
+    assert [v.job_id for v in obs.jobs] == [24] and 25 in obs.records  # still accounted, not scheduled
 
 
 def test_submit_time_of_a_requeued_job_is_its_first_submission(slurm_data: Path) -> None:

@@ -26,10 +26,10 @@ ELASTIC = {
 
 
 def test_sizes_divide_the_logical_workers() -> None:
-    view = JobView("1", 4, 0.0, min_gpus=2, max_gpus=6)
+    view = JobView(1, 4, 0.0, min_gpus=2, max_gpus=6)
     marker = JobMarker(workers=6, min=2, max=6, unit="gpu", backend=Backend.TORCH)
     assert elastic_sizes(view, marker) == [2, 3, 6]
-    assert elastic_sizes(JobView("1", 4, 0.0), marker) == []  # not elastic
+    assert elastic_sizes(JobView(1, 4, 0.0), marker) == []  # not elastic
 
 
 def test_elastic_job_shrinks_for_a_waiting_job(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
@@ -106,18 +106,18 @@ def _one_node_obs(pending_gpus: int | None) -> tuple[Observation, Decision]:
     )
     views = [
         JobView(
-            "7", 2, 0.0, status=JobStatus.RUNNING, run_time=600.0, allocation=(("node1", 2),), min_gpus=2, max_gpus=4
+            7, 2, 0.0, status=JobStatus.RUNNING, run_time=600.0, allocation=(("node1", 2),), min_gpus=2, max_gpus=4
         )
     ]
-    slurm_jobs = {"7": job}
+    slurm_jobs = {7: job}
     records = {7: JobRecord(7, 0.0, 0.0)}
     if pending_gpus is not None:
-        views.append(JobView("8", pending_gpus, 1.0))
-        slurm_jobs["8"] = replace(job, job_id=8, state=JobState.PENDING, comment="")
+        views.append(JobView(8, pending_gpus, 1.0))
+        slurm_jobs[8] = replace(job, job_id=8, state=JobState.PENDING, comment="")
         records[8] = JobRecord(8, 1.0, 1.0)
     marker = JobMarker(workers=4, min=2, max=4, unit="gpu", backend=Backend.TORCH)
     obs = Observation(
-        700.0, tuple(views), (NodeView("node1", 4, 2, "a100"),), slurm_jobs, {"7": marker, "8": None}, records, ()
+        700.0, tuple(views), (NodeView("node1", 4, 2, "a100"),), slurm_jobs, {7: marker, 8: None}, records, ()
     )
     order = np.arange(len(views), dtype=np.int64)
     return obs, Decision((), (), (), order, None)
@@ -139,7 +139,7 @@ def test_requeue_follows_ack_or_grace(tmp_path: Path) -> None:
     cfg = config(tmp_path, preemption={"grace_s": 30, "requeue_wait_s": 5})
     obs, _ = _one_node_obs(None)
     obs = replace(
-        obs, managed={7: obs.slurm_jobs["7"]}, records={7: replace(obs.records[7], stop_kind="preempt", stop_at=690.0)}
+        obs, managed={7: obs.slurm_jobs[7]}, records={7: replace(obs.records[7], stop_kind="preempt", stop_at=690.0)}
     )
     assert followup_actions(obs, {}, cfg) == []  # 10 s after the request, no ack: wait
     assert followup_actions(obs, {7: 697.0}, cfg) == []  # acknowledged 3 s ago: the wrapper requeues itself
@@ -192,11 +192,11 @@ def test_a_second_resize_keeps_the_cpus_per_task(tmp_path: Path) -> None:
     cfg = config(tmp_path, resize={"enabled": True})
     obs, _ = _one_node_obs(None)
     pending = replace(
-        obs.slurm_jobs["7"], state=JobState.PENDING, gpus=GpuCounts.of({"a100": 2}), tasks=4, cpus=4, nodes=()
+        obs.slurm_jobs[7], state=JobState.PENDING, gpus=GpuCounts.of({"a100": 2}), tasks=4, cpus=4, nodes=()
     )
     obs = replace(
         obs,
-        slurm_jobs={**obs.slurm_jobs, "7": pending},
+        slurm_jobs={**obs.slurm_jobs, 7: pending},
         managed={7: pending},
         records={7: replace(obs.records[7], resize_to=2, resize_set=0)},
     )

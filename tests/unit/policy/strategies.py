@@ -48,7 +48,7 @@ def pass_inputs(
         status = JobStatus.RUNNING if allocation else JobStatus.PENDING
         jobs.append(
             JobView(
-                job_id=f"j{i}",
+                job_id=i,
                 gpus=gpus,
                 submit_time=submit,
                 status=status,

@@ -22,6 +22,16 @@ from hpc_elastic.policy import (
 )
 
 R = JobStatus.RUNNING
+_IDS: dict[str, int] = {}
+
+
+def job(name: str, *args: object, **kwargs: object) -> JobView:
+    """A job named for the test's readability; job ids are ints (one stable id per name)."""
+    return JobView(_IDS.setdefault(name, len(_IDS)), *args, **kwargs)  # type: ignore[arg-type]
+
+
+def name_of(job_id: int) -> str:
+    return next(name for name, i in _IDS.items() if i == job_id)
 
 
 def run(name: str, jobs: list[JobView], nodes: list[NodeView], now: float = 100.0, **opts: object) -> Decision:
@@ -34,11 +44,11 @@ def run(name: str, jobs: list[JobView], nodes: list[NodeView], now: float = 100.
 
 
 def started(d: Decision) -> list[str]:
-    return [s.job_id for s in d.starts]
+    return [name_of(s.job_id) for s in d.starts]
 
 
 def preempted(d: Decision) -> list[str]:
-    return [p.job_id for p in d.preemptions]
+    return [name_of(p.job_id) for p in d.preemptions]
 
 
 def test_registry_has_every_policy() -> None:
@@ -63,9 +73,9 @@ def test_registry_has_every_policy() -> None:
 def test_fifo_blocks_head_of_line_and_fifo_skip_does_not() -> None:
     nodes = [NodeView("n0", 4, 2)]
     jobs = [
-        JobView("run", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0),
-        JobView("big", 4, 1.0),
-        JobView("small", 1, 2.0),
+        job("run", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0),
+        job("big", 4, 1.0),
+        job("small", 1, 2.0),
     ]
     assert started(run("fifo", jobs, nodes)) == []
     assert started(run("fifo-skip", jobs, nodes)) == ["small"]
@@ -73,7 +83,7 @@ def test_fifo_blocks_head_of_line_and_fifo_skip_does_not() -> None:
 
 def test_fifo_passes_over_jobs_that_can_never_fit() -> None:
     nodes = [NodeView("n0", 4, 4)]
-    jobs = [JobView("huge", 16, 0.0), JobView("ok", 2, 1.0)]
+    jobs = [job("huge", 16, 0.0), job("ok", 2, 1.0)]
     decision = run("fifo", jobs, nodes)
     assert started(decision) == ["ok"]
     assert decision.infeasible == (0,)
@@ -82,22 +92,22 @@ def test_fifo_passes_over_jobs_that_can_never_fit() -> None:
 def test_yarn_cs_needs_consolidated_nodes() -> None:
     nodes = [NodeView("n0", 4, 2), NodeView("n1", 4, 2), NodeView("n2", 4, 4)]
     busy = [
-        JobView("a", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0),
-        JobView("b", 2, 0.0, R, allocation=(("n1", 2),), first_start_time=0.0),
+        job("a", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0),
+        job("b", 2, 0.0, R, allocation=(("n1", 2),), first_start_time=0.0),
     ]
     # A 6-GPU job needs 2 nodes (of 4 GPUs): n2 (4 free) + 2 more on one node exist -> placed.
-    assert started(run("fifo", [*busy, JobView("six", 6, 1.0)], nodes)) == ["six"]
+    assert started(run("fifo", [*busy, job("six", 6, 1.0)], nodes)) == ["six"]
     # 8 GPUs need two free nodes: only one exists.
-    assert started(run("fifo", [*busy, JobView("eight", 8, 1.0)], nodes)) == []
+    assert started(run("fifo", [*busy, job("eight", 8, 1.0)], nodes)) == []
     # Tiresias places an unskewed 8-GPU job across fragments.
-    assert started(run("tiresias-las", [*busy, JobView("eight", 8, 1.0)], nodes)) == ["eight"]
+    assert started(run("tiresias-las", [*busy, job("eight", 8, 1.0)], nodes)) == ["eight"]
 
 
 def test_srtf_preempts_the_longest_remaining() -> None:
     nodes = [NodeView("n0", 2, 0)]
     jobs = [
-        JobView("long", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0, remaining_time=500.0),
-        JobView("short", 2, 50.0, remaining_time=20.0),
+        job("long", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0, remaining_time=500.0),
+        job("short", 2, 50.0, remaining_time=20.0),
     ]
     decision = run("srtf", jobs, nodes)
     assert started(decision) == ["short"] and preempted(decision) == ["long"]
@@ -106,19 +116,19 @@ def test_srtf_preempts_the_longest_remaining() -> None:
 def test_srsf_weighs_gpus() -> None:
     nodes = [NodeView("n0", 4, 4)]
     # remaining time 10 s on 4 GPUs (40 GPU-s) vs 30 s on 1 GPU (30 GPU-s)
-    jobs = [JobView("wide", 4, 0.0, remaining_time=10.0), JobView("narrow", 1, 1.0, remaining_time=30.0)]
+    jobs = [job("wide", 4, 0.0, remaining_time=10.0), job("narrow", 1, 1.0, remaining_time=30.0)]
     assert run("srtf", jobs, nodes).priority_order.tolist() == [0, 1]
     assert run("srsf", jobs, nodes).priority_order.tolist() == [1, 0]
 
 
 def test_easy_backfill_respects_the_reservation() -> None:
     nodes = [NodeView("n0", 4, 2)]
-    running = JobView(
+    running = job(
         "run", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0, time_limit=200.0, executed_time=100.0
     )
-    head = JobView("head", 4, 1.0, time_limit=100.0)
-    long_ = JobView("long", 2, 2.0, time_limit=500.0)
-    short = JobView("short", 2, 3.0, time_limit=50.0)
+    head = job("head", 4, 1.0, time_limit=100.0)
+    long_ = job("long", 2, 2.0, time_limit=500.0)
+    short = job("short", 2, 3.0, time_limit=50.0)
     # shadow time = 100 + (200 - 100) = 200; long would end at 600 and delay head; short ends at 150.
     assert started(run("slurm-backfill", [running, head, long_, short], nodes)) == ["short"]
     # Without a reservation conflict (head fits later anyway), FIFO order applies.
@@ -127,24 +137,24 @@ def test_easy_backfill_respects_the_reservation() -> None:
 
 def test_backfill_age_priority_saturates() -> None:
     nodes = [NodeView("n0", 1, 1)]
-    jobs = [JobView("young", 1, 90.0), JobView("old", 1, 0.0)]
+    jobs = [job("young", 1, 90.0), job("old", 1, 0.0)]
     assert run("slurm-backfill", jobs, nodes).priority_order.tolist() == [1, 0]
 
 
 def test_gandiva_rotates_after_the_time_slice() -> None:
     nodes = [NodeView("n0", 1, 0)]
-    fresh = JobView("fresh", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=30.0)
-    waiting = JobView("waiting", 1, 1.0, waiting_time=99.0)
+    fresh = job("fresh", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=30.0)
+    waiting = job("waiting", 1, 1.0, waiting_time=99.0)
     decision = run("gandiva", [fresh, waiting], nodes, time_slice=60.0)
     assert preempted(decision) == [] and decision.next_wakeup == pytest.approx(180.0)  # slice ends at 130; next round
-    stale = JobView("stale", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=90.0)
+    stale = job("stale", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=90.0)
     decision = run("gandiva", [stale, waiting], nodes, time_slice=60.0)
     assert preempted(decision) == ["stale"] and started(decision) == ["waiting"]
 
 
 def test_las_new_job_preempts_demoted_job() -> None:
     nodes = [NodeView("n0", 4, 0)]
-    old = JobView(
+    old = job(
         "old",
         4,
         0.0,
@@ -155,17 +165,17 @@ def test_las_new_job_preempts_demoted_job() -> None:
         first_start_time=0.0,
         queue=1,
     )
-    new = JobView("new", 2, 90.0)
+    new = job("new", 2, 90.0)
     decision = run("tiresias-las", [old, new], nodes)
     assert preempted(decision) == ["old"] and started(decision) == ["new"]
 
 
 def test_las_keeps_started_job_ahead_of_never_started_in_same_queue() -> None:
     nodes = [NodeView("n0", 4, 0)]
-    first = JobView(
+    first = job(
         "first", 4, 50.0, R, attained_service=100.0, executed_time=25.0, allocation=(("n0", 4),), first_start_time=60.0
     )
-    early = JobView("early", 4, 0.0)  # submitted earlier, never started
+    early = job("early", 4, 0.0)  # submitted earlier, never started
     decision = run("tiresias-las", [first, early], nodes)
     assert preempted(decision) == [] and started(decision) == []
     assert decision.priority_order.tolist() == [0, 1]
@@ -173,7 +183,7 @@ def test_las_keeps_started_job_ahead_of_never_started_in_same_queue() -> None:
 
 def test_min_run_time_pins_a_job() -> None:
     nodes = [NodeView("n0", 4, 0)]
-    old = JobView(
+    old = job(
         "old",
         4,
         0.0,
@@ -185,7 +195,7 @@ def test_min_run_time_pins_a_job() -> None:
         queue=1,
         run_time=10.0,
     )
-    new = JobView("new", 2, 90.0)
+    new = job("new", 2, 90.0)
     decision = run("tiresias-las", [old, new], nodes, min_run_time=60.0)
     assert preempted(decision) == [] and started(decision) == []
     assert decision.next_wakeup == pytest.approx(150.0)
@@ -193,22 +203,22 @@ def test_min_run_time_pins_a_job() -> None:
 
 def test_las_wakes_up_at_the_demotion_threshold() -> None:
     nodes = [NodeView("n0", 2, 0)]
-    job = JobView(
+    holder = job(
         "a", 2, 0.0, R, attained_service=3000.0, executed_time=1500.0, allocation=(("n0", 2),), first_start_time=0.0
     )
-    waiting = JobView("b", 2, 1.0)
-    decision = run("tiresias-las", [job, waiting], nodes)
+    waiting = job("b", 2, 1.0)
+    decision = run("tiresias-las", [holder, waiting], nodes)
     assert decision.next_wakeup == pytest.approx(100.0 + (3200.0 - 3000.0) / 2)
     # Nobody waits: no wake-up needed.
-    assert run("tiresias-las", [job], nodes).next_wakeup is None
+    assert run("tiresias-las", [holder], nodes).next_wakeup is None
 
 
 def test_promotion_resets_and_puts_job_first() -> None:
     nodes = [NodeView("n0", 2, 0)]
-    holder = JobView(
+    holder = job(
         "holder", 2, 5.0, R, attained_service=10.0, executed_time=5.0, allocation=(("n0", 2),), first_start_time=5.0
     )
-    starved = JobView(
+    starved = job(
         "starved",
         2,
         0.0,
@@ -220,9 +230,9 @@ def test_promotion_resets_and_puts_job_first() -> None:
     )
     decision = run("tiresias-las", [holder, starved], nodes, promote_knob=2.0)
     (change,) = decision.queue_changes
-    assert change.job_id == "starved" and change.queue == 0 and change.reset
+    assert name_of(change.job_id) == "starved" and change.queue == 0 and change.reset
     assert started(decision) == ["starved"] and preempted(decision) == ["holder"]
-    not_yet = JobView(
+    not_yet = job(
         "starved",
         2,
         0.0,
@@ -242,13 +252,13 @@ def test_gittins_orders_by_index_inside_a_queue() -> None:
     # Sizes 100 and 10,000: a job that has attained 90 is likely to end within Δ; a fresh one less so.
     hist = ServiceDistribution.from_samples([100.0] * 5 + [10_000.0] * 5)
     nodes = [NodeView("n0", 1, 1)]
-    fresh = JobView("fresh", 1, 0.0, first_start_time=None)
-    near = JobView("near", 1, 1.0, attained_service=90.0, executed_time=90.0, first_start_time=2.0)
+    fresh = job("fresh", 1, 0.0, first_start_time=None)
+    near = job("near", 1, 1.0, attained_service=90.0, executed_time=90.0, first_start_time=2.0)
     las = run("tiresias-las", [fresh, near], nodes)
     gittins = run("tiresias-gittins", [fresh, near], nodes, history=hist)
     assert started(las) == ["near"]  # started jobs first (FIFO by first start)
     assert started(gittins) == ["near"]
-    late = JobView("late", 1, 1.0, attained_service=150.0, executed_time=150.0, first_start_time=0.5)
+    late = job("late", 1, 1.0, attained_service=150.0, executed_time=150.0, first_start_time=0.5)
     # 'late' outlived the small sizes: its index drops below a fresh job's; LAS still prefers it (started first).
     assert started(run("tiresias-las", [fresh, late], nodes)) == ["late"]
     assert started(run("tiresias-gittins", [fresh, late], nodes, history=hist)) == ["fresh"]
@@ -256,7 +266,7 @@ def test_gittins_orders_by_index_inside_a_queue() -> None:
 
 def test_gittins_without_history_is_las() -> None:
     nodes = [NodeView("n0", 2, 2)]
-    jobs = [JobView(f"j{i}", 1, float(i), attained_service=float(10 * i), first_start_time=float(i)) for i in range(4)]
+    jobs = [JobView(i, 1, float(i), attained_service=float(10 * i), first_start_time=float(i)) for i in range(4)]
     assert (
         run("tiresias-gittins", jobs, nodes).priority_order.tolist()
         == run("tiresias-las", jobs, nodes).priority_order.tolist()
@@ -292,20 +302,20 @@ def test_options_validated(kwargs: dict[str, object], match: str) -> None:
     ],
 )
 def test_job_view_validated(kwargs: dict[str, object], match: str) -> None:
-    base: dict[str, object] = {"job_id": "j", "gpus": 1, "submit_time": 0.0}
+    base: dict[str, object] = {"job_id": 1, "gpus": 1, "submit_time": 0.0}
     with pytest.raises(ValueError, match=match):
         JobView(**{**base, **kwargs})  # type: ignore[arg-type]
 
 
 def test_table_checks_allocations_against_nodes() -> None:
     cluster = ClusterState.from_nodes([NodeView("n0", 4, 4)])
-    job = JobView("j", 2, 0.0, R, allocation=(("n0", 2),))
+    held = job("j", 2, 0.0, R, allocation=(("n0", 2),))
     with pytest.raises(ValueError, match="only 0 are in use"):
-        JobTable.from_views([job], cluster)
+        JobTable.from_views([held], cluster)
     with pytest.raises(ValueError, match="unknown node 'n9'"):
-        JobTable.from_views([JobView("j", 1, 0.0, R, allocation=(("n9", 1),))], cluster)
+        JobTable.from_views([job("j", 1, 0.0, R, allocation=(("n9", 1),))], cluster)
     with pytest.raises(ValueError, match="appears twice"):
-        JobTable.from_views([JobView("j", 1, 0.0), JobView("j", 1, 0.0)], cluster)
+        JobTable.from_views([job("j", 1, 0.0), job("j", 1, 0.0)], cluster)
     with pytest.raises(ValueError, match="free_gpus"):
         NodeView("n", 2, 3)
     with pytest.raises(ValueError, match="appears twice"):
@@ -314,20 +324,20 @@ def test_table_checks_allocations_against_nodes() -> None:
 
 def test_gpu_type_constraint() -> None:
     nodes = [NodeView("a", 4, 4, "t4"), NodeView("b", 4, 4, "v100")]
-    jobs = [JobView("v", 4, 0.0, gpu_types=frozenset({"v100"})), JobView("any", 4, 1.0)]
+    jobs = [job("v", 4, 0.0, gpu_types=frozenset({"v100"})), job("any", 4, 1.0)]
     decision = run("tiresias-las", jobs, nodes)
-    alloc = {s.job_id: s.allocation for s in decision.starts}
+    alloc = {name_of(s.job_id): s.allocation for s in decision.starts}
     assert alloc["v"] == (("b", 4),) and alloc["any"] == (("a", 4),)
-    missing = run("fifo", [JobView("x", 1, 0.0, gpu_types=frozenset({"a100"}))], nodes)
+    missing = run("fifo", [job("x", 1, 0.0, gpu_types=frozenset({"a100"}))], nodes)
     assert missing.starts == () and missing.infeasible == (0,)
 
 
 def test_backfill_extra_counts_every_job_ending_at_the_shadow_time() -> None:
     nodes = [NodeView("n0", 8, 2)]
-    a = JobView("a", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0, time_limit=200.0, executed_time=100.0)
-    b = JobView("b", 4, 0.0, R, allocation=(("n0", 4),), first_start_time=0.0, time_limit=200.0, executed_time=100.0)
-    head = JobView("head", 4, 1.0, time_limit=50.0)
-    long_ = JobView("long", 2, 2.0, time_limit=10_000.0)
+    a = job("a", 2, 0.0, R, allocation=(("n0", 2),), first_start_time=0.0, time_limit=200.0, executed_time=100.0)
+    b = job("b", 4, 0.0, R, allocation=(("n0", 4),), first_start_time=0.0, time_limit=200.0, executed_time=100.0)
+    head = job("head", 4, 1.0, time_limit=50.0)
+    long_ = job("long", 2, 2.0, time_limit=10_000.0)
     # 'a' alone would free enough for the head at t=200, but 'b' ends then too: 2 + 2 + 4 = 8 GPUs are free at
     # the shadow time, the head needs 4, so 'long' may keep 2 of them.
     assert started(run("slurm-backfill", [a, b, head, long_], nodes)) == ["long"]
@@ -335,7 +345,7 @@ def test_backfill_extra_counts_every_job_ending_at_the_shadow_time() -> None:
 
 def test_waiting_job_prefers_idle_pool_over_preemption() -> None:
     nodes = [NodeView("a", 4, 0, "t4"), NodeView("b", 4, 4, "v100")]
-    demoted = JobView(
+    demoted = job(
         "demoted",
         4,
         0.0,
@@ -346,7 +356,7 @@ def test_waiting_job_prefers_idle_pool_over_preemption() -> None:
         first_start_time=0.0,
         queue=1,
     )
-    new = JobView("new", 4, 50.0)
+    new = job("new", 4, 50.0)
     decision = run("tiresias-las", [demoted, new], nodes)
     assert preempted(decision) == [] and [s.allocation for s in decision.starts] == [(("b", 4),)]
 
@@ -354,7 +364,7 @@ def test_waiting_job_prefers_idle_pool_over_preemption() -> None:
 def test_las_wakes_up_for_a_job_it_preempted() -> None:
     """The preempted job waits after the pass: the pass must wake up when the job it started is demoted."""
     nodes = [NodeView("n0", 2, 0)]
-    old = JobView(
+    old = job(
         "old",
         2,
         0.0,
@@ -365,6 +375,6 @@ def test_las_wakes_up_for_a_job_it_preempted() -> None:
         first_start_time=0.0,
         queue=1,
     )
-    decision = run("tiresias-las", [old, JobView("new", 2, 90.0)], nodes)
+    decision = run("tiresias-las", [old, job("new", 2, 90.0)], nodes)
     assert preempted(decision) == ["old"] and started(decision) == ["new"]
     assert decision.next_wakeup == pytest.approx(100.0 + 3200.0 / 2)

@@ -25,7 +25,7 @@ def traces(draw: st.DrawFn, max_jobs: int = 18) -> list[TraceJob]:
     for i in range(n):
         jobs.append(
             TraceJob(
-                job_id=f"j{i}",
+                name=f"j{i}",
                 submit=float(draw(st.integers(0, 300))),
                 gpus=draw(st.sampled_from([1, 1, 2, 3, 4, 8])),
                 duration=float(draw(st.integers(1, 200))),
@@ -41,7 +41,7 @@ def replay_usage(result: SimResult, nodes: tuple[NodeSpec, ...]) -> None:
     """Rebuild GPU usage from the event log: never above a node's GPUs, never a job in two places."""
     cap = {n.name: n.gpus for n in nodes}
     used = dict.fromkeys(cap, 0)
-    holding: dict[str, tuple[tuple[str, int], ...]] = {}
+    holding: dict[int, tuple[tuple[str, int], ...]] = {}
     for event in result.log:
         if event.kind is EventKind.START:
             assert event.job_id not in holding
@@ -78,10 +78,10 @@ def test_promotion_resets_attained_service(jobs: list[TraceJob]) -> None:
     nodes = parse_cluster_spec("1x4")
     policy = make_policy("tiresias-las", PolicyOptions(thresholds=THRESHOLDS, promote_knob=0.5))
     result = Simulator(jobs, nodes, policy, SimConfig(record_events=True)).run()
-    promoted_at: dict[str, float] = {}
-    ran_since: dict[str, float] = {}
-    started_at: dict[str, float] = {}
-    gpus = {j.job_id: j.gpus for j in jobs}
+    promoted_at: dict[int, float] = {}
+    ran_since: dict[int, float] = {}
+    started_at: dict[int, float] = {}
+    gpus = dict(zip(result.job_ids, result.gpus.tolist(), strict=True))
     for event in result.log:
         if event.kind is EventKind.PROMOTE:
             promoted_at[event.job_id] = event.time
@@ -110,8 +110,8 @@ def starvation_case(knob: float) -> SimResult:
     return Simulator(jobs, parse_cluster_spec("1x4"), policy, SimConfig(record_events=True)).run()
 
 
-def end_of(result: SimResult, job_id: str) -> float:
-    return float(dict(zip(result.job_ids, result.end.tolist(), strict=True))[job_id])
+def end_of(result: SimResult, name: str) -> float:
+    return float(dict(zip(result.names, result.end.tolist(), strict=True))[name])
 
 
 def test_no_starvation_with_finite_knob() -> None:
@@ -120,7 +120,7 @@ def test_no_starvation_with_finite_knob() -> None:
     last_arrival = float(starved.submit.max())
     assert end_of(starved, "long") >= last_arrival  # knob = ∞: it waits for the stream to end
     assert end_of(rescued, "long") < last_arrival / 2
-    assert any(e.kind is EventKind.PROMOTE and e.job_id == "long" for e in rescued.log)
+    assert any(e.kind is EventKind.PROMOTE and rescued.names[e.job_id] == "long" for e in rescued.log)
 
 
 def test_preemption_cost_from_checkpoint_size() -> None:
@@ -130,7 +130,7 @@ def test_preemption_cost_from_checkpoint_size() -> None:
     result = Simulator(jobs, nodes, policy, SimConfig(bandwidth=1.2e9, restart_overhead=3.0)).run()
     assert int(result.preemptions.sum()) == 1
     assert result.preemption_cost == pytest.approx(2 * 1.0 + 3.0)
-    ends = dict(zip(result.job_ids, result.end.tolist(), strict=True))
+    ends = dict(zip(result.names, result.end.tolist(), strict=True))
     assert ends["new"] == pytest.approx(70.0)
     assert ends["long"] == pytest.approx(70.0 + 40.0 + 5.0)  # 40 s of work left, plus restore
 
@@ -153,7 +153,7 @@ def test_periodic_scheduling_delays_starts_to_ticks() -> None:
 def test_jobs_larger_than_cluster_dropped() -> None:
     jobs = [TraceJob("big", 0.0, 64, 10.0, line=0), TraceJob("ok", 0.0, 1, 10.0, line=1)]
     result = Simulator(jobs, parse_cluster_spec("2x4"), make_policy("fifo"), SimConfig()).run()
-    assert result.dropped == ("big",) and result.job_ids == ("ok",)
+    assert result.dropped == ("big",) and result.names == ("ok",)
 
 
 def test_gpu_types_respected_on_typed_cluster() -> None:
@@ -239,7 +239,7 @@ def test_skipped_and_shortcut_passes_change_nothing(
         assert decisions(fast) == decisions(slow)
 
 
-def decisions(result: SimResult) -> list[tuple[float, EventKind, str, tuple[tuple[str, int], ...]]]:
+def decisions(result: SimResult) -> list[tuple[float, EventKind, int, tuple[tuple[str, int], ...]]]:
     """Starts, preemptions and completions (the queue a running job is logged in may be updated later)."""
     kinds = {EventKind.START, EventKind.PREEMPT, EventKind.COMPLETE}
     return [(e.time, e.kind, e.job_id, e.allocation) for e in result.log if e.kind in kinds]

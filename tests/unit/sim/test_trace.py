@@ -15,7 +15,7 @@ def test_tiresias_60_job_trace() -> None:
     trace = load_trace(TRACES / "tiresias_60_job.csv", "tiresias")
     assert len(trace.jobs) == 60 and trace.skipped == 0
     first = trace.jobs[0]
-    assert (first.job_id, first.gpus, first.submit, first.duration, first.model) == ("0", 1, 0.0, 164.0, "vgg19")
+    assert (first.name, first.gpus, first.submit, first.duration, first.model) == ("0", 1, 0.0, 164.0, "vgg19")
     assert first.skew is not None and first.skew > 0.5  # VGG: dominated by its largest tensor (Table 6)
     assert [j.submit for j in trace.jobs] == sorted(j.submit for j in trace.jobs)
     assert {j.gpus for j in trace.jobs} <= {1, 2, 4, 8}
@@ -59,7 +59,7 @@ def test_philly_style_trace(tmp_path: Path) -> None:
         "b,2017-10-03T10:05:00Z,,4,4000,vc2\n",
     )
     trace = load_trace(path, "philly")
-    assert [(j.job_id, j.submit, j.gpus, j.duration) for j in trace.jobs] == [
+    assert [(j.name, j.submit, j.gpus, j.duration) for j in trace.jobs] == [
         ("a", 0.0, 2, 600.0),
         ("b", 300.0, 4, 1000.0),
     ]
@@ -104,7 +104,7 @@ def test_malformed_rows_rejected(tmp_path: Path, fmt: str, text: str, match: str
 def test_skip_bad_rows_counts(tmp_path: Path) -> None:
     path = write(tmp_path, "job_id,num_gpu,submit_time,duration\n1,2,0,10\n2,x,5,10\n3,1,7,nan\n4,1,9,3\n")
     trace = load_trace(path, "tiresias", skip_bad_rows=True)
-    assert [j.job_id for j in trace.jobs] == ["1", "4"] and trace.skipped == 2
+    assert [j.name for j in trace.jobs] == ["1", "4"] and trace.skipped == 2
 
 
 def test_all_rows_bad_is_an_error(tmp_path: Path) -> None:
