@@ -1,7 +1,7 @@
 """Deterministic allreduce vs the backend's own fp32 SUM allreduce, side by side in one run.
 
-Spawns RANKS processes (gloo by default, or MPI through mpi4py under mpirun), each holding SIZE_MB of fp32
-gradient, and times, interleaved repetition by repetition:
+Starts RANKS processes through the library's launcher (torch.distributed's gloo by default, or MPI through mpi4py
+under mpirun), each holding SIZE_MB of fp32 gradient, and times, interleaved repetition by repetition:
 
 - ``native``: ``all_reduce(fp32, SUM)`` of the backend;
 - ``det``: ``GradientReducer.reduce`` at D1 on one flat parameter with one EST per process (N = M, the runtime's
@@ -16,7 +16,7 @@ All three must give the same bits.
 
 Prints one line per measurement and, last, one JSON object.  Usage::
 
-    python bench/allreduce.py [--ranks 4] [--size-mb 64] [--reps 5] [--backend gloo|mpi]
+    python bench/allreduce.py [--ranks 4] [--size-mb 64] [--reps 5] [--backend torch|mpi]
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,16 +34,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_elastic.est.comm import Communicator, ReduceOp, make_communicator
-from hpc_elastic.est.launch import free_port
+from hpc_elastic.collective import Backend
+from hpc_elastic.env import read_job_environment
+from hpc_elastic.est.comm import Communicator, ReduceOp, open_communicator
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import plan_buckets
 from hpc_elastic.est.reducer import GradientReducer
+from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
 
 
-def worker(rank: int, size: int, *, backend: str, init: str, size_mb: int, reps: int, out: str) -> None:
+def worker(*, size_mb: int, reps: int, out: str) -> None:
     torch.set_num_threads(1)
-    comm: Communicator = make_communicator(backend, rank=rank, size=size, init_method=init)
+    job = read_job_environment()
+    comm: Communicator = open_communicator(
+        job.backend, rank=job.rank, world_size=job.world_size, master_addr=job.master_addr, master_port=job.master_port
+    )
+    rank, size = comm.rank, comm.size
     n = size_mb * (1 << 20) // 4
     g = torch.from_numpy(np.random.default_rng(rank).standard_normal(n).astype(np.float32))
     native = g.clone()
@@ -102,45 +107,29 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--size-mb", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--backend", choices=["gloo", "mpi"], default="gloo")
-    ap.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)  # rank of a spawned worker
-    ap.add_argument("--init", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", choices=[Backend.TORCH.value, Backend.MPI.value], default=Backend.TORCH.value)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a started worker
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker >= 0:
-        rank = args.worker
-        if args.backend == "mpi":
-            from mpi4py import MPI
-
-            rank = MPI.COMM_WORLD.Get_rank()
-        worker(
-            rank,
-            args.ranks,
-            backend=args.backend,
-            init=args.init,
-            size_mb=args.size_mb,
-            reps=args.reps,
-            out=args.out,
-        )
+    if args.worker:
+        worker(size_mb=args.size_mb, reps=args.reps, out=args.out)
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result.json")
         start = time.perf_counter()
-        common = ["--ranks", str(args.ranks), "--size-mb", str(args.size_mb), "--reps", str(args.reps)]
-        common += ["--backend", args.backend, "--out", out]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if args.backend == "gloo":
-            init = f"tcp://127.0.0.1:{free_port()}"
-            procs = [
-                subprocess.Popen([sys.executable, __file__, "--worker", str(r), "--init", init, *common], env=env)
-                for r in range(args.ranks)
-            ]
-            codes = [p.wait() for p in procs]
-            if any(codes):
-                raise SystemExit(f"a worker failed: exit codes {codes}")
-        else:
-            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.ranks)]
-            subprocess.run([*cmd, sys.executable, __file__, "--worker", "0", *common], check=True, env=env)
+        command = (sys.executable, __file__, "--worker", "--size-mb", str(args.size_mb), "--reps", str(args.reps))
+        step = WorkerStep(
+            command=(*command, "--out", out),
+            ntasks=args.ranks,
+            num_ests=args.ranks,
+            job_dir=Path(tmp),
+            backend=Backend.parse(args.backend),
+            launcher=Launcher.LOCAL,
+        )
+        code = start_workers(step, logs=Path(tmp) / "logs").wait()
+        if code:
+            logs = "".join(p.read_text() for p in sorted((Path(tmp) / "logs").glob("*.log")))
+            raise SystemExit(f"a worker failed (exit {code}):\n{logs[-3000:]}")
         per_rank: list[dict[str, Any]] = json.loads(Path(out).read_text())
         wall = time.perf_counter() - start
     # a collective ends when its slowest rank ends
@@ -152,7 +141,7 @@ def main() -> None:
     print(f"{args.backend} allreduce of {args.size_mb} MB fp32 over {args.ranks} ranks (median of {args.reps}):")
     print(f"  native fp32 SUM                          {agg['native'] * 1e3:9.1f} ms")
     print(f"  deterministic, one EST per process       {agg['det'] * 1e3:9.1f} ms  (fp32 to owners and back)")
-    binned = "reduce-scatter" if args.backend == "gloo" else "int64 to owners"  # MPI has no ring here
+    binned = "reduce-scatter" if args.backend == "torch" else "int64 to owners"  # MPI has no ring here
     print(f"  deterministic, binned, {binned:<17} {agg['det_binned'] * 1e3:9.1f} ms  (several ESTs per process)")
     print(f"  deterministic, one int64 allreduce      {agg['det_allreduce'] * 1e3:9.1f} ms  (Horovod/NCCL path)")
     print(f"  + deposit of one EST (binned paths)      {agg['deposit'] * 1e3:9.1f} ms  (paid at the context switch)")

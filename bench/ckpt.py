@@ -84,7 +84,7 @@ def bench_stall(root: Path, model_mb: float, repeats: int) -> dict[str, Any]:
     figures: dict[str, list[float]] = {"sync": [], "async": [], "async_durable": []}
     for mode in ("sync", "async"):
         session = Session.local(root / f"stall-{mode}", keep=1)
-        state = session.state(model=model, optimizer=optimizer, mode=mode)
+        state = session.state(model, optimizer, mode=mode)
         for step in range(1, repeats + 1):
             state.step = step
             t0 = time.perf_counter()

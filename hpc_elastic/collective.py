@@ -29,11 +29,24 @@ DEFAULT_TIMEOUT_S = 1800.0
 
 
 class Backend(StrEnum):
-    """How the worker processes of a job talk to each other (``HPC_ELASTIC_BACKEND``)."""
+    """How the worker processes of a job talk to each other: the one backend type of the library (``hpc-elastic
+    submit --backend``, ``HPC_ELASTIC_BACKEND``, ``verify-determinism --backend``).  ``torch`` is torch.distributed:
+    gloo on the CPU, NCCL on CUDA devices."""
 
     TORCH = "torch"
     MPI = "mpi"
     HOROVOD = "horovod"
+
+    @classmethod
+    def parse(cls, value: str | Backend) -> Backend:
+        """The backend named by ``value`` (case and blanks ignored); ``ValueError`` naming the bad value."""
+        if isinstance(value, cls):
+            return value
+        text = str(value).strip().lower()
+        for member in cls:
+            if member.value == text:
+                return member
+        raise ValueError(f"backend must be one of {', '.join(m.value for m in cls)}, got {value!r}")
 
 
 @runtime_checkable
@@ -287,6 +300,11 @@ class MPICollective(_Group):
         out = recv.view(host.dtype).reshape(self._world * host.shape[0], *host.shape[1:])
         return out.to(tensor.device)
 
+    @property
+    def comm(self) -> Any:
+        """The mpi4py communicator."""
+        return self._comm
+
     def local_rank(self) -> int:
         """This process's rank among the processes of its node (collective)."""
         node = self._comm.Split_type(self._mpi.COMM_TYPE_SHARED)
@@ -359,32 +377,3 @@ class HorovodCollective(_Group):
 
     def close(self) -> None:
         return None  # Horovod shuts down at exit (hvd.shutdown() would break a later hvd.init in the same process)
-
-
-def open_collective(
-    backend: Backend | str,
-    *,
-    rank: int,
-    world_size: int,
-    master_addr: str = "127.0.0.1",
-    master_port: int = 29500,
-    device: torch.device | str = "cpu",
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Collective:
-    """Open the group of ``backend``.  ``rank``, ``world_size``, ``master_addr`` and ``master_port`` are the
-    torch.distributed rendezvous; MPI and Horovod know the rank and size of the process themselves (the caller
-    should use the returned object's)."""
-    try:
-        b = Backend(str(backend).strip().lower())
-    except ValueError:
-        raise ValueError(f"backend must be one of torch, mpi, horovod, got {backend!r}") from None
-    if b is Backend.TORCH:
-        return TorchCollective(
-            rank=rank,
-            world_size=world_size,
-            master_addr=master_addr,
-            master_port=master_port,
-            device=device,
-            timeout_s=timeout_s,
-        )
-    return MPICollective() if b is Backend.MPI else HorovodCollective()

@@ -5,9 +5,11 @@ In ``$HPC_ELASTIC_JOB_DIR/control/``:
 ``stop``
     Created by the wrapper (``wrappers/hpc-elastic-run``) when the job must checkpoint and exit::
 
-        {"reason": "preempt" | "timelimit" | "resize", "requested_at": <epoch seconds, float>}
+        {"reason": "preempt" | "timelimit" | "resize", "requested_at": <epoch seconds, float>[, "at_step": <int>]}
 
-    Its existence is the request; workers see it at the next mini-batch boundary.  A file that is empty or not
+    Its existence is the request; workers see it at the next mini-batch boundary (with ``at_step``, at the first
+    boundary where the training step is ``at_step`` or later: a stop at a chosen step, as ``hpc-elastic
+    verify-determinism`` uses for its resizes).  A file that is empty or not
     (yet) valid JSON still means "stop", with reason ``unknown``.
 
 ``ack.json``
@@ -42,9 +44,19 @@ class StopReason(StrEnum):
 class StopRequest:
     reason: StopReason
     requested_at: float | None
+    at_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.at_step is not None and (
+            isinstance(self.at_step, bool) or not isinstance(self.at_step, int) or self.at_step < 0
+        ):
+            raise ValueError(f"stop at_step must be a non-negative integer, got {self.at_step!r}")
 
     def to_json(self) -> str:
-        return json.dumps({"reason": self.reason.value, "requested_at": self.requested_at}, sort_keys=True)
+        doc: dict[str, Any] = {"reason": self.reason.value, "requested_at": self.requested_at}
+        if self.at_step is not None:
+            doc["at_step"] = self.at_step
+        return json.dumps(doc, sort_keys=True)
 
 
 def parse_stop(text: str) -> StopRequest:
@@ -67,7 +79,7 @@ def parse_stop(text: str) -> StopRequest:
     at = doc.get("requested_at")
     if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
         raise ValueError(f"stop requested_at must be epoch seconds, got {at!r}")
-    return StopRequest(reason, float(at))
+    return StopRequest(reason, float(at), doc.get("at_step"))
 
 
 def parse_stop_lenient(text: str) -> StopRequest:
@@ -105,6 +117,12 @@ class Ack:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True) + "\n"
+
+
+def still_pending(request: StopRequest, ack: Ack | None) -> bool:
+    """Whether a stop request outlives a restart of the job: one for a chosen step (``at_step``) stands until a
+    checkpoint at or after that step is acknowledged; any other request belongs to the incarnation it stopped."""
+    return request.at_step is not None and (ack is None or ack.step < request.at_step)
 
 
 def parse_ack(text: str) -> Ack:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpc_elastic.collective import Backend
+from hpc_elastic.est.levels import DeterminismLevel
 
 DEFAULT_GPFS_ROOT = Path("/tmp/hpc-elastic/gpfs")  # noqa: S108 - the dev cluster's stand-in for GPFS
 DEFAULT_SLURM_TIMEOUT_S = 30.0
@@ -26,8 +29,6 @@ class Environment:
     slurm_timeout_s: float = DEFAULT_SLURM_TIMEOUT_S
     slurm_conf: Path | None = None
     profile_dir: Path | None = None
-    est_spec: Path | None = None
-    est_rank: int | None = None
 
 
 def _positive_float(name: str, raw: str) -> float:
@@ -40,18 +41,6 @@ def _positive_float(name: str, raw: str) -> float:
     return value
 
 
-def _rank(raw: str | None) -> int | None:
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"HPC_ELASTIC_EST_RANK must be a non-negative integer, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"HPC_ELASTIC_EST_RANK must be a non-negative integer, got {raw!r}")
-    return value
-
-
 def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
     """Build an :class:`Environment` from ``environ`` (``os.environ`` when omitted).
 
@@ -61,8 +50,6 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
     - ``HPC_ELASTIC_SLURM_BACKEND``: ``auto`` (default), ``cli`` or ``pyslurm``.
     - ``HPC_ELASTIC_SLURM_TIMEOUT``: seconds one Slurm command may take (default 30).
     - ``HPC_ELASTIC_PROFILES``: directory of model profiles (default: ``profiles/`` of the source checkout).
-    - ``HPC_ELASTIC_EST_SPEC``: run spec of an EST job process (set by ``hpc_elastic.est.launch``).
-    - ``HPC_ELASTIC_EST_RANK``: process rank of that job (gloo launches; MPI and Horovod know their own).
     - ``SLURM_CONF``: Slurm's own variable, read only to report which configuration is in use.
     """
     env = os.environ if environ is None else environ
@@ -81,8 +68,6 @@ def read_environment(environ: Mapping[str, str] | None = None) -> Environment:
         slurm_timeout_s=timeout,
         slurm_conf=Path(conf) if conf else None,
         profile_dir=Path(env["HPC_ELASTIC_PROFILES"]) if env.get("HPC_ELASTIC_PROFILES") else None,
-        est_spec=Path(env["HPC_ELASTIC_EST_SPEC"]) if env.get("HPC_ELASTIC_EST_SPEC") else None,
-        est_rank=_rank(env.get("HPC_ELASTIC_EST_RANK")),
     )
 
 
@@ -100,6 +85,8 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
 #   HPC_ELASTIC_JOB_DIR      the job's directory on the shared filesystem: checkpoints/, control/, logs
 #   HPC_ELASTIC_WORKERS      logical workers N (the global data-parallel degree the script was designed for)
 #   HPC_ELASTIC_BACKEND      torch | mpi | horovod
+#   HPC_ELASTIC_LEVEL        determinism level d0 | d1 | d2 (submit --level; default d1)
+#   HPC_ELASTIC_GPU_TYPES    the GPU type of each node of the allocation, "node1:a100,node3:v100" (from Slurm)
 #   HPC_ELASTIC_RANK, HPC_ELASTIC_WORLD_SIZE, HPC_ELASTIC_LOCAL_RANK
 #                            this process's place among the M worker processes (else read from srun's
 #                            SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID or Open MPI's OMPI_COMM_WORLD_*)
@@ -107,8 +94,6 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
 # Control files (in HPC_ELASTIC_JOB_DIR/control): ``stop`` asks workers to checkpoint at the next mini-batch
 # boundary and exit; ``ack.json`` is written by rank 0 once that checkpoint is committed.
 # ----------------------------------------------------------------------------------------------------------
-
-JOB_BACKENDS = ("torch", "mpi", "horovod")
 
 
 @dataclass(frozen=True)
@@ -127,7 +112,9 @@ class JobEnvironment:
     cpus_on_node: int | None = None
     job_dir: Path | None = None
     workers: int | None = None
-    backend: str = "torch"
+    backend: Backend = Backend.TORCH
+    level: DeterminismLevel | None = None  # None: the script's choice (default d1)
+    node_gpu_types: tuple[tuple[str, str], ...] = ()  # (node, GPU type) of the allocation, from the wrapper
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -178,12 +165,35 @@ def tasks_per_node_total(raw: str) -> int | None:
     return total or None
 
 
+def parse_node_gpu_types(raw: str) -> tuple[tuple[str, str], ...]:
+    """``node1:a100,node3:v100`` -> ``(("node1", "a100"), ("node3", "v100"))``; ``ValueError`` on a bad item."""
+    out: list[tuple[str, str]] = []
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        node, sep, gpu_type = item.strip().partition(":")
+        if not sep or not node or not gpu_type:
+            raise ValueError(f"HPC_ELASTIC_GPU_TYPES items must look like node:type, got {item!r}")
+        out.append((node, gpu_type))
+    return tuple(out)
+
+
+def format_node_gpu_types(pairs: Iterable[tuple[str, str]]) -> str:
+    return ",".join(f"{node}:{gpu_type}" for node, gpu_type in pairs)
+
+
 def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
     """The :class:`JobEnvironment` of this process (``os.environ`` when ``environ`` is omitted)."""
     env = os.environ if environ is None else environ
-    backend = env.get("HPC_ELASTIC_BACKEND", "torch").strip().lower() or "torch"
-    if backend not in JOB_BACKENDS:
-        raise ValueError(f"HPC_ELASTIC_BACKEND must be one of {', '.join(JOB_BACKENDS)}, got {backend!r}")
+    try:
+        backend = Backend.parse(env.get("HPC_ELASTIC_BACKEND", "torch").strip() or "torch")
+    except ValueError as exc:
+        raise ValueError(f"HPC_ELASTIC_BACKEND: {exc}") from None
+    try:
+        raw_level = env.get("HPC_ELASTIC_LEVEL", "").strip()
+        level = DeterminismLevel.parse(raw_level) if raw_level else None
+    except ValueError as exc:
+        raise ValueError(f"HPC_ELASTIC_LEVEL: {exc}") from None
     workers = _int(env, "HPC_ELASTIC_WORKERS")
     if workers is not None and workers < 1:
         raise ValueError(f"HPC_ELASTIC_WORKERS must be >= 1, got {workers}")
@@ -210,6 +220,8 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         job_dir=Path(job_dir) if job_dir else None,
         workers=workers,
         backend=backend,
+        level=level,
+        node_gpu_types=parse_node_gpu_types(env.get("HPC_ELASTIC_GPU_TYPES", "")),
         rank=rank,
         world_size=world,
         local_rank=local,

@@ -7,19 +7,19 @@ processes, and ``hvd.elastic.run`` calls the training function again (Horovod's 
 ``save``/``restore``/``sync``/``reset``).  :func:`elastic_state` adapts a :class:`~hpc_elastic.state.State` to
 that protocol:
 
-- ``commit()``: an in-memory snapshot of the replicated state (host copies) and of the context of *every* logical
-  worker, gathered from all ranks, so that a departing rank's logical workers are not lost with it; every
-  ``persist`` commit is also a durable checkpoint on the shared filesystem (:meth:`State.commit`), which a
-  requeue or a new allocation resumes from;
+- ``commit()``: an in-memory snapshot of the replicated state (host copies) and of the context of *every* EST,
+  gathered from all ranks, so that a departing rank's ESTs are not lost with it; every ``persist`` commit is also a
+  durable checkpoint on the shared filesystem (:meth:`State.commit`), which a requeue or a new allocation resumes
+  from;
 - ``restore()``: back to the last snapshot (a collective failed mid-step: the step is done again);
-- ``reset()``: the session and the state follow Horovod's new rank and size: new collective, the contiguous block
-  of logical workers this process owns now (N is fixed), and their contexts from the snapshot;
+- ``reset()``: the session and the state follow Horovod's new rank and size: new process group, the ESTs this
+  process runs now (N is fixed, any M <= N), and their contexts from the snapshot;
 - ``sync()``: rank 0's snapshot to every rank (a joining process takes the state of the others); at the start of
   the run, where no process has a snapshot yet, every process first restores the newest checkpoint together.
   So a training script does not call ``state.restore()`` itself in this mode.
 
-The logical workers (N) and the deterministic sum over them do not depend on the number of processes, so a run
-whose membership changes continues bit for bit as the uninterrupted run (tests/unit/session/test_hvd_elastic.py).
+The ESTs (N) and the deterministic sum over them do not depend on the number of processes, so a run whose
+membership changes continues bit for bit as the uninterrupted run (tests/unit/session/test_hvd_elastic.py).
 Horovod is imported only when :func:`elastic_state` is called.
 """
 
@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 
 from hpc_elastic.checkpoint import Checkpoint, SaveMode
 from hpc_elastic.checkpoint.tree import to_host
-from hpc_elastic.collective import HorovodCollective
+from hpc_elastic.collective import Backend, HorovodCollective
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.comm import communicator_of
 from hpc_elastic.session import Session
 from hpc_elastic.state import State
 
@@ -54,7 +55,7 @@ def _state_class() -> type[Any]:
         """Horovod's elastic ``State`` over an hpc-elastic :class:`State` (see the module docstring)."""
 
         def __init__(self, session: Session, state: State) -> None:
-            if not isinstance(session.collective, HorovodCollective):
+            if not isinstance(session.comm.collective, HorovodCollective):
                 raise HpcElasticError(
                     f"Horovod's elastic mode needs the horovod backend, this session runs {session.backend.value}"
                 )
@@ -66,9 +67,9 @@ def _state_class() -> type[Any]:
             self.resets = 0
 
         def save(self) -> None:
-            """Snapshot (collective): host copies of the replicated state and of every logical worker's context."""
+            """Snapshot (collective): host copies of the replicated state and of every EST's context."""
             contexts: dict[int, Any] = {}
-            for part in self.session.collective.allgather_object(to_host(self.state.workers)):
+            for part in self.session.comm.allgather_object(self.state.local_contexts()):
                 contexts.update(part)
             self.snapshot = (to_host(self.state.replicated()), contexts)
 
@@ -85,7 +86,8 @@ def _state_class() -> type[Any]:
                 raise HpcElasticError("Horovod elastic restore before any commit: nothing to go back to")
             shared, contexts = self.snapshot
             self.state.load_replicated(to_host(shared))  # a copy: training must not write into the snapshot
-            self.state.workers = {w: to_host(contexts[w]) for w in self.state.assignment.workers}
+            # the same process group: the same ESTs, back to their snapshot contexts
+            self.state.rebind(self.state.comm, self.state.placement, to_host(contexts), self.state.store)
 
         def sync(self) -> None:
             rank0_has = hvd.broadcast_object(self.snapshot is not None, root_rank=0, name=_BCAST)
@@ -101,10 +103,11 @@ def _state_class() -> type[Any]:
         def reset(self) -> None:
             """After Horovod re-formed its group (``hvd.init`` done): follow the new rank and size."""
             self.resets += 1
-            self.session.rebind(HorovodCollective())
+            self.session.rebind(communicator_of(Backend.HOROVOD, HorovodCollective()))
             contexts = self.snapshot[1] if self.snapshot is not None else {}
-            owned = {w: to_host(contexts.get(w, {})) for w in self.session.assignment.workers}
-            self.state.rebind(self.session.store, self.session.assignment, owned)
+            self.state.rebind(
+                self.session.comm, self.session.placement, to_host(contexts), self.session.checkpoint_store()
+            )
 
     return HorovodElasticState
 

@@ -25,6 +25,7 @@ sensitivity (the skew of the tensor-size distribution):
 - :func:`vgg_like`: a few small convolutions and one huge fully-connected tensor (like VGG's fc6 in
   Tiresias Table 6) → high skew;
 - :func:`resnet_like`: a CIFAR-style residual network, many similar small tensors → low skew;
+- :func:`resnet18`: the CIFAR ResNet-18 (11.2 M parameters), a model of realistic size for the runtime's benchmarks;
 - :func:`transformer_small`: a 2-layer transformer encoder whose embedding table is the largest tensor;
 - :func:`mlp`: equal-width fully-connected layers → tensors of equal size.
 
@@ -131,6 +132,11 @@ class _ResNetLike(nn.Module):
 def resnet_like() -> ModelBundle:
     """CIFAR-style ResNet-14 (3 stages x 2 basic blocks, widths 16/32/64): many small tensors (low skew)."""
     return _ResNetLike(), _image_batch
+
+
+def resnet18() -> ModelBundle:
+    """CIFAR ResNet-18: 4 stages x 2 basic blocks, widths 64/128/256/512 (11.2 M parameters)."""
+    return _ResNetLike(widths=(64, 128, 256, 512)), _image_batch
 
 
 class _TransformerSmall(nn.Module):

@@ -1,60 +1,52 @@
-"""The entry point of a training script: where this process stands in the job, and its side of the wrapper's
-control protocol.
+"""Where this process stands in an elastic job, and its side of the wrapper's control protocol.
 
-Typical use (the same script on the torch, mpi and horovod backends)::
+``hpc_elastic.init()`` reads the job environment (:func:`hpc_elastic.env.read_job_environment`), fixes the
+determinism level and the seed, opens the backend's process group and places the job's N logical workers
+(EasyScale threads, ESTs) on its M processes: any M with 1 <= M <= N, the first ``N % M`` processes running one EST
+more.  :meth:`Session.state` then builds the one training runtime (:class:`hpc_elastic.state.State`)::
 
-    import hpc_elastic
-    from hpc_elastic.data import ElasticSampler
-
-    session = hpc_elastic.init()                        # reads the job environment, opens the process group
-    sampler = ElasticSampler(len(dataset), batch_size, seed=0)
-    state = session.state(model=model, optimizer=opt, sampler=sampler)
-    state.restore()                                     # newest valid checkpoint, if any
-    while state.step < total_steps:
-        if session.should_stop():                       # the wrapper asked: same answer on every rank
+    session = hpc_elastic.init()
+    state = session.state(model, optimizer, data=dataset, batch_size=32)
+    state.restore()
+    while state.step < steps:
+        if session.should_stop():                       # the wrapper asked: the same answer on every rank
             session.checkpoint_and_acknowledge(state)   # commit, then rank 0 writes control/ack.json
-            return 0                                    # the wrapper requeues the job
-        for w in session.workers:                       # the logical workers this process runs
-            batch = sampler.indices(w, session.num_workers) ...
-        ...
-        sampler.advance(session.num_workers)
-        state.step += 1
-        if state.step % every == 0:
-            state.commit()
+            break                                       # the wrapper requeues the job
+        for x, y in state.batches():
+            loss_fn(model(x), y).backward()
+        state.finish_step()
+    session.close()
 
-Rank, world size and local rank come from :func:`hpc_elastic.env.read_job_environment` for the torch backend and
-from MPI / Horovod themselves for those backends (they know best how they launched their processes).
+Rank, world size and local rank come from the job environment for the torch backend and from MPI / Horovod
+themselves for those backends (they know best how they launched their processes).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from torch import nn
 
 from hpc_elastic.checkpoint import DEFAULT_KEEP, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.fs import atomic_write_bytes
 from hpc_elastic.checkpoint.store import DEFAULT_COMMIT_TIMEOUT_S
-from hpc_elastic.collective import (
-    DEFAULT_TIMEOUT_S,
-    Backend,
-    Collective,
-    HorovodCollective,
-    LocalCollective,
-    MPICollective,
-    open_collective,
-)
+from hpc_elastic.collective import DEFAULT_TIMEOUT_S, HorovodCollective, MPICollective
 from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, Ack, StopRequest, parse_stop_lenient
-from hpc_elastic.data.sampler import ElasticSampler
 from hpc_elastic.env import JobEnvironment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.state import State, Stateful
-from hpc_elastic.workers import WorkerAssignment
+from hpc_elastic.est.comm import Communicator, local_communicator, open_communicator
+from hpc_elastic.est.levels import DeterminismLevel, apply_determinism, seed_everything
+from hpc_elastic.est.plan import Placement
+from hpc_elastic.est.reducer import TensorKernels
+from hpc_elastic.state import RuntimeConfig, State, Stateful
 
-if TYPE_CHECKING:
-    import torch
+log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -62,8 +54,6 @@ CHECKPOINT_DIR = "checkpoints"
 def choose_device(local_rank: int, requested: str | None = None) -> torch.device:
     """``requested`` if given; else ``cuda:i`` when CUDA works (``i = 0`` when the process sees one device, its
     local rank modulo the count when it sees several), else the CPU.  Selects the CUDA device for the process."""
-    import torch
-
     if requested is not None:
         device = torch.device(requested)
     elif torch.cuda.is_available() and torch.cuda.device_count() > 0:
@@ -76,46 +66,70 @@ def choose_device(local_rank: int, requested: str | None = None) -> torch.device
     return device
 
 
+def device_type_of(job: JobEnvironment, device: torch.device) -> str:
+    """The device type this process trains on, as far as determinism is concerned: the GPU type Slurm gave its
+    node (the wrapper passes them), else the CUDA device's name, else ``cpu``."""
+    types = dict(job.node_gpu_types)
+    if job.node_name in types:
+        return types[job.node_name]
+    if len(set(types.values())) == 1:
+        return next(iter(types.values()))
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return device.type
+
+
 class Session:
     """This process's place in an elastic job (see the module docstring)."""
 
     def __init__(
         self,
         job: JobEnvironment,
-        collective: Collective,
+        comm: Communicator,
         *,
         device: torch.device | str = "cpu",
-        local_rank: int | None = None,
         num_workers: int | None = None,
+        seed: int = 0,
+        level: DeterminismLevel | str | None = None,
         job_dir: Path | str | None = None,
         keep: int = DEFAULT_KEEP,
         save_mode: SaveMode | str = SaveMode.SYNC,
         commit_timeout_s: float = DEFAULT_COMMIT_TIMEOUT_S,
         stop_check_every: int = 1,
+        local_rank: int | None = None,
+        intra_op_threads: int = 1,
     ) -> None:
-        import torch
-
         if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
             raise ValueError(f"stop_check_every must be a positive integer, got {stop_check_every!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         self.job = job
-        self.collective = collective
+        self.comm = comm
         self.device = torch.device(device)
-        self.backend = Backend(job.backend)
+        self.backend = comm.backend if comm.backend is not None else job.backend
         self.local_rank = job.local_rank if local_rank is None else local_rank
+        chosen = level if level is not None else job.level
+        self.level = DeterminismLevel.parse(chosen) if chosen is not None else DeterminismLevel.D1
+        self.seed = seed
         n = num_workers if num_workers is not None else job.workers
-        self.assignment = WorkerAssignment(
-            n if n is not None else collective.world_size, collective.world_size, collective.rank
-        )
+        self.placement = Placement.contiguous(n if n is not None else comm.size, comm.size)
         resolved = Path(job_dir) if job_dir is not None else job.job_dir
         self.job_dir: Path | None = resolved.resolve() if resolved is not None else None
         self.save_mode = SaveMode(save_mode)
-        self._store: CheckpointStore | None = None
         self._keep = keep
         self._commit_timeout_s = commit_timeout_s
         self._stop_every = stop_check_every
         self._stop_calls = 0
         self._stop: StopRequest | None = None
+        self._state: State | None = None
+        self._store: CheckpointStore | None = None
         self._closed = False
+        # D0 for every level: deterministic algorithms, a fixed intra-op thread count; then identical seeds
+        apply_determinism(self.level, intra_op_threads)
+        seed_everything(seed)
+        mine = device_type_of(job, self.device)
+        #: the device types of every process of this run (sorted, distinct)
+        self.device_types = tuple(sorted(set(comm.allgather_object(mine))))
 
     @classmethod
     def from_environment(
@@ -126,53 +140,49 @@ class Session:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         **kwargs: Any,
     ) -> Session:
-        """Read the job environment (:func:`hpc_elastic.env.read_job_environment`) and open the backend's process
-        group: torch.distributed (gloo on CPU, nccl on CUDA; rendezvous at MASTER_ADDR:MASTER_PORT), MPI through
-        mpi4py, or Horovod.  ``kwargs`` go to :class:`Session` (``num_workers``, ``job_dir``, ``keep``, ...)."""
+        """Read the job environment and open the backend's process group: torch.distributed (gloo on the CPU, NCCL
+        on CUDA; rendezvous at MASTER_ADDR:MASTER_PORT), MPI through mpi4py, or Horovod.  ``kwargs`` go to
+        :class:`Session` (``num_workers``, ``seed``, ``level``, ``keep``, ...)."""
         job = read_job_environment(environ)
-        backend = Backend(job.backend)
+        dev = choose_device(job.local_rank, device)
+        comm = open_communicator(
+            job.backend,
+            rank=job.rank,
+            world_size=job.world_size,
+            master_addr=job.master_addr,
+            master_port=job.master_port,
+            device=dev,
+            timeout_s=timeout_s,
+        )
         local_rank: int | None = None
-        if backend is Backend.TORCH:
-            dev = choose_device(job.local_rank, device)
-            coll: Collective = open_collective(
-                backend,
-                rank=job.rank,
-                world_size=job.world_size,
-                master_addr=job.master_addr,
-                master_port=job.master_port,
-                device=dev,
-                timeout_s=timeout_s,
-            )
-        else:
-            opened = open_collective(backend, rank=job.rank, world_size=job.world_size)
-            if isinstance(opened, MPICollective | HorovodCollective):
-                local_rank = opened.local_rank()
-            coll = opened
-            dev = choose_device(job.local_rank if local_rank is None else local_rank, device)
+        if isinstance(comm.collective, MPICollective | HorovodCollective):
+            local_rank = comm.collective.local_rank()
+            if device is None and dev.type == "cuda":
+                dev = choose_device(local_rank)
         try:
-            return cls(job, coll, device=dev, local_rank=local_rank, **kwargs)
+            return cls(job, comm, device=dev, local_rank=local_rank, **kwargs)
         except BaseException:
-            coll.close()
+            comm.close()
             raise
 
     @classmethod
     def local(cls, job_dir: Path | str | None = None, **kwargs: Any) -> Session:
         """A one-process session with no process group (tests, notebooks)."""
-        return cls(JobEnvironment(job_dir=Path(job_dir) if job_dir else None), LocalCollective(), **kwargs)
+        return cls(JobEnvironment(job_dir=Path(job_dir) if job_dir else None), local_communicator(), **kwargs)
 
     # -- where this process stands --------------------------------------------------------------------------
 
     @property
     def rank(self) -> int:
-        return self.collective.rank
+        return self.comm.rank
 
     @property
     def world_size(self) -> int:
-        return self.collective.world_size
+        return self.comm.size
 
     @property
     def is_root(self) -> bool:
-        return self.collective.rank == 0
+        return self.comm.rank == 0
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -181,13 +191,13 @@ class Session:
 
     @property
     def num_workers(self) -> int:
-        """N, the logical workers of the job (``HPC_ELASTIC_WORKERS``; the world size when unset)."""
-        return self.assignment.num_workers
+        """N, the logical workers (ESTs) of the job (``HPC_ELASTIC_WORKERS``; the world size when unset)."""
+        return self.placement.num_ests
 
     @property
-    def workers(self) -> range:
-        """The logical worker ids this process runs: the contiguous block ``[rank*N/M, (rank+1)*N/M)``."""
-        return self.assignment.workers
+    def workers(self) -> tuple[int, ...]:
+        """The ESTs this process runs: a contiguous block of virtual ranks."""
+        return self.placement.local_ests(self.comm.rank)
 
     @property
     def restart_count(self) -> int:
@@ -206,23 +216,72 @@ class Session:
     def checkpoint_dir(self) -> Path:
         return self._require_job_dir() / CHECKPOINT_DIR
 
-    @property
-    def store(self) -> CheckpointStore:
+    def checkpoint_store(self) -> CheckpointStore | None:
+        """The checkpoint store of the job directory (None without one)."""
+        if self.job_dir is None:
+            return None
         if self._store is None:
             self._store = CheckpointStore(
-                self.checkpoint_dir, self.collective, keep=self._keep, commit_timeout_s=self._commit_timeout_s
+                self.checkpoint_dir, self.comm.collective, keep=self._keep, commit_timeout_s=self._commit_timeout_s
             )
         return self._store
 
-    def rebind(self, collective: Collective) -> None:
+    def rebind(self, comm: Communicator) -> None:
         """Go on in a new process group of the same job (Horovod elastic re-forms its group inside the running
-        processes when workers leave or join): this process's rank and world size, its logical workers (N does not
-        change) and the checkpoint store follow ``collective``.  Only between steps, with no checkpoint in flight."""
+        processes when workers leave or join): rank, world size and this process's ESTs follow ``comm`` (N does not
+        change); the state built by :meth:`state` follows with :meth:`State.rebind`."""
         if self._store is not None and self._store.pending is not None:
             raise HpcElasticError("cannot change the process group while an asynchronous checkpoint is in flight")
-        self.assignment = WorkerAssignment(self.assignment.num_workers, collective.world_size, collective.rank)
-        self.collective = collective
+        self.placement = Placement.contiguous(self.placement.num_ests, comm.size)
+        self.comm = comm
         self._store = None
+
+    # -- the runtime ----------------------------------------------------------------------------------------
+
+    def state(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        scheduler: Stateful | None = None,
+        data: Any = None,
+        batch_size: int | None = None,
+        loader_workers: int = 0,
+        collate_fn: Any = None,
+        shuffle: bool = True,
+        extras: Mapping[str, Any] | None = None,
+        mode: SaveMode | str | None = None,
+        kernels: TensorKernels | None = None,
+    ) -> State:
+        """The training runtime of this process: this job's ESTs on ``model`` and ``optimizer``, checkpoints in the
+        job directory (see :class:`hpc_elastic.state.State`).  With ``data`` (a map-style dataset) and
+        ``batch_size`` each EST reads its own mini-batches through one shared loader of ``loader_workers``
+        processes.  At D0 and D1 every process must train on one device type (D2 alone may mix types)."""
+        if len(self.device_types) > 1 and self.level is not DeterminismLevel.D2:
+            raise HpcElasticError(
+                f"this run's processes train on {'+'.join(self.device_types)}: at level {self.level.value} the bits "
+                "depend on the device type; pin one GPU type, or run at d2 if the model scanner allows it"
+            )
+        state = State(
+            model,
+            optimizer,
+            RuntimeConfig(num_ests=self.num_workers, seed=self.seed, level=self.level),
+            comm=self.comm,
+            placement=self.placement,
+            store=self.checkpoint_store(),
+            scheduler=scheduler,
+            extras=extras,
+            mode=mode or self.save_mode,
+            device_types=self.device_types,
+            meta={"job_id": self.job.job_id, "restart_count": self.job.restart_count, "backend": self.backend.value},
+            kernels=kernels,
+        )
+        if data is not None:
+            if batch_size is None:
+                raise ValueError("data= needs batch_size= (mini-batch of each EST)")
+            state.attach_data(data, batch_size, loader_workers=loader_workers, collate_fn=collate_fn, shuffle=shuffle)
+        self._state = state
+        return state
 
     # -- stop / acknowledge ---------------------------------------------------------------------------------
 
@@ -235,7 +294,11 @@ class Session:
             return None
         except (OSError, UnicodeDecodeError):
             text = ""  # present but unreadable: still a request to stop
-        return parse_stop_lenient(text)
+        request = parse_stop_lenient(text)
+        step = self._state.step if self._state is not None else None
+        if request.at_step is not None and step is not None and step < request.at_step:
+            return None  # a stop at a later step
+        return request
 
     def should_stop(self) -> bool:
         """Whether the job must checkpoint and exit now.  Collective: call it at every mini-batch boundary on
@@ -247,7 +310,7 @@ class Session:
         if (self._stop_calls - 1) % self._stop_every:
             return False
         local = self._read_stop()
-        if self.collective.allreduce_max_int(0 if local is None else 1) == 0:
+        if self.comm.collective.allreduce_max_int(0 if local is None else 1) == 0:
             return False
         self._stop = local if local is not None else parse_stop_lenient("")
         return True
@@ -275,63 +338,24 @@ class Session:
         self.acknowledge(state.step, path)
         return path
 
-    # -- state, reductions ----------------------------------------------------------------------------------
-
-    def state(
-        self,
-        *,
-        model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: Stateful | None = None,
-        sampler: ElasticSampler | None = None,
-        extras: Mapping[str, Any] | None = None,
-        mode: SaveMode | str | None = None,
-    ) -> State:
-        """A :class:`~hpc_elastic.state.State` that commits into this job's checkpoint directory."""
-        meta = {"job_id": self.job.job_id, "restart_count": self.job.restart_count, "backend": self.backend.value}
-        return State(
-            self.store,
-            self.assignment,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            sampler=sampler,
-            extras=extras,
-            mode=mode or self.save_mode,
-            meta=meta,
-        )
-
-    def sum_over_workers(self, local: torch.Tensor) -> torch.Tensor:
-        """Sum over all N logical workers of per-worker tensors, bitwise independent of the number of processes.
-
-        ``local`` has one row per logical worker of this process (``local[i]`` belongs to ``self.workers[i]``).
-        The rows of all processes are gathered exactly (in logical-worker order, thanks to the contiguous
-        assignment) and added one after the other from worker 0 to N-1: the same additions in the same order
-        whatever M is."""
-        k = len(self.workers)
-        if local.dim() < 1 or local.shape[0] != k:
-            raise ValueError(f"local must have one row per logical worker of this process ({k}), got {local.shape}")
-        rows = self.collective.allgather_tensor(local)
-        total = rows[0].clone()
-        for i in range(1, rows.shape[0]):
-            total += rows[i]
-        return total
-
     def barrier(self) -> None:
-        self.collective.barrier()
+        self.comm.barrier()
 
     # -- lifetime -------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish an asynchronous checkpoint in flight and release the process group (collective)."""
+        """Finish an asynchronous checkpoint in flight, stop the data loader and release the process group
+        (collective)."""
         if self._closed:
             return
         self._closed = True
         try:
+            if self._state is not None:
+                self._state.close()
             if self._store is not None:
                 self._store.wait()
         finally:
-            self.collective.close()
+            self.comm.close()
 
     def __enter__(self) -> Session:
         return self
@@ -343,7 +367,7 @@ class Session:
             self.close()
         else:  # a rank failing alone must not block in a collective: release what we can and let it propagate
             self._closed = True
-            self.collective.close()
+            self.comm.close()
 
 
 def init(**kwargs: Any) -> Session:

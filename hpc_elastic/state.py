@@ -1,36 +1,64 @@
-"""Horovod-like training state: ``state.commit()`` checkpoints it, ``state.restore()`` resumes from the newest
-valid checkpoint — also on a different number of processes.
+"""The one training runtime: N EasyScale threads (ESTs) of a data-parallel job on this process, and the state
+that commits and restores them (EasyScale §3.2-3.3; Horovod's ``State`` protocol).
 
-What is saved, for data-parallel training (the model and optimizer are replicated on every process):
+A job is written for N logical workers (ESTs, the data-parallel degree its hyper-parameters assume) and runs on
+whatever M <= N processes it has now.  Each process runs its ESTs in turn at every global step, switching each
+EST's whole context in and out at mini-batch boundaries: RNG states (Python, NumPy, torch CPU and CUDA), module
+buffers (BatchNorm statistics), its data cursor, its gradient contribution and its ``extra`` values.  Parameters,
+optimizer state and the data-loader workers are shared.  At the end of the step the N gradient contributions are
+summed by the deterministic allreduce (:mod:`hpc_elastic.est.reducer`), so the parameters are the same bits for
+every M, every EST placement, every restart and resize::
 
-- rank 0's shard: ``step``, ``epoch``, the model, optimizer and LR-scheduler state dicts, the sampler state and
-  ``extras`` (user values: tensors, numbers, strings, lists and dicts of those);
-- every rank's shard: ``workers``, the per-logical-worker state (``state.workers[w]``, a dict per logical worker
-  this process owns, e.g. an RNG state for that worker's augmentation).
+    session = hpc_elastic.init()
+    model = Net().to(session.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = session.state(model, optimizer, data=dataset, batch_size=32, loader_workers=2)
+    state.restore()                              # the newest valid checkpoint, if any
+    while state.step < steps:
+        if session.should_stop():
+            session.checkpoint_and_acknowledge(state)
+            break
+        for x, y in state.batches():             # one mini-batch per EST of this process, its context switched in
+            F.cross_entropy(model(x), y).backward()
+        state.finish_step()                      # the exact mean of the N gradients, then the optimizer step
+        if state.step % 100 == 0:
+            state.commit()                       # every EST's context and the shared state, atomically
 
-On restore every rank reads rank 0's shard, and for each logical worker it now owns the shard of the rank that
-owned it when the checkpoint was written — so per-worker state follows its worker across a resize.  Model-parallel
-or sharded (FSDP/ZeRO) state does not fit this scheme: use :class:`~hpc_elastic.checkpoint.CheckpointStore`
-directly with one shard per rank.
+A checkpoint holds every EST's context plus one copy of the shared state (:mod:`hpc_elastic.est.checkpoint`); a
+restart on another M redistributes the ESTs and continues bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, CorruptCheckpoint, SaveMode
-from hpc_elastic.checkpoint.tree import check_loadable
-from hpc_elastic.data.sampler import ElasticSampler
+import torch
+from torch import nn
+
+from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, SaveMode
+from hpc_elastic.checkpoint.tree import check_loadable, to_host
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.workers import WorkerAssignment
-
-if TYPE_CHECKING:
-    import torch
-
-STATE_FORMAT = 1
+from hpc_elastic.est.checkpoint import (
+    ESTState,
+    combine_digests,
+    digest_tree,
+    load_latest_state,
+    params_sha256,
+    save_state,
+    without_params,
+)
+from hpc_elastic.est.comm import Communicator, local_communicator
+from hpc_elastic.est.context import ESTContext, RNGState
+from hpc_elastic.est.d2 import scan_model, to_d2
+from hpc_elastic.est.data import DataPlan, ESTLoader
+from hpc_elastic.est.detsum import DEFAULT_CHUNK, MAX_ESTS, bin_width
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.est.plan import DEFAULT_BUCKET_ELEMENTS, BucketLayout, Placement, plan_buckets
+from hpc_elastic.est.reducer import GradientReducer, TensorKernels
 
 
 class Stateful(Protocol):
@@ -39,217 +67,456 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: Any, /) -> Any: ...
 
 
+def _int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
-class _Loaded:
-    shared: dict[str, Any]
-    workers: dict[int, dict[str, Any]]
+class RuntimeConfig:
+    """What a job fixes for its whole life: N, the seed of the ESTs' streams, the determinism level and the
+    layout of the exact sum (a checkpoint written with other values is refused)."""
+
+    num_ests: int
+    seed: int = 0
+    level: DeterminismLevel = DeterminismLevel.D1
+    chunk: int = DEFAULT_CHUNK
+    bucket_elements: int = DEFAULT_BUCKET_ELEMENTS
+
+    def __post_init__(self) -> None:
+        _int("num_ests", self.num_ests, 1)
+        if self.num_ests > MAX_ESTS:
+            raise ValueError(f"num_ests must be <= {MAX_ESTS}, got {self.num_ests}")
+        _int("seed", self.seed, 0)
+        object.__setattr__(self, "level", DeterminismLevel.parse(self.level))
+        _int("chunk", self.chunk, 1)
+        _int("bucket_elements", self.bucket_elements, 1)
 
 
 class State:
-    """The state of a training run that checkpoints commit and restarts restore."""
+    """This process's ESTs of a job and the state checkpoints commit and restarts restore (see the module
+    docstring).  Built by :meth:`hpc_elastic.session.Session.state`; ``comm``, ``placement`` and ``store`` are the
+    session's.  Every method that touches other processes is collective: all ranks call it at the same step."""
 
     def __init__(
         self,
-        store: CheckpointStore,
-        assignment: WorkerAssignment,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: RuntimeConfig,
         *,
-        model: torch.nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
+        comm: Communicator | None = None,
+        placement: Placement | None = None,
+        store: CheckpointStore | None = None,
         scheduler: Stateful | None = None,
-        sampler: ElasticSampler | None = None,
         extras: Mapping[str, Any] | None = None,
         mode: SaveMode | str = SaveMode.SYNC,
+        device_types: Sequence[str] = (),
         meta: Mapping[str, Any] | None = None,
+        kernels: TensorKernels | None = None,
     ) -> None:
-        if assignment.world_size != store.collective.world_size or assignment.rank != store.collective.rank:
-            raise ValueError(
-                f"worker assignment is for rank {assignment.rank} of {assignment.world_size}, the store's collective "
-                f"is rank {store.collective.rank} of {store.collective.world_size}"
-            )
+        self.config = config
+        self.comm = comm if comm is not None else local_communicator()
+        self.placement = placement if placement is not None else Placement.contiguous(config.num_ests, self.comm.size)
+        self._check_placement(self.placement)
         try:
             self.mode = SaveMode(mode)
         except ValueError:
             raise ValueError(f"mode must be sync or async, got {mode!r}") from None
-        self.store = store
-        self.assignment = assignment
+        if config.level is DeterminismLevel.D2:
+            to_d2(model)
+            report = scan_model(model)
+            if not report.holds:
+                raise HpcElasticError(f"D2 does not hold for this model: {report.first_problem()}")
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.sampler = sampler
+        self.store = store
         self.extras: dict[str, Any] = dict(extras or {})
-        self.workers: dict[int, dict[str, Any]] = {w: {} for w in assignment.workers}
-        self.step = 0
-        self._epoch = 0
+        #: the device types this run trains on (all processes), recorded in checkpoints
+        self.device_types = tuple(sorted(set(device_types)))
         self._meta = dict(meta or {})
-        self.last_checkpoint: Path | None = None  # committed (or, async, being committed) at last_step
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameters")
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self._buffers = dict(model.named_buffers())
+        self._kernels = kernels
+        self.layout: BucketLayout = plan_buckets([p.numel() for p in self.params], config.bucket_elements, config.chunk)
+        self._sync_initial()
+        self.reducer = self._reducer()
+        self.contexts = {v: ESTContext.initial(v, config.seed, self._buffers) for v in self.local_ests}
+        self.step = 0
+        #: the newest checkpoint committed (or, asynchronously, being committed) and its step
+        self.last_checkpoint: Path | None = None
         self.last_step: int | None = None
+        self._active: ESTContext | None = None
+        self._ran: list[int] = []
+        self._loader: ESTLoader | None = None
+        self._data: tuple[Any, int, int, Any, bool] | None = None
+        self.data_plan: DataPlan | None = None
 
-    # -- values ---------------------------------------------------------------------------------------------
+    # ------------------------------------------------------------------ the group and its ESTs
+
+    def _check_placement(self, placement: Placement) -> None:
+        if placement.num_ests != self.config.num_ests:
+            raise ValueError(f"placement has {placement.num_ests} ESTs, the job has {self.config.num_ests}")
+        if placement.num_procs != self.comm.size:
+            raise ValueError(f"placement is for {placement.num_procs} processes, the group has {self.comm.size}")
+
+    def _reducer(self) -> GradientReducer:
+        return GradientReducer(
+            self.params,
+            self.layout,
+            num_ests=self.config.num_ests,
+            comm=self.comm,
+            level=self.config.level,
+            kernels=self._kernels,
+            max_local_ests=self.placement.max_local_ests,
+        )
+
+    @property
+    def num_ests(self) -> int:
+        return self.config.num_ests
+
+    @property
+    def local_ests(self) -> tuple[int, ...]:
+        """The ESTs (virtual ranks) this process runs, in the order it runs them."""
+        return self.placement.local_ests(self.comm.rank)
+
+    def _sync_initial(self) -> None:
+        """Make every process start from rank 0's parameters and buffers, as DDP does at construction: the digests
+        are compared first, so a job that seeded its model identically everywhere moves no tensor."""
+        if self.comm.size == 1:
+            return
+        mine = digest_tree([self.params, list(self._buffers.values())])
+        if len(set(self.comm.allgather_object(mine))) == 1:
+            return
+        coll = self.comm.collective
+        tensors = [*self.params, *self._buffers.values()]
+        mine_or_none = [t.detach().cpu() for t in tensors] if coll.rank == 0 else []
+        values: list[torch.Tensor] = coll.broadcast_object(mine_or_none)
+        with torch.no_grad():
+            for t, v in zip(tensors, values, strict=True):
+                t.copy_(v)
+
+    # ------------------------------------------------------------------ context switching (EasyScale §3.2)
+
+    @property
+    def active(self) -> ESTContext | None:
+        """The EST switched in now, if any."""
+        return self._active
+
+    def _load_buffers(self, ctx: ESTContext) -> None:
+        with torch.no_grad():
+            for name, buf in self._buffers.items():
+                buf.copy_(ctx.buffers[name])
+
+    def _save_buffers(self, ctx: ESTContext) -> None:
+        with torch.no_grad():
+            for name, buf in self._buffers.items():
+                ctx.buffers[name].copy_(buf)
+
+    @contextmanager
+    def activate(self, vrank: int) -> Iterator[ESTContext]:
+        """Run EST ``vrank`` inside the ``with`` block: its RNG states and buffers are switched in, and on
+        normal exit its gradient is handed to the reducer and its context saved."""
+        if self._active is not None:
+            raise RuntimeError(f"EST {self._active.vrank} is still active; ESTs do not nest")
+        if vrank not in self.contexts:
+            raise ValueError(f"EST {vrank} does not run on process {self.comm.rank} (local: {list(self.local_ests)})")
+        if vrank in self._ran:
+            raise RuntimeError(f"EST {vrank} already ran in step {self.step}")
+        ctx = self.contexts[vrank]
+        ctx.rng.restore()
+        self._load_buffers(ctx)
+        self.reducer.attach_grads()
+        self._active = ctx
+        try:
+            yield ctx
+        except BaseException:
+            self._active = None
+            raise
+        # the EST's generators are saved at the switch-out, so whatever the process draws between ESTs
+        # (nothing in a well-formed step) cannot shift an EST's stream
+        ctx.rng = RNGState.capture(previous=ctx.rng)
+        self._save_buffers(ctx)
+        self._active = None
+        self.reducer.deposit()
+        self._ran.append(vrank)
+
+    def local_steps(self) -> Iterator[ESTContext]:
+        """This process's ESTs for the current global step, each one switched in while the loop body runs."""
+        for v in self.local_ests:
+            with self.activate(v) as ctx:
+                yield ctx
+
+    def batches(self) -> Iterator[Any]:
+        """The next mini-batch of each of this process's ESTs (:meth:`next_batch`), each EST switched in while the
+        loop body runs its forward and backward."""
+        for _ in self.local_steps():
+            yield self.next_batch()
+
+    def finish_step(self) -> None:
+        """End of a global step: the exact mean of the N EST gradients (D1/D2), the optimizer and LR-scheduler
+        steps.  Collective."""
+        if self._active is not None:
+            raise RuntimeError(f"finish_step() inside EST {self._active.vrank}")
+        if sorted(self._ran) != sorted(self.local_ests):
+            missing = sorted(set(self.local_ests) - set(self._ran))
+            raise RuntimeError(f"step {self.step}: ESTs {missing} of this process did not run")
+        self.reducer.reduce()
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()  # type: ignore[attr-defined]
+        self.reducer.zero()
+        self._ran = []
+        self.step += 1
+
+    # ------------------------------------------------------------------ data (EasyScale §3.2, data workers)
+
+    def attach_data(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        loader_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = True,
+    ) -> DataPlan:
+        """Serve ``dataset`` to the ESTs: ``batch_size`` samples per EST and step, one shared loader with
+        ``loader_workers`` processes, augmentation seeded per (EST, mini-batch)."""
+        self._data = (dataset, batch_size, loader_workers, collate_fn, shuffle)
+        self.data_plan = DataPlan(len(dataset), self.config.num_ests, batch_size, self.config.seed, shuffle)
+        self._open_loader()
+        return self.data_plan
+
+    def _open_loader(self) -> None:
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+        if self._data is None or self.data_plan is None:
+            return
+        dataset, _, workers, collate_fn, _ = self._data
+        self._loader = ESTLoader(dataset, self.data_plan, self.local_ests, num_workers=workers, collate_fn=collate_fn)
+
+    def next_batch(self) -> Any:
+        """The active EST's next mini-batch: the collated samples from the attached dataset, or, with a data plan
+        and no dataset (:meth:`plan_data`), the tuple of dataset indices for the script to load itself."""
+        ctx = self._require_active("next_batch()")
+        if self.data_plan is None:
+            raise RuntimeError("no data (pass data= to session.state(), or call attach_data() or plan_data())")
+        batch = (
+            self._loader.get(ctx.vrank, ctx.cursor)
+            if self._loader is not None
+            else self.data_plan.request(ctx.vrank, ctx.cursor).indices
+        )
+        ctx.cursor += 1
+        return batch
+
+    def plan_data(self, dataset_len: int, batch_size: int, *, shuffle: bool = True) -> DataPlan:
+        """A data plan without a loader: :meth:`batches` then yields each EST's dataset indices, and the script
+        loads the samples itself (in-memory tensors, say)."""
+        self._data = None
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+        self.data_plan = DataPlan(dataset_len, self.config.num_ests, batch_size, self.config.seed, shuffle)
+        return self.data_plan
 
     @property
     def epoch(self) -> int:
-        """The sampler's epoch when there is a sampler, else the value the script sets."""
-        return self.sampler.epoch if self.sampler is not None else self._epoch
+        """The epoch of the next step (every EST reads one mini-batch per step)."""
+        return 0 if self.data_plan is None else self.data_plan.position(self.step)[0]
 
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        if self.sampler is not None:
-            raise ValueError("epoch follows the sampler; call sampler.set_epoch() instead")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {value!r}")
-        self._epoch = value
+    def _require_active(self, what: str) -> ESTContext:
+        if self._active is None:
+            raise RuntimeError(f"{what} outside an EST (use batches(), local_steps() or activate())")
+        return self._active
 
-    def _shared(self) -> dict[str, Any]:
+    # ------------------------------------------------------------------ checkpoints
+
+    def _job_meta(self) -> dict[str, Any]:
+        c = self.config
         return {
-            "format": STATE_FORMAT,
+            "num_ests": c.num_ests,
+            "seed": c.seed,
+            "level": c.level.value,
+            "width": bin_width(c.num_ests),
+            "layout": self.layout.to_json(),
+            "param_names": list(self.param_names),
+        }
+
+    def replicated(self) -> dict[str, Any]:
+        """The state every process holds alike (step, parameters, optimizer, scheduler, extras), as references to
+        the live tensors: copy it to keep it."""
+        return {
             "step": self.step,
-            "epoch": self.epoch,
-            "model": None if self.model is None else self.model.state_dict(),
-            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
-            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "params": [p.detach() for p in self.params],
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "extras": self.extras,
         }
 
-    def _shard(self) -> dict[str, Any]:
-        shard: dict[str, Any] = {"workers": {w: self.workers.get(w, {}) for w in self.assignment.workers}}
-        if self.store.rank == 0:
-            shard["shared"] = self._shared()
-        return shard
-
-    def replicated(self) -> dict[str, Any]:
-        """The state every rank holds alike (step, epoch, model, optimizer, scheduler, sampler, extras), as
-        references to the live objects' state dicts: copy it to keep it."""
-        return self._shared()
-
     def load_replicated(self, shared: Mapping[str, Any]) -> None:
         """Set the replicated state from :meth:`replicated`'s form."""
-        self._apply(shared)
-
-    def rebind(self, store: CheckpointStore, assignment: WorkerAssignment, workers: Mapping[int, Any]) -> None:
-        """Go on in a new process group (see :meth:`hpc_elastic.session.Session.rebind`): commit through
-        ``store``, own ``assignment``'s logical workers, whose contexts ``workers`` must hold."""
-        if assignment.world_size != store.collective.world_size or assignment.rank != store.collective.rank:
-            raise ValueError(
-                f"worker assignment is for rank {assignment.rank} of {assignment.world_size}, the store's collective "
-                f"is rank {store.collective.rank} of {store.collective.world_size}"
-            )
-        if assignment.num_workers != self.assignment.num_workers:
-            raise ValueError(
-                f"the logical worker count must not change: {self.assignment.num_workers} -> {assignment.num_workers}"
-            )
-        missing = [w for w in assignment.workers if w not in workers]
-        if missing:
-            raise ValueError(f"no context for logical workers {missing}")
-        self.store = store
-        self.assignment = assignment
-        self.workers = {w: dict(workers[w]) for w in assignment.workers}
-
-    # -- commit ---------------------------------------------------------------------------------------------
+        saved = shared["params"]
+        if len(saved) != len(self.params):
+            raise ValueError(f"the state has {len(saved)} parameters, the model {len(self.params)}")
+        with torch.no_grad():
+            for name, p, t in zip(self.param_names, self.params, saved, strict=True):
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError(f"parameter {name} has shape {tuple(t.shape)} in the state, {tuple(p.shape)} now")
+                p.copy_(t)
+        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.scheduler is not None and shared.get("scheduler") is not None:
+            self.scheduler.load_state_dict(shared["scheduler"])
+        self.extras = dict(shared.get("extras") or {})
+        self.step = int(shared["step"])
+        self.reducer.zero()
+        self._ran = []
 
     def commit(self, *, mode: SaveMode | str | None = None) -> Path:
-        """Checkpoint the state at ``self.step`` (collective: every rank calls it at the same step).
-
-        Return the checkpoint's directory; with an asynchronous mode it is complete once :meth:`wait` (or the
-        next commit) returns."""
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
-            raise ValueError(f"state.step must be a non-negative integer, got {self.step!r}")
+        """Checkpoint every EST's context and the shared state at this step (collective, between steps).  Return
+        the checkpoint's directory; an asynchronous commit is complete once :meth:`wait` (or the next commit)
+        returns."""
+        store = self._require_store()
+        if self._active is not None or self._ran:
+            raise RuntimeError("checkpoints are taken between global steps")
         check_loadable(self.extras, "state.extras")
+        shared = self.replicated() if self.comm.rank == 0 else None
+        contexts = {v: self.contexts[v].to_state() for v in self.local_ests}
         meta = {
             **self._meta,
+            **self._job_meta(),
             "step": self.step,
             "epoch": self.epoch,
-            "world_size": self.assignment.world_size,
-            "num_workers": self.assignment.num_workers,
+            "placement": list(self.placement.owner),
+            "procs": self.comm.size,
+            "device_types": list(self.device_types),
         }
-        pending = self.store.save(self.step, self._shard(), meta=meta, mode=mode or self.mode)
-        self.last_checkpoint, self.last_step = pending.path, self.step
-        return pending.path
+        path = save_state(store, self.step, contexts, shared, meta, mode=SaveMode(mode or self.mode))
+        self.last_checkpoint, self.last_step = path, self.step
+        return path
 
     def wait(self) -> Path | None:
         """Finish an asynchronous commit in flight (collective)."""
-        return self.store.wait()
+        return self.store.wait() if self.store is not None else None
 
     def commit_if_needed(self) -> Path:
         """The checkpoint of the current step: the last one when it is already at this step (restored, or
         committed without a step since), else a new synchronous commit.  Used when stopping."""
+        store = self._require_store()
         if self.last_checkpoint is not None and self.last_step == self.step:
-            self.store.wait()
+            store.wait()
             return self.last_checkpoint
         path = self.commit(mode=SaveMode.SYNC)
-        self.store.wait()
+        store.wait()
         return path
 
-    # -- restore --------------------------------------------------------------------------------------------
+    def _require_store(self) -> CheckpointStore:
+        if self.store is None:
+            raise HpcElasticError("no checkpoint directory: HPC_ELASTIC_JOB_DIR is not set (run under hpc-elastic-run)")
+        return self.store
 
-    def _load(self, ckpt: Checkpoint) -> _Loaded:
-        n = self.assignment.num_workers
-        saved_n = ckpt.meta.get("num_workers")
-        if saved_n != n:
+    def _check_state(self, state: ESTState) -> None:
+        """Refuse a checkpoint this job cannot continue from (same seed, level, layout, parameters; the same device
+        types unless the job runs at D2)."""
+        meta = state.meta
+        mine = self._job_meta()
+        for key in ("seed", "level", "width", "layout", "param_names"):
+            if meta.get(key) != mine[key]:
+                raise ValueError(
+                    f"checkpoint {state.source} was written with {key}={meta.get(key)!r}, now {mine[key]!r}"
+                )
+        saved_types = tuple(meta.get("device_types") or ())
+        if (
+            self.config.level is not DeterminismLevel.D2
+            and saved_types
+            and self.device_types
+            and saved_types != self.device_types
+        ):
             raise HpcElasticError(
-                f"checkpoint {ckpt.path} was written for {saved_n} logical workers, this job has {n}: the logical "
-                "worker count (HPC_ELASTIC_WORKERS) must not change across restarts"
+                f"checkpoint {state.source} was trained on {'+'.join(saved_types)}, this run has "
+                f"{'+'.join(self.device_types)}: at level {self.config.level.value} the bits depend on the device "
+                "type (only D2 may move across types)"
             )
-        old = ckpt.world_size
-        if n % old:
-            raise CorruptCheckpoint(f"checkpoint {ckpt.path}: {n} logical workers cannot have run on {old} processes")
-        per_old = n // old
-        cache: dict[int, Any] = {}
-
-        def shard(rank: int) -> Any:
-            if rank not in cache:
-                cache[rank] = ckpt.load_shard(rank)
-            return cache[rank]
-
-        root = shard(0)
-        if not isinstance(root, dict) or not isinstance(root.get("shared"), dict):
-            raise CorruptCheckpoint(f"checkpoint {ckpt.path} has no training state in rank 0's shard")
-        shared: dict[str, Any] = root["shared"]
-        if shared.get("format") != STATE_FORMAT:
-            raise CorruptCheckpoint(f"checkpoint {ckpt.path} holds state format {shared.get('format')!r}")
-        workers: dict[int, dict[str, Any]] = {}
-        for w in self.assignment.workers:
-            owner = shard(w // per_old)
-            saved = owner.get("workers", {}) if isinstance(owner, dict) else {}
-            if w not in saved:
-                raise CorruptCheckpoint(f"checkpoint {ckpt.path} lacks the state of logical worker {w}")
-            workers[w] = saved[w]
-        return _Loaded(shared, workers)
-
-    def _apply(self, shared: Mapping[str, Any]) -> None:
-        for name, target in (("model", self.model), ("optimizer", self.optimizer), ("scheduler", self.scheduler)):
-            saved = shared.get(name)
-            if target is None:
-                continue
-            if saved is None:
-                raise HpcElasticError(f"the checkpoint has no {name} state, but this State has a {name}")
-            target.load_state_dict(saved)
-        if self.sampler is not None:
-            if shared.get("sampler") is None:
-                raise HpcElasticError("the checkpoint has no sampler state, but this State has a sampler")
-            self.sampler.load_state_dict(shared["sampler"])
-        else:
-            self._epoch = int(shared.get("epoch", 0))
-        self.step = int(shared["step"])
-        self.extras = dict(shared.get("extras") or {})
+        for v, ctx in state.contexts.items():
+            if set(ctx.get("buffers", {})) != set(self._buffers):
+                raise ValueError(f"checkpoint {state.source}: the buffers of EST {v} do not fit this model")
 
     def restore(self) -> Checkpoint | None:
-        """Load the newest valid checkpoint (collective); ``None`` (state untouched) when there is none."""
-        found = self.store.load_latest(self._load)
+        """Continue from the newest checkpoint every process can read (collective; a damaged one is skipped on
+        every process); ``None``, the state untouched, when there is none.  The checkpoint may come from any
+        number of processes and any placement."""
+        store = self._require_store()
+        found = load_latest_state(store, self.local_ests, self.config.num_ests, self._check_state)
         if found is None:
             return None
-        ckpt, loaded = found
-        self._apply(loaded.shared)
-        self.workers = {w: dict(loaded.workers[w]) for w in self.assignment.workers}
+        ckpt, state = found
+        self.load_replicated(state.shared)
+        for v in self.local_ests:
+            ctx = ESTContext.from_state(state.contexts[v])
+            if ctx.vrank != v:
+                raise HpcElasticError(f"checkpoint {state.source}: the context saved for EST {v} is EST {ctx.vrank}'s")
+            self.contexts[v] = ctx
         self.last_checkpoint, self.last_step = ckpt.path, ckpt.step
+        self._open_loader()
         return ckpt
 
-    def sync(self) -> None:
-        """Make every rank's replicated state equal rank 0's (collective; pickles the state: meant for start-up,
-        when models were not initialised identically)."""
-        from hpc_elastic.checkpoint.tree import to_host
+    # ------------------------------------------------------------------ a new process group (Horovod elastic)
 
-        coll = self.store.collective
-        shared: dict[str, Any] | None = coll.broadcast_object(to_host(self._shared()) if coll.rank == 0 else None)
-        if coll.rank != 0 and shared is not None:
-            self._apply(shared)
+    def local_contexts(self) -> dict[int, dict[str, Any]]:
+        """This process's EST contexts, as host copies (:meth:`rebind` takes them back)."""
+        return {v: to_host(self.contexts[v].to_state()) for v in self.local_ests}
+
+    def rebind(
+        self,
+        comm: Communicator,
+        placement: Placement,
+        contexts: Mapping[int, Mapping[str, Any]],
+        store: CheckpointStore | None,
+    ) -> None:
+        """Go on in a new process group of the same job: this process now runs ``placement``'s ESTs for
+        ``comm``'s rank, whose contexts ``contexts`` must hold.  Only between steps, no checkpoint in flight."""
+        if self._active is not None or self._ran:
+            raise RuntimeError("the process group can change only between global steps")
+        if self.store is not None and self.store.pending is not None:
+            raise HpcElasticError("cannot change the process group while an asynchronous checkpoint is in flight")
+        old = self.comm, self.placement
+        self.comm, self.placement = comm, placement
+        try:
+            self._check_placement(placement)
+            missing = [v for v in self.local_ests if v not in contexts]
+            if missing:
+                raise ValueError(f"no context for ESTs {missing}")
+        except ValueError:
+            self.comm, self.placement = old
+            raise
+        self.contexts = {v: ESTContext.from_state(contexts[v]) for v in self.local_ests}
+        self.store = store
+        self.reducer = self._reducer()
+        self._open_loader()
+
+    # ------------------------------------------------------------------ fingerprints
+
+    def params_sha256(self) -> str:
+        return params_sha256(self.param_names, self.params)
+
+    def state_sha256(self) -> str:
+        """sha256 of parameters, optimizer and scheduler state, extras and every EST's context (RNG states, cursor,
+        buffers): collective, the same on every process, and equal to the fingerprint of a checkpoint of this
+        state (:func:`hpc_elastic.est.checkpoint.fingerprint`)."""
+        local = {v: digest_tree(self.contexts[v].to_state()) for v in self.local_ests}
+        per_est: dict[int, str] = {}
+        for part in self.comm.allgather_object(local):
+            per_est.update(part)
+        shared = without_params(self.replicated())
+        return combine_digests(self.params_sha256(), digest_tree(shared), [per_est[v] for v in range(self.num_ests)])
+
+    def close(self) -> None:
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+

@@ -189,12 +189,12 @@ def _busy(record: JobRecord) -> bool:
 
 
 def elastic_sizes(view: JobView, marker: JobMarker | None) -> list[int]:
-    """GPU counts an elastic job may run with: within [min, max] and dividing its logical workers N, so that
-    every process runs the same number of logical workers (bitwise-identical training, EasyScale)."""
+    """GPU counts an elastic job may run with: every count in [min, max] up to its logical workers N (its N ESTs
+    run on any number of processes from 1 to N with the same bits: EasyScale §3, Eq. 1a)."""
     if view.min_gpus is None or view.max_gpus is None:
         return []
     workers = marker.workers if marker is not None else view.max_gpus
-    return [n for n in range(view.min_gpus, view.max_gpus + 1) if workers % n == 0]
+    return list(range(view.min_gpus, min(view.max_gpus, workers) + 1))
 
 
 def resize_actions(

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import click
 
+import hpc_elastic
+from hpc_elastic.collective import Backend
 from hpc_elastic.env import read_environment
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.batch import render_batch_script
-from hpc_elastic.launch.spec import Backend, SubmitSpec, explicit_options, merge, parse_directives
+from hpc_elastic.launch.spec import SubmitSpec, check_gpu_type, explicit_options, merge, parse_directives
+from hpc_elastic.slurm import SlurmClient, connect
 
 
 def wrapper_argv(python: str) -> list[str]:
     """How the batch script starts the wrapper: ``wrappers/hpc-elastic-run`` of this checkout when present,
     else the same entry point as a module of the installed package."""
-    import hpc_elastic
-
     script = Path(hpc_elastic.__file__).resolve().parent.parent / "wrappers" / "hpc-elastic-run"
     return [python, str(script)] if script.is_file() else [python, "-m", "hpc_elastic.launch.run"]
 
@@ -34,7 +36,12 @@ def wrapper_argv(python: str) -> list[str]:
 @click.option("--partition", help="Slurm partition.")
 @click.option("--time", help="Time limit (Slurm format, e.g. 2:00:00).")
 @click.option("--backend", type=click.Choice([b.value for b in Backend]), help="Distributed backend.")
-@click.option("--workers", type=int, help="Logical workers N (default: GPUs).")
+@click.option("--workers", type=int, help="Logical workers N (ESTs; default: GPUs). Any GPU count up to N runs them.")
+@click.option(
+    "--level",
+    type=click.Choice([lvl.value for lvl in DeterminismLevel]),
+    help="Determinism level (default d1: same bits on any number of GPUs of one type; d2: across types too).",
+)
 @click.option("--ckpt-root", type=click.Path(path_type=Path), help="Job directories on the shared filesystem.")
 @click.option("--profile", help="Model profile name (profiles/).")
 @click.option("--job-name", help="Job name (default: the script's name).")
@@ -55,8 +62,21 @@ def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object
     if dry_run:
         click.echo(batch, nl=False)
         return
-    from hpc_elastic.slurm import connect
-
+    slurm = connect(env)
+    check_against_cluster(spec, slurm)
     spec.ckpt_root.mkdir(parents=True, exist_ok=True)
-    job_id = connect(env).submit(script_text=batch)
+    job_id = slurm.submit(script_text=batch)
     click.echo(job_id)
+
+
+def check_against_cluster(spec: SubmitSpec, slurm: SlurmClient) -> None:
+    """What only the cluster can tell: ``--gpu-type`` must be a type of the job's partitions (``ValueError``)."""
+    if spec.gpu_type is None:
+        return
+    partitions = slurm.partitions()
+    types: dict[str, set[str]] = {p.name: set() for p in partitions}
+    for node in slurm.nodes():
+        for part in node.partitions:
+            types.setdefault(part, set()).update(t for t, count in node.gpus.by_type if count > 0 and t)
+    default = next((p.name for p in partitions if p.default), None)
+    check_gpu_type(spec, {name: frozenset(t) for name, t in types.items()}, default)

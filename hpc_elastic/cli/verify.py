@@ -1,22 +1,46 @@
-"""``hpc-elastic verify-determinism``: run a training script under several process counts and check that
-the final parameters are bitwise identical (issue 6, §5)."""
+"""``hpc-elastic verify-determinism``: run a training script with N ESTs under several process counts (and resized
+mid-run) through the one runtime and launcher, and check that the final states are bitwise identical.
+
+Each run has its own job directory; the script must commit its final state (the bundled example does), and the
+fingerprint of that checkpoint (:func:`hpc_elastic.est.checkpoint.fingerprint`: parameters, optimizer state and
+every EST's context) is compared.  ``--resize-at K`` stops a run of M processes at step K through the control
+protocol (``control/stop`` with ``at_step``), then continues the same job directory on the next M.  Locally the
+processes start with the launcher's ``local`` mode; ``--submit`` runs every case as a Slurm job through
+``hpc-elastic submit``'s batch script and the real wrapper.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
-import json
+import secrets
 import shutil
+import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import click
 
-from hpc_elastic.est.backends import CommBackend
+from hpc_elastic.checkpoint import CheckpointStore
+from hpc_elastic.cli.submit import check_against_cluster, wrapper_argv
+from hpc_elastic.collective import Backend
+from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, StopReason, StopRequest, parse_ack
+from hpc_elastic.env import read_environment
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.checkpoint import Fingerprint, fingerprint
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.launch.batch import render_batch_script
+from hpc_elastic.launch.spec import SubmitSpec
+from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers, unavailable_reason
+from hpc_elastic.slurm import Job, JobState, SlurmClient, connect
+from hpc_elastic.slurm.commands import JobAction
 
 DEFAULT_PROCS = "1,2,4"
+CHECKPOINTS = "checkpoints"
 
 
 def parse_procs(text: str, workers: int) -> list[int]:
@@ -37,158 +61,311 @@ def parse_procs(text: str, workers: int) -> list[int]:
     return out
 
 
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--option must look like key=value, got {pair!r}")
-        try:
-            opts[key.strip()] = json.loads(raw)
-        except ValueError:
-            opts[key.strip()] = raw
-    return opts
-
-
 @dataclass(frozen=True)
 class Outcome:
     label: str
     procs: str
-    param_sha256: str
-    state_sha256: str | None
+    found: Fingerprint
     wall_s: float
 
 
-@click.command("verify-determinism")
+def final_fingerprint(job_dir: Path) -> Fingerprint:
+    """The fingerprint of the newest valid checkpoint of a run's job directory."""
+    ckpt = CheckpointStore(job_dir / CHECKPOINTS).latest()
+    if ckpt is None:
+        raise HpcElasticError(f"{job_dir} holds no checkpoint: the script must commit its final state")
+    return fingerprint(ckpt)
+
+
+def request_stop_at(job_dir: Path, step: int) -> None:
+    """Ask the job of ``job_dir`` to stop (reason ``resize``) once it reaches ``step`` (a request that stands until
+    a checkpoint of that step is acknowledged)."""
+    control = job_dir / CONTROL_DIR
+    control.mkdir(parents=True, exist_ok=True)
+    (control / STOP_FILE).write_text(StopRequest(StopReason.RESIZE, time.time(), step).to_json())
+
+
+def acknowledged_step(job_dir: Path) -> int:
+    """The step the job's workers acknowledged a checkpoint of (:class:`HpcElasticError` when there is none)."""
+    try:
+        return parse_ack((job_dir / CONTROL_DIR / ACK_FILE).read_text()).step
+    except (OSError, ValueError) as exc:
+        raise HpcElasticError(f"the run in {job_dir} did not acknowledge its stop: {exc}") from None
+
+
+class Runner(Protocol):
+    """Runs the cases of a check: a job of ``procs`` processes to its end, or stopped at a step and continued on
+    another number of processes.  Returns the job directory."""
+
+    def fixed(self, name: str, procs: int) -> Path: ...
+
+    def resized(self, name: str, procs: int, then: int, at_step: int) -> Path: ...
+
+
+class LocalRunner:
+    """Each case as processes on this machine (the launcher's ``local`` mode), in ``root/<name>``."""
+
+    def __init__(
+        self,
+        root: Path,
+        command: tuple[str, ...],
+        *,
+        backend: Backend,
+        workers: int,
+        level: DeterminismLevel,
+        timeout_s: float,
+    ) -> None:
+        self.root = root
+        self.command = command
+        self.backend = backend
+        self.workers = workers
+        self.level = level
+        self.timeout_s = timeout_s
+
+    def _run(self, job_dir: Path, procs: int) -> None:
+        step = WorkerStep(
+            command=self.command,
+            ntasks=procs,
+            num_ests=self.workers,
+            job_dir=job_dir,
+            backend=self.backend,
+            launcher=Launcher.LOCAL,
+            level=self.level,
+        )
+        logs = job_dir / "logs"
+        code = start_workers(step, logs=logs).wait(self.timeout_s)
+        if code != 0:
+            raise HpcElasticError(f"the run on {procs} processes in {job_dir} failed (exit {code}){_tail(logs)}")
+
+    def fixed(self, name: str, procs: int) -> Path:
+        self._run(self.root / name, procs)
+        return self.root / name
+
+    def resized(self, name: str, procs: int, then: int, at_step: int) -> Path:
+        job_dir = self.root / name
+        request_stop_at(job_dir, at_step)
+        self._run(job_dir, procs)
+        if acknowledged_step(job_dir) != at_step:
+            raise HpcElasticError(f"the run in {job_dir} did not stop at step {at_step}")
+        control = job_dir / CONTROL_DIR
+        for file in (STOP_FILE, ACK_FILE):  # what the wrapper does before the job's next incarnation
+            (control / file).replace(control / f"{file}.handled")
+        self._run(job_dir, then)
+        return job_dir
+
+
+class SlurmRunner:
+    """Each case as a Slurm job through ``hpc-elastic submit``'s batch script and the wrapper: ``procs`` GPUs (one
+    process each) on a GPU partition, ``procs`` processes on a CPU one.  A resize is what the scheduler plugin
+    does: a stop at the step, the wrapper's requeue, the pending job's new size."""
+
+    def __init__(self, slurm: SlurmClient, base: SubmitSpec, wrapper: list[str], timeout_s: float) -> None:
+        self.slurm = slurm
+        self.base = base
+        self.wrapper = wrapper
+        self.timeout_s = timeout_s
+
+    def _spec(self, name: str, procs: int) -> SubmitSpec:
+        if self.base.gpus:
+            return replace(self.base, job_name=name, gpus=procs, min_gpus=None, max_gpus=None)
+        return replace(self.base, job_name=name, procs=procs)
+
+    def _submit(self, name: str, procs: int, *options: str) -> tuple[int, Path]:
+        spec = self._spec(name, procs)
+        job_id = self.slurm.submit(options=options, script_text=render_batch_script(spec, self.wrapper))
+        return job_id, spec.ckpt_root / f"{spec.name}-{job_id}"
+
+    def _wait(self, job_id: int, what: str, done: Callable[[Job], bool]) -> Job:
+        """Poll squeue until ``done(job)`` (a finished job stays there for MinJobAge); cancel it on timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            found = self.slurm.jobs([job_id])
+            if not found:
+                raise HpcElasticError(f"job {job_id} left the queue before {what}")
+            if done(found[0]):
+                return found[0]
+            if not found[0].state.is_active:
+                raise HpcElasticError(f"job {job_id} ended {found[0].state.value} before {what}")
+            time.sleep(1.0)
+        self.slurm.cancel([job_id])
+        raise HpcElasticError(f"job {job_id}: no {what} within {self.timeout_s:.0f} s (cancelled)")
+
+    def fixed(self, name: str, procs: int) -> Path:
+        job_id, job_dir = self._submit(name, procs)
+        self._wait(job_id, "completion", lambda j: j.state is JobState.COMPLETED)
+        return job_dir
+
+    def resized(self, name: str, procs: int, then: int, at_step: int) -> Path:
+        job_id, job_dir = self._submit(name, procs, "--hold")
+        request_stop_at(job_dir, at_step)  # before it runs: the wrapper keeps a stop for a step until it is acked
+        self.slurm.act(JobAction.RELEASE, [job_id])
+        self._wait(job_id, "the requeue after the stop", lambda j: j.restart_count >= 1 and j.state.is_pending)
+        cpus = then * self.base.cpus_per_worker
+        self.slurm.update_job(job_id, {"NumTasks": then, "NumCPUs": cpus, "NumNodes": f"1-{then}"})
+        self._wait(job_id, "completion", lambda j: j.state is JobState.COMPLETED)
+        if acknowledged_step(job_dir) != at_step:
+            raise HpcElasticError(f"job {job_id} did not stop at step {at_step}")
+        return job_dir
+
+
+def _tail(logs: Path, lines: int = 3) -> str:
+    out: list[str] = []
+    for log in sorted(logs.glob("*.log")):
+        text = log.read_text(errors="replace").strip().splitlines()
+        out.extend(f"[{log.name}] {line}" for line in text[-lines:])
+    return (": " + " | ".join(out[-lines:])) if out else ""
+
+
+def bundled_example() -> str:
+    """The path of the bundled training script (:mod:`hpc_elastic.est.example`), found without importing it."""
+    spec = importlib.util.find_spec("hpc_elastic.est.example")
+    if spec is None or spec.origin is None:
+        raise HpcElasticError("the bundled example hpc_elastic.est.example is not installed")
+    return spec.origin
+
+
+def verify(runner: Runner, counts: list[int], resize_at: int | None, say: Callable[[str], None]) -> list[Outcome]:
+    """The fixed-M runs, then each resize from one M of ``counts`` to the next; every outcome is reported by
+    ``say`` as it comes (the first is the reference)."""
+    outcomes: list[Outcome] = []
+
+    def record(label: str, shown: str, job_dir: Path, started: float) -> None:
+        outcomes.append(Outcome(label, shown, final_fingerprint(job_dir), time.monotonic() - started))
+        ref, o = outcomes[0], outcomes[-1]
+        verdict = "reference" if len(outcomes) == 1 else ("match" if _same(ref, o) else "MISMATCH")
+        found = o.found
+        say(f"{o.label:<18} {o.procs:>6}  step {found.step:<5} {found.params_sha256}  {verdict}  ({o.wall_s:.1f} s)")
+
+    for m in counts:
+        started = time.monotonic()
+        record(f"fixed M={m}", str(m), runner.fixed(f"fixed-m{m}", m), started)
+    if resize_at is not None:
+        for m, m2 in list(itertools.pairwise(counts)) or [(counts[0], counts[0])]:
+            started = time.monotonic()
+            job_dir = runner.resized(f"resize-m{m}-m{m2}", m, m2, resize_at)
+            record(f"resize@{resize_at} {m}->{m2}", f"{m}->{m2}", job_dir, started)
+    return outcomes
+
+
+def _same(a: Outcome, b: Outcome) -> bool:
+    return (a.found.step, a.found.params_sha256, a.found.state_sha256) == (
+        b.found.step,
+        b.found.params_sha256,
+        b.found.state_sha256,
+    )
+
+
+@click.command("verify-determinism", context_settings={"ignore_unknown_options": True})
 @click.argument("script", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--workers", "-n", type=int, default=4, show_default=True, help="N, the number of ESTs of the job.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--workers", "-n", type=int, default=4, show_default=True, help="N, the ESTs (logical workers).")
 @click.option("--procs", default=DEFAULT_PROCS, show_default=True, help="Process counts M to run, e.g. 1,2,4.")
 @click.option(
-    "--backend",
-    type=click.Choice([CommBackend.GLOO.value, CommBackend.MPI.value, CommBackend.HOROVOD.value]),
-    default=CommBackend.GLOO.value,
-    show_default=True,
+    "--backend", type=click.Choice([b.value for b in Backend]), default=Backend.TORCH.value, show_default=True
 )
-@click.option("--steps", type=int, default=8, show_default=True, help="Global steps K of every run.")
-@click.option(
-    "--resize-at",
-    type=int,
-    default=None,
-    help="Also resume each run's checkpoint of this step on the next M of --procs.",
-)
+@click.option("--steps", type=int, default=8, show_default=True, help="Global steps of every run (--steps K).")
+@click.option("--resize-at", type=int, default=None, help="Also stop each run at this step, go on with the next M.")
 @click.option(
     "--level",
     type=click.Choice([lvl.value for lvl in DeterminismLevel]),
     default=DeterminismLevel.D1.value,
     show_default=True,
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--option", "-o", "options", multiple=True, help="key=value passed to the script (repeatable).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds one run may take.")
+@click.option("--submit", is_flag=True, help="Run every case as a Slurm job through the wrapper (not locally).")
+@click.option("--partition", default=None, help="With --submit: the partition (GPU partitions: one GPU per process).")
+@click.option("--gpu-type", default=None, help="With --submit: the GPU type.")
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Keep every run here (specs, logs, results, final parameters).",
+    help="Keep every run's job directory here (checkpoints, logs).",
 )
 def verify_determinism(
     *,
     script: Path | None,
+    args: tuple[str, ...],
     workers: int,
     procs: str,
     backend: str,
     steps: int,
     resize_at: int | None,
     level: str,
-    seed: int,
-    options: tuple[str, ...],
     timeout: float,
+    submit: bool,
+    partition: str | None,
+    gpu_type: str | None,
     workdir: Path | None,
 ) -> None:
-    """Run SCRIPT (default: the bundled example with dropout, BatchNorm and a shuffling DataLoader) with
-    N ESTs on each M of --procs and print the sha256 of the final parameters of every run.  Exit 0 only
-    when all runs match."""
-    from hpc_elastic.errors import HpcElasticError
-    from hpc_elastic.est.job import RunSpec
-    from hpc_elastic.est.launch import free_port, launch
-
+    """Run SCRIPT (default: the bundled example with dropout, BatchNorm and an augmenting loader) as
+    ``SCRIPT --steps K ARGS`` with N ESTs on each M of --procs, print the sha256 of the final parameters of every
+    run, and exit 0 only when all final states match.  ARGS follow ``--`` (``-- --loader-workers 1`` passes them
+    to the bundled example)."""
+    if script is not None and str(script).startswith("-"):  # `verify-determinism -- --opt` : the bundled example's
+        script, args = None, (str(script), *args)
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     if resize_at is not None and not 0 < resize_at < steps:
         raise ValueError(f"--resize-at must be in [1, {steps - 1}] for --steps {steps}, got {resize_at}")
-    if seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {seed}")
     if script is not None and not script.is_file():
         raise ValueError(f"training script {script} does not exist")
     counts = parse_procs(procs, workers)
-    opts = parse_options(options)
-    be = CommBackend.parse(backend)
+    be = Backend.parse(backend)
     lvl = DeterminismLevel.parse(level)
-    root = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="hpc-elastic-verify-"))
+    if not submit and (partition is not None or gpu_type is not None):
+        raise ValueError("--partition and --gpu-type go with --submit")
+    reason = None if submit else unavailable_reason(be)
+    if reason is not None:
+        raise HpcElasticError(f"backend {be.value} cannot run here: {reason}")
+    target = Path(script.resolve()) if script is not None else Path(bundled_example())
+    script_args = (f"--steps={steps}", *args)
+    if workdir is not None:
+        root = workdir
+    elif submit:  # every node must see it: the shared filesystem
+        root = read_environment().gpfs_root / "verify" / f"{int(time.time())}-{secrets.token_hex(3)}"
+    else:
+        root = Path(tempfile.mkdtemp(prefix="hpc-elastic-verify-"))
     root.mkdir(parents=True, exist_ok=True)
-
-    def spec(name: str, m: int, **kw: Any) -> RunSpec:
-        return RunSpec(
+    runner: Runner
+    if submit:
+        slurm = connect(read_environment())
+        partitions = {p.name: p for p in slurm.partitions()}
+        chosen = partition or next((name for name, p in partitions.items() if p.default), None)
+        if chosen is None or chosen not in partitions:
+            raise ValueError(f"no partition {chosen!r} on this cluster")
+        has_gpus = any(n.gpus.total > 0 and chosen in n.partitions for n in slurm.nodes())
+        base = SubmitSpec(
+            script=target,
+            args=script_args,
+            gpus=1 if has_gpus else 0,
+            procs=None if has_gpus else 1,
+            gpu_type=gpu_type,
+            partition=chosen,
             backend=be,
-            num_ests=workers,
-            procs=m,
-            steps=steps,
-            seed=seed,
+            workers=workers,
             level=lvl,
-            result_path=str(root / f"{name}.result.json"),
-            params_path=str(root / f"{name}.params.pt") if workdir is not None else None,
-            init_method=f"tcp://127.0.0.1:{free_port()}",
-            timeout_s=timeout,
-            options=opts,
-            **kw,
+            ckpt_root=root,
+            python=sys.executable,
         )
-
-    outcomes: list[Outcome] = []
-
-    def record(label: str, shown: str, result: dict[str, Any] | None, wall: float) -> None:
-        if result is None:
-            raise HpcElasticError(f"run {label} wrote no result")
-        outcomes.append(Outcome(label, shown, str(result["param_sha256"]), result.get("state_sha256"), wall))
-        ref = outcomes[0]
-        o = outcomes[-1]
-        verdict = "reference" if len(outcomes) == 1 else ("match" if _same(ref, o) else "MISMATCH")
-        click.echo(
-            f"{o.label:<18} {o.procs:>6}  {be.value:<7} {lvl.value}  {o.param_sha256}  {verdict}  ({o.wall_s:.1f} s)"
-        )
-
+        check_against_cluster(base, slurm)
+        runner = SlurmRunner(slurm, base, wrapper_argv(sys.executable), timeout)
+    else:
+        command = (sys.executable, str(target), *script_args)
+        runner = LocalRunner(root, command, backend=be, workers=workers, level=lvl, timeout_s=timeout)
     click.echo(
-        f"verify-determinism: N={workers} ESTs, procs {','.join(map(str, counts))}, {steps} steps, workdir {root}"
+        f"verify-determinism: N={workers} ESTs, procs {','.join(map(str, counts))}, {steps} steps, "
+        f"{be.value}, level {lvl.value}, {'as Slurm jobs' if submit else 'local processes'}, workdir {root}"
     )
-    click.echo(f"{'run':<18} {'procs':>6}  {'backend':<7} lvl {'sha256 of final parameters':<64}  verdict")
+    click.echo(f"{'run':<18} {'procs':>6}  {'step':<10} {'sha256 of final parameters':<64}  verdict")
     try:
-        for m in counts:
-            name = f"fixed-m{m}"
-            kw: dict[str, Any] = {}
-            if resize_at is not None:  # keep the state at the resize step for the resumed runs below
-                kw = {"checkpoint_dir": str(root / f"{name}.ckpt"), "checkpoint_steps": [resize_at]}
-            r = launch(spec(name, m, **kw), root, script, name=name)
-            record(f"fixed M={m}", str(m), r.result, r.wall_s)
-        if resize_at is not None:
-            # checkpoint at step K on M processes (the fixed run above), continue on the next M of the list
-            pairs = list(itertools.pairwise(counts)) or [(counts[0], counts[0])]
-            for m, m2 in pairs:
-                name = f"resize-m{m}-m{m2}"
-                kw = {"resume": True, "resume_from": str(root / f"fixed-m{m}.ckpt"), "resume_step": resize_at}
-                r = launch(spec(name, m2, **kw), root, script, name=name)
-                record(f"resize@{resize_at} {m}->{m2}", f"{m}->{m2}", r.result, r.wall_s)
+        outcomes = verify(runner, counts, resize_at, click.echo)
     finally:
-        if workdir is None:
+        if workdir is None and not submit:
             shutil.rmtree(root, ignore_errors=True)
     bad = [o for o in outcomes[1:] if not _same(outcomes[0], o)]
     if bad:
         click.echo(f"MISMATCH: {len(bad)} of {len(outcomes)} runs differ from the reference ({outcomes[0].label})")
         raise click.exceptions.Exit(1)
-    click.echo(f"OK: all {len(outcomes)} runs produced bitwise-identical parameters")
-
-
-def _same(a: Outcome, b: Outcome) -> bool:
-    if a.param_sha256 != b.param_sha256:
-        return False
-    return a.state_sha256 is None or b.state_sha256 is None or a.state_sha256 == b.state_sha256
+    click.echo(f"OK: all {len(outcomes)} runs ended in bitwise-identical states")

@@ -1,20 +1,24 @@
-"""The bundled training script of ``hpc-elastic verify-determinism``: a small classifier with dropout,
-BatchNorm and a shuffling DataLoader whose worker processes augment every sample with Python's
-``random``, NumPy and torch.  Run it through a launcher (``python -m hpc_elastic.est.example`` with the
-variables of :func:`hpc_elastic.est.job.job_from_environment`).
+"""The bundled training script (``hpc-elastic verify-determinism`` runs it by default; ``hpc-elastic submit`` takes
+this file like any script): a small classifier with BatchNorm and dropout, fed by a shuffling loader whose worker
+processes augment every sample with Python's ``random``, NumPy and torch.  Everything that makes elastic training
+non-deterministic elsewhere is here, and the runtime keeps the bits anyway.
 
-Options (``RunSpec.options``): ``mode`` ``est`` (default) or ``ddp`` (plain ``DistributedDataParallel``
-on N processes fed the same batches, the baseline EST runs are compared with), ``model`` ``bn-dropout``
-(default) or ``mlp`` (Linear/ReLU only: D2 holds for it), ``batch_size`` (8 per EST), ``dataset_size``
-(96), ``loader_workers`` (2), ``hidden`` (32), ``lr`` (0.1), ``sleep_per_step`` (0; tests use it to kill a
-run mid-way).
+    python -m hpc_elastic.est.example --steps 40            # under hpc-elastic-run, srun, mpirun or alone
+
+Options: ``--steps`` (global steps of the whole run, across restarts), ``--model`` ``bn-dropout`` (default) or
+``mlp`` (Linear/ReLU only: D2 covers it), ``--batch-size`` (per EST), ``--dataset-size``, ``--loader-workers``,
+``--hidden``, ``--lr``, ``--seed``, ``--ckpt-every`` (periodic commits), ``--step-delay`` (seconds after each step:
+tests and demos).  It commits its final state, prints ``final-params-sha256 <hex>`` and one ``RESULT <json>`` line
+(rank 0), and on a stop request checkpoints, acknowledges and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+import sys
 import time
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,13 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from hpc_elastic.est.context import RNGState, est_seed
-from hpc_elastic.est.data import DataPlan, ESTLoader
-from hpc_elastic.est.job import ESTJob, job_from_environment
-from hpc_elastic.est.levels import apply_determinism, seed_everything
+import hpc_elastic
 
 FEATURES = 16
 CLASSES = 4
+MODELS = ("bn-dropout", "mlp")
 
 
 class AugmentedBlobs(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -65,70 +67,90 @@ def build_model(kind: str, hidden: int) -> nn.Module:
         return nn.Sequential(
             nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES)
         )
-    raise ValueError(f"model must be bn-dropout or mlp, got {kind!r}")
+    raise ValueError(f"model must be one of {', '.join(MODELS)}, got {kind!r}")
 
 
-def _setup(job: ESTJob) -> tuple[nn.Module, torch.optim.Optimizer, AugmentedBlobs, dict[str, Any]]:
-    opts = job.options
-    apply_determinism(job.spec.level, int(opts.get("intra_op_threads", 1)))
-    seed_everything(job.spec.seed)  # identical initial parameters in every process
-    model = build_model(str(opts.get("model", "bn-dropout")), int(opts.get("hidden", 32)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=float(opts.get("lr", 0.1)), momentum=0.9)
-    dataset = AugmentedBlobs(int(opts.get("dataset_size", 96)))
-    return model, optimizer, dataset, opts
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=24, help="global steps of the whole run")
+    p.add_argument("--model", choices=MODELS, default="bn-dropout")
+    p.add_argument("--batch-size", type=int, default=8, help="mini-batch of each EST")
+    p.add_argument("--dataset-size", type=int, default=96)
+    p.add_argument("--loader-workers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt-every", type=int, default=0, help="commit every K steps (0: at the end and when stopped)")
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step")
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "dataset_size", "hidden"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
 
 
-def run_est(job: ESTJob) -> None:
-    model, optimizer, dataset, opts = _setup(job)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    session = hpc_elastic.init(seed=args.seed)
+    model = build_model(args.model, args.hidden).to(session.device)
     model.train()
-    rt = job.runtime(model, optimizer)
-    rt.attach_data(dataset, int(opts.get("batch_size", 8)), num_workers=int(opts.get("loader_workers", 2)))
-    pause = float(opts.get("sleep_per_step", 0.0))
-    while rt.step < job.spec.steps:
-        for _ in rt.local_steps():
-            x, y = rt.next_batch()
-            F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
-        rt.finish_step()
-        if pause:
-            time.sleep(pause)
-    if rt.store is not None and rt.last_checkpoint_step != rt.step:
-        rt.save_checkpoint()  # a run that stops early (a resize) leaves a checkpoint to continue from
-    job.report(rt)
-    rt.close()
-
-
-def run_ddp(job: ESTJob) -> None:
-    """Plain PyTorch DDP on N processes, rank r fed exactly what EST r is fed."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if job.spec.procs != job.spec.num_ests:
-        raise ValueError(f"the DDP baseline runs one process per worker: procs {job.spec.procs} != {job.spec.num_ests}")
-    model, optimizer, dataset, opts = _setup(job)
-    model.train()
-    rank = job.rank
-    ddp = DistributedDataParallel(model, broadcast_buffers=False)
-    RNGState.seeded(est_seed(job.spec.seed, rank)).restore()  # the RNG stream EST ``rank`` starts with
-    plan = DataPlan(len(dataset), job.spec.num_ests, int(opts.get("batch_size", 8)), job.spec.seed)
-    loader = ESTLoader(dataset, plan, [rank], num_workers=int(opts.get("loader_workers", 2)))
-    for step in range(job.spec.steps):
-        x, y = loader.get(rank, step)
-        F.cross_entropy(ddp(x), y).backward()  # type: ignore[no-untyped-call]
-        optimizer.step()
-        optimizer.zero_grad()
-    loader.close()
-    job.report(named_params=[(n, p) for n, p in model.named_parameters()], step=job.spec.steps)
-
-
-def main() -> None:
-    job = job_from_environment()
-    try:
-        if job.options.get("mode", "est") == "ddp":
-            run_ddp(job)
-        else:
-            run_est(job)
-    finally:
-        job.close()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    state = session.state(
+        model,
+        optimizer,
+        data=AugmentedBlobs(args.dataset_size),
+        batch_size=args.batch_size,
+        loader_workers=args.loader_workers,
+    )
+    restored = state.restore()
+    start = state.step
+    if session.is_root:
+        where = f"{restored.path} at step {start}" if restored else "nothing"
+        print(
+            f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}, "
+            f"{'+'.join(session.device_types)}); ESTs {session.num_workers}, here {list(session.workers)}; "
+            f"level {session.level.value}; restored from {where}",
+            flush=True,
+        )
+    stopped = False
+    while state.step < args.steps:
+        if session.should_stop():
+            path = session.checkpoint_and_acknowledge(state)
+            if session.is_root:
+                reason = session.stop_request.reason.value if session.stop_request else "unknown"
+                print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
+            stopped = True
+            break
+        for x, y in state.batches():
+            F.cross_entropy(model(x.to(session.device)), y.to(session.device)).backward()  # type: ignore[no-untyped-call]
+        state.finish_step()
+        if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
+            state.commit()
+        if args.step_delay:
+            time.sleep(args.step_delay)
+    if not stopped:
+        state.commit_if_needed()  # the final state: what verify-determinism compares
+    sha = state.params_sha256()
+    full = state.state_sha256()
+    if session.is_root:
+        if not stopped:
+            print(f"final-params-sha256 {sha}", flush=True)
+        result = {
+            "params_sha256": sha,
+            "state_sha256": full,
+            "step": state.step,
+            "start_step": start,
+            "stopped": stopped,
+            "world_size": session.world_size,
+            "num_workers": session.num_workers,
+            "backend": session.backend.value,
+            "device_types": list(session.device_types),
+            "restored_from": str(restored.path) if restored else None,
+        }
+        print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
+    session.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

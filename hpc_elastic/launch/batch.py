@@ -53,6 +53,7 @@ def render_batch_script(spec: SubmitSpec, wrapper: Sequence[str]) -> str:
         f"--ckpt-root={spec.ckpt_root}",
         f"--backend={spec.backend.value}",
         f"--workers={spec.logical_workers}",
+        *([f"--level={spec.level.value}"] if spec.level is not None else []),
         f"--grace={spec.grace_s}",
         *([f"--max-restarts={spec.max_restarts}"] if spec.max_restarts != DEFAULT_MAX_RESTARTS else []),
         "--",

@@ -5,13 +5,15 @@ Pure: no Slurm, no clock. The script file is read by the caller and passed in as
 
 from __future__ import annotations
 
-import enum
 import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from hpc_elastic.collective import Backend
+from hpc_elastic.est.levels import DeterminismLevel
 
 DIRECTIVE = "#HPC-ELASTIC"
 MARKER = "hpc-elastic:"  # prefix of the job comment that marks a job as managed by the scheduler plugin
@@ -22,12 +24,6 @@ _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 
 
-class Backend(enum.StrEnum):
-    TORCH = "torch"
-    MPI = "mpi"
-    HOROVOD = "horovod"
-
-
 @dataclass(frozen=True)
 class SubmitSpec:
     """A training job: its script, its resources and its elastic range.
@@ -35,7 +31,8 @@ class SubmitSpec:
     GPU jobs run one worker process per GPU (``gpus`` of them now, between ``min_gpus`` and ``max_gpus`` when
     the scheduler resizes it). CPU jobs (``gpus == 0``) run ``procs`` processes of ``cpus_per_worker`` cores.
     ``workers`` is the number of logical workers N (the global data-parallel degree the hyper-parameters were
-    designed for); it stays fixed whatever the number of processes.
+    designed for); it stays fixed whatever the number of processes, any number from 1 to N (EasyScale §3, Eq. 1a:
+    the processes need not divide N).  ``level`` is the determinism level (D2 alone may mix GPU types).
     """
 
     script: Path
@@ -51,6 +48,7 @@ class SubmitSpec:
     time: str | None = None
     backend: Backend = Backend.TORCH
     workers: int | None = None
+    level: DeterminismLevel | None = None
     ckpt_root: Path = Path("/tmp/hpc-elastic/gpfs/jobs")  # noqa: S108 - the dev cluster's GPFS stand-in
     profile: str | None = None
     job_name: str | None = None
@@ -115,9 +113,10 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"--workers must be >= 1, got {spec.workers}")
     top = spec.elastic_range[1]
     if spec.workers is not None and spec.workers < top:
-        raise ValueError(f"--workers ({spec.workers}) must be at least the largest number of processes ({top})")
-    if spec.workers is not None and any(spec.workers % m for m in {spec.processes, top}):
-        raise ValueError(f"--workers ({spec.workers}) must be a multiple of the number of processes ({spec.processes})")
+        what = "--max-gpus" if spec.gpus and spec.max_gpus else "the number of processes"
+        raise ValueError(
+            f"--workers ({spec.workers}) must be at least {what} ({top}): N ESTs run on at most N processes"
+        )
     if spec.time is not None and not _TIME.fullmatch(spec.time):
         raise ValueError(f"--time must be MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, got {spec.time!r}")
     if spec.gpu_type is not None and not _GPU_TYPE.fullmatch(spec.gpu_type):
@@ -158,6 +157,7 @@ _DIRECTIVE_OPTIONS: Mapping[str, tuple[str, type]] = {
     "--time": ("time", str),
     "--backend": ("backend", str),
     "--workers": ("workers", int),
+    "--level": ("level", str),
     "--ckpt-root": ("ckpt_root", Path),
     "--profile": ("profile", str),
     "--job-name": ("job_name", str),
@@ -213,43 +213,18 @@ def merge(directives: Mapping[str, Any], explicit: Mapping[str, Any], base: Subm
     if unknown:
         raise ValueError(f"unknown submit settings: {', '.join(sorted(unknown))}")
     if "backend" in values:
-        try:
-            values["backend"] = Backend(str(values["backend"]).lower())
-        except ValueError:
-            raise ValueError(
-                f"unknown backend {values['backend']!r}; choose one of {', '.join(b.value for b in Backend)}"
-            ) from None
+        values["backend"] = Backend.parse(values["backend"])
+    if "level" in values:
+        values["level"] = DeterminismLevel.parse(values["level"])
     return replace(base, **values)
 
 
 # ------------------------------------------------------------------------------------------------ marker
 
 
-def encode_marker(spec: SubmitSpec) -> str:
-    """The job comment that marks a job for the scheduler plugin and records its elastic range.
-
-    ``hpc-elastic:v=1,workers=8,min=2,max=8,unit=gpu,backend=torch[,gpu_type=a100][,profile=NAME]``: no
-    spaces or quotes, so it survives an ``#SBATCH --comment=`` line unchanged.
-    """
-    lo, hi = spec.elastic_range
-    items = [
-        ("v", "1"),
-        ("workers", str(spec.logical_workers)),
-        ("min", str(lo)),
-        ("max", str(hi)),
-        ("unit", "gpu" if spec.gpus else "proc"),
-        ("backend", spec.backend.value),
-    ]
-    if spec.gpu_type:
-        items.append(("gpu_type", spec.gpu_type))
-    if spec.profile:
-        items.append(("profile", spec.profile))
-    return MARKER + ",".join(f"{k}={v}" for k, v in items)
-
-
 @dataclass(frozen=True)
 class JobMarker:
-    """What ``hpc-elastic submit`` recorded in a job's comment."""
+    """What ``hpc-elastic submit`` recorded in a job's comment (and the wrapper adds: the pinned GPU type)."""
 
     workers: int
     min: int
@@ -258,6 +233,45 @@ class JobMarker:
     backend: Backend
     gpu_type: str | None = None
     profile: str | None = None
+    level: DeterminismLevel | None = None
+
+    def encode(self) -> str:
+        """``hpc-elastic:v=1,workers=8,min=2,max=8,unit=gpu,backend=torch[,gpu_type=a100][,profile=NAME][,level=d2]``:
+        no spaces or quotes, so it survives an ``#SBATCH --comment=`` line unchanged."""
+        items = [
+            ("v", "1"),
+            ("workers", str(self.workers)),
+            ("min", str(self.min)),
+            ("max", str(self.max)),
+            ("unit", self.unit),
+            ("backend", self.backend.value),
+        ]
+        if self.gpu_type:
+            items.append(("gpu_type", self.gpu_type))
+        if self.profile:
+            items.append(("profile", self.profile))
+        if self.level is not None:
+            items.append(("level", self.level.value))
+        return MARKER + ",".join(f"{k}={v}" for k, v in items)
+
+
+def marker_of(spec: SubmitSpec) -> JobMarker:
+    lo, hi = spec.elastic_range
+    return JobMarker(
+        workers=spec.logical_workers,
+        min=lo,
+        max=hi,
+        unit="gpu" if spec.gpus else "proc",
+        backend=spec.backend,
+        gpu_type=spec.gpu_type,
+        profile=spec.profile,
+        level=spec.level,
+    )
+
+
+def encode_marker(spec: SubmitSpec) -> str:
+    """The job comment that marks a job for the scheduler plugin and records its elastic range."""
+    return marker_of(spec).encode()
 
 
 def decode_marker(comment: str) -> JobMarker | None:
@@ -271,12 +285,28 @@ def decode_marker(comment: str) -> JobMarker | None:
             min=int(data["min"]),
             max=int(data["max"]),
             unit=data["unit"],
-            backend=Backend(data["backend"]),
+            backend=Backend.parse(data["backend"]),
             gpu_type=data.get("gpu_type"),
             profile=data.get("profile"),
+            level=DeterminismLevel.parse(data["level"]) if "level" in data else None,
         )
     except (ValueError, KeyError):
         return None
+
+
+def check_gpu_type(spec: SubmitSpec, gpu_types: Mapping[str, frozenset[str]], default_partition: str | None) -> None:
+    """``ValueError`` when ``--gpu-type`` names a type none of the job's partitions has (``gpu_types``: the GPU
+    types of each partition's nodes, from Slurm)."""
+    if spec.gpu_type is None:
+        return
+    names = spec.partition.split(",") if spec.partition else ([default_partition] if default_partition else [])
+    unknown = [name for name in names if name not in gpu_types]
+    if unknown:
+        raise ValueError(f"no partition {unknown[0]!r} on this cluster")
+    offered = sorted(set().union(*(gpu_types[name] for name in names))) if names else []
+    if names and spec.gpu_type not in offered:
+        where = ",".join(names)
+        raise ValueError(f"partition {where} has no {spec.gpu_type} GPUs (it has: {', '.join(offered) or 'no GPUs'})")
 
 
 def explicit_options(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:

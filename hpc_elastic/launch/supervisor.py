@@ -2,8 +2,10 @@
 
 1. Reads the allocation (:func:`hpc_elastic.env.read_job_environment`), prepares the job directory on the shared
    filesystem (``<ckpt-root>/<job name>-<job id>``, the same across requeues), clears a stop request left by the
-   previous run, and starts one worker process per device with ``srun`` (``mpirun`` on request), with the
-   rendezvous variables of the backend.
+   previous run, checks the allocation's GPU types against the job's (:mod:`hpc_elastic.launch.gpu_types`: a job
+   below D2 keeps the type of its first allocation, written into its marker; an allocation of another type is
+   requeued with a constraint on the job's type), and starts one worker process per task of the allocation with
+   ``srun`` (``mpirun`` on request) through the one launcher (:mod:`hpc_elastic.launch.workers`).
 2. On ``USR1`` (the plugin's ``scancel --signal=USR1 --batch``, or Slurm's ``--signal=B:USR1@grace`` before
    the time limit) it writes ``control/stop``; workers checkpoint at the next mini-batch boundary, rank 0 writes
    ``control/ack.json``, and they exit. A preemption or resize is then requeued (``scontrol requeue``); a time
@@ -18,21 +20,18 @@ The control files and their formats are :mod:`hpc_elastic.control`.
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import logging
-import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from hpc_elastic.checkpoint.fs import atomic_write_bytes
+from hpc_elastic.collective import Backend
 from hpc_elastic.control import (
     ACK_FILE,
     CONTROL_DIR,
@@ -43,23 +42,21 @@ from hpc_elastic.control import (
     parse_ack,
     parse_stop,
     parse_stop_lenient,
+    still_pending,
 )
-from hpc_elastic.env import JobEnvironment, child_environment
-from hpc_elastic.launch.spec import Backend
-from hpc_elastic.slurm import commands
-from hpc_elastic.slurm.client import CliSlurm
+from hpc_elastic.env import JobEnvironment
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.launch.gpu_types import TypeAction, decide_gpu_type, feature_for_type
+from hpc_elastic.launch.spec import decode_marker
+from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
+from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
-from hpc_elastic.slurm.runner import spawn
+from hpc_elastic.slurm.types import Node
 
 log = logging.getLogger(__name__)
 
 # A USR1 this close to the time limit (beyond the grace period) is the time-limit warning.
 TIMELIMIT_SLACK_S = 60.0
-
-
-class Launcher(enum.StrEnum):
-    SRUN = "srun"
-    MPIRUN = "mpirun"
 
 
 @dataclass(frozen=True)
@@ -68,6 +65,7 @@ class WrapperConfig:
     command: tuple[str, ...]
     backend: Backend = Backend.TORCH
     workers: int | None = None
+    level: DeterminismLevel | None = None
     grace_s: float = 120.0
     launcher: Launcher = Launcher.SRUN
     requeue_on_timelimit: bool = False
@@ -81,6 +79,8 @@ class WrapperConfig:
             raise ValueError(f"grace must be positive, got {self.grace_s}")
         if self.max_restarts < 0:
             raise ValueError(f"max restarts must be >= 0, got {self.max_restarts}")
+        if self.launcher is Launcher.LOCAL:
+            raise ValueError("hpc-elastic-run starts workers with srun or mpirun inside an allocation")
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -110,48 +110,6 @@ def should_requeue(reason: StopReason, requeue_on_timelimit: bool) -> bool:
     return reason is not StopReason.TIMELIMIT or requeue_on_timelimit
 
 
-def worker_argv(config: WrapperConfig, ntasks: int, gpus_per_task: int = 0) -> list[str]:
-    """The step that starts the workers: ``srun`` (PMIx for MPI/Horovod) or Open MPI's ``mpirun``."""
-    if config.launcher is Launcher.MPIRUN:
-        argv = ["mpirun", "-np", str(ntasks), "--mca", "btl", "tcp,self", "--bind-to", "none"]
-        if os.geteuid() == 0:
-            argv.insert(1, "--allow-run-as-root")
-        return [*argv, *config.command]
-    mpi = "pmix" if config.backend in (Backend.MPI, Backend.HOROVOD) else None
-    return commands.srun_step(config.command, ntasks, mpi=mpi, gpus_per_task=gpus_per_task)
-
-
-def worker_environment(
-    config: WrapperConfig, job: JobEnvironment, job_dir: Path, ntasks: int, port: int, *, attempt: int = 0
-) -> dict[str, str]:
-    return {
-        "HPC_ELASTIC_JOB_DIR": str(job_dir),
-        "HPC_ELASTIC_BACKEND": config.backend.value,
-        "HPC_ELASTIC_WORKERS": str(config.workers or ntasks),
-        "HPC_ELASTIC_WORLD_SIZE": str(ntasks),
-        "MASTER_ADDR": _master_address(),
-        "MASTER_PORT": str(port),
-        # The wrapper's own view; each task's rank comes from SLURM_PROCID / OMPI_COMM_WORLD_RANK.
-        "HPC_ELASTIC_RESTART_COUNT": str(job.restart_count),
-        "HPC_ELASTIC_ATTEMPT": str(attempt),
-    }
-
-
-def _master_address() -> str:
-    """Rank 0 runs on the batch host (srun places task 0 on the first node): its resolvable address."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-        sock.bind(("", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def read_ack(path: Path) -> Ack | None:
     """The acknowledgement in ``path``, or None when it is missing or not (yet) valid."""
     try:
@@ -160,12 +118,18 @@ def read_ack(path: Path) -> Ack | None:
         return None
 
 
-def read_stop_reason(path: Path) -> StopReason | None:
-    """The reason the plugin wrote into ``control/stop`` before signalling, or None when it gave none."""
+def read_stop(path: Path) -> StopRequest | None:
+    """The stop request in ``path``, or None when it is missing or not (yet) valid."""
     try:
-        return parse_stop(path.read_text()).reason
+        return parse_stop(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return None
+
+
+def read_stop_reason(path: Path) -> StopReason | None:
+    """The reason the plugin wrote into ``control/stop`` before signalling, or None when it gave none."""
+    request = read_stop(path)
+    return request.reason if request is not None else None
 
 
 # ------------------------------------------------------------------------------------------ the wrapper
@@ -178,7 +142,7 @@ class Supervisor:
         self,
         config: WrapperConfig,
         job: JobEnvironment,
-        slurm: CliSlurm,
+        slurm: SlurmClient,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -191,6 +155,10 @@ class Supervisor:
         self.control = self.job_dir / CONTROL_DIR
         self._usr1 = False
         self._fatal: int | None = None
+        self._stop_at_step: int | None = None
+        #: the GPU type the job keeps (below D2), once known; requeues carry it as a node constraint
+        self.pinned_type: str | None = None
+        self._node_gpu_types: tuple[tuple[str, str], ...] = ()
 
     # signal handlers only set flags; the loop acts on them
     def _on_usr1(self, signum: int, frame: FrameType | None) -> None:
@@ -201,22 +169,73 @@ class Supervisor:
 
     def prepare(self) -> None:
         """Create the job directory; set aside the stop request and acknowledgement of a previous incarnation
-        (kept for the record) so that neither is taken for one of this run."""
+        (kept for the record) so that neither is taken for one of this run.  A stop for a chosen step that no
+        checkpoint has acknowledged yet stands (:func:`hpc_elastic.control.still_pending`)."""
         self.control.mkdir(parents=True, exist_ok=True)
         (self.job_dir / "checkpoints").mkdir(exist_ok=True)
         stamp = int(self.clock())
-        for name in (STOP_FILE, ACK_FILE):
+        request = read_stop(self.control / STOP_FILE)
+        keep = request is not None and still_pending(request, read_ack(self.control / ACK_FILE))
+        for name in (ACK_FILE,) if keep else (STOP_FILE, ACK_FILE):
             stale = self.control / name
             if stale.exists():
                 stale.replace(self.control / f"{name}.handled-{stamp}")
         newest = sorted((self.job_dir / "checkpoints").glob("ckpt-*"))
         log.info(
-            "job %s restart %d in %s; newest checkpoint: %s",
+            "job %s restart %d in %s; newest checkpoint: %s%s",
             self.job.job_id,
             self.job.restart_count,
             self.job_dir,
             newest[-1].name if newest else "none",
+            f"; a stop at step {request.at_step} stands" if keep and request is not None else "",
         )
+
+    def check_gpu_types(self) -> bool:
+        """Whether this allocation's GPU types fit the job (see :mod:`hpc_elastic.launch.gpu_types`); pins the type of
+        a first allocation into the job's marker.  An allocation that does not fit is requeued, constrained to the
+        job's type.  Without a reading of Slurm the workers start (the runtime refuses mixed types below D2)."""
+        if self.job.job_id is None or not self.job.gpus_per_task:
+            return True
+        try:
+            job = self.slurm.job(self.job.job_id)
+            nodes = self.slurm.nodes()
+        except SlurmError as exc:
+            log.warning("cannot read the allocation's GPU types (%s); the runtime checks them", exc)
+            return True
+        self._node_gpu_types = tuple(
+            (n.name, n.gpus.by_type[0][0]) for n in nodes if n.name in job.nodes and n.gpus.total > 0
+        )
+        marker = decode_marker(job.comment)
+        decision = decide_gpu_type(dict(job.gpus.by_type), marker.gpu_type if marker else None, self.config.level)
+        self.pinned_type = decision.gpu_type if self.config.level is not DeterminismLevel.D2 else None
+        log.info("GPU types: %s", decision.reason)
+        if decision.action is TypeAction.PIN and marker is not None and decision.gpu_type is not None:
+            pinned = replace(marker, gpu_type=decision.gpu_type).encode()
+            try:
+                self.slurm.update_job(self.job.job_id, {"Comment": pinned})
+            except SlurmError as exc:
+                log.warning("cannot record the pinned GPU type in the job's comment: %s", exc)
+        if decision.action is not TypeAction.REFUSE:
+            return True
+        self._requeue_pinned(nodes)
+        return False
+
+    def _requeue_pinned(self, nodes: Sequence[Node] | None = None) -> None:
+        """Requeue the job; a job pinned to a GPU type waits for that type (a node feature that selects it)."""
+        if self.job.job_id is None:
+            return
+        self.slurm.requeue([self.job.job_id])
+        if self.pinned_type is None:
+            return
+        try:
+            feature = feature_for_type(nodes if nodes is not None else self.slurm.nodes(), self.pinned_type)
+            if feature is None:
+                log.warning("no node feature selects %s GPUs: the requeued job may start elsewhere", self.pinned_type)
+                return
+            self.slurm.update_job(self.job.job_id, {"Features": feature})
+            log.info("requeued job %s waits for %s GPUs (constraint %s)", self.job.job_id, self.pinned_type, feature)
+        except SlurmError as exc:
+            log.warning("cannot constrain the requeued job to %s GPUs: %s", self.pinned_type, exc)
 
     def requested_reason(self) -> StopReason | None:
         return read_stop_reason(self.control / STOP_FILE)
@@ -232,13 +251,30 @@ class Supervisor:
                 log.warning("cannot read the job's time limit (%s); treating USR1 as a preemption", exc)
         return classify_stop(requested, start, limit, datetime.fromtimestamp(self.clock(), tz=UTC), self.config.grace_s)
 
+    def step(self, ntasks: int, attempt: int) -> WorkerStep:
+        """The worker step of this incarnation: ``ntasks`` processes, the job's N ESTs."""
+        return WorkerStep(
+            command=self.config.command,
+            ntasks=ntasks,
+            num_ests=self.config.workers or ntasks,
+            job_dir=self.job_dir,
+            backend=self.config.backend,
+            launcher=self.config.launcher,
+            level=self.config.level,
+            gpus_per_task=self.job.gpus_per_task,
+            node_gpu_types=self._node_gpu_types,
+            restart_count=self.job.restart_count,
+            attempt=attempt,
+        )
+
     def run(self) -> int:
         self.prepare()
+        if not self.check_gpu_types():
+            return 0  # requeued for an allocation of the job's GPU type
         # The tasks allocated now, not the submission's SLURM_NTASKS: a resize changes NumTasks between runs.
         ntasks = self.job.allocated_tasks or self.job.world_size
         if ntasks != self.job.world_size:
             log.info("the allocation has %d tasks (submitted with %d): resized", ntasks, self.job.world_size)
-        argv = worker_argv(self.config, ntasks, gpus_per_task=self.job.gpus_per_task)
         previous = {
             signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_fatal),
@@ -247,12 +283,11 @@ class Supervisor:
         try:
             attempt = 0
             while True:
-                extra = worker_environment(self.config, self.job, self.job_dir, ntasks, _free_port(), attempt=attempt)
-                proc = spawn(argv, child_environment(extra))
+                group = start_workers(self.step(ntasks, attempt), kill_timeout_s=self.config.kill_timeout_s)
                 try:
-                    code, failed = self._supervise(proc)
+                    code, failed = self._supervise(group)
                 finally:
-                    self._kill_group(proc)
+                    group.stop(self.clock, self.sleep)
                 if not failed or attempt >= self.config.max_restarts:
                     if failed:
                         log.error("worker step failed (exit %d); restart budget of %d used", code, attempt)
@@ -268,7 +303,7 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _supervise(self, proc: Any) -> tuple[int, bool]:
+    def _supervise(self, group: WorkerGroup) -> tuple[int, bool]:
         """Watch one worker step. Return the wrapper's exit code and whether the step failed on its own (no stop
         was requested, no fatal signal): such a step may be restarted.
 
@@ -277,24 +312,27 @@ class Supervisor:
         not delay the GPUs' release."""
         reason: StopReason | None = None
         requested_at = 0.0
-        while proc.poll() is None:
+        while (code := group.poll()) is None:
             if self._fatal is not None:
                 log.warning("received signal %d: stopping the workers now", self._fatal)
-                self._kill_group(proc)
+                group.stop(self.clock, self.sleep)
                 return 128 + self._fatal, False
             if reason is None:
                 reason, requested_at = self._take_stop_request()
             if reason is not None:
                 if should_requeue(reason, self.config.requeue_on_timelimit) and self._acknowledged(requested_at):
                     return self._finish_stop(reason, requested_at), False
-                if self.clock() - requested_at > self.config.grace_s:
+                # a stop at a chosen step comes when the workers reach it: no grace period runs for it
+                if self._stop_at_step is None and self.clock() - requested_at > self.config.grace_s:
                     log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
-                    self._kill_group(proc)
+                    group.stop(self.clock, self.sleep)
+                    code = group.poll() or 1
                     break
             self.sleep(0.2)
-        code = int(proc.wait())
         if reason is None:  # the workers may have seen the scheduler's stop file before its signal reached us
             reason, requested_at = self._take_stop_request()
+        if reason is not None and self._stop_at_step is not None and self._acknowledged(requested_at) is None:
+            reason = None  # the workers ended before the step of the stop: an ordinary end
         if reason is None:
             log.info("workers finished with exit code %d", code)
             return code, code != 0 and self._fatal is None
@@ -314,7 +352,9 @@ class Supervisor:
         if text is not None:  # prepare() set aside older ones: this request is for this run
             request = parse_stop_lenient(text)
             reason = request.reason if request.reason is not StopReason.UNKNOWN else self._stop_reason()
-            log.info("stop requested by the scheduler (%s): workers checkpoint at the next boundary", reason.value)
+            self._stop_at_step = request.at_step
+            when = "the next boundary" if request.at_step is None else f"step {request.at_step}"
+            log.info("stop requested (%s): workers checkpoint at %s", reason.value, when)
             # An unreadable request has no time: the grace period starts now.
             return reason, request.requested_at if request.requested_at is not None else self.clock()
         if not self._usr1:
@@ -338,28 +378,14 @@ class Supervisor:
             log.error("no checkpoint acknowledgement after the stop request; the job resumes from an older one")
         if should_requeue(reason, self.config.requeue_on_timelimit):
             if self.job.job_id is not None:
-                self.slurm.requeue([self.job.job_id])
+                self._requeue_pinned()
                 log.info("job %s requeued (%s)", self.job.job_id, reason.value)
             return 0
         return 0 if ack is not None else 1
 
-    def _kill_group(self, proc: Any) -> None:
-        if proc.poll() is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # stragglers left in the group
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        deadline = self.clock() + self.config.kill_timeout_s
-        while proc.poll() is None and self.clock() < deadline:
-            self.sleep(0.1)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
 
 def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
-    """``[--ckpt-root=DIR] [--backend=B] [--workers=N] [--grace=S] [--launcher=srun|mpirun]
+    """``[--ckpt-root=DIR] [--backend=B] [--workers=N] [--level=d0|d1|d2] [--grace=S] [--launcher=srun|mpirun]
     [--max-restarts=N] [--requeue-on-timelimit] -- COMMAND...``"""
     if "--" not in argv:
         raise ValueError("usage: hpc-elastic-run [options] -- COMMAND [ARGS...]")
@@ -373,7 +399,9 @@ def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
         elif key == "--ckpt-root" and value:
             values["ckpt_root"] = Path(value)
         elif key == "--backend" and value:
-            values["backend"] = Backend(value)
+            values["backend"] = Backend.parse(value)
+        elif key == "--level" and value:
+            values["level"] = DeterminismLevel.parse(value)
         elif key == "--workers" and value:
             values["workers"] = int(value)
         elif key == "--grace" and value:

@@ -43,6 +43,8 @@ UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
     "ExcNodeList": _HOSTLIST,
     "TimeLimit": _TIME,
     "Comment": re.compile(r"[^\n\r\x00]*"),
+    # A pending job's node constraint (a requeued job pinned to one GPU type: 22.05 cannot change its GPU type)
+    "Features": re.compile(r"[A-Za-z0-9_.+-]+([&|][A-Za-z0-9_.+-]+)*"),
 }
 
 SIGNAL_NAMES = frozenset(

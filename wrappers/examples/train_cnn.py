@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small CNN on synthetic 12x12 single-channel images, with the training loop of ``train_mlp.py``.
 
-Convolution, pooling and a linear head: the same hpc-elastic Session / ElasticSampler / State contract, so it is
+Convolution, pooling and a linear head on the same runtime (``hpc_elastic.init()``, ESTs, one State), so it is
 preempted, requeued, resized and resumed exactly like the MLP, on the torch, mpi and horovod backends::
 
     hpc-elastic submit wrappers/examples/train_cnn.py --gpus 4 -- --steps 200 --ckpt-every 20

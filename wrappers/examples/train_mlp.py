@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""A tiny MLP on synthetic data, trained with hpc-elastic's Session, ElasticSampler and State.
+"""A tiny MLP on synthetic in-memory data, trained on hpc-elastic's one runtime (``hpc_elastic.init()``).
 
 The same script runs on the torch (gloo/nccl), mpi and horovod backends: the wrapper (or a person) sets
 HPC_ELASTIC_BACKEND, HPC_ELASTIC_JOB_DIR, HPC_ELASTIC_WORKERS and, for torch, HPC_ELASTIC_RANK /
 HPC_ELASTIC_WORLD_SIZE / MASTER_ADDR / MASTER_PORT (mpirun, srun and horovodrun give MPI and Horovod their ranks).
 
-Each of the N logical workers computes the gradient of the summed squared error over its own mini-batch; the
-per-worker gradients are added in logical-worker order (``Session.sum_over_workers``) and divided by the step's
-sample count.  So the parameters after any number of steps are the same bits whatever the number of processes M,
-and whatever restarts and resizes happened in between (same machine, one intra-op thread).
+The job has N logical workers (EasyScale threads, ESTs) whatever its number of processes M <= N.  Each EST reads its
+own mini-batch (its dataset indices come from the runtime's data plan: the tensors live in memory here) and
+computes the gradient of its mean squared error; the runtime sums the N gradients exactly and takes the optimizer
+step.  So the parameters after any number of steps are the same bits whatever M is, and whatever restarts and
+resizes happened in between.
 
 On a stop request it checkpoints, rank 0 writes ``control/ack.json`` and it exits 0.  At the end rank 0 prints
 ``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (also written to ``--result FILE``).
@@ -17,8 +18,6 @@ On a stop request it checkpoints, rank 0 writes ``control/ack.json`` and it exit
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
 import json
 import sys
 import time
@@ -29,8 +28,9 @@ from typing import TextIO
 import torch
 
 import hpc_elastic
+from hpc_elastic import hvd_elastic
 from hpc_elastic.checkpoint import Checkpoint
-from hpc_elastic.data import ElasticSampler
+from hpc_elastic.session import Session
 from hpc_elastic.state import State
 
 IN_FEATURES = 8
@@ -72,55 +72,21 @@ def synthetic_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def params_sha256(model: torch.nn.Module) -> str:
-    sha = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        sha.update(name.encode())
-        sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return sha.hexdigest()
-
-
 def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
 
 
 def train_step(
-    session: hpc_elastic.Session,
-    state: State,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    sampler: ElasticSampler,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    trace: TextIO | None,
+    state: State, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, trace: TextIO | None
 ) -> None:
-    """One optimizer step: each logical worker's gradient of its mini-batch, summed in logical-worker order."""
-    n = session.num_workers
-    params = list(model.parameters())
-    count = sampler.step_size(n)
-    rows = []
-    for w in session.workers:
-        idx = sampler.indices(w, n)
-        for p in params:
-            p.grad = None
-        if idx:
-            loss = ((model(x[idx]) - y[idx]) ** 2).sum()
-            loss.backward()
-            rows.append(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]))
-        else:  # the short last step of an epoch: this worker has no samples
-            rows.append(torch.zeros(sum(p.numel() for p in params), device=session.device))
-        if trace is not None:
-            record = {"step": state.step, "epoch": sampler.window(n).epoch, "worker": w, "indices": idx}
+    """One global step: each EST of this process on its own mini-batch, then the exact sum and the optimizer."""
+    for indices in state.batches():  # this EST's dataset indices; its context is switched in
+        idx = list(indices)
+        ((model(x[idx]) - y[idx]) ** 2).mean().backward()
+        if trace is not None and state.active is not None:
+            record = {"step": state.step, "epoch": state.epoch, "worker": state.active.vrank, "indices": idx}
             trace.write(json.dumps(record) + "\n")
-    total = session.sum_over_workers(torch.stack(rows)) / count
-    offset = 0
-    for p in params:
-        p.grad = total[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-    optimizer.step()
-    sampler.advance(n)
-    state.step += 1
+    state.finish_step()
     if trace is not None:
         trace.flush()
 
@@ -130,7 +96,7 @@ def checkpoint_due(args: argparse.Namespace, step: int) -> bool:
     return bool(args.ckpt_every) and step % args.ckpt_every == 0 and step < args.steps
 
 
-def stop_now(session: hpc_elastic.Session, state: State) -> None:
+def stop_now(session: Session, state: State) -> None:
     """The stop request: checkpoint, acknowledge (rank 0), say so."""
     path = session.checkpoint_and_acknowledge(state)
     if session.is_root:
@@ -138,7 +104,7 @@ def stop_now(session: hpc_elastic.Session, state: State) -> None:
         print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
 
 
-def train_plain(args: argparse.Namespace, session: hpc_elastic.Session, state: State, step: Callable[[], None]) -> bool:
+def train_plain(args: argparse.Namespace, session: Session, state: State, step: Callable[[], None]) -> bool:
     """``step()`` until the end of the run; True when a stop request ended it first."""
     while state.step < args.steps:
         if session.should_stop():
@@ -154,15 +120,13 @@ def train_plain(args: argparse.Namespace, session: hpc_elastic.Session, state: S
 
 def train_elastic(
     args: argparse.Namespace,
-    session: hpc_elastic.Session,
+    session: Session,
     state: State,
     step: Callable[[], None],
 ) -> tuple[bool, int, Checkpoint | None, int]:
     """The run under Horovod's elastic mode (hpc_elastic.hvd_elastic): ``step()`` until the end or a stop request,
     a commit in memory after every step.  Returns (stopped, start step, checkpoint resumed from, membership
     changes)."""
-    from hpc_elastic import hvd_elastic
-
     hstate = hvd_elastic.elastic_state(session, state)  # its first sync restores the newest checkpoint
     started: list[int] = []
 
@@ -194,24 +158,20 @@ def main(
 ) -> int:
     """Train ``build_model()`` on ``make_data(samples, seed)`` (``train_cnn.py`` passes its own)."""
     args = parse_args(argv)
-    torch.set_num_threads(1)  # same arithmetic in every process and every run
-    session = hpc_elastic.init(keep=args.keep)
-    torch.manual_seed(args.seed)  # identical initial parameters on every rank
+    session = hpc_elastic.init(seed=args.seed, keep=args.keep)  # identical initial parameters on every rank
     model = build_model().to(session.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     x, y = (t.to(session.device) for t in make_data(args.dataset, args.seed))
-    n = session.num_workers
-    sampler = ElasticSampler(args.dataset, args.batch, seed=args.seed)
-    state = session.state(
-        model=model, optimizer=optimizer, sampler=sampler, mode="async" if args.async_ckpt else "sync"
-    )
+    state = session.state(model, optimizer, mode="async" if args.async_ckpt else "sync")
+    state.plan_data(args.dataset, args.batch)  # the data are in memory: the runtime hands out indices
     trace: TextIO | None = None
     if args.trace is not None:
         args.trace.mkdir(parents=True, exist_ok=True)
         trace = open(args.trace / f"trace-{time.time_ns()}-rank{session.rank}.jsonl", "a")  # noqa: SIM115
-    step = functools.partial(
-        train_step, session, state, model=model, optimizer=optimizer, sampler=sampler, x=x, y=y, trace=trace
-    )
+
+    def step() -> None:
+        train_step(state, model, x, y, trace)
+
     changes = 0
     if args.horovod_elastic:  # restores (and reports) at its first sync
         stopped, start_step, restored, changes = train_elastic(args, session, state, step)
@@ -220,15 +180,15 @@ def main(
         start_step = state.step
         if session.is_root:
             print(
-                f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers {n}; "
-                f"restored from {restored.path if restored else 'nothing'} at step {start_step}",
+                f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}); logical workers "
+                f"{session.num_workers}; restored from {restored.path if restored else 'nothing'} at step {start_step}",
                 flush=True,
             )
         stopped = train_plain(args, session, state, step)
     state.wait()
     if trace is not None:
         trace.close()
-    sha = params_sha256(model)
+    sha = state.params_sha256()
     if session.is_root:
         if not stopped:
             print(f"final-params-sha256 {sha}", flush=True)
@@ -239,7 +199,7 @@ def main(
             "epoch": state.epoch,
             "stopped": stopped,
             "world_size": session.world_size,
-            "num_workers": n,
+            "num_workers": session.num_workers,
             "backend": session.backend.value,
             "restored_from": str(restored.path) if restored else None,
         }

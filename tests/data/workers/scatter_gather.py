@@ -1,8 +1,9 @@
 """Worker of tests/unit/est/test_scatter_gather.py: one rank of a reduce-scatter + allgather over uneven ranges.
 
-Usage: ``scatter_gather.py gloo OUT RANK SIZE INIT`` or ``mpirun -np SIZE scatter_gather.py mpi OUT``. Every rank
-builds the data of every rank from its seed, so it knows the exact sums; it writes whether its own range, the gathered
-tensor (gloo's ring), the owner exchange and the reducer's paths came out right.
+Usage: ``scatter_gather.py OUT``, started by the launcher (``hpc_elastic.launch.workers``, local mode) on the
+torch (gloo) or mpi backend. Every rank builds the data of every rank from its seed, so it knows the exact sums; it
+writes whether its own range, the gathered tensor (gloo's ring), the owner exchange and the reducer's paths came out
+right.
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpc_elastic.est.comm import Communicator, ScatterGather, make_communicator
+from hpc_elastic.env import read_job_environment
+from hpc_elastic.est.comm import Communicator, open_communicator
 from hpc_elastic.est.detsum import reference_allreduce
+from hpc_elastic.est.exchange import ScatterGather
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import plan_buckets
 from hpc_elastic.est.reducer import GradientReducer
 
 
 def main() -> None:
-    backend, out = sys.argv[1], Path(sys.argv[2])
-    if backend == "mpi":  # rank and size from mpirun
-        comm = make_communicator(backend)
-    else:
-        comm = make_communicator(backend, rank=int(sys.argv[3]), size=int(sys.argv[4]), init_method=sys.argv[5])
+    out = Path(sys.argv[1])
+    job = read_job_environment()
+    comm = open_communicator(
+        job.backend, rank=job.rank, world_size=job.world_size, master_addr=job.master_addr, master_port=job.master_port
+    )
     rank, size = comm.rank, comm.size
     n = 300_001  # several ring pieces per range, odd length
     # uneven ranges, the second one empty

@@ -1,8 +1,8 @@
 """A test double of the ``Collective`` protocol: M ranks as M threads of one process.
 
 Every operation is built on one exact ``allgather_object`` (a barrier-protected shared list), so multi-rank logic
-of the checkpoint store and the State can be tested in milliseconds; the real backends are tested with real
-processes elsewhere.
+of the checkpoint store and the session's control protocol can be tested in milliseconds; the real backends are
+tested with real processes elsewhere (the runtime's ESTs switch process-wide RNG states: threads share them).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+
+from hpc_elastic.est.comm import Communicator, ReduceOp
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -89,3 +91,17 @@ def run_ranks(size: int, fn: Callable[[ThreadCollective], R]) -> list[R]:
     if real or errors:
         raise (real or errors)[0]
     return results
+
+
+def threaded_communicator(coll: ThreadCollective) -> Communicator:
+    """A :class:`~hpc_elastic.est.comm.Communicator` over threaded ranks: the tensor allreduce as an exact gather
+    and a sum (or max) in rank order."""
+
+    def allreduce(tensor: torch.Tensor, op: ReduceOp) -> None:
+        parts = coll.allgather_object(tensor.detach().clone())
+        out = parts[0].clone()
+        for part in parts[1:]:
+            out = out + part if op is ReduceOp.SUM else torch.maximum(out, part)
+        tensor.copy_(out)
+
+    return Communicator(None, coll, allreduce)

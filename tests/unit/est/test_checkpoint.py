@@ -9,11 +9,9 @@ import pytest
 import torch
 
 from hpc_elastic.checkpoint import CheckpointStore, CorruptCheckpoint
-from hpc_elastic.est.checkpoint import EST_FORMAT, checkpoint_at, est_meta, read_state, save_state
-from hpc_elastic.est.levels import DeterminismLevel, seed_everything
-from hpc_elastic.est.runtime import ESTConfig, ESTRuntime
+from hpc_elastic.est.checkpoint import EST_FORMAT, checkpoint_at, est_meta, fingerprint, read_state, save_state
 from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks
-from tests.unit.est.test_runtime_local import make, train
+from tests.unit.est.test_state_local import make, train
 
 
 def test_each_est_is_read_from_the_shard_of_the_process_that_ran_it(tmp_path: Path) -> None:
@@ -34,7 +32,7 @@ def test_each_est_is_read_from_the_shard_of_the_process_that_ran_it(tmp_path: Pa
     assert {v: c["saved_by"] for v, c in state.contexts.items()} == {0: 1, 1: 0, 2: 0, 3: 1}
     assert state.step == 7 and torch.equal(state.shared["params"][0], torch.arange(3.0))
     assert set(read_state(ckpt, [3]).contexts) == {3}
-    with pytest.raises(ValueError, match="has 4 ESTs, this job has 2"):
+    with pytest.raises(ValueError, match="written for 4 logical workers"):
         read_state(ckpt, [0], num_ests=2)
     with pytest.raises(ValueError, match="has ESTs 0..3, not 4"):
         read_state(ckpt, [4])
@@ -44,9 +42,9 @@ def test_each_est_is_read_from_the_shard_of_the_process_that_ran_it(tmp_path: Pa
 
 
 def test_runtime_checkpoint_is_a_library_checkpoint_with_every_context(tmp_path: Path) -> None:
-    rt, model = make(checkpoint_dir=tmp_path, checkpoint_every=2)
-    train(rt, model, 2)
-    ckpt = CheckpointStore(tmp_path).latest()
+    state, model = make(job_dir=tmp_path)
+    train(state, model, 2, commit_every=2)
+    ckpt = CheckpointStore(tmp_path / "checkpoints").latest()
     assert ckpt is not None and ckpt.step == 2 and ckpt.path.name == "ckpt-000000000002"
     shard = ckpt.load_shard(0)
     assert sorted(shard["ests"]) == [0, 1, 2, 3]
@@ -54,40 +52,37 @@ def test_runtime_checkpoint_is_a_library_checkpoint_with_every_context(tmp_path:
     assert set(shard["ests"][0]["buffers"]) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
     # the BatchNorm statistics are per EST: each saw its own data
     assert not torch.equal(shard["ests"][0]["buffers"]["1.running_mean"], shard["ests"][1]["buffers"]["1.running_mean"])
-    assert shard["shared"]["step"] == 2 and len(shard["shared"]["params"]) == len(rt.params)
+    assert shard["shared"]["step"] == 2 and len(shard["shared"]["params"]) == len(state.params)
+    # the fingerprint of the checkpoint is the live state's
+    found = fingerprint(ckpt)
+    assert (found.step, found.params_sha256, found.state_sha256) == (2, state.params_sha256(), state.state_sha256())
+    train(state, model, 3)
+    assert fingerprint(ckpt).state_sha256 != state.state_sha256()
 
 
 def test_restore_skips_a_damaged_newest_checkpoint(tmp_path: Path) -> None:
-    straight, model = make(checkpoint_dir=tmp_path, checkpoint_every=2)
-    train(straight, model, 4)
-    newest = checkpoint_at(tmp_path, 4)
+    straight, model = make(job_dir=tmp_path)
+    train(straight, model, 4, commit_every=2)
+    newest = checkpoint_at(tmp_path / "checkpoints", 4)
     path = newest.path / "shard-00000.pt"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    resumed, model2 = make(checkpoint_dir=tmp_path)
-    assert resumed.restore() and resumed.step == 2  # step 4 is damaged: step 2 it is
+    resumed, model2 = make(job_dir=tmp_path)
+    assert resumed.restore() is not None and resumed.step == 2  # step 4 is damaged: step 2 it is
     train(resumed, model2, 4)
     assert resumed.state_sha256() == straight.state_sha256()
 
 
 def test_restore_refuses_another_jobs_checkpoint(tmp_path: Path) -> None:
-    rt, model = make(checkpoint_dir=tmp_path, checkpoint_every=1)
-    train(rt, model, 1)
-    seed_everything(3)
-    from hpc_elastic.est.example import build_model
-
-    other_model = build_model("bn-dropout", 16)
-    other = ESTRuntime(
-        other_model,
-        torch.optim.SGD(other_model.parameters(), lr=0.1),
-        ESTConfig(num_ests=4, seed=9, level=DeterminismLevel.D1, checkpoint_dir=tmp_path),
-    )
+    state, model = make(job_dir=tmp_path)
+    train(state, model, 1, commit_every=1)
+    other, _ = make(job_dir=tmp_path, seed=9)
     with pytest.raises(ValueError, match="was written with seed=3, now 9"):
         other.restore()
-    empty, _ = make(checkpoint_dir=tmp_path / "none")
-    assert not empty.restore()
-    plain = CheckpointStore(tmp_path / "plain")
+    empty, _ = make(job_dir=tmp_path / "none")
+    assert empty.restore() is None
+    plain = CheckpointStore(tmp_path / "plain" / "checkpoints")
     plain.save(1, {"x": torch.zeros(1)})
-    with pytest.raises(CorruptCheckpoint, match="is not an EST checkpoint"):
-        empty.restore(checkpoint_at(tmp_path / "plain", 1))
+    with pytest.raises(CorruptCheckpoint, match="is not a checkpoint of this runtime"):
+        fingerprint(checkpoint_at(tmp_path / "plain" / "checkpoints", 1))

@@ -1,4 +1,4 @@
-"""The ring reduce-scatter + allgather the deterministic allreduce runs on gloo (hpc_elastic.est.comm):
+"""The ring reduce-scatter + allgather the deterministic allreduce runs on gloo (hpc_elastic.est.exchange):
 exact int64 sums in each rank's own range, a complete allgather and every copy of a range at its owner and back, over
 uneven ranges (one empty), on real processes; and the reducer's two paths over them (one EST per process, binned)
 giving the definition's bits.  The owner exchange and the reducer's paths over MPI too."""
@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from hpc_elastic.est.comm import _pieces, _pieces_between, _ranges
-from hpc_elastic.est.launch import free_port, mpi_unavailable_reason
+from hpc_elastic.est.exchange import _pieces, _pieces_between, _ranges
 from hpc_elastic.est.reducer import OWNER_MIN_PIECE, OWNER_PIECES, piece_cuts
 from tests.conftest import REPO
-from tests.unit.session.launch import MPIRUN
+from tests.unit.session.launch import MPI_REASON, launch
 
 WORKER = REPO / "tests" / "data" / "workers" / "scatter_gather.py"
 SIZE = 4
@@ -27,26 +24,20 @@ def _results(out: Path) -> list[dict[str, bool]]:
     return [json.loads((out.parent / f"{out.name}.{r}").read_text()) for r in range(SIZE)]
 
 
+def run(backend: str, out: Path) -> list[dict[str, bool]]:
+    started = launch(backend, SIZE, out.parent / "job", [str(out)], workers=SIZE, logs=out.parent, script=WORKER)
+    assert started.wait(180) == 0, "\n".join(started.outputs)[-3000:]
+    return _results(out)
+
+
 def test_gloo_ring_sums_each_range_exactly_and_gathers_all(tmp_path: Path) -> None:
-    out = tmp_path / "gloo"
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), "gloo", str(out), str(r), str(SIZE), init], cwd=REPO)
-        for r in range(SIZE)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [0] * SIZE
-    assert (
-        _results(out) == [{"own": True, "gathered": True, "owners": True, "published": True, "reducers": True}] * SIZE
-    )
+    results = run("torch", tmp_path / "gloo")
+    assert results == [{"own": True, "gathered": True, "owners": True, "published": True, "reducers": True}] * SIZE
 
 
-@pytest.mark.skipif(mpi_unavailable_reason() is not None, reason=f"MPI unavailable: {mpi_unavailable_reason()}")
+@pytest.mark.skipif(MPI_REASON is not None, reason=f"MPI unavailable: {MPI_REASON}")
 def test_mpi_owner_exchange_and_reducer_paths(tmp_path: Path) -> None:
-    out = tmp_path / "mpi"
-    cmd = [*MPIRUN, "-np", str(SIZE), sys.executable, str(WORKER), "mpi", str(out)]
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert _results(out) == [{"owners": True, "published": True, "reducers": True}] * SIZE
+    assert run("mpi", tmp_path / "mpi") == [{"owners": True, "published": True, "reducers": True}] * SIZE
 
 
 def test_ranges_reject_bad_bounds() -> None:

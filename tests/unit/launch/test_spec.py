@@ -6,8 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic.collective import Backend
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.batch import render_batch_script
-from hpc_elastic.launch.spec import Backend, SubmitSpec, decode_marker, encode_marker, merge, parse_directives
+from hpc_elastic.launch.spec import (
+    SubmitSpec,
+    check_gpu_type,
+    decode_marker,
+    encode_marker,
+    merge,
+    parse_directives,
+)
 from tests.conftest import DATA
 
 GOLDEN = DATA / "golden"
@@ -76,8 +85,8 @@ def test_everything_in_the_body_is_quoted() -> None:
         ({"gpus": 0, "max_gpus": 2}, "need --gpus >= 1"),
         ({"gpus": 2, "min_gpus": 4, "max_gpus": 2}, r"--min-gpus \(4\) is greater than --max-gpus \(2\)"),
         ({"gpus": 1, "min_gpus": 2}, r"--gpus \(1\) is below --min-gpus \(2\)"),
-        ({"gpus": 4, "workers": 6}, r"--workers \(6\) must be a multiple"),
-        ({"gpus": 2, "max_gpus": 8, "workers": 4}, r"--workers \(4\) must be at least the largest"),
+        ({"gpus": 2, "max_gpus": 8, "workers": 4}, r"--workers \(4\) must be at least --max-gpus \(8\)"),
+        ({"gpus": 0, "procs": 4, "workers": 3}, r"--workers \(3\) must be at least the number of processes \(4\)"),
         ({"time": "soon"}, "--time must be"),
         ({"job_name": "a b"}, "bad job name 'a b'"),
         ({"ckpt_root": Path("relative")}, "absolute path"),
@@ -118,9 +127,31 @@ def test_bad_directives(text: str, message: str) -> None:
         parse_directives(text)
 
 
-def test_unknown_backend() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'foo'"):
+def test_any_number_of_gpus_up_to_the_logical_workers() -> None:
+    """EasyScale §3: N ESTs on any M <= N processes; M need not divide N."""
+    for gpus in (3, 5, 7):
+        assert spec(gpus=gpus, min_gpus=2, max_gpus=8, workers=8).processes == gpus
+    assert spec(gpus=0, procs=3, workers=4).logical_workers == 4
+
+
+def test_unknown_backend_and_level() -> None:
+    with pytest.raises(ValueError, match="backend must be one of torch, mpi, horovod, got 'foo'"):
         merge({"backend": "foo"}, {}, spec())
+    with pytest.raises(ValueError, match="determinism level must be one of d0, d1, d2, got 'd5'"):
+        merge({"level": "d5"}, {}, spec())
+    assert merge(parse_directives("#HPC-ELASTIC --level d2\n"), {}, spec()).level is DeterminismLevel.D2
+
+
+def test_gpu_type_must_be_one_of_the_partitions() -> None:
+    types = {"gpu": frozenset({"a100", "v100"}), "gpu-v100": frozenset({"v100"}), "cpu": frozenset()}
+    check_gpu_type(spec(gpu_type="a100", partition="gpu"), types, "gpu")
+    check_gpu_type(spec(gpu_type="a100"), types, "gpu")  # the default partition
+    with pytest.raises(ValueError, match=r"partition gpu-v100 has no a100 GPUs \(it has: v100\)"):
+        check_gpu_type(spec(gpu_type="a100", partition="gpu-v100"), types, "gpu")
+    with pytest.raises(ValueError, match=r"partition cpu has no h100 GPUs \(it has: no GPUs\)"):
+        check_gpu_type(spec(gpu_type="h100", partition="cpu"), types, "gpu")
+    with pytest.raises(ValueError, match="no partition 'nope'"):
+        check_gpu_type(spec(gpu_type="a100", partition="nope"), types, "gpu")
 
 
 def test_marker_round_trip() -> None:
@@ -130,7 +161,10 @@ def test_marker_round_trip() -> None:
     marker = decode_marker(comment)
     assert marker is not None
     assert (marker.workers, marker.min, marker.max, marker.unit, marker.backend) == (8, 2, 8, "gpu", Backend.TORCH)
-    assert marker.gpu_type == "v100" and marker.profile == "vgg_like"
+    assert marker.gpu_type == "v100" and marker.profile == "vgg_like" and marker.level is None
+    assert decode_marker(marker.encode()) == marker
+    d2 = decode_marker(encode_marker(spec(gpus=3, workers=8, level=DeterminismLevel.D2)))
+    assert d2 is not None and d2.level is DeterminismLevel.D2 and d2.workers == 8
     assert decode_marker("just a comment") is None
     assert decode_marker("hpc-elastic:garbage") is None
     cpu = decode_marker(encode_marker(spec(gpus=0, procs=3)))

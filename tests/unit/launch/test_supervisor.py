@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic.collective import Backend
 from hpc_elastic.control import StopReason, StopRequest
 from hpc_elastic.env import JobEnvironment, read_job_environment, tasks_per_node_total
-from hpc_elastic.launch.spec import Backend
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.supervisor import (
-    Launcher,
     Supervisor,
     WrapperConfig,
     classify_stop,
@@ -21,8 +21,8 @@ from hpc_elastic.launch.supervisor import (
     parse_wrapper_args,
     read_stop_reason,
     should_requeue,
-    worker_argv,
 )
+from hpc_elastic.launch.workers import Launcher, WorkerStep, worker_argv, worker_environment
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -48,8 +48,8 @@ def test_requeue_policy() -> None:
 
 
 def test_worker_argv() -> None:
-    torch = WrapperConfig(Path("/gpfs"), ("python", "t.py"))
-    assert worker_argv(torch, 4, gpus_per_task=1) == [
+    torch = WorkerStep(("python", "t.py"), ntasks=4, num_ests=8, job_dir=Path("/gpfs/j"), gpus_per_task=1)
+    assert worker_argv(torch) == [
         "srun",
         "--ntasks=4",
         "--unbuffered",
@@ -58,12 +58,44 @@ def test_worker_argv() -> None:
         "python",
         "t.py",
     ]
-    mpi = WrapperConfig(Path("/gpfs"), ("python", "t.py"), backend=Backend.MPI)
-    assert "--mpi=pmix" in worker_argv(mpi, 2)
-    mpirun = WrapperConfig(Path("/gpfs"), ("python", "t.py"), backend=Backend.MPI, launcher=Launcher.MPIRUN)
-    argv = worker_argv(mpirun, 3)
-    assert argv[0] == "mpirun" and argv[argv.index("-np") + 1] == "3" and argv[-2:] == ["python", "t.py"]
+    mpi = WorkerStep(("python", "t.py"), ntasks=2, num_ests=2, job_dir=Path("/j"), backend=Backend.MPI)
+    assert "--mpi=pmix" in worker_argv(mpi)
+    mpirun = WorkerStep(
+        ("python", "t.py"), ntasks=3, num_ests=3, job_dir=Path("/j"), backend=Backend.MPI, launcher=Launcher.MPIRUN
+    )
+    argv = worker_argv(mpirun)
+    assert argv[0].endswith("mpirun") and argv[argv.index("-np") + 1] == "3" and argv[-2:] == ["python", "t.py"]
     assert "tcp,self" in argv  # shared memory transport segfaults across fake nodes
+    local = WorkerStep(("python", "t.py"), ntasks=2, num_ests=4, job_dir=Path("/j"), launcher=Launcher.LOCAL)
+    assert worker_argv(local) == ["python", "t.py"]  # each rank runs the command itself
+    local_mpi = WorkerStep(
+        ("python", "t.py"), ntasks=2, num_ests=4, job_dir=Path("/j"), backend=Backend.MPI, launcher=Launcher.LOCAL
+    )
+    argv = worker_argv(local_mpi, exports=["HPC_ELASTIC_JOB_DIR"])
+    assert argv[argv.index("-x") + 1] == "HPC_ELASTIC_JOB_DIR" and "tcp,self" not in argv
+    with pytest.raises(ValueError, match="3 worker processes for 2 logical workers: M must not exceed N"):
+        WorkerStep(("python",), ntasks=3, num_ests=2, job_dir=Path("/j"))
+
+
+def test_worker_environment_is_the_runtimes_contract() -> None:
+    step = WorkerStep(
+        ("python",),
+        ntasks=3,
+        num_ests=8,
+        job_dir=Path("/gpfs/j"),
+        backend=Backend.HOROVOD,
+        level=DeterminismLevel.D2,
+        node_gpu_types=(("node1", "a100"), ("node3", "v100")),
+        restart_count=2,
+        attempt=1,
+    )
+    env = worker_environment(step, 4242)
+    assert env["HPC_ELASTIC_WORKERS"] == "8" and env["HPC_ELASTIC_WORLD_SIZE"] == "3"
+    assert env["HPC_ELASTIC_BACKEND"] == "horovod" and env["HPC_ELASTIC_LEVEL"] == "d2"
+    assert env["HPC_ELASTIC_GPU_TYPES"] == "node1:a100,node3:v100" and env["MASTER_PORT"] == "4242"
+    assert (env["HPC_ELASTIC_RESTART_COUNT"], env["HPC_ELASTIC_ATTEMPT"], env["OMP_NUM_THREADS"]) == ("2", "1", "1")
+    parsed = read_job_environment({**env, "SLURMD_NODENAME": "node3"})
+    assert parsed.level is DeterminismLevel.D2 and dict(parsed.node_gpu_types)["node3"] == "v100"
 
 
 def test_parse_wrapper_args() -> None:
@@ -73,6 +105,7 @@ def test_parse_wrapper_args() -> None:
             "--backend=mpi",
             "--workers=8",
             "--grace=30",
+            "--level=d2",
             "--requeue-on-timelimit",
             "--",
             "python",
@@ -82,6 +115,7 @@ def test_parse_wrapper_args() -> None:
         ]
     )
     assert config.ckpt_root == Path("/gpfs/jobs") and config.backend is Backend.MPI and config.workers == 8
+    assert config.level is DeterminismLevel.D2
     assert (
         config.grace_s == 30 and config.requeue_on_timelimit and config.command == ("python", "train.py", "--lr", "1")
     )
@@ -93,6 +127,8 @@ def test_parse_wrapper_args() -> None:
         parse_wrapper_args(["--ckpt-root=/x", "--colour=red", "--", "python"])
     with pytest.raises(ValueError, match="no worker command"):
         parse_wrapper_args(["--ckpt-root=/x", "--"])
+    with pytest.raises(ValueError, match="starts workers with srun or mpirun inside an allocation"):
+        parse_wrapper_args(["--ckpt-root=/x", "--launcher=local", "--", "python"])
 
 
 def test_job_directory_is_stable_across_requeues() -> None:
@@ -119,12 +155,12 @@ def test_job_environment_from_srun_and_mpirun_variables() -> None:
     )
     assert (srun.job_id, srun.rank, srun.world_size, srun.local_rank) == (7, 2, 4, 1)
     assert srun.gpus == ("3",) and srun.gpus_per_task == 1 and srun.restart_count == 2
-    assert srun.job_dir == Path("/gpfs/jobs/t-7") and srun.workers == 8 and srun.backend == "mpi"
+    assert srun.job_dir == Path("/gpfs/jobs/t-7") and srun.workers == 8 and srun.backend is Backend.MPI
     ompi = read_job_environment({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
     assert (ompi.rank, ompi.world_size) == (1, 2)
     with pytest.raises(ValueError, match="rank 4 is outside a world of 4"):
         read_job_environment({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"})
-    with pytest.raises(ValueError, match="HPC_ELASTIC_BACKEND must be one of"):
+    with pytest.raises(ValueError, match="HPC_ELASTIC_BACKEND: backend must be one of"):
         read_job_environment({"HPC_ELASTIC_BACKEND": "nccl"})
     with pytest.raises(ValueError, match="SLURM_PROCID must be an integer"):
         read_job_environment({"SLURM_PROCID": "x"})
@@ -147,7 +183,7 @@ def supervise(
 ) -> tuple[int, list[str], Supervisor]:
     log = tmp_path / "attempts.log"
     command = (sys.executable, "-c", ATTEMPT_LOG + body, str(log))
-    monkeypatch.setattr("hpc_elastic.launch.supervisor.worker_argv", lambda config, ntasks, gpus_per_task=0: command)
+    monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     config = WrapperConfig(tmp_path / "jobs", command, max_restarts=max_restarts, kill_timeout_s=2)
     supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), NoSlurm())  # type: ignore[arg-type]
     code = supervisor.run()
@@ -228,7 +264,7 @@ def test_a_preemption_is_requeued_once_acknowledged_without_waiting_for_the_work
 ) -> None:
     log, control = tmp_path / "worker.log", tmp_path / "jobs" / "t-5" / "control"
     command = (sys.executable, "-c", PREEMPTED_WORKER, str(log), str(control))
-    monkeypatch.setattr("hpc_elastic.launch.supervisor.worker_argv", lambda config, ntasks, gpus_per_task=0: command)
+    monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     slurm = RecordingSlurm()
     config = WrapperConfig(tmp_path / "jobs", command, kill_timeout_s=2)
     code = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm).run()  # type: ignore[arg-type]
@@ -269,7 +305,7 @@ def test_the_schedulers_stop_file_is_a_stop_even_before_its_signal_arrives(
     the USR1 reaches the wrapper. That is a preemption to requeue, not the end of the job."""
     control = tmp_path / "jobs" / "t-5" / "control"
     command = (sys.executable, "-c", SCHEDULER_STOPPED_WORKER, "-", str(control))
-    monkeypatch.setattr("hpc_elastic.launch.supervisor.worker_argv", lambda config, ntasks, gpus_per_task=0: command)
+    monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     slurm = RecordingSlurm()
     supervisor = Supervisor(WrapperConfig(tmp_path / "jobs", command), JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
     original = supervisor.prepare

@@ -6,8 +6,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from hpc_elastic.collective import Backend
+from hpc_elastic.env import Environment
+from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
-from slurm_plugin.cli import main
+from slurm_plugin.cli import main, profile_skew
 from slurm_plugin.config import ConfigError, OrderField, load_config, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -65,10 +68,6 @@ def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
 
 def test_skew_comes_from_the_profiles_largest_tensor_share() -> None:
     """S_J is on PACKLIMIT's scale (Tiresias Table 6): the shipped vgg_like profile is skewed, resnet_like not."""
-    from hpc_elastic.env import Environment
-    from hpc_elastic.launch.spec import Backend, JobMarker
-    from slurm_plugin.cli import profile_skew
-
     lookup = profile_skew(Environment())
 
     def marker(profile: str | None) -> JobMarker:

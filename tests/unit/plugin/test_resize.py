@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc_elastic.launch.spec import Backend, JobMarker
+from hpc_elastic.collective import Backend
+from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
 from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
 from slurm_plugin.actions import Resize, SetSize, elastic_sizes, followup_actions, plan, resize_actions
@@ -25,10 +26,11 @@ ELASTIC = {
 }
 
 
-def test_sizes_divide_the_logical_workers() -> None:
+def test_sizes_are_every_count_up_to_the_logical_workers() -> None:
     view = JobView(1, 4, 0.0, min_gpus=2, max_gpus=6)
     marker = JobMarker(workers=6, min=2, max=6, unit="gpu", backend=Backend.TORCH)
-    assert elastic_sizes(view, marker) == [2, 3, 6]
+    assert elastic_sizes(view, marker) == [2, 3, 4, 5, 6]  # 4 and 5 do not divide N = 6: the ESTs run anyway
+    assert elastic_sizes(view, JobMarker(workers=5, min=2, max=6, unit="gpu", backend=Backend.TORCH)) == [2, 3, 4, 5]
     assert elastic_sizes(JobView(1, 4, 0.0), marker) == []  # not elastic
 
 

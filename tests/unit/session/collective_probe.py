@@ -8,15 +8,15 @@ import sys
 
 import torch
 
-from hpc_elastic.collective import open_collective
 from hpc_elastic.env import read_job_environment
+from hpc_elastic.est.comm import open_communicator
 
 
 def main() -> int:
     job = read_job_environment()
-    coll = open_collective(
+    coll = open_communicator(
         job.backend, rank=job.rank, world_size=job.world_size, master_addr=job.master_addr, master_port=job.master_port
-    )
+    ).collective
     r, m = coll.rank, coll.world_size
     root = m - 1
     coll.barrier()

@@ -1,96 +1,56 @@
-"""Start real worker processes the way the wrapper does: plain env vars for torch.distributed, ``mpirun`` for MPI and
-Horovod.  Every process started here is ended here, by its own id."""
+"""Start real worker processes in tests through the one launcher (:mod:`hpc_elastic.launch.workers`, ``local``
+mode): plain processes for torch.distributed, ``mpirun`` for MPI and Horovod.  Every process started here is ended
+here."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_elastic.collective import Backend
+from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers, unavailable_reason
+
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "wrappers" / "examples" / "train_mlp.py"
-MPIRUN = ("mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "tcp,self")
 RUN_TIMEOUT_S = 240.0
+MPI_REASON = unavailable_reason(Backend.MPI)
+HVD_REASON = unavailable_reason(Backend.HOROVOD)
 
 
-def mpi_unavailable_reason() -> str | None:
-    if shutil.which("mpirun") is None:
-        return "mpirun not found"
-    if importlib.util.find_spec("mpi4py") is None:
-        return "mpi4py not installed"
-    return None
-
-
-def horovod_unavailable_reason() -> str | None:
-    if importlib.util.find_spec("horovod") is None:
-        return "horovod not installed"
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError as exc:
-        return f"horovod not installed (horovod.torch does not import: {exc})"
-    return mpi_unavailable_reason()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def base_env(job_dir: Path, workers: int, backend: str) -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """This process's environment without anything that would place the workers elsewhere."""
     drop = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HOROVOD_", "HPC_ELASTIC_", "MASTER_", "CUDA_VISIBLE_DEVICES")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(
-        {
-            "HPC_ELASTIC_JOB_DIR": str(job_dir),
-            "HPC_ELASTIC_WORKERS": str(workers),
-            "HPC_ELASTIC_BACKEND": backend,
-            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-            "OMP_NUM_THREADS": "1",
-        }
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
 @dataclass
 class Run:
-    procs: list[subprocess.Popen[str]]
-    logs: list[Path]
+    group: WorkerGroup
+    logs: Path
     result_file: Path | None = None
     outputs: list[str] = field(default_factory=list)
 
-    def wait(self, timeout: float = RUN_TIMEOUT_S) -> list[int]:
-        deadline = time.monotonic() + timeout
-        codes = []
+    def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
         try:
-            for p in self.procs:
-                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            return self.group.wait(timeout)
         finally:
-            self.kill()
-            self.outputs = [log.read_text() for log in self.logs]
-        return codes
+            self.group.stop()
+            self.outputs = [log.read_text(errors="replace") for log in sorted(self.logs.glob("*.log"))]
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, sig)
-        for p in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=30)
+    def kill(self) -> None:
+        self.group.stop()
+
+    def running(self) -> bool:
+        return self.group.poll() is None
 
     def result(self) -> dict[str, Any]:
         """The RESULT rank 0 wrote (``--result``: a file, since mpirun interleaves the ranks' output)."""
@@ -98,11 +58,6 @@ class Run:
             raise AssertionError("no result file; output:\n" + "\n".join(self.outputs))
         doc: dict[str, Any] = json.loads(self.result_file.read_text())
         return doc
-
-
-def _popen(argv: Sequence[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[str]:
-    with open(log, "w") as fh:
-        return subprocess.Popen(list(argv), env=dict(env), stdout=fh, stderr=subprocess.STDOUT, text=True, cwd=REPO)
 
 
 def launch(
@@ -115,26 +70,22 @@ def launch(
     logs: Path,
     script: Path = EXAMPLE,
 ) -> Run:
-    """``world`` processes of ``script`` on ``backend`` (torch: one Popen per rank with HPC_ELASTIC_RANK etc.;
-    mpi, horovod: one mpirun)."""
-    logs.mkdir(parents=True, exist_ok=True)
+    """``world`` processes of ``script`` with ``workers`` ESTs on ``backend``, output in a fresh folder of ``logs``."""
     stamp = time.time_ns()
-    env = base_env(job_dir, workers, backend)
-    result = logs / f"{stamp}-result.json"
+    out = logs / f"run-{stamp}"
+    result = out / "result.json"
     argv = [sys.executable, str(script), *args]
     if script.parent == EXAMPLE.parent:  # the examples write their RESULT to --result
         argv += ["--result", str(result)]
-    if backend == "torch":
-        env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "HPC_ELASTIC_WORLD_SIZE": str(world)})
-        procs, paths = [], []
-        for rank in range(world):
-            path = logs / f"{stamp}-torch-rank{rank}.log"
-            rank_env = {**env, "HPC_ELASTIC_RANK": str(rank), "HPC_ELASTIC_LOCAL_RANK": str(rank)}
-            procs.append(_popen(argv, rank_env, path))
-            paths.append(path)
-        return Run(procs, paths, result)
-    path = logs / f"{stamp}-{backend}.log"
-    return Run([_popen([*MPIRUN, "-np", str(world), *argv], env, path)], [path], result)
+    step = WorkerStep(
+        command=tuple(argv),
+        ntasks=world,
+        num_ests=workers,
+        job_dir=job_dir,
+        backend=Backend.parse(backend),
+        launcher=Launcher.LOCAL,
+    )
+    return Run(start_workers(step, environ=base_env(), logs=out), out, result)
 
 
 def write_stop(job_dir: Path, reason: str = "preempt") -> None:
@@ -164,7 +115,7 @@ def trace_steps(trace: Path) -> set[int]:
 def wait_for_steps(run: Run, trace: Path, at_least: int, timeout: float = RUN_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while len(trace_steps(trace)) < at_least:
-        if any(p.poll() is not None for p in run.procs):
+        if not run.running():
             run.wait(5)
             raise AssertionError("a worker exited before the stop:\n" + "\n".join(run.outputs))
         if time.monotonic() > deadline:

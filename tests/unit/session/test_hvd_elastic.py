@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from hpc_elastic.checkpoint import CheckpointStore
-from hpc_elastic.collective import LocalCollective
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.comm import local_communicator
+from hpc_elastic.est.plan import Placement
 from hpc_elastic.session import Session
-from hpc_elastic.workers import WorkerAssignment
-from tests.unit.session.launch import EXAMPLE, base_env, horovod_unavailable_reason, launch, read_traces
+from tests.unit.session.launch import EXAMPLE, HVD_REASON, base_env, launch, read_traces
 
 N = 2
-ARGS = ["--steps", "40", "--dataset", "44", "--batch", "4"]
-HVD_REASON = horovod_unavailable_reason()
+ARGS = ["--steps", "40", "--dataset", "48", "--batch", "4"]
 
 
 def horovodrun() -> str:
@@ -54,7 +54,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[tuple
     work = tmp_path_factory.mktemp("reference")
     trace = work / "trace"
     run = launch("mpi", 1, work / "job", [*ARGS, "--trace", str(trace)], workers=N, logs=work)
-    assert run.wait() == [0], "\n".join(run.outputs)
+    assert run.wait() == 0, "\n".join(run.outputs)
     plan = {(r["step"], r["worker"]): r["indices"] for r in read_traces(trace)}
     return str(run.result()["sha256"]), plan
 
@@ -85,9 +85,9 @@ def run_elastic(tmp_path: Path, hosts: str, on_first_checkpoint: Callable[[Path,
         *(sys.executable, str(EXAMPLE), *ARGS, "--step-delay", "0.2", "--ckpt-every", "10", "--horovod-elastic"),
         *("--trace", str(tmp_path / "trace"), "--result", str(tmp_path / "result.json")),
     ]
-    out = subprocess.run(
-        argv, env=base_env(job, N, "horovod"), capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False
-    )
+    env = {**base_env(), "HPC_ELASTIC_JOB_DIR": str(job), "HPC_ELASTIC_WORKERS": str(N)}
+    env["HPC_ELASTIC_BACKEND"] = "horovod"
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False)
     watcher.join(timeout=5)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log
@@ -160,24 +160,27 @@ def test_worker_killed_mid_run_the_survivor_rolls_back_and_goes_on_with_the_same
 
 def test_rebind_follows_the_new_group_and_refuses_what_would_lose_state(tmp_path: Path) -> None:
     session = Session.local(tmp_path, num_workers=2)
-    state = session.state()
-    state.workers[0]["rng"] = 7
-    store = CheckpointStore(tmp_path / "other", LocalCollective())
-    with pytest.raises(ValueError, match="no context for logical workers"):
-        state.rebind(store, WorkerAssignment(2, 1, 0), {0: {"rng": 7}})
-    with pytest.raises(ValueError, match="must not change"):
-        state.rebind(store, WorkerAssignment(4, 1, 0), {w: {} for w in range(4)})
-    with pytest.raises(ValueError, match="rank 0 of 2"):
-        state.rebind(store, WorkerAssignment(2, 2, 0), {0: {}, 1: {}})
-    state.rebind(store, WorkerAssignment(2, 1, 0), {0: {"rng": 7}, 1: {"rng": 8}})
-    assert state.workers == {0: {"rng": 7}, 1: {"rng": 8}} and state.store is store
+    model = torch.nn.Linear(2, 1)
+    state = session.state(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    state.contexts[0].extra["rng"] = 7
+    contexts = state.local_contexts()
+    store = CheckpointStore(tmp_path / "other", session.comm.collective)
+    comm = local_communicator()
+    with pytest.raises(ValueError, match=r"no context for ESTs \[1\]"):
+        state.rebind(comm, Placement.contiguous(2, 1), {0: contexts[0]}, store)
+    with pytest.raises(ValueError, match="placement has 4 ESTs, the job has 2"):
+        state.rebind(comm, Placement.contiguous(4, 1), contexts, store)
+    assert state.comm is session.comm  # a refused rebind changes nothing
+    state.rebind(comm, Placement.contiguous(2, 1), contexts, store)
+    assert state.contexts[0].extra == {"rng": 7} and state.store is store and state.comm is comm
 
-    session.rebind(LocalCollective())
+    session.rebind(comm)
     assert (session.rank, session.world_size, list(session.workers)) == (0, 1, [0, 1])
-    assert session.store is not store  # a new store on the new group
+    assert session.checkpoint_store() is not store  # a new store on the new group
 
     busy = Session.local(tmp_path / "async", num_workers=2)
-    busy.state(mode="async").commit()  # in flight until wait()
+    busy_state = busy.state(model, torch.optim.SGD(model.parameters(), lr=0.1), mode="async")
+    busy_state.commit()  # in flight until wait()
     with pytest.raises(HpcElasticError, match="in flight"):
-        busy.rebind(LocalCollective())
+        busy.rebind(comm)
     busy.close()

@@ -1,12 +1,12 @@
 """The example training script (wrappers/examples/train_mlp.py) as real processes on gloo, MPI and Horovod:
 stop file -> checkpoint -> ack -> exit 0 -> restart on a different number of processes -> continues exactly.
 
-What is asserted, and why it may be asserted bitwise: the job has N = 2 logical workers.  Each computes the gradient
-of its own mini-batch; the per-worker gradients are gathered exactly and added in logical-worker order, so an
-optimizer step is the same arithmetic whatever the number of processes M (1 or 2 here) and whichever backend moved
-the bytes; the sampler is keyed on logical workers, not processes; a checkpoint holds the exact tensors.  Hence:
+What is asserted, and why it may be asserted bitwise: the job has N = 2 logical workers (ESTs).  Each computes the
+gradient of its own mini-batch; the runtime sums the N gradients exactly (integers on aligned bins), so an optimizer
+step is the same arithmetic whatever the number of processes M and whichever backend moved the bytes; the data plan
+is keyed on ESTs, not processes; a checkpoint holds the exact tensors and every EST's context.  Hence:
 - every (step, logical worker) pair is trained exactly once over stop + resume, on exactly the samples the
-  uninterrupted run used for it, and every epoch uses each of the 44 samples exactly once;
+  uninterrupted run used for it, and every epoch uses each of the 48 samples exactly once;
 - the final parameters have the same sha256 as the uninterrupted one-process torch run (same machine, one
   intra-op thread: the reference and the elastic runs execute the same float operations in the same order).
 """
@@ -14,6 +14,7 @@ the bytes; the sampler is keyed on logical workers, not processes; a checkpoint 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -23,11 +24,11 @@ import pytest
 
 from tests.unit.session.launch import (
     EXAMPLE,
+    HVD_REASON,
+    MPI_REASON,
     Run,
     clear_control,
-    horovod_unavailable_reason,
     launch,
-    mpi_unavailable_reason,
     read_traces,
     trace_steps,
     wait_for_steps,
@@ -35,18 +36,14 @@ from tests.unit.session.launch import (
 )
 
 N = 2
-DATASET = 44  # 44 samples / (2 workers x batch 4): 5 full steps and a short one (worker 1 idle) per epoch
+DATASET = 48  # 48 samples / (2 workers x batch 4): 6 steps per epoch
 STEPS = 40
 DELAY = ["--step-delay", "0.15"]  # slow enough that the stop file arrives mid-run
 ARGS = ["--steps", str(STEPS), "--dataset", str(DATASET), "--batch", "4"]
 
-MPI_REASON = mpi_unavailable_reason()
-HVD_REASON = horovod_unavailable_reason()
-
 
 def ok(run: Run) -> dict[str, Any]:
-    codes = run.wait()
-    assert codes == [0] * len(codes), "\n".join(run.outputs)
+    assert run.wait() == 0, "\n".join(run.outputs)
     return run.result()
 
 
@@ -57,7 +54,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run = launch("torch", 1, work / "job", [*ARGS, "--trace", str(work / "trace")], workers=N, logs=work)
     result = ok(run)
     assert (result["step"], result["stopped"], result["restored_from"]) == (STEPS, False, None)
-    assert f"final-params-sha256 {result['sha256']}" in run.outputs[0]
+    assert f"final-params-sha256 {result['sha256']}" in "".join(run.outputs)
     plan = {(r["step"], r["worker"]): r["indices"] for r in read_traces(work / "trace")}
     assert len(plan) == STEPS * N
     return {"sha256": result["sha256"], "plan": plan}
@@ -80,7 +77,7 @@ def check_stop(result: dict[str, Any], ack: dict[str, Any], job: Path, world: in
     assert ack["checkpoint"] == str((job / "checkpoints" / f"ckpt-{step:012d}").resolve())
     assert (ack["job_id"], ack["restart_count"]) == (None, 0)
     manifest = json.loads((Path(ack["checkpoint"]) / "MANIFEST.json").read_text())
-    assert manifest["world_size"] == world and manifest["meta"]["num_workers"] == N
+    assert manifest["world_size"] == world and manifest["meta"]["est"]["num_ests"] == N
     assert sorted(manifest["files"]) == [f"shard-{r:05d}.pt" for r in range(world)]
     return step
 
@@ -148,8 +145,8 @@ def test_gloo_kill_9_mid_run_resumes_from_the_last_async_checkpoint(reference: d
     periodic = ["--ckpt-every", "4", "--async-ckpt"]
     run = launch("torch", 2, job, [*ARGS, *DELAY, *periodic, "--trace", str(trace)], workers=N, logs=tmp_path)
     wait_for_steps(run, trace, 10)
-    run.kill()  # SIGKILL to every worker, wherever it is (possibly in the middle of a checkpoint)
-    assert [p.returncode for p in run.procs] == [-9, -9]
+    run.group.signal(signal.SIGKILL)  # every worker, wherever it is (possibly in the middle of a checkpoint)
+    assert run.wait() == -9
     reached = max(trace_steps(trace))
     time.sleep(0.1)
     final = ok(launch("torch", 2, job, [*ARGS, *periodic], workers=N, logs=tmp_path))
@@ -161,22 +158,23 @@ def test_gloo_kill_9_mid_run_resumes_from_the_last_async_checkpoint(reference: d
     assert len(kept) == 3 and all(name.startswith("ckpt-") for name in kept)  # keep 3, leftovers cleaned
 
 
-@pytest.mark.parametrize("backend", ["torch", "mpi"])
-def test_four_processes_give_the_bits_of_one(backend: str, tmp_path: Path) -> None:
-    """N = 4 logical workers on M = 4 processes (gloo, then mpirun) against M = 1: the same final parameters."""
+@pytest.mark.parametrize(("backend", "world"), [("torch", 4), ("torch", 3), ("mpi", 3)])
+def test_any_number_of_processes_gives_the_bits_of_one(backend: str, world: int, tmp_path: Path) -> None:
+    """N = 4 logical workers on M = 4 and M = 3 processes (M need not divide N; gloo, then mpirun) against M = 1:
+    the same final parameters."""
     if backend == "mpi" and MPI_REASON is not None:
         pytest.skip(f"MPI unavailable: {MPI_REASON}")
     short = ["--steps", "12", "--dataset", str(DATASET), "--batch", "4"]
     one = ok(launch("torch", 1, tmp_path / "one", short, workers=4, logs=tmp_path / "l1"))
-    four = ok(launch(backend, 4, tmp_path / "four", short, workers=4, logs=tmp_path / "l4"))
-    assert (four["world_size"], four["num_workers"], four["backend"]) == (4, 4, backend)
+    many = ok(launch(backend, world, tmp_path / "many", short, workers=4, logs=tmp_path / "lm"))
+    assert (many["world_size"], many["num_workers"], many["backend"]) == (world, 4, backend)
     assert (one["world_size"], one["num_workers"]) == (1, 4)
-    assert four["sha256"] == one["sha256"]
+    assert many["sha256"] == one["sha256"]
 
 
 def test_the_cnn_example_gives_the_same_bits_on_one_and_two_processes(tmp_path: Path) -> None:
     cnn = EXAMPLE.with_name("train_cnn.py")
-    short = ["--steps", "8", "--dataset", "40", "--batch", "4"]
+    short = ["--steps", "8", "--dataset", "40", "--batch", "4"]  # 5 steps per epoch
     one = ok(launch("torch", 1, tmp_path / "one", short, workers=2, logs=tmp_path / "l1", script=cnn))
     two = ok(launch("torch", 2, tmp_path / "two", short, workers=2, logs=tmp_path / "l2", script=cnn))
     assert (one["step"], two["step"], two["world_size"]) == (8, 8, 2)

@@ -1,4 +1,4 @@
-"""Pure parts of the session side: logical-worker assignment, control-file formats, checkpoint layout."""
+"""Pure parts of the session side: control-file formats, checkpoint layout."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from hpc_elastic.checkpoint import layout
 from hpc_elastic.control import (
@@ -19,34 +17,6 @@ from hpc_elastic.control import (
     parse_stop,
     parse_stop_lenient,
 )
-from hpc_elastic.workers import WorkerAssignment, valid_world_sizes
-
-
-@given(st.integers(1, 64), st.data())
-def test_assignment_is_contiguous_blocks_covering_every_worker_once(n: int, data: st.DataObject) -> None:
-    m = data.draw(st.sampled_from(valid_world_sizes(n)))
-    blocks = [WorkerAssignment(n, m, r).workers for r in range(m)]
-    flat = [w for b in blocks for w in b]
-    assert flat == list(range(n))  # rank order lists the logical workers in id order
-    assert {len(b) for b in blocks} == {n // m}
-    for r, block in enumerate(blocks):
-        assert all(WorkerAssignment(n, m, 0).owner(w) == r for w in block)
-
-
-def test_assignment_examples_and_errors() -> None:
-    assert list(WorkerAssignment(8, 4, 1).workers) == [2, 3]
-    assert list(WorkerAssignment(8, 1, 0).workers) == list(range(8))
-    assert valid_world_sizes(12) == [1, 2, 3, 4, 6, 12]
-    with pytest.raises(ValueError, match="world_size=4 processes is more than num_workers=2 logical workers"):
-        WorkerAssignment(2, 4, 0)
-    with pytest.raises(ValueError, match="num_workers=6 logical workers do not split evenly over world_size=4"):
-        WorkerAssignment(6, 4, 0)
-    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\), got 2"):
-        WorkerAssignment(4, 2, 2)
-    with pytest.raises(ValueError, match="num_workers must be a positive integer, got 0"):
-        WorkerAssignment(0, 1, 0)
-    with pytest.raises(ValueError, match=r"worker must be in \[0, 4\), got 4"):
-        WorkerAssignment(4, 2, 0).owner(4)
 
 
 def test_stop_file_format() -> None:
@@ -55,6 +25,10 @@ def test_stop_file_format() -> None:
     assert parse_stop(req.to_json()) == req
     for reason in ("timelimit", "resize"):
         assert parse_stop(json.dumps({"reason": reason, "requested_at": 1})).reason.value == reason
+    at = StopRequest(StopReason.RESIZE, 5.0, 12)
+    assert parse_stop(at.to_json()) == at and json.loads(at.to_json())["at_step"] == 12
+    with pytest.raises(ValueError, match="at_step must be a non-negative integer, got -1"):
+        parse_stop('{"reason": "resize", "requested_at": 1, "at_step": -1}')
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""Session and State on threaded ranks (fast) and one real torch.distributed process: stop agreement, ack,
-commit/restore across resizes with per-logical-worker state, bitwise-stable reduction."""
+"""Session and State: stop agreement on threaded ranks, the ack, stops at a chosen step, commit/restore of extras
+and per-EST values, device-type guards, and opening a real one-process group from the environment."""
 
 from __future__ import annotations
 
@@ -12,133 +12,53 @@ import pytest
 import torch
 
 from hpc_elastic.checkpoint import CheckpointStore
-from hpc_elastic.collective import Collective, horovod_available
-from hpc_elastic.control import ACK_FILE, StopReason
-from hpc_elastic.data import ElasticSampler
+from hpc_elastic.collective import horovod_available
+from hpc_elastic.control import ACK_FILE, StopReason, StopRequest
 from hpc_elastic.env import JobEnvironment
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.comm import local_communicator
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.session import Session
 from hpc_elastic.state import State
-from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks
+from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks, threaded_communicator
 
 N = 4
-DATASET = 26  # 26 samples / (4 workers x batch 3) = 2 full steps + a short one per epoch
-
-
-def session_for(coll: Collective, job_dir: Path | None, **kw: Any) -> Session:
-    job = JobEnvironment(job_id=77, restart_count=1, job_dir=job_dir, workers=N)
-    return Session(job, coll, **kw)
-
-
-def write_stop(job_dir: Path, reason: str = "preempt") -> None:
-    (job_dir / "control").mkdir(parents=True, exist_ok=True)
-    (job_dir / "control" / "stop").write_text(json.dumps({"reason": reason, "requested_at": 1766400000.0}))
-
-
-# -- a tiny data-parallel trainer over logical workers -------------------------------------------------------
-
+DATASET = 24
 X = torch.randn(DATASET, 3, generator=torch.Generator().manual_seed(0))
 Y = X.sum(1, keepdim=True)
 
 
-def make(session: Session) -> tuple[torch.nn.Module, torch.optim.Optimizer, ElasticSampler, State]:
+def session_for(coll: ThreadCollective, job_dir: Path | None, **kw: Any) -> Session:
+    job = JobEnvironment(job_id=77, restart_count=1, job_dir=job_dir, workers=N)
+    return Session(job, threaded_communicator(coll), **kw)
+
+
+def write_stop(job_dir: Path, reason: str = "preempt", at_step: int | None = None) -> None:
+    (job_dir / "control").mkdir(parents=True, exist_ok=True)
+    request = StopRequest(StopReason(reason), 1766400000.0, at_step)
+    (job_dir / "control" / "stop").write_text(request.to_json())
+
+
+def make(session: Session) -> tuple[torch.nn.Module, State]:
+    """A linear model (no randomness in the step: threaded ranks share the process's generators) over in-memory
+    data the runtime hands out by index."""
     model = torch.nn.Linear(3, 1)
-    g = torch.Generator().manual_seed(0)  # not the global RNG: the ranks are threads of one process
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sampler = ElasticSampler(DATASET, 3, seed=5)
-    return model, opt, sampler, session.state(model=model, optimizer=opt, sampler=sampler)
+    state = session.state(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    state.plan_data(DATASET, 3)
+    return model, state
 
 
-def train_step(
-    session: Session, model: torch.nn.Module, opt: torch.optim.Optimizer, sampler: ElasticSampler, state: State
-) -> None:
-    rows = []
-    for w in session.workers:
-        idx = sampler.indices(w, N)
-        model.zero_grad()
-        if idx:
-            ((model(X[idx]) - Y[idx]) ** 2).sum().backward()
-        rows.append(
-            torch.cat(
-                [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in model.parameters()]
-            )
-        )
-        state.workers[w]["seen"] = state.workers[w].get("seen", 0) + len(idx)
-    total = session.sum_over_workers(torch.stack(rows)) / sampler.step_size(N)
-    offset = 0
-    for p in model.parameters():
-        p.grad = total[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-    opt.step()
-    sampler.advance(N)
-    state.step += 1
-
-
-def run_phase(job_dir: Path, m: int, until: int, mode: str = "sync") -> list[dict[str, Any]]:
-    def body(coll: ThreadCollective) -> dict[str, Any]:
-        session = session_for(coll, job_dir)
-        model, opt, sampler, state = make(session)
-        ckpt = state.restore()
-        while state.step < until:
-            train_step(session, model, opt, sampler, state)
-        state.commit(mode=mode)
-        state.wait()
-        return {
-            "restored": None if ckpt is None else ckpt.step,
-            "params": [p.detach().clone() for p in model.parameters()],
-            "workers": {w: dict(v) for w, v in state.workers.items()},
-            "sampler": sampler.state_dict(),
-        }
-
-    return run_ranks(m, body)
-
-
-def test_resize_4_to_2_to_1_continues_exactly_like_an_uninterrupted_run(tmp_path: Path) -> None:
-    ref = run_phase(tmp_path / "ref", 1, 9)[0]
-    first = run_phase(tmp_path / "job", 4, 3)
-    assert [r["restored"] for r in first] == [None] * 4
-    second = run_phase(tmp_path / "job", 2, 6, mode="async")
-    assert [r["restored"] for r in second] == [3, 3]
-    third = run_phase(tmp_path / "job", 1, 9)
-    assert third[0]["restored"] == 6
-    final = third[0]
-    # bitwise: the logical workers, their samples and the reduction order never depended on M
-    assert all(torch.equal(a, b) for a, b in zip(final["params"], ref["params"], strict=True))
-    assert final["sampler"] == ref["sampler"]
-    # per-logical-worker state followed each worker from rank to rank
-    assert final["workers"] == ref["workers"]
-    assert (final["sampler"]["epoch"], final["sampler"]["position"]) == (3, 0)  # 3 steps per epoch
-    assert sum(v["seen"] for v in final["workers"].values()) == 3 * DATASET
-    assert second[0]["workers"].keys() == {0, 1} and second[1]["workers"].keys() == {2, 3}
-
-
-def test_sum_over_workers_is_bitwise_the_same_for_every_world_size() -> None:
-    g = torch.Generator().manual_seed(1)
-    rows = torch.randn(N, 1000, generator=g) * torch.logspace(-8, 8, N).unsqueeze(1)
-
-    def reduce(m: int) -> torch.Tensor:
-        def body(coll: ThreadCollective) -> torch.Tensor:
-            session = session_for(coll, None)
-            return session.sum_over_workers(rows[list(session.workers)])
-
-        results = run_ranks(m, body)
-        assert all(torch.equal(r, results[0]) for r in results)
-        return results[0]
-
-    sequential = rows[0].clone()
-    for i in range(1, N):
-        sequential += rows[i]
-    for m in (1, 2, 4):
-        assert torch.equal(reduce(m), sequential)
-
-
-def test_sum_over_workers_checks_the_row_count() -> None:
-    session = Session.local(num_workers=2)
-    with pytest.raises(ValueError, match=r"one row per logical worker of this process \(2\)"):
-        session.sum_over_workers(torch.zeros(3, 4))
+def train_step(model: torch.nn.Module, state: State) -> None:
+    for idx in state.batches():
+        rows = list(idx)
+        ((model(X[rows]) - Y[rows]) ** 2).mean().backward()
+        assert state.active is not None
+        state.active.extra["seen"] = state.active.extra.get("seen", 0) + len(rows)
+    state.finish_step()
 
 
 def test_should_stop_is_agreed_even_by_ranks_that_do_not_see_the_file(tmp_path: Path) -> None:
@@ -165,13 +85,26 @@ def test_should_stop_checks_every_kth_call(tmp_path: Path) -> None:
         Session.local(tmp_path, stop_check_every=0)
 
 
+def test_a_stop_at_a_step_waits_for_that_step(tmp_path: Path) -> None:
+    session = Session.local(tmp_path, num_workers=N)
+    model, state = make(session)
+    write_stop(tmp_path, "resize", at_step=2)
+    stops = []
+    for _ in range(3):
+        stops.append(session.should_stop())
+        if not stops[-1]:
+            train_step(model, state)
+    assert stops == [False, False, True] and state.step == 2
+    assert session.stop_request == StopRequest(StopReason.RESIZE, 1766400000.0, 2)
+
+
 def test_checkpoint_and_acknowledge_writes_the_ack_on_rank_0_only(tmp_path: Path) -> None:
     write_stop(tmp_path)
 
     def body(coll: ThreadCollective) -> Any:
         session = session_for(coll, tmp_path)
-        model, opt, sampler, state = make(session)
-        train_step(session, model, opt, sampler, state)
+        model, state = make(session)
+        train_step(model, state)
         assert session.should_stop()
         path = session.checkpoint_and_acknowledge(state)
         return path, session.acknowledge(state.step, path)
@@ -188,11 +121,11 @@ def test_checkpoint_and_acknowledge_writes_the_ack_on_rank_0_only(tmp_path: Path
 
 def test_stop_right_after_restore_acknowledges_the_restored_checkpoint(tmp_path: Path) -> None:
     s1 = Session.local(tmp_path, num_workers=N)
-    model, opt, sampler, state = make(s1)
-    train_step(s1, model, opt, sampler, state)
+    model, state = make(s1)
+    train_step(model, state)
     first = state.commit()
     s2 = Session.local(tmp_path, num_workers=N)
-    state2 = make(s2)[3]
+    state2 = make(s2)[1]
     assert state2.restore() is not None and state2.step == 1
     write_stop(tmp_path)
     assert s2.should_stop()
@@ -203,33 +136,61 @@ def test_stop_right_after_restore_acknowledges_the_restored_checkpoint(tmp_path:
 
 def test_restore_with_a_different_number_of_logical_workers_fails_clearly(tmp_path: Path) -> None:
     s1 = Session.local(tmp_path, num_workers=4)
-    make(s1)[3].commit()
+    make(s1)[1].commit()
     s2 = Session.local(tmp_path, num_workers=2)
-    with pytest.raises(HpcElasticError, match="written for 4 logical workers, this job has 2"):
-        make(s2)[3].restore()
+    with pytest.raises(ValueError, match="written for 4 logical workers \\(ESTs\\), this job has 2"):
+        make(s2)[1].restore()
 
 
-def test_state_checks(tmp_path: Path) -> None:
+def test_extras_and_per_est_values_are_committed_and_restored(tmp_path: Path) -> None:
     session = Session.local(tmp_path, num_workers=2)
-    _, _, _, state = make(session)
-    with pytest.raises(ValueError, match="epoch follows the sampler"):
-        state.epoch = 3
+    model, state = make(session)
     state.extras["bad"] = {1, object()}
     with pytest.raises(ValueError, match=r"state.extras\['bad'\]\[\d\] is a object"):
         state.commit()
     state.extras = {"lr": 0.1, "note": "x", "hist": torch.arange(3)}
-    state.step = 2
+    for _ in range(4):  # one epoch: 24 samples / (2 ESTs x 3)
+        train_step(model, state)
     state.commit()
-    _, _, _, again = make(Session.local(tmp_path, num_workers=2))
+    again = make(Session.local(tmp_path, num_workers=2))[1]
     again.restore()
-    assert again.step == 2 and again.extras["lr"] == 0.1 and torch.equal(again.extras["hist"], torch.arange(3))
+    assert again.step == 4 and again.extras["lr"] == 0.1 and torch.equal(again.extras["hist"], torch.arange(3))
+    assert {v: c.extra["seen"] for v, c in again.contexts.items()} == {0: 12, 1: 12}
+    assert again.epoch == 1 and again.params_sha256() == state.params_sha256()
 
 
 def test_no_job_dir_means_no_stop_and_no_checkpoints() -> None:
     session = Session.local()
     assert session.should_stop() is False
+    _, state = make(session)
     with pytest.raises(HpcElasticError, match="HPC_ELASTIC_JOB_DIR is not set"):
-        session.state()
+        state.commit()
+
+
+def test_mixed_device_types_need_d2_and_a_checkpoint_keeps_its_type(tmp_path: Path) -> None:
+    def body(coll: ThreadCollective) -> str:
+        types = (("node1", "a100"), ("node2", "v100"))
+        job = JobEnvironment(job_dir=tmp_path, workers=2, node_name=f"node{coll.rank + 1}", node_gpu_types=types)
+        session = Session(job, threaded_communicator(coll))
+        assert session.device_types == ("a100", "v100")
+        with pytest.raises(HpcElasticError, match="train on a100\\+v100: at level d1 the bits depend on the device"):
+            make(session)
+        return "refused"
+
+    assert run_ranks(2, body) == ["refused", "refused"]
+    a100 = Session(
+        JobEnvironment(job_dir=tmp_path, workers=2, node_name="node1", node_gpu_types=(("node1", "a100"),)),
+        local_communicator(),
+    )
+    model, state = make(a100)
+    train_step(model, state)
+    state.commit()
+    v100 = Session(
+        JobEnvironment(job_dir=tmp_path, workers=2, node_name="node3", node_gpu_types=(("node3", "v100"),)),
+        local_communicator(),
+    )
+    with pytest.raises(HpcElasticError, match="trained on a100, this run has v100"):
+        make(v100)[1].restore()
 
 
 def test_from_environment_torch_single_process(tmp_path: Path) -> None:
@@ -237,19 +198,15 @@ def test_from_environment_torch_single_process(tmp_path: Path) -> None:
     with Session.from_environment(env) as session:
         assert (session.rank, session.world_size, session.num_workers, list(session.workers)) == (0, 1, 2, [0, 1])
         assert session.device.type == "cpu" and session.job_dir == tmp_path.resolve()
-        assert session.collective.allreduce_max_int(5) == 5
-        assert session.collective.broadcast_object({"k": 1}) == {"k": 1}
-    import torch.distributed as dist
-
-    assert not dist.is_initialized()  # close() released the group it opened
-
-
-def test_from_environment_rejects_bad_worker_counts(tmp_path: Path) -> None:
-    env = {"HPC_ELASTIC_JOB_DIR": str(tmp_path), "HPC_ELASTIC_WORKERS": "3", "HPC_ELASTIC_WORLD_SIZE": "1"}
+        assert session.comm.collective.allreduce_max_int(5) == 5
+        assert session.level is DeterminismLevel.D1 and session.device_types == ("cpu",)
+    env = {**env, "HPC_ELASTIC_WORKERS": "3", "HPC_ELASTIC_LEVEL": "d2"}
     with Session.from_environment(env) as session:
-        assert session.num_workers == 3
-    with pytest.raises(ValueError, match="HPC_ELASTIC_BACKEND must be one of torch, mpi, horovod, got 'nccl'"):
+        assert session.num_workers == 3 and session.level is DeterminismLevel.D2
+    with pytest.raises(ValueError, match="HPC_ELASTIC_BACKEND: backend must be one of torch, mpi, horovod, got 'nccl'"):
         Session.from_environment({"HPC_ELASTIC_BACKEND": "nccl"})
+    with pytest.raises(ValueError, match="HPC_ELASTIC_LEVEL: determinism level must be one of d0, d1, d2, got 'd3'"):
+        Session.from_environment({"HPC_ELASTIC_LEVEL": "d3"})
 
 
 def test_horovod_backend_without_horovod_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,3 +214,12 @@ def test_horovod_backend_without_horovod_is_a_clear_error(monkeypatch: pytest.Mo
     assert not horovod_available()
     with pytest.raises(HpcElasticError, match="the horovod backend needs Horovod built with PyTorch support"):
         Session.from_environment({"HPC_ELASTIC_BACKEND": "horovod"})
+
+
+def test_a_session_closes_its_state_and_waits_for_an_async_commit(tmp_path: Path) -> None:
+    session = Session.local(tmp_path, num_workers=2, save_mode="async")
+    model, state = make(session)
+    train_step(model, state)
+    pending = state.commit()
+    session.close()  # waits for the commit in flight
+    assert (pending / "MANIFEST.json").exists()

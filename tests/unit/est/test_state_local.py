@@ -1,4 +1,4 @@
-"""The EST runtime in one process (M = 1): exactness of the reduction, checkpoint/restore, misuse."""
+"""The runtime in one process (M = 1): exactness of the reduction, checkpoint/restore, D0/D2, misuse."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.est.checkpoint import checkpoint_at
 from hpc_elastic.est.detsum import cpu_kernels, reference_allreduce
 from hpc_elastic.est.example import AugmentedBlobs, build_model
-from hpc_elastic.est.levels import DeterminismLevel, seed_everything
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.reducer import TensorKernels
-from hpc_elastic.est.runtime import ESTConfig, ESTRuntime
+from hpc_elastic.session import Session
+from hpc_elastic.state import RuntimeConfig, State
 
 
 @pytest.fixture(autouse=True)
@@ -48,48 +48,55 @@ class RecordingKernels(TensorKernels):
 
 
 def make(
-    n: int = 4, level: DeterminismLevel = DeterminismLevel.D1, kernels: TensorKernels | None = None, **cfg: Any
-) -> tuple[ESTRuntime, torch.nn.Module]:
-    seed_everything(3)
+    n: int = 4,
+    level: DeterminismLevel = DeterminismLevel.D1,
+    kernels: TensorKernels | None = None,
+    job_dir: Path | None = None,
+    seed: int = 3,
+) -> tuple[State, torch.nn.Module]:
+    """A one-process session of N ESTs and its state on the bundled example's model and data."""
+    session = Session.local(job_dir, num_workers=n, seed=seed, level=level)
     model = build_model("bn-dropout" if level is not DeterminismLevel.D2 else "mlp", 16)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    rt = ESTRuntime(model, opt, ESTConfig(num_ests=n, seed=3, level=level, **cfg), kernels=kernels)
-    rt.attach_data(AugmentedBlobs(64), 4)
-    return rt, model
+    state = session.state(model, opt, data=AugmentedBlobs(64), batch_size=4, kernels=kernels)
+    return state, model
 
 
-def train(rt: ESTRuntime, model: torch.nn.Module, steps: int) -> None:
-    while rt.step < steps:
-        for _ in rt.local_steps():
-            x, y = rt.next_batch()
+def train(state: State, model: torch.nn.Module, steps: int, commit_every: int = 0) -> None:
+    while state.step < steps:
+        for x, y in state.batches():
             F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
-        rt.finish_step()
+        state.finish_step()
+        if commit_every and state.step % commit_every == 0:
+            state.commit()
 
 
 def test_reduced_gradient_is_the_exact_mean_of_the_est_gradients() -> None:
     rec = RecordingKernels()
-    rt, model = make(kernels=rec)
-    train(rt, model, 2)
+    state, model = make(kernels=rec)
+    train(state, model, 2)
     assert len(rec.deposits) == 8 and len(rec.results) == 2
     for step in range(2):
         mine = rec.deposits[step * 4 : step * 4 + 4]
-        expected = reference_allreduce(mine, 4, rt.layout.chunk, 4.0)
+        expected = reference_allreduce(mine, 4, state.layout.chunk, 4.0)
         assert np.array_equal(rec.results[step].view(np.uint32), expected.view(np.uint32))
     # each EST saw different data and dropout masks
     assert not np.array_equal(rec.deposits[0], rec.deposits[1])
 
 
 def test_restore_continues_bitwise(tmp_path: Path) -> None:
-    straight, model = make(checkpoint_dir=tmp_path / "a", checkpoint_every=2)
-    train(straight, model, 4)
-    resumed, model2 = make(checkpoint_dir=tmp_path / "a")
-    assert resumed.restore(checkpoint_at(tmp_path / "a", 2))
-    assert resumed.step == 2
+    straight, model = make(job_dir=tmp_path / "a")
+    train(straight, model, 4, commit_every=2)
+    resumed, model2 = make(job_dir=tmp_path / "b")
+    (tmp_path / "b" / "checkpoints").mkdir(parents=True)
+    src = tmp_path / "a" / "checkpoints" / "ckpt-000000000002"
+    src.rename(tmp_path / "b" / "checkpoints" / src.name)
+    assert resumed.restore() is not None and resumed.step == 2
     train(resumed, model2, 4)
     assert resumed.params_sha256() == straight.params_sha256()
     assert resumed.state_sha256() == straight.state_sha256()
-    other, _ = make(n=2, checkpoint_dir=tmp_path / "a")
-    with pytest.raises(ValueError, match="has 4 ESTs, this job has 2"):
+    other, _ = make(n=2, job_dir=tmp_path / "b")
+    with pytest.raises(ValueError, match="written for 4 logical workers \\(ESTs\\), this job has 2"):
         other.restore()
 
 
@@ -103,28 +110,44 @@ def test_d0_runs_and_differs_from_d1_only_by_rounding() -> None:
 
 
 def test_d2_converts_linear_layers_and_refuses_uncovered_models() -> None:
-    rt, model = make(level=DeterminismLevel.D2)
-    train(rt, model, 2)
+    state, model = make(level=DeterminismLevel.D2)
+    train(state, model, 2)
     assert all(type(m).__name__ != "Linear" for m in model.modules())
-    seed_everything(3)
     bn = build_model("bn-dropout", 16)
     with pytest.raises(HpcElasticError, match="D2 does not hold for this model: BatchNorm1d at '1'"):
-        ESTRuntime(bn, torch.optim.SGD(bn.parameters(), lr=0.1), ESTConfig(num_ests=2, level=DeterminismLevel.D2))
+        State(bn, torch.optim.SGD(bn.parameters(), lr=0.1), RuntimeConfig(num_ests=2, level=DeterminismLevel.D2))
+
+
+def test_indices_only_plan_for_in_memory_data() -> None:
+    session = Session.local(num_workers=3, seed=1)
+    model = torch.nn.Linear(2, 1)
+    state = session.state(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    plan = state.plan_data(30, 2)
+    seen: list[tuple[int, ...]] = []
+    for _ in range(plan.steps_per_epoch):
+        for idx in state.batches():
+            assert isinstance(idx, tuple) and len(idx) == 2
+            seen.append(idx)
+            model(torch.ones(len(idx), 2)).sum().backward()
+        state.finish_step()
+    flat = [i for idx in seen for i in idx]
+    assert len(flat) == len(set(flat)) == 30  # every sample once in the epoch
+    assert state.epoch == 1
 
 
 def test_misuse_is_reported() -> None:
-    rt, model = make()
+    state, model = make()
     with pytest.raises(RuntimeError, match="outside an EST"):
-        rt.next_batch()
-    with pytest.raises(ValueError, match="EST 7 does not run on process 0"), rt.activate(7):
+        state.next_batch()
+    with pytest.raises(ValueError, match="EST 7 does not run on process 0"), state.activate(7):
         pass
-    with rt.activate(0), pytest.raises(RuntimeError, match="ESTs do not nest"), rt.activate(1):
+    with state.activate(0), pytest.raises(RuntimeError, match="ESTs do not nest"), state.activate(1):
         pass
     with pytest.raises(RuntimeError, match=r"ESTs \[1, 2, 3\] of this process did not run"):
-        rt.finish_step()
+        state.finish_step()
     with pytest.raises(ValueError, match="num_ests must be an integer >= 1, got 0"):
-        ESTConfig(num_ests=0)
-    with pytest.raises(ValueError, match="need a checkpoint_dir"):
-        ESTConfig(num_ests=2, checkpoint_every=1)
-    with pytest.raises(HpcElasticError, match="no checkpoint_dir"):
-        ESTRuntime(model, torch.optim.SGD(model.parameters(), lr=0.1), ESTConfig(num_ests=1)).save_checkpoint()
+        RuntimeConfig(num_ests=0)
+    with pytest.raises(HpcElasticError, match="HPC_ELASTIC_JOB_DIR is not set"):
+        state.commit()
+    with pytest.raises(ValueError, match="data= needs batch_size="):
+        Session.local().state(model, torch.optim.SGD(model.parameters(), lr=0.1), data=AugmentedBlobs(8))
