@@ -81,6 +81,7 @@ class Resize:
     new_gpus: int
     reason: str
     cpus_per_task: int = 1
+    gpu_type: str | None = None  # the type of its GPUs (a requeued job keeps it)
     kind: ActionKind = ActionKind.RESIZE
 
 
@@ -91,6 +92,7 @@ class Requeue:
     job_id: int
     reason: str
     cpus_per_task: int = 1  # for the new size of a job being resized
+    gpu_type: str | None = None
     kind: ActionKind = ActionKind.REQUEUE
 
 
@@ -102,6 +104,7 @@ class SetSize:
     tasks: int
     cpus: int
     reason: str
+    gpu_type: str | None = None
     kind: ActionKind = ActionKind.SIZE
 
 
@@ -239,7 +242,15 @@ def resize_actions(
         job = obs.slurm_jobs[view.job_id]
         checkpointed = obs.markers.get(view.job_id) is not None
         return Resize(
-            view.job_id, job.name, checkpointed, job.restart_count, view.gpus, new, why, cpus_per_task(job)
+            view.job_id,
+            job.name,
+            checkpointed,
+            job.restart_count,
+            view.gpus,
+            new,
+            why,
+            cpus_per_task(job),
+            gpu_type_of(job),
         )
 
     if waiting:
@@ -273,6 +284,11 @@ def resize_actions(
     return []
 
 
+def gpu_type_of(job: Job) -> str | None:
+    """The GPU type a job asked for or holds (None: any type)."""
+    return next((t for t, count in job.gpus.by_type if t and count > 0), None)
+
+
 def cpus_per_task(job: Job) -> int:
     """CPUs per task of ``job``, from squeue's CPUs and tasks: both follow our NumTasks/NumCPUs updates, while
     22.05 reports ``cpus_per_task`` as null and, for a pending job, the GPU count of the submission."""
@@ -302,6 +318,7 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         f"{record.stop_kind}: checkpoint acknowledged; the job did not requeue "
                         f"itself within {preemption.requeue_wait_s:.0f}s",
                         cpus_per_task(job),
+                        gpu_type_of(job),
                     )
                 )
             elif acked is None and obs.now - asked >= preemption.grace_s:
@@ -311,6 +328,7 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         f"{record.stop_kind}: no checkpoint acknowledgement within "
                         f"{preemption.grace_s:.0f}s; it resumes from an older checkpoint",
                         cpus_per_task(job),
+                        gpu_type_of(job),
                     )
                 )
         elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
@@ -321,6 +339,7 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                     record.resize_to,
                     record.resize_to * per_task,
                     f"resize to {record.resize_to} GPUs after its checkpoint and requeue",
+                    gpu_type_of(job),
                 )
             )
     return out

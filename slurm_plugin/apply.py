@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, StopReason, StopRequest, parse_ack
-from hpc_elastic.slurm import Job, SlurmError
+from hpc_elastic.slurm import Job, SlurmError, commands
 from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.store import JobRecord
@@ -160,13 +160,13 @@ class Applier:
             if record is not None and record.resize_to:
                 tasks = record.resize_to
                 return "requeued by the daemon; " + self._set_size(
-                    action.job_id, tasks, tasks * action.cpus_per_task, result
+                    action.job_id, tasks, tasks * action.cpus_per_task, action.gpu_type, result
                 )
             return "requeued by the daemon"
-        return self._set_size(action.job_id, action.tasks, action.cpus, result)
+        return self._set_size(action.job_id, action.tasks, action.cpus, action.gpu_type, result)
 
-    def _set_size(self, job_id: int, tasks: int, cpus: int, result: ApplyResult) -> str:
-        self.client.update_job(job_id, {"NumTasks": tasks, "NumCPUs": cpus, "NumNodes": f"1-{tasks}"})
+    def _set_size(self, job_id: int, tasks: int, cpus: int, gpu_type: str | None, result: ApplyResult) -> str:
+        self.client.update_job(job_id, commands.size_fields(tasks, cpus, gpu_type))
         self._update(result, job_id, resize_set=tasks)
         return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
 
@@ -193,7 +193,7 @@ class Applier:
             detail = "no job directory: requeued without checkpoint"
             if isinstance(action, Resize):
                 cpus = action.new_gpus * action.cpus_per_task
-                detail += "; " + self._set_size(action.job_id, action.new_gpus, cpus, result)
+                detail += "; " + self._set_size(action.job_id, action.new_gpus, cpus, action.gpu_type, result)
             return detail
         control = job_dir / CONTROL_DIR
         control.mkdir(exist_ok=True)

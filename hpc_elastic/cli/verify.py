@@ -36,7 +36,7 @@ from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.batch import render_batch_script
 from hpc_elastic.launch.spec import SubmitSpec
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers, unavailable_reason
-from hpc_elastic.slurm import Job, JobState, SlurmClient, connect
+from hpc_elastic.slurm import Job, JobState, SlurmClient, commands, connect
 from hpc_elastic.slurm.commands import JobAction
 
 DEFAULT_PROCS = "1,2,4"
@@ -200,11 +200,12 @@ class SlurmRunner:
         request_stop_at(job_dir, at_step)  # before it runs: the wrapper keeps a stop for a step until it is acked
         self.slurm.act(JobAction.RELEASE, [job_id])
         self._wait(job_id, "the requeue after the stop", lambda j: j.restart_count >= 1 and j.state.is_pending)
-        cpus = then * self.base.cpus_per_worker
-        self.slurm.update_job(job_id, {"NumTasks": then, "NumCPUs": cpus, "NumNodes": f"1-{then}"})
-        self._wait(job_id, "completion", lambda j: j.state is JobState.COMPLETED)
-        if acknowledged_step(job_dir) != at_step:
+        if acknowledged_step(job_dir) != at_step:  # read before the next start sets the acknowledgement aside
+            self.slurm.cancel([job_id])
             raise HpcElasticError(f"job {job_id} did not stop at step {at_step}")
+        cpus, per_task = then * self.base.cpus_per_worker, 1 if self.base.gpus else 0
+        self.slurm.update_job(job_id, commands.size_fields(then, cpus, self.base.gpu_type, gpus_per_task=per_task))
+        self._wait(job_id, "completion", lambda j: j.state is JobState.COMPLETED)
         return job_dir
 
 

@@ -221,21 +221,32 @@ class Supervisor:
         return False
 
     def _requeue_pinned(self, nodes: Sequence[Node] | None = None) -> None:
-        """Requeue the job; a job pinned to a GPU type waits for that type (a node feature that selects it)."""
+        """Requeue the job; a job pinned to a GPU type waits for that type (a node feature that selects it).
+
+        The constraint can only be set once the job is pending again, and a requeue makes Slurm signal the whole
+        batch step (TERM, KILL after KillWait): the two calls run with TERM ignored, which the ``scontrol``
+        children inherit, so the update is not killed half-way."""
         if self.job.job_id is None:
             return
-        self.slurm.requeue([self.job.job_id])
-        if self.pinned_type is None:
-            return
-        try:
-            feature = feature_for_type(nodes if nodes is not None else self.slurm.nodes(), self.pinned_type)
+        feature = None
+        if self.pinned_type is not None:
+            try:
+                feature = feature_for_type(nodes if nodes is not None else self.slurm.nodes(), self.pinned_type)
+            except SlurmError as exc:
+                log.warning("cannot read the node features (%s): the requeued job may start on other GPUs", exc)
             if feature is None:
                 log.warning("no node feature selects %s GPUs: the requeued job may start elsewhere", self.pinned_type)
-                return
-            self.slurm.update_job(self.job.job_id, {"Features": feature})
-            log.info("requeued job %s waits for %s GPUs (constraint %s)", self.job.job_id, self.pinned_type, feature)
-        except SlurmError as exc:
-            log.warning("cannot constrain the requeued job to %s GPUs: %s", self.pinned_type, exc)
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            self.slurm.requeue([self.job.job_id])
+            if feature is not None:
+                try:
+                    self.slurm.update_job(self.job.job_id, {"Features": feature})
+                    log.info("requeued job %s: waits for %s GPUs (%s)", self.job.job_id, self.pinned_type, feature)
+                except SlurmError as exc:
+                    log.warning("cannot constrain the requeued job to %s GPUs: %s", self.pinned_type, exc)
+        finally:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     def requested_reason(self) -> StopReason | None:
         return read_stop_reason(self.control / STOP_FILE)

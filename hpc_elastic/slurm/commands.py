@@ -43,9 +43,24 @@ UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
     "ExcNodeList": _HOSTLIST,
     "TimeLimit": _TIME,
     "Comment": re.compile(r"[^\n\r\x00]*"),
+    # A pending job's GPUs: 22.05 keeps the GPU request of the submission when NumTasks changes (a job shrunk
+    # below it cannot start where only the new count is free; measured on the dev cluster): TresPerJob follows it
+    "TresPerJob": re.compile(r"gres:gpu(:[A-Za-z0-9_.-]+)?:[1-9]\d*"),
     # A pending job's node constraint (a requeued job pinned to one GPU type: 22.05 cannot change its GPU type)
     "Features": re.compile(r"[A-Za-z0-9_.+-]+([&|][A-Za-z0-9_.+-]+)*"),
 }
+
+def size_fields(tasks: int, cpus: int, gpu_type: str | None, *, gpus_per_task: int = 1) -> dict[str, str | int]:
+    """The fields that give a pending job a new size: ``tasks`` tasks (processes), ``cpus`` CPUs in all, up to one
+    node per task, and ``gpus_per_task`` GPUs of ``gpu_type`` (any type: None) per task."""
+    if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
+        raise ValueError(f"tasks must be a positive integer, got {tasks!r}")
+    fields: dict[str, str | int] = {"NumTasks": tasks, "NumCPUs": cpus, "NumNodes": f"1-{tasks}"}
+    if gpus_per_task:
+        typed = f"{gpu_type}:" if gpu_type else ""
+        fields["TresPerJob"] = f"gres:gpu:{typed}{tasks * gpus_per_task}"
+    return fields
+
 
 SIGNAL_NAMES = frozenset(
     {"HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "PIPE", "ALRM", "TERM", "CONT", "STOP", "TSTP", "URG"}

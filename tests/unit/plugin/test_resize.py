@@ -43,14 +43,15 @@ def test_elastic_job_shrinks_for_a_waiting_job(tmp_path: Path, busy: tuple[list[
     daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
     report = daemon.run_pass()
     resizes = [a for a in report.actions if isinstance(a, Resize)]
-    # preemption is off, so job 25 (Q1) can only start if job 24 (Q2) gives up GPUs: 8 -> 4 (divides 8)
-    assert [(r.job_id, r.old_gpus, r.new_gpus) for r in resizes] == [(24, 8, 4)]
+    # preemption is off, so job 25 (Q1, 1 GPU) can only start if job 24 (Q2) gives up GPUs: 8 -> 7, as few as
+    # will do (7 does not divide its 8 logical workers: its ESTs run on any number of processes)
+    assert [(r.job_id, r.old_gpus, r.new_gpus) for r in resizes] == [(24, 8, 7)]
     assert "job(s) 25 wait" in resizes[0].reason
     assert fake.calls[-1] == ("cancel", ([24], "USR1", True))
     stop = json.loads((tmp_path / "jobs" / "fill|a100-24" / "control" / "stop").read_text())
     assert stop["reason"] == "resize"
     record = Store(tmp_path).load()[24]
-    assert (record.stop_kind, record.resize_to, record.resize_set) == ("resize", 4, 0)
+    assert (record.stop_kind, record.resize_to, record.resize_set) == ("resize", 7, 0)
 
     clock.now += 2
     assert not [a for a in daemon.run_pass().actions if isinstance(a, Resize)]  # no second resize in flight
@@ -64,20 +65,22 @@ def test_elastic_job_shrinks_for_a_waiting_job(tmp_path: Path, busy: tuple[list[
     clock.now += 2
     report = daemon.run_pass()
     sizes = [a for a in report.actions if isinstance(a, SetSize)]
-    assert [(s.job_id, s.tasks, s.cpus) for s in sizes] == [(24, 4, 4)]  # 2 CPUs for 8 tasks -> 1 per task
-    assert ("update", (24, {"NumTasks": 4, "NumCPUs": 4, "NumNodes": "1-4"})) in fake.calls
+    assert [(s.job_id, s.tasks, s.cpus) for s in sizes] == [(24, 7, 7)]  # 2 CPUs for 8 tasks -> 1 per task
+    # the GPU request follows the tasks (Slurm keeps the submission's otherwise), of the job's type
+    fields = {"NumTasks": 7, "NumCPUs": 7, "NumNodes": "1-7", "TresPerJob": "gres:gpu:a100:7"}
+    assert ("update", (24, fields)) in fake.calls
     record = Store(tmp_path).load()[24]
-    assert (record.stop_kind, record.resize_to, record.resize_set) == ("", 4, 4)
+    assert (record.stop_kind, record.resize_to, record.resize_set) == ("", 7, 7)
     clock.now += 2
     assert not [a for a in daemon.run_pass().actions if isinstance(a, SetSize)]  # set once
-    # it runs again with 4 GPUs: the resize is over
+    # it runs again with 7 GPUs: the resize is over
     fake._jobs = [
         replace(
             j,
             state=JobState.RUNNING,
             start_time=j.submit_time,
-            gpus=GpuCounts.of({"a100": 4}),
-            nodes=("node1",),
+            gpus=GpuCounts.of({"a100": 7}),
+            nodes=("node1", "node2"),
             pending_reason="",
         )
         if j.job_id == 24
@@ -85,7 +88,7 @@ def test_elastic_job_shrinks_for_a_waiting_job(tmp_path: Path, busy: tuple[list[
         for j in fake._jobs
     ]
     fake._nodes = [
-        replace(n, gpus_allocated=GpuCounts.of({"a100": 4 if n.name == "node1" else 0}))
+        replace(n, gpus_allocated=GpuCounts.of({"a100": 4 if n.name == "node1" else 3}))
         if n.name in ("node1", "node2")
         else n
         for n in nodes
