@@ -354,7 +354,10 @@ def test_verify_determinism_submit_runs_every_case_as_a_slurm_job(slurm: CliSlur
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--gpus=2", "--max-gpus=8", "--workers=4"], "--workers (4) must be at least --max-gpus (8): N ESTs run on at most N processes"),
+        (
+            ["--gpus=2", "--max-gpus=8", "--workers=4"],
+            "--workers (4) must be at least --max-gpus (8): N ESTs run on at most N processes",
+        ),
         (["--gpus=2", "--gpu-type=h100", "--partition=gpu"], "partition gpu has no h100 GPUs (it has: a100, v100)"),
         (["--gpus=2", "--gpu-type=a100", "--partition=gpu-v100"], "partition gpu-v100 has no a100 GPUs (it has: v100)"),
     ],
