@@ -245,7 +245,7 @@ def test_a_job_without_gpu_type_keeps_the_type_of_its_first_allocation(slurm: Cl
     marker = decode_marker(slurm.job(job_id).comment)
     assert marker is not None and marker.gpu_type == gpu_type  # pinned into its marker
     assert f"pinned to {gpu_type} (level d1: the bits depend on the device type)" in out.read_text()
-    fillers = _fill(slurm, workdir, prefix, gpu_type, {})  # only the other type stays free
+    fillers = _fill(slurm, workdir, prefix, gpu_type, {})  # every other GPU of its type
     cleanup.extend(fillers)
     wait_for("the fillers", lambda: all(_running(slurm, f) for f in fillers), timeout_s=60)
     slurm.cancel([job_id], "USR1", batch=True)  # a preemption: checkpoint, requeue
@@ -253,10 +253,14 @@ def test_a_job_without_gpu_type_keeps_the_type_of_its_first_allocation(slurm: Cl
         "the requeue", lambda: (j := _job(slurm, job_id)) is not None and j.restart_count == 1 and j.state.is_pending
     )
     assert f"waits for {gpu_type} GPUs" in out.read_text()
-    # past its BeginTime, with 8 GPUs of the other type free, it keeps waiting for its own type
+    # its own GPUs, freed by the requeue, go to a filler before its BeginTime: only the other type stays free
+    more = wait_for("its GPUs to be free", lambda: _fill(slurm, workdir, f"{prefix}x", gpu_type, {}), timeout_s=60)
+    fillers += more
+    cleanup.extend(more)
+    wait_for("the last filler", lambda: all(_running(slurm, f) for f in more), timeout_s=60)
     eligible = wait_for("the job to be eligible", lambda: _job(slurm, job_id), timeout_s=10).eligible_time
     wait_for("the BeginTime to pass", lambda: eligible is None or time.time() > eligible.timestamp() + 20, timeout_s=90)
-    still = _job(slurm, job_id)
+    still = _job(slurm, job_id)  # past its BeginTime, with 8 GPUs of the other type free, it waits for its own
     assert still is not None and still.state.is_pending and still.restart_count == 1, still
     slurm.cancel(fillers)
     again = wait_for("the second run", lambda: _running(slurm, job_id, restarts=1), timeout_s=120)
@@ -347,7 +351,7 @@ def test_verify_determinism_submit_runs_every_case_as_a_slurm_job(slurm: CliSlur
     assert out.returncode == 0, out.stdout + out.stderr
     assert "as Slurm jobs" in out.stdout and "OK: all 3 runs ended in bitwise-identical states" in out.stdout
     assert out.stdout.count(" match ") == 2
-    resized = next(workdir.glob("resize-m1-m3-*"))
+    resized = next(path for path in workdir.glob("resize-m1-m3-*") if path.is_dir())
     assert "stop (resize) at step 3" in (workdir / f"{resized.name}.out").read_text()
 
 
