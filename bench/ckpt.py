@@ -32,6 +32,7 @@ import torch
 from hpc_elastic.checkpoint import CheckpointStore
 from hpc_elastic.env import read_environment
 from hpc_elastic.session import Session
+from hpc_elastic.slurm import SlurmError, connect
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "wrappers" / "examples" / "train_mlp.py"
@@ -108,8 +109,6 @@ def bench_stall(root: Path, model_mb: float, repeats: int) -> dict[str, Any]:
 
 
 def bench_signal(root: Path) -> dict[str, Any]:
-    from hpc_elastic.slurm import SlurmError, connect
-
     try:
         slurm = connect(read_environment())
         slurm.ping()

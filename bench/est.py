@@ -35,7 +35,8 @@ from torch.utils.data import TensorDataset
 
 from hpc_elastic import models
 from hpc_elastic.env import read_job_environment
-from hpc_elastic.est.levels import DeterminismLevel, apply_determinism, seed_everything
+from hpc_elastic.est.determinism import apply_determinism, seed_everything
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
 from hpc_elastic.session import Session
 from hpc_elastic.state import State

@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 
 from hpc_elastic.checkpoint import Checkpoint, SaveMode
 from hpc_elastic.checkpoint.tree import to_host
-from hpc_elastic.collective import Backend, HorovodCollective
+from hpc_elastic.collective import Backend
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.comm import communicator_of
+from hpc_elastic.est.groups import HorovodCollective
 from hpc_elastic.session import Session
 from hpc_elastic.state import State
 

@@ -36,14 +36,16 @@ from torch import nn
 from hpc_elastic.checkpoint import DEFAULT_KEEP, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.fs import atomic_write_bytes
 from hpc_elastic.checkpoint.store import DEFAULT_COMMIT_TIMEOUT_S
-from hpc_elastic.collective import DEFAULT_TIMEOUT_S, HorovodCollective, MPICollective
+from hpc_elastic.collective import DEFAULT_TIMEOUT_S
 from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, Ack, StopRequest, parse_stop_lenient
 from hpc_elastic.env import JobEnvironment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.comm import Communicator, local_communicator, open_communicator
-from hpc_elastic.est.levels import DeterminismLevel, apply_determinism, seed_everything
+from hpc_elastic.est.determinism import apply_determinism, seed_everything
+from hpc_elastic.est.groups import HorovodCollective, MPICollective
+from hpc_elastic.est.kernels import TensorKernels
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import Placement
-from hpc_elastic.est.reducer import TensorKernels
 from hpc_elastic.state import RuntimeConfig, State, Stateful
 
 log = logging.getLogger(__name__)

@@ -56,9 +56,10 @@ from hpc_elastic.est.context import ESTContext, RNGState
 from hpc_elastic.est.d2 import scan_model, to_d2
 from hpc_elastic.est.data import DataPlan, ESTLoader
 from hpc_elastic.est.detsum import DEFAULT_CHUNK, MAX_ESTS, bin_width
+from hpc_elastic.est.kernels import TensorKernels
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import DEFAULT_BUCKET_ELEMENTS, BucketLayout, Placement, plan_buckets
-from hpc_elastic.est.reducer import GradientReducer, TensorKernels
+from hpc_elastic.est.reducer import GradientReducer
 
 
 class Stateful(Protocol):

@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from hpc_elastic.env import read_environment
+from hpc_elastic.plotting import pyplot
 from hpc_elastic.slurm import connect
 from slurm_plugin.scenario import MixConfig, MixResult, ScenarioError, end_order, run_mix
 
@@ -69,9 +73,6 @@ def report(with_plugin: MixResult, plain: MixResult) -> dict[str, Any]:
 
 
 def table(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     out = Table(
         title="job completion time (JCT = end - first submission), with and without hpc-elastic-sched",
         caption="Slurm resets a job's submit time on requeue; the first one is recorded at submission",
@@ -91,11 +92,7 @@ def table(doc: dict[str, Any]) -> None:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = [j["name"] for j in doc["jobs"]] + ["average"]
     plugin = [j["jct_plugin_s"] for j in doc["jobs"]] + [doc["avg_jct_plugin"]]
     plain = [j["jct_plain_s"] for j in doc["jobs"]] + [doc["avg_jct_plain"]]

@@ -13,30 +13,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, StopReason, StopRequest, parse_ack
-from hpc_elastic.slurm import Job, SlurmError, commands
+from hpc_elastic.slurm import Job, SlurmClient, SlurmError, commands
 from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.store import JobRecord
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
-
-
-class SlurmOps(Protocol):
-    """The part of :class:`hpc_elastic.slurm.CliSlurm` the daemon uses."""
-
-    def jobs(self, job_ids: Iterable[int] | None = None, *, site_factors: bool = False) -> list[Job]: ...
-    def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None: ...
-    def requeue(self, job_ids: Iterable[int]) -> None: ...
-    def cancel(
-        self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
-    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +92,7 @@ class Applier:
 
     def __init__(
         self,
-        client: SlurmOps,
+        client: SlurmClient,
         config: PluginConfig,
         *,
         clock: Callable[[], float],

@@ -19,10 +19,12 @@ import click
 
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.launch.spec import JobMarker
+from hpc_elastic.profile import ProfileError, default_profile_dir, placement_skew
 from hpc_elastic.slurm import RetryPolicy, Runner, connect
 from slurm_plugin.config import ConfigError, PluginConfig, load_config
 from slurm_plugin.daemon import Daemon, DaemonLocked, SkewLookup, state_lock
 from slurm_plugin.metrics import Metrics
+from slurm_plugin.queue_view import NoState, load_state, render
 from slurm_plugin.store import Store
 
 log = logging.getLogger("hpc-elastic-sched")
@@ -31,8 +33,6 @@ log = logging.getLogger("hpc-elastic-sched")
 def profile_skew(environment: Environment) -> SkewLookup:
     """Skew S_J from the job's profile: the largest tensor's share of the model (Tiresias §3.3, Table 6), the
     scale PACKLIMIT is on; unknown profile -> not skewed (None)."""
-    from hpc_elastic.profile import ProfileError, default_profile_dir, placement_skew
-
     directory = default_profile_dir(environment)
 
     def lookup(marker: JobMarker, gpus: int) -> float | None:
@@ -106,8 +106,6 @@ def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no
 @click.pass_obj
 def queue(config: PluginConfig, as_json: bool) -> None:
     """Managed jobs as of the daemon's last pass: queue, attained service, rank, nodes, planned action."""
-    from slurm_plugin.queue_view import NoState, load_state, render
-
     try:
         doc = load_state(config.state_dir)
     except NoState as exc:

@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
-from hpc_elastic.slurm import Job, Node, SlurmError
+from hpc_elastic.slurm import Job, SlurmClient, SlurmError
 from slurm_plugin.actions import Action, ActionKind, followup_actions, plan, planned_by_job
-from slurm_plugin.apply import Applier, ApplyResult, Outcome, SlurmOps, acknowledgements
+from slurm_plugin.apply import Applier, ApplyResult, Outcome, acknowledgements
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
@@ -40,11 +40,6 @@ RECENT_ACTIONS = 200
 
 class DaemonLocked(RuntimeError):
     """Another daemon holds the state directory's lock."""
-
-
-class HistoryClient(SlurmOps, Protocol):
-    def nodes(self) -> list[Node]: ...
-    def history(self, start: datetime, end: datetime | None = None) -> list[Job]: ...
 
 
 SkewLookup = Callable[[JobMarker, int], float | None]
@@ -94,7 +89,7 @@ class Daemon:
     def __init__(
         self,
         config: PluginConfig,
-        client: HistoryClient,
+        client: SlurmClient,
         store: Store,
         *,
         clock: Callable[[], float],

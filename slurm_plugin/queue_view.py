@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from slurm_plugin.daemon import STATE_NAME
 
 COLUMNS = (
@@ -74,9 +77,6 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def render(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(doc.get("time", 0))))
     table = Table(title=f"hpc-elastic managed jobs (daemon pass at {when})")
     for column in COLUMNS:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
+from hpc_elastic.slurm import Job, JobState, SlurmClient, SlurmError
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "wrappers" / "examples" / "train_mlp.py"
@@ -162,7 +162,7 @@ def submit_training(workdir: Path, mix: MixConfig, prefix: str, job: MixJob) -> 
     return int(out.stdout.strip())
 
 
-def submit_filler(slurm: CliSlurm, workdir: Path, mix: MixConfig, prefix: str) -> int:
+def submit_filler(slurm: SlurmClient, workdir: Path, mix: MixConfig, prefix: str) -> int:
     return slurm.submit(
         script_text="#!/bin/bash\nsleep 3600\n",
         options=[
@@ -185,14 +185,14 @@ def wait_until(what: str, probe: Callable[[], Any], deadline: float, every_s: fl
         time.sleep(every_s)
 
 
-def _state(slurm: CliSlurm, job_id: int) -> Job | None:
+def _state(slurm: SlurmClient, job_id: int) -> Job | None:
     with contextlib.suppress(SlurmError):
         found = slurm.jobs([job_id])
         return found[0] if found else None
     return None
 
 
-def _first_submit(slurm: CliSlurm, job_id: int) -> float:
+def _first_submit(slurm: SlurmClient, job_id: int) -> float:
     """When the job was submitted, read at once: Slurm resets a job's submit time when it is requeued, so the
     submit time it reports at the end is that of the last requeue, not the user's submission."""
     job = _state(slurm, job_id)
@@ -210,7 +210,7 @@ def _attained(workdir: Path, job_id: int) -> float | None:
 
 
 @contextlib.contextmanager
-def _cleanup(slurm: CliSlurm, ids: list[int], daemon: DaemonProcess | None) -> Iterator[None]:
+def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess | None) -> Iterator[None]:
     try:
         yield
     finally:
@@ -222,7 +222,7 @@ def _cleanup(slurm: CliSlurm, ids: list[int], daemon: DaemonProcess | None) -> I
 
 
 def run_mix(
-    slurm: CliSlurm,
+    slurm: SlurmClient,
     root: Path,
     mix: MixConfig,
     *,

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic.collective import Backend
+from hpc_elastic.launch.workers import unavailable_reason
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 
@@ -33,10 +36,9 @@ def require_cluster() -> bool:
 def require_horovod() -> None:
     """Skip when Horovod is not installed (``scripts/build-horovod`` builds it), unless
     ``HPC_ELASTIC_REQUIRE_HOROVOD=1`` (set by ``make test``): then its absence is a failure."""
-    try:
-        import horovod.torch  # noqa: F401
-    except ImportError as exc:
-        message = f"horovod is not installed ({exc}); scripts/build-horovod builds it"
+    reason = unavailable_reason(Backend.HOROVOD)
+    if reason is not None:
+        message = f"Horovod cannot run here: {reason}"
         if os.environ.get("HPC_ELASTIC_REQUIRE_HOROVOD") == "1":
             pytest.fail(message)
         pytest.skip(message)

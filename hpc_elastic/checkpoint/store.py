@@ -22,6 +22,8 @@ called by the next save and before exit — joins the thread and agrees on the o
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib
 import io
 import json
 import os
@@ -38,7 +40,7 @@ from typing import IO, Any, TypeVar, cast
 from hpc_elastic.checkpoint import layout
 from hpc_elastic.checkpoint.fs import HashingWriter, atomic_write_bytes, fsync_dir, sha256_file
 from hpc_elastic.checkpoint.layout import FileEntry, Manifest
-from hpc_elastic.checkpoint.tree import check_loadable, to_host
+from hpc_elastic.checkpoint.tree import check_loadable, to_host, torch_module
 from hpc_elastic.collective import Collective, LocalCollective
 from hpc_elastic.errors import HpcElasticError
 
@@ -91,8 +93,6 @@ class Checkpoint:
 
     def read_verified(self, name: str) -> bytes:
         """The bytes of file ``name``, checked against the manifest's size and sha256."""
-        import hashlib
-
         entry = self.manifest.files.get(name)
         if entry is None:
             raise CorruptCheckpoint(f"checkpoint {self.path} has no {name}")
@@ -111,8 +111,7 @@ class Checkpoint:
 
     def load_shard(self, rank: int, map_location: Any = "cpu") -> Any:
         """The object rank ``rank`` saved, loaded with ``torch.load(weights_only=True)`` after its hash checked."""
-        import torch
-
+        torch = torch_module()
         data = self.read_verified(layout.shard_name(rank))
         try:
             return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
@@ -178,7 +177,7 @@ def _without_zip_crc32() -> contextlib.AbstractContextManager[object]:
     any shard is loaded, already covers those bytes, and the CRC pass made a 1 GB save ~30 % slower than ``dd``
     of the same bytes (bench/ckpt.py).  torch.load reads such files as usual."""
     try:
-        from torch.utils.serialization import config
+        config = importlib.import_module("torch.utils.serialization.config")
     except ImportError:  # a torch without the serialization config computes the CRC: correct, only slower
         return contextlib.nullcontext()
     if not hasattr(config, "save") or not hasattr(config.save, "compute_crc32"):
@@ -317,8 +316,7 @@ class CheckpointStore:
     def _write_shard(self, tmp: Path, shard: Any) -> dict[str, FileEntry]:
         if shard is None:
             return {}
-        import torch
-
+        torch = torch_module()
         name = layout.shard_name(self.collective.rank)
         with (
             open(tmp / name, "wb") as fh,

@@ -1,17 +1,25 @@
 """Walking the state a shard holds: checking it loads with ``torch.load(weights_only=True)`` and copying it to host
-memory for an asynchronous save.  No I/O."""
+memory for an asynchronous save.  No I/O.
+
+torch is imported on first use (:func:`torch_module`): the checkpoint package is also imported by processes that
+never load a shard (the wrapper, for its atomic writes), and they need not pay for torch."""
 
 from __future__ import annotations
 
 import collections
+import importlib
 from typing import Any
 
 _SCALARS: tuple[type, ...] = (type(None), bool, int, float, complex, str, bytes)
 
 
-def _torch_leaves() -> tuple[type, ...]:
-    import torch
+def torch_module() -> Any:
+    """``torch``, imported on first use."""
+    return importlib.import_module("torch")
 
+
+def _torch_leaves() -> tuple[type, ...]:
+    torch = torch_module()
     return (torch.Tensor, torch.Size, torch.dtype, torch.device)
 
 
@@ -41,8 +49,7 @@ def check_loadable(obj: Any, path: str = "state") -> None:
 def to_host(obj: Any) -> Any:
     """A copy of ``obj`` whose tensors live in host memory and share nothing with the originals, so training can
     change the originals while the copy is written.  Containers are rebuilt, other leaves are immutable."""
-    import torch
-
+    torch = torch_module()
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
         if t.device.type == "cpu":

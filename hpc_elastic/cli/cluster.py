@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from hpc_elastic.cluster import ClusterSummary, summarize
 from hpc_elastic.env import read_environment
@@ -29,9 +31,6 @@ def status(as_json: bool) -> None:
 
 
 def _print_tables(summary: ClusterSummary) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     parts = Table(title="Partitions")
     for column in ("partition", "state", "nodes", "GPUs free/total", "running", "pending"):

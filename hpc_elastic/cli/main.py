@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -22,8 +23,31 @@ class UserError(click.ClickException):
         click.echo(f"hpc-elastic: error: {self.format_message()}", err=True)
 
 
+#: the subcommands, each imported only when it is invoked (its module imports what it needs at its top: a command
+#: that trains needs torch, ``hpc-elastic queue`` does not)
+COMMANDS = {
+    "cluster": "hpc_elastic.cli.cluster:cluster",
+    "profile": "hpc_elastic.cli.profile:profile",
+    "queue": "hpc_elastic.cli.queue:queue",
+    "simulate": "hpc_elastic.cli.simulate:simulate",
+    "submit": "hpc_elastic.cli.submit:submit",
+    "verify-determinism": "hpc_elastic.cli.verify:verify_determinism",
+}
+
+
 class Group(click.Group):
-    """A click group that maps library errors to :class:`UserError`."""
+    """A click group whose subcommands load when used, and that maps library errors to :class:`UserError`."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, attr = target.split(":")
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -43,18 +67,5 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _register() -> None:
-    from hpc_elastic.cli.cluster import cluster
-    from hpc_elastic.cli.profile import profile
-    from hpc_elastic.cli.queue import queue
-    from hpc_elastic.cli.simulate import simulate
-    from hpc_elastic.cli.submit import submit
-    from hpc_elastic.cli.verify import verify_determinism
-
-    for command in (cluster, profile, queue, simulate, submit, verify_determinism):
-        cli.add_command(command)
-
-
 def main() -> None:
-    _register()
     cli()

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from hpc_elastic.cli.main import Group
-from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.env import read_environment
+from hpc_elastic.plotting import pyplot
+from hpc_elastic.profile.measure import ProfileRequest, run_profile
 from hpc_elastic.profile.memory import format_size, parse_size
 from hpc_elastic.profile.options import parse_batch_sizes, parse_device, parse_model_spec, parse_positive_ints
 from hpc_elastic.profile.schema import Profile, StepClock
@@ -37,6 +41,7 @@ from hpc_elastic.profile.submit import (
     remote_run_args,
     sbatch_options,
 )
+from hpc_elastic.slurm import connect
 
 _DIR_OPTION = click.option(
     "--profiles-dir",
@@ -134,14 +139,10 @@ def _progress_bar(enabled: bool) -> Iterator[Any]:
     if not enabled:
         yield None
         return
-    from rich.console import Console
-
     console = Console(stderr=True)
     if not console.is_terminal:  # no bar, and no stray blank line, when stderr is a file or a pipe
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -266,8 +267,6 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
     if partition is not None or gpu_type is not None:
         raise click.UsageError("--partition and --gpu-type go with --submit")
 
-    from hpc_elastic.profile.measure import ProfileRequest, run_profile
-
     request = ProfileRequest(
         model_spec=model,
         device=device_spec,
@@ -323,9 +322,6 @@ def _submit(
         time_limit=time_limit,
         program=(sys.executable, "-m", "hpc_elastic"),
     )
-    from hpc_elastic.env import read_environment
-    from hpc_elastic.slurm import connect
-
     client = connect(read_environment())
     job_id = client.submit(options=sbatch_options(request), script_text=job_script(request))
     click.echo(f"submitted profile job {job_id}: {shlex.join(build_sbatch_argv(request))}")
@@ -399,13 +395,7 @@ def plot_command(name: str, output: Path | None, profiles_dir: Path | None) -> N
 
 def plot_profile(item: Profile, target: Path) -> None:
     """Draw Γ(x) (median with min-max bars), the fitted hinge, x^s and x^o, and samples/s to ``target``."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise HpcElasticError("plot needs matplotlib: pip install 'hpc-elastic[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     batches = [point.batch_size for point in item.points]
     times = [point.step_time_s * 1e3 for point in item.points]
     low = [(point.step_time_s - point.step_time_min_s) * 1e3 for point in item.points]

@@ -12,6 +12,8 @@ from pathlib import Path
 import click
 
 from hpc_elastic.errors import HpcElasticError
+from slurm_plugin.config import ConfigError, load_config
+from slurm_plugin.queue_view import NoState, load_state, render
 
 SYSTEM_CONFIG = Path("/etc/hpc-elastic/hpc-elastic.toml")
 SOURCE_CONFIG = Path(__file__).resolve().parents[2] / "site-config" / "hpc-elastic.toml"
@@ -33,9 +35,6 @@ def default_config() -> Path:
 @click.option("--json", "as_json", is_flag=True, help="one JSON document: the managed jobs and the pass time")
 def queue(config_path: Path | None, as_json: bool) -> None:
     """Managed jobs with queue, attained service, priority, placement and planned action."""
-    from slurm_plugin.config import ConfigError, load_config
-    from slurm_plugin.queue_view import NoState, load_state, render
-
     path = config_path or default_config()
     try:
         config = load_config(path)

@@ -11,10 +11,12 @@ import math
 from pathlib import Path
 
 import click
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hpc_elastic.plotting import pyplot
 from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
@@ -66,12 +68,7 @@ def _clean(value: float) -> float | None:
 
 
 def _plot(results: dict[str, SimResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, result in results.items():
         jct = np.sort(result.jct[~np.isnan(result.end)])

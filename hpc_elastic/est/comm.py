@@ -16,17 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc_elastic.collective import (
-    DEFAULT_TIMEOUT_S,
-    Backend,
-    Collective,
-    HorovodCollective,
-    LocalCollective,
-    MPICollective,
-    TorchCollective,
-    import_mpi,
-)
+from hpc_elastic.collective import DEFAULT_TIMEOUT_S, Backend, Collective, LocalCollective
 from hpc_elastic.est.exchange import OwnerExchange, ScatterGather, mpi_p2p, owner_exchange, torch_p2p, torch_ring
+from hpc_elastic.est.groups import HorovodCollective, MPICollective, TorchCollective, import_mpi
 
 
 class ReduceOp(StrEnum):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from hpc_elastic.est.detsum import cpu_kernels
+from hpc_elastic.est.gpu import cuda_extension
 
 
 def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,6 @@ def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a = a.detach().contiguous()
     b = b.detach().contiguous()
     if a.device.type == "cuda":
-        from hpc_elastic.est.gpu import cuda_extension
-
         out_gpu: torch.Tensor = cuda_extension().matmul_nt(a, b)
         return out_gpu
     if a.device.type != "cpu":

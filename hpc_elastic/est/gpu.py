@@ -7,6 +7,7 @@ is installed, tests/unit/kernels/test_cuda_build.py compiles it to PTX and check
 
 from __future__ import annotations
 
+import importlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,6 @@ from typing import Any
 import torch
 
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.est.reducer import TensorKernels
 
 SOURCE_NAME = "detreduce_cuda.cu"
 #: no FMA contraction, IEEE division, no flush to zero: the bits must equal the CPU kernels' (the PTX is checked for
@@ -36,9 +36,9 @@ def cuda_extension() -> Any:
     src = source_path()
     if not src.is_file():
         raise HpcElasticError(f"CUDA kernel source {src} not found (install hpc-elastic from its source tree)")
-    from torch.utils.cpp_extension import load
-
-    ext = load(
+    # imported when a build is asked for: it pulls in setuptools (0.2 s per process here)
+    cpp_extension = importlib.import_module("torch.utils.cpp_extension")
+    ext = cpp_extension.load(
         name="hpc_elastic_detreduce_cuda",
         sources=[str(src)],
         extra_cuda_cflags=list(NVCC_FLAGS),
@@ -46,7 +46,3 @@ def cuda_extension() -> Any:
     )
     return ext
 
-
-def cuda_kernels() -> TensorKernels:
-    """The deterministic-allreduce loops on CUDA tensors (same bits as the CPU kernels)."""
-    return TensorKernels("cuda", cuda_extension())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.cli.main import cli
 from hpc_elastic.profile import list_profiles
 from hpc_elastic.slurm import CliSlurm, JobState
 from tests.integration.conftest import wait_for
@@ -18,7 +18,6 @@ TINY = "tests.unit.profile.tiny_models:tiny"
 
 
 def test_submitted_profile_job_writes_the_profile(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
-    _register()
     result = CliRunner().invoke(
         cli,
         [

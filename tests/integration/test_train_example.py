@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from hpc_elastic.env import read_environment
 from hpc_elastic.slurm import CliSlurm, SlurmError
 from tests.conftest import REPO
 from tests.integration.conftest import hpc_submit, processes_with, wait_for
@@ -41,8 +42,6 @@ def steps_done(trace: Path) -> int:
 @pytest.fixture(scope="module")
 def reference(slurm: CliSlurm) -> Iterator[Path]:
     """The uninterrupted run, submitted once for the module; the path of its result file."""
-    from hpc_elastic.env import read_environment
-
     workdir = read_environment().gpfs_root / "tests" / uuid.uuid4().hex[:12]
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / "result.json"

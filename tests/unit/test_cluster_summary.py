@@ -6,6 +6,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from hpc_elastic.cli import cluster as cluster_cli
 from hpc_elastic.cli import main as cli_main
 from hpc_elastic.cluster import summarize
 from hpc_elastic.slurm import parse
@@ -52,10 +53,7 @@ class StubClient:
 
 
 def test_cli_status_json_and_table(slurm_data: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from hpc_elastic.cli import cluster as cluster_cli
-
     monkeypatch.setattr(cluster_cli, "connect", lambda env: StubClient(slurm_data))
-    cli_main._register()
     runner = CliRunner()
     out = runner.invoke(cli_main.cli, ["cluster", "status", "--json"])
     assert out.exit_code == 0, out.output
@@ -65,10 +63,7 @@ def test_cli_status_json_and_table(slurm_data: Path, monkeypatch) -> None:  # ty
 
 
 def test_cli_unreachable_is_one_line_exit_2(slurm_data: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from hpc_elastic.cli import cluster as cluster_cli
-
     monkeypatch.setattr(cluster_cli, "connect", lambda env: StubClient(slurm_data, fail=True))
-    cli_main._register()
     out = CliRunner().invoke(cli_main.cli, ["cluster", "status"])
     assert out.exit_code == 2
     lines = [line for line in out.output.splitlines() if line.strip()]

@@ -18,8 +18,9 @@ from torch.nn.parallel import DistributedDataParallel
 from hpc_elastic.env import read_job_environment
 from hpc_elastic.est.context import RNGState, est_seed
 from hpc_elastic.est.data import DataPlan, ESTLoader
+from hpc_elastic.est.determinism import apply_determinism, seed_everything
 from hpc_elastic.est.example import AugmentedBlobs, build_model
-from hpc_elastic.est.levels import DeterminismLevel, apply_determinism, seed_everything
+from hpc_elastic.est.levels import DeterminismLevel
 
 SEED, BATCH, DATASET, HIDDEN, LR = 0, 8, 96, 32, 0.1  # the bundled example's defaults
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils.serialization import config
 
 from hpc_elastic.checkpoint import (
     Checkpoint,
@@ -46,8 +47,6 @@ def test_save_writes_shard_and_manifest_with_sha256(tmp_path: Path) -> None:
     doc = json.loads((pending.path / "MANIFEST.json").read_text())
     assert doc["format"] == layout.FORMAT and doc["step"] == 7 and doc["world_size"] == 1
     assert doc["meta"] == {"note": "x"}
-    import hashlib
-
     data = (pending.path / "shard-00000.pt").read_bytes()
     assert doc["files"] == {"shard-00000.pt": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}}
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt-000000000007"]  # no temporary left behind
@@ -137,8 +136,6 @@ def test_flipped_byte_is_caught_by_hash_not_size(tmp_path: Path) -> None:
 
 
 def test_shards_skip_torch_zip_crc_yet_a_flipped_tensor_byte_is_caught(tmp_path: Path) -> None:
-    from torch.utils.serialization import config
-
     store = CheckpointStore(tmp_path)
     want = {"w": torch.arange(4096, dtype=torch.float32)}
     path = store.save(1, want).path

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import random
 
 import numpy as np
@@ -32,8 +33,6 @@ def test_rng_state_roundtrip_through_a_weights_only_checkpoint(tmp_path: object)
     before = RNGState.capture()
     state.restore()
     expected = (random.random(), float(np.random.rand()), torch.rand(2))
-    import io
-
     buf = io.BytesIO()
     torch.save(ESTContext(3, state, cursor=5, buffers={"b": torch.ones(2)}).to_state(), buf)
     buf.seek(0)
@@ -95,8 +94,6 @@ def test_shared_loader_batches_do_not_depend_on_workers_or_order() -> None:
 def test_each_est_gets_its_own_cuda_seed_before_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a GPU here, the CUDA calls are recorded: an EST whose context never saw an initialised CUDA
     must still seed the CUDA generators with its own seed at every switch-in (and keep it in checkpoints)."""
-    import io
-
     a, b = RNGState.seeded(est_seed(0, 0)), RNGState.seeded(est_seed(0, 1))
     assert a.cuda_seed == est_seed(0, 0) and b.cuda_seed == est_seed(0, 1) and not a.torch_cuda
     seeded: list[int] = []

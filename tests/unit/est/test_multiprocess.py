@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from hpc_elastic.checkpoint import CheckpointStore
-from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.cli.main import cli
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.checkpoint import Fingerprint, fingerprint
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
@@ -32,7 +32,6 @@ SHA = re.compile(r"step (\d+)\s+([0-9a-f]{64})\s+(reference|match|MISMATCH)")
 
 def verify(work: Path, *args: str) -> list[tuple[int, str, str]]:
     """``hpc-elastic verify-determinism`` itself; its (step, sha256, verdict) lines."""
-    _register()
     argv = ["verify-determinism", "--workers", str(N), "--steps", str(STEPS), "--workdir", str(work), *args]
     result = CliRunner().invoke(cli, [*argv, "--", *SCRIPT_ARGS])
     print(result.output)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.detsum import cpu_kernels, reference_allreduce
 from hpc_elastic.est.example import AugmentedBlobs, build_model
+from hpc_elastic.est.kernels import TensorKernels
 from hpc_elastic.est.levels import DeterminismLevel
-from hpc_elastic.est.reducer import TensorKernels
 from hpc_elastic.session import Session
 from hpc_elastic.state import RuntimeConfig, State
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 import hpc_elastic.launch.workers as workers_mod
-from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.cli.main import cli
 from hpc_elastic.collective import Backend
 from hpc_elastic.launch.workers import unavailable_reason
 
@@ -22,7 +22,6 @@ from hpc_elastic.launch.workers import unavailable_reason
     ],
 )
 def test_verify_cli_rejects_bad_input_with_one_line(args: list[str], message: str) -> None:
-    _register()
     result = CliRunner().invoke(cli, ["verify-determinism", *args])
     assert result.exit_code == 2
     assert message in result.output
@@ -33,7 +32,6 @@ def test_horovod_backend_reports_why_it_cannot_run(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(workers_mod, "horovod_available", lambda: False)
     assert "Horovod is not installed" in str(unavailable_reason(Backend.HOROVOD))
     assert unavailable_reason(Backend.TORCH) is None
-    _register()
     result = CliRunner().invoke(cli, ["verify-determinism", "--backend", "horovod", "--procs", "1"])
     assert result.exit_code == 2
     assert "backend horovod cannot run here: Horovod is not installed" in result.output

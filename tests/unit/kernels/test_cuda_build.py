@@ -16,6 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from torch.utils.cpp_extension import include_paths
 
 from hpc_elastic.est.gpu import NVCC_FLAGS, source_path
 
@@ -37,8 +38,6 @@ def ptx(tmp_path_factory: pytest.TempPathFactory) -> str:
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("no nvcc (CUDA toolkit) on this machine: the CUDA twin's build is not checked")
-    from torch.utils.cpp_extension import include_paths
-
     tmp = tmp_path_factory.mktemp("cuda")
     includes = [*include_paths(), sysconfig.get_paths()["include"]]
     if not any((Path(p) / CMAKE_MACROS).is_file() for p in includes):

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from hpc_elastic.est import detsum as d
+from hpc_elastic.est.gpu import cuda_extension
+from hpc_elastic.est.kernels import tensor_kernels
 
 C = d.CKernels(d.c_extension())  # no skip: CI builds the extension with the package
 REF = d.ReferenceKernels()
@@ -223,9 +225,7 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUD
 
 @requires_cuda
 def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover - needs a GPU
-    from hpc_elastic.est.gpu import cuda_extension, cuda_kernels
-
-    k = cuda_kernels()
+    k = tensor_kernels(torch.device("cuda"))
     rng = np.random.default_rng(3)
     xs = [(rng.standard_normal(5000) * np.exp2(rng.integers(-40, 40, 5000))).astype(np.float32) for _ in range(3)]
     chunk, width = 64, d.bin_width(3)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from hpc_elastic.slurm import Job, JobState, Node, SlurmUnavailable
+from hpc_elastic.slurm import Job, JobState, Node, Partition, SlurmUnavailable
+from hpc_elastic.slurm.commands import JobAction
+from slurm_plugin.apply import job_directory
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
 from slurm_plugin.store import Store
@@ -18,6 +20,9 @@ from tests.unit.plugin.conftest import at, config, start_of
 
 
 class FakeSlurm:
+    """The :class:`hpc_elastic.slurm.SlurmClient` a daemon pass talks to, over jobs and nodes parsed from the real
+    cluster's output; what a pass must not call fails the test."""
+
     def __init__(self, jobs: list[Job], nodes: list[Node], *, ack_root: Path | None = None) -> None:
         self._jobs, self._nodes, self.ack_root = jobs, nodes, ack_root
         self.calls: list[tuple[str, object]] = []
@@ -33,8 +38,31 @@ class FakeSlurm:
     def nodes(self) -> list[Node]:
         return self._nodes
 
-    def history(self, start: datetime, end: datetime | None = None) -> list[Job]:
+    def history(
+        self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None
+    ) -> list[Job]:
         return []
+
+    def version(self) -> str:
+        return "22.05.8"
+
+    def ping(self) -> None:
+        return None
+
+    def job(self, job_id: int) -> Job:
+        (found,) = self.jobs([job_id])
+        return found
+
+    def partitions(self) -> list[Partition]:
+        raise AssertionError("a pass reads no partitions")
+
+    def submit(
+        self, script_path: str | None = None, options: Sequence[str] = (), *, script_text: str | None = None
+    ) -> int:
+        raise AssertionError("a pass submits nothing")
+
+    def act(self, action: JobAction, job_ids: Iterable[int]) -> None:
+        self.calls.append((action.value, list(job_ids)))
 
     def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
         self.calls.append(("update", (job_id, dict(fields))))
@@ -240,8 +268,6 @@ def test_one_daemon_at_a_time(tmp_path: Path) -> None:
 
 
 def test_job_names_never_leave_the_checkpoint_roots(tmp_path: Path) -> None:
-    from slurm_plugin.apply import job_directory
-
     root = tmp_path / "jobs"
     (root / "ok-5").mkdir(parents=True)
     (tmp_path / "x-5").mkdir()

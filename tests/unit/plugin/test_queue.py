@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.cli.main import cli
 from hpc_elastic.slurm import Job, Node
 from slurm_plugin.config import parse_config
 from tests.unit.plugin.conftest import at, start_of
@@ -32,7 +32,6 @@ def test_queue_shows_the_last_pass(tmp_path: Path, busy: tuple[list[Job], list[N
     (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
     daemon, _ = make(cfg, FakeSlurm(jobs, nodes), at(start_of(jobs, 24), 60))
     daemon.run_pass()
-    _register()
     out = CliRunner().invoke(cli, ["queue", "--config", str(path), "--json"])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
@@ -46,7 +45,6 @@ def test_queue_shows_the_last_pass(tmp_path: Path, busy: tuple[list[Job], list[N
 
 
 def test_queue_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
-    _register()
     missing = CliRunner().invoke(cli, ["queue", "--config", str(_config_file(tmp_path, tmp_path))])
     assert missing.exit_code == 2 and "no daemon state in" in missing.output
     bad = tmp_path / "bad.toml"

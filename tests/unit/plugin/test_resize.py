@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
 from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
 from slurm_plugin.actions import Resize, SetSize, elastic_sizes, followup_actions, plan, resize_actions
-from slurm_plugin.observe import Observation
+from slurm_plugin.observe import FORGET_AFTER_S, Observation, Selection, observe
 from slurm_plugin.store import JobRecord, Store
 from tests.unit.plugin.conftest import at, config, marked, start_of
 from tests.unit.plugin.test_daemon import FakeSlurm, make
@@ -155,8 +156,6 @@ def test_requeue_follows_ack_or_grace(tmp_path: Path) -> None:
 
 
 def test_store_reads_a_database_of_an_older_daemon(tmp_path: Path) -> None:
-    import sqlite3
-
     db = sqlite3.connect(tmp_path / "state.sqlite3")
     db.execute(
         "CREATE TABLE jobs (job_id INTEGER PRIMARY KEY, first_seen REAL, waiting_since REAL, "
@@ -177,8 +176,6 @@ def test_store_reads_a_database_of_an_older_daemon(tmp_path: Path) -> None:
 
 
 def test_a_job_missing_from_one_answer_is_not_forgotten(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
-    from slurm_plugin.observe import FORGET_AFTER_S, Selection, observe
-
     jobs, nodes = busy
     now = at(start_of(jobs, 24), 60)
     first = observe(jobs, nodes, {}, Selection(), now=now)

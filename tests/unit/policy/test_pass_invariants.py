@@ -22,6 +22,7 @@ from hpc_elastic.policy import (
     QueueChangeKind,
     make_policy,
 )
+from hpc_elastic.policy.core import _select_single_pool
 from tests.unit.policy.strategies import level, pass_inputs
 
 THRESHOLDS = (1000.0, 5000.0)
@@ -162,8 +163,6 @@ def test_mlfq_selection_is_greedy_in_priority_order(case: tuple[PassInput, list[
 
 
 def test_single_pool_fast_path_equals_loop() -> None:
-    from hpc_elastic.policy.core import _select_single_pool
-
     rng = np.random.default_rng(7)
     for _ in range(300):
         gpus = rng.integers(1, 9, size=int(rng.integers(0, 40)))

@@ -17,6 +17,7 @@ from hpc_elastic.policy import (
     NodeView,
     PassInput,
     PolicyOptions,
+    ServiceDistribution,
     make_policy,
     policy_names,
 )
@@ -247,8 +248,6 @@ def test_promotion_resets_and_puts_job_first() -> None:
 
 
 def test_gittins_orders_by_index_inside_a_queue() -> None:
-    from hpc_elastic.policy import ServiceDistribution
-
     # Sizes 100 and 10,000: a job that has attained 90 is likely to end within Δ; a fresh one less so.
     hist = ServiceDistribution.from_samples([100.0] * 5 + [10_000.0] * 5)
     nodes = [NodeView("n0", 1, 1)]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.cli.main import cli
 from hpc_elastic.profile import load_profile, save_profile, submit
 
 from .helpers import make_profile
@@ -20,7 +20,6 @@ FAST = ["--batch-sizes", "1,4", "--iters", "1", "--repeats", "2", "--warmup", "0
 
 
 def invoke(*args: str) -> Result:
-    _register()
     return CliRunner().invoke(cli, list(args))
 
 
@@ -256,7 +255,7 @@ class FakeSlurm:
 
 def test_submit_hands_the_job_to_the_slurm_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeSlurm()
-    monkeypatch.setattr("hpc_elastic.slurm.connect", lambda environment=None: fake)
+    monkeypatch.setattr("hpc_elastic.cli.profile.connect", lambda environment=None: fake)
     result = invoke(
         "profile", "run", TINY, "--submit", "--partition", "gpu", "--gpu-type", "a100",
         "--iters", "7", "--profiles-dir", str(tmp_path),
@@ -287,7 +286,7 @@ def test_submit_a_script_passes_its_absolute_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training_script: Path
 ) -> None:
     fake = FakeSlurm()
-    monkeypatch.setattr("hpc_elastic.slurm.connect", lambda environment=None: fake)
+    monkeypatch.setattr("hpc_elastic.cli.profile.connect", lambda environment=None: fake)
     monkeypatch.chdir(training_script.parent)
     result = invoke("profile", "run", "train.py", "--submit", "--partition", "cpu", "--profiles-dir", str(tmp_path))
     assert result.exit_code == 0, result.output + result.stderr

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from hpc_elastic.profile.curve import fit_gamma, monotone_violations, summarize_repeats
-from hpc_elastic.profile.measure import LoadedModel, StepRunner, measure_curve, measure_point
+from hpc_elastic.profile.model import LoadedModel
 from hpc_elastic.profile.schema import StepClock
+from hpc_elastic.profile.step import StepRunner, measure_curve, measure_point
 
 from .tiny_models import tiny
 
@@ -134,7 +135,7 @@ class ScriptedRunner:
 
 def test_warm_up_is_excluded_and_repeats_are_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr("hpc_elastic.profile.measure.time.perf_counter", clock)
+    monkeypatch.setattr("hpc_elastic.profile.step.time.perf_counter", clock)
     runner = ScriptedRunner(clock)
     points = measure_curve(runner, [1, 8, 64], warmup=2, iters=4, repeats=5, meter=None)  # type: ignore[arg-type]
     # Round 0: 2 warm-up + 4 timed steps per size; later rounds: 1 untimed + 4 timed; sizes interleaved.
@@ -152,8 +153,8 @@ def test_warm_up_is_excluded_and_repeats_are_interleaved(monkeypatch: pytest.Mon
 
 def test_the_process_clock_times_steps_with_process_time(monkeypatch: pytest.MonkeyPatch) -> None:
     wall, cpu = FakeClock(), FakeClock()
-    monkeypatch.setattr("hpc_elastic.profile.measure.time.perf_counter", wall)
-    monkeypatch.setattr("hpc_elastic.profile.measure.time.process_time", cpu)
+    monkeypatch.setattr("hpc_elastic.profile.step.time.perf_counter", wall)
+    monkeypatch.setattr("hpc_elastic.profile.step.time.process_time", cpu)
     runner = ScriptedRunner(cpu)  # the steps advance only the CPU clock
     points = measure_curve(
         runner,  # type: ignore[arg-type]

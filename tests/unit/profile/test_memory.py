@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_elastic.profile.measure import ChildProcessStepPeak, fits_under
 from hpc_elastic.profile.memory import find_memory_limit, format_size, parse_size
+from hpc_elastic.profile.meters import ChildProcessStepPeak, fits_under
 
 
 class FakeAllocator:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from hpc_elastic.models import mlp, resnet_like, transformer_small, vgg_like
-from hpc_elastic.profile.measure import model_info, tensor_infos
+from hpc_elastic.profile.model import model_info, tensor_infos
 from hpc_elastic.profile.skew import largest_tensor_share, round_robin_shards, shard_skew, shard_skews
 
 from .helpers import TwoLinear

@@ -11,6 +11,7 @@ import pytest
 
 import hpc_elastic.profile as api
 from hpc_elastic.env import Environment, read_environment
+from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from hpc_elastic.profile.schema import slugify
 from hpc_elastic.profile.store import SOURCE_PROFILE_DIR, atomic_write_text, profile_path, profile_to_json
 
@@ -172,8 +173,6 @@ def test_shipped_reference_profiles_are_valid() -> None:
 
 
 def test_placement_skew_is_the_largest_tensor_share_on_the_packlimit_scale(tmp_path: Path) -> None:
-    from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
-
     profile = make_profile()
     api.save_profile(profile, tmp_path)
     assert profile.placement_skew == profile.model.largest_tensor_share == 48 / 92

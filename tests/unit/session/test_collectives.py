@@ -59,7 +59,7 @@ def test_horovod(tmp_path: Path) -> None:
 CLOSE_PROBE = """
 import json, os, sys, time
 import torch
-from hpc_elastic.collective import TorchCollective
+from hpc_elastic.est.groups import TorchCollective
 
 def gloo_threads():
     names = []

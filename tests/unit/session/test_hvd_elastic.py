@@ -10,6 +10,7 @@ same samples (exactly once after a removal; the step in flight is done again aft
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -119,8 +120,7 @@ def test_worker_removed_mid_run_the_survivor_goes_on_with_the_same_bits(
 def second_local_host() -> str:
     """This machine's host name, when it resolves to a local address: a second 'host' that Horovod starts
     locally (a failed host is blacklisted, so the survivor must sit on another one)."""
-    from horovod.runner.util import network
-
+    network = importlib.import_module("horovod.runner.util.network")  # Horovod is optional: not at the top
     name = socket.gethostname()
     if name == "localhost" or network.resolve_host_address(name) not in network.get_local_host_addresses():
         pytest.skip(f"the host name {name!r} does not resolve to a local address")

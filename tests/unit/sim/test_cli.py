@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpc_elastic.cli.main import _register, cli
+from hpc_elastic.cli.main import cli
 from hpc_elastic.policy import POLICY_NAMES
 from tests.unit.sim.helpers import TRACES, needs_traces
 
@@ -17,7 +17,6 @@ KEYS = {"avg_jct", "median_jct", "p95_jct", "p99_jct", "avg_queue_delay", "makes
 
 @pytest.fixture(scope="module")
 def runner() -> CliRunner:
-    _register()
     return CliRunner()
 
 
