@@ -232,7 +232,7 @@ class State:
         ctx = self.contexts[vrank]
         ctx.rng.restore()
         self._load_buffers(ctx)
-        self.reducer.attach_grads()
+        self.reducer.switch_in()
         self._active = ctx
         try:
             yield ctx
@@ -520,4 +520,3 @@ class State:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
-

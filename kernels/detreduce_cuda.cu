@@ -1,5 +1,5 @@
 // CUDA twin of kernels/detreduce.c (see that file and hpc_elastic/est/detsum.py for the method).
-// Every floating-point step is an explicit IEEE operation (__dmul_rn, __fmul_rn, __fadd_rn, __fdiv_rn,
+// Every floating-point step is an explicit IEEE operation (__fmul_rn, __fadd_rn, __fdiv_rn,
 // __ll2float_rn) or integer arithmetic, so the results equal the CPU kernels bit for bit.
 // Built lazily by hpc_elastic/est/gpu.py with --fmad=false -ftz=false -prec-div=true.
 // Not yet run on a GPU (none was lent while this was written); tests/unit/kernels/test_cuda_build.py compiles it
@@ -21,20 +21,39 @@ __device__ __forceinline__ int bin_of(float x, int width) {
   return e == 0xff ? NONFINITE_TOP : (e + 1) / width;
 }
 
-// trunc(x * 2^-low) split into (hi, lo) = (trunc(T / 2^width), T - hi * 2^width), from the fp32 fields
-// with integer shifts: the same integer T as deposit_chunk() in detreduce.c forms by converting the exact
-// product x * 2^-low to int64 (the C kernels' test checks both forms against the NumPy reference).
-__device__ __forceinline__ void split(float x, int low, int width, long long* q, long long* r) {
+// |trunc(x * 2^-low)| from the fp32 fields with integer shifts (trunc_scaled() in detreduce.c: the same integer).
+__device__ __forceinline__ unsigned long long magnitude(float x, int low) {
   uint32_t bits = __float_as_uint(x);
   uint32_t e = (bits >> 23) & 0xffu;
   unsigned long long m = (unsigned long long)(bits & 0x7fffffu) | (e ? 0x800000ull : 0ull);
   int s = (int)(e ? e : 1u) - 150 - low;
-  unsigned long long mag = s >= 0 ? (m << (s & 63)) : (s > -64 ? (m >> ((-s) & 63)) : 0ull);
+  return s >= 0 ? (m << (s & 63)) : (s > -64 ? (m >> ((-s) & 63)) : 0ull);
+}
+
+__device__ __forceinline__ long long trunc_scaled(float x, int low) {
+  long long neg = -(long long)(__float_as_uint(x) >> 31);
+  return ((long long)magnitude(x, low) ^ neg) - neg;
+}
+
+// trunc(x * 2^-low) split into (hi, lo) = (trunc(T / 2^width), T - hi * 2^width), both with T's sign.
+__device__ __forceinline__ void split(float x, int low, int width, long long* q, long long* r) {
+  unsigned long long mag = magnitude(x, low);
   long long qq = (long long)(mag >> width);
   long long rr = (long long)(mag & ((1ull << width) - 1ull));
-  long long neg = -(long long)(bits >> 31);
+  long long neg = -(long long)(__float_as_uint(x) >> 31);
   *q = (qq ^ neg) - neg;
   *r = (rr ^ neg) - neg;
+}
+
+// The top bin of chunk c of x, over the block (every thread gets it).
+__device__ __forceinline__ int block_top(const float* x, long long s, long long len, int width, int* s_top) {
+  if (threadIdx.x == 0) *s_top = 0;
+  __syncthreads();
+  int tn = 0;
+  for (long long i = threadIdx.x; i < len; i += blockDim.x) tn = max(tn, bin_of(x[s + i], width));
+  atomicMax(s_top, tn);
+  __syncthreads();
+  return *s_top;
 }
 
 // 2^e as a float, for e in [-126, 127] (exactly ldexpf(1.0f, e))
@@ -44,20 +63,11 @@ __device__ __forceinline__ float pow2f(int e) { return __int_as_float((e + 127) 
 __global__ void deposit_kernel(float* grad, long long* hi, long long* lo, uint8_t* tops, long long n, long long chunk,
                                int width, bool first, bool clear) {
   __shared__ int s_top;
-  __shared__ int s_old;
   const long long c = blockIdx.x;
   const long long s = c * chunk;
   const long long len = (s + chunk <= n) ? chunk : n - s;
-  if (threadIdx.x == 0) {
-    s_top = 0;
-    s_old = tops[c];
-  }
-  __syncthreads();
-  int tn = 0;
-  for (long long i = threadIdx.x; i < len; i += blockDim.x) tn = max(tn, bin_of(grad[s + i], width));
-  atomicMax(&s_top, tn);
-  __syncthreads();
-  tn = s_top;
+  const int s_old = tops[c];
+  int tn = block_top(grad, s, len, width, &s_top);
   int ta;
   int shift = 0;  // 0: none, 1: promote hi to lo, 2: zero both
   if (first) {
@@ -111,6 +121,42 @@ __global__ void combine_kernel(long long* hi, const long long* lo, const uint8_t
     hi[i] = 0;
   } else if (g == l) {
     hi[i] = hi[i] * (1LL << width) + lo[i];
+  }
+}
+
+// One block per chunk.
+__global__ void tops_kernel(const float* grad, uint8_t* tops, long long n, long long chunk, int width) {
+  __shared__ int s_top;
+  const long long s = (long long)blockIdx.x * chunk;
+  const long long len = (s + chunk <= n) ? chunk : n - s;
+  int tn = block_top(grad, s, len, width, &s_top);
+  if (threadIdx.x == 0) tops[blockIdx.x] = (uint8_t)tn;
+}
+
+// One block per chunk: hi = (the bins on the global window, as combine_kernel) + trunc(grad * 2^-L).  *bad is set
+// when the global top bin lies below this process's (not a MAX).
+__global__ void fold_kernel(const float* grad, long long* hi, const long long* lo, const uint8_t* btops,
+                            const uint8_t* gtops, long long n, long long chunk, int width, bool have_bins, int* bad) {
+  __shared__ int s_top;
+  const long long c = blockIdx.x;
+  const long long s = c * chunk;
+  const long long len = (s + chunk <= n) ? chunk : n - s;
+  const int g = gtops[c];
+  const int tn = block_top(grad, s, len, width, &s_top);
+  if (g != NONFINITE_TOP && (tn > g || (have_bins && btops[c] > g))) {
+    if (threadIdx.x == 0) atomicExch(bad, 1);
+    return;
+  }
+  const int rise = have_bins ? g - (int)btops[c] : 2;
+  const int low = (g - 1) * width - EXP_BIAS;
+  for (long long i = threadIdx.x; i < len; i += blockDim.x) {
+    const long long k = s + i;
+    if (g == NONFINITE_TOP) {
+      hi[k] = 0;
+      continue;
+    }
+    long long base = rise == 0 ? hi[k] * (1LL << width) + lo[k] : (rise == 1 ? hi[k] : 0);
+    hi[k] = base + trunc_scaled(grad[k], low);
   }
 }
 
@@ -168,6 +214,9 @@ void check(const torch::Tensor& t, at::ScalarType dtype, const char* name) {
 
 long long nchunks(long long n, long long chunk) { return (n + chunk - 1) / chunk; }
 
+// threads of a one-block-per-chunk kernel: the chunk rounded up to whole warps, 256 at most
+int threads_for(long long chunk) { return chunk >= 256 ? 256 : (int)(((chunk + 31) / 32) * 32); }
+
 void deposit(torch::Tensor grad, torch::Tensor hi, torch::Tensor lo, torch::Tensor tops, int64_t chunk, int64_t width,
              bool first, bool clear) {
   check(grad, at::kFloat, "grad");
@@ -178,9 +227,8 @@ void deposit(torch::Tensor grad, torch::Tensor hi, torch::Tensor lo, torch::Tens
   const long long n = grad.numel();
   TORCH_CHECK(hi.numel() == n && lo.numel() == n && tops.numel() == nchunks(n, chunk), "size mismatch");
   if (n == 0) return;
-  const int threads = chunk >= 256 ? 256 : (int)(((chunk + 31) / 32) * 32);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  deposit_kernel<<<(unsigned)nchunks(n, chunk), threads, 0, stream>>>(
+  deposit_kernel<<<(unsigned)nchunks(n, chunk), threads_for(chunk), 0, stream>>>(
       grad.data_ptr<float>(), (long long*)hi.data_ptr<int64_t>(), (long long*)lo.data_ptr<int64_t>(),
       tops.data_ptr<uint8_t>(), n, chunk, (int)width, first, clear);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -203,6 +251,42 @@ void combine(torch::Tensor hi, torch::Tensor lo, torch::Tensor ltops, torch::Ten
       (long long*)hi.data_ptr<int64_t>(), (const long long*)lo.data_ptr<int64_t>(), ltops.data_ptr<uint8_t>(),
       gtops.data_ptr<uint8_t>(), n, chunk, (int)width);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void tops(torch::Tensor grad, torch::Tensor tops, int64_t chunk, int64_t width) {
+  check(grad, at::kFloat, "grad");
+  check(tops, at::kByte, "tops");
+  TORCH_CHECK(chunk >= 1 && width >= 8 && width <= 31, "bad chunk/width");
+  const long long n = grad.numel();
+  TORCH_CHECK(tops.numel() == nchunks(n, chunk), "size mismatch");
+  if (n == 0) return;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  tops_kernel<<<(unsigned)nchunks(n, chunk), threads_for(chunk), 0, stream>>>(grad.data_ptr<float>(),
+                                                                               tops.data_ptr<uint8_t>(), n, chunk,
+                                                                               (int)width);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void fold(torch::Tensor grad, torch::Tensor hi, torch::Tensor lo, torch::Tensor btops, torch::Tensor gtops,
+          int64_t chunk, int64_t width, bool have_bins) {
+  check(grad, at::kFloat, "grad");
+  check(hi, at::kLong, "hi");
+  check(lo, at::kLong, "lo");
+  check(btops, at::kByte, "bin_tops");
+  check(gtops, at::kByte, "global_tops");
+  TORCH_CHECK(chunk >= 1 && width >= 8 && width <= 31, "bad chunk/width");
+  const long long n = grad.numel();
+  TORCH_CHECK(hi.numel() == n && lo.numel() == n && btops.numel() == nchunks(n, chunk) &&
+                  gtops.numel() == nchunks(n, chunk),
+              "size mismatch");
+  if (n == 0) return;
+  auto bad = torch::zeros({1}, grad.options().dtype(at::kInt));
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  fold_kernel<<<(unsigned)nchunks(n, chunk), threads_for(chunk), 0, stream>>>(
+      grad.data_ptr<float>(), (long long*)hi.data_ptr<int64_t>(), (const long long*)lo.data_ptr<int64_t>(),
+      btops.data_ptr<uint8_t>(), gtops.data_ptr<uint8_t>(), n, chunk, (int)width, have_bins, bad.data_ptr<int>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  TORCH_CHECK(bad.item<int>() == 0, "global top bins must be the MAX of this process's");
 }
 
 void finalize(torch::Tensor v, torch::Tensor gtops, torch::Tensor out, int64_t chunk, int64_t width, double divisor) {
@@ -242,6 +326,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("width"), py::arg("first"), py::arg("clear"));
   m.def("combine", &combine, py::arg("hi"), py::arg("lo"), py::arg("local_tops"), py::arg("global_tops"),
         py::arg("chunk"), py::arg("width"));
+  m.def("tops", &tops, py::arg("grad"), py::arg("tops"), py::arg("chunk"), py::arg("width"));
+  m.def("fold", &fold, py::arg("grad"), py::arg("hi"), py::arg("lo"), py::arg("bin_tops"), py::arg("global_tops"),
+        py::arg("chunk"), py::arg("width"), py::arg("have_bins"));
   m.def("finalize", &finalize, py::arg("v"), py::arg("global_tops"), py::arg("out"), py::arg("chunk"),
         py::arg("width"), py::arg("divisor"));
   m.def("matmul_nt", &matmul_nt, py::arg("a"), py::arg("b"));

@@ -44,9 +44,12 @@ The incremental form used by the runtime splits every ``T = trunc(x * 2^-L)`` in
 (``hi = trunc(T / 2^W)``, ``lo = T - hi * 2^W``).  Truncation toward zero nests
 (``trunc(trunc(a) / 2^W) == trunc(a / 2^W)``), so when a process's top bin rises, promoting ``hi`` to the
 low bin and dropping the old ``lo`` leaves exactly the deposits the final window would have made; this is
-why deposits can happen EST by EST before the global top bin is known.  :func:`reference_allreduce` is the
-direct definition, :func:`ref_deposit`/:func:`ref_combine`/:func:`ref_finalize` the NumPy twin of the C
-loops in ``kernels/detreduce.c``; the unit tests check all three agree bit for bit.
+why deposits can happen EST by EST before the global top bin is known.  A process's last EST need not be
+deposited at all: once the global top bins are agreed on (their MAX taken over the bins' and that gradient's,
+:func:`ref_tops`), :func:`ref_fold` adds ``trunc(x * 2^-L)`` of it straight to the combined bins, the same
+integers in one pass.  :func:`reference_allreduce` is the direct definition, :func:`ref_deposit`/
+:func:`ref_combine`/:func:`ref_fold`/:func:`ref_finalize` the NumPy twin of the C loops in ``kernels/detreduce.c``;
+the unit tests check all three agree bit for bit.
 """
 
 from __future__ import annotations
@@ -164,6 +167,28 @@ def ref_combine(hi: I64, lo: I64, local_tops: U8, global_tops: U8, *, chunk: int
     hi[zero] = 0
 
 
+def ref_fold(
+    grad: F32, hi: I64, lo: I64, bin_tops: U8, global_tops: U8, *, chunk: int, width: int, have_bins: bool
+) -> None:
+    """NumPy twin of ``_detreduce.fold``: ``hi`` = :func:`ref_combine` of the bins (when ``have_bins``; their top
+    bins in ``bin_tops``) after a deposit of ``grad``, i.e. the bins' sum on the global window plus
+    ``trunc(grad * 2^-L)``.  ``grad`` is left as it is."""
+    n = grad.size
+    g = global_tops.astype(np.int64)
+    mine = ref_tops(grad, chunk, width).astype(np.int64)
+    if have_bins:
+        mine = np.maximum(mine, bin_tops.astype(np.int64))
+    if np.any((g != NONFINITE_TOP) & (mine > g)):
+        raise ValueError("global top bins must be the MAX of this process's")
+    if have_bins:
+        ref_combine(hi, lo, bin_tops, global_tops, chunk=chunk, width=width)
+    else:
+        hi[:] = 0
+    finite = _per_element(g != NONFINITE_TOP, n, chunk)
+    low = _per_element((g - 1) * width - EXP_BIAS, n, chunk)
+    hi += np.where(finite, _trunc_scaled(np.where(finite, grad, 0).astype(np.float32), low), 0)
+
+
 def ref_finalize(v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
     """NumPy twin of ``_detreduce.finalize``."""
     n = v.size
@@ -259,6 +284,12 @@ class Kernels(Protocol):
 
     def combine(self, hi: I64, lo: I64, local_tops: U8, global_tops: U8, *, chunk: int, width: int) -> None: ...
 
+    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None: ...
+
+    def fold(
+        self, grad: F32, hi: I64, lo: I64, bin_tops: U8, global_tops: U8, *, chunk: int, width: int, have_bins: bool
+    ) -> None: ...
+
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None: ...
 
     def owner_sum(self, rows: F32, acc: I64, tops: U8, *, chunk: int, width: int) -> None: ...
@@ -278,6 +309,14 @@ class ReferenceKernels:
 
     def combine(self, hi: I64, lo: I64, local_tops: U8, global_tops: U8, *, chunk: int, width: int) -> None:
         ref_combine(hi, lo, local_tops, global_tops, chunk=chunk, width=width)
+
+    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None:
+        tops[:] = ref_tops(grad, chunk, width)
+
+    def fold(
+        self, grad: F32, hi: I64, lo: I64, bin_tops: U8, global_tops: U8, *, chunk: int, width: int, have_bins: bool
+    ) -> None:
+        ref_fold(grad, hi, lo, bin_tops, global_tops, chunk=chunk, width=width, have_bins=have_bins)
 
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
         ref_finalize(v, global_tops, out, chunk=chunk, width=width, divisor=divisor)
@@ -304,6 +343,14 @@ class CKernels:
 
     def combine(self, hi: I64, lo: I64, local_tops: U8, global_tops: U8, *, chunk: int, width: int) -> None:
         self._m.combine(hi, lo, local_tops, global_tops, chunk, width)
+
+    def tops(self, grad: F32, tops: U8, *, chunk: int, width: int) -> None:
+        self._m.tops(grad, tops, chunk, width)
+
+    def fold(
+        self, grad: F32, hi: I64, lo: I64, bin_tops: U8, global_tops: U8, *, chunk: int, width: int, have_bins: bool
+    ) -> None:
+        self._m.fold(grad, hi, lo, bin_tops, global_tops, chunk, width, have_bins)
 
     def finalize(self, v: I64, global_tops: U8, out: F32, *, chunk: int, width: int, divisor: float) -> None:
         self._m.finalize(v, global_tops, out, chunk, width, float(divisor))

@@ -45,4 +45,3 @@ def cuda_extension() -> Any:
         verbose=False,
     )
     return ext
-

@@ -21,7 +21,7 @@ def _as_tensor(t: torch.Tensor) -> Any:
 
 
 class TensorKernels:
-    """The three loops of the deterministic allreduce (:mod:`hpc_elastic.est.detsum`) on tensors.
+    """The loops of the deterministic allreduce (:mod:`hpc_elastic.est.detsum`) on tensors.
 
     Forwards every call to ``impl`` — a :class:`~hpc_elastic.est.detsum.Kernels` (C extension or NumPy
     reference) or the CUDA extension, which share argument names — after ``to_arg`` has turned each tensor
@@ -59,6 +59,25 @@ class TensorKernels:
     ) -> None:
         a = self._arg
         self._impl.combine(a(hi), a(lo), a(ltops), a(gtops), chunk=chunk, width=width)
+
+    def tops(self, grad: torch.Tensor, tops: torch.Tensor, *, chunk: int, width: int) -> None:
+        a = self._arg
+        self._impl.tops(a(grad), a(tops), chunk=chunk, width=width)
+
+    def fold(
+        self,
+        grad: torch.Tensor,
+        hi: torch.Tensor,
+        lo: torch.Tensor,
+        bin_tops: torch.Tensor,
+        gtops: torch.Tensor,
+        *,
+        chunk: int,
+        width: int,
+        have_bins: bool,
+    ) -> None:
+        a = self._arg
+        self._impl.fold(a(grad), a(hi), a(lo), a(bin_tops), a(gtops), chunk=chunk, width=width, have_bins=have_bins)
 
     def finalize(
         self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, *, chunk: int, width: int, divisor: float

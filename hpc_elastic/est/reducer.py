@@ -2,9 +2,12 @@
 
 Per process: one flat fp32 gradient buffer that the parameters' ``.grad`` are views of (buckets packed by
 parameter index, :func:`hpc_elastic.est.plan.plan_buckets`), and for D1/D2 two int64 bins per element.
-After each EST's backward, :meth:`GradientReducer.deposit` adds its gradient to the bins and clears the
-buffer (the whole cost of a context switch besides RNG/buffer swaps); :meth:`GradientReducer.reduce`
-then runs one byte-per-chunk ``MAX`` allreduce and an exact int64 ``SUM``, and writes the mean gradient back.
+After each EST's backward, :meth:`GradientReducer.deposit` hands its gradient over; it stays in the buffer until
+the next EST switches in (:meth:`GradientReducer.switch_in` adds it to the bins and clears the buffer: the whole
+cost of a context switch besides RNG/buffer swaps) or until :meth:`GradientReducer.reduce`, which takes the last
+EST's gradient straight into the combined integers (``fold``: one pass, where a deposit and a combine would write
+and re-read both bins), runs one byte-per-chunk ``MAX`` allreduce and an exact int64 ``SUM``, and writes the mean
+gradient back.
 Over gloo on CPU tensors the int64 ``SUM`` is a ring reduce-scatter over chunk-aligned ranges, each process
 converts only its own range to fp32, and an fp32 ring allgather returns the rest (12 bytes per element on the
 wire instead of 16); over MPI each range's int64 go to its owner, which adds them, converts, and sends the fp32
@@ -110,7 +113,8 @@ class GradientReducer:
                 off = self._bucket_start[bi] + s.offset
                 self._views[s.index] = self.flat_grad[off : off + s.numel].view_as(self.params[s.index])
         self.exact = level.exact_allreduce
-        self._deposits = 0
+        self._deposits = 0  # ESTs whose gradient this step is in the bins (binned) or in the buffer
+        self._pending = False  # an EST's gradient waits in the buffer, not yet in the bins (binned path)
         exchanges = self.exact and comm.size > 1 and self.device.type == "cpu"  # over ranges of CPU tensors
         #: one EST per process at most, and an all-to-all to the range owners: raw fp32 on the wire, no bins
         self.one_est_each = (
@@ -177,28 +181,42 @@ class GradientReducer:
             out.append((slice(s, s + b.numel), slice(c, c + num_chunks(b.numel, self.layout.chunk))))
         return out
 
-    def deposit(self) -> None:
-        """Take the current EST's gradient out of the buffer (D1/D2) or leave it to accumulate (D0)."""
+    def switch_in(self) -> None:
+        """Before an EST's forward and backward: the buffer must start empty, so the gradient the previous EST left
+        there goes into the bins now; then every ``param.grad`` is a view of the buffer again."""
+        if self._pending:
+            self._deposit_buffer()
         self.attach_grads()
-        if self.one_est_each:
-            if self._deposits:
-                raise RuntimeError("a second EST on this process, but the reducer was planned for one per process")
-            self._deposits = 1  # the gradient stays in the buffer until reduce()
-            return
-        if self.exact:
-            first = self._deposits == 0
-            for el, ch in self._segments():
-                self.kernels.deposit(
-                    self.flat_grad[el],
-                    self.hi[el],
-                    self.lo[el],
-                    self.local_tops[ch],
-                    chunk=self.layout.chunk,
-                    width=self.width,
-                    first=first,
-                    clear=True,
-                )
+
+    def deposit(self) -> None:
+        """Take the current EST's gradient (after its backward).  It stays in the buffer: the one-EST path sends it
+        as it is, the binned path adds it to the bins at the next :meth:`switch_in` or folds it in at
+        :meth:`reduce`; D0 lets the next EST's gradient accumulate on it."""
+        self.attach_grads()
+        if self._pending:
+            raise RuntimeError("an EST's gradient was handed over twice without switch_in() in between")
+        if self.one_est_each and self._deposits:
+            raise RuntimeError("a second EST on this process, but the reducer was planned for one per process")
+        self._pending = self.exact and not self.one_est_each
+        if not self._pending:
+            self._deposits += 1
+
+    def _deposit_buffer(self) -> None:
+        """Add the waiting gradient to the bins and clear the buffer."""
+        first = self._deposits == 0
+        for el, ch in self._segments():
+            self.kernels.deposit(
+                self.flat_grad[el],
+                self.hi[el],
+                self.lo[el],
+                self.local_tops[ch],
+                chunk=self.layout.chunk,
+                width=self.width,
+                first=first,
+                clear=True,
+            )
         self._deposits += 1
+        self._pending = False
 
     def reduce(self) -> None:
         """Allreduce over all processes; leaves the mean of the N EST gradients in ``param.grad``."""
@@ -211,21 +229,7 @@ class GradientReducer:
             self._reduce_one_est_each()
             self._deposits = 0
             return
-        if self._deposits == 0:
-            self.hi.zero_()
-            self.lo.zero_()
-            self.local_tops.zero_()
-        self.global_tops.copy_(self.local_tops)
-        self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
-        for el, ch in self._segments():
-            self.kernels.combine(
-                self.hi[el],
-                self.lo[el],
-                self.local_tops[ch],
-                self.global_tops[ch],
-                chunk=self.layout.chunk,
-                width=self.width,
-            )
+        self._combine()
         if self._binned_at_owners:
             self._sum_at_owners()
         elif self._bounds is None:
@@ -240,6 +244,41 @@ class GradientReducer:
             self._finalize(self._bounds[rank], self._bounds[rank + 1], self.hi)
             exchange.gather(self.flat_grad, self._bounds)
         self._deposits = 0
+
+    def _combine(self) -> None:
+        """Agree on the chunks' global top bins (``MAX``) and leave this process's sum on that window in ``hi``,
+        one int64 per element: the bins combined, plus the waiting gradient folded in."""
+        chunk, width = self.layout.chunk, self.width
+        if not self._pending:
+            if self._deposits == 0:  # no EST here: contribute nothing
+                self.hi.zero_()
+                self.lo.zero_()
+                self.local_tops.zero_()
+            self.global_tops.copy_(self.local_tops)
+            self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
+            for el, ch in self._segments():
+                self.kernels.combine(
+                    self.hi[el], self.lo[el], self.local_tops[ch], self.global_tops[ch], chunk=chunk, width=width
+                )
+            return
+        have_bins = self._deposits > 0
+        for el, ch in self._segments():
+            self.kernels.tops(self.flat_grad[el], self.global_tops[ch], chunk=chunk, width=width)
+        if have_bins:
+            torch.maximum(self.global_tops, self.local_tops, out=self.global_tops)
+        self.comm.allreduce_(self.global_tops, ReduceOp.MAX)
+        for el, ch in self._segments():
+            self.kernels.fold(
+                self.flat_grad[el],
+                self.hi[el],
+                self.lo[el],
+                self.local_tops[ch],
+                self.global_tops[ch],
+                chunk=chunk,
+                width=width,
+                have_bins=have_bins,
+            )
+        self._pending = False  # the buffer is overwritten with the mean below
 
     def _reduce_one_est_each(self) -> None:
         """D1 with at most one EST per process (EasyScale's usual case: as many devices as ESTs).
@@ -323,3 +362,4 @@ class GradientReducer:
     def zero(self) -> None:
         self.flat_grad.zero_()
         self._deposits = 0
+        self._pending = False

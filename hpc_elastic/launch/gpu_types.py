@@ -30,9 +30,7 @@ class TypeDecision:
     reason: str
 
 
-def decide_gpu_type(
-    allocated: Mapping[str, int], pinned: str | None, level: DeterminismLevel | None
-) -> TypeDecision:
+def decide_gpu_type(allocated: Mapping[str, int], pinned: str | None, level: DeterminismLevel | None) -> TypeDecision:
     """What the wrapper does with an allocation of ``allocated`` GPUs by type, for a job pinned to ``pinned`` (None:
     not yet) at determinism ``level`` (None: the runtime's default, D1)."""
     types = sorted(t for t, count in allocated.items() if count > 0 and t)

@@ -66,9 +66,7 @@ class WorkerStep:
         if isinstance(self.ntasks, bool) or not isinstance(self.ntasks, int) or self.ntasks < 1:
             raise ValueError(f"the step needs at least one worker process, got {self.ntasks!r}")
         if self.ntasks > self.num_ests:
-            raise ValueError(
-                f"{self.ntasks} worker processes for {self.num_ests} logical workers: M must not exceed N"
-            )
+            raise ValueError(f"{self.ntasks} worker processes for {self.num_ests} logical workers: M must not exceed N")
 
 
 def unavailable_reason(backend: Backend) -> str | None:

@@ -50,6 +50,7 @@ UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
     "Features": re.compile(r"[A-Za-z0-9_.+-]+([&|][A-Za-z0-9_.+-]+)*"),
 }
 
+
 def size_fields(tasks: int, cpus: int, gpu_type: str | None, *, gpus_per_task: int = 1) -> dict[str, str | int]:
     """The fields that give a pending job a new size: ``tasks`` tasks (processes), ``cpus`` CPUs in all, up to one
     node per task, and ``gpus_per_task`` GPUs of ``gpu_type`` (any type: None) per task."""

@@ -76,9 +76,7 @@ def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, 1))
 
 
-def train_step(
-    state: State, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, trace: TextIO | None
-) -> None:
+def train_step(state: State, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, trace: TextIO | None) -> None:
     """One global step: each EST of this process on its own mini-batch, then the exact sum and the optimizer."""
     for indices in state.batches():  # this EST's dataset indices; its context is switched in
         idx = list(indices)

@@ -30,9 +30,7 @@ def main() -> None:
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     job = read_job_environment()
     rank, n = job.rank, job.world_size
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{job.master_addr}:{job.master_port}", rank=rank, world_size=n
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://{job.master_addr}:{job.master_port}", rank=rank, world_size=n)
     apply_determinism(DeterminismLevel.D0)
     seed_everything(SEED)
     model = build_model("bn-dropout", HIDDEN)

@@ -30,7 +30,7 @@ def _restore_torch_globals() -> Iterator[None]:
 
 
 class RecordingKernels(TensorKernels):
-    """The C kernels, remembering every EST gradient deposited and every reduced result."""
+    """The C kernels, remembering every EST gradient deposited or folded in, and every reduced result."""
 
     def __init__(self) -> None:
         k = cpu_kernels()
@@ -41,6 +41,10 @@ class RecordingKernels(TensorKernels):
     def deposit(self, grad: torch.Tensor, *args: Any, **kw: Any) -> None:
         self.deposits.append(grad.numpy().copy())
         super().deposit(grad, *args, **kw)
+
+    def fold(self, grad: torch.Tensor, *args: Any, **kw: Any) -> None:
+        self.deposits.append(grad.numpy().copy())
+        super().fold(grad, *args, **kw)
 
     def finalize(self, v: torch.Tensor, gtops: torch.Tensor, out: torch.Tensor, **kw: Any) -> None:
         super().finalize(v, gtops, out, **kw)

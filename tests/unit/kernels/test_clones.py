@@ -92,8 +92,8 @@ def _contributions(seed: int, n: int) -> list[np.ndarray]:
 
 
 def _outputs(kern: d.Kernels, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """Every kernel's output on ``xs``: the binned path (deposits, combine, finalize), the owner's path
-    (owner_sum, finalize) and the fixed-order matmul."""
+    """Every kernel's output on ``xs``: the binned path (deposits, combine, finalize; deposits, tops, fold), the
+    owner's path (owner_sum, finalize) and the fixed-order matmul."""
     n = xs[0].size
     width = d.bin_width(len(xs))
     nch = d.num_chunks(n, CHUNK)
@@ -104,6 +104,12 @@ def _outputs(kern: d.Kernels, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
     kern.combine(hi, lo, tops, tops.copy(), chunk=CHUNK, width=width)
     binned = np.empty(n, np.float32)
     kern.finalize(hi, tops, binned, chunk=CHUNK, width=width, divisor=float(len(xs)))
+    # the runtime's way: all but the last EST deposited, the last folded in on the MAX of the top bins
+    hi2, lo2, bin_tops, last_tops = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(nch, np.uint8), tops.copy()
+    for j, x in enumerate(xs[:-1]):
+        kern.deposit(x.copy(), hi2, lo2, bin_tops, chunk=CHUNK, width=width, first=j == 0, clear=True)
+    kern.tops(xs[-1], last_tops, chunk=CHUNK, width=width)
+    kern.fold(xs[-1], hi2, lo2, bin_tops, np.maximum(bin_tops, last_tops), chunk=CHUNK, width=width, have_bins=True)
     acc, owner_tops = np.empty(n, np.int64), np.empty(nch, np.uint8)
     kern.owner_sum(np.stack(xs), acc, owner_tops, chunk=CHUNK, width=width)
     owner = np.empty(n, np.float32)
@@ -116,6 +122,8 @@ def _outputs(kern: d.Kernels, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
         "lo": binned_lo,
         "tops": tops,
         "combined": hi,
+        "last_tops": last_tops,
+        "folded": hi2,
         "binned": binned,
         "acc": acc,
         "owner_tops": owner_tops,
@@ -134,6 +142,7 @@ def test_every_instruction_set_gives_the_reference_bits(builds: dict[str, d.CKer
     xs = _contributions(seed, 20 * CHUNK + 17)
     want = _outputs(d.ReferenceKernels(), xs)
     assert np.isnan(want["owner"][CHUNK]) and np.isfinite(want["owner"][0])  # the data reach both cases
+    assert np.array_equal(want["folded"], want["combined"])  # folding the last EST in is depositing it
     for arch, kern in builds.items():
         got = _outputs(kern, xs)
         for name, value in want.items():

@@ -20,7 +20,7 @@ from torch.utils.cpp_extension import include_paths
 
 from hpc_elastic.est.gpu import NVCC_FLAGS, source_path
 
-KERNELS = ("deposit_kernel", "combine_kernel", "finalize_kernel", "matmul_nt_kernel")
+KERNELS = ("deposit_kernel", "combine_kernel", "tops_kernel", "fold_kernel", "finalize_kernel", "matmul_nt_kernel")
 #: a CPU build of torch ships the CUDA headers but not this generated one; what a CUDA build's says
 CMAKE_MACROS = "c10/cuda/impl/cuda_cmake_macros.h"
 

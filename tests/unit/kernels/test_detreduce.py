@@ -42,27 +42,39 @@ def contributions(draw: st.DrawFn, finite: bool = True) -> tuple[list[np.ndarray
 
 
 def run_incremental(
-    kern: d.Kernels, xs: list[np.ndarray], groups: list[list[int]], chunk: int, divisor: float
+    kern: d.Kernels, xs: list[np.ndarray], groups: list[list[int]], chunk: int, divisor: float, *, fold: bool = False
 ) -> np.ndarray:
-    """Deposit each group's ESTs in the given order, combine per group, sum the groups, finalize."""
+    """Deposit each group's ESTs in the given order, combine per group, sum the groups, finalize.  ``fold``: the
+    runtime's way, the last EST of each group is not deposited but folded in after the MAX of the top bins."""
     n_est = len(xs)
     width = d.bin_width(n_est)
     n = xs[0].size
     nch = d.num_chunks(n, chunk)
     accs = []
     for group in groups:
-        hi = np.zeros(n, np.int64)
-        lo = np.zeros(n, np.int64)
+        hi = np.full(n, 99, np.int64)  # whatever the buffers held before: the first deposit or fold overwrites it
+        lo = np.full(n, -99, np.int64)
         tops = np.zeros(nch, np.uint8)
-        for j, v in enumerate(group):
+        deposited = group[:-1] if fold else group
+        for j, v in enumerate(deposited):
             g = xs[v].copy()
             kern.deposit(g, hi, lo, tops, chunk=chunk, width=width, first=j == 0, clear=True)
             assert not np.any(g), "clear=True must zero the gradient"
-        accs.append((hi, lo, tops))
-    gtops = np.maximum.reduce([a[2] for a in accs])
+        last = xs[group[-1]].copy()
+        mine = np.zeros(nch, np.uint8)
+        kern.tops(last, mine, chunk=chunk, width=width)
+        if deposited:
+            mine = np.maximum(mine, tops)
+        accs.append((hi, lo, tops, last, mine, bool(deposited)))
+    gtops = np.maximum.reduce([a[4] if fold else a[2] for a in accs])
     total = np.zeros(n, np.int64)
-    for hi, lo, tops in reversed(accs):  # any order: integer sums
-        kern.combine(hi, lo, tops, gtops, chunk=chunk, width=width)
+    for hi, lo, tops, last, _, have_bins in reversed(accs):  # any order: integer sums
+        if fold:
+            kept = last.copy()
+            kern.fold(last, hi, lo, tops, gtops, chunk=chunk, width=width, have_bins=have_bins)
+            assert same(last, kept), "fold must leave the gradient as it is"
+        else:
+            kern.combine(hi, lo, tops, gtops, chunk=chunk, width=width)
         total += hi
     out = np.empty(n, np.float32)
     kern.finalize(total, gtops, out, chunk=chunk, width=width, divisor=divisor)
@@ -86,8 +98,9 @@ def test_any_grouping_and_order_gives_the_definition(data: st.DataObject, case: 
     groups = data.draw(grouping(len(xs)))
     divisor = float(data.draw(st.sampled_from([1, len(xs)])))
     expected = d.reference_allreduce(xs, len(xs), chunk, divisor)
-    assert same(run_incremental(C, xs, groups, chunk, divisor), expected)
-    assert same(run_incremental(REF, xs, groups, chunk, divisor), expected)
+    for kern in (C, REF):
+        assert same(run_incremental(kern, xs, groups, chunk, divisor), expected)
+        assert same(run_incremental(kern, xs, groups, chunk, divisor, fold=True), expected)
 
 
 @settings(max_examples=60, deadline=None)
@@ -112,6 +125,19 @@ def test_c_ops_equal_numpy_twin_step_by_step(data: st.DataObject, case: tuple[li
     for k, kern in (("c", C), ("r", REF)):
         kern.combine(state[k][0], state[k][1], state[k][2], gtops, chunk=chunk, width=width)
     assert np.array_equal(state["c"][0], state["r"][0])
+    # tops and fold of one more gradient on the same bins: the C loops equal the twin
+    x = data.draw(hnp.arrays(np.float32, n, elements=any_f32(finite=False)))
+    t_c, t_r = np.zeros(nch, np.uint8), np.zeros(nch, np.uint8)
+    C.tops(x, t_c, chunk=chunk, width=width)
+    REF.tops(x, t_r, chunk=chunk, width=width)
+    assert np.array_equal(t_c, t_r)
+    g2 = np.maximum(np.maximum(t_c, state["c"][2]), gtops)
+    folded = []
+    for k, kern in (("c", C), ("r", REF)):
+        hi, lo = state[k][0].copy(), state[k][1].copy()
+        kern.fold(x, hi, lo, state[k][2], g2, chunk=chunk, width=width, have_bins=True)
+        folded.append(hi)
+    assert np.array_equal(folded[0], folded[1])
     outs = []
     for k, kern in (("c", C), ("r", REF)):
         out = np.empty(n, np.float32)
@@ -127,6 +153,7 @@ def test_placements_of_four_ests_over_one_two_four_processes_agree() -> None:
     results = []
     for groups in ([[0, 1, 2, 3]], [[3, 2, 1, 0]], [[0, 1], [2, 3]], [[0, 3], [2, 1]], [[0], [1], [2], [3]]):
         results.append(run_incremental(C, xs, groups, 64, 4.0))
+        results.append(run_incremental(C, xs, groups, 64, 4.0, fold=True))
     assert all(same(results[0], r) for r in results[1:])
     # while a plain fp32 sum does depend on the order (the reason this exists)
     fwd = ((xs[0] + xs[1]) + xs[2]) + xs[3]
@@ -239,6 +266,17 @@ def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover -
     out = torch.empty(5000, dtype=torch.float32, device="cuda")
     k.finalize(hi, tops, out, chunk=chunk, width=width, divisor=3.0)
     assert same(out.cpu().numpy(), d.reference_allreduce(xs, 3, chunk, 3.0))
+    # the runtime's way: two deposits, the last gradient folded in
+    for j, x in enumerate(xs[:2]):
+        k.deposit(torch.from_numpy(x).cuda(), hi, lo, tops, chunk=chunk, width=width, first=j == 0, clear=True)
+    last = torch.from_numpy(xs[2]).cuda()
+    gtops = torch.zeros_like(tops)
+    k.tops(last, gtops, chunk=chunk, width=width)
+    assert np.array_equal(gtops.cpu().numpy(), d.ref_tops(xs[2], chunk, width))
+    torch.maximum(gtops, tops, out=gtops)
+    k.fold(last, hi, lo, tops, gtops, chunk=chunk, width=width, have_bins=True)
+    k.finalize(hi, gtops, out, chunk=chunk, width=width, divisor=3.0)
+    assert same(out.cpu().numpy(), d.reference_allreduce(xs, 3, chunk, 3.0))
     a = rng.standard_normal((7, 37)).astype(np.float32)
     b = rng.standard_normal((5, 37)).astype(np.float32)
     got = cuda_extension().matmul_nt(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
@@ -270,6 +308,22 @@ def test_one_est_per_process_path_gives_the_definition(data: st.DataObject, case
         got, tops = one_est_each(kern, [xs[i] for i in order], chunk, float(len(xs)))
         assert same(got, want)
         assert np.array_equal(tops, want_tops)  # the MAX over the contributions, found where they are added
+
+
+def test_fold_rejects_a_window_below_the_process_and_mismatched_sizes() -> None:
+    x = np.array([1.0, -3.5, 2.0**20], np.float32)
+    hi, lo = np.zeros(3, np.int64), np.zeros(3, np.int64)
+    width = d.bin_width(2)
+    mine = d.ref_tops(x, 4, width)
+    for kern in (C, REF):
+        with pytest.raises(ValueError, match="MAX"):  # the global window must hold this process's largest value
+            kern.fold(x, hi, lo, mine, mine - 1, chunk=4, width=width, have_bins=False)
+        with pytest.raises(ValueError, match="MAX"):  # and its bins' top
+            kern.fold(x, hi, lo, mine + 1, mine, chunk=4, width=width, have_bins=True)
+    with pytest.raises(ValueError, match="size mismatch"):
+        C.fold(x, hi[:2], lo, mine, mine, chunk=4, width=width, have_bins=False)
+    with pytest.raises(ValueError, match="size mismatch"):
+        C.tops(x, np.zeros(2, np.uint8), chunk=4, width=width)
 
 
 def test_owner_sum_rejects_mismatched_sizes() -> None:

@@ -38,9 +38,7 @@ class FakeSlurm:
     def nodes(self) -> list[Node]:
         return self._nodes
 
-    def history(
-        self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None
-    ) -> list[Job]:
+    def history(self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[Job]:
         return []
 
     def version(self) -> str:

@@ -111,9 +111,7 @@ def _one_node_obs(pending_gpus: int | None) -> tuple[Observation, Decision]:
         comment="hpc-elastic:v=1,workers=4,min=2,max=4,unit=gpu,backend=torch",
     )
     views = [
-        JobView(
-            7, 2, 0.0, status=JobStatus.RUNNING, run_time=600.0, allocation=(("node1", 2),), min_gpus=2, max_gpus=4
-        )
+        JobView(7, 2, 0.0, status=JobStatus.RUNNING, run_time=600.0, allocation=(("node1", 2),), min_gpus=2, max_gpus=4)
     ]
     slurm_jobs = {7: job}
     records = {7: JobRecord(7, 0.0, 0.0)}
