@@ -13,7 +13,7 @@ under mpirun), each holding SIZE_MB of fp32 gradient, and times, interleaved rep
   allgather (over MPI: the int64 of every range to its owner, which adds them and sends the fp32 back);
 - ``det_two``: the same path with two ESTs per process (N = 2M): the first EST's gradient is deposited into the
   int64 bins when the second switches in (``switch``, reported apart), the second's is folded in at the reduce.
-  The baseline pays nothing for its second micro-batch (autograd accumulates in fp32), so the ratio counts both;
+  The ratio puts both against one fp32 SUM: the baseline's second micro-batch only accumulates in fp32 autograd;
 - ``det_allreduce``: the binned reducer on one int64 allreduce instead (the path of Horovod and NCCL).
 ``det``, ``det_binned`` and ``det_allreduce`` must give the same bits.
 
@@ -166,8 +166,9 @@ def main() -> None:
     print(f"  + deposit at the second EST's switch-in  {agg['switch'] * 1e3:9.1f} ms")
     print(f"  deterministic, one int64 allreduce      {agg['det_allreduce'] * 1e3:9.1f} ms  (Horovod/NCCL path)")
     print(
-        f"  throughput ratio native/det: {ratio:.3f} (goal >= 0.9); binned {ratio_binned:.3f}; "
-        f"two ESTs per process {ratio_two:.3f} (goal >= 0.5); int64-allreduce path {ratio_allreduce:.3f}"
+        f"  throughput ratio native/det: {ratio:.3f} (goal >= 0.9); binned path with the gradient's conversion "
+        f"{ratio_binned:.3f} (goal >= 0.5); two ESTs per process with the switch-in deposit {ratio_two:.3f}; "
+        f"int64-allreduce path {ratio_allreduce:.3f}"
     )
     print("  NCCL comparison: not measured (no GPU on this machine)")
     print(
@@ -188,7 +189,7 @@ def main() -> None:
                 "ratio_binned": round(ratio_binned, 4),
                 "ratio_two_ests_per_process": round(ratio_two, 4),
                 "ratio_allreduce_path": round(ratio_allreduce, 4),
-                "goals": {"ratio_det_vs_native": 0.9, "ratio_two_ests_per_process": 0.5},
+                "goals": {"ratio_det_vs_native": 0.9, "ratio_binned": 0.5},
                 "results_close": all(r["close"] for r in per_rank),
                 "paths_bitwise_equal": all(r["same"] for r in per_rank),
                 "device": f"cpu ({os.cpu_count()} cores)",

@@ -12,6 +12,8 @@ import importlib
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from hpc_elastic.choices import parse_choice
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,13 +34,7 @@ class Backend(StrEnum):
     @classmethod
     def parse(cls, value: str | Backend) -> Backend:
         """The backend named by ``value`` (case and blanks ignored); ``ValueError`` naming the bad value."""
-        if isinstance(value, cls):
-            return value
-        text = str(value).strip().lower()
-        for member in cls:
-            if member.value == text:
-                return member
-        raise ValueError(f"backend must be one of {', '.join(m.value for m in cls)}, got {value!r}")
+        return parse_choice(cls, value, "backend")
 
 
 @runtime_checkable

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from hpc_elastic.est.choices import parse_choice
+from hpc_elastic.choices import parse_choice
 
 CUBLAS_WORKSPACE = ":4096:8"
 

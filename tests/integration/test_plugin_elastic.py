@@ -32,7 +32,7 @@ from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
 from slurm_plugin.scenario import TRAINER, DaemonProcess
 from tests.conftest import DATA
 from tests.integration.conftest import hpc_submit, wait_for
-from tests.integration.plugin_helpers import MARK, run_once, write_config
+from tests.integration.plugin_helpers import MARK, ended, job_of, run_once, running, write_config
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
@@ -41,27 +41,6 @@ PARTITION = ("--partition=gpu-a100", "--gpu-type=a100")
 STEPS = 400
 TRAIN_ARGS = (f"--steps={STEPS}", "--step-delay=0.1")
 WORKERS = 4
-
-
-def _job(slurm: CliSlurm, job_id: int) -> Job | None:
-    with contextlib.suppress(SlurmError):
-        found = slurm.jobs([job_id])
-        return found[0] if found else None
-    return None
-
-
-def _running(slurm: CliSlurm, job_id: int, restarts: int | None = None) -> Job | None:
-    """The job while it runs (after ``restarts`` requeues when given), else None."""
-    job = _job(slurm, job_id)
-    # RUNNING only: a job being requeued passes through COMPLETING with its old allocation and the new count
-    if job is None or job.state is not JobState.RUNNING or (restarts is not None and job.restart_count != restarts):
-        return None
-    return job
-
-
-def _ended(slurm: CliSlurm, job_id: int) -> Job | None:
-    job = _job(slurm, job_id)
-    return job if job is not None and not job.state.is_active else None
 
 
 def _plain(slurm: CliSlurm, workdir: Path, name: str, options: list[str]) -> int:
@@ -141,7 +120,7 @@ def elastic_run(slurm: CliSlurm) -> Iterator[ElasticRun]:
     try:
         filler = _plain(slurm, workdir, f"{prefix}-filler", ["--nodes=1", "--gres=gpu:a100:4"])  # not managed
         ids.append(filler)
-        wait_for("the filler to run", lambda: _running(slurm, filler), timeout_s=60)
+        wait_for("the filler to run", lambda: running(slurm, filler), timeout_s=60)
         elastic = hpc_submit(
             workdir,
             TRAINER,
@@ -163,7 +142,7 @@ def elastic_run(slurm: CliSlurm) -> Iterator[ElasticRun]:
         daemon.start()  # 2 a100 GPUs idle, nothing waits: it grows
         grown = wait_for(
             "the elastic job to run again on 4 GPUs",
-            lambda: _running(slurm, elastic, restarts=1),
+            lambda: running(slurm, elastic, restarts=1),
             timeout_s=150,
         )
         wait_for("the grown job to train on 4 processes", lambda: said("rank 0 of 4 "), timeout_s=120)
@@ -172,27 +151,27 @@ def elastic_run(slurm: CliSlurm) -> Iterator[ElasticRun]:
         ids.append(waiting)
         started = wait_for(
             "the waiting job to start",
-            lambda: _running(slurm, waiting),
+            lambda: running(slurm, waiting),
             timeout_s=150,
         )
         shrunk = wait_for(
             "the elastic job to run again on 2 GPUs",
-            lambda: _running(slurm, elastic, restarts=2),
+            lambda: running(slurm, elastic, restarts=2),
             timeout_s=150,
         )
         done = wait_for(
             "the elastic job to complete",
-            lambda: _ended(slurm, elastic),
+            lambda: ended(slurm, elastic),
             timeout_s=240,
         )
         assert done.state is JobState.COMPLETED, f"elastic job ended {done.state.value} (see {workdir})"
         actions = _actions(workdir)
         daemon.kill(signal.SIGTERM)
         with contextlib.suppress(SlurmError):  # free the GPUs now: the next tests of the module need them
-            active = [i for i in ids if (job := _job(slurm, i)) is not None and job.state.is_active]
+            active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
             if active:
                 slurm.cancel(active)
-        wait_for("the story's jobs to end", lambda: all(_ended(slurm, i) for i in ids), timeout_s=120)
+        wait_for("the story's jobs to end", lambda: all(ended(slurm, i) for i in ids), timeout_s=120)
         yield ElasticRun(
             workdir=workdir,
             job_dir=workdir / f"{prefix}-elastic-{elastic}",

@@ -33,11 +33,11 @@ from hpc_elastic.est.checkpoint import fingerprint
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.spec import decode_marker
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
-from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
+from hpc_elastic.slurm import CliSlurm, JobState, SlurmError
 from slurm_plugin.scenario import DaemonProcess
 from tests.conftest import DATA, REPO, require_horovod
 from tests.integration.conftest import hpc_submit, processes_with, wait_for
-from tests.integration.plugin_helpers import write_config
+from tests.integration.plugin_helpers import ended, job_of, running, write_config
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "hpc_elastic" / "est" / "example.py"
@@ -48,25 +48,6 @@ STEPS = 160  # the story reaches its shrink after about 30 steps here
 DATA_ARGS = ("--dataset-size=192", "--loader-workers=1")
 STORY_ARGS = (f"--steps={STEPS}", *DATA_ARGS, "--ckpt-every=10", "--step-delay=0.25")
 SHA = re.compile(r"final-params-sha256 ([0-9a-f]{64})")
-
-
-def _job(slurm: CliSlurm, job_id: int) -> Job | None:
-    with contextlib.suppress(SlurmError):
-        found = slurm.jobs([job_id])
-        return found[0] if found else None
-    return None
-
-
-def _running(slurm: CliSlurm, job_id: int, restarts: int | None = None) -> Job | None:
-    job = _job(slurm, job_id)
-    if job is None or job.state is not JobState.RUNNING or (restarts is not None and job.restart_count != restarts):
-        return None
-    return job
-
-
-def _ended(slurm: CliSlurm, job_id: int) -> Job | None:
-    job = _job(slurm, job_id)
-    return job if job is not None and not job.state.is_active else None
 
 
 def _filler(slurm: CliSlurm, workdir: Path, name: str, *options: str) -> int:
@@ -101,10 +82,10 @@ def cleanup(slurm: CliSlurm) -> Iterator[list[int]]:
     ids: list[int] = []
     yield ids
     with contextlib.suppress(SlurmError):
-        active = [i for i in ids if (job := _job(slurm, i)) is not None and job.state.is_active]
+        active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
         if active:
             slurm.cancel(active)
-    wait_for("the test's jobs to end", lambda: all(_ended(slurm, i) or _job(slurm, i) is None for i in ids), 120)
+    wait_for("the test's jobs to end", lambda: all(ended(slurm, i) or job_of(slurm, i) is None for i in ids), 120)
 
 
 @pytest.mark.timeout(900)
@@ -128,7 +109,7 @@ def test_n8_grows_to_5_is_killed_shrinks_to_2_and_ends_with_the_bits_of_one_proc
     try:
         filler = _filler(slurm, workdir, f"{prefix}-filler", "--partition=gpu-a100", "--nodes=1", "--gres=gpu:a100:3")
         cleanup.append(filler)
-        wait_for("the filler to run", lambda: _running(slurm, filler), timeout_s=60)
+        wait_for("the filler to run", lambda: running(slurm, filler), timeout_s=60)
         elastic = hpc_submit(
             workdir,
             EXAMPLE,
@@ -147,7 +128,7 @@ def test_n8_grows_to_5_is_killed_shrinks_to_2_and_ends_with_the_bits_of_one_proc
         job_dir = workdir / f"{prefix}-el-{elastic}"
         wait_for("training on 3 processes", lambda: said(out, "rank 0 of 3 "), timeout_s=150)
         daemon.start()  # 2 a100 GPUs idle, nothing waits: it grows to its maximum, 5
-        grown = wait_for("the job to run again on 5 GPUs", lambda: _running(slurm, elastic, restarts=1), timeout_s=180)
+        grown = wait_for("the job to run again on 5 GPUs", lambda: running(slurm, elastic, restarts=1), timeout_s=180)
         assert grown.gpu_count == 5
         wait_for("training on 5 processes", lambda: said(out, "rank 0 of 5 "), timeout_s=150)
         grown_at = int(re.findall(r"stop \(resize\) at step (\d+)", out.read_text())[0])
@@ -158,7 +139,7 @@ def test_n8_grows_to_5_is_killed_shrinks_to_2_and_ends_with_the_bits_of_one_proc
         )
         os.kill(victims[0], signal.SIGKILL)
         wait_for("the step restarted in the allocation", lambda: said(out, "rank 0 of 5 ") >= 2, timeout_s=150)
-        assert _running(slurm, elastic, restarts=1)  # restarted inside the allocation, not requeued
+        assert running(slurm, elastic, restarts=1)  # restarted inside the allocation, not requeued
         waiting = hpc_submit(
             workdir,
             STEPPER,
@@ -169,9 +150,9 @@ def test_n8_grows_to_5_is_killed_shrinks_to_2_and_ends_with_the_bits_of_one_proc
             args=("100000",),
         )
         cleanup.append(waiting)
-        shrunk = wait_for("the job to run again on 2 GPUs", lambda: _running(slurm, elastic, restarts=2), timeout_s=240)
-        assert shrunk.gpu_count == 2 and _running(slurm, waiting) is not None
-        done = wait_for("the elastic job to complete", lambda: _ended(slurm, elastic), timeout_s=400)
+        shrunk = wait_for("the job to run again on 2 GPUs", lambda: running(slurm, elastic, restarts=2), timeout_s=240)
+        assert shrunk.gpu_count == 2 and running(slurm, waiting) is not None
+        done = wait_for("the elastic job to complete", lambda: ended(slurm, elastic), timeout_s=400)
         assert done.state is JobState.COMPLETED, f"elastic job ended {done.state.value} (see {workdir})"
     finally:
         daemon.kill(signal.SIGTERM)
@@ -239,7 +220,7 @@ def test_a_job_without_gpu_type_keeps_the_type_of_its_first_allocation(slurm: Cl
     )
     cleanup.append(job_id)
     out = workdir / f"{prefix}-j-{job_id}.out"
-    first = wait_for("the first run", lambda: _running(slurm, job_id), timeout_s=60)
+    first = wait_for("the first run", lambda: running(slurm, job_id), timeout_s=60)
     (gpu_type,) = {t for t, count in first.gpus.by_type if count}  # Slurm chose one type for the 2 GPUs
     wait_for("training", lambda: said(out, "rank 0 of 2 "), timeout_s=120)
     marker = decode_marker(slurm.job(job_id).comment)
@@ -247,25 +228,25 @@ def test_a_job_without_gpu_type_keeps_the_type_of_its_first_allocation(slurm: Cl
     assert f"pinned to {gpu_type} (level d1: the bits depend on the device type)" in out.read_text()
     fillers = _fill(slurm, workdir, prefix, gpu_type, {})  # every other GPU of its type
     cleanup.extend(fillers)
-    wait_for("the fillers", lambda: all(_running(slurm, f) for f in fillers), timeout_s=60)
+    wait_for("the fillers", lambda: all(running(slurm, f) for f in fillers), timeout_s=60)
     slurm.cancel([job_id], "USR1", batch=True)  # a preemption: checkpoint, requeue
     wait_for(
-        "the requeue", lambda: (j := _job(slurm, job_id)) is not None and j.restart_count == 1 and j.state.is_pending
+        "the requeue", lambda: (j := job_of(slurm, job_id)) is not None and j.restart_count == 1 and j.state.is_pending
     )
     assert f"waits for {gpu_type} GPUs" in out.read_text()
     # its own GPUs, freed by the requeue, go to a filler before its BeginTime: only the other type stays free
     more = wait_for("its GPUs to be free", lambda: _fill(slurm, workdir, f"{prefix}x", gpu_type, {}), timeout_s=60)
     fillers += more
     cleanup.extend(more)
-    wait_for("the last filler", lambda: all(_running(slurm, f) for f in more), timeout_s=60)
-    eligible = wait_for("the job to be eligible", lambda: _job(slurm, job_id), timeout_s=10).eligible_time
+    wait_for("the last filler", lambda: all(running(slurm, f) for f in more), timeout_s=60)
+    eligible = wait_for("the job to be eligible", lambda: job_of(slurm, job_id), timeout_s=10).eligible_time
     wait_for("the BeginTime to pass", lambda: eligible is None or time.time() > eligible.timestamp() + 20, timeout_s=90)
-    still = _job(slurm, job_id)  # past its BeginTime, with 8 GPUs of the other type free, it waits for its own
+    still = job_of(slurm, job_id)  # past its BeginTime, with 8 GPUs of the other type free, it waits for its own
     assert still is not None and still.state.is_pending and still.restart_count == 1, still
     slurm.cancel(fillers)
-    again = wait_for("the second run", lambda: _running(slurm, job_id, restarts=1), timeout_s=120)
+    again = wait_for("the second run", lambda: running(slurm, job_id, restarts=1), timeout_s=120)
     assert {t for t, count in again.gpus.by_type if count} == {gpu_type}
-    done = wait_for("the job to complete", lambda: _ended(slurm, job_id), timeout_s=300)
+    done = wait_for("the job to complete", lambda: ended(slurm, job_id), timeout_s=300)
     assert done.state is JobState.COMPLETED
     (sha,) = SHA.findall(out.read_text())
     assert sha == reference_sha(workdir, "--steps=120", *DATA_ARGS, workers=2)
@@ -284,7 +265,7 @@ def test_d2_refuses_a_model_it_does_not_cover(slurm: CliSlurm, cleanup: list[int
         args=("--steps=4",),
     )
     cleanup.append(job_id)
-    done = wait_for("the job to end", lambda: _ended(slurm, job_id), timeout_s=180)
+    done = wait_for("the job to end", lambda: ended(slurm, job_id), timeout_s=180)
     assert done.state is JobState.FAILED
     text = (workdir / f"it-d2no-{job_id}.out").read_text()
     assert "D2 does not hold for this model: BatchNorm1d" in text and "rank 0 of" not in text
@@ -299,7 +280,7 @@ def test_a_d2_model_trains_on_a100_and_v100_at_once_with_the_same_bits(slurm: Cl
     leave = {"node2": 1, "node3": 1, "node4": 1}
     fillers = _fill(slurm, workdir, prefix, "a100", leave) + _fill(slurm, workdir, prefix, "v100", leave)
     cleanup.extend(fillers)
-    wait_for("the fillers", lambda: all(_running(slurm, f) for f in fillers), timeout_s=60)
+    wait_for("the fillers", lambda: all(running(slurm, f) for f in fillers), timeout_s=60)
     args = ("--model=mlp", "--steps=12", "--dataset-size=96", "--loader-workers=1")
     job_id = hpc_submit(
         workdir,
@@ -312,7 +293,7 @@ def test_a_d2_model_trains_on_a100_and_v100_at_once_with_the_same_bits(slurm: Cl
         args=args,
     )
     cleanup.append(job_id)
-    done = wait_for("the job to end", lambda: _ended(slurm, job_id), timeout_s=300)
+    done = wait_for("the job to end", lambda: ended(slurm, job_id), timeout_s=300)
     text = (workdir / f"{prefix}-j-{job_id}.out").read_text()
     assert done.state is JobState.COMPLETED, text[-2000:]
     assert "rank 0 of 3 (torch, cpu, a100+v100)" in text and "level d2" in text

@@ -1,4 +1,4 @@
-"""Parsing the ``str`` enums of the EST package from user text (CLI flags, run specs)."""
+"""Parsing the package's ``str`` enums from user text (CLI flags, environment variables, run specs)."""
 
 from __future__ import annotations
 
