@@ -34,10 +34,8 @@ import torch
 from torch import nn
 
 from hpc_elastic.checkpoint import DEFAULT_KEEP, CheckpointStore, SaveMode
-from hpc_elastic.checkpoint.fs import atomic_write_bytes
 from hpc_elastic.checkpoint.store import DEFAULT_COMMIT_TIMEOUT_S
 from hpc_elastic.collective import DEFAULT_TIMEOUT_S
-from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, Ack, StopRequest, parse_stop_lenient
 from hpc_elastic.env import JobEnvironment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.comm import Communicator, local_communicator, open_communicator
@@ -46,11 +44,10 @@ from hpc_elastic.est.groups import HorovodCollective, MPICollective
 from hpc_elastic.est.kernels import TensorKernels
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import Placement
+from hpc_elastic.jobdir import Ack, JobDir, StopReason, StopRequest
 from hpc_elastic.state import RuntimeConfig, State, Stateful
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = "checkpoints"
 
 
 def choose_device(local_rank: int, requested: str | None = None) -> torch.device:
@@ -116,7 +113,8 @@ class Session:
         n = num_workers if num_workers is not None else job.workers
         self.placement = Placement.contiguous(n if n is not None else comm.size, comm.size)
         resolved = Path(job_dir) if job_dir is not None else job.job_dir
-        self.job_dir: Path | None = resolved.resolve() if resolved is not None else None
+        #: the job directory (checkpoints, the control files), None without one
+        self.job_dir: JobDir | None = JobDir(resolved.resolve()) if resolved is not None else None
         self.save_mode = SaveMode(save_mode)
         self._keep = keep
         self._commit_timeout_s = commit_timeout_s
@@ -205,18 +203,10 @@ class Session:
     def restart_count(self) -> int:
         return self.job.restart_count
 
-    def _require_job_dir(self) -> Path:
+    def _require_job_dir(self) -> JobDir:
         if self.job_dir is None:
             raise HpcElasticError("no job directory: HPC_ELASTIC_JOB_DIR is not set (run under hpc-elastic-run)")
         return self.job_dir
-
-    @property
-    def control_dir(self) -> Path:
-        return self._require_job_dir() / CONTROL_DIR
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self._require_job_dir() / CHECKPOINT_DIR
 
     def checkpoint_store(self) -> CheckpointStore | None:
         """The checkpoint store of the job directory (None without one)."""
@@ -224,7 +214,10 @@ class Session:
             return None
         if self._store is None:
             self._store = CheckpointStore(
-                self.checkpoint_dir, self.comm.collective, keep=self._keep, commit_timeout_s=self._commit_timeout_s
+                self.job_dir.checkpoints,
+                self.comm.collective,
+                keep=self._keep,
+                commit_timeout_s=self._commit_timeout_s,
             )
         return self._store
 
@@ -290,15 +283,9 @@ class Session:
     def _read_stop(self) -> StopRequest | None:
         if self.job_dir is None:
             return None
-        try:
-            text = (self.job_dir / CONTROL_DIR / STOP_FILE).read_text()
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError):
-            text = ""  # present but unreadable: still a request to stop
-        request = parse_stop_lenient(text)
+        request = self.job_dir.read_stop()
         step = self._state.step if self._state is not None else None
-        if request.at_step is not None and step is not None and step < request.at_step:
+        if request is not None and request.at_step is not None and step is not None and step < request.at_step:
             return None  # a stop at a later step
         return request
 
@@ -314,7 +301,7 @@ class Session:
         local = self._read_stop()
         if self.comm.collective.allreduce_max_int(0 if local is None else 1) == 0:
             return False
-        self._stop = local if local is not None else parse_stop_lenient("")
+        self._stop = local if local is not None else StopRequest(StopReason.UNKNOWN, None)
         return True
 
     @property
@@ -328,9 +315,10 @@ class Session:
         if not self.is_root:
             return None
         ack = Ack(self.job.job_id, self.job.restart_count, step, Path(checkpoint).resolve(), time.time())
-        control = self.control_dir
-        control.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(control / ACK_FILE, ack.to_json().encode())
+        job_dir = self._require_job_dir()
+        if not job_dir.control.is_dir():  # a run without the wrapper, which prepares it
+            job_dir.prepare()
+        job_dir.acknowledge(ack)
         return ack
 
     def checkpoint_and_acknowledge(self, state: State) -> Path:

@@ -1,30 +1,29 @@
 """Execute actions through the Slurm adapter (the only way this package touches Slurm).
 
-Preemption (Tiresias §3.2: checkpoint + requeue; ``scontrol suspend`` would keep the GPUs) and resize: write
-``control/stop`` with reason ``preempt``/``resize`` in the job directory on the shared filesystem and send the
-checkpoint signal to the batch shell (``scancel --signal=USR1 --batch``). Nothing waits inside a pass: the stop
-is recorded as in flight, and later passes requeue the job if its wrapper has not (after ``control/ack.json``
-plus ``requeue_wait_s``, or after ``grace_s`` without an acknowledgement) and set a resized job's size.
-Job names and paths never reach a shell: the adapter runs argv lists, and a job directory is
-used only if its name is a single plain path component.
+Preemption (Tiresias §3.2: checkpoint + requeue; ``scontrol suspend`` would keep the GPUs) and resize: the reason
+goes into the job's ``AdminComment`` (:class:`hpc_elastic.jobdir.StopNotice`, a field only administrators may set)
+and the checkpoint signal to the batch shell (``scancel --signal=USR1 --batch``); the job's wrapper turns it into
+its own stop request.  The daemon writes nothing where a user could plant a link.  Nothing waits inside a pass:
+the stop is recorded as in flight, and later passes requeue the job if its wrapper has not (``requeue_wait_s``
+after a valid acknowledgement, :func:`acknowledgements`; ``grace_s`` after the signal without one) and set a
+resized job's size.  Job names and paths never reach a shell: the adapter runs argv lists.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import pwd
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, StopReason, StopRequest, parse_ack
+from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, ack_answers, find_job_dir
 from hpc_elastic.slurm import Job, SlurmClient, SlurmError, commands
 from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.store import JobRecord
 
 log = logging.getLogger(__name__)
-POLL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,50 +39,41 @@ class ApplyResult:
     records: dict[int, JobRecord] = field(default_factory=dict)
 
 
-def job_directory(roots: Sequence[Path], name: str, job_id: int) -> Path | None:
-    """``<root>/<name>-<id>`` under the first root where it exists; None for names that are not one plain path
-    component (``..``, ``/``, NUL, newlines) so that a job name can never point outside the roots."""
-    leaf = f"{name}-{job_id}"
-    if not name or "/" in name or "\x00" in name or "\n" in name or name in {".", ".."} or leaf.startswith("."):
-        return None
-    for root in roots:
-        path = root / leaf
-        if path.parent == root and path.is_dir():
-            return path
-    return None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def read_ack(job_dir: Path, requested_at: float) -> float | None:
-    """When the job acknowledged a checkpoint requested at ``requested_at`` (None: not yet)."""
+def job_uid(job: Job) -> int | None:
+    """The job's user id: squeue's, else the user name's on this machine; None when neither is known."""
+    if job.user_id is not None:
+        return job.user_id
     try:
-        ack = parse_ack((job_dir / CONTROL_DIR / ACK_FILE).read_text())
-    except (OSError, ValueError):
+        return pwd.getpwnam(job.user).pw_uid
+    except (KeyError, ValueError):
         return None
-    return ack.written_at if ack.written_at >= requested_at - 1.0 else None
+
+
+def job_dir_of(roots: Sequence[Path], job: Job) -> JobDir | None:
+    """The job's directory: ``<root>/<name>-<id>`` that is a real directory of the job's own user, else None."""
+    uid = job_uid(job)
+    return find_job_dir(tuple(roots), job.name, job.job_id, uid) if uid is not None else None
 
 
 def acknowledgements(
-    roots: Sequence[Path], records: Mapping[int, JobRecord], jobs: Mapping[int, Job]
+    roots: Sequence[Path], records: Mapping[int, JobRecord], jobs: Mapping[int, Job], now: float
 ) -> dict[int, float]:
-    """Acknowledgements of the stops in flight (job id -> when written)."""
+    """Valid acknowledgements of the stops in flight (job id -> when written): read as the job's user's files
+    only (:meth:`~hpc_elastic.jobdir.JobDir.read_ack_as`), and only one of the stopped job and incarnation written
+    between the stop and now (:func:`~hpc_elastic.jobdir.ack_answers`); anything else is no acknowledgement, and
+    the job is requeued when its grace period ends."""
     out: dict[int, float] = {}
     for job_id, record in records.items():
         job = jobs.get(job_id)
         if not record.stop_kind or record.stop_at is None or job is None:
             continue
-        job_dir = job_directory(roots, job.name, job_id)
-        acked = read_ack(job_dir, record.stop_at) if job_dir is not None else None
-        if acked is not None:
-            out[job_id] = acked
+        uid = job_uid(job)
+        job_dir = job_dir_of(roots, job)
+        ack = job_dir.read_ack_as(uid) if job_dir is not None and uid is not None else None
+        if ack is not None and ack_answers(
+            ack, job_id=job_id, restart_count=record.stop_restarts, requested_at=record.stop_at, now=now
+        ):
+            out[job_id] = ack.written_at
     return out
 
 
@@ -102,8 +92,14 @@ class Applier:
         self.config = config
         self.clock = clock
         self.dry_run = dry_run
+        self._jobs: Mapping[int, Job] = {}
 
-    def apply(self, actions: Sequence[Action], records: Mapping[int, JobRecord]) -> ApplyResult:
+    def apply(
+        self, actions: Sequence[Action], records: Mapping[int, JobRecord], jobs: Mapping[int, Job] | None = None
+    ) -> ApplyResult:
+        """Apply ``actions`` in order; ``jobs`` (the managed jobs as squeue showed them) tells whose a job
+        directory must be."""
+        self._jobs = jobs or {}
         result = ApplyResult(records=dict(records))
         for action in actions:
             prefix = "[dry-run] " if self.dry_run else ""
@@ -159,9 +155,11 @@ class Applier:
         return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
 
     def _stop(self, action: Preempt | Resize, result: ApplyResult) -> str:
-        """Checkpoint request (stop file + signal), recorded as in flight; no job directory: requeue at once."""
+        """Checkpoint request (the reason in the job's AdminComment, then the signal), recorded as in flight; a job
+        without a job directory of its own user: requeue at once."""
         reason = StopReason.PREEMPT if isinstance(action, Preempt) else StopReason.RESIZE
-        job_dir = job_directory(self.config.ckpt_roots, action.name, action.job_id) if action.checkpointed else None
+        job = self._jobs.get(action.job_id)
+        job_dir = job_dir_of(self.config.ckpt_roots, job) if action.checkpointed and job is not None else None
         now = self.clock()
         record = result.records.get(action.job_id)
         changes: dict[str, object] = {}
@@ -172,7 +170,7 @@ class Applier:
             changes["resize_set"] = 0
         if job_dir is None:
             log.warning(
-                "job %d: no job directory under %s; requeue without checkpoint",
+                "job %d: no job directory of its user under %s; requeue without checkpoint",
                 action.job_id,
                 ", ".join(map(str, self.config.ckpt_roots)),
             )
@@ -183,9 +181,11 @@ class Applier:
                 cpus = action.new_gpus * action.cpus_per_task
                 detail += "; " + self._set_size(action.job_id, action.new_gpus, cpus, action.gpu_type, result)
             return detail
-        control = job_dir / CONTROL_DIR
-        control.mkdir(exist_ok=True)
-        _write_atomic(control / STOP_FILE, StopRequest(reason, now).to_json())
+        notice = StopNotice(reason, now, action.restart_count)
+        try:
+            self.client.update_job(action.job_id, {"AdminComment": notice.encode()})
+        except SlurmError as exc:  # the wrapper then tells a preemption from a time limit by the clock
+            log.warning("job %d: cannot set the stop notice (%s); signalling anyway", action.job_id, exc)
         preemption = self.config.preemption
         self.client.cancel([action.job_id], preemption.signal, batch=preemption.batch)
         self._update(

@@ -159,11 +159,11 @@ class Daemon:
                 log.info(
                     "job %s: %s from queue %d to %d", change.job_id, change.kind.value, change.old_queue, change.queue
                 )
-        acks = acknowledgements(self.config.ckpt_roots, obs.records, obs.managed)
+        acks = acknowledgements(self.config.ckpt_roots, obs.records, obs.managed, now)
         actions: list[Action] = list(followup_actions(obs, acks, self.config))
         if not followups_only:
             actions += plan(obs, decision, self.config)
-        result = self.applier.apply(actions, obs.records)
+        result = self.applier.apply(actions, obs.records, obs.managed)
         self.store.save(result.records.values(), obs.forget)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report

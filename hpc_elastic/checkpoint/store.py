@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import IO, Any, TypeVar, cast
 
 from hpc_elastic.checkpoint import layout
-from hpc_elastic.checkpoint.fs import HashingWriter, atomic_write_bytes, fsync_dir, sha256_file
 from hpc_elastic.checkpoint.layout import FileEntry, Manifest
 from hpc_elastic.checkpoint.tree import check_loadable, to_host, torch_module
 from hpc_elastic.collective import Collective, LocalCollective
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.files import HashingWriter, atomic_write_bytes, fsync_dir, sha256_file
 
 T = TypeVar("T")
 

@@ -28,11 +28,11 @@ import click
 from hpc_elastic.checkpoint import CheckpointStore
 from hpc_elastic.cli.submit import check_against_cluster, wrapper_argv
 from hpc_elastic.collective import Backend
-from hpc_elastic.control import ACK_FILE, CONTROL_DIR, STOP_FILE, StopReason, StopRequest, parse_ack
 from hpc_elastic.env import read_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.checkpoint import Fingerprint, fingerprint
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.launch.batch import render_batch_script
 from hpc_elastic.launch.spec import SubmitSpec
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers, unavailable_reason
@@ -40,7 +40,6 @@ from hpc_elastic.slurm import Job, JobState, SlurmClient, commands, connect
 from hpc_elastic.slurm.commands import JobAction
 
 DEFAULT_PROCS = "1,2,4"
-CHECKPOINTS = "checkpoints"
 
 
 def parse_procs(text: str, workers: int) -> list[int]:
@@ -69,37 +68,35 @@ class Outcome:
     wall_s: float
 
 
-def final_fingerprint(job_dir: Path) -> Fingerprint:
+def final_fingerprint(job_dir: JobDir) -> Fingerprint:
     """The fingerprint of the newest valid checkpoint of a run's job directory."""
-    ckpt = CheckpointStore(job_dir / CHECKPOINTS).latest()
+    ckpt = CheckpointStore(job_dir.checkpoints).latest()
     if ckpt is None:
-        raise HpcElasticError(f"{job_dir} holds no checkpoint: the script must commit its final state")
+        raise HpcElasticError(f"{job_dir.path} holds no checkpoint: the script must commit its final state")
     return fingerprint(ckpt)
 
 
-def request_stop_at(job_dir: Path, step: int) -> None:
+def request_stop_at(job_dir: JobDir, step: int) -> None:
     """Ask the job of ``job_dir`` to stop (reason ``resize``) once it reaches ``step`` (a request that stands until
     a checkpoint of that step is acknowledged)."""
-    control = job_dir / CONTROL_DIR
-    control.mkdir(parents=True, exist_ok=True)
-    (control / STOP_FILE).write_text(StopRequest(StopReason.RESIZE, time.time(), step).to_json())
+    job_dir.prepare().request_stop(StopRequest(StopReason.RESIZE, time.time(), step))
 
 
-def acknowledged_step(job_dir: Path) -> int:
+def acknowledged_step(job_dir: JobDir) -> int:
     """The step the job's workers acknowledged a checkpoint of (:class:`HpcElasticError` when there is none)."""
-    try:
-        return parse_ack((job_dir / CONTROL_DIR / ACK_FILE).read_text()).step
-    except (OSError, ValueError) as exc:
-        raise HpcElasticError(f"the run in {job_dir} did not acknowledge its stop: {exc}") from None
+    ack = job_dir.read_ack()
+    if ack is None:
+        raise HpcElasticError(f"the run in {job_dir.path} did not acknowledge its stop")
+    return ack.step
 
 
 class Runner(Protocol):
     """Runs the cases of a check: a job of ``procs`` processes to its end, or stopped at a step and continued on
     another number of processes.  Returns the job directory."""
 
-    def fixed(self, name: str, procs: int) -> Path: ...
+    def fixed(self, name: str, procs: int) -> JobDir: ...
 
-    def resized(self, name: str, procs: int, then: int, at_step: int) -> Path: ...
+    def resized(self, name: str, procs: int, then: int, at_step: int) -> JobDir: ...
 
 
 class LocalRunner:
@@ -122,34 +119,35 @@ class LocalRunner:
         self.level = level
         self.timeout_s = timeout_s
 
-    def _run(self, job_dir: Path, procs: int) -> None:
+    def _run(self, job_dir: JobDir, procs: int) -> None:
+        job_dir.prepare()
         step = WorkerStep(
             command=self.command,
             ntasks=procs,
             num_ests=self.workers,
-            job_dir=job_dir,
+            job_dir=job_dir.path,
             backend=self.backend,
             launcher=Launcher.LOCAL,
             level=self.level,
         )
-        logs = job_dir / "logs"
-        code = start_workers(step, logs=logs).wait(self.timeout_s)
+        code = start_workers(step, logs=job_dir.logs).wait(self.timeout_s)
         if code != 0:
-            raise HpcElasticError(f"the run on {procs} processes in {job_dir} failed (exit {code}){_tail(logs)}")
+            raise HpcElasticError(
+                f"the run on {procs} processes in {job_dir.path} failed (exit {code}){_tail(job_dir.logs)}"
+            )
 
-    def fixed(self, name: str, procs: int) -> Path:
-        self._run(self.root / name, procs)
-        return self.root / name
+    def fixed(self, name: str, procs: int) -> JobDir:
+        job_dir = JobDir(self.root / name)
+        self._run(job_dir, procs)
+        return job_dir
 
-    def resized(self, name: str, procs: int, then: int, at_step: int) -> Path:
-        job_dir = self.root / name
+    def resized(self, name: str, procs: int, then: int, at_step: int) -> JobDir:
+        job_dir = JobDir(self.root / name)
         request_stop_at(job_dir, at_step)
         self._run(job_dir, procs)
         if acknowledged_step(job_dir) != at_step:
-            raise HpcElasticError(f"the run in {job_dir} did not stop at step {at_step}")
-        control = job_dir / CONTROL_DIR
-        for file in (STOP_FILE, ACK_FILE):  # what the wrapper does before the job's next incarnation
-            (control / file).replace(control / f"{file}.handled")
+            raise HpcElasticError(f"the run in {job_dir.path} did not stop at step {at_step}")
+        job_dir.set_aside(0)  # what the wrapper does before the job's next incarnation
         self._run(job_dir, then)
         return job_dir
 
@@ -170,10 +168,10 @@ class SlurmRunner:
             return replace(self.base, job_name=name, gpus=procs, min_gpus=None, max_gpus=None)
         return replace(self.base, job_name=name, procs=procs)
 
-    def _submit(self, name: str, procs: int, *options: str) -> tuple[int, Path]:
+    def _submit(self, name: str, procs: int, *options: str) -> tuple[int, JobDir]:
         spec = self._spec(name, procs)
         job_id = self.slurm.submit(options=options, script_text=render_batch_script(spec, self.wrapper))
-        return job_id, spec.ckpt_root / f"{spec.name}-{job_id}"
+        return job_id, JobDir.of(spec.ckpt_root, spec.name, job_id)
 
     def _wait(self, job_id: int, what: str, done: Callable[[Job], bool]) -> Job:
         """Poll squeue until ``done(job)`` (a finished job stays there for MinJobAge); cancel it on timeout."""
@@ -190,12 +188,12 @@ class SlurmRunner:
         self.slurm.cancel([job_id])
         raise HpcElasticError(f"job {job_id}: no {what} within {self.timeout_s:.0f} s (cancelled)")
 
-    def fixed(self, name: str, procs: int) -> Path:
+    def fixed(self, name: str, procs: int) -> JobDir:
         job_id, job_dir = self._submit(name, procs)
         self._wait(job_id, "completion", lambda j: j.state is JobState.COMPLETED)
         return job_dir
 
-    def resized(self, name: str, procs: int, then: int, at_step: int) -> Path:
+    def resized(self, name: str, procs: int, then: int, at_step: int) -> JobDir:
         job_id, job_dir = self._submit(name, procs, "--hold")
         request_stop_at(job_dir, at_step)  # before it runs: the wrapper keeps a stop for a step until it is acked
         self.slurm.act(JobAction.RELEASE, [job_id])
@@ -230,7 +228,7 @@ def verify(runner: Runner, counts: list[int], resize_at: int | None, say: Callab
     ``say`` as it comes (the first is the reference)."""
     outcomes: list[Outcome] = []
 
-    def record(label: str, shown: str, job_dir: Path, started: float) -> None:
+    def record(label: str, shown: str, job_dir: JobDir, started: float) -> None:
         outcomes.append(Outcome(label, shown, final_fingerprint(job_dir), time.monotonic() - started))
         ref, o = outcomes[0], outcomes[-1]
         verdict = "reference" if len(outcomes) == 1 else ("match" if _same(ref, o) else "MISMATCH")

@@ -19,6 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = read_job_environment()
         slurm = connect(read_environment())
         supervisor = Supervisor(config, job, slurm)
+        supervisor.prepare()  # a job directory someone else made, or can write into, stops here
     except (ValueError, HpcElasticError) as exc:
         print(f"hpc-elastic-run: error: {exc}", file=sys.stderr)
         return 2

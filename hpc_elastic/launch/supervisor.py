@@ -15,7 +15,7 @@
    resume from the newest valid checkpoint. ``HPC_ELASTIC_ATTEMPT`` tells them which attempt they are.
 4. On ``TERM``/``INT`` it stops the worker step at once (TERM, then KILL) and exits 128 + signal.
 Workers run in their own process group, signalled as one: nothing outlives the wrapper.
-The control files and their formats are :mod:`hpc_elastic.control`.
+The job directory, its control files and their formats are :mod:`hpc_elastic.jobdir`.
 """
 
 from __future__ import annotations
@@ -30,22 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hpc_elastic.checkpoint.fs import atomic_write_bytes
 from hpc_elastic.collective import Backend
-from hpc_elastic.control import (
-    ACK_FILE,
-    CONTROL_DIR,
-    STOP_FILE,
-    Ack,
-    StopReason,
-    StopRequest,
-    parse_ack,
-    parse_stop,
-    parse_stop_lenient,
-    still_pending,
-)
 from hpc_elastic.env import JobEnvironment
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, ack_answers
 from hpc_elastic.launch.gpu_types import TypeAction, decide_gpu_type, feature_for_type
 from hpc_elastic.launch.spec import decode_marker
 from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
@@ -86,11 +74,10 @@ class WrapperConfig:
 # ------------------------------------------------------------------------------------------ pure parts
 
 
-def job_directory(ckpt_root: Path, job: JobEnvironment) -> Path:
+def job_dir_of(ckpt_root: Path, job: JobEnvironment) -> JobDir:
     if job.job_id is None:
         raise ValueError("SLURM_JOB_ID is not set: hpc-elastic-run runs inside a Slurm allocation")
-    name = job.job_name or "job"
-    return ckpt_root / f"{name}-{job.job_id}"
+    return JobDir.of(ckpt_root, job.job_name or "job", job.job_id)
 
 
 def classify_stop(
@@ -108,28 +95,6 @@ def classify_stop(
 
 def should_requeue(reason: StopReason, requeue_on_timelimit: bool) -> bool:
     return reason is not StopReason.TIMELIMIT or requeue_on_timelimit
-
-
-def read_ack(path: Path) -> Ack | None:
-    """The acknowledgement in ``path``, or None when it is missing or not (yet) valid."""
-    try:
-        return parse_ack(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-
-
-def read_stop(path: Path) -> StopRequest | None:
-    """The stop request in ``path``, or None when it is missing or not (yet) valid."""
-    try:
-        return parse_stop(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-
-
-def read_stop_reason(path: Path) -> StopReason | None:
-    """The reason the plugin wrote into ``control/stop`` before signalling, or None when it gave none."""
-    request = read_stop(path)
-    return request.reason if request is not None else None
 
 
 # ------------------------------------------------------------------------------------------ the wrapper
@@ -151,8 +116,7 @@ class Supervisor:
         self.slurm = slurm
         self.clock = clock
         self.sleep = sleep
-        self.job_dir = job_directory(config.ckpt_root, job)
-        self.control = self.job_dir / CONTROL_DIR
+        self.job_dir = job_dir_of(config.ckpt_root, job)
         self._usr1 = False
         self._fatal: int | None = None
         self._stop_at_step: int | None = None
@@ -168,26 +132,21 @@ class Supervisor:
         self._fatal = signum
 
     def prepare(self) -> None:
-        """Create the job directory; set aside the stop request and acknowledgement of a previous incarnation
-        (kept for the record) so that neither is taken for one of this run.  A stop for a chosen step that no
-        checkpoint has acknowledged yet stands (:func:`hpc_elastic.control.still_pending`)."""
-        self.control.mkdir(parents=True, exist_ok=True)
-        (self.job_dir / "checkpoints").mkdir(exist_ok=True)
-        stamp = int(self.clock())
-        request = read_stop(self.control / STOP_FILE)
-        keep = request is not None and still_pending(request, read_ack(self.control / ACK_FILE))
-        for name in (ACK_FILE,) if keep else (STOP_FILE, ACK_FILE):
-            stale = self.control / name
-            if stale.exists():
-                stale.replace(self.control / f"{name}.handled-{stamp}")
-        newest = sorted((self.job_dir / "checkpoints").glob("ckpt-*"))
+        """Create the job directory, or check that the existing one is this user's and nobody else's to write into
+        (:class:`~hpc_elastic.files.UnsafeFile` otherwise); set aside the stop request and acknowledgement of a
+        previous incarnation (kept for the record) so that neither is taken for one of this run.  A stop for a
+        chosen step that no checkpoint has acknowledged yet stands (:func:`hpc_elastic.jobdir.still_pending`)."""
+        self.job_dir.prepare()
+        standing = self.job_dir.standing_stop()
+        self.job_dir.set_aside(int(self.clock()), keep_stop=standing is not None)
+        newest = sorted(self.job_dir.checkpoints.glob("ckpt-*"))
         log.info(
             "job %s restart %d in %s; newest checkpoint: %s%s",
             self.job.job_id,
             self.job.restart_count,
-            self.job_dir,
+            self.job_dir.path,
             newest[-1].name if newest else "none",
-            f"; a stop at step {request.at_step} stands" if keep and request is not None else "",
+            f"; a stop at step {standing.at_step} stands" if standing is not None else "",
         )
 
     def check_gpu_types(self) -> bool:
@@ -248,18 +207,19 @@ class Supervisor:
         finally:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
-    def requested_reason(self) -> StopReason | None:
-        return read_stop_reason(self.control / STOP_FILE)
-
     def _stop_reason(self) -> StopReason:
-        requested = self.requested_reason()
-        start, limit = None, None
-        if requested is None and self.job.job_id is not None:
+        """Why the checkpoint signal came: the scheduler daemon's notice in the job's ``AdminComment`` (for this
+        incarnation), else a time limit if it is within grace + slack, else a preemption."""
+        requested, start, limit = None, None, None
+        if self.job.job_id is not None:
             try:
                 current = self.slurm.job(self.job.job_id)
+                notice = StopNotice.decode(current.admin_comment)
+                if notice is not None and notice.restarts == self.job.restart_count:
+                    requested = notice.reason
                 start, limit = current.start_time, current.time_limit_s
             except SlurmError as exc:
-                log.warning("cannot read the job's time limit (%s); treating USR1 as a preemption", exc)
+                log.warning("cannot read the job from Slurm (%s); treating USR1 as a preemption", exc)
         return classify_stop(requested, start, limit, datetime.fromtimestamp(self.clock(), tz=UTC), self.config.grace_s)
 
     def step(self, ntasks: int, attempt: int) -> WorkerStep:
@@ -268,7 +228,7 @@ class Supervisor:
             command=self.config.command,
             ntasks=ntasks,
             num_ests=self.config.workers or ntasks,
-            job_dir=self.job_dir,
+            job_dir=self.job_dir.path,
             backend=self.config.backend,
             launcher=self.config.launcher,
             level=self.config.level,
@@ -279,7 +239,7 @@ class Supervisor:
         )
 
     def run(self) -> int:
-        self.prepare()
+        """Supervise the job's worker steps (after :meth:`prepare`); return the wrapper's exit code."""
         if not self.check_gpu_types():
             return 0  # requeued for an allocation of the job's GPU type
         # The tasks allocated now, not the submission's SLURM_NTASKS: a resize changes NumTasks between runs.
@@ -350,18 +310,11 @@ class Supervisor:
         return self._finish_stop(reason, requested_at), False
 
     def _take_stop_request(self) -> tuple[StopReason | None, float]:
-        """A stop to act on, and when it was requested: the scheduler's ``control/stop`` (it writes the file,
-        then signals; the workers may see the file first), else our own after a ``USR1`` (preemption by Slurm,
-        or the time-limit warning)."""
-        path = self.control / STOP_FILE
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            text = None
-        except (OSError, UnicodeDecodeError):
-            text = ""
-        if text is not None:  # prepare() set aside older ones: this request is for this run
-            request = parse_stop_lenient(text)
+        """A stop to act on, and when it was requested: a ``control/stop`` already there (a stop at a chosen step,
+        or one we wrote), else our own after a ``USR1`` (the scheduler daemon's checkpoint signal, a preemption by
+        Slurm, or the time-limit warning)."""
+        request = self.job_dir.read_stop()
+        if request is not None:  # prepare() set aside older ones: this request is for this run
             reason = request.reason if request.reason is not StopReason.UNKNOWN else self._stop_reason()
             self._stop_at_step = request.at_step
             when = "the next boundary" if request.at_step is None else f"step {request.at_step}"
@@ -372,14 +325,22 @@ class Supervisor:
             return None, 0.0
         reason = self._stop_reason()
         requested_at = self.clock()
-        atomic_write_bytes(path, StopRequest(reason, requested_at).to_json().encode())
+        self.job_dir.request_stop(StopRequest(reason, requested_at))
         log.info("stop requested (%s): workers checkpoint at the next mini-batch boundary", reason.value)
         return reason, requested_at
 
     def _acknowledged(self, requested_at: float) -> Ack | None:
         """The workers' acknowledgement of the stop requested at ``requested_at``, if it has been written."""
-        ack = read_ack(self.control / ACK_FILE)
-        return ack if ack is not None and ack.written_at >= requested_at - 1.0 else None
+        ack = self.job_dir.read_ack()
+        if ack is None or not ack_answers(
+            ack,
+            job_id=self.job.job_id,
+            restart_count=self.job.restart_count,
+            requested_at=requested_at,
+            now=self.clock(),
+        ):
+            return None
+        return ack
 
     def _finish_stop(self, reason: StopReason, requested_at: float) -> int:
         ack = self._acknowledged(requested_at)

@@ -218,6 +218,7 @@ class Job:
     name: str
     user: str
     state: JobState
+    user_id: int | None = None
     partition: str = ""
     account: str = ""
     array_job_id: int | None = None
@@ -238,6 +239,7 @@ class Job:
     priority: int | None = None
     site_factor: int | None = None
     comment: str = ""
+    admin_comment: str = ""  # set by Slurm administrators only (the scheduler daemon's stop notice)
     restart_count: int = 0
     exit_code: int | None = None
     signal: int | None = None

@@ -64,6 +64,8 @@ def test_time_limit_checkpoints_without_requeue(slurm: CliSlurm, workdir: Path, 
     )
     submitted.append(job_id)
     job_dir = workdir / f"it-tl-{job_id}"
+    # the signal's clock runs from the start, not the submission: a busy cluster may keep the job pending a while
+    wait_for("the worker to start", lambda: lines(job_dir / "starts.log"), timeout_s=300)
     wait_for("the time-limit warning", (job_dir / "control" / "ack.json").exists, timeout_s=150)
     start = datetime.now(UTC) - timedelta(minutes=10)
     record = wait_for(

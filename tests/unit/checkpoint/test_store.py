@@ -23,8 +23,8 @@ from hpc_elastic.checkpoint import (
     layout,
     open_checkpoint,
 )
-from hpc_elastic.checkpoint.fs import HashingWriter
 from hpc_elastic.collective import LocalCollective
+from hpc_elastic.files import HashingWriter
 from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks
 
 

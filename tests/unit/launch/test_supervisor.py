@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.collective import Backend
-from hpc_elastic.control import StopReason, StopRequest
 from hpc_elastic.env import JobEnvironment, read_job_environment, tasks_per_node_total
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, StopRequest
 from hpc_elastic.launch.supervisor import (
     Supervisor,
     WrapperConfig,
     classify_stop,
-    job_directory,
+    job_dir_of,
     parse_wrapper_args,
-    read_stop_reason,
     should_requeue,
 )
 from hpc_elastic.launch.workers import Launcher, WorkerStep, worker_argv, worker_environment
@@ -133,9 +132,9 @@ def test_parse_wrapper_args() -> None:
 
 def test_job_directory_is_stable_across_requeues() -> None:
     job = JobEnvironment(job_id=42, job_name="train", restart_count=3)
-    assert job_directory(Path("/gpfs/jobs"), job) == Path("/gpfs/jobs/train-42")
+    assert job_dir_of(Path("/gpfs/jobs"), job) == JobDir(Path("/gpfs/jobs/train-42"))
     with pytest.raises(ValueError, match="SLURM_JOB_ID is not set"):
-        job_directory(Path("/gpfs/jobs"), JobEnvironment())
+        job_dir_of(Path("/gpfs/jobs"), JobEnvironment())
 
 
 def test_job_environment_from_srun_and_mpirun_variables() -> None:
@@ -186,6 +185,7 @@ def supervise(
     monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     config = WrapperConfig(tmp_path / "jobs", command, max_restarts=max_restarts, kill_timeout_s=2)
     supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), NoSlurm())  # type: ignore[arg-type]
+    supervisor.prepare()
     code = supervisor.run()
     return code, log.read_text().split(), supervisor
 
@@ -213,15 +213,43 @@ def test_a_new_incarnation_sets_aside_the_previous_stop_and_ack(tmp_path: Path) 
     (control / "ack.json").write_text('{"job_id": 9}')
     supervisor.prepare()
     assert sorted(p.name for p in control.iterdir()) == ["ack.json.handled-1000", "stop.handled-1000"]
-    assert supervisor.requested_reason() is None
+    assert supervisor.job_dir.read_stop() is None and supervisor.job_dir.read_ack() is None
 
 
-def test_the_plugins_reason_is_read_from_the_stop_file(tmp_path: Path) -> None:
-    (tmp_path / "stop").write_text(StopRequest(StopReason.RESIZE, 5.0).to_json())
-    assert read_stop_reason(tmp_path / "stop") is StopReason.RESIZE
-    (tmp_path / "stop").write_text("{half")
-    assert read_stop_reason(tmp_path / "stop") is None
-    assert read_stop_reason(tmp_path / "missing") is None
+class NoticeSlurm:
+    """A job whose AdminComment holds the scheduler daemon's notice (or Slurm's answer fails)."""
+
+    def __init__(self, admin_comment: str, limit_s: int | None = None) -> None:
+        self.admin_comment = admin_comment
+        self.limit_s = limit_s
+
+    def job(self, job_id: int) -> object:
+        start = datetime.fromtimestamp(1000.0 - 3000, tz=UTC)
+        return type(
+            "Job", (), {"admin_comment": self.admin_comment, "start_time": start, "time_limit_s": self.limit_s}
+        )()
+
+
+@pytest.mark.parametrize(
+    ("comment", "restarts", "limit_s", "reason"),
+    [
+        (StopNotice(StopReason.RESIZE, 990.0, 2).encode(), 2, None, StopReason.RESIZE),
+        # a notice of an earlier incarnation is not this signal's: near the time limit, it is the time limit
+        (StopNotice(StopReason.RESIZE, 990.0, 1).encode(), 2, 3060, StopReason.TIMELIMIT),
+        ("", 2, None, StopReason.PREEMPT),
+        ("hpc-elastic-stop:reason=nap,at=1,restarts=2", 2, None, StopReason.PREEMPT),
+    ],
+)
+def test_the_daemons_reason_comes_from_the_admin_comment(
+    tmp_path: Path, comment: str, restarts: int, limit_s: int | None, reason: StopReason
+) -> None:
+    job = JobEnvironment(job_id=9, job_name="j", restart_count=restarts)
+    slurm = NoticeSlurm(comment, limit_s)
+    supervisor = Supervisor(WrapperConfig(tmp_path, ("true",)), job, slurm, clock=lambda: 1000.0)  # type: ignore[arg-type]
+    supervisor.prepare()
+    supervisor._usr1 = True
+    assert supervisor._take_stop_request() == (reason, 1000.0)
+    assert supervisor.job_dir.read_stop() == StopRequest(reason, 1000.0)  # what the workers see
 
 
 def test_mpirun_inside_an_allocation_takes_open_mpis_rank() -> None:
@@ -242,7 +270,7 @@ class RecordingSlurm:
         self.requeued += job_ids
 
     def job(self, job_id: int) -> object:
-        return type("Job", (), {"start_time": None, "time_limit_s": None})()
+        return type("Job", (), {"admin_comment": "", "start_time": None, "time_limit_s": None})()
 
 
 PREEMPTED_WORKER = """
@@ -267,9 +295,11 @@ def test_a_preemption_is_requeued_once_acknowledged_without_waiting_for_the_work
     monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     slurm = RecordingSlurm()
     config = WrapperConfig(tmp_path / "jobs", command, kill_timeout_s=2)
-    code = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm).run()  # type: ignore[arg-type]
-    assert code == 0 and slurm.requeued == [5]
-    assert read_stop_reason(control / "stop") is StopReason.PREEMPT
+    supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
+    supervisor.prepare()
+    assert supervisor.run() == 0 and slurm.requeued == [5]
+    request = supervisor.job_dir.read_stop()
+    assert request is not None and request.reason is StopReason.PREEMPT
     assert not log.exists()  # the worker was stopped, not waited for
 
 
@@ -298,23 +328,19 @@ os.replace(control / ".ack.tmp", control / "ack.json")
 """
 
 
-def test_the_schedulers_stop_file_is_a_stop_even_before_its_signal_arrives(
+def test_a_stop_at_a_chosen_step_written_before_the_run_stands_and_is_requeued_without_a_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The plugin writes control/stop, then signals; the workers may see the file, checkpoint and exit 0 before
-    the USR1 reaches the wrapper. That is a preemption to requeue, not the end of the job."""
-    control = tmp_path / "jobs" / "t-5" / "control"
-    command = (sys.executable, "-c", SCHEDULER_STOPPED_WORKER, "-", str(control))
+    """verify-determinism --submit writes a stop for a step before the job runs: prepare() keeps it (no checkpoint
+    has acknowledged it), the workers stop there and acknowledge, and the wrapper requeues without any USR1."""
+    job_dir = JobDir(tmp_path / "jobs" / "t-5").prepare()
+    job_dir.request_stop(StopRequest(StopReason.RESIZE, time.time(), at_step=3))
+    command = (sys.executable, "-c", SCHEDULER_STOPPED_WORKER, "-", str(job_dir.control))
     monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     slurm = RecordingSlurm()
     supervisor = Supervisor(WrapperConfig(tmp_path / "jobs", command), JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
-    original = supervisor.prepare
-
-    def prepare_then_the_scheduler_asks() -> None:
-        original()
-        (control / "stop").write_text(StopRequest(StopReason.RESIZE, time.time()).to_json())
-
-    supervisor.prepare = prepare_then_the_scheduler_asks  # type: ignore[method-assign]
+    supervisor.prepare()
     assert supervisor.run() == 0  # no USR1 ever arrives here
     assert slurm.requeued == [5]
-    assert read_stop_reason(control / "stop") is StopReason.RESIZE  # the scheduler's request, not rewritten
+    request = job_dir.read_stop()
+    assert request is not None and (request.reason, request.at_step) == (StopReason.RESIZE, 3)  # not rewritten

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, find_job_dir
 from hpc_elastic.slurm import Job, JobState, Node, Partition, SlurmUnavailable
 from hpc_elastic.slurm.commands import JobAction
-from slurm_plugin.apply import job_directory
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
 from slurm_plugin.store import Store
@@ -68,6 +70,9 @@ class FakeSlurm:
             self._jobs = [
                 replace(j, site_factor=int(fields["SiteFactor"])) if j.job_id == job_id else j for j in self._jobs
             ]
+        if "AdminComment" in fields:  # what squeue then shows the job's wrapper
+            comment = str(fields["AdminComment"])
+            self._jobs = [replace(j, admin_comment=comment) if j.job_id == job_id else j for j in self._jobs]
 
     def requeue(self, job_ids: Iterable[int]) -> None:
         self.calls.append(("requeue", list(job_ids)))
@@ -80,19 +85,12 @@ class FakeSlurm:
         if self.ack_root is not None:  # the job's wrapper and workers: checkpoint and acknowledge
             for job in self._jobs:
                 if job.job_id in ids:
-                    control = self.ack_root / f"{job.name}-{job.job_id}" / "control"
-                    stop = json.loads((control / "stop").read_text())
-                    (control / "ack.json").write_text(
-                        json.dumps(
-                            {
-                                "job_id": job.job_id,
-                                "restart_count": 0,
-                                "step": 42,
-                                "checkpoint": "/x",
-                                "written_at": stop["requested_at"] + 1,
-                            }
-                        )
-                    )
+                    notice = StopNotice.decode(job.admin_comment)
+                    assert notice is not None, "the daemon signals after its notice"
+                    job_dir = JobDir(self.ack_root / f"{job.name}-{job.job_id}")
+                    job_dir.request_stop(StopRequest(notice.reason, notice.requested_at))
+                    at = notice.requested_at + 1
+                    job_dir.acknowledge(Ack(job.job_id, job.restart_count, 42, Path("/x"), at))
 
 
 class Clock:
@@ -131,10 +129,14 @@ def test_pass_preempts_with_checkpoint_and_orders(tmp_path: Path, busy: tuple[li
     kinds = [c[0] for c in fake.calls]
     # order, then signal in the first pass (the waiting job's SiteFactor is set before GPUs are freed); the fake
     # job stays RUNNING, so a follow-up pass of --once requeues it
-    assert kinds == ["update", "cancel", "requeue"]
+    assert kinds == ["update", "update", "cancel", "requeue"]
     assert fake.calls[0][1] == (25, {"SiteFactor": 11_000})
-    assert fake.calls[1][1] == ([24], "USR1", True)
-    assert json.loads((job_dir / "control" / "stop").read_text())["reason"] == "preempt"
+    assert fake.calls[1][0] == "update"
+    notice_job, fields = cast(tuple[int, dict[str, str]], fake.calls[1][1])
+    assert notice_job == 24 and StopNotice.decode(fields["AdminComment"]) == StopNotice(
+        StopReason.PREEMPT, at(start_of(jobs, 24), 60), 0
+    )
+    assert fake.calls[2][1] == ([24], "USR1", True)
     state = json.loads((tmp_path / STATE_NAME).read_text())
     done = [(a["kind"], a["job_id"], a["ok"]) for a in state["recent_actions"]]
     assert done == [("order", 25, True), ("preempt", 24, True), ("requeue", 24, True)]
@@ -152,12 +154,12 @@ def test_a_preemption_in_flight_does_not_block_the_pass(tmp_path: Path, busy: tu
     fake = FakeSlurm(jobs, nodes)  # nobody acknowledges
     daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
     report = daemon.run_pass()
-    assert [c[0] for c in fake.calls] == ["update", "cancel"] and clock.slept == []  # returned at once
+    assert [c[0] for c in fake.calls] == ["update", "update", "cancel"] and clock.slept == []  # returned at once
     assert Store(tmp_path).load()[24].stop_kind == "preempt"
     assert daemon._sleep_time(report) == cfg.stop_poll_s  # look again soon
     clock.now += 5
     daemon.run_pass()  # in flight, within the grace: no second signal, no requeue
-    assert [c[0] for c in fake.calls] == ["update", "cancel"]
+    assert [c[0] for c in fake.calls] == ["update", "update", "cancel"]
     clock.now += 20  # grace_s = 20 without acknowledgement: requeue anyway
     report = daemon.run_pass()
     assert fake.calls[-1] == ("requeue", [24])
@@ -269,6 +271,8 @@ def test_job_names_never_leave_the_checkpoint_roots(tmp_path: Path) -> None:
     root = tmp_path / "jobs"
     (root / "ok-5").mkdir(parents=True)
     (tmp_path / "x-5").mkdir()
-    assert job_directory([root], "ok", 5) == root / "ok-5"
-    for name in ("../x", "..", "a/b", "", "x\n", "$(touch /tmp/pwned)"):
-        assert job_directory([root], name, 5) is None
+    me = os.getuid()
+    assert find_job_dir([root], "ok", 5, me) == JobDir(root / "ok-5")
+    assert find_job_dir([root], "ok", 5, me + 1) is None  # another user's directory is not this job's
+    for name in ("../x", "..", "a/b", "", "x\n", "$(touch /tmp/pwned)", ".hidden"):
+        assert find_job_dir([root], name, 5, me) is None

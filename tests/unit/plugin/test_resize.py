@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from hpc_elastic.collective import Backend
+from hpc_elastic.jobdir import StopNotice, StopReason
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
 from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
@@ -49,8 +49,9 @@ def test_elastic_job_shrinks_for_a_waiting_job(tmp_path: Path, busy: tuple[list[
     assert [(r.job_id, r.old_gpus, r.new_gpus) for r in resizes] == [(24, 8, 7)]
     assert "job(s) 25 wait" in resizes[0].reason
     assert fake.calls[-1] == ("cancel", ([24], "USR1", True))
-    stop = json.loads((tmp_path / "jobs" / "fill|a100-24" / "control" / "stop").read_text())
-    assert stop["reason"] == "resize"
+    notice = StopNotice.decode(fake.job(24).admin_comment)  # the reason, in a field only Slurm admins may set
+    assert notice is not None and notice.reason is StopReason.RESIZE
+    assert not list((tmp_path / "jobs" / "fill|a100-24" / "control").iterdir())  # the daemon wrote nothing there
     record = Store(tmp_path).load()[24]
     assert (record.stop_kind, record.resize_to, record.resize_set) == ("resize", 7, 0)
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hpc_elastic.checkpoint import layout
-from hpc_elastic.control import (
+from hpc_elastic.jobdir import (
     Ack,
     StopReason,
     StopRequest,

@@ -13,11 +13,12 @@ import torch
 
 from hpc_elastic.checkpoint import CheckpointStore
 from hpc_elastic.collective import horovod_available
-from hpc_elastic.control import ACK_FILE, StopReason, StopRequest
 from hpc_elastic.env import JobEnvironment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.comm import local_communicator
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.jobdir import ACK as ACK_FILE
+from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.session import Session
 from hpc_elastic.state import State
 from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks, threaded_communicator
@@ -197,7 +198,7 @@ def test_from_environment_torch_single_process(tmp_path: Path) -> None:
     env = {"HPC_ELASTIC_JOB_DIR": str(tmp_path), "HPC_ELASTIC_WORKERS": "2", "HPC_ELASTIC_BACKEND": "torch"}
     with Session.from_environment(env) as session:
         assert (session.rank, session.world_size, session.num_workers, list(session.workers)) == (0, 1, 2, [0, 1])
-        assert session.device.type == "cpu" and session.job_dir == tmp_path.resolve()
+        assert session.device.type == "cpu" and session.job_dir == JobDir(tmp_path.resolve())
         assert session.comm.collective.allreduce_max_int(5) == 5
         assert session.level is DeterminismLevel.D1 and session.device_types == ("cpu",)
     env = {**env, "HPC_ELASTIC_WORKERS": "3", "HPC_ELASTIC_LEVEL": "d2"}

@@ -1,0 +1,203 @@
+"""File primitives of the whole package: durable atomic writes (temporary file, fsync, rename, fsync of the
+directory), hashing writers, and reads of files that someone else may have planted (no symbolic link followed, no
+FIFO or device opened, the owner checked, the size bounded).
+
+Every atomic write of the package goes through :func:`atomic_write_bytes` (checkpoints, the control files of a job
+directory, profiles, the daemon's state file); every read of a file a user controls, by a process that runs with
+more rights than that user, goes through :func:`read_owned`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO
+
+from hpc_elastic.errors import HpcElasticError
+
+
+class UnsafeFile(HpcElasticError):
+    """A file or directory is not what it must be: a symbolic link, not a regular file or directory, owned by
+    another user, writable by others, or larger than allowed."""
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (creations, renames, removals) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` by ``data`` atomically: a temporary file beside it, fsync, rename, fsync the directory.
+    A reader sees the old content or the new one, never a mix, whenever the writer dies.
+
+    The temporary file has an unpredictable name and is created exclusively without following a link
+    (``O_EXCL | O_NOFOLLOW``), so nothing planted in the directory can redirect the write; ``rename`` replaces a
+    link at ``path`` itself rather than writing through it."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)  # whatever the umask
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def read_owned(base: Path, parts: Sequence[str], *, limit: int, owner: int | None = None) -> bytes:
+    """The content of the regular file ``base/parts[0]/.../parts[-1]``, read safely where others may have planted
+    links, FIFOs or huge files: ``base`` is trusted (a site path); below it no component is followed if it is a
+    symbolic link, every directory and the file must belong to ``owner`` (a uid; None: any owner), the file is opened
+    without blocking (a FIFO or a device is refused, not waited on) and may hold at most ``limit`` bytes.
+
+    Raises :class:`FileNotFoundError` when a component is missing, :class:`UnsafeFile` for everything above, and
+    :class:`OSError` when the file cannot be read."""
+    if not parts or any(not p or p in {".", ".."} or "/" in p or "\x00" in p for p in parts):
+        raise ValueError(f"not a relative path of plain components: {list(parts)!r}")
+    fds: list[int] = []
+    try:
+        fds.append(os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for part in parts[:-1]:
+            fds.append(_open_below(fds[-1], part, os.O_RDONLY | os.O_DIRECTORY, base))
+            _check_owner(os.fstat(fds[-1]), owner, base, part)
+        fd = _open_below(fds[-1], parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY, base)
+        fds.append(fd)
+        info = os.fstat(fd)
+        where = os.path.join(base, *parts)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeFile(f"{where} is not a regular file")
+        _check_owner(info, owner, base, where)
+        if info.st_size > limit:
+            raise UnsafeFile(f"{where} holds {info.st_size} bytes, more than the {limit} allowed")
+        data = os.read(fd, limit + 1)
+        if len(data) > limit:
+            raise UnsafeFile(f"{where} holds more than the {limit} bytes allowed")
+        return data
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def _open_below(dir_fd: int, name: str, flags: int, base: Path) -> int:
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            raise UnsafeFile(f"{name} under {base} is a symbolic link or not a directory") from None
+        raise
+
+
+def _check_owner(info: os.stat_result, owner: int | None, base: Path, what: str) -> None:
+    if owner is not None and info.st_uid != owner:
+        raise UnsafeFile(f"{what} under {base} belongs to uid {info.st_uid}, not {owner}")
+
+
+def private_dir(path: Path, mode: int) -> Path:
+    """Create directory ``path`` (its parent must exist) with ``mode``, or check the existing one: a real directory
+    (not a link) of this process's user that no other user may write into; then set its mode to ``mode``.  Raise
+    :class:`UnsafeFile` otherwise: a directory someone else made or can write into may hold planted files."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeFile(f"{path} is a symbolic link or not a directory") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise UnsafeFile(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()})")
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UnsafeFile(f"{path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})")
+        if stat.S_IMODE(info.st_mode) != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return path
+
+
+class HashingWriter:
+    """A write-only file object that forwards to ``fh`` and keeps the sha256 and size of what passed through.
+
+    A large write is cut into pieces that are hashed on a helper thread while the calling thread writes them:
+    both ``hashlib`` and the ``write`` system call release the GIL, so hashing costs almost no extra time.  Every
+    piece is hashed before :meth:`write` returns (the caller may reuse its buffer afterwards), in order.
+
+    ``on_first_write`` (fault injection for tests) runs once, after the first chunk has reached the file.
+    Use it as a context manager (or call :meth:`close`) so that the helper thread ends."""
+
+    PIECE = 16 << 20  # bytes written / hashed per piece
+    PIPELINE_MIN = 2 * PIECE  # smaller writes are hashed inline
+
+    def __init__(self, fh: BinaryIO, on_first_write: Callable[[], None] | None = None) -> None:
+        self._fh = fh
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self._hook = on_first_write
+        self._pool: ThreadPoolExecutor | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes >= self.PIPELINE_MIN:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpc-elastic-sha256")
+            pending = []
+            for offset in range(0, view.nbytes, self.PIECE):
+                piece = view[offset : offset + self.PIECE]
+                pending.append(self._pool.submit(self._sha.update, piece))  # one worker: in order
+                self._fh.write(piece)
+            for future in pending:
+                future.result()
+        else:
+            self._fh.write(view)
+            self._sha.update(view)
+        self.size += view.nbytes
+        if self._hook is not None:
+            self._fh.flush()
+            hook, self._hook = self._hook, None
+            hook()
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> HashingWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sha256_file(path: Path, chunk: int = 8 << 20) -> tuple[str, int]:
+    """sha256 and size of the file at ``path``."""
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            sha.update(block)
+            size += len(block)
+    return sha.hexdigest(), size

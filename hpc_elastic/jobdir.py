@@ -1,0 +1,366 @@
+"""One job's directory on the shared filesystem and the control protocol around it: every path, every format,
+every read and write of it (one owner, as submitit's ``JobPaths``).
+
+Layout, ``<ckpt-root>/<job name>-<job id>/`` (the same across requeues), owned by the job's user::
+
+    checkpoints/    0700  the checkpoint store (hpc_elastic.checkpoint)
+    control/        0755  stop, ack.json and their predecessors set aside (*.handled-<time>)
+    logs/           0700  worker logs of tools that start workers themselves (verify-determinism)
+    (the directory itself is 0711: the scheduler daemon may reach control/ack.json, not list the job's files)
+
+Who writes what (see SECURITY.md for the threat model):
+
+- the **scheduler daemon** writes nothing here.  It asks a job to stop with the checkpoint signal alone
+  (``scancel --signal=USR1 --batch``), after putting its reason into the job's ``AdminComment``, a Slurm field
+  that only Slurm administrators may set (:class:`StopNotice`).  It reads ``control/ack.json`` through
+  :meth:`JobDir.read_ack_as`: no link followed, every component owned by the job's user, a bounded regular file;
+  an acknowledgement counts only inside the window of :func:`ack_answers`.
+- the **wrapper** (the job's user) creates the directory (:meth:`JobDir.prepare` refuses one that another user made
+  or may write into), turns the signal into ``control/stop`` (:class:`StopRequest`), and reads the acknowledgement.
+- the **workers** read ``control/stop`` at mini-batch boundaries; rank 0 writes ``control/ack.json`` (:class:`Ack`)
+  once the checkpoint of the stop is committed.
+
+``stop``::
+
+    {"reason": "preempt" | "timelimit" | "resize", "requested_at": <epoch seconds>[, "at_step": <int>]}
+
+Its existence is the request; workers see it at the next mini-batch boundary (with ``at_step``, at the first boundary
+where the training step is ``at_step`` or later: a stop at a chosen step, as ``hpc-elastic verify-determinism`` uses
+for its resizes).  A file that is empty or not (yet) valid JSON still means "stop", with reason ``unknown``.
+
+``ack.json`` (written atomically)::
+
+    {"job_id": <int or null>, "restart_count": <int>, "step": <int>, "checkpoint": "<absolute path>",
+     "written_at": <epoch seconds>}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_owned
+
+CONTROL = "control"
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+STOP = "stop"
+ACK = "ack.json"
+#: the most bytes a control file may hold (a stop request or an acknowledgement is ~200)
+MAX_CONTROL_BYTES = 4096
+#: an acknowledgement counts when written between the stop request and now, give or take this much clock skew
+ACK_CLOCK_SLACK_S = 5.0
+JOB_DIR_MODE = 0o711
+CONTROL_MODE = 0o755
+PRIVATE_MODE = 0o700
+
+
+class StopReason(StrEnum):
+    PREEMPT = "preempt"
+    TIMELIMIT = "timelimit"
+    RESIZE = "resize"
+    UNKNOWN = "unknown"  # a stop file that cannot be parsed (still a stop)
+
+
+_REASONS = ", ".join(r.value for r in StopReason if r is not StopReason.UNKNOWN)
+
+
+def _epoch(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be epoch seconds, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _reason(value: Any) -> StopReason:
+    try:
+        reason = StopReason(value) if isinstance(value, str) else None
+    except ValueError:
+        reason = None
+    if reason is None or reason is StopReason.UNKNOWN:
+        raise ValueError(f"stop reason must be one of {_REASONS}, got {value!r}")
+    return reason
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    reason: StopReason
+    requested_at: float | None
+    at_step: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.at_step is not None:
+            _count(self.at_step, "stop at_step")
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {"reason": self.reason.value, "requested_at": self.requested_at}
+        if self.at_step is not None:
+            doc["at_step"] = self.at_step
+        return json.dumps(doc, sort_keys=True)
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{what} is not JSON: {text[:80]!r}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} must hold a JSON object, got {str(doc)[:80]!r}")
+    return doc
+
+
+def parse_stop(text: str) -> StopRequest:
+    """Parse the content of a ``stop`` file; raise ``ValueError`` naming what is wrong."""
+    doc = _json_object(text, "stop file")
+    reason = _reason(doc.get("reason"))
+    at = _epoch(doc.get("requested_at"), "stop requested_at")
+    step = doc.get("at_step")
+    return StopRequest(reason, at, None if step is None else _count(step, "stop at_step"))
+
+
+def parse_stop_lenient(text: str) -> StopRequest:
+    """Like :func:`parse_stop`, but a malformed (e.g. half-written) file is a stop with reason ``unknown``."""
+    try:
+        return parse_stop(text)
+    except ValueError:
+        return StopRequest(StopReason.UNKNOWN, None)
+
+
+@dataclass(frozen=True)
+class Ack:
+    job_id: int | None
+    restart_count: int
+    step: int
+    checkpoint: Path
+    written_at: float
+
+    def __post_init__(self) -> None:
+        if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
+            raise ValueError(f"job_id must be an integer or None, got {self.job_id!r}")
+        _count(self.restart_count, "restart_count")
+        _count(self.step, "step")
+        _epoch(self.written_at, "ack written_at")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "restart_count": self.restart_count,
+            "step": self.step,
+            "checkpoint": str(self.checkpoint),
+            "written_at": self.written_at,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True) + "\n"
+
+
+def parse_ack(text: str) -> Ack:
+    """Parse ``ack.json``; raise ``ValueError`` naming what is wrong."""
+    doc = _json_object(text, "ack file")
+    missing = [k for k in ("job_id", "restart_count", "step", "checkpoint", "written_at") if k not in doc]
+    if missing:
+        raise ValueError(f"ack file lacks {missing[0]!r}")
+    if not isinstance(doc["checkpoint"], str) or not doc["checkpoint"]:
+        raise ValueError(f"ack checkpoint must be a path, got {doc['checkpoint']!r}")
+    return Ack(
+        doc["job_id"], doc["restart_count"], doc["step"], Path(doc["checkpoint"]), _epoch(doc["written_at"], "ack")
+    )
+
+
+def still_pending(request: StopRequest, ack: Ack | None) -> bool:
+    """Whether a stop request outlives a restart of the job: one for a chosen step (``at_step``) stands until a
+    checkpoint at or after that step is acknowledged; any other request belongs to the incarnation it stopped."""
+    return request.at_step is not None and (ack is None or ack.step < request.at_step)
+
+
+def ack_answers(ack: Ack, *, job_id: int | None, restart_count: int, requested_at: float, now: float) -> bool:
+    """Whether ``ack`` acknowledges the stop requested at ``requested_at`` of incarnation ``restart_count`` of job
+    ``job_id``: the same job and incarnation, written after the request and not after ``now`` (both give or take
+    :data:`ACK_CLOCK_SLACK_S`).  An acknowledgement from the future or of an older stop never counts, so a forged one
+    cannot keep a job's GPUs: without a valid one the daemon requeues at the end of the grace period."""
+    return (
+        (job_id is None or ack.job_id == job_id)
+        and ack.restart_count == restart_count
+        and requested_at - ACK_CLOCK_SLACK_S <= ack.written_at <= now + ACK_CLOCK_SLACK_S
+    )
+
+
+# ------------------------------------------------------------------------------ the daemon's note in Slurm
+
+NOTICE_PREFIX = "hpc-elastic-stop:"
+_NOTICE = re.compile(r"hpc-elastic-stop:reason=([a-z]+),at=([0-9]{1,12}(?:\.[0-9]{1,6})?),restarts=([0-9]{1,6})")
+
+
+@dataclass(frozen=True)
+class StopNotice:
+    """Why the daemon signals a job, in the job's ``AdminComment`` (set by Slurm administrators only, readable by the
+    job's user): the wrapper reads it when the checkpoint signal arrives.  ``restarts`` names the incarnation it is
+    for, so a notice left from an earlier one is not taken for a new signal (Slurm's own time-limit warning)."""
+
+    reason: StopReason
+    requested_at: float
+    restarts: int
+
+    def encode(self) -> str:
+        return f"{NOTICE_PREFIX}reason={self.reason.value},at={self.requested_at:.3f},restarts={self.restarts}"
+
+    @classmethod
+    def decode(cls, text: str) -> StopNotice | None:
+        """The notice in an ``AdminComment``, or None (no notice, or not one of ours)."""
+        match = _NOTICE.fullmatch(text.strip())
+        if match is None:
+            return None
+        try:
+            return cls(_reason(match[1]), float(match[2]), int(match[3]))
+        except ValueError:
+            return None
+
+
+# ------------------------------------------------------------------------------------------ the directory
+
+
+def leaf_name(name: str, job_id: int) -> str:
+    """``<name>-<job id>``; ``ValueError`` for a job name that is not one plain path component (``/``, ``..``, NUL,
+    a newline, a leading dot), so that a job name can never point outside its root."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        raise ValueError(f"job id must be a positive integer, got {job_id!r}")
+    if not name or "/" in name or "\x00" in name or "\n" in name or name.startswith(".") or len(name) > 200:
+        raise ValueError(f"job name {name!r} cannot name a job directory")
+    return f"{name}-{job_id}"
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """The directory of one job: ``path`` is ``<root>/<name>-<id>``."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, root: Path, name: str, job_id: int) -> JobDir:
+        return cls(Path(root) / leaf_name(name, job_id))
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def control(self) -> Path:
+        return self.path / CONTROL
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS
+
+    @property
+    def stop_path(self) -> Path:
+        return self.control / STOP
+
+    @property
+    def ack_path(self) -> Path:
+        return self.control / ACK
+
+    # -- the job's side (the job's user) ------------------------------------------------------------------------
+
+    def prepare(self) -> JobDir:
+        """Create the directory and its subdirectories, or check the existing ones: each a
+        real directory of this user that no other user may write into (:class:`~hpc_elastic.files.UnsafeFile`
+        otherwise: a directory someone else made may hold a planted stop file)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)  # the root: a site directory, made if missing
+        private_dir(self.path, JOB_DIR_MODE)
+        private_dir(self.control, CONTROL_MODE)
+        private_dir(self.checkpoints, PRIVATE_MODE)
+        private_dir(self.logs, PRIVATE_MODE)
+        return self
+
+    def _read(self, name: str) -> str | None:
+        try:
+            data = read_owned(self.path, [CONTROL, name], limit=MAX_CONTROL_BYTES)
+        except FileNotFoundError:
+            return None
+        return data.decode("utf-8", errors="replace")
+
+    def read_stop(self) -> StopRequest | None:
+        """The stop request, None when there is none; one that cannot be read or parsed (half-written, a planted
+        link, too large) is still a stop, with reason ``unknown``."""
+        try:
+            text = self._read(STOP)
+        except (OSError, UnsafeFile):
+            text = ""
+        return None if text is None else parse_stop_lenient(text)
+
+    def read_ack(self) -> Ack | None:
+        """The acknowledgement, None when it is missing or not (yet) valid."""
+        try:
+            text = self._read(ACK)
+            return parse_ack(text) if text is not None else None
+        except (OSError, UnsafeFile, ValueError):
+            return None
+
+    def request_stop(self, request: StopRequest) -> None:
+        atomic_write_bytes(self.stop_path, request.to_json().encode())
+
+    def acknowledge(self, ack: Ack) -> None:
+        atomic_write_bytes(self.ack_path, ack.to_json().encode())
+
+    def set_aside(self, stamp: int, *, keep_stop: bool = False) -> None:
+        """Rename the stop request (unless ``keep_stop``) and the acknowledgement to ``<name>.handled-<stamp>``: kept
+        for the record, never taken for those of a later run."""
+        for name in (ACK,) if keep_stop else (STOP, ACK):
+            try:
+                os.rename(self.control / name, self.control / f"{name}.handled-{stamp}")
+            except FileNotFoundError:
+                continue
+
+    def standing_stop(self) -> StopRequest | None:
+        """A stop for a chosen step that no checkpoint has acknowledged yet (it outlives a restart), else None."""
+        try:
+            text = self._read(STOP)
+        except (OSError, UnsafeFile):
+            return None
+        request = None if text is None else parse_stop_lenient(text)
+        return request if request is not None and still_pending(request, self.read_ack()) else None
+
+    # -- the daemon's side (another user, with more rights) -----------------------------------------------------
+
+    def owned_by(self, uid: int) -> bool:
+        """Whether the directory is a real directory (not a link) of user ``uid``."""
+        try:
+            info = os.lstat(self.path)
+        except OSError:
+            return False
+        return stat.S_ISDIR(info.st_mode) and info.st_uid == uid
+
+    def read_ack_as(self, uid: int) -> Ack | None:
+        """The acknowledgement as the daemon reads it: only through directories and a file of user ``uid`` (the
+        job's), no link followed, no FIFO waited on, at most :data:`MAX_CONTROL_BYTES`; None otherwise."""
+        try:
+            data = read_owned(self.path.parent, [self.path.name, CONTROL, ACK], limit=MAX_CONTROL_BYTES, owner=uid)
+            return parse_ack(data.decode("utf-8", errors="replace"))
+        except (OSError, UnsafeFile, ValueError):
+            return None
+
+
+def find_job_dir(roots: list[Path] | tuple[Path, ...], name: str, job_id: int, uid: int) -> JobDir | None:
+    """The job's directory under the first root where it exists as a real directory of the job's user ``uid``;
+    None when there is none (or the job name cannot name one)."""
+    try:
+        leaf = leaf_name(name, job_id)
+    except ValueError:
+        return None
+    for root in roots:
+        job_dir = JobDir(Path(root) / leaf)
+        if job_dir.owned_by(uid):
+            return job_dir
+    return None
