@@ -50,10 +50,27 @@ DEFAULT_MAX_AGE = 7 * 24 * 3600.0
 class DeltaMode(StrEnum):
     """How 2D-Gittins picks the service quantum Δ."""
 
-    #: Discretised 2D-Gittins (§3.2.3): Δ_i = Q_i^hi, FIFO in the last queue.
+    #: Discretised 2D-Gittins (§3.2.3): Δ_i = Q_i^hi, and in the last queue the last finite quantum
+    #: Δ_K = Q_{K-1}^hi, as the public Tiresias simulator does (one fixed Δ in every queue). The paper's Δ_K = ∞
+    #: orders the last queue FIFO, which makes 2D-Gittins decide exactly as 2D-LAS whenever the higher queues
+    #: are not overloaded (measured: the same JCT to the second on a heavy-tailed trace). No threshold: FIFO.
     QUEUE = "queue"
     #: Continuous 2D-Gittins (Pseudocode 1 line 11): sup over all Δ > 0, in every queue.
     SUP = "sup"
+
+
+class QueueOrder(StrEnum):
+    """The order of the jobs of one MLFQ queue (2D-LAS; ties of the 2D-Gittins index)."""
+
+    #: Tiresias §3.2.3: FIFO by first start (jobs never started after the started ones, then by submission),
+    #: and the jobs holding GPUs ahead of those waiting: inside a queue a waiting job never displaces a running
+    #: one (MLFQ: only a job of a higher queue preempts), else a job preempted by a higher queue would in turn
+    #: preempt a later-started job of its own queue when it resumes, and so on.
+    START = "start"
+    #: The public Tiresias simulator's queue lists: a job enters a queue at its tail (arrival, demotion,
+    #: promotion); after every pass the jobs of a queue that hold GPUs move ahead of those that wait, each group
+    #: keeping its order. The caller keeps the positions: ``Decision.positions`` back in ``JobTable.position``.
+    LIST = "list"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +84,7 @@ class PolicyOptions:
     time_slice: float = DEFAULT_TIME_SLICE
     max_age: float = DEFAULT_MAX_AGE
     delta_mode: DeltaMode = DeltaMode.QUEUE
+    queue_order: QueueOrder = QueueOrder.START
     history: ServiceDistribution | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +101,8 @@ class PolicyOptions:
             raise ValueError(f"max_age must be > 0 seconds, got {self.max_age!r}")
         if not isinstance(self.delta_mode, DeltaMode):
             raise ValueError(f"delta_mode must be a DeltaMode, got {self.delta_mode!r}")
+        if not isinstance(self.queue_order, QueueOrder):
+            raise ValueError(f"queue_order must be a QueueOrder, got {self.queue_order!r}")
 
 
 class Policy(ABC):
@@ -97,7 +117,7 @@ class Policy(ABC):
     #: preemption, no wake-up since nobody is left waiting). Holds for the greedy walks of :mod:`.core`: with
     #: enough free GPUs every job fits in priority order and placement only looks at free GPUs. A caller (the
     #: simulator) may then leave the running jobs out of such a pass.
-    fit_shortcut: ClassVar[bool] = False
+    fit_shortcut: bool = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options or PolicyOptions()
@@ -123,6 +143,27 @@ def _first_start_key(first_start: FloatArray) -> FloatArray:
     return np.where(np.isnan(first_start), math.inf, first_start)
 
 
+def _list_key(inp: PassInput, queue: IntArray) -> FloatArray:
+    """QueueOrder.LIST: a job's place in its queue list; a job that entered its queue since the last pass (no
+    place yet, or moved by this pass's demotion / promotion) is at the tail."""
+    position = inp.jobs.position
+    return np.where(np.isnan(position) | (queue != inp.jobs.queue), math.inf, position)
+
+
+def _list_positions(inp: PassInput, queue: IntArray, order: IntArray, holding: BoolArray) -> FloatArray:
+    """QueueOrder.LIST after the pass: per queue, the jobs holding GPUs ahead of those waiting, each in the
+    order of the walk (the public simulator reorders its queue lists so after every event). Positions continue
+    above those passed in, so they only ever grow."""
+    known = inp.jobs.position[~np.isnan(inp.jobs.position)]
+    base = float(known.max()) + 1.0 if known.size else 0.0
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    after = np.lexsort((rank, ~holding, queue))
+    positions = np.empty(order.size, dtype=np.float64)
+    positions[after] = base + np.arange(order.size)
+    return positions
+
+
 def _waiting_after(inp: PassInput, walk: WalkResult) -> BoolArray:
     """Jobs that wait after the pass: those left out, including the running jobs it preempts."""
     return ~walk.holding & walk.feasible
@@ -138,6 +179,7 @@ def _finish(
     wakeup: float,
     infeasible: tuple[int, ...],
     idle_below: int = 0,
+    positions: FloatArray | None = None,
 ) -> Decision:
     if math.isfinite(wakeup):
         wakeup = max(wakeup, inp.now + TIME_EPS)
@@ -149,6 +191,7 @@ def _finish(
         next_wakeup=wakeup if math.isfinite(wakeup) else None,
         infeasible=infeasible,
         idle_below=idle_below,
+        positions=positions,
     )
 
 
@@ -174,6 +217,8 @@ class _MlfqPolicy(Policy):
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
         self.mlfq = MlfqConfig(self.options.thresholds, self.options.promote_knob)
+        # Queue lists are reordered by every pass over all jobs, so every pass must see all jobs.
+        self.fit_shortcut = self.options.queue_order is QueueOrder.START
 
     @abstractmethod
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray: ...
@@ -202,6 +247,7 @@ class _MlfqPolicy(Policy):
                 ),
                 pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts)),
             )
+        listed = self.options.queue_order is QueueOrder.LIST
         return _finish(
             inp,
             order,
@@ -211,24 +257,28 @@ class _MlfqPolicy(Policy):
             wakeup=wakeup,
             infeasible=walk.infeasible,
             idle_below=walk.deficit if self.fixed_order else 0,
+            positions=_list_positions(inp, queue, order, walk.holding) if listed else None,
         )
 
 
 class TiresiasLas(_MlfqPolicy):
-    """Discretised 2D-LAS (§3.2.3): queue by attained service, FIFO by first start inside a queue."""
+    """Discretised 2D-LAS (§3.2.3): queue by attained service, then the in-queue order (:class:`QueueOrder`)."""
 
     name = "tiresias-las"
 
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
         jobs = inp.jobs
-        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), queue))
+        if self.options.queue_order is QueueOrder.LIST:
+            return np.lexsort((jobs.submit, _list_key(inp, queue), queue))
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, queue))
 
 
 class TiresiasGittins(_MlfqPolicy):
-    """Discretised 2D-Gittins (§3.2.2-3.2.3): inside queue Q_i, highest G(a_J, Δ_i = Q_i^hi) first.
-
-    The last queue (Δ = ∞) is FIFO by first start. Without a job-size history the policy is 2D-LAS
-    (Pseudocode 1 lines 2-3). The per-queue index tables are rebuilt by :meth:`with_history`.
+    """Discretised 2D-Gittins (§3.2.2-3.2.3): inside queue Q_i, highest G(a_J, Δ_i) first (:class:`DeltaMode`),
+    ties in the in-queue order (:class:`QueueOrder`). Unlike 2D-LAS, a waiting job with a higher index displaces
+    a running job of its own queue (§5.3.1: "jobs in the same queue are sorted based on their Gittins index value
+    at every event"). Without a job-size history the policy is 2D-LAS (Pseudocode 1 lines 2-3). The per-queue
+    index tables are rebuilt by :meth:`with_history`.
     """
 
     name = "tiresias-gittins"
@@ -241,21 +291,26 @@ class TiresiasGittins(_MlfqPolicy):
         dist = self.options.history
         self.distribution = dist if dist is not None else ServiceDistribution.from_samples(())
         self.tables: tuple[GittinsTable, ...] = ()
-        if len(self.distribution) and self.options.delta_mode is DeltaMode.QUEUE:
-            self.tables = tuple(GittinsTable.build(self.distribution, d) for d in self.mlfq.thresholds)
+        thresholds = self.mlfq.thresholds
+        if len(self.distribution) and thresholds and self.options.delta_mode is DeltaMode.QUEUE:
+            # Δ_i = Q_i^hi, and the last queue keeps the last finite quantum (DeltaMode.QUEUE)
+            self.tables = tuple(GittinsTable.build(self.distribution, d) for d in thresholds)
 
     def with_history(self, samples: Iterable[float]) -> TiresiasGittins:
         return TiresiasGittins(replace(self.options, history=ServiceDistribution.from_samples(samples)))
 
     def index(self, queue: IntArray, attained: FloatArray) -> FloatArray:
-        """G_J of every job (0 in the last queue, where the order is FIFO)."""
+        """G_J of every job (0 without a history, or without a finite quantum)."""
         out = np.zeros(attained.shape, dtype=np.float64)
         if not len(self.distribution):
             return out
         if self.options.delta_mode is DeltaMode.SUP:
             return gittins_index_sup(self.distribution, attained)
+        if not self.tables:
+            return out
+        table_of_queue = np.minimum(queue, len(self.tables) - 1)
         for q, table in enumerate(self.tables):
-            rows = (queue == q).nonzero()[0]
+            rows = (table_of_queue == q).nonzero()[0]
             if rows.size:
                 out[rows] = table.index(attained[rows])
         return out
@@ -263,7 +318,9 @@ class TiresiasGittins(_MlfqPolicy):
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
         jobs = inp.jobs
         gittins = self.index(queue, attained)
-        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), -gittins, queue))
+        if self.options.queue_order is QueueOrder.LIST:  # the public simulator: by index, then submission
+            return np.lexsort((_list_key(inp, queue), jobs.submit, -gittins, queue))
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, -gittins, queue))
 
 
 class _OraclePolicy(Policy):

@@ -115,6 +115,8 @@ class JobView:
     ``remaining_time`` (oracle, for SRTF/SRSF) and ``time_limit`` (for backfill) are optional.
     ``gpu_types`` restricts the GPU types the job may use (None: any). ``allocation`` lists a running job's GPUs.
     ``min_gpus``/``max_gpus`` describe an elastic job (the Tiresias policies place it at ``gpus``).
+    ``queue_position`` is the job's place in its queue for :attr:`QueueOrder.LIST <hpc_elastic.policy.policies.
+    QueueOrder.LIST>` (the caller keeps it from :attr:`Decision.positions`; None: it entered since the last pass).
     """
 
     job_id: int
@@ -134,6 +136,7 @@ class JobView:
     time_limit: float | None = None
     min_gpus: int | None = None
     max_gpus: int | None = None
+    queue_position: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.job_id, bool) or not isinstance(self.job_id, int) or self.job_id < 0:
@@ -146,7 +149,7 @@ class JobView:
             raise ValueError(f"job {self.job_id}: submit_time must be finite, got {self.submit_time!r}")
         for name in ("attained_service", "executed_time", "waiting_time", "run_time"):
             _finite_nonneg(f"job {self.job_id}: {name}", getattr(self, name))
-        for name in ("remaining_time", "time_limit", "first_start_time"):
+        for name in ("remaining_time", "time_limit", "first_start_time", "queue_position"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
                 raise ValueError(f"job {self.job_id}: {name} must be finite or None, got {value!r}")
@@ -228,9 +231,9 @@ class ClusterState:
 class JobTable:
     """The jobs of a pass, column by column (row i of every column is job i). Treat as read-only.
 
-    Missing optional values are NaN (``first_start``, ``skew``, ``remaining``, ``time_limit``). ``pool`` is the
-    pool a running job holds its GPUs in (-1 for pending jobs). ``pool_mask`` has bit p set when the job may use
-    pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
+    Missing optional values are NaN (``first_start``, ``skew``, ``remaining``, ``time_limit``, ``position``).
+    ``pool`` is the pool a running job holds its GPUs in (-1 for pending jobs). ``pool_mask`` has bit p set when the
+    job may use pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
     """
 
     job_ids: IntArray
@@ -249,6 +252,7 @@ class JobTable:
     alloc: ObjArray
     remaining: FloatArray
     time_limit: FloatArray
+    position: FloatArray
 
     def __post_init__(self) -> None:
         n = len(self.job_ids)
@@ -311,6 +315,7 @@ class JobTable:
             alloc=allocs,
             remaining=np.array([nan if job.remaining_time is None else job.remaining_time for job in jobs]),
             time_limit=np.array([nan if job.time_limit is None else job.time_limit for job in jobs]),
+            position=np.array([nan if job.queue_position is None else job.queue_position for job in jobs]),
         )
 
 
@@ -371,6 +376,10 @@ class Decision:
     arrives and the running jobs that ended since this pass freed fewer than ``idle_below`` GPUs in total, a new
     pass would start and preempt nothing (the policy's order is fixed between wake-ups and the walk is greedy).
     0 means "always run the next pass".
+
+    ``positions`` (policies ordering queues as lists, :attr:`QueueOrder.LIST <hpc_elastic.policy.policies.
+    QueueOrder.LIST>`): every row's place in its queue after the pass, to be passed back in ``JobTable.position``;
+    None for the other policies.
     """
 
     starts: tuple[Start, ...]
@@ -380,3 +389,4 @@ class Decision:
     next_wakeup: float | None
     infeasible: tuple[int, ...] = ()
     idle_below: int = 0
+    positions: FloatArray | None = None

@@ -48,8 +48,8 @@ _PENDING, _RUNNING, _DONE = 1, 2, 3
 _COMPLETION, _WAKE = 1, 2
 _TICK = -1
 # columns of the per-job state tables
-_SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT = range(11)
-_F_COLUMNS = 11
+_SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT, _POS = range(12)
+_F_COLUMNS = 12
 _GPUS, _STATUS, _QUEUE, _MASK, _POOL = range(5)
 _I_COLUMNS = 5
 
@@ -216,6 +216,7 @@ class Simulator:
         fstate[:, _SKEW] = self.skew
         fstate[:, _REMAIN] = self.work
         fstate[:, _LIMIT] = self.time_limit
+        fstate[:, _POS] = math.nan
         istate[:, _GPUS] = self.gpus
         istate[:, _MASK] = self.pool_mask
         istate[:, _POOL] = -1
@@ -320,6 +321,7 @@ class Simulator:
                 alloc=alloc[rows],
                 remaining=np.maximum(fg[:, _REMAIN] - progress_run, 0.0),
                 time_limit=fg[:, _LIMIT],
+                position=fg[:, _POS],
             )
 
         while True:
@@ -430,6 +432,8 @@ class Simulator:
                 decision = policy.schedule(PassInput(now, table, cluster))
             passes += 1
             idle_below, freed = (decision.idle_below if cfg.skip_idle_passes else 0), 0
+            if decision.positions is not None:
+                fstate[rows, _POS] = decision.positions
             # -- apply: queue changes, preemptions, starts
             for change in decision.queue_changes:
                 row = int(rows[change.row])

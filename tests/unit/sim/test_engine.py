@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
+from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, QueueOrder, ServiceDistribution, make_policy
 from hpc_elastic.sim.cluster import NodeSpec, parse_cluster_spec
 from hpc_elastic.sim.engine import EventKind, SimConfig, SimResult, Simulator
 from hpc_elastic.sim.metrics import summarize
@@ -220,14 +220,16 @@ def test_pack_limit_refitted_from_observed_placements() -> None:
     name=st.sampled_from(POLICY_NAMES),
     knob=st.sampled_from([math.inf, 1.0]),
     min_run=st.sampled_from([0.0, 5.0]),
+    order=st.sampled_from(QueueOrder),
 )
 def test_skipped_and_shortcut_passes_change_nothing(
-    jobs: list[TraceJob], name: str, knob: float, min_run: float
+    jobs: list[TraceJob], name: str, knob: float, min_run: float, order: QueueOrder
 ) -> None:
     """Decision.idle_below only lets the simulator drop passes that would have decided nothing, and a pass over
     the waiting jobs alone (Policy.fit_shortcut) decides what the full pass would."""
     nodes = parse_cluster_spec("2x4")
-    policy = make_policy(name, PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run))
+    options = PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, queue_order=order)
+    policy = make_policy(name, options)
     slow = Simulator(
         jobs, nodes, policy, SimConfig(record_events=True, skip_idle_passes=False, fit_shortcut=False)
     ).run()
