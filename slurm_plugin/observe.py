@@ -1,8 +1,8 @@
 """From Slurm's jobs and nodes to the policy's :class:`JobView`/:class:`NodeView` (pure: ``now`` is passed in).
 
 Attained service a_J = W_J x t_J (Tiresias §3.2.2) is accumulated across runs: a requeue ends a run (its
-service is banked) and the next start opens a new one. Waiting time δ_J counts from arrival, the end of the
-last run, or the last promotion (§3.2.3 "Avoiding starvation").
+service is banked) and the next start opens a new one. Waiting time δ_J adds up the waiting spells since the job
+first ran after its arrival or last promotion, and only a promotion resets it (§3.2.3 "Avoiding starvation").
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
         if rec.run_start is not None and abs(rec.run_start - start) > RESTART_TOLERANCE_S:
             # a whole run ended (and a new one began) between two passes: bank what was seen of it
             rec = replace(rec, banked_service=rec.attained_service, banked_exec=rec.executed_time, run_start=None)
+        if rec.run_start is None and rec.banked_exec > 0.0:  # a new run ends a waiting spell that counts
+            rec = replace(rec, banked_wait=rec.banked_wait + max(0.0, start - rec.waiting_since))
         gpus = job.gpu_count or rec.run_gpus
         return replace(
             rec,
@@ -208,7 +210,7 @@ def observe(
                 status=JobStatus.RUNNING if running else JobStatus.PENDING,
                 attained_service=record.attained_service,
                 executed_time=record.executed_time,
-                waiting_time=0.0 if running else max(0.0, now - record.waiting_since),
+                waiting_time=record.waiting_time(now),
                 run_time=record.run_exec if running else 0.0,
                 first_start_time=record.first_start,
                 queue=record.queue,
@@ -246,7 +248,7 @@ def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, no
             continue
         rec = replace(rec, queue=change.queue)
         if change.reset:
-            rec = replace(rec, banked_service=0.0, banked_exec=0.0, run_exec=0.0, waiting_since=now)
+            rec = replace(rec, banked_service=0.0, banked_exec=0.0, run_exec=0.0, waiting_since=now, banked_wait=0.0)
         out[job_id] = rec
     return out
 

@@ -108,9 +108,10 @@ class NodeView:
 class JobView:
     """One job as a scheduling pass sees it.
 
-    ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J, seconds since the
-    job last ran, or since it arrived / was promoted) are the values *now*, counted since the job arrived or was
-    last promoted (§3.2.3: promotion resets t_J and δ_J, hence a_J). ``run_time`` is how long a running job has
+    ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J: the seconds it
+    has waited, over all its waiting spells, since it first ran after arriving or being promoted; 0 before) are
+    the values *now*, counted since the job arrived or was last promoted (§3.2.3: promotion resets t_J and δ_J,
+    hence a_J). ``run_time`` is how long a running job has
     run since it last (re)started: a job is not preempted again before it has run ``min_run_time``.
     ``remaining_time`` (oracle, for SRTF/SRSF) and ``time_limit`` (for backfill) are optional.
     ``gpu_types`` restricts the GPU types the job may use (None: any). ``allocation`` lists a running job's GPUs.

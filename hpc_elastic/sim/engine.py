@@ -311,7 +311,8 @@ class Simulator:
                 running=running,
                 attained=fg[:, _ATT] + g_rows * el_run,
                 executed=fg[:, _EXE] + el_run,
-                waiting=np.where(running, 0.0, fg[:, _WAIT] + el),
+                # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
+                waiting=np.where(running | (fg[:, _EXE] <= 0.0), 0.0, fg[:, _WAIT] + el),
                 run_time=el_run,
                 first_start=fg[:, _FIRST],
                 queue=ig[:, _QUEUE],
@@ -457,7 +458,6 @@ class Simulator:
                 remaining[row] = max(remaining[row] - max(ran - overhead[row], 0.0) * speed[row], 0.0)
                 status[row] = _PENDING
                 since[row] = now
-                wait_base[row] = 0.0
                 version[row] += 1
                 preempts[row] += 1
                 pending_gpus += int(self.gpus[row])
@@ -479,6 +479,8 @@ class Simulator:
                         )
                     free[node] -= count
                 pend_total[row] += now - since[row]
+                if exe_base[row] > 0.0:  # a waiting spell after the job ran counts toward δ_J
+                    wait_base[row] += now - since[row]
                 status[row] = _RUNNING
                 n_pending -= 1
                 pending_gpus -= int(self.gpus[row])

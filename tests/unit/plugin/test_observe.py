@@ -4,12 +4,13 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from hpc_elastic.policy import JobStatus
+from hpc_elastic.policy import Decision, JobStatus, QueueChange, QueueChangeKind
 from hpc_elastic.slurm import Job, Node
 from hpc_elastic.slurm.parse import parse_sacct_text, parse_sinfo_json, parse_squeue_json
-from slurm_plugin.observe import PartialRead, Selection, advance, observe, service_samples
+from slurm_plugin.observe import PartialRead, Selection, advance, apply_queue_changes, observe, service_samples
 from tests.unit.plugin.conftest import at, marked, start_of
 
 
@@ -23,7 +24,7 @@ def test_views_of_managed_running_and_pending_jobs(busy: tuple[list[Job], list[N
     assert run.status is JobStatus.RUNNING and run.allocation == (("node1", 4), ("node2", 4))
     assert run.attained_service == pytest.approx(8 * 100) and run.run_time == pytest.approx(100)
     assert wait.status is JobStatus.PENDING and wait.gpus == 1 and wait.gpu_types == frozenset({"a100"})
-    assert wait.waiting_time > 0
+    assert wait.waiting_time == 0.0  # δ_J counts from the job's first run
     assert [(n.name, n.free_gpus) for n in obs.nodes] == [("node1", 0), ("node2", 0), ("node3", 4), ("node4", 4)]
     assert {v.job_id for v in observe(jobs, nodes, {}, Selection(manage_all=True), now=now).jobs} == {24, 25}
     named = observe(jobs, nodes, {}, Selection(name_pattern="^wait"), now=now)
@@ -43,6 +44,27 @@ def test_attained_service_accumulates_across_a_requeue(slurm_data: Path) -> None
     rec = advance(rec, second, at(start, 40))  # second run: 10 s so far
     assert rec.attained_service == pytest.approx(20 + 2 * 10) and rec.executed_time == pytest.approx(20)
     assert rec.first_start == start.timestamp()
+
+
+def test_waiting_time_adds_up_over_requeues_until_a_promotion(slurm_data: Path) -> None:
+    """δ_J sums the waiting spells since the job first ran; only a promotion resets it (Tiresias §3.2.3)."""
+    before = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue.json").read_text())}
+    after = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue_after_requeue.json").read_text())}
+    start = before[1].start_time
+    assert start is not None
+    waiting = replace(after[1], eligible_time=None, pending_reason="Priority")
+    nodes = parse_sinfo_json((slurm_data / "sinfo_idle.json").read_text())
+    assert observe([waiting], nodes, {}, Selection(), now=at(start, 5)).jobs[0].waiting_time == 0.0  # never ran
+    rec = advance(None, before[1], at(start, 10))
+    rec = advance(rec, after[1], at(start, 14))  # requeued: waits from 14
+    rec = advance(rec, replace(before[1], start_time=start + timedelta(seconds=30)), at(start, 40))  # ran again
+    rec = advance(rec, after[1], at(start, 44))  # requeued again: waits from 44
+    view = observe([waiting], nodes, {1: rec}, Selection(), now=at(start, 60)).jobs[0]
+    assert view.waiting_time == pytest.approx((30 - 14) + (60 - 44))
+    promote = QueueChange(0, 1, 1, 0, QueueChangeKind.PROMOTE, reset=True)
+    decision = Decision((), (), (promote,), np.zeros(1, dtype=np.int64), None)
+    promoted = apply_queue_changes({1: rec}, decision, at(start, 60))[1]
+    assert promoted.waiting_time(at(start, 90)) == 0.0 and promoted.queue == 0
 
 
 def test_sinfo_lagging_behind_squeue_is_a_partial_read(slurm_data: Path, busy: tuple[list[Job], list[Node]]) -> None:

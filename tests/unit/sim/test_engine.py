@@ -123,6 +123,21 @@ def test_no_starvation_with_finite_knob() -> None:
     assert any(e.kind is EventKind.PROMOTE and rescued.names[e.job_id] == "long" for e in rescued.log)
 
 
+def test_waiting_time_adds_up_over_waiting_spells() -> None:
+    """δ_J sums every waiting spell since the job first ran, and only a promotion resets it (§3.2.3): a demoted
+    job preempted at 20 (waits 5 s), resumed, preempted again at 30 with t_J = 25 s is promoted at 30 + 20 = 50
+    with PROMOTEKNOB 1, not at 55 as if its second spell were its only one."""
+    jobs = [
+        TraceJob("long", 0.0, 1, 100.0, checkpoint_bytes=0.0, line=0),
+        TraceJob("s1", 20.0, 1, 5.0, checkpoint_bytes=0.0, line=1),
+        TraceJob("s2", 30.0, 1, 40.0, checkpoint_bytes=0.0, line=2),
+    ]
+    policy = make_policy("tiresias-las", PolicyOptions(thresholds=(10.0,), promote_knob=1.0))
+    result = Simulator(jobs, parse_cluster_spec("1x1"), policy, SimConfig(record_events=True)).run()
+    promotions = [(e.time, result.names[e.job_id]) for e in result.log if e.kind is EventKind.PROMOTE]
+    assert promotions[0] == (pytest.approx(50.0), "long")
+
+
 def test_preemption_cost_from_checkpoint_size() -> None:
     nodes = parse_cluster_spec("1x1")
     jobs = [TraceJob("long", 0.0, 1, 100.0, checkpoint_bytes=1.2e9, line=0), TraceJob("new", 60.0, 1, 10.0, line=1)]
