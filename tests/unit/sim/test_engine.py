@@ -134,8 +134,8 @@ def test_waiting_time_adds_up_over_waiting_spells() -> None:
     ]
     policy = make_policy("tiresias-las", PolicyOptions(thresholds=(10.0,), promote_knob=1.0))
     result = Simulator(jobs, parse_cluster_spec("1x1"), policy, SimConfig(record_events=True)).run()
-    promotions = [(e.time, result.names[e.job_id]) for e in result.log if e.kind is EventKind.PROMOTE]
-    assert promotions[0] == (pytest.approx(50.0), "long")
+    time, name = next((e.time, result.names[e.job_id]) for e in result.log if e.kind is EventKind.PROMOTE)
+    assert name == "long" and time == pytest.approx(50.0)
 
 
 def test_preemption_cost_from_checkpoint_size() -> None:
