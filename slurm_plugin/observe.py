@@ -253,14 +253,33 @@ def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, no
     return out
 
 
+#: A job whose last accounting record is in one of these states has ended for good: a time-out, a failure or a
+#: cancellation ends a job as surely as success does, after the GPU-seconds it got. (REQUEUED, PREEMPTED and
+#: the active states are not final: the job goes on in a later record.)
+FINAL_STATES = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.TIMEOUT,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.OUT_OF_MEMORY,
+        JobState.NODE_FAIL,
+        JobState.DEADLINE,
+    }
+)
+
+
 def service_samples(history: Iterable[Job]) -> list[float]:
-    """GPU-seconds of completed jobs (all records of a job summed: each requeue is its own sacct record),
-    the job-size distribution of 2D-Gittins (§3.2.2)."""
+    """GPU-seconds of the jobs that ended after running (all records of a job summed: each requeue is its own
+    sacct record), the job-size distribution of 2D-Gittins (§3.2.2). A job counts when its last record (the
+    latest to start, in sacct order among equals) is in :data:`FINAL_STATES`."""
     total: dict[int, float] = {}
-    done: set[int] = set()
+    last: dict[int, tuple[float, JobState]] = {}
     for record in history:
         if record.elapsed_s and record.gpu_count:
             total[record.job_id] = total.get(record.job_id, 0.0) + record.gpu_count * record.elapsed_s
-        if record.state is JobState.COMPLETED:
-            done.add(record.job_id)
-    return [total[j] for j in sorted(done) if total.get(j, 0.0) > 0]
+        began = record.start_time or record.submit_time
+        key = began.timestamp() if began is not None else -math.inf
+        if record.job_id not in last or key >= last[record.job_id][0]:
+            last[record.job_id] = (key, record.state)
+    return [total[j] for j in sorted(total) if total[j] > 0 and last[j][1] in FINAL_STATES]

@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hpc_elastic.policy import Decision, JobStatus, QueueChange, QueueChangeKind
-from hpc_elastic.slurm import Job, Node
+from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
 from hpc_elastic.slurm.parse import parse_sacct_text, parse_sinfo_json, parse_squeue_json
 from slurm_plugin.observe import PartialRead, Selection, advance, apply_queue_changes, observe, service_samples
 from tests.unit.plugin.conftest import at, marked, start_of
@@ -78,8 +78,41 @@ def test_sinfo_lagging_behind_squeue_is_a_partial_read(slurm_data: Path, busy: t
 
 def test_job_sizes_from_sacct_history(slurm_data: Path) -> None:
     history = parse_sacct_text((slurm_data / "sacct_parsable2.txt").read_text())
-    # job 1 ran 14 s, was requeued, then ran 60 s on 2 GPUs: both records count; jobs 3 and 4: 8 GPUs x 30 s
-    assert sorted(service_samples(history)) == [2 * (14 + 60), 8 * 30, 8 * 30]
+    # job 1 ran 14 s, was requeued, then ran 60 s on 2 GPUs: both records count; jobs 3 and 4: 8 GPUs x 30 s;
+    # cancelled after running: job 10 (2 GPUs x 1 s), job 21 (2 GPUs x 1 s, resized to 1 x 1 s); job 16 was
+    # cancelled before it ran (0 s): no size (job 6's row has a '|' in its name and parses as UNKNOWN)
+    assert sorted(service_samples(history)) == [2 * 1, 2 * 1 + 1 * 1, 2 * (14 + 60), 8 * 30, 8 * 30]
+
+
+def test_job_sizes_count_every_way_a_job_ends_after_running() -> None:
+    """Time-outs, failures and cancellations after running are job sizes too; a requeued job that has not ended
+    yet is not (its last record is REQUEUED, or pending / running again)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def rec(job_id: int, state: JobState, start_s: float, elapsed: int, gpus: int = 2) -> Job:
+        return Job(
+            job_id,
+            f"j{job_id}",
+            "u",
+            state,
+            start_time=t0 + timedelta(seconds=start_s),
+            gpus=GpuCounts.of({"a100": gpus}),
+            elapsed_s=elapsed,
+        )
+
+    history = [
+        rec(1, JobState.COMPLETED, 0, 10),
+        rec(2, JobState.TIMEOUT, 0, 20),
+        rec(3, JobState.FAILED, 0, 30),
+        rec(4, JobState.CANCELLED, 0, 40),
+        rec(5, JobState.CANCELLED, 0, 0),  # cancelled while pending
+        rec(6, JobState.REQUEUED, 0, 50),  # requeued, not ended
+        rec(7, JobState.REQUEUED, 0, 5),
+        rec(7, JobState.RUNNING, 100, 7),  # running again
+        rec(8, JobState.REQUEUED, 0, 5),
+        rec(8, JobState.OUT_OF_MEMORY, 100, 7),
+    ]
+    assert sorted(service_samples(history)) == sorted([2 * 10, 2 * 20, 2 * 30, 2 * 40, 2 * (5 + 7)])
 
 
 def test_requeued_job_before_its_begin_time_is_not_scheduled(busy: tuple[list[Job], list[Node]]) -> None:
