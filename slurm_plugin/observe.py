@@ -211,6 +211,7 @@ def observe(
                 attained_service=record.attained_service,
                 executed_time=record.executed_time,
                 waiting_time=record.waiting_time(now),
+                current_wait=0.0 if running else max(0.0, now - record.waiting_since),
                 run_time=record.run_exec if running else 0.0,
                 first_start_time=record.first_start,
                 queue=record.queue,

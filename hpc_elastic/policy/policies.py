@@ -389,7 +389,7 @@ class Gandiva(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs, now = inp.jobs, inp.now
         quantum = self.options.time_slice
-        key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.waiting)
+        key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.current_wait)
         order = np.lexsort((jobs.submit, key))
         min_run = max(self.options.min_run_time, quantum)
         pinned = pinned_rows(inp, min_run)

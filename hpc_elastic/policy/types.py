@@ -111,7 +111,8 @@ class JobView:
     ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J: the seconds it
     has waited, over all its waiting spells, since it first ran after arriving or being promoted; 0 before) are
     the values *now*, counted since the job arrived or was last promoted (§3.2.3: promotion resets t_J and δ_J,
-    hence a_J). ``run_time`` is how long a running job has
+    hence a_J). ``current_wait`` is how long a waiting job has waited since it last began to (arrival, end of its
+    last run, promotion), the key of time slicing. ``run_time`` is how long a running job has
     run since it last (re)started: a job is not preempted again before it has run ``min_run_time``.
     ``remaining_time`` (oracle, for SRTF/SRSF) and ``time_limit`` (for backfill) are optional.
     ``gpu_types`` restricts the GPU types the job may use (None: any). ``allocation`` lists a running job's GPUs.
@@ -127,6 +128,7 @@ class JobView:
     attained_service: float = 0.0
     executed_time: float = 0.0
     waiting_time: float = 0.0
+    current_wait: float = 0.0
     run_time: float = 0.0
     first_start_time: float | None = None
     queue: int = 0
@@ -148,7 +150,7 @@ class JobView:
             raise ValueError(f"job {self.job_id}: status must be a JobStatus, got {self.status!r}")
         if not (isinstance(self.submit_time, (int, float)) and math.isfinite(self.submit_time)):
             raise ValueError(f"job {self.job_id}: submit_time must be finite, got {self.submit_time!r}")
-        for name in ("attained_service", "executed_time", "waiting_time", "run_time"):
+        for name in ("attained_service", "executed_time", "waiting_time", "current_wait", "run_time"):
             _finite_nonneg(f"job {self.job_id}: {name}", getattr(self, name))
         for name in ("remaining_time", "time_limit", "first_start_time", "queue_position"):
             value = getattr(self, name)
@@ -244,6 +246,7 @@ class JobTable:
     attained: FloatArray
     executed: FloatArray
     waiting: FloatArray
+    current_wait: FloatArray
     run_time: FloatArray
     first_start: FloatArray
     queue: IntArray
@@ -305,6 +308,7 @@ class JobTable:
             attained=np.array([job.attained_service for job in jobs], dtype=np.float64),
             executed=np.array([job.executed_time for job in jobs], dtype=np.float64),
             waiting=np.array([job.waiting_time for job in jobs], dtype=np.float64),
+            current_wait=np.array([job.current_wait for job in jobs], dtype=np.float64),
             run_time=np.array([job.run_time for job in jobs], dtype=np.float64),
             first_start=np.array(
                 [nan if job.first_start_time is None else job.first_start_time for job in jobs], dtype=np.float64

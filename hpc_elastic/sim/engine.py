@@ -313,6 +313,7 @@ class Simulator:
                 executed=fg[:, _EXE] + el_run,
                 # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
                 waiting=np.where(running | (fg[:, _EXE] <= 0.0), 0.0, fg[:, _WAIT] + el),
+                current_wait=np.where(running, 0.0, el),
                 run_time=el_run,
                 first_start=fg[:, _FIRST],
                 queue=ig[:, _QUEUE],

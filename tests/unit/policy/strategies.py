@@ -56,6 +56,7 @@ def pass_inputs(
                 attained_service=attained,
                 executed_time=executed,
                 waiting_time=0.0 if allocation else waiting,
+                current_wait=0.0 if allocation else float(draw(st.integers(0, 4000))),
                 run_time=float(draw(st.integers(0, 600))) if allocation else 0.0,
                 first_start_time=first_start,
                 queue=queue,

@@ -145,7 +145,7 @@ def test_backfill_age_priority_saturates() -> None:
 def test_gandiva_rotates_after_the_time_slice() -> None:
     nodes = [NodeView("n0", 1, 0)]
     fresh = job("fresh", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=30.0)
-    waiting = job("waiting", 1, 1.0, waiting_time=99.0)
+    waiting = job("waiting", 1, 1.0, current_wait=99.0)
     decision = run("gandiva", [fresh, waiting], nodes, time_slice=60.0)
     assert preempted(decision) == [] and decision.next_wakeup == pytest.approx(180.0)  # slice ends at 130; next round
     stale = job("stale", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=90.0)

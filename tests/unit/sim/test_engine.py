@@ -138,6 +138,16 @@ def test_waiting_time_adds_up_over_waiting_spells() -> None:
     assert name == "long" and time == pytest.approx(50.0)
 
 
+def test_time_slicing_takes_turns() -> None:
+    """Gandiva: a job that waits gets the GPU when the running job's slice ends (its waiting spell started
+    before that slice ended), and they alternate from then on."""
+    jobs = [TraceJob("a", 0.0, 1, 100.0, checkpoint_bytes=0.0, line=0), TraceJob("b", 10.0, 1, 100.0, line=1)]
+    policy = make_policy("gandiva", PolicyOptions(time_slice=60.0))
+    result = Simulator(jobs, parse_cluster_spec("1x1"), policy, SimConfig(record_events=True)).run()
+    starts = [(e.time, result.names[e.job_id]) for e in result.log if e.kind is EventKind.START]
+    assert starts[:3] == [(0.0, "a"), (60.0, "b"), (120.0, "a")]
+
+
 def test_preemption_cost_from_checkpoint_size() -> None:
     nodes = parse_cluster_spec("1x1")
     jobs = [TraceJob("long", 0.0, 1, 100.0, checkpoint_bytes=1.2e9, line=0), TraceJob("new", 60.0, 1, 10.0, line=1)]
