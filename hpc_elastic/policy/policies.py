@@ -112,6 +112,8 @@ class Policy(ABC):
     preemptive: ClassVar[bool]
     #: whether :meth:`with_history` matters (2D-Gittins learns the job-size distribution).
     uses_history: ClassVar[bool] = False
+    #: whether the policy resizes elastic jobs (``Decision.resizes``), also when no job waits.
+    elastic: ClassVar[bool] = False
     #: True when, if every waiting job fits the free GPUs, a pass over the waiting jobs alone that starts them
     #: all places them exactly where a pass over all jobs would, and that pass would decide nothing else (no
     #: preemption, no wake-up since nobody is left waiting). Holds for the greedy walks of :mod:`.core`: with
@@ -187,7 +189,7 @@ def _finish(
         starts=starts,
         preemptions=walk.preemptions if walk else (),
         queue_changes=changes,
-        priority_order=order.astype(np.int64),
+        priority_order=order.astype(np.int64, copy=False),
         next_wakeup=wakeup if math.isfinite(wakeup) else None,
         infeasible=infeasible,
         idle_below=idle_below,
@@ -227,10 +229,12 @@ class _MlfqPolicy(Policy):
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
         # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
-        attained = np.where(promoted, 0.0, jobs.attained)
+        attained = np.where(promoted, 0.0, jobs.attained) if promoted.any() else jobs.attained
         order = self._order(inp, queue, attained)
         pinned = pinned_rows(inp, self.options.min_run_time)
-        walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
+        walk = preemptive_walk(
+            inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit, deficit=self.fixed_order
+        )
         waiting = _waiting_after(inp, walk)
         wakeup = math.inf
         if waiting.any():
@@ -434,7 +438,7 @@ class Fifo(Policy):
             changes=(),
             wakeup=math.inf,
             infeasible=infeasible,
-            idle_below=nonpreemptive_idle(inp, rest, index),
+            idle_below=nonpreemptive_idle(inp, rest, index, head=None if self.skip else PlacementMode.STRICT),
         )
 
 

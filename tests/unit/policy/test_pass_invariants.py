@@ -203,15 +203,20 @@ def test_mlfq_selection_is_greedy_in_priority_order(case: tuple[PassInput, list[
 
 
 def test_single_pool_fast_path_equals_loop() -> None:
-    from hpc_elastic.policy.core import _select_single_pool
+    """The vectorised greedy fit and its deficit (fewest GPUs to free before a left-out job fits at its place)
+    against a plain loop."""
+    from hpc_elastic.policy.core import NEVER, _select_single_pool
 
     rng = np.random.default_rng(7)
     for _ in range(300):
         gpus = rng.integers(1, 9, size=int(rng.integers(0, 40)))
         cap = int(rng.integers(0, 60))
-        left, want = cap, []
+        left, want, lack = cap, [], NEVER
         for g in gpus.tolist():
             fit = g <= left
             want.append(fit)
+            if not fit:
+                lack = min(lack, max(g - left, 1))
             left -= g if fit else 0
-        assert _select_single_pool(gpus.astype(np.int64), cap).tolist() == want
+        take, deficit = _select_single_pool(gpus.astype(np.int64), cap, deficit=True)
+        assert take.tolist() == want and deficit == lack
