@@ -106,21 +106,21 @@ def _select_single_pool(gpus: IntArray, capacity: int, *, deficit: bool = False)
     take[:k] = True
     left = prefix_left = capacity - (int(cs[k - 1]) if k else 0)
     squeezed = False
-    i = k
-    while i < n and left > 0:
-        tail = gpus[i:]
-        hits = (tail <= left).nonzero()[0]
-        if hits.size == 0:
-            break
-        # Every hit fits alone; greedily the leading hits fit together while their running sum does.
-        run = np.cumsum(tail[hits])
-        n_fit = int(np.searchsorted(run, left, side="right"))
-        take[hits[:n_fit] + i] = True
-        squeezed = True
-        left -= int(run[n_fit - 1]) if n_fit else 0
-        if n_fit == hits.size:
-            break
-        i = int(hits[n_fit]) + i + 1  # the first hit that no longer fits is skipped; rescan after it
+    if k < n and left > 0:
+        # After the prefix, only jobs no larger than what is left can still fit; what is left only shrinks,
+        # so one filter finds every candidate and a plain loop takes them greedily.
+        hits = (gpus[k:] <= left).nonzero()[0]
+        if hits.size:
+            chosen: list[int] = []
+            for j, g in zip(hits.tolist(), gpus[k + hits].tolist(), strict=True):
+                if g <= left:
+                    chosen.append(j)
+                    left -= g
+                    if left == 0:
+                        break
+            if chosen:
+                take[np.asarray(chosen, dtype=np.int64) + k] = True
+                squeezed = True
     if not deficit:
         return take, 0
     if k == n:
@@ -164,9 +164,14 @@ def select(
     running = jobs.running
     held = jobs.gpus
     need = held if size is None else size
-    feasible = feasible_rows(inp, need) | running
-    holding = np.zeros(len(jobs), dtype=np.bool_) if pinned is None else pinned.copy()
-    candidates = order if bool(feasible.all()) else order[feasible[order]]
+    n = len(jobs)
+    if n_pools == 1 and n and int(need.max()) <= int(cluster.capacity[0]) and int(jobs.pool_mask.min()) > 0:
+        feasible = np.ones(n, dtype=np.bool_)  # every job fits the one pool
+        candidates = order
+    else:
+        feasible = feasible_rows(inp, need) | running
+        candidates = order if bool(feasible.all()) else order[feasible[order]]
+    holding = np.zeros(n, dtype=np.bool_) if pinned is None else pinned.copy()
     if pinned is not None and pinned.any():
         candidates = candidates[~pinned[candidates]]
     start_rows: list[int] = []

@@ -51,6 +51,8 @@ class MlfqConfig:
 
     def level(self, attained: FloatArray) -> IntArray:
         """The queue a job with this attained service belongs to (ignoring promotions)."""
+        if len(self.thresholds) == 1:  # (the common two queues: one comparison)
+            return (attained >= self.thresholds[0] - EPS).astype(np.int64)
         return np.searchsorted(self._lower, attained + EPS, side="right")
 
     def upper(self, queue: IntArray) -> FloatArray:
@@ -58,11 +60,12 @@ class MlfqConfig:
         return self._upper[queue]
 
 
-def mlfq_update(config: MlfqConfig, jobs: JobTable) -> tuple[IntArray, BoolArray]:
+def mlfq_update(config: MlfqConfig, jobs: JobTable) -> tuple[IntArray, BoolArray | None]:
     """New queue of every job after demotions (a_J crossed Q_i^hi) and promotions (δ_J >= knob x t_J).
 
-    Returns (new_queue, promoted). Demotion only moves a job down, to the queue its a_J belongs to; a job never
-    moves up except by promotion, which only applies to waiting jobs below Q_1 and puts them in Q_1.
+    Returns (new_queue, promoted); promoted is None when PROMOTEKNOB is ∞. Demotion only moves a job down, to the
+    queue its a_J belongs to; a job never moves up except by promotion, which only applies to waiting jobs below
+    Q_1 and puts them in Q_1.
     """
     last = config.n_queues - 1
     queue = jobs.queue
@@ -70,11 +73,9 @@ def mlfq_update(config: MlfqConfig, jobs: JobTable) -> tuple[IntArray, BoolArray
         queue = np.minimum(queue, last)
     new_queue = np.maximum(queue, config.level(jobs.attained))
     if math.isinf(config.promote_knob):
-        promoted = np.zeros(len(jobs), dtype=np.bool_)
-    else:
-        promoted = (~jobs.running) & (new_queue > 0) & (jobs.waiting + EPS >= config.promote_knob * jobs.executed)
-        new_queue = np.where(promoted, 0, new_queue)
-    return new_queue.astype(np.int64, copy=False), promoted
+        return new_queue, None
+    promoted = (~jobs.running) & (new_queue > 0) & (jobs.waiting + EPS >= config.promote_knob * jobs.executed)
+    return np.where(promoted, 0, new_queue), promoted
 
 
 def mlfq_wakeup(

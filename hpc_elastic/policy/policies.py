@@ -197,14 +197,16 @@ def _finish(
     )
 
 
-def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray) -> tuple[QueueChange, ...]:
+def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray | None) -> tuple[QueueChange, ...]:
     jobs = inp.jobs
-    changed = ((queue != jobs.queue) | promoted).nonzero()[0]
+    moved = queue != jobs.queue
+    changed = (moved if promoted is None else moved | promoted).nonzero()[0]
     out: list[QueueChange] = []
     for row in changed.tolist():
         old, new = int(jobs.queue[row]), int(queue[row])
-        kind = QueueChangeKind.PROMOTE if promoted[row] else QueueChangeKind.DEMOTE
-        out.append(QueueChange(row, int(jobs.job_ids[row]), old, new, kind, reset=bool(promoted[row])))
+        up = promoted is not None and bool(promoted[row])
+        kind = QueueChangeKind.PROMOTE if up else QueueChangeKind.DEMOTE
+        out.append(QueueChange(row, int(jobs.job_ids[row]), old, new, kind, reset=up))
     return tuple(out)
 
 
@@ -229,7 +231,7 @@ class _MlfqPolicy(Policy):
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
         # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
-        attained = np.where(promoted, 0.0, jobs.attained) if promoted.any() else jobs.attained
+        attained = jobs.attained if promoted is None else np.where(promoted, 0.0, jobs.attained)
         order = self._order(inp, queue, attained)
         pinned = pinned_rows(inp, self.options.min_run_time)
         walk = preemptive_walk(
