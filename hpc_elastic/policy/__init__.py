@@ -35,6 +35,7 @@ from hpc_elastic.policy.policies import (
     Srtf,
     TiresiasGittins,
     TiresiasLas,
+    TiresiasLasElastic,
 )
 from hpc_elastic.policy.registry import POLICY_NAMES, PolicyFactory, make_policy, policy_names
 from hpc_elastic.policy.types import (
@@ -49,6 +50,8 @@ from hpc_elastic.policy.types import (
     Preemption,
     QueueChange,
     QueueChangeKind,
+    ScalingCurve,
+    SizeChange,
     Start,
 )
 
@@ -81,13 +84,16 @@ __all__ = [
     "QueueChange",
     "QueueChangeKind",
     "QueueOrder",
+    "ScalingCurve",
     "ServiceDistribution",
+    "SizeChange",
     "SlurmBackfill",
     "Srsf",
     "Srtf",
     "Start",
     "TiresiasGittins",
     "TiresiasLas",
+    "TiresiasLasElastic",
     "fit_pack_limit",
     "gittins_index",
     "gittins_index_sup",

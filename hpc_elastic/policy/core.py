@@ -33,6 +33,7 @@ from hpc_elastic.policy.types import (
     PlacementMode,
     Preemption,
     RowAllocation,
+    SizeChange,
     Start,
 )
 
@@ -52,6 +53,9 @@ class WalkResult:
     infeasible: tuple[int, ...]
     #: GPUs that must be freed before a later pass could hold a job this one leaves out (see Decision.idle_below).
     deficit: int = 0
+    #: elastic jobs that run on other GPUs after the pass, and every job's GPUs then (None: as now)
+    resizes: tuple[SizeChange, ...] = ()
+    sizes: IntArray | None = None
 
 
 def pool_capacity(cluster: ClusterState) -> IntArray:

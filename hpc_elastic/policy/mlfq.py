@@ -99,7 +99,8 @@ def mlfq_wakeup(
     best = math.inf
     if config.thresholds:
         # crossing time of every holder below the last queue (∞ in the last queue, whose Q^hi is ∞)
-        cross = (config.upper(queue) - attained) / (jobs.gpus if gpus is None else gpus)
+        per = jobs.gpus if gpus is None else np.maximum(gpus, 1)  # (a job that waits has no GPUs after the pass)
+        cross = (config.upper(queue) - attained) / per
         best = now + float(np.min(cross, where=holding, initial=math.inf))
     if not math.isinf(config.promote_knob):
         low = waiting & (queue > 0)

@@ -25,6 +25,7 @@ from hpc_elastic.policy.core import (
     pinned_rows,
     preemptive_walk,
 )
+from hpc_elastic.policy.elastic import elastic_walk
 from hpc_elastic.policy.gittins import GittinsTable, ServiceDistribution, gittins_index_sup
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS, MlfqConfig, mlfq_update, mlfq_wakeup
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT, FreeIndex
@@ -188,6 +189,7 @@ def _finish(
     return Decision(
         starts=starts,
         preemptions=walk.preemptions if walk else (),
+        resizes=walk.resizes if walk else (),
         queue_changes=changes,
         priority_order=order.astype(np.int64, copy=False),
         next_wakeup=wakeup if math.isfinite(wakeup) else None,
@@ -227,6 +229,10 @@ class _MlfqPolicy(Policy):
     @abstractmethod
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray: ...
 
+    def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
+        mode, pack_limit = PlacementMode.SKEW_AWARE, self.options.pack_limit
+        return preemptive_walk(inp, order, pinned, mode, pack_limit, deficit=self.fixed_order)
+
     def schedule(self, inp: PassInput) -> Decision:
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
@@ -234,9 +240,7 @@ class _MlfqPolicy(Policy):
         attained = jobs.attained if promoted is None else np.where(promoted, 0.0, jobs.attained)
         order = self._order(inp, queue, attained)
         pinned = pinned_rows(inp, self.options.min_run_time)
-        walk = preemptive_walk(
-            inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit, deficit=self.fixed_order
-        )
+        walk = self._walk(inp, order, pinned)
         waiting = _waiting_after(inp, walk)
         wakeup = math.inf
         if waiting.any():
@@ -250,6 +254,7 @@ class _MlfqPolicy(Policy):
                     attained=attained,
                     holding=walk.holding,
                     waiting=waiting,
+                    gpus=walk.sizes,
                 ),
                 pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts)),
             )
@@ -277,6 +282,22 @@ class TiresiasLas(_MlfqPolicy):
         if self.options.queue_order is QueueOrder.LIST:
             return np.lexsort((jobs.submit, _list_key(inp, queue), queue))
         return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, queue))
+
+
+class TiresiasLasElastic(TiresiasLas):
+    """Discretised 2D-LAS decides who runs (§3.2.3); elastic jobs lend and borrow GPUs (:mod:`.elastic`): a
+    running elastic job counts at its minimum in the walk, keeps what it holds beyond while no started job needs
+    it, and grows into the GPUs still spare while no job waits."""
+
+    name = "tiresias-las+elastic"
+    elastic = True
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.fit_shortcut = False  # growth looks at the running jobs
+
+    def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
+        return elastic_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
 
 
 class TiresiasGittins(_MlfqPolicy):
@@ -575,4 +596,5 @@ BUILTIN_POLICIES: tuple[type[Policy], ...] = (
     Gandiva,
     TiresiasLas,
     TiresiasGittins,
+    TiresiasLasElastic,
 )

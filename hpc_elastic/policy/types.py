@@ -70,7 +70,7 @@ class PlacementMode(StrEnum):
 class ScalingCurve:
     """Throughput of a data-parallel job on n GPUs relative to one GPU, measured at a few GPU counts.
 
-    Between measured counts the efficiency (speedup / n) is interpolated linearly in log2(n); beyond the last one
+    Between measured counts the speedup is interpolated linearly in log2(n); beyond the last one
     Amdahl's law n / (1 + σ (n - 1)) continues it, σ fitted to the last measurement (one measured count: linear).
     A speedup never exceeds n (measurements above linear are noise) and never decreases with more GPUs (a job
     given more GPUs than help it would leave the rest idle).
@@ -102,9 +102,8 @@ class ScalingCurve:
             return n / (1.0 + sigma * (n - 1))
         i = next(k for k in range(1, len(gpus)) if gpus[k] > n)
         lo, hi = math.log2(gpus[i - 1]), math.log2(gpus[i])
-        e_lo, e_hi = speedup[i - 1] / gpus[i - 1], speedup[i] / gpus[i]
         w = (math.log2(n) - lo) / (hi - lo)
-        return n * (e_lo + w * (e_hi - e_lo))
+        return speedup[i - 1] + w * (speedup[i] - speedup[i - 1])
 
 
 @functools.lru_cache(maxsize=4096)

@@ -560,8 +560,11 @@ class _Replay:
                 self.log.append(SimEvent(now, kind, change.job_id, change.queue, attained=attained))
         for pre in decision.preemptions:
             self.preempt(int(rows[pre.row]), now)
-        for size in decision.resizes:
-            self.resize(int(rows[size.row]), size.gpus, size.node_rows, now)
+        resized = [int(rows[size.row]) for size in decision.resizes]
+        for row in resized:  # every resized job lets go of its GPUs before any is placed again
+            self.checkpoint(row, now)
+        for row, size in zip(resized, decision.resizes, strict=True):
+            self.resize(row, size.gpus, size.node_rows, now)
         for start in decision.starts:
             self.start(int(rows[start.row]), start.node_rows, now)
         if decision.next_wakeup is not None:
@@ -587,6 +590,7 @@ class _Replay:
         fstate = self.fstate
         self.stop(row, now)
         self.istate[row, _STATUS] = _PENDING
+        self.istate[row, _GPUS] = self.sim.gpus[row]  # it waits for the GPUs it asked for
         fstate[row, _SINCE] = now
         self.version[row] += 1
         self.preempts[row] += 1
@@ -598,11 +602,14 @@ class _Replay:
         if self.record:
             self.log.append(SimEvent(now, EventKind.PREEMPT, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
 
-    def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
-        """An elastic job moves to ``gpus`` GPUs: checkpoint, restart on its new GPUs (it does not wait)."""
+    def checkpoint(self, row: int, now: float) -> None:
+        """The first half of a resize: the running elastic job checkpoints and lets go of its GPUs."""
         if self.istate[row, _STATUS] != _RUNNING:
             raise RuntimeError(f"policy {self.policy.name} resized job {row} that is not running")
         self.stop(row, now)
+
+    def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
+        """The second half: the job restarts from its checkpoint on ``gpus`` GPUs (it does not wait)."""
         self.istate[row, _GPUS] = gpus
         cost = float(self.stop_cost[row])
         self.resizes[row] += 1
@@ -619,6 +626,7 @@ class _Replay:
             fstate[row, _WAIT] += now - fstate[row, _SINCE]
         self.n_pending -= 1
         self.pending_gpus -= int(self.istate[row, _GPUS])
+        self.istate[row, _GPUS] = sum(count for _, count in node_rows)  # (an elastic job may start on more)
         if math.isnan(fstate[row, _FIRST]):
             fstate[row, _FIRST] = now
         overhead = float(self.owed[row])

@@ -62,6 +62,7 @@ def test_registry_has_every_policy() -> None:
         "gandiva",
         "tiresias-las",
         "tiresias-gittins",
+        "tiresias-las+elastic",
     )
     for name in POLICY_NAMES:
         assert make_policy(name).name == name
