@@ -87,9 +87,13 @@ class PolicyOptions:
     delta_mode: DeltaMode = DeltaMode.QUEUE
     queue_order: QueueOrder = QueueOrder.START
     history: ServiceDistribution | None = field(default=None, compare=False)
+    #: 2D-Gittins uses a job-size history only from this many sizes on; with fewer it is 2D-LAS.
+    min_history: int = 0
 
     def __post_init__(self) -> None:
         MlfqConfig(self.thresholds, self.promote_knob)  # validates both
+        if isinstance(self.min_history, bool) or not isinstance(self.min_history, int) or self.min_history < 0:
+            raise ValueError(f"min_history must be an int >= 0, got {self.min_history!r}")
         if not (math.isfinite(self.pack_limit)):
             raise ValueError(f"PACKLIMIT must be finite, got {self.pack_limit!r}")
         for name in ("min_run_time", "time_slice", "max_age"):
@@ -304,8 +308,8 @@ class TiresiasGittins(_MlfqPolicy):
     """Discretised 2D-Gittins (§3.2.2-3.2.3): inside queue Q_i, highest G(a_J, Δ_i) first (:class:`DeltaMode`),
     ties in the in-queue order (:class:`QueueOrder`). Unlike 2D-LAS, a waiting job with a higher index displaces
     a running job of its own queue (§5.3.1: "jobs in the same queue are sorted based on their Gittins index value
-    at every event"). Without a job-size history the policy is 2D-LAS (Pseudocode 1 lines 2-3). The per-queue
-    index tables are rebuilt by :meth:`with_history`.
+    at every event"). Without a job-size history, or with fewer sizes than ``min_history``, the policy is 2D-LAS
+    (Pseudocode 1 lines 2-3). The per-queue index tables are rebuilt by :meth:`with_history`.
     """
 
     name = "tiresias-gittins"
@@ -316,7 +320,9 @@ class TiresiasGittins(_MlfqPolicy):
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
         dist = self.options.history
-        self.distribution = dist if dist is not None else ServiceDistribution.from_samples(())
+        if dist is None or len(dist) < self.options.min_history:  # too few sizes to go by: 2D-LAS
+            dist = ServiceDistribution.from_samples(())
+        self.distribution = dist
         self.tables: tuple[GittinsTable, ...] = ()
         thresholds = self.mlfq.thresholds
         if len(self.distribution) and thresholds and self.options.delta_mode is DeltaMode.QUEUE:

@@ -267,6 +267,9 @@ def test_gittins_ranks_the_last_queue_by_index() -> None:
     near = job("near", 1, 1.0, attained_service=3500.0, executed_time=3500.0, first_start_time=2.0, queue=1)
     assert started(run("tiresias-las", [old, near], nodes, thresholds=(3200.0,))) == ["old"]
     assert started(run("tiresias-gittins", [old, near], nodes, thresholds=(3200.0,), history=hist)) == ["near"]
+    # with fewer job sizes than min_history it is 2D-LAS (Pseudocode 1 lines 2-3)
+    few = run("tiresias-gittins", [old, near], nodes, thresholds=(3200.0,), history=hist, min_history=11)
+    assert started(few) == ["old"]
 
 
 def test_min_run_time_pins_a_job() -> None:
@@ -381,6 +384,7 @@ def test_gittins_without_history_is_las() -> None:
         ({"min_run_time": math.nan}, "min_run_time"),
         ({"time_slice": 0.0}, "time_slice"),
         ({"pack_limit": math.inf}, "PACKLIMIT"),
+        ({"min_history": -1}, "min_history"),
     ],
 )
 def test_options_validated(kwargs: dict[str, object], match: str) -> None:
