@@ -68,10 +68,10 @@ class JobRecord:
 
     def waiting_time(self, now: float) -> float:
         """δ_J at ``now``: every waiting spell since the job first ran after its arrival or last promotion, the
-        current one included; 0 while running or before that first run (Tiresias §3.2.3; the public simulator
-        counts the same). Only a promotion resets it."""
+        current one included (Tiresias §3.2.3; the public simulator counts the same). A running job keeps what
+        it waited before; nothing counts before that first run. Only a promotion resets it."""
         if self.running or self.banked_exec <= 0.0:
-            return 0.0
+            return self.banked_wait
         return self.banked_wait + max(0.0, now - self.waiting_since)
 
 

@@ -105,8 +105,8 @@ def _select_single_pool(gpus: IntArray, capacity: int, *, deficit: bool = False)
         return take, NEVER
     if capacity <= 0:
         return take, max(int(gpus.min()) - capacity, 1) if deficit else 0
-    cs = np.cumsum(gpus)
-    k = int(np.searchsorted(cs, capacity, side="right"))
+    cs = gpus.cumsum()
+    k = int(cs.searchsorted(capacity, side="right"))
     take[:k] = True
     left = prefix_left = capacity - (int(cs[k - 1]) if k else 0)
     squeezed = False
@@ -169,7 +169,7 @@ def select(
     held = jobs.gpus
     need = held if size is None else size
     n = len(jobs)
-    if n_pools == 1 and n and int(need.max()) <= int(cluster.capacity[0]) and int(jobs.pool_mask.min()) > 0:
+    if n_pools == 1 and n and need.max() <= cluster.capacity[0] and jobs.pool_mask.min() > 0:
         feasible = np.ones(n, dtype=np.bool_)  # every job fits the one pool
         candidates = order
     else:
@@ -183,9 +183,9 @@ def select(
     lack = 0
     if n_pools == 1:
         # What the policy may hand out: free GPUs plus the GPUs of the jobs it manages (not the pinned ones).
-        capacity = int(cluster.free.sum()) + int(held[running].sum())
+        capacity = int(cluster.free.sum()) + int(held.dot(running))
         if pinned is not None:
-            capacity -= int(held[pinned].sum())
+            capacity -= int(held.dot(pinned))
         take, lack = _select_single_pool(need[candidates], capacity, deficit=deficit)
         chosen = candidates[take]
         holding[chosen] = True

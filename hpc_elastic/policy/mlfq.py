@@ -88,19 +88,32 @@ def mlfq_wakeup(
     holding: BoolArray,
     waiting: BoolArray,
     gpus: IntArray | None = None,
+    holders_first: bool = False,
 ) -> float:
     """Earliest future time a demotion or promotion happens (only meaningful while jobs wait); ∞ if none.
 
     ``holding`` marks the jobs that hold GPUs after the pass, ``waiting`` the jobs still waiting; ``gpus`` the
-    GPUs the holders run on after the pass (default: their GPUs now).
+    GPUs the holders run on after the pass (default: their GPUs now). ``holders_first``: inside a queue the jobs
+    holding GPUs rank ahead of the waiting ones (QueueOrder.START); a demotion then changes nothing unless a job
+    waits in the queue the holder leaves (the jobs it falls behind are otherwise holders that fitted with it), so
+    a holder wakes the scheduler when it leaves the first queue at or below its own in which a job waits.
     """
     if not waiting.any():
         return math.inf
     best = math.inf
     if config.thresholds:
-        # crossing time of every holder below the last queue (∞ in the last queue, whose Q^hi is ∞)
+        leaves = queue
+        if holders_first:
+            waited = np.zeros(config.n_queues, dtype=np.bool_)
+            waited[queue[waiting]] = True
+            first_waited = list(range(config.n_queues))  # the first queue at or below q with a waiting job
+            for q in range(config.n_queues - 2, -1, -1):
+                if not waited[q]:
+                    first_waited[q] = first_waited[q + 1]
+            leaves = np.asarray(first_waited, dtype=np.int64)[queue]
+        # crossing time of every holder (∞ for the last queue, whose Q^hi is ∞)
         per = jobs.gpus if gpus is None else np.maximum(gpus, 1)  # (a job that waits has no GPUs after the pass)
-        cross = (config.upper(queue) - attained) / per
+        cross = (config.upper(leaves) - attained) / per
         best = now + float(np.min(cross, where=holding, initial=math.inf))
     if not math.isinf(config.promote_knob):
         low = waiting & (queue > 0)

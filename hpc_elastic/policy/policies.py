@@ -123,7 +123,8 @@ class Policy(ABC):
     #: all places them exactly where a pass over all jobs would, and that pass would decide nothing else (no
     #: preemption, no wake-up since nobody is left waiting). Holds for the greedy walks of :mod:`.core`: with
     #: enough free GPUs every job fits in priority order and placement only looks at free GPUs. A caller (the
-    #: simulator) may then leave the running jobs out of such a pass.
+    #: simulator) may then leave the running jobs out of such a pass. (An ``elastic`` policy would also resize
+    #: the running jobs: for it the shortcut holds only when no job is elastic.)
     fit_shortcut: bool = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
@@ -146,8 +147,9 @@ class Policy(ABC):
 
 
 def _first_start_key(first_start: FloatArray) -> FloatArray:
-    """FIFO by first start; never-started jobs after all started ones (§3.2.3)."""
-    return np.where(np.isnan(first_start), math.inf, first_start)
+    """FIFO by first start; never-started jobs after all started ones (§3.2.3): numpy's sorts place NaN (never
+    started) after every number and treat NaNs as equal, so the column itself is the key."""
+    return first_start
 
 
 def _list_key(inp: PassInput, queue: IntArray) -> FloatArray:
@@ -195,7 +197,7 @@ def _finish(
         preemptions=walk.preemptions if walk else (),
         resizes=walk.resizes if walk else (),
         queue_changes=changes,
-        priority_order=order.astype(np.int64, copy=False),
+        priority_order=order,
         next_wakeup=wakeup if math.isfinite(wakeup) else None,
         infeasible=infeasible,
         idle_below=idle_below,
@@ -223,6 +225,8 @@ class _MlfqPolicy(Policy):
     fit_shortcut = True
     #: whether the order of the jobs stays fixed between wake-ups (False: it drifts with attained service).
     fixed_order: ClassVar[bool] = True
+    #: whether inside a queue the jobs holding GPUs always rank ahead of the waiting ones.
+    holders_first: bool = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
@@ -259,6 +263,7 @@ class _MlfqPolicy(Policy):
                     holding=walk.holding,
                     waiting=waiting,
                     gpus=walk.sizes,
+                    holders_first=self.holders_first,
                 ),
                 pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts)),
             )
@@ -281,6 +286,10 @@ class TiresiasLas(_MlfqPolicy):
 
     name = "tiresias-las"
 
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.holders_first = self.options.queue_order is QueueOrder.START
+
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
         jobs = inp.jobs
         if self.options.queue_order is QueueOrder.LIST:
@@ -295,10 +304,6 @@ class TiresiasLasElastic(TiresiasLas):
 
     name = "tiresias-las+elastic"
     elastic = True
-
-    def __init__(self, options: PolicyOptions | None = None) -> None:
-        super().__init__(options)
-        self.fit_shortcut = False  # growth looks at the running jobs
 
     def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
         return elastic_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
@@ -368,7 +373,7 @@ class _OraclePolicy(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs = inp.jobs
         size = self._size(inp)
-        order = np.lexsort((jobs.submit, np.where(np.isnan(size), math.inf, size)))
+        order = np.lexsort((jobs.submit, size))  # (NaN: unknown, after every number)
         pinned = pinned_rows(inp, self.options.min_run_time)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
         wakeup = math.inf

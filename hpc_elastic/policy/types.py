@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -187,7 +187,8 @@ class JobView:
     """One job as a scheduling pass sees it.
 
     ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J: the seconds it
-    has waited, over all its waiting spells, since it first ran after arriving or being promoted; 0 before) are
+    has waited, over all its waiting spells, since it first ran after arriving or being promoted; 0 before; a
+    running job keeps what it waited) are
     the values *now*, counted since the job arrived or was last promoted (§3.2.3: promotion resets t_J and δ_J,
     hence a_J). ``current_wait`` is how long a waiting job has waited since it last began to (arrival, end of its
     last run, promotion), the key of time slicing. ``run_time`` is how long a running job has
@@ -301,9 +302,11 @@ class ClusterState:
             bad = int(np.flatnonzero((free < 0) | (free > self.total))[0])
             raise ValueError(f"node {self.names[bad]}: free GPUs {int(free[bad])} outside [0, total]")
 
-    def with_free(self, free: IntArray) -> ClusterState:
-        """The same nodes with other free GPU counts (what a caller passing many passes builds for each)."""
-        self._check_free(free)
+    def with_free(self, free: IntArray, *, check: bool = True) -> ClusterState:
+        """The same nodes with other free GPU counts (what a caller passing many passes builds for each);
+        ``check=False`` for a caller that keeps them consistent itself (the simulator)."""
+        if check:
+            self._check_free(free)
         out = object.__new__(ClusterState)
         out.__dict__.update(self.__dict__)
         out.__dict__["free"] = free
@@ -381,6 +384,16 @@ class JobTable:
         for name in self.__dataclass_fields__:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"JobTable.{name} has {len(getattr(self, name))} rows, expected {n}")
+
+    @classmethod
+    def unchecked(cls, **columns: Any) -> JobTable:
+        """A table from columns the caller guarantees are consistent (the simulator builds one per pass): the
+        row counts are not checked again."""
+        if columns.keys() != cls.__dataclass_fields__.keys():
+            raise ValueError(f"JobTable.unchecked needs every column, got {sorted(columns)}")
+        table = object.__new__(cls)
+        table.__dict__.update(columns)
+        return table
 
     def __len__(self) -> int:
         return len(self.job_ids)

@@ -331,7 +331,9 @@ class _Replay:
         self.lazy_arrivals = not policy.preemptive
         self.n_pending = 0
         self.pending_gpus = 0  # GPUs wanted by the waiting jobs
-        self.shortcut = cfg.fit_shortcut and policy.fit_shortcut
+        # an elastic policy with elastic jobs also passes when nothing waits: to grow jobs into free GPUs
+        self.grows = policy.elastic and bool((sim.max_gpus > sim.min_gpus).any())
+        self.shortcut = cfg.fit_shortcut and policy.fit_shortcut and not self.grows
         self.shortcuts = 0
         # Decision.idle_below of the last pass, and the GPUs completions have freed since it ran.
         self.idle_below = 0
@@ -349,8 +351,6 @@ class _Replay:
         self.t_log: list[float] = []
         self.w_log: list[int] = []
         self.b_log: list[int] = []
-        # an elastic policy with elastic jobs also passes when nothing waits: to grow jobs into free GPUs
-        self.grows = policy.elastic and bool((sim.max_gpus > sim.min_gpus).any())
 
     # ------------------------------------------------------------------------------------------ the loop
 
@@ -492,7 +492,7 @@ class _Replay:
         if self.arrived:
             self.active = np.concatenate((self.active, np.asarray(self.arrived, dtype=np.int64)))
             self.arrived.clear()
-        cluster = self.sim.cluster0.with_free(self.free.copy())
+        cluster = self.sim.cluster0.with_free(self.free.copy(), check=False)
         rows = self.active
         decision: Decision | None = None
         if self.shortcut and self.pending_gpus <= int(self.free.sum()):
@@ -520,7 +520,7 @@ class _Replay:
         el = now - fg[:, _SINCE]
         el_run = np.where(running, el, 0.0)
         exe = fg[:, _EXE]
-        return JobTable(
+        return JobTable.unchecked(
             job_ids=rows,  # a job's id is its row
             gpus=gpus,
             submit=fg[:, _SUBMIT],
@@ -528,7 +528,7 @@ class _Replay:
             attained=fg[:, _ATT] + gpus * el_run,
             executed=exe + el_run,
             # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
-            waiting=np.where(running | (exe <= 0.0), 0.0, fg[:, _WAIT] + el),
+            waiting=fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
             current_wait=np.where(running, 0.0, el),
             run_time=el_run,
             first_start=fg[:, _FIRST],

@@ -465,7 +465,9 @@ def test_waiting_job_prefers_idle_pool_over_preemption() -> None:
 
 
 def test_las_wakes_up_for_a_job_it_preempted() -> None:
-    """The preempted job waits after the pass: the pass must wake up when the job it started is demoted."""
+    """The preempted job waits after the pass. In the public simulator's queue lists the job it started falls
+    behind it when demoted, so the pass must wake up then; with the holders first in a queue (START), that
+    demotion changes nothing and no wake-up is needed."""
     nodes = [NodeView("n0", 2, 0)]
     old = job(
         "old",
@@ -478,6 +480,12 @@ def test_las_wakes_up_for_a_job_it_preempted() -> None:
         first_start_time=0.0,
         queue=1,
     )
-    decision = run("tiresias-las", [old, job("new", 2, 90.0)], nodes)
-    assert preempted(decision) == ["old"] and started(decision) == ["new"]
-    assert decision.next_wakeup == pytest.approx(100.0 + 3200.0 / 2)
+    listed = run("tiresias-las", [old, job("new", 2, 90.0)], nodes, queue_order=QueueOrder.LIST)
+    assert preempted(listed) == ["old"] and started(listed) == ["new"]
+    assert listed.next_wakeup == pytest.approx(100.0 + 3200.0 / 2)
+    holders_first = run("tiresias-las", [old, job("new", 2, 90.0)], nodes)
+    assert preempted(holders_first) == ["old"] and started(holders_first) == ["new"]
+    assert holders_first.next_wakeup is None
+    # a job waiting in the queue the holder leaves: its demotion lets that job go first
+    other = job("other", 2, 95.0)
+    assert run("tiresias-las", [old, job("new", 2, 90.0), other], nodes).next_wakeup == pytest.approx(1700.0)
