@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpc_elastic.policy.core import Selection, WalkResult, _named, place_starts, released, select
+from hpc_elastic.policy.core import Selection, WalkResult, _named, place_starts, preemptive_walk, released, select
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.types import (
     LINEAR,
@@ -130,6 +130,8 @@ def elastic_walk(
     Its deficit (``Decision.idle_below``) is 0 while an elastic holder could still grow: any GPU freed would
     change the next pass."""
     jobs = inp.jobs
+    if np.array_equal(jobs.min_gpus, jobs.gpus) and np.array_equal(jobs.max_gpus, jobs.gpus):
+        return preemptive_walk(inp, order, pinned, mode, pack_limit)  # no elastic job in this pass
     size = walk_sizes(inp)
     sel = select(inp, order, pinned, size=size)
     target = target_sizes(inp, order, sel, size, pinned)

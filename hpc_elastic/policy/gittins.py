@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,6 +56,10 @@ class GittinsTable:
     within: FloatArray  # c_k: number of samples with a < s <= a + Δ on piece k
     within_sum: FloatArray  # Σ s over those samples
     beyond: FloatArray  # number of samples with s > a + Δ
+    fixed: FloatArray = field(init=False, repr=False)  # within_sum + Δ beyond: G = c / (fixed - a c)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fixed", self.within_sum + self.delta * self.beyond)
 
     @classmethod
     def build(cls, dist: ServiceDistribution, delta: float) -> GittinsTable:
@@ -81,14 +85,12 @@ class GittinsTable:
 
     def index(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) for every a in ``attained`` (0 where no sample is larger than a: the job outlived history)."""
-        k = np.searchsorted(self.breakpoints, attained, side="right") - 1
+        k = self.breakpoints.searchsorted(attained, side="right") - 1
         k = np.maximum(k, 0)  # k <= size - 1 already (side='right' minus one); np.clip costs more
         c = self.within[k]
-        denom = self.within_sum[k] - attained * c + self.delta * self.beyond[k]
+        denom = self.fixed[k] - attained * c
         out = np.zeros(attained.shape, dtype=np.float64)
-        ok = (c > 0) & (denom > 0)
-        out[ok] = c[ok] / denom[ok]
-        return out
+        return np.divide(c, denom, out=out, where=(c > 0) & (denom > 0))
 
 
 def gittins_index(dist: ServiceDistribution, attained: float, delta: float) -> float:

@@ -346,6 +346,8 @@ class TiresiasGittins(_MlfqPolicy):
             return gittins_index_sup(self.distribution, attained)
         if not self.tables:
             return out
+        if len(self.tables) == 1:  # (two queues: one quantum for all)
+            return self.tables[0].index(attained)
         table_of_queue = np.minimum(queue, len(self.tables) - 1)
         for q, table in enumerate(self.tables):
             rows = (table_of_queue == q).nonzero()[0]

@@ -261,7 +261,8 @@ def test_skipped_and_shortcut_passes_change_nothing(
     for cfg in (SimConfig(record_events=True), SimConfig(record_events=True, fit_shortcut=False)):
         fast = Simulator(jobs, nodes, policy, cfg).run()
         assert fast.passes <= slow.passes
-        np.testing.assert_array_equal(fast.end, slow.end)
+        # (a wake-up time computed in another pass may differ in the last bits of a float)
+        np.testing.assert_allclose(fast.end, slow.end, rtol=0.0, atol=1e-9)
         np.testing.assert_array_equal(fast.preemptions, slow.preemptions)
         assert decisions(fast) == decisions(slow)
 
@@ -269,4 +270,4 @@ def test_skipped_and_shortcut_passes_change_nothing(
 def decisions(result: SimResult) -> list[tuple[float, EventKind, int, tuple[tuple[str, int], ...]]]:
     """Starts, preemptions and completions (the queue a running job is logged in may be updated later)."""
     kinds = {EventKind.START, EventKind.PREEMPT, EventKind.COMPLETE}
-    return [(e.time, e.kind, e.job_id, e.allocation) for e in result.log if e.kind in kinds]
+    return [(round(e.time, 9), e.kind, e.job_id, e.allocation) for e in result.log if e.kind in kinds]
