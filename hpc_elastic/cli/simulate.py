@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
+from hpc_elastic.policy import DEFAULT_MIN_HISTORY, POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from hpc_elastic.policy.policies import DEFAULT_TIME_SLICE
@@ -168,7 +168,7 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
 @click.option(
     "--min-history",
     type=int,
-    default=0,
+    default=DEFAULT_MIN_HISTORY,
     show_default=True,
     help="2D-Gittins runs as 2D-LAS until it has this many job sizes.",
 )

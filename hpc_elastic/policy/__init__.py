@@ -22,6 +22,7 @@ from hpc_elastic.policy.placement import (
 )
 from hpc_elastic.policy.policies import (
     DEFAULT_MAX_AGE,
+    DEFAULT_MIN_HISTORY,
     DEFAULT_TIME_SLICE,
     DeltaMode,
     Fifo,
@@ -57,6 +58,7 @@ from hpc_elastic.policy.types import (
 
 __all__ = [
     "DEFAULT_MAX_AGE",
+    "DEFAULT_MIN_HISTORY",
     "DEFAULT_PACK_LIMIT",
     "DEFAULT_THRESHOLDS",
     "DEFAULT_TIME_SLICE",

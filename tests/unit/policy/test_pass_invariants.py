@@ -46,7 +46,7 @@ def apply(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> dic
 
 
 def options(knob: float, min_run: float) -> PolicyOptions:
-    return PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run)
+    return PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, min_history=0)
 
 
 @settings(max_examples=60, deadline=None)

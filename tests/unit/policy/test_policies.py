@@ -36,7 +36,9 @@ def name_of(job_id: int) -> str:
 
 
 def run(name: str, jobs: list[JobView], nodes: list[NodeView], now: float = 100.0, **opts: object) -> Decision:
+    """One pass of policy ``name`` (a history given here is used whatever its size, unless ``min_history``)."""
     cluster = ClusterState.from_nodes(nodes)
+    opts.setdefault("min_history", 0)
     policy = make_policy(name, PolicyOptions(**opts))  # type: ignore[arg-type]
     history = opts.get("history")
     if history is not None:

@@ -36,7 +36,7 @@ def test_srsf() -> None:
 
 
 def test_2d_gittins() -> None:
-    policy = make_policy("tiresias-gittins", PolicyOptions(thresholds=(), delta_mode=DeltaMode.SUP))
+    policy = make_policy("tiresias-gittins", PolicyOptions(thresholds=(), delta_mode=DeltaMode.SUP, min_history=0))
     assert average_jct(policy.with_history([g * d for g, d in JOBS])) == pytest.approx(10.0)
 
 
