@@ -303,9 +303,8 @@ class TiresiasLas(_MlfqPolicy):
 
 
 class TiresiasLasElastic(TiresiasLas):
-    """Discretised 2D-LAS decides who runs (§3.2.3); elastic jobs lend and borrow GPUs (:mod:`.elastic`): a
-    running elastic job counts at its minimum in the walk, keeps what it holds beyond while no started job needs
-    it, and grows into the GPUs still spare while no job waits."""
+    """Discretised 2D-LAS decides who runs (§3.2.3) at every job's minimum GPUs; the GPUs no waiting job can use
+    are lent to the elastic holders where they add the most throughput (:mod:`.elastic`)."""
 
     name = "tiresias-las+elastic"
     elastic = True

@@ -63,11 +63,15 @@ def test_gpus_no_waiting_job_fits_are_lent() -> None:
     assert decision.next_wakeup is not None  # the waiting job still waits for the demotion of the runner
 
 
-def test_spare_gpus_go_to_the_least_attained_service_first() -> None:
-    nodes = [NodeView("n0", 8, 4)]
+def test_spare_gpus_go_where_they_add_the_most_throughput() -> None:
+    """One GPU at a time, to the job whose speed grows the most from it (relatively); ties: least attained."""
     old = JobView(1, 2, 0.0, R, attained_service=900.0, allocation=(("n0", 2),), min_gpus=2, max_gpus=8)
     young = JobView(2, 2, 10.0, R, attained_service=10.0, allocation=(("n0", 2),), min_gpus=2, max_gpus=8)
-    assert sizes(run([old, young], nodes)) == {2: 6}
+    assert sizes(run([old, young], [NodeView("n0", 5, 1)])) == {2: 3}  # one spare GPU: the younger job
+    assert sizes(run([old, young], [NodeView("n0", 8, 4)])) == {1: 4, 2: 4}  # linear: they share it evenly
+    poor = ScalingCurve((1, 2, 4), (1.0, 1.1, 1.15))  # 2 -> 3 GPUs: +2 % only
+    flat = JobView(1, 2, 0.0, R, attained_service=10.0, allocation=(("n0", 2),), min_gpus=2, max_gpus=8, scaling=poor)
+    assert sizes(run([flat, young], [NodeView("n0", 8, 4)])) == {2: 6}
 
 
 def test_growth_stops_where_the_speedup_does() -> None:
