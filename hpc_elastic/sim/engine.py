@@ -20,7 +20,8 @@ Two models of the cluster (:class:`SimModel`):
     same (checkpoint, restart on its new GPUs);
 - ``reference``: the public Tiresias simulator's model (its ``--scheme=count``): GPUs are counted per GPU type
   (the nodes of a type merge into one), preemptions and resizes cost nothing, nothing runs slower when spread,
-  and the MLFQ policies order their queues as that simulator's lists (:attr:`QueueOrder.LIST`).
+  the MLFQ policies order their queues as that simulator's lists (:attr:`QueueOrder.LIST`) and 2D-Gittins uses
+  its approximation of the index (:attr:`DeltaMode.REFERENCE`).
 
 In both, attained service a_J accrues at the job's current GPUs x wall time on GPUs, overheads included; an
 elastic job on n GPUs progresses at ``scaling(n) / scaling(gpus)`` times its speed on its trace size.
@@ -45,7 +46,7 @@ import numpy as np
 
 from hpc_elastic.policy.gittins import ServiceDistribution
 from hpc_elastic.policy.placement import PlacementSample, fit_pack_limit
-from hpc_elastic.policy.policies import Policy, QueueOrder
+from hpc_elastic.policy.policies import DeltaMode, Policy, QueueOrder
 from hpc_elastic.policy.types import (
     LINEAR,
     ClusterState,
@@ -219,7 +220,8 @@ class Simulator:
         self.reference = cfg.model is SimModel.REFERENCE
         if self.reference:
             nodes = count_nodes(nodes)
-            policy = policy.with_options(replace(policy.options, queue_order=QueueOrder.LIST))
+            reference = replace(policy.options, queue_order=QueueOrder.LIST, delta_mode=DeltaMode.REFERENCE)
+            policy = policy.with_options(reference)
         self.policy = policy
         self.nodes = tuple(nodes)
         self.cluster0 = ClusterState.from_nodes([node.view() for node in self.nodes])
@@ -567,8 +569,8 @@ class _Replay:
             self.resize(row, size.gpus, size.node_rows, now)
         for start in decision.starts:
             self.start(int(rows[start.row]), start.node_rows, now)
+        self.wake_gen += 1  # a wake-up an earlier pass asked for no longer counts, even if this one asks none
         if decision.next_wakeup is not None:
-            self.wake_gen += 1
             self.push(decision.next_wakeup, _WAKE, -1, self.wake_gen)
 
     def change_queue(self, row: int, queue: int, reset: bool, now: float) -> None:

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, QueueOrder, ServiceDistribution, make_policy
+from hpc_elastic.policy import (
+    POLICY_NAMES,
+    Decision,
+    PassInput,
+    PolicyOptions,
+    QueueOrder,
+    ServiceDistribution,
+    TiresiasLas,
+    make_policy,
+)
 from hpc_elastic.sim.cluster import NodeSpec, parse_cluster_spec
 from hpc_elastic.sim.engine import EventKind, SimConfig, SimResult, Simulator
 from hpc_elastic.sim.metrics import summarize
@@ -96,6 +105,33 @@ def test_promotion_resets_attained_service(jobs: list[TraceJob]) -> None:
                 event.time - started_at[event.job_id] if started_at[event.job_id] >= promoted_at[event.job_id] else 0.0
             )
             assert event.attained <= gpus[event.job_id] * (ran_since[event.job_id] + running) + 1e-6
+
+
+class _Recording(TiresiasLas):
+    """2D-LAS that notes when each pass ran and which wake-up it asked for."""
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.passes: list[tuple[float, float | None]] = []
+
+    def schedule(self, inp: PassInput) -> Decision:
+        decision = super().schedule(inp)
+        self.passes.append((inp.now, decision.next_wakeup))
+        return decision
+
+
+@settings(max_examples=40, deadline=None)
+@given(jobs=traces(), knob=st.sampled_from([math.inf, 1.0]))
+def test_passes_run_at_events_or_the_latest_wakeup(jobs: list[TraceJob], knob: float) -> None:
+    """A pass runs at an arrival, a completion, or the wake-up the previous pass asked for: a wake-up asked by an
+    earlier pass no longer counts once a later pass asked for none."""
+    policy = _Recording(PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob))
+    result = Simulator(jobs, parse_cluster_spec("2x4"), policy, SimConfig(record_events=True)).run()
+    events = {e.time for e in result.log if e.kind in (EventKind.ARRIVE, EventKind.COMPLETE)}
+    asked: float | None = None
+    for now, wakeup in policy.passes:
+        assert now in events or (asked is not None and now == pytest.approx(asked)), (now, asked)
+        asked = wakeup
 
 
 def starvation_case(knob: float) -> SimResult:
