@@ -26,7 +26,7 @@ from hpc_elastic.policy.core import (
     preemptive_walk,
 )
 from hpc_elastic.policy.elastic import elastic_walk
-from hpc_elastic.policy.gittins import GittinsTable, ServiceDistribution, gittins_index_sup
+from hpc_elastic.policy.gittins import GittinsTable, ReferenceIndex, ServiceDistribution, gittins_index_sup
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS, MlfqConfig, mlfq_update, mlfq_wakeup
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT, FreeIndex
 from hpc_elastic.policy.types import (
@@ -63,6 +63,9 @@ class DeltaMode(StrEnum):
     QUEUE = "queue"
     #: Continuous 2D-Gittins (Pseudocode 1 line 11): sup over all Δ > 0, in every queue.
     SUP = "sup"
+    #: The public Tiresias simulator's index (:class:`~hpc_elastic.policy.gittins.ReferenceIndex`): Δ = Q_1^hi
+    #: in every queue, the index evaluated just below the next sample size with E over the sizes themselves.
+    REFERENCE = "reference"
 
 
 class QueueOrder(StrEnum):
@@ -332,11 +335,13 @@ class TiresiasGittins(_MlfqPolicy):
         if dist is None or len(dist) < self.options.min_history:  # too few sizes to go by: 2D-LAS
             dist = ServiceDistribution.from_samples(())
         self.distribution = dist
-        self.tables: tuple[GittinsTable, ...] = ()
+        self.tables: tuple[GittinsTable | ReferenceIndex, ...] = ()
         thresholds = self.mlfq.thresholds
         if len(self.distribution) and thresholds and self.options.delta_mode is DeltaMode.QUEUE:
             # Δ_i = Q_i^hi, and the last queue keeps the last finite quantum (DeltaMode.QUEUE)
             self.tables = tuple(GittinsTable.build(self.distribution, d) for d in thresholds)
+        elif len(self.distribution) and thresholds and self.options.delta_mode is DeltaMode.REFERENCE:
+            self.tables = (ReferenceIndex.build(self.distribution, thresholds[0]),)
 
     def with_history(self, samples: Iterable[float]) -> TiresiasGittins:
         return TiresiasGittins(replace(self.options, history=ServiceDistribution.from_samples(samples)))
