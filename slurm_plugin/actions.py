@@ -207,7 +207,9 @@ def resize_actions(
     grow toward ``max`` into GPUs left idle when nothing waits. One resize per pass and none while another is in
     flight, so that the same free GPUs are never promised twice. ``preempted``: the jobs this pass really
     preempts; a start the policy planned on the GPUs of a victim that is kept (preemption disabled, minimum run
-    time) does not happen, so that job still waits (and the kept victim may shrink for it instead)."""
+    time) does not happen, so that job still waits (and the kept victim may shrink for it instead). An elastic
+    policy (``Decision.resizes``) chooses the sizes itself: its first resize of a job that may be resized is
+    carried out."""
     if not config.resize.enabled or any(_busy(r) for r in obs.records.values()):
         return []
     kept = [p.row for p in decision.preemptions if p.job_id not in preempted]
@@ -253,6 +255,13 @@ def resize_actions(
             gpu_type_of(job),
         )
 
+    if decision.resizes:  # an elastic policy chose the sizes (tiresias-las+elastic): carry out its first one
+        for change in decision.resizes:
+            if change.row in running:
+                view = obs.jobs[change.row]
+                verb = "grow into GPUs no waiting job can use" if change.gpus > view.gpus else "shrink"
+                return [resize(view, change.gpus, f"{verb}: the policy's elastic share is {change.gpus} GPUs")]
+        return []
     if waiting:
         for row in reversed(decision.priority_order.tolist()):  # lowest priority first
             view = obs.jobs[row]

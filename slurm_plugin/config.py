@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpc_elastic.policy import DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
+from hpc_elastic.policy import DEFAULT_MIN_HISTORY, DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
 
 DEFAULT_CKPT_ROOT = "/tmp/hpc-elastic/gpfs/jobs"  # noqa: S108 - the dev cluster's GPFS stand-in
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -46,6 +46,8 @@ class TiresiasConfig(_Section):
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     promote_knob: float = math.inf
     pack_limit: float = DEFAULT_PACK_LIMIT
+    #: 2D-Gittins runs as 2D-LAS until sacct gave it this many job sizes
+    min_history: int = Field(default=DEFAULT_MIN_HISTORY, ge=0)
 
     @field_validator("thresholds")
     @classmethod

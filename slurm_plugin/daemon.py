@@ -81,6 +81,7 @@ def build_policy(config: PluginConfig) -> Policy:
         promote_knob=t.promote_knob,
         pack_limit=t.pack_limit,
         min_run_time=config.preemption.min_run_time_s,
+        min_history=t.min_history,
     )
     return make_policy(config.policy, options)
 

@@ -1,8 +1,8 @@
 """From Slurm's jobs and nodes to the policy's :class:`JobView`/:class:`NodeView` (pure: ``now`` is passed in).
 
 Attained service a_J = W_J x t_J (Tiresias §3.2.2) is accumulated across runs: a requeue ends a run (its
-service is banked) and the next start opens a new one. Waiting time δ_J counts from arrival, the end of the
-last run, or the last promotion (§3.2.3 "Avoiding starvation").
+service is banked) and the next start opens a new one. Waiting time δ_J adds up the waiting spells since the job
+first ran after its arrival or last promotion, and only a promotion resets it (§3.2.3 "Avoiding starvation").
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
         if rec.run_start is not None and abs(rec.run_start - start) > RESTART_TOLERANCE_S:
             # a whole run ended (and a new one began) between two passes: bank what was seen of it
             rec = replace(rec, banked_service=rec.attained_service, banked_exec=rec.executed_time, run_start=None)
+        if rec.run_start is None and rec.banked_exec > 0.0:  # a new run ends a waiting spell that counts
+            rec = replace(rec, banked_wait=rec.banked_wait + max(0.0, start - rec.waiting_since))
         gpus = job.gpu_count or rec.run_gpus
         return replace(
             rec,
@@ -208,7 +210,8 @@ def observe(
                 status=JobStatus.RUNNING if running else JobStatus.PENDING,
                 attained_service=record.attained_service,
                 executed_time=record.executed_time,
-                waiting_time=0.0 if running else max(0.0, now - record.waiting_since),
+                waiting_time=record.waiting_time(now),
+                current_wait=0.0 if running else max(0.0, now - record.waiting_since),
                 run_time=record.run_exec if running else 0.0,
                 first_start_time=record.first_start,
                 queue=record.queue,
@@ -246,19 +249,38 @@ def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, no
             continue
         rec = replace(rec, queue=change.queue)
         if change.reset:
-            rec = replace(rec, banked_service=0.0, banked_exec=0.0, run_exec=0.0, waiting_since=now)
+            rec = replace(rec, banked_service=0.0, banked_exec=0.0, run_exec=0.0, waiting_since=now, banked_wait=0.0)
         out[job_id] = rec
     return out
 
 
+#: A job whose last accounting record is in one of these states has ended for good: a time-out, a failure or a
+#: cancellation ends a job as surely as success does, after the GPU-seconds it got. (REQUEUED, PREEMPTED and
+#: the active states are not final: the job goes on in a later record.)
+FINAL_STATES = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.TIMEOUT,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.OUT_OF_MEMORY,
+        JobState.NODE_FAIL,
+        JobState.DEADLINE,
+    }
+)
+
+
 def service_samples(history: Iterable[Job]) -> list[float]:
-    """GPU-seconds of completed jobs (all records of a job summed: each requeue is its own sacct record),
-    the job-size distribution of 2D-Gittins (§3.2.2)."""
+    """GPU-seconds of the jobs that ended after running (all records of a job summed: each requeue is its own
+    sacct record), the job-size distribution of 2D-Gittins (§3.2.2). A job counts when its last record (the
+    latest to start, in sacct order among equals) is in :data:`FINAL_STATES`."""
     total: dict[int, float] = {}
-    done: set[int] = set()
+    last: dict[int, tuple[float, JobState]] = {}
     for record in history:
         if record.elapsed_s and record.gpu_count:
             total[record.job_id] = total.get(record.job_id, 0.0) + record.gpu_count * record.elapsed_s
-        if record.state is JobState.COMPLETED:
-            done.add(record.job_id)
-    return [total[j] for j in sorted(done) if total.get(j, 0.0) > 0]
+        began = record.start_time or record.submit_time
+        key = began.timestamp() if began is not None else -math.inf
+        if record.job_id not in last or key >= last[record.job_id][0]:
+            last[record.job_id] = (key, record.state)
+    return [total[j] for j in sorted(total) if total[j] > 0 and last[j][1] in FINAL_STATES]

@@ -22,7 +22,8 @@ class JobRecord:
 
     ``banked_service``/``banked_exec``: GPU-seconds / seconds of runs that ended (since the last promotion,
     Tiresias §3.2.3). ``run_start``/``run_gpus``/``run_exec``: the current run as last seen. ``waiting_since``:
-    when the job last began to wait (arrival, end of a run, promotion).
+    when the job last began to wait (arrival, end of a run, promotion). ``banked_wait``: seconds of the waiting
+    spells that ended since the job first ran after its arrival or last promotion (δ_J adds them up, §3.2.3).
 
     A stop in flight (checkpoint requested, requeue not yet seen): ``stop_kind`` (``preempt`` or ``resize``),
     ``stop_at`` (when it was requested), ``stop_restarts`` (the job's restart count then). ``resize_to``: the
@@ -50,6 +51,7 @@ class JobRecord:
     missing_since: float | None = None
     #: Slurm's submit time when the daemon first saw the job (Slurm resets it on every requeue)
     submitted: float | None = None
+    banked_wait: float = 0.0
 
     @property
     def running(self) -> bool:
@@ -64,6 +66,14 @@ class JobRecord:
     def executed_time(self) -> float:
         return self.banked_exec + (self.run_exec if self.running else 0.0)
 
+    def waiting_time(self, now: float) -> float:
+        """δ_J at ``now``: every waiting spell since the job first ran after its arrival or last promotion, the
+        current one included (Tiresias §3.2.3; the public simulator counts the same). A running job keeps what
+        it waited before; nothing counts before that first run. Only a promotion resets it."""
+        if self.running or self.banked_exec <= 0.0:
+            return self.banked_wait
+        return self.banked_wait + max(0.0, now - self.waiting_since)
+
 
 _COLUMNS = tuple(f.name for f in fields(JobRecord))
 _ADDED = (
@@ -74,6 +84,7 @@ _ADDED = (
     "resize_set",
     "missing_since",
     "submitted",
+    "banked_wait",
 )  # may be missing in old databases
 _TYPES = {
     "job_id": "INTEGER PRIMARY KEY",
@@ -85,6 +96,7 @@ _TYPES = {
     "stop_restarts": "INTEGER NOT NULL DEFAULT 0",
     "resize_to": "INTEGER NOT NULL DEFAULT 0",
     "resize_set": "INTEGER NOT NULL DEFAULT 0",
+    "banked_wait": "REAL NOT NULL DEFAULT 0",
 }
 
 
@@ -128,6 +140,7 @@ class Store:
                 values[name] = values[name] or ""
             for name in ("stop_restarts", "resize_to", "resize_set"):
                 values[name] = int(values[name] or 0)
+            values["banked_wait"] = float(values["banked_wait"] or 0.0)
             record = JobRecord(**values)
             out[record.job_id] = record
         return out

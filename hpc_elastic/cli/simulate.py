@@ -1,7 +1,7 @@
-"""``hpc-elastic simulate``: replay a job trace under one or more scheduling policies (issue 3).
+"""``hpc-elastic simulate``: replay a job trace under one or more scheduling policies.
 
 A thin layer over :mod:`hpc_elastic.sim` (trace loaders, discrete-event simulator, metrics) and
-:mod:`hpc_elastic.policy` (Tiresias 2D-LAS / 2D-Gittins and baselines).
+:mod:`hpc_elastic.policy` (Tiresias 2D-LAS / 2D-Gittins, the elastic variant and baselines).
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from hpc_elastic.plotting import pyplot
-from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
+from hpc_elastic.policy import DEFAULT_MIN_HISTORY, POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from hpc_elastic.policy.policies import DEFAULT_TIME_SLICE
 from hpc_elastic.sim.cluster import NodeSpec, load_cluster_file, parse_cluster_spec
-from hpc_elastic.sim.engine import DEFAULT_BANDWIDTH, SimConfig, SimResult, Simulator
+from hpc_elastic.sim.engine import DEFAULT_BANDWIDTH, SimConfig, SimModel, SimResult, Simulator
 from hpc_elastic.sim.metrics import summarize
+from hpc_elastic.sim.scaling import load_gavel_curves, make_elastic
 from hpc_elastic.sim.synth import load_sizes
 from hpc_elastic.sim.trace import TraceFormat, load_trace
 
@@ -39,6 +40,7 @@ _TABLE_COLUMNS = (
     ("makespan", "makespan s"),
     ("preemptions", "preempt"),
     ("preemption_cost", "preempt cost s"),
+    ("resizes", "resizes"),
     ("utilization", "GPU util"),
 )
 
@@ -68,18 +70,31 @@ def _clean(value: float) -> float | None:
 
 
 def _plot(results: dict[str, SimResult], path: Path) -> None:
+    """Three panels: the JCT CDF, and over time the jobs waiting and the GPUs in use (fraction of the cluster)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (cdf, waiting, util) = plt.subplots(1, 3, figsize=(16, 4.5))
     for name, result in results.items():
         jct = np.sort(result.jct[~np.isnan(result.end)])
         if jct.size:
-            ax.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=name, drawstyle="steps-post")
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+            cdf.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=name, drawstyle="steps-post")
+        line = result.timeline
+        hours = line.time / 3600.0
+        waiting.plot(hours, line.waiting, label=name, drawstyle="steps-post", linewidth=0.8)
+        util.plot(hours, line.busy_gpus / max(result.capacity_gpus, 1), label=name, drawstyle="steps-post", lw=0.8)
+    cdf.set_xscale("log")
+    cdf.set_xlabel("job completion time (s)")
+    cdf.set_ylabel("fraction of jobs")
+    cdf.set_title("JCT CDF")
+    waiting.set_xlabel("time (h)")
+    waiting.set_ylabel("jobs waiting")
+    waiting.set_title("queue length")
+    util.set_xlabel("time (h)")
+    util.set_ylabel("GPUs in use / GPUs")
+    util.set_ylim(0.0, 1.05)
+    util.set_title("GPU utilisation")
+    for ax in (cdf, waiting, util):
+        ax.grid(True, which="both", alpha=0.3)
+    cdf.legend(fontsize="small")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=120)
@@ -104,7 +119,12 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
     help="Policy to simulate; repeat to compare several (default: all).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {policy: {metric: value}}.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write the JCT CDF of every policy (PNG).")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path),
+    help="Write a PNG: JCT CDF, queue length and GPU utilisation over time, per policy.",
+)
 @click.option("--load-scale", type=float, default=1.0, show_default=True, help="Divide inter-arrival times by this.")
 @click.option("--skip-bad-rows", is_flag=True, help="Skip (and count) malformed trace rows instead of failing.")
 @click.option(
@@ -125,6 +145,30 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
 @click.option("--restart-overhead", type=float, default=0.0, show_default=True, help="Seconds per resume.")
 @click.option("--spread-slowdown", type=float, default=1.5, show_default=True, help="Skewed job over >1 node.")
 @click.option("--sched-interval", type=float, default=0.0, show_default=True, help="Periodic passes (0: events).")
+@click.option(
+    "--model",
+    "sim_model",
+    type=click.Choice([m.value for m in SimModel]),
+    default=SimModel.REALISTIC.value,
+    show_default=True,
+    help="reference: the public Tiresias simulator's model (GPUs counted, free preemptions, its queue lists).",
+)
+@click.option(
+    "--elastic",
+    "elastic_factor",
+    type=float,
+    help="Make jobs elastic on [ceil(GPUs / F), ceil(GPUs x F)] (those whose scaling is known with --throughputs).",
+)
+@click.option(
+    "--throughputs", type=click.Path(path_type=Path), help="Gavel's throughputs JSON: speedups of elastic jobs."
+)
+@click.option(
+    "--min-history",
+    type=int,
+    default=DEFAULT_MIN_HISTORY,
+    show_default=True,
+    help="2D-Gittins runs as 2D-LAS until it has this many job sizes.",
+)
 def simulate(  # noqa: PLR0917 - click passes every option as an argument
     trace_path: Path,
     trace_format: str,
@@ -146,10 +190,20 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     restart_overhead: float,
     spread_slowdown: float,
     sched_interval: float,
+    sim_model: str,
+    elastic_factor: float | None,
+    throughputs: Path | None,
+    min_history: int,
 ) -> None:
     """Replay a job trace on a simulated GPU cluster and compare scheduling policies."""
     nodes = _cluster(cluster_spec, cluster_file)
     trace = load_trace(trace_path, trace_format, skip_bad_rows=skip_bad_rows).scaled(load_scale)
+    jobs = trace.jobs
+    if throughputs is not None and elastic_factor is None:
+        raise ValueError("--throughputs gives the speedups of elastic jobs: it needs --elastic")
+    if elastic_factor is not None:
+        curves = load_gavel_curves(throughputs) if throughputs is not None else None
+        jobs = make_elastic(jobs, elastic_factor, curves)
     history = ServiceDistribution.from_samples(load_sizes(history_path)) if history_path else None
     options = PolicyOptions(
         thresholds=_parse_queues(queues),
@@ -157,8 +211,10 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
         pack_limit=pack_limit,
         min_run_time=min_run_time,
         time_slice=time_slice,
+        min_history=min_history,
     )
     config = SimConfig(
+        model=SimModel(sim_model),
         bandwidth=bandwidth * 1e9,
         restart_overhead=restart_overhead,
         spread_slowdown=spread_slowdown,
@@ -183,7 +239,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
         disable=not show,
     ) as bar:
         for name in names:
-            sim = Simulator(trace.jobs, nodes, make_policy(name, options), config)
+            sim = Simulator(jobs, nodes, make_policy(name, options), config)
             task = bar.add_task(name, total=len(sim.jobs))
 
             def report(done: int, total: int, task: TaskID = task) -> None:

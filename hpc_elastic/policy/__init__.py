@@ -22,6 +22,7 @@ from hpc_elastic.policy.placement import (
 )
 from hpc_elastic.policy.policies import (
     DEFAULT_MAX_AGE,
+    DEFAULT_MIN_HISTORY,
     DEFAULT_TIME_SLICE,
     DeltaMode,
     Fifo,
@@ -29,11 +30,13 @@ from hpc_elastic.policy.policies import (
     Gandiva,
     Policy,
     PolicyOptions,
+    QueueOrder,
     SlurmBackfill,
     Srsf,
     Srtf,
     TiresiasGittins,
     TiresiasLas,
+    TiresiasLasElastic,
 )
 from hpc_elastic.policy.registry import POLICY_NAMES, PolicyFactory, make_policy, policy_names
 from hpc_elastic.policy.types import (
@@ -48,11 +51,14 @@ from hpc_elastic.policy.types import (
     Preemption,
     QueueChange,
     QueueChangeKind,
+    ScalingCurve,
+    SizeChange,
     Start,
 )
 
 __all__ = [
     "DEFAULT_MAX_AGE",
+    "DEFAULT_MIN_HISTORY",
     "DEFAULT_PACK_LIMIT",
     "DEFAULT_THRESHOLDS",
     "DEFAULT_TIME_SLICE",
@@ -79,13 +85,17 @@ __all__ = [
     "Preemption",
     "QueueChange",
     "QueueChangeKind",
+    "QueueOrder",
+    "ScalingCurve",
     "ServiceDistribution",
+    "SizeChange",
     "SlurmBackfill",
     "Srsf",
     "Srtf",
     "Start",
     "TiresiasGittins",
     "TiresiasLas",
+    "TiresiasLasElastic",
     "fit_pack_limit",
     "gittins_index",
     "gittins_index_sup",

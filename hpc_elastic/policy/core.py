@@ -33,11 +33,15 @@ from hpc_elastic.policy.types import (
     PlacementMode,
     Preemption,
     RowAllocation,
+    SizeChange,
     Start,
 )
 
 #: Time tolerance for comparisons of clocks (seconds).
 TIME_EPS = 1e-6
+
+#: ``idle_below`` when no job is left out: no amount of freed GPUs changes the next pass.
+NEVER = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,28 +53,33 @@ class WalkResult:
     infeasible: tuple[int, ...]
     #: GPUs that must be freed before a later pass could hold a job this one leaves out (see Decision.idle_below).
     deficit: int = 0
+    #: elastic jobs that run on other GPUs after the pass, and every job's GPUs then (None: as now)
+    resizes: tuple[SizeChange, ...] = ()
+    sizes: IntArray | None = None
 
 
 def pool_capacity(cluster: ClusterState) -> IntArray:
     """Total GPUs per pool."""
-    return np.bincount(cluster.pool, weights=cluster.total, minlength=cluster.n_pools).astype(np.int64)
+    return cluster.capacity
 
 
-def feasible_rows(inp: PassInput) -> BoolArray:
-    """Jobs whose GPU count fits at least one allowed pool of the cluster (when empty)."""
+def feasible_rows(inp: PassInput, size: IntArray | None = None) -> BoolArray:
+    """Jobs whose GPU count (or ``size``) fits at least one allowed pool of the cluster (when empty)."""
     jobs = inp.jobs
-    caps = pool_capacity(inp.cluster).tolist()
+    gpus = jobs.gpus if size is None else size
+    caps = inp.cluster.capacity
     if len(jobs) == 0:
         return np.zeros(0, dtype=np.bool_)
-    if len(caps) == 1:
-        single: BoolArray = (jobs.gpus <= caps[0]) & (jobs.pool_mask & 1).astype(np.bool_)
+    if caps.size == 1:
+        single: BoolArray = (gpus <= int(caps[0])) & (jobs.pool_mask != 0)
         return single
+    cap_list = caps.tolist()
     masks, inverse = np.unique(jobs.pool_mask, return_inverse=True)
     best = np.array(
-        [max((caps[p] for p in range(len(caps)) if int(m) >> p & 1), default=0) for m in masks.tolist()],
+        [max((cap_list[p] for p in range(len(cap_list)) if int(m) >> p & 1), default=0) for m in masks.tolist()],
         dtype=np.int64,
     )
-    return jobs.gpus <= best[inverse.reshape(-1)]
+    return gpus <= best[inverse.reshape(-1)]
 
 
 def _pools_of(mask: int, n_pools: int) -> tuple[int, ...]:
@@ -81,139 +90,218 @@ def _named(cluster: ClusterState, rows: RowAllocation) -> tuple[tuple[str, int],
     return tuple((cluster.names[node], count) for node, count in rows)
 
 
-def _select_single_pool(gpus: IntArray, capacity: int) -> BoolArray:
-    """Greedy all-or-nothing fit in order, vectorised: ``take[i]`` if job i fits what is left after 0..i-1."""
-    take = np.zeros(gpus.size, dtype=np.bool_)
-    if gpus.size == 0 or capacity <= 0:
-        return take
-    cs = np.cumsum(gpus)
-    k = int(np.searchsorted(cs, capacity, side="right"))
+def _select_single_pool(gpus: IntArray, capacity: int, *, deficit: bool = False) -> tuple[BoolArray, int]:
+    """Greedy all-or-nothing fit in order, vectorised: ``take[i]`` if job i fits what is left after 0..i-1.
+
+    With ``deficit``, also the fewest GPUs that must be freed so that a job left out would fit at its place in
+    the order (:data:`NEVER` when none is left out): job i saw ``capacity - Σ taken GPUs before i`` GPUs and
+    lacked ``gpus[i]`` minus that. With the same order and nothing but completions (which only return GPUs), it
+    fits only once the GPUs freed reach its deficit, so the walk selects the same jobs until the smallest one is
+    reached (``Decision.idle_below``).
+    """
+    n = gpus.size
+    take = np.zeros(n, dtype=np.bool_)
+    if n == 0:
+        return take, NEVER
+    if capacity <= 0:
+        return take, max(int(gpus.min()) - capacity, 1) if deficit else 0
+    cs = gpus.cumsum()
+    k = int(cs.searchsorted(capacity, side="right"))
     take[:k] = True
-    left = capacity - (int(cs[k - 1]) if k else 0)
-    i = k
-    while i < gpus.size and left > 0:
-        tail = gpus[i:]
-        hits = (tail <= left).nonzero()[0]
-        if hits.size == 0:
+    left = prefix_left = capacity - (int(cs[k - 1]) if k else 0)
+    squeezed = False
+    if k < n and left > 0:
+        # After the prefix, only jobs no larger than what is left can still fit; what is left only shrinks,
+        # so one filter finds every candidate and a plain loop takes them greedily.
+        hits = (gpus[k:] <= left).nonzero()[0]
+        if hits.size:
+            chosen: list[int] = []
+            for j, g in zip(hits.tolist(), gpus[k + hits].tolist(), strict=True):
+                if g <= left:
+                    chosen.append(j)
+                    left -= g
+                    if left == 0:
+                        break
+            if chosen:
+                take[np.asarray(chosen, dtype=np.int64) + k] = True
+                squeezed = True
+    if not deficit:
+        return take, 0
+    if k == n:
+        return take, NEVER
+    if not squeezed:  # every job after the prefix saw what the prefix left
+        return take, max(int(gpus[k:].min()) - prefix_left, 1)
+    out = ~take
+    if not out.any():
+        return take, NEVER
+    taken = np.where(take, gpus, 0)
+    left_before = capacity - (np.cumsum(taken) - taken)
+    return take, max(int(np.min(gpus[out] - left_before[out])), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Who holds GPUs after a preemptive pass, before placement (Pseudocode 1 lines 13-19)."""
+
+    holding: BoolArray  # rows that keep or get GPUs
+    feasible: BoolArray
+    start_rows: list[int]  # waiting rows that get GPUs, in priority order
+    start_pool: list[int]  # the pool each of them gets its GPUs in
+    preempt_rows: list[int]
+    deficit: int
+
+
+def select(
+    inp: PassInput,
+    order: IntArray,
+    pinned: BoolArray | None,
+    *,
+    size: IntArray | None = None,
+    deficit: bool = True,
+) -> Selection:
+    """Visit all jobs in ``order`` (highest priority first); a job joins the holders if ``size`` GPUs (default:
+    its GPUs) still fit in what is left of its pool. Pinned running jobs hold theirs whatever their rank. With
+    ``deficit``, also the fewest GPUs that must be freed before a job left out could hold (``Decision.idle_below``).
+    """
+    jobs, cluster = inp.jobs, inp.cluster
+    n_pools = cluster.n_pools
+    running = jobs.running
+    held = jobs.gpus
+    need = held if size is None else size
+    n = len(jobs)
+    if n_pools == 1 and n and need.max() <= cluster.capacity[0] and jobs.pool_mask.min() > 0:
+        feasible = np.ones(n, dtype=np.bool_)  # every job fits the one pool
+        candidates = order
+    else:
+        feasible = feasible_rows(inp, need) | running
+        candidates = order if bool(feasible.all()) else order[feasible[order]]
+    holding = np.zeros(n, dtype=np.bool_) if pinned is None else pinned.copy()
+    if pinned is not None and pinned.any():
+        candidates = candidates[~pinned[candidates]]
+    start_rows: list[int] = []
+    start_pool: list[int] = []
+    lack = 0
+    if n_pools == 1:
+        # What the policy may hand out: free GPUs plus the GPUs of the jobs it manages (not the pinned ones).
+        capacity = int(cluster.free.sum()) + int(held.dot(running))
+        if pinned is not None:
+            capacity -= int(held.dot(pinned))
+        take, lack = _select_single_pool(need[candidates], capacity, deficit=deficit)
+        chosen = candidates[take]
+        holding[chosen] = True
+        start_rows = chosen[~running[chosen]].tolist()
+        start_pool = [0] * len(start_rows)
+    elif n_pools > 1:
+        left = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64)
+        if running.any():
+            left += np.bincount(jobs.pool[running], weights=held[running], minlength=n_pools).astype(np.int64)
+        if pinned is not None and pinned.any():
+            left -= np.bincount(jobs.pool[pinned], weights=held[pinned], minlength=n_pools).astype(np.int64)
+        start_rows, start_pool = _select_pools(inp, candidates, need, left.tolist(), holding)
+    preempt_rows = (running & ~holding).nonzero()[0].tolist()
+    return Selection(holding, feasible, start_rows, start_pool, preempt_rows, lack)
+
+
+def _select_pools(
+    inp: PassInput, candidates: IntArray, need: IntArray, left: list[int], holding: BoolArray
+) -> tuple[list[int], list[int]]:
+    """The walk over several pools (GPU types): a running job holds in its pool, a waiting job goes to the
+    allowed pool with room, preferring one with enough idle GPUs (no preemption), then the best fit."""
+    jobs, cluster = inp.jobs, inp.cluster
+    n_pools = cluster.n_pools
+    total_left = sum(left)
+    # GPUs free now and not yet promised: a waiting job goes where it needs no preemption if it can.
+    idle = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64).tolist()
+    pools_cache: dict[int, tuple[int, ...]] = {}
+    g_list = need.tolist()
+    run_list = jobs.running.tolist()
+    pool_list = jobs.pool.tolist()
+    mask_list = jobs.pool_mask.tolist()
+    start_rows: list[int] = []
+    start_pool: list[int] = []
+    for row in candidates.tolist():
+        if total_left <= 0:
             break
-        # Every hit fits alone; greedily the leading hits fit together while their running sum does.
-        run = np.cumsum(tail[hits])
-        n_fit = int(np.searchsorted(run, left, side="right"))
-        chosen = hits[:n_fit] + i
-        take[chosen] = True
-        left -= int(run[n_fit - 1]) if n_fit else 0
-        if n_fit == hits.size:
-            break
-        i = int(hits[n_fit]) + i + 1  # the first hit that no longer fits is skipped; rescan after it
-    return take
+        g = g_list[row]
+        if run_list[row]:
+            p = pool_list[row]
+            if left[p] >= g:
+                left[p] -= g
+                total_left -= g
+                holding[row] = True
+            continue
+        mask = mask_list[row]
+        pools = pools_cache.get(mask)
+        if pools is None:
+            pools = pools_cache[mask] = _pools_of(mask, n_pools)
+        fits = [p for p in pools if left[p] >= g]
+        if fits:
+            quiet = [p for p in fits if idle[p] >= g]
+            # best fit (keep large pools for large jobs), preferring pools with enough idle GPUs
+            p = min(quiet, key=lambda q: (idle[q], q)) if quiet else min(fits, key=lambda q: (left[q], q))
+            idle[p] -= min(idle[p], g)
+            left[p] -= g
+            total_left -= g
+            holding[row] = True
+            start_rows.append(row)
+            start_pool.append(p)
+    return start_rows, start_pool
+
+
+def released(inp: PassInput, rows: list[int]) -> dict[int, int]:
+    """GPUs per node that these running jobs hold (what stopping them frees)."""
+    extra: dict[int, int] = {}
+    alloc = inp.jobs.alloc
+    for row in rows:
+        for node, count in alloc[row]:
+            extra[node] = extra.get(node, 0) + count
+    return extra
+
+
+def place_starts(
+    inp: PassInput,
+    sel: Selection,
+    index: FreeIndex,
+    mode: PlacementMode,
+    pack_limit: float,
+    *,
+    size: IntArray | None = None,
+) -> tuple[Start, ...]:
+    """Place the selected waiting jobs (Pseudocode 1 lines 20-22) on the GPUs ``index`` holds free; a job that
+    cannot be placed (STRICT mode) waits after all."""
+    jobs, cluster = inp.jobs, inp.cluster
+    need = jobs.gpus if size is None else size
+    skew = jobs.skew
+    starts: list[Start] = []
+    for row, p in zip(sel.start_rows, sel.start_pool, strict=True):
+        placed = index.place(p, int(need[row]), mode, float(skew[row]), pack_limit)
+        if placed is None:
+            sel.holding[row] = False
+            continue
+        rows_alloc = tuple(placed)
+        starts.append(Start(row, int(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
+    return tuple(starts)
 
 
 def preemptive_walk(
     inp: PassInput,
     order: IntArray,
-    pinned: BoolArray,
+    pinned: BoolArray | None,
     mode: PlacementMode,
     pack_limit: float,
+    *,
+    deficit: bool = True,
 ) -> WalkResult:
     """Pseudocode 1 lines 13-22 over all jobs in ``order`` (highest priority first)."""
-    jobs, cluster = inp.jobs, inp.cluster
-    n_pools = cluster.n_pools
-    feasible = feasible_rows(inp) | jobs.running
-    running = jobs.running
-    gpus = jobs.gpus
-    # What the policy may hand out: free GPUs plus the GPUs of the jobs it manages.
-    capacity = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64)
-    if running.any():
-        capacity += np.bincount(jobs.pool[running], weights=gpus[running], minlength=n_pools).astype(np.int64)
-    if pinned.any():
-        capacity -= np.bincount(jobs.pool[pinned], weights=gpus[pinned], minlength=n_pools).astype(np.int64)
-    candidates = order[feasible[order] & ~pinned[order]]
-    holding = pinned.copy()
-    start_pool: dict[int, int] = {}
-    start_rows: list[int] = []
-    deficit = 0
-    if n_pools == 1:
-        cand_gpus = gpus[candidates]
-        take = _select_single_pool(cand_gpus, int(capacity[0]))
-        deficit = _min_deficit(cand_gpus, take, int(capacity[0]))
-        holding[candidates[take]] = True
-        start_rows = candidates[take & ~running[candidates]].tolist()
-        start_pool = dict.fromkeys(start_rows, 0)
-    elif n_pools > 1:
-        left = capacity.tolist()
-        total_left = sum(left)
-        # GPUs free now and not yet promised: a waiting job goes where it needs no preemption if it can.
-        idle = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64).tolist()
-        pools_cache: dict[int, tuple[int, ...]] = {}
-        g_list = gpus.tolist()
-        run_list = running.tolist()
-        pool_list = jobs.pool.tolist()
-        mask_list = jobs.pool_mask.tolist()
-        for row in candidates.tolist():
-            if total_left <= 0:
-                break
-            g = g_list[row]
-            if run_list[row]:
-                p = pool_list[row]
-                if left[p] >= g:
-                    left[p] -= g
-                    total_left -= g
-                    holding[row] = True
-                continue
-            mask = mask_list[row]
-            pools = pools_cache.get(mask)
-            if pools is None:
-                pools = pools_cache[mask] = _pools_of(mask, n_pools)
-            fits = [p for p in pools if left[p] >= g]
-            if fits:
-                quiet = [p for p in fits if idle[p] >= g]
-                # best fit (keep large pools for large jobs), preferring pools with enough idle GPUs
-                p = min(quiet, key=lambda q: (idle[q], q)) if quiet else min(fits, key=lambda q: (left[q], q))
-                idle[p] -= min(idle[p], g)
-                left[p] -= g
-                total_left -= g
-                holding[row] = True
-                start_pool[row] = p
-                start_rows.append(row)
-    preempt_rows = (running & ~holding).nonzero()[0]
-    extra: dict[int, int] = {}
-    for row in preempt_rows.tolist():
-        for node, count in jobs.alloc[row]:
-            extra[node] = extra.get(node, 0) + count
-    starts: list[Start] = []
-    if start_pool:
-        index = FreeIndex(cluster, extra)
-        skew = jobs.skew.tolist()
-        for row in start_rows:
-            p = start_pool[row]
-            placed = index.place(p, int(gpus[row]), mode, skew[row], pack_limit)
-            if placed is None:
-                holding[row] = False
-                continue
-            rows_alloc = tuple(placed)
-            starts.append(Start(row, int(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
-    preemptions = tuple(Preemption(row, int(jobs.job_ids[row])) for row in preempt_rows.tolist())
-    infeasible = tuple((~feasible).nonzero()[0].tolist())
-    return WalkResult(tuple(starts), preemptions, holding, feasible, infeasible, deficit)
-
-
-#: ``idle_below`` when no job is left out: no amount of freed GPUs changes the next pass.
-NEVER = 2**62
-
-
-def _min_deficit(gpus: IntArray, take: BoolArray, capacity: int) -> int:
-    """Fewest GPUs that must be freed so that a job the greedy walk left out would fit at its place in the order.
-
-    Job i (not taken) saw ``capacity - Σ taken GPUs before i`` GPUs left; it lacked ``gpus[i]`` minus that. With
-    the same order and nothing but completions (which only return GPUs), it fits only once the GPUs freed reach
-    its deficit, so the walk selects the same jobs until the smallest deficit is reached.
-    """
-    out = ~take
-    if not out.any():
-        return NEVER
-    taken = np.where(take, gpus, 0)
-    left_before = capacity - (np.cumsum(taken) - taken)
-    return max(int(np.min(gpus[out] - left_before[out])), 1)
+    jobs = inp.jobs
+    sel = select(inp, order, pinned, deficit=deficit)
+    starts: tuple[Start, ...] = ()
+    if sel.start_rows:
+        index = FreeIndex(inp.cluster, released(inp, sel.preempt_rows))
+        starts = place_starts(inp, sel, index, mode, pack_limit)
+    preemptions = tuple(Preemption(row, int(jobs.job_ids[row])) for row in sel.preempt_rows)
+    infeasible = tuple((~sel.feasible).nonzero()[0].tolist()) if not sel.feasible.all() else ()
+    return WalkResult(starts, preemptions, sel.holding, sel.feasible, infeasible, sel.deficit)
 
 
 def nonpreemptive_walk(
@@ -241,68 +329,89 @@ def nonpreemptive_walk(
         ok = feasible[pending]
         if skip:
             ok &= jobs.gpus[pending] <= total  # free GPUs only decrease during the walk
-        g_list = jobs.gpus.tolist()
-        mask_list = jobs.pool_mask.tolist()
-        skew = jobs.skew.tolist()
+        positions = ok.nonzero()[0]
+        candidates = pending[positions]
+        g_list = jobs.gpus[candidates].tolist()
+        mask_list = jobs.pool_mask[candidates].tolist()
+        skew = jobs.skew[candidates].tolist()
         pools_cache: dict[int, tuple[int, ...]] = {}
         # (pool, gpus) that failed to place: free GPUs only decrease, so they fail again in this pass.
         failed: set[tuple[int, int]] = set()
-        positions = ok.nonzero()[0]
-        # Without skipping the walk usually stops at the first job: do not convert the whole queue.
-        for pos in positions.tolist() if skip else map(int, positions):
-            row = int(pending[pos])
-            g = g_list[row]
+        for i, g in enumerate(g_list):
             placed: list[tuple[int, int]] | None = None
             if total >= g:
-                mask = mask_list[row]
+                mask = mask_list[i]
                 pools = pools_cache.get(mask)
                 if pools is None:
                     pools = pools_cache[mask] = _pools_of(mask, cluster.n_pools)
                 fits = [q for q in pools if pool_free[q] >= g and (q, g) not in failed]
                 for p in sorted(fits, key=lambda q: (pool_free[q], q)):
-                    placed = index.place(p, g, mode, skew[row], pack_limit)
+                    placed = index.place(p, g, mode, skew[i], pack_limit)
                     if placed is not None:
                         pool_free[p] -= g
                         total -= g
                         break
                     failed.add((p, g))
             if placed is None:
-                if not skip:
-                    break
-                if total <= 0:
+                if not skip or total <= 0:
                     break
                 continue
-            started_pos.append(pos)
+            started_pos.append(int(positions[i]))
+            row = int(candidates[i])
             rows_alloc = tuple(placed)
             starts.append(Start(row, int(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
             if total <= 0:
                 break
     keep = feasible[pending]
     keep[started_pos] = False
-    infeasible = tuple((~feasible & ~jobs.running).nonzero()[0].tolist())
+    infeasible = tuple((~feasible & ~jobs.running).nonzero()[0].tolist()) if not feasible.all() else ()
     return starts, index, pending[keep], infeasible
 
 
-def nonpreemptive_idle(inp: PassInput, waiting: IntArray, index: FreeIndex) -> int:
+def nonpreemptive_idle(
+    inp: PassInput, waiting: IntArray, index: FreeIndex, *, head: PlacementMode | None = None
+) -> int:
     """``Decision.idle_below`` of a non-preemptive pass: a job can only start on free GPUs, so until the GPUs
-    freed reach (smallest waiting job - GPUs free after the pass) the next pass starts nothing."""
+    freed reach (smallest waiting job - GPUs free after the pass) the next pass starts nothing.
+
+    ``head``: only the first waiting job can start (no skipping), placed in this mode. In STRICT mode it needs
+    whole nodes: on one node, the GPUs freed must reach its size minus the most free on a node; on k nodes,
+    its size minus the free GPUs of the k freest nodes (freed GPUs raise those sums by at most their number).
+    """
     if waiting.size == 0:
         return NEVER
     free_after = sum(index.pool_free(p) for p in range(inp.cluster.n_pools))
-    return max(int(inp.jobs.gpus[waiting].min()) - free_after, 1)
+    if head is None:
+        return max(int(inp.jobs.gpus[waiting].min()) - free_after, 1)
+    row = int(waiting[0])
+    gpus = int(inp.jobs.gpus[row])
+    lack = gpus - free_after
+    if head is PlacementMode.STRICT:
+        cluster = inp.cluster
+        free = np.asarray(index.free, dtype=np.int64)
+        mask = int(inp.jobs.pool_mask[row])
+        lack = NEVER
+        for p in _pools_of(mask, cluster.n_pools):
+            size = int(cluster.node_size[p])
+            if size == 0 or gpus > int(cluster.capacity[p]):
+                continue
+            in_pool = np.sort(free[cluster.pool == p])[::-1]
+            want = -(-gpus // size)
+            lack = min(lack, gpus - int(in_pool[:want].sum()))
+    return max(lack, 1)
 
 
-def pinned_rows(inp: PassInput, min_run_time: float) -> BoolArray:
-    """Running jobs that ran less than ``min_run_time`` since they last (re)started."""
+def pinned_rows(inp: PassInput, min_run_time: float) -> BoolArray | None:
+    """Running jobs that ran less than ``min_run_time`` since they last (re)started (None: no minimum)."""
     if min_run_time <= 0:
-        return np.zeros(len(inp.jobs), dtype=np.bool_)
+        return None
     return inp.jobs.running & (inp.jobs.run_time + TIME_EPS < min_run_time)
 
 
-def pin_wakeup(inp: PassInput, pinned: BoolArray, min_run_time: float, started: bool) -> float:
+def pin_wakeup(inp: PassInput, pinned: BoolArray | None, min_run_time: float, started: bool) -> float:
     """When the earliest pinned job may be preempted again (∞ if none)."""
     best = math.inf
-    if pinned.any():
+    if pinned is not None and pinned.any():
         best = inp.now + float(np.min(min_run_time - inp.jobs.run_time[pinned]))
     if started and min_run_time > 0:
         best = min(best, inp.now + min_run_time)

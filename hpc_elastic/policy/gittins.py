@@ -8,8 +8,12 @@ where S is the job size (GPU-seconds) drawn from the empirical distribution of c
 *remaining* service S - a in both terms (a public re-implementation compares S itself to Δ, which is wrong).
 
 Discretised 2D-Gittins (§3.2.3) fixes Δ for a job in queue Q_i to the queue's upper threshold Q_i^hi; in the
-last queue Δ = ∞ and the index is constant (P = 1, E = E[S - a | S > a] would only reorder by mean residual
-life; the paper falls back to FIFO there, and so do we).
+last queue the paper sets Δ = ∞ and falls back to FIFO, which makes 2D-Gittins 2D-LAS whenever the higher queues
+are not overloaded; like the public Tiresias simulator we keep the last finite quantum there
+(:class:`~hpc_elastic.policy.policies.DeltaMode`).
+
+:class:`ReferenceIndex` is the public simulator's own approximation of the index, for its reference model:
+G evaluated just below the next sample size, with E[min(S, Δ)] over the sizes S (not the remaining service).
 
 For an empirical distribution with sorted samples s_1..s_m, G(a, Δ) is piecewise: the sets {s > a} and
 {s <= a + Δ} only change when a crosses a sample s_j or a sample minus Δ. :class:`GittinsTable` precomputes,
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,6 +60,10 @@ class GittinsTable:
     within: FloatArray  # c_k: number of samples with a < s <= a + Δ on piece k
     within_sum: FloatArray  # Σ s over those samples
     beyond: FloatArray  # number of samples with s > a + Δ
+    fixed: FloatArray = field(init=False, repr=False)  # within_sum + Δ beyond: G = c / (fixed - a c)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fixed", self.within_sum + self.delta * self.beyond)
 
     @classmethod
     def build(cls, dist: ServiceDistribution, delta: float) -> GittinsTable:
@@ -81,13 +89,49 @@ class GittinsTable:
 
     def index(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) for every a in ``attained`` (0 where no sample is larger than a: the job outlived history)."""
-        k = np.searchsorted(self.breakpoints, attained, side="right") - 1
+        k = self.breakpoints.searchsorted(attained, side="right") - 1
         k = np.maximum(k, 0)  # k <= size - 1 already (side='right' minus one); np.clip costs more
         c = self.within[k]
-        denom = self.within_sum[k] - attained * c + self.delta * self.beyond[k]
+        denom = self.fixed[k] - attained * c
         out = np.zeros(attained.shape, dtype=np.float64)
-        ok = (c > 0) & (denom > 0)
-        out[ok] = c[ok] / denom[ok]
+        return np.divide(c, denom, out=out, where=(c > 0) & (denom > 0))
+
+
+@dataclass(frozen=True, eq=False)
+class ReferenceIndex:
+    """The index of the public Tiresias simulator (SymbioticLab/Tiresias, ``run_sim.py``: ``cal_r_gittins_index``
+    and ``get_gittins_index``), to reproduce its decisions: for a job with attained service a, take the first
+    sample s_i > a and evaluate, at x = s_i - 1, P = #(x < s <= x + Δ) / #(s > x) and E = (Σ s over those +
+    Δ #(s > x + Δ)) / #(s > x) in whole units; the index is 10^6 P / E rounded as it rounds (P to 5, E to an
+    integer, the index to 4 decimals); 0 from the largest sample on. (It counts the last sample beyond x + Δ
+    once x + Δ reaches it.)"""
+
+    values: FloatArray  # index of a job whose next sample is s_i
+    samples: FloatArray
+
+    @classmethod
+    def build(cls, dist: ServiceDistribution, delta: float) -> ReferenceIndex:
+        s = np.floor(dist.samples)
+        m = s.size
+        values = np.zeros(m, dtype=np.float64)
+        prefix = np.concatenate(([0.0], np.cumsum(s)))
+        for i, x in enumerate((s - 1.0).tolist()):
+            if m == 0 or x > s[-1] - 1:
+                continue
+            lo = int(np.searchsorted(s, x, side="right"))
+            hi = m - 1 if x + delta > s[-1] - 1 else int(np.searchsorted(s, x + delta, side="right"))
+            p = round((hi - lo) / (m - lo), 5)
+            e = float((prefix[hi] - prefix[lo] + delta * (m - hi)) // (m - lo))
+            values[i] = round(p * 1e6 / e, 4) if e > 0 else 0.0
+        return cls(values, s)
+
+    def index(self, attained: FloatArray) -> FloatArray:
+        """The index of every job (0 once it reached the largest sample)."""
+        a = np.floor(attained)
+        nxt = self.samples.searchsorted(a, side="right")
+        out = np.zeros(a.shape, dtype=np.float64)
+        alive = nxt < self.samples.size
+        out[alive] = self.values[nxt[alive]]
         return out
 
 

@@ -37,7 +37,7 @@ class FreeIndex:
     O(GPUs per node) plus the nodes it touches.
     """
 
-    __slots__ = ("_buckets", "_cluster", "_free", "_node_size", "_pool_free", "_switched")
+    __slots__ = ("_buckets", "_cluster", "_free", "_pool_free", "_switched")
 
     def __init__(self, cluster: ClusterState, extra_free: dict[int, int] | None = None) -> None:
         self._cluster = cluster
@@ -45,14 +45,13 @@ class FreeIndex:
         if extra_free:
             nodes_x = np.fromiter(extra_free.keys(), dtype=np.int64, count=len(extra_free))
             counts_x = np.fromiter(extra_free.values(), dtype=np.int64, count=len(extra_free))
-            np.add.at(free, nodes_x, counts_x)
+            free[nodes_x] += counts_x  # (the nodes of a dict are distinct)
         self._free = free
         if cluster.n_pools == 1:
             self._pool_free: list[int] = [int(free.sum())]
         else:
             self._pool_free = np.bincount(cluster.pool, weights=free, minlength=cluster.n_pools).astype(int).tolist()
         self._buckets: list[list[dict[int, None]]] | None = None
-        self._node_size: list[int] | None = None
         self._switched: bool | None = None
 
     def _bucketed(self) -> list[list[dict[int, None]]]:
@@ -122,12 +121,7 @@ class FreeIndex:
         return self._switched
 
     def _size_of_pool(self, pool: int) -> int:
-        if self._node_size is None:
-            cluster = self._cluster
-            size = np.zeros(cluster.n_pools, dtype=np.int64)
-            np.maximum.at(size, cluster.pool, cluster.total)
-            self._node_size = size.tolist()
-        return self._node_size[pool]
+        return int(self._cluster.node_size[pool])
 
     def _choose(self, pool: int, gpus: int, consolidate: bool) -> list[tuple[int, int]] | None:
         single = self._best_fit(pool, gpus)

@@ -25,7 +25,8 @@ from hpc_elastic.policy.core import (
     pinned_rows,
     preemptive_walk,
 )
-from hpc_elastic.policy.gittins import GittinsTable, ServiceDistribution, gittins_index_sup
+from hpc_elastic.policy.elastic import elastic_walk
+from hpc_elastic.policy.gittins import GittinsTable, ReferenceIndex, ServiceDistribution, gittins_index_sup
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS, MlfqConfig, mlfq_update, mlfq_wakeup
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT, FreeIndex
 from hpc_elastic.policy.types import (
@@ -46,14 +47,39 @@ DEFAULT_TIME_SLICE = 600.0
 DEFAULT_MAX_AGE = 7 * 24 * 3600.0
 """Slurm's PriorityMaxAge default (7-00:00:00): the age factor saturates after a week."""
 
+DEFAULT_MIN_HISTORY = 30
+"""Job sizes 2D-Gittins needs before it uses them. Measured (bench/sched_gittins.py): an index built from the
+first 10 sizes a cluster finished decided as 2D-LAS does, from the first 30 it was already better than 2D-LAS on a
+heavy-tailed trace, and more sizes only helped; below this count the policy is 2D-LAS (Pseudocode 1 line 2)."""
+
 
 class DeltaMode(StrEnum):
     """How 2D-Gittins picks the service quantum Δ."""
 
-    #: Discretised 2D-Gittins (§3.2.3): Δ_i = Q_i^hi, FIFO in the last queue.
+    #: Discretised 2D-Gittins (§3.2.3): Δ_i = Q_i^hi, and in the last queue the last finite quantum
+    #: Δ_K = Q_{K-1}^hi, as the public Tiresias simulator does (one fixed Δ in every queue). The paper's Δ_K = ∞
+    #: orders the last queue FIFO, which makes 2D-Gittins decide exactly as 2D-LAS whenever the higher queues
+    #: are not overloaded (measured: the same JCT to the second on a heavy-tailed trace). No threshold: FIFO.
     QUEUE = "queue"
     #: Continuous 2D-Gittins (Pseudocode 1 line 11): sup over all Δ > 0, in every queue.
     SUP = "sup"
+    #: The public Tiresias simulator's index (:class:`~hpc_elastic.policy.gittins.ReferenceIndex`): Δ = Q_1^hi
+    #: in every queue, the index evaluated just below the next sample size with E over the sizes themselves.
+    REFERENCE = "reference"
+
+
+class QueueOrder(StrEnum):
+    """The order of the jobs of one MLFQ queue (2D-LAS; ties of the 2D-Gittins index)."""
+
+    #: Tiresias §3.2.3: FIFO by first start (jobs never started after the started ones, then by submission),
+    #: and the jobs holding GPUs ahead of those waiting: inside a queue a waiting job never displaces a running
+    #: one (MLFQ: only a job of a higher queue preempts), else a job preempted by a higher queue would in turn
+    #: preempt a later-started job of its own queue when it resumes, and so on.
+    START = "start"
+    #: The public Tiresias simulator's queue lists: a job enters a queue at its tail (arrival, demotion,
+    #: promotion); after every pass the jobs of a queue that hold GPUs move ahead of those that wait, each group
+    #: keeping its order. The caller keeps the positions: ``Decision.positions`` back in ``JobTable.position``.
+    LIST = "list"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +93,15 @@ class PolicyOptions:
     time_slice: float = DEFAULT_TIME_SLICE
     max_age: float = DEFAULT_MAX_AGE
     delta_mode: DeltaMode = DeltaMode.QUEUE
+    queue_order: QueueOrder = QueueOrder.START
     history: ServiceDistribution | None = field(default=None, compare=False)
+    #: 2D-Gittins uses a job-size history only from this many sizes on; with fewer it is 2D-LAS.
+    min_history: int = DEFAULT_MIN_HISTORY
 
     def __post_init__(self) -> None:
         MlfqConfig(self.thresholds, self.promote_knob)  # validates both
+        if isinstance(self.min_history, bool) or not isinstance(self.min_history, int) or self.min_history < 0:
+            raise ValueError(f"min_history must be an int >= 0, got {self.min_history!r}")
         if not (math.isfinite(self.pack_limit)):
             raise ValueError(f"PACKLIMIT must be finite, got {self.pack_limit!r}")
         for name in ("min_run_time", "time_slice", "max_age"):
@@ -83,6 +114,8 @@ class PolicyOptions:
             raise ValueError(f"max_age must be > 0 seconds, got {self.max_age!r}")
         if not isinstance(self.delta_mode, DeltaMode):
             raise ValueError(f"delta_mode must be a DeltaMode, got {self.delta_mode!r}")
+        if not isinstance(self.queue_order, QueueOrder):
+            raise ValueError(f"queue_order must be a QueueOrder, got {self.queue_order!r}")
 
 
 class Policy(ABC):
@@ -92,12 +125,15 @@ class Policy(ABC):
     preemptive: ClassVar[bool]
     #: whether :meth:`with_history` matters (2D-Gittins learns the job-size distribution).
     uses_history: ClassVar[bool] = False
+    #: whether the policy resizes elastic jobs (``Decision.resizes``), also when no job waits.
+    elastic: ClassVar[bool] = False
     #: True when, if every waiting job fits the free GPUs, a pass over the waiting jobs alone that starts them
     #: all places them exactly where a pass over all jobs would, and that pass would decide nothing else (no
     #: preemption, no wake-up since nobody is left waiting). Holds for the greedy walks of :mod:`.core`: with
     #: enough free GPUs every job fits in priority order and placement only looks at free GPUs. A caller (the
-    #: simulator) may then leave the running jobs out of such a pass.
-    fit_shortcut: ClassVar[bool] = False
+    #: simulator) may then leave the running jobs out of such a pass. (An ``elastic`` policy would also resize
+    #: the running jobs: for it the shortcut holds only when no job is elastic.)
+    fit_shortcut: bool = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options or PolicyOptions()
@@ -119,8 +155,30 @@ class Policy(ABC):
 
 
 def _first_start_key(first_start: FloatArray) -> FloatArray:
-    """FIFO by first start; never-started jobs after all started ones (§3.2.3)."""
-    return np.where(np.isnan(first_start), math.inf, first_start)
+    """FIFO by first start; never-started jobs after all started ones (§3.2.3): numpy's sorts place NaN (never
+    started) after every number and treat NaNs as equal, so the column itself is the key."""
+    return first_start
+
+
+def _list_key(inp: PassInput, queue: IntArray) -> FloatArray:
+    """QueueOrder.LIST: a job's place in its queue list; a job that entered its queue since the last pass (no
+    place yet, or moved by this pass's demotion / promotion) is at the tail."""
+    position = inp.jobs.position
+    return np.where(np.isnan(position) | (queue != inp.jobs.queue), math.inf, position)
+
+
+def _list_positions(inp: PassInput, queue: IntArray, order: IntArray, holding: BoolArray) -> FloatArray:
+    """QueueOrder.LIST after the pass: per queue, the jobs holding GPUs ahead of those waiting, each in the
+    order of the walk (the public simulator reorders its queue lists so after every event). Positions continue
+    above those passed in, so they only ever grow."""
+    known = inp.jobs.position[~np.isnan(inp.jobs.position)]
+    base = float(known.max()) + 1.0 if known.size else 0.0
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    after = np.lexsort((rank, ~holding, queue))
+    positions = np.empty(order.size, dtype=np.float64)
+    positions[after] = base + np.arange(order.size)
+    return positions
 
 
 def _waiting_after(inp: PassInput, walk: WalkResult) -> BoolArray:
@@ -138,28 +196,33 @@ def _finish(
     wakeup: float,
     infeasible: tuple[int, ...],
     idle_below: int = 0,
+    positions: FloatArray | None = None,
 ) -> Decision:
     if math.isfinite(wakeup):
         wakeup = max(wakeup, inp.now + TIME_EPS)
     return Decision(
         starts=starts,
         preemptions=walk.preemptions if walk else (),
+        resizes=walk.resizes if walk else (),
         queue_changes=changes,
-        priority_order=order.astype(np.int64),
+        priority_order=order,
         next_wakeup=wakeup if math.isfinite(wakeup) else None,
         infeasible=infeasible,
         idle_below=idle_below,
+        positions=positions,
     )
 
 
-def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray) -> tuple[QueueChange, ...]:
+def _queue_changes(inp: PassInput, queue: IntArray, promoted: BoolArray | None) -> tuple[QueueChange, ...]:
     jobs = inp.jobs
-    changed = ((queue != jobs.queue) | promoted).nonzero()[0]
+    moved = queue != jobs.queue
+    changed = (moved if promoted is None else moved | promoted).nonzero()[0]
     out: list[QueueChange] = []
     for row in changed.tolist():
         old, new = int(jobs.queue[row]), int(queue[row])
-        kind = QueueChangeKind.PROMOTE if promoted[row] else QueueChangeKind.DEMOTE
-        out.append(QueueChange(row, int(jobs.job_ids[row]), old, new, kind, reset=bool(promoted[row])))
+        up = promoted is not None and bool(promoted[row])
+        kind = QueueChangeKind.PROMOTE if up else QueueChangeKind.DEMOTE
+        out.append(QueueChange(row, int(jobs.job_ids[row]), old, new, kind, reset=up))
     return tuple(out)
 
 
@@ -170,22 +233,30 @@ class _MlfqPolicy(Policy):
     fit_shortcut = True
     #: whether the order of the jobs stays fixed between wake-ups (False: it drifts with attained service).
     fixed_order: ClassVar[bool] = True
+    #: whether inside a queue the jobs holding GPUs always rank ahead of the waiting ones.
+    holders_first: bool = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
         self.mlfq = MlfqConfig(self.options.thresholds, self.options.promote_knob)
+        # Queue lists are reordered by every pass over all jobs, so every pass must see all jobs.
+        self.fit_shortcut = self.options.queue_order is QueueOrder.START
 
     @abstractmethod
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray: ...
+
+    def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
+        mode, pack_limit = PlacementMode.SKEW_AWARE, self.options.pack_limit
+        return preemptive_walk(inp, order, pinned, mode, pack_limit, deficit=self.fixed_order)
 
     def schedule(self, inp: PassInput) -> Decision:
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
         # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
-        attained = np.where(promoted, 0.0, jobs.attained)
+        attained = jobs.attained if promoted is None else np.where(promoted, 0.0, jobs.attained)
         order = self._order(inp, queue, attained)
         pinned = pinned_rows(inp, self.options.min_run_time)
-        walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
+        walk = self._walk(inp, order, pinned)
         waiting = _waiting_after(inp, walk)
         wakeup = math.inf
         if waiting.any():
@@ -199,9 +270,12 @@ class _MlfqPolicy(Policy):
                     attained=attained,
                     holding=walk.holding,
                     waiting=waiting,
+                    gpus=walk.sizes,
+                    holders_first=self.holders_first,
                 ),
                 pin_wakeup(inp, pinned, self.options.min_run_time, bool(walk.starts)),
             )
+        listed = self.options.queue_order is QueueOrder.LIST
         return _finish(
             inp,
             order,
@@ -211,23 +285,42 @@ class _MlfqPolicy(Policy):
             wakeup=wakeup,
             infeasible=walk.infeasible,
             idle_below=walk.deficit if self.fixed_order else 0,
+            positions=_list_positions(inp, queue, order, walk.holding) if listed else None,
         )
 
 
 class TiresiasLas(_MlfqPolicy):
-    """Discretised 2D-LAS (§3.2.3): queue by attained service, FIFO by first start inside a queue."""
+    """Discretised 2D-LAS (§3.2.3): queue by attained service, then the in-queue order (:class:`QueueOrder`)."""
 
     name = "tiresias-las"
 
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.holders_first = self.options.queue_order is QueueOrder.START
+
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
         jobs = inp.jobs
-        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), queue))
+        if self.options.queue_order is QueueOrder.LIST:
+            return np.lexsort((jobs.submit, _list_key(inp, queue), queue))
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, queue))
+
+
+class TiresiasLasElastic(TiresiasLas):
+    """Discretised 2D-LAS decides who runs (§3.2.3) at every job's minimum GPUs; the GPUs no waiting job can use
+    are lent to the elastic holders where they add the most throughput (:mod:`.elastic`)."""
+
+    name = "tiresias-las+elastic"
+    elastic = True
+
+    def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
+        return elastic_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
 
 
 class TiresiasGittins(_MlfqPolicy):
-    """Discretised 2D-Gittins (§3.2.2-3.2.3): inside queue Q_i, highest G(a_J, Δ_i = Q_i^hi) first.
-
-    The last queue (Δ = ∞) is FIFO by first start. Without a job-size history the policy is 2D-LAS
+    """Discretised 2D-Gittins (§3.2.2-3.2.3): inside queue Q_i, highest G(a_J, Δ_i) first (:class:`DeltaMode`),
+    ties in the in-queue order (:class:`QueueOrder`). Unlike 2D-LAS, a waiting job with a higher index displaces
+    a running job of its own queue (§5.3.1: "jobs in the same queue are sorted based on their Gittins index value
+    at every event"). Without a job-size history, or with fewer sizes than ``min_history``, the policy is 2D-LAS
     (Pseudocode 1 lines 2-3). The per-queue index tables are rebuilt by :meth:`with_history`.
     """
 
@@ -239,23 +332,34 @@ class TiresiasGittins(_MlfqPolicy):
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
         dist = self.options.history
-        self.distribution = dist if dist is not None else ServiceDistribution.from_samples(())
-        self.tables: tuple[GittinsTable, ...] = ()
-        if len(self.distribution) and self.options.delta_mode is DeltaMode.QUEUE:
-            self.tables = tuple(GittinsTable.build(self.distribution, d) for d in self.mlfq.thresholds)
+        if dist is None or len(dist) < self.options.min_history:  # too few sizes to go by: 2D-LAS
+            dist = ServiceDistribution.from_samples(())
+        self.distribution = dist
+        self.tables: tuple[GittinsTable | ReferenceIndex, ...] = ()
+        thresholds = self.mlfq.thresholds
+        if len(self.distribution) and thresholds and self.options.delta_mode is DeltaMode.QUEUE:
+            # Δ_i = Q_i^hi, and the last queue keeps the last finite quantum (DeltaMode.QUEUE)
+            self.tables = tuple(GittinsTable.build(self.distribution, d) for d in thresholds)
+        elif len(self.distribution) and thresholds and self.options.delta_mode is DeltaMode.REFERENCE:
+            self.tables = (ReferenceIndex.build(self.distribution, thresholds[0]),)
 
     def with_history(self, samples: Iterable[float]) -> TiresiasGittins:
         return TiresiasGittins(replace(self.options, history=ServiceDistribution.from_samples(samples)))
 
     def index(self, queue: IntArray, attained: FloatArray) -> FloatArray:
-        """G_J of every job (0 in the last queue, where the order is FIFO)."""
+        """G_J of every job (0 without a history, or without a finite quantum)."""
         out = np.zeros(attained.shape, dtype=np.float64)
         if not len(self.distribution):
             return out
         if self.options.delta_mode is DeltaMode.SUP:
             return gittins_index_sup(self.distribution, attained)
+        if not self.tables:
+            return out
+        if len(self.tables) == 1:  # (two queues: one quantum for all)
+            return self.tables[0].index(attained)
+        table_of_queue = np.minimum(queue, len(self.tables) - 1)
         for q, table in enumerate(self.tables):
-            rows = (queue == q).nonzero()[0]
+            rows = (table_of_queue == q).nonzero()[0]
             if rows.size:
                 out[rows] = table.index(attained[rows])
         return out
@@ -263,7 +367,9 @@ class TiresiasGittins(_MlfqPolicy):
     def _order(self, inp: PassInput, queue: IntArray, attained: FloatArray) -> IntArray:
         jobs = inp.jobs
         gittins = self.index(queue, attained)
-        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), -gittins, queue))
+        if self.options.queue_order is QueueOrder.LIST:  # the public simulator: by index, then submission
+            return np.lexsort((_list_key(inp, queue), jobs.submit, -gittins, queue))
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, -gittins, queue))
 
 
 class _OraclePolicy(Policy):
@@ -278,7 +384,7 @@ class _OraclePolicy(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs = inp.jobs
         size = self._size(inp)
-        order = np.lexsort((jobs.submit, np.where(np.isnan(size), math.inf, size)))
+        order = np.lexsort((jobs.submit, size))  # (NaN: unknown, after every number)
         pinned = pinned_rows(inp, self.options.min_run_time)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
         wakeup = math.inf
@@ -332,7 +438,7 @@ class Gandiva(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs, now = inp.jobs, inp.now
         quantum = self.options.time_slice
-        key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.waiting)
+        key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.current_wait)
         order = np.lexsort((jobs.submit, key))
         min_run = max(self.options.min_run_time, quantum)
         pinned = pinned_rows(inp, min_run)
@@ -377,7 +483,7 @@ class Fifo(Policy):
             changes=(),
             wakeup=math.inf,
             infeasible=infeasible,
-            idle_below=nonpreemptive_idle(inp, rest, index),
+            idle_below=nonpreemptive_idle(inp, rest, index, head=None if self.skip else PlacementMode.STRICT),
         )
 
 
@@ -512,4 +618,5 @@ BUILTIN_POLICIES: tuple[type[Policy], ...] = (
     Gandiva,
     TiresiasLas,
     TiresiasGittins,
+    TiresiasLasElastic,
 )

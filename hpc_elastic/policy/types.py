@@ -15,11 +15,12 @@ Units: times in seconds, attained service in GPU-seconds (Tiresias §3.2: a_J = 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +66,83 @@ class PlacementMode(StrEnum):
     SPREAD = "spread"
 
 
+@dataclass(frozen=True, slots=True)
+class ScalingCurve:
+    """Throughput of a data-parallel job on n GPUs relative to one GPU, measured at a few GPU counts.
+
+    Between measured counts the speedup is interpolated linearly in log2(n); beyond the last one
+    Amdahl's law n / (1 + σ (n - 1)) continues it, σ fitted to the last measurement (one measured count: linear).
+    A speedup never exceeds n (measurements above linear are noise) and never decreases with more GPUs (a job
+    given more GPUs than help it would leave the rest idle).
+    """
+
+    gpus: tuple[int, ...] = (1,)
+    speedup: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self) -> None:
+        if not self.gpus or self.gpus[0] != 1 or len(self.gpus) != len(self.speedup):
+            raise ValueError(f"a scaling curve starts at 1 GPU and has one speedup per count, got {self!r}")
+        if any(b <= a for a, b in zip(self.gpus, self.gpus[1:], strict=False)):
+            raise ValueError(f"scaling curve GPU counts must increase, got {self.gpus!r}")
+        if not all(math.isfinite(v) and v > 0 for v in self.speedup):
+            raise ValueError(f"scaling curve speedups must be finite and > 0, got {self.speedup!r}")
+
+    def at(self, n: int) -> float:
+        """Speedup on ``n`` >= 1 GPUs."""
+        if n < 1:
+            raise ValueError(f"a job runs on at least one GPU, got {n!r}")
+        return _speedups(self, n)[n - 1]
+
+    def interpolated(self, n: int) -> float:
+        """The speedup on ``n`` GPUs read off the measurements, before the caps of :meth:`at`."""
+        gpus, speedup = self.gpus, self.speedup
+        if n >= gpus[-1]:
+            last, value = gpus[-1], min(speedup[-1], float(gpus[-1]))
+            sigma = (last / value - 1.0) / (last - 1) if last > 1 else 0.0
+            return n / (1.0 + sigma * (n - 1))
+        i = next(k for k in range(1, len(gpus)) if gpus[k] > n)
+        lo, hi = math.log2(gpus[i - 1]), math.log2(gpus[i])
+        w = (math.log2(n) - lo) / (hi - lo)
+        return speedup[i - 1] + w * (speedup[i] - speedup[i - 1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _speedups(curve: ScalingCurve, n: int) -> tuple[float, ...]:
+    """Speedups on 1..n GPUs: never above linear, never decreasing."""
+    out: list[float] = []
+    best = 0.0
+    for count in range(1, n + 1):
+        best = max(best, min(curve.interpolated(count), float(count)))
+        out.append(best)
+    return tuple(out)
+
+
+#: Throughput proportional to the GPU count.
+LINEAR = ScalingCurve()
+
+
+class RowSlice(Sequence[T]):
+    """The items of a larger array at the given rows, looked up when read (a pass reads few of them)."""
+
+    __slots__ = ("_items", "_rows")
+
+    def __init__(self, items: ObjArray, rows: IntArray) -> None:
+        self._items = items
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[T]: ...
+    def __getitem__(self, index: int | slice) -> T | Sequence[T]:
+        if isinstance(index, slice):
+            return [self._items[row] for row in self._rows[index].tolist()]
+        return self._items[self._rows[index]]  # type: ignore[no-any-return]
+
+
 def _first_duplicate(names: Iterable[T]) -> T | None:
     seen: set[T] = set()
     for name in names:
@@ -108,13 +186,20 @@ class NodeView:
 class JobView:
     """One job as a scheduling pass sees it.
 
-    ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J, seconds since the
-    job last ran, or since it arrived / was promoted) are the values *now*, counted since the job arrived or was
-    last promoted (§3.2.3: promotion resets t_J and δ_J, hence a_J). ``run_time`` is how long a running job has
+    ``attained_service`` (a_J, GPU-seconds), ``executed_time`` (t_J) and ``waiting_time`` (δ_J: the seconds it
+    has waited, over all its waiting spells, since it first ran after arriving or being promoted; 0 before; a
+    running job keeps what it waited) are
+    the values *now*, counted since the job arrived or was last promoted (§3.2.3: promotion resets t_J and δ_J,
+    hence a_J). ``current_wait`` is how long a waiting job has waited since it last began to (arrival, end of its
+    last run, promotion), the key of time slicing. ``run_time`` is how long a running job has
     run since it last (re)started: a job is not preempted again before it has run ``min_run_time``.
     ``remaining_time`` (oracle, for SRTF/SRSF) and ``time_limit`` (for backfill) are optional.
     ``gpu_types`` restricts the GPU types the job may use (None: any). ``allocation`` lists a running job's GPUs.
-    ``min_gpus``/``max_gpus`` describe an elastic job (the Tiresias policies place it at ``gpus``).
+    ``min_gpus``/``max_gpus`` describe an elastic job: it may run on any GPU count in [min, max] (the elastic
+    policies guarantee it ``min_gpus`` and grow it with spare GPUs; the others place it at ``gpus``), at the
+    speedups of ``scaling`` (None: linear).
+    ``queue_position`` is the job's place in its queue for :attr:`QueueOrder.LIST <hpc_elastic.policy.policies.
+    QueueOrder.LIST>` (the caller keeps it from :attr:`Decision.positions`; None: it entered since the last pass).
     """
 
     job_id: int
@@ -124,6 +209,7 @@ class JobView:
     attained_service: float = 0.0
     executed_time: float = 0.0
     waiting_time: float = 0.0
+    current_wait: float = 0.0
     run_time: float = 0.0
     first_start_time: float | None = None
     queue: int = 0
@@ -134,6 +220,8 @@ class JobView:
     time_limit: float | None = None
     min_gpus: int | None = None
     max_gpus: int | None = None
+    queue_position: float | None = None
+    scaling: ScalingCurve | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.job_id, bool) or not isinstance(self.job_id, int) or self.job_id < 0:
@@ -144,9 +232,9 @@ class JobView:
             raise ValueError(f"job {self.job_id}: status must be a JobStatus, got {self.status!r}")
         if not (isinstance(self.submit_time, (int, float)) and math.isfinite(self.submit_time)):
             raise ValueError(f"job {self.job_id}: submit_time must be finite, got {self.submit_time!r}")
-        for name in ("attained_service", "executed_time", "waiting_time", "run_time"):
+        for name in ("attained_service", "executed_time", "waiting_time", "current_wait", "run_time"):
             _finite_nonneg(f"job {self.job_id}: {name}", getattr(self, name))
-        for name in ("remaining_time", "time_limit", "first_start_time"):
+        for name in ("remaining_time", "time_limit", "first_start_time", "queue_position"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
                 raise ValueError(f"job {self.job_id}: {name} must be finite or None, got {value!r}")
@@ -166,11 +254,21 @@ class JobView:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"job {self.job_id}: {name} must be an int >= 1 or None, got {value!r}")
+        if (self.min_gpus is None) != (self.max_gpus is None) or (
+            self.min_gpus is not None and self.max_gpus is not None and self.min_gpus > self.max_gpus
+        ):
+            raise ValueError(
+                f"job {self.job_id}: an elastic job needs min_gpus <= max_gpus, got {self.min_gpus!r}, "
+                f"{self.max_gpus!r}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
 class ClusterState:
-    """The nodes of a pass, column by column. Nodes are grouped in *pools* by GPU type."""
+    """The nodes of a pass, column by column. Nodes are grouped in *pools* by GPU type.
+
+    ``capacity`` (GPUs per pool) and ``node_size`` (GPUs of a pool's largest node) are derived.
+    """
 
     names: tuple[str, ...]
     pool: IntArray
@@ -179,6 +277,8 @@ class ClusterState:
     switch: IntArray
     pool_names: tuple[str, ...]
     index: Mapping[str, int] = field(repr=False)
+    capacity: IntArray = field(init=False, repr=False)
+    node_size: IntArray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -187,9 +287,30 @@ class ClusterState:
                 raise ValueError(f"ClusterState.{name} has {len(getattr(self, name))} entries, expected {n}")
         if len(self.pool_names) > MAX_POOLS:
             raise ValueError(f"at most {MAX_POOLS} GPU types are supported, got {len(self.pool_names)}")
-        if n and not (int(self.free.min()) >= 0 and bool((self.free <= self.total).all())):
-            bad = int(np.flatnonzero((self.free < 0) | (self.free > self.total))[0])
-            raise ValueError(f"node {self.names[bad]}: free GPUs {int(self.free[bad])} outside [0, total]")
+        self._check_free(self.free)
+        n_pools = len(self.pool_names)
+        capacity = np.bincount(self.pool, weights=self.total, minlength=n_pools).astype(np.int64)
+        node_size = np.zeros(n_pools, dtype=np.int64)
+        np.maximum.at(node_size, self.pool, self.total)
+        object.__setattr__(self, "capacity", capacity)
+        object.__setattr__(self, "node_size", node_size)
+
+    def _check_free(self, free: IntArray) -> None:
+        if len(free) != len(self.names):
+            raise ValueError(f"ClusterState.free has {len(free)} entries, expected {len(self.names)}")
+        if len(free) and not (int(free.min()) >= 0 and bool((free <= self.total).all())):
+            bad = int(np.flatnonzero((free < 0) | (free > self.total))[0])
+            raise ValueError(f"node {self.names[bad]}: free GPUs {int(free[bad])} outside [0, total]")
+
+    def with_free(self, free: IntArray, *, check: bool = True) -> ClusterState:
+        """The same nodes with other free GPU counts (what a caller passing many passes builds for each);
+        ``check=False`` for a caller that keeps them consistent itself (the simulator)."""
+        if check:
+            self._check_free(free)
+        out = object.__new__(ClusterState)
+        out.__dict__.update(self.__dict__)
+        out.__dict__["free"] = free
+        return out
 
     @property
     def n_pools(self) -> int:
@@ -228,9 +349,12 @@ class ClusterState:
 class JobTable:
     """The jobs of a pass, column by column (row i of every column is job i). Treat as read-only.
 
-    Missing optional values are NaN (``first_start``, ``skew``, ``remaining``, ``time_limit``). ``pool`` is the
-    pool a running job holds its GPUs in (-1 for pending jobs). ``pool_mask`` has bit p set when the job may use
-    pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
+    Missing optional values are NaN (``first_start``, ``skew``, ``remaining``, ``time_limit``, ``position``).
+    ``pool`` is the pool a running job holds its GPUs in (-1 for pending jobs). ``pool_mask`` has bit p set when the
+    job may use pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
+    ``alloc`` and ``scaling`` are sequences (tuples, or a :class:`RowSlice` of a caller's arrays).
+    ``min_gpus``/``max_gpus`` bound an elastic job's GPU count (both ``gpus`` for a rigid job); ``scaling`` holds
+    its :class:`ScalingCurve` (None: linear).
     """
 
     job_ids: IntArray
@@ -240,21 +364,36 @@ class JobTable:
     attained: FloatArray
     executed: FloatArray
     waiting: FloatArray
+    current_wait: FloatArray
     run_time: FloatArray
     first_start: FloatArray
     queue: IntArray
     skew: FloatArray
     pool_mask: IntArray
     pool: IntArray
-    alloc: ObjArray
+    alloc: Sequence[RowAllocation]
     remaining: FloatArray
     time_limit: FloatArray
+    position: FloatArray
+    min_gpus: IntArray
+    max_gpus: IntArray
+    scaling: Sequence[ScalingCurve | None]
 
     def __post_init__(self) -> None:
         n = len(self.job_ids)
         for name in self.__dataclass_fields__:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"JobTable.{name} has {len(getattr(self, name))} rows, expected {n}")
+
+    @classmethod
+    def unchecked(cls, **columns: Any) -> JobTable:
+        """A table from columns the caller guarantees are consistent (the simulator builds one per pass): the
+        row counts are not checked again."""
+        if columns.keys() != cls.__dataclass_fields__.keys():
+            raise ValueError(f"JobTable.unchecked needs every column, got {sorted(columns)}")
+        table = object.__new__(cls)
+        table.__dict__.update(columns)
+        return table
 
     def __len__(self) -> int:
         return len(self.job_ids)
@@ -266,7 +405,7 @@ class JobTable:
         ids = np.array([job.job_id for job in jobs], dtype=np.int64)
         if len(set(ids.tolist())) != len(jobs):
             raise ValueError(f"job {_first_duplicate([job.job_id for job in jobs])!r} appears twice")
-        allocs = np.empty(len(jobs), dtype=object)
+        allocs: list[RowAllocation] = []
         pools = np.full(len(jobs), -1, dtype=np.int64)
         for i, job in enumerate(jobs):
             rows: list[tuple[int, int]] = []
@@ -275,14 +414,14 @@ class JobTable:
                 if row is None:
                     raise ValueError(f"job {job.job_id}: allocation names unknown node {node!r}")
                 rows.append((row, count))
-            allocs[i] = tuple(rows)
+            allocs.append(tuple(rows))
             if rows:
                 job_pools = {int(cluster.pool[row]) for row, _ in rows}
                 if len(job_pools) != 1:
                     raise ValueError(f"job {job.job_id}: allocation spans several GPU types")
                 pools[i] = job_pools.pop()
         held = np.zeros(len(cluster.names), dtype=np.int64)
-        for held_rows in allocs.tolist():
+        for held_rows in allocs:
             for node_row, count in held_rows:
                 held[node_row] += count
         over = np.flatnonzero(held > cluster.total - cluster.free)
@@ -300,6 +439,7 @@ class JobTable:
             attained=np.array([job.attained_service for job in jobs], dtype=np.float64),
             executed=np.array([job.executed_time for job in jobs], dtype=np.float64),
             waiting=np.array([job.waiting_time for job in jobs], dtype=np.float64),
+            current_wait=np.array([job.current_wait for job in jobs], dtype=np.float64),
             run_time=np.array([job.run_time for job in jobs], dtype=np.float64),
             first_start=np.array(
                 [nan if job.first_start_time is None else job.first_start_time for job in jobs], dtype=np.float64
@@ -308,9 +448,13 @@ class JobTable:
             skew=np.array([nan if job.skew is None else job.skew for job in jobs], dtype=np.float64),
             pool_mask=np.array([cluster.pool_mask(job.gpu_types) for job in jobs], dtype=np.int64),
             pool=pools,
-            alloc=allocs,
+            alloc=tuple(allocs),
             remaining=np.array([nan if job.remaining_time is None else job.remaining_time for job in jobs]),
             time_limit=np.array([nan if job.time_limit is None else job.time_limit for job in jobs]),
+            position=np.array([nan if job.queue_position is None else job.queue_position for job in jobs]),
+            min_gpus=np.array([job.gpus if job.min_gpus is None else job.min_gpus for job in jobs], dtype=np.int64),
+            max_gpus=np.array([job.gpus if job.max_gpus is None else job.max_gpus for job in jobs], dtype=np.int64),
+            scaling=tuple(job.scaling for job in jobs),
         )
 
 
@@ -346,6 +490,17 @@ class Preemption:
 
 
 @dataclass(frozen=True, slots=True)
+class SizeChange:
+    """Run a running elastic job on another number of GPUs, placed on these (a checkpoint and a restart)."""
+
+    row: int
+    job_id: int
+    gpus: int
+    node_rows: RowAllocation
+    allocation: NamedAllocation
+
+
+@dataclass(frozen=True, slots=True)
 class QueueChange:
     """Move a job to another MLFQ queue; ``reset`` asks the caller to zero t_J, δ_J and a_J (§3.2.3)."""
 
@@ -371,6 +526,13 @@ class Decision:
     arrives and the running jobs that ended since this pass freed fewer than ``idle_below`` GPUs in total, a new
     pass would start and preempt nothing (the policy's order is fixed between wake-ups and the walk is greedy).
     0 means "always run the next pass".
+
+    ``resizes`` (elastic policies) changes the GPUs of running elastic jobs; their new GPUs are placed after the
+    preemptions and before the starts, and never overlap them.
+
+    ``positions`` (policies ordering queues as lists, :attr:`QueueOrder.LIST <hpc_elastic.policy.policies.
+    QueueOrder.LIST>`): every row's place in its queue after the pass, to be passed back in ``JobTable.position``;
+    None for the other policies.
     """
 
     starts: tuple[Start, ...]
@@ -380,3 +542,5 @@ class Decision:
     next_wakeup: float | None
     infeasible: tuple[int, ...] = ()
     idle_below: int = 0
+    positions: FloatArray | None = None
+    resizes: tuple[SizeChange, ...] = ()

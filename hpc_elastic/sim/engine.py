@@ -2,24 +2,35 @@
 
 Events: job arrival, completion, and policy wake-ups (a demotion threshold crossed while jobs wait, a
 promotion due, a minimum run time or time slice ending), optionally aligned to periodic scheduling ticks. Time
-jumps from one event to the next; after the events of an instant, one scheduling pass runs when anything changed,
-and its starts, preemptions and queue changes are applied.
+jumps from one event to the next; the events of an instant go to their handlers (:meth:`_Replay.arrive`,
+:meth:`_Replay.complete`, :meth:`_Replay.wake`), then one scheduling pass runs when anything changed
+(:meth:`_Replay.schedule`) and its decision is applied (:meth:`_Replay.apply`: demotions / promotions,
+preemptions, resizes, starts).
 
-Model:
+Two models of the cluster (:class:`SimModel`):
 
-- a job needs ``duration`` seconds of work on its ``gpus`` GPUs; it runs ``spread_slowdown`` times slower while
-  placed on several nodes if its skew exceeds ``skew_sensitive`` (Tiresias §2.2, Figure 3: skewed models such
-  as VGG lose speed when not consolidated);
-- a preempted job is checkpointed to the shared filesystem and restored when it resumes (§2.2, Figures 4-5): it
-  then first spends ``2 x checkpoint_bytes / bandwidth + restart_overhead`` seconds on its GPUs before making
-  progress again (default bandwidth 1.2 GB/s, Tiresias's GPFS, §5.1 "Testbed");
-- attained service a_J accrues at ``gpus`` GPU-seconds per second of wall time on GPUs, overheads included;
-- optionally (``refit_pack_limit``) PACKLIMIT is refitted during the replay from the observed (placement, speed)
-  pairs of the jobs started so far with :func:`hpc_elastic.policy.placement.fit_pack_limit` (§3.3.2,
-  "Determining PACKLIMIT"), as the paper does periodically from job history.
+- ``realistic`` (default):
+
+  - a job needs ``duration`` seconds of work on its ``gpus`` GPUs; it runs ``spread_slowdown`` times slower while
+    placed on several nodes if its skew exceeds ``skew_sensitive`` (Tiresias §2.2, Figure 3: skewed models such
+    as VGG lose speed when not consolidated);
+  - a preempted job is checkpointed to the shared filesystem and restored when it resumes (§2.2, Figures 4-5): it
+    then first spends ``2 x checkpoint_bytes / bandwidth + restart_overhead`` seconds on its GPUs before making
+    progress again (default bandwidth 1.2 GB/s, Tiresias's GPFS, §5.1 "Testbed"); a resized elastic job pays the
+    same (checkpoint, restart on its new GPUs);
+- ``reference``: the public Tiresias simulator's model (its ``--scheme=count``): GPUs are counted per GPU type
+  (the nodes of a type merge into one), preemptions and resizes cost nothing, nothing runs slower when spread,
+  the MLFQ policies order their queues as that simulator's lists (:attr:`QueueOrder.LIST`) and 2D-Gittins uses
+  its approximation of the index (:attr:`DeltaMode.REFERENCE`).
+
+In both, attained service a_J accrues at the job's current GPUs x wall time on GPUs, overheads included; an
+elastic job on n GPUs progresses at ``scaling(n) / scaling(gpus)`` times its speed on its trace size.
+Optionally (``refit_pack_limit``) PACKLIMIT is refitted during the replay from the observed (placement, speed)
+pairs of the jobs started so far with :func:`hpc_elastic.policy.placement.fit_pack_limit` (§3.3.2,
+"Determining PACKLIMIT"), as the paper does periodically from job history.
 
 The job state lives in numpy arrays; one pass hands the policy a :class:`JobTable` of the active jobs built with
-a dozen vectorised gathers, so a replay costs roughly (number of events) x (cost of one pass).
+a few vectorised gathers, so a replay costs roughly (number of passes) x (cost of one pass).
 """
 
 from __future__ import annotations
@@ -35,8 +46,19 @@ import numpy as np
 
 from hpc_elastic.policy.gittins import ServiceDistribution
 from hpc_elastic.policy.placement import PlacementSample, fit_pack_limit
-from hpc_elastic.policy.policies import Policy
-from hpc_elastic.policy.types import ClusterState, Decision, FloatArray, IntArray, JobTable, PassInput
+from hpc_elastic.policy.policies import DeltaMode, Policy, QueueOrder
+from hpc_elastic.policy.types import (
+    LINEAR,
+    ClusterState,
+    Decision,
+    FloatArray,
+    IntArray,
+    JobTable,
+    PassInput,
+    RowAllocation,
+    RowSlice,
+    ScalingCurve,
+)
 from hpc_elastic.sim.cluster import NodeSpec
 from hpc_elastic.sim.models import DEFAULT_CHECKPOINT_BYTES
 from hpc_elastic.sim.trace import TraceJob
@@ -48,16 +70,24 @@ _PENDING, _RUNNING, _DONE = 1, 2, 3
 _COMPLETION, _WAKE = 1, 2
 _TICK = -1
 # columns of the per-job state tables
-_SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT = range(11)
-_F_COLUMNS = 11
-_GPUS, _STATUS, _QUEUE, _MASK, _POOL = range(5)
-_I_COLUMNS = 5
+_SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT, _POS = range(12)
+_F_COLUMNS = 12
+_GPUS, _STATUS, _QUEUE, _MASK, _POOL, _MIN, _MAX = range(7)
+_I_COLUMNS = 7
+
+
+class SimModel(StrEnum):
+    """What the simulated cluster is like (see the module doc)."""
+
+    REALISTIC = "realistic"
+    REFERENCE = "reference"
 
 
 class EventKind(StrEnum):
     ARRIVE = "arrive"
     START = "start"
     PREEMPT = "preempt"
+    RESIZE = "resize"
     COMPLETE = "complete"
     DEMOTE = "demote"
     PROMOTE = "promote"
@@ -77,6 +107,7 @@ class SimEvent:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
+    model: SimModel = SimModel.REALISTIC
     bandwidth: float = DEFAULT_BANDWIDTH
     restart_overhead: float = 0.0
     default_checkpoint_bytes: float = DEFAULT_CHECKPOINT_BYTES
@@ -99,6 +130,8 @@ class SimConfig:
     record_events: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, SimModel):
+            raise ValueError(f"simulator setting model must be a SimModel, got {self.model!r}")
         checks = {
             "bandwidth": self.bandwidth > 0,
             "restart_overhead": self.restart_overhead >= 0,
@@ -113,6 +146,15 @@ class SimConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and ok):
                 raise ValueError(f"simulator setting {name} is out of range: {value!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Timeline:
+    """The cluster after every instant with events: jobs waiting and GPUs held (by running jobs)."""
+
+    time: FloatArray
+    waiting: IntArray
+    busy_gpus: IntArray
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,9 +179,14 @@ class SimResult:
     wall_seconds: float
     #: passes decided on the waiting jobs alone (``SimConfig.fit_shortcut``)
     shortcut_passes: int
+    timeline: Timeline
+    resizes: IntArray
+    #: seconds of checkpoint + restart paid by resized elastic jobs
+    resize_cost: float = 0.0
     log: tuple[SimEvent, ...] = ()
     #: PACKLIMIT in force at the end of the replay (differs from the policy's knob after a refit).
     pack_limit: float = math.nan
+    model: SimModel = SimModel.REALISTIC
 
     @property
     def jct(self) -> FloatArray:
@@ -153,6 +200,14 @@ class SimResult:
 ProgressFn = Callable[[int, int], None]
 
 
+def count_nodes(nodes: Sequence[NodeSpec]) -> tuple[NodeSpec, ...]:
+    """The reference model's cluster: one node per GPU type holding all its GPUs (GPUs are only counted)."""
+    totals: dict[str, int] = {}
+    for node in nodes:
+        totals[node.gpu_type] = totals.get(node.gpu_type, 0) + node.gpus
+    return tuple(NodeSpec(f"count-{gpu_type or 'gpu'}", gpus, gpu_type) for gpu_type, gpus in totals.items())
+
+
 class Simulator:
     """Replays ``jobs`` on ``nodes`` under ``policy``. One instance runs once."""
 
@@ -161,17 +216,21 @@ class Simulator:
     ) -> None:
         if not nodes:
             raise ValueError("the cluster has no nodes")
-        self.config = config or SimConfig()
+        self.config = cfg = config or SimConfig()
+        self.reference = cfg.model is SimModel.REFERENCE
+        if self.reference:
+            nodes = count_nodes(nodes)
+            reference = replace(policy.options, queue_order=QueueOrder.LIST, delta_mode=DeltaMode.REFERENCE)
+            policy = policy.with_options(reference)
         self.policy = policy
         self.nodes = tuple(nodes)
         self.cluster0 = ClusterState.from_nodes([node.view() for node in self.nodes])
         typed = self.cluster0.pool_names != ("",)
         pool_cap = np.bincount(self.cluster0.pool, weights=self.cluster0.total, minlength=self.cluster0.n_pools)
-        ordered = sorted(jobs, key=lambda job: (job.submit, job.line))
         keep: list[TraceJob] = []
         dropped: list[str] = []
         masks: list[int] = []
-        for job in ordered:
+        for job in sorted(jobs, key=lambda job: (job.submit, job.line)):
             mask = self.cluster0.pool_mask(job.gpu_types if typed else None)
             best = max((pool_cap[p] for p in range(self.cluster0.n_pools) if mask >> p & 1), default=0)
             if job.gpus > best:
@@ -181,9 +240,7 @@ class Simulator:
             masks.append(mask)
         self.jobs = tuple(keep)
         self.dropped = tuple(dropped)
-        n = len(keep)
-        cfg = self.config
-        self.ids = np.arange(n, dtype=np.int64)
+        self.ids = np.arange(len(keep), dtype=np.int64)
         self.gpus = np.array([job.gpus for job in keep], dtype=np.int64)
         self.submit = np.array([job.submit for job in keep], dtype=np.float64)
         self.work = np.array([job.duration for job in keep], dtype=np.float64)
@@ -198,333 +255,455 @@ class Simulator:
             [job.duration * cfg.time_limit_factor if job.time_limit is None else job.time_limit for job in keep],
             dtype=np.float64,
         )
+        # Elastic jobs: their GPU range (capped by the largest pool they may use) and scaling curve.
+        self.min_gpus = self.gpus.copy()
+        self.max_gpus = self.gpus.copy()
+        self.scaling = np.empty(len(keep), dtype=object)
+        self.scaling[:] = [job.scaling for job in keep]
+        for row, job in enumerate(keep):
+            if job.elastic and job.min_gpus is not None and job.max_gpus is not None:
+                cap = max(int(pool_cap[p]) for p in range(self.cluster0.n_pools) if masks[row] >> p & 1)
+                self.min_gpus[row] = min(job.min_gpus, job.gpus)
+                self.max_gpus[row] = max(min(job.max_gpus, cap), job.gpus)
 
-    # ------------------------------------------------------------------ run
     def run(self, progress: ProgressFn | None = None) -> SimResult:
-        cfg = self.config
-        n = len(self.jobs)
-        cluster0 = self.cluster0
-        node_pool = cluster0.pool
-        free = cluster0.total.copy()
-        # Per-job state in two row-major tables, so that a pass gathers the active rows in two operations;
-        # the names below are column views into them.
-        fstate = np.zeros((n, _F_COLUMNS), dtype=np.float64)
-        istate = np.zeros((n, _I_COLUMNS), dtype=np.int64)
-        fstate[:, _SUBMIT] = self.submit
+        return _Replay(self, progress).run()
+
+
+class _Replay:
+    """The mutable state of one replay and its event handlers."""
+
+    def __init__(self, sim: Simulator, progress: ProgressFn | None) -> None:
+        self.sim = sim
+        self.cfg = cfg = sim.config
+        self.progress = progress
+        n = self.n = len(sim.jobs)
+        cluster0 = sim.cluster0
+        self.free = cluster0.total.copy()
+        self.capacity = int(cluster0.total.sum())
+        # Per-job state in two row-major tables, so that a pass gathers the active rows in two operations.
+        self.fstate = fstate = np.zeros((n, _F_COLUMNS), dtype=np.float64)
+        self.istate = istate = np.zeros((n, _I_COLUMNS), dtype=np.int64)
+        fstate[:, _SUBMIT] = sim.submit
         fstate[:, _SPEED] = 1.0
         fstate[:, _FIRST] = math.nan
-        fstate[:, _SKEW] = self.skew
-        fstate[:, _REMAIN] = self.work
-        fstate[:, _LIMIT] = self.time_limit
-        istate[:, _GPUS] = self.gpus
-        istate[:, _MASK] = self.pool_mask
+        fstate[:, _SKEW] = sim.skew
+        fstate[:, _REMAIN] = sim.work
+        fstate[:, _LIMIT] = sim.time_limit
+        fstate[:, _POS] = math.nan
+        istate[:, _GPUS] = sim.gpus
+        istate[:, _MASK] = sim.pool_mask
         istate[:, _POOL] = -1
-        since = fstate[:, _SINCE]
-        overhead = fstate[:, _OVERHEAD]
-        speed = fstate[:, _SPEED]
-        att_base = fstate[:, _ATT]
-        exe_base = fstate[:, _EXE]
-        wait_base = fstate[:, _WAIT]
-        first_start = fstate[:, _FIRST]
-        remaining = fstate[:, _REMAIN]
-        status = istate[:, _STATUS]
-        queue = istate[:, _QUEUE]
-        pool = istate[:, _POOL]
-        end = np.full(n, math.nan)
-        alloc = np.empty(n, dtype=object)
-        alloc[:] = [()] * n
-        owed = np.zeros(n, dtype=np.float64)  # restore overhead owed at the next start
-        version = np.zeros(n, dtype=np.int64)
-        preempts = np.zeros(n, dtype=np.int64)
-        pend_total = np.zeros(n, dtype=np.float64)
-        service_total = np.zeros(n, dtype=np.float64)
-        busy = 0.0
-        preempt_cost = 0.0
-        log: list[SimEvent] = []
-        record = cfg.record_events
+        istate[:, _MIN] = sim.min_gpus
+        istate[:, _MAX] = sim.max_gpus
+        self.end = np.full(n, math.nan)
+        self.alloc = np.empty(n, dtype=object)
+        self.alloc[:] = [()] * n
+        self.owed = np.zeros(n, dtype=np.float64)  # restore overhead owed at the next start
+        self.version = np.zeros(n, dtype=np.int64)
+        self.preempts = np.zeros(n, dtype=np.int64)
+        self.resizes = np.zeros(n, dtype=np.int64)
+        self.pend_total = np.zeros(n, dtype=np.float64)
+        self.service_total = np.zeros(n, dtype=np.float64)
+        self.busy = 0.0  # GPU-seconds held
+        self.busy_gpus = 0
+        self.preempt_cost = self.resize_cost = 0.0
+        self.log: list[SimEvent] = []
+        self.record = cfg.record_events
+        # the cost of a checkpoint + restore per job (0 in the reference model)
+        self.stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
+        self.spread_slowdown = 1.0 if sim.reference else cfg.spread_slowdown
 
-        policy = self.policy
-        learn = policy.uses_history and cfg.history is None
+        policy = sim.policy
+        self.learn = policy.uses_history and cfg.history is None
         if policy.uses_history and cfg.history is not None:
             policy = policy.with_history(cfg.history.samples.tolist())
-        history: list[float] = []
-        next_refresh = 1
+        self.policy = policy
+        self.history: list[float] = []
+        self.next_refresh = 1
         # (model, consolidated) -> [skew, Σ speed, count] of the runs started so far, for the PACKLIMIT refit.
-        observed: dict[tuple[str, bool], list[float]] = {}
-        n_observed = 0
-        next_refit = 1
-        preemptive = policy.preemptive
+        self.observed: dict[tuple[str, bool], list[float]] = {}
+        self.n_observed = 0
+        self.next_refit = 1
 
-        active_arr = np.zeros(0, dtype=np.int64)  # rows of arrived, unfinished jobs (sorted)
-        arrived: list[int] = []
-        departed: list[int] = []
+        self.active = np.zeros(0, dtype=np.int64)  # rows of arrived, unfinished jobs (sorted)
+        self.arrived: list[int] = []
+        self.departed: list[int] = []
         # A non-preemptive policy ranks new jobs last, so arrivals alone only matter if one fits the free GPUs.
-        lazy_arrivals = not policy.preemptive
-        n_pending = 0
-        pending_gpus = 0  # GPUs wanted by the waiting jobs
-        shortcut = cfg.fit_shortcut and policy.fit_shortcut
-        shortcuts = 0
+        self.lazy_arrivals = not policy.preemptive
+        self.n_pending = 0
+        self.pending_gpus = 0  # GPUs wanted by the waiting jobs
+        # an elastic policy with elastic jobs also passes when nothing waits: to grow jobs into free GPUs
+        self.grows = policy.elastic and bool((sim.max_gpus > sim.min_gpus).any())
+        self.shortcut = cfg.fit_shortcut and policy.fit_shortcut and not self.grows
+        self.shortcuts = 0
         # Decision.idle_below of the last pass, and the GPUs completions have freed since it ran.
-        idle_below = 0
-        freed = 0
-        heap: list[tuple[float, int, int, int, int]] = []
-        seq = 0
-        wake_gen = 0
-        tick_pending = math.inf
-        next_arrival = 0
-        completed = 0
-        events = passes = 0
-        report_every = max(1, n // 200)
-        started_wall = time.perf_counter()
-        now = 0.0
-        interval = cfg.sched_interval
+        self.idle_below = 0
+        self.freed = 0
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.wake_gen = 0
+        self.tick_pending = math.inf
+        self.next_arrival = 0
+        self.completed = 0
+        self.events = self.passes = 0
+        self.report_every = max(1, n // 200)
+        # what the events of the current instant changed
+        self.changed = self.arrival = self.woken = self.ticked = False
+        self.t_log: list[float] = []
+        self.w_log: list[int] = []
+        self.b_log: list[int] = []
 
-        def stop(row: int, t: float) -> float:
-            """Account a running job's run up to t; free its GPUs. Returns the wall seconds it ran."""
-            nonlocal busy
-            el = t - since[row]
-            g = self.gpus[row]
-            att_base[row] += g * el
-            exe_base[row] += el
-            service_total[row] += g * el
-            busy += g * el
-            for node, count in alloc[row]:
-                free[node] += count
-            alloc[row] = ()
-            pool[row] = -1
-            return float(el)
+    # ------------------------------------------------------------------------------------------ the loop
 
-        def table_of(rows: IntArray, now: float) -> JobTable:
-            """The policy's view of these jobs at ``now`` (a few vectorised gathers)."""
-            fg = fstate[rows]
-            ig = istate[rows]
-            running = ig[:, _STATUS] == _RUNNING
-            g_rows = ig[:, _GPUS]
-            el = now - fg[:, _SINCE]
-            el_run = np.where(running, el, 0.0)
-            progress_run = np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED]
-            return JobTable(
-                job_ids=self.ids[rows],
-                gpus=g_rows,
-                submit=fg[:, _SUBMIT],
-                running=running,
-                attained=fg[:, _ATT] + g_rows * el_run,
-                executed=fg[:, _EXE] + el_run,
-                waiting=np.where(running, 0.0, fg[:, _WAIT] + el),
-                run_time=el_run,
-                first_start=fg[:, _FIRST],
-                queue=ig[:, _QUEUE],
-                skew=fg[:, _SKEW],
-                pool_mask=ig[:, _MASK],
-                pool=ig[:, _POOL],
-                alloc=alloc[rows],
-                remaining=np.maximum(fg[:, _REMAIN] - progress_run, 0.0),
-                time_limit=fg[:, _LIMIT],
-            )
-
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        submit = self.sim.submit
+        heap = self.heap
+        n = self.n
         while True:
-            t_arr = float(self.submit[next_arrival]) if next_arrival < n else math.inf
-            t_heap = heap[0][0] if heap else math.inf
-            t_next = min(t_arr, t_heap)
+            t_arr = float(submit[self.next_arrival]) if self.next_arrival < n else math.inf
+            t_next = min(t_arr, heap[0][0]) if heap else t_arr
             if math.isinf(t_next):
                 break
-            now = float(t_next)
-            changed = arrival = False
-            free_total = int(free.sum()) if lazy_arrivals else 0
-            # -- arrivals
-            while next_arrival < n and self.submit[next_arrival] <= now:
-                row = next_arrival
-                next_arrival += 1
-                status[row] = _PENDING
-                since[row] = self.submit[row]
-                arrived.append(row)
-                n_pending += 1
-                pending_gpus += int(self.gpus[row])
-                if not lazy_arrivals or self.gpus[row] <= free_total:
-                    changed = arrival = True
-                elif cfg.skip_idle_passes:  # it can start once free GPUs reach its size (free_total = after + freed)
-                    idle_below = min(idle_below, max(int(self.gpus[row]) - free_total + freed, 1))
-                events += 1
-                if record:
-                    log.append(SimEvent(now, EventKind.ARRIVE, int(self.ids[row])))
-            # -- completions and wake-ups due now
-            wake = tick_now = False
+            now = t_next
+            self.changed = self.arrival = self.woken = self.ticked = False
+            free_total = int(self.free.sum()) if self.lazy_arrivals else 0
+            while self.next_arrival < n and submit[self.next_arrival] <= now:
+                self.arrive(self.next_arrival, now, free_total)
+                self.next_arrival += 1
             while heap and heap[0][0] <= now:
                 _, _, kind, row, tag = heapq.heappop(heap)
-                events += 1
+                self.events += 1
                 if kind == _COMPLETION:
-                    if tag != version[row] or status[row] != _RUNNING:
-                        continue
-                    stop(row, now)
-                    status[row] = _DONE
-                    end[row] = now
-                    remaining[row] = 0.0
-                    departed.append(row)
-                    changed = True
-                    freed += int(self.gpus[row])
-                    completed += 1
-                    history.append(float(service_total[row]))
-                    if record:
-                        log.append(SimEvent(now, EventKind.COMPLETE, int(self.ids[row]), int(queue[row])))
-                    if progress is not None and completed % report_every == 0:
-                        progress(completed, n)
-                elif tag == _TICK:  # periodic scheduling tick
-                    tick_pending = math.inf
-                    tick_now = True
-                elif tag == wake_gen:  # only the latest pass's wake-up counts
-                    wake = True
-            if not (changed or wake or tick_now):
-                continue
-            if not (arrival or wake or tick_now) and freed < idle_below:
-                continue  # the last pass said no completion this small can change its decision
-            if interval > 0 and not tick_now:
-                # Periodic scheduling: passes happen on ticks (multiples of the interval) only.
-                tick = math.ceil(now / interval) * interval
-                if tick > now:
-                    if tick < tick_pending:
-                        tick_pending = tick
-                        seq += 1
-                        heapq.heappush(heap, (tick, seq, _WAKE, -1, _TICK))
-                    continue
-            if n_pending == 0:
-                continue
-            if not preemptive and not free.any():
-                continue
-            # -- learned job-size history for 2D-Gittins
-            if learn and len(history) >= next_refresh:
-                policy = policy.with_history(history)
-                next_refresh = max(int(len(history) * cfg.history_growth), len(history) + 1)
-            # -- PACKLIMIT refitted from observed placements (§3.3.2)
-            if cfg.refit_pack_limit and n_observed >= next_refit:
-                policy = _refit(policy, observed, cfg.refit_tolerance)
-                next_refit = max(int(n_observed * cfg.history_growth), n_observed + 1)
-            # -- one scheduling pass
-            if departed:
-                active_arr = np.delete(active_arr, np.searchsorted(active_arr, departed))
-                departed.clear()
-            if arrived:
-                active_arr = np.concatenate((active_arr, np.asarray(arrived, dtype=np.int64)))
-                arrived.clear()
-            cluster = ClusterState(
-                names=cluster0.names,
-                pool=node_pool,
-                total=cluster0.total,
-                free=free.copy(),
-                switch=cluster0.switch,
-                pool_names=cluster0.pool_names,
-                index=cluster0.index,
-            )
-            rows = active_arr
-            decision: Decision | None = None
-            if shortcut and pending_gpus <= int(free.sum()):
-                # Every waiting job may fit the free GPUs: ask the policy about the waiting jobs alone; if it
-                # starts them all, a full pass would have decided exactly that (Policy.fit_shortcut).
-                waiting_rows = rows[status[rows] == _PENDING]
-                table = table_of(waiting_rows, now)
-                sub = policy.schedule(PassInput(now, table, cluster))
-                if len(sub.starts) == waiting_rows.size and not sub.preemptions:
-                    decision, rows = sub, waiting_rows
-                    shortcuts += 1
-            if decision is None:
-                table = table_of(rows, now)
-                decision = policy.schedule(PassInput(now, table, cluster))
-            passes += 1
-            idle_below, freed = (decision.idle_below if cfg.skip_idle_passes else 0), 0
-            # -- apply: queue changes, preemptions, starts
-            for change in decision.queue_changes:
-                row = int(rows[change.row])
-                queue[row] = change.queue
-                if change.reset:
-                    att_base[row] = exe_base[row] = wait_base[row] = 0.0
-                    if status[row] == _PENDING:
-                        pend_total[row] += now - since[row]
-                        since[row] = now
-                    else:  # (policies only promote waiting jobs)
-                        att_base[row] = -float(self.gpus[row]) * (now - since[row])
-                        exe_base[row] = -(now - since[row])
-                if record:
-                    kind_ = EventKind.PROMOTE if change.reset else EventKind.DEMOTE
-                    log.append(
-                        SimEvent(now, kind_, change.job_id, change.queue, attained=float(table.attained[change.row]))
-                    )
-            for pre in decision.preemptions:
-                row = int(rows[pre.row])
-                ran = stop(row, now)
-                remaining[row] = max(remaining[row] - max(ran - overhead[row], 0.0) * speed[row], 0.0)
-                status[row] = _PENDING
-                since[row] = now
-                wait_base[row] = 0.0
-                version[row] += 1
-                preempts[row] += 1
-                pending_gpus += int(self.gpus[row])
-                cost = 2.0 * self.ckpt[row] / cfg.bandwidth + cfg.restart_overhead
-                owed[row] = cost
-                preempt_cost += cost
-                n_pending += 1
-                if record:
-                    log.append(SimEvent(now, EventKind.PREEMPT, pre.job_id, int(queue[row])))
-            for start in decision.starts:
-                row = int(rows[start.row])
-                if status[row] != _PENDING:
-                    raise RuntimeError(f"policy {policy.name} started job {start.job_id} that is not pending")
-                for node, count in start.node_rows:
-                    if free[node] < count:
-                        raise RuntimeError(
-                            f"policy {policy.name} placed job {start.job_id} on {cluster0.names[node]} "
-                            f"which has {int(free[node])} free GPUs, not {count}"
-                        )
-                    free[node] -= count
-                pend_total[row] += now - since[row]
-                status[row] = _RUNNING
-                n_pending -= 1
-                pending_gpus -= int(self.gpus[row])
-                since[row] = now
-                alloc[row] = start.node_rows
-                pool[row] = node_pool[start.node_rows[0][0]]
-                spread = len(start.node_rows) > 1
-                skewed = not math.isnan(self.skew[row]) and self.skew[row] > cfg.skew_sensitive
-                speed[row] = 1.0 / cfg.spread_slowdown if (spread and skewed) else 1.0
-                if cfg.refit_pack_limit and self.models[row] and not math.isnan(self.skew[row]):
-                    obs = observed.setdefault((self.models[row], not spread), [float(self.skew[row]), 0.0, 0.0])
-                    obs[1] += float(speed[row])
-                    obs[2] += 1.0
-                    n_observed += 1
-                overhead[row] = owed[row]
-                owed[row] = 0.0
-                if math.isnan(first_start[row]):
-                    first_start[row] = now
-                version[row] += 1
-                finish = now + overhead[row] + remaining[row] / speed[row]
-                seq += 1
-                heapq.heappush(heap, (float(finish), seq, _COMPLETION, row, int(version[row])))
-                if record:
-                    log.append(SimEvent(now, EventKind.START, start.job_id, int(queue[row]), start.allocation))
-            if decision.next_wakeup is not None:
-                wake_gen += 1
-                seq += 1
-                heapq.heappush(heap, (decision.next_wakeup, seq, _WAKE, -1, wake_gen))
-        if progress is not None:
-            progress(completed, n)
+                    self.complete(row, tag, now)
+                else:
+                    self.wake(tag)
+            if self.pass_due(now):
+                self.schedule(now)
+            self.t_log.append(now)
+            self.w_log.append(self.n_pending)
+            self.b_log.append(self.busy_gpus)
+        if self.progress is not None:
+            self.progress(self.completed, n)
+        return self.result(time.perf_counter() - started)
+
+    def pass_due(self, now: float) -> bool:
+        """Whether the events of this instant call for a scheduling pass (or a tick for one, with periodic
+        scheduling)."""
+        if not (self.changed or self.woken or self.ticked):
+            return False
+        if not (self.arrival or self.woken or self.ticked) and self.freed < self.idle_below:
+            return False  # the last pass said no completion this small can change its decision
+        interval = self.cfg.sched_interval
+        if interval > 0 and not self.ticked:
+            # Periodic scheduling: passes happen on ticks (multiples of the interval) only.
+            tick = math.ceil(now / interval) * interval
+            if tick > now:
+                if tick < self.tick_pending:
+                    self.tick_pending = tick
+                    self.push(tick, _WAKE, -1, _TICK)
+                return False
+        if self.n_pending == 0 and not self.grows:
+            return False
+        return self.policy.preemptive or bool(self.free.any())
+
+    def push(self, at: float, kind: int, row: int, tag: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, row, tag))
+
+    # ------------------------------------------------------------------------------------------ events
+
+    def arrive(self, row: int, now: float, free_total: int) -> None:
+        """A job is submitted: it waits (from its submit time) for the next pass."""
+        self.istate[row, _STATUS] = _PENDING
+        self.fstate[row, _SINCE] = self.sim.submit[row]
+        self.arrived.append(row)
+        self.n_pending += 1
+        gpus = int(self.sim.gpus[row])
+        self.pending_gpus += gpus
+        if not self.lazy_arrivals or gpus <= free_total:
+            self.changed = self.arrival = True
+        elif self.cfg.skip_idle_passes:  # it can start once free GPUs reach its size (free_total = after + freed)
+            self.idle_below = min(self.idle_below, max(gpus - free_total + self.freed, 1))
+        self.events += 1
+        if self.record:
+            self.log.append(SimEvent(now, EventKind.ARRIVE, int(self.sim.ids[row])))
+
+    def complete(self, row: int, version: int, now: float) -> None:
+        """A running job's work is done (unless the completion event is stale: it was preempted or resized)."""
+        if version != self.version[row] or self.istate[row, _STATUS] != _RUNNING:
+            return
+        gpus = int(self.istate[row, _GPUS])
+        self.stop(row, now)
+        self.istate[row, _STATUS] = _DONE
+        self.end[row] = now
+        self.fstate[row, _REMAIN] = 0.0
+        self.departed.append(row)
+        self.changed = True
+        self.freed += gpus
+        self.completed += 1
+        self.history.append(float(self.service_total[row]))
+        if self.record:
+            self.log.append(SimEvent(now, EventKind.COMPLETE, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
+        if self.progress is not None and self.completed % self.report_every == 0:
+            self.progress(self.completed, self.n)
+
+    def wake(self, tag: int) -> None:
+        """A periodic scheduling tick, or the wake-up the last pass asked for (a demotion or promotion due, a
+        minimum run time ending); only the latest pass's wake-up counts."""
+        if tag == _TICK:
+            self.tick_pending = math.inf
+            self.ticked = True
+        elif tag == self.wake_gen:
+            self.woken = True
+
+    def stop(self, row: int, now: float) -> None:
+        """Account a running job's run up to ``now`` (service, and the work done past its restore overhead);
+        free its GPUs."""
+        fstate = self.fstate
+        el = now - fstate[row, _SINCE]
+        gpus = int(self.istate[row, _GPUS])
+        fstate[row, _ATT] += gpus * el
+        fstate[row, _EXE] += el
+        done = max(el - fstate[row, _OVERHEAD], 0.0) * fstate[row, _SPEED]
+        fstate[row, _REMAIN] = max(fstate[row, _REMAIN] - done, 0.0)
+        self.service_total[row] += gpus * el
+        self.busy += gpus * el
+        self.busy_gpus -= gpus
+        free = self.free
+        for node, count in self.alloc[row]:
+            free[node] += count
+        self.alloc[row] = ()
+        self.istate[row, _POOL] = -1
+
+    # ------------------------------------------------------------------------------------------ a pass
+
+    def schedule(self, now: float) -> None:
+        """One scheduling pass over the active jobs (or over the waiting ones alone, when they all fit)."""
+        cfg = self.cfg
+        if self.learn and len(self.history) >= self.next_refresh:  # learned job-size history for 2D-Gittins
+            self.policy = self.policy.with_history(self.history)
+            self.next_refresh = max(int(len(self.history) * cfg.history_growth), len(self.history) + 1)
+        if cfg.refit_pack_limit and self.n_observed >= self.next_refit:  # PACKLIMIT refitted (§3.3.2)
+            self.policy = _refit(self.policy, self.observed, cfg.refit_tolerance)
+            self.next_refit = max(int(self.n_observed * cfg.history_growth), self.n_observed + 1)
+        if self.departed:
+            self.active = np.delete(self.active, np.searchsorted(self.active, self.departed))
+            self.departed.clear()
+        if self.arrived:
+            self.active = np.concatenate((self.active, np.asarray(self.arrived, dtype=np.int64)))
+            self.arrived.clear()
+        cluster = self.sim.cluster0.with_free(self.free.copy(), check=False)
+        rows = self.active
+        decision: Decision | None = None
+        if self.shortcut and self.pending_gpus <= int(self.free.sum()):
+            # Every waiting job may fit the free GPUs: ask the policy about the waiting jobs alone; if it starts
+            # them all, a full pass would have decided exactly that (Policy.fit_shortcut).
+            waiting_rows = rows[self.istate[rows, _STATUS] == _PENDING]
+            table = self.table(waiting_rows, now)
+            sub = self.policy.schedule(PassInput(now, table, cluster))
+            if len(sub.starts) == waiting_rows.size and not sub.preemptions:
+                decision, rows = sub, waiting_rows
+                self.shortcuts += 1
+        if decision is None:
+            table = self.table(rows, now)
+            decision = self.policy.schedule(PassInput(now, table, cluster))
+        self.passes += 1
+        self.idle_below, self.freed = (decision.idle_below if cfg.skip_idle_passes else 0), 0
+        self.apply(decision, rows, table, now)
+
+    def table(self, rows: IntArray, now: float) -> JobTable:
+        """The policy's view of these jobs at ``now`` (a few vectorised gathers)."""
+        fg = np.take(self.fstate, rows, axis=0)
+        ig = np.take(self.istate, rows, axis=0)
+        running = ig[:, _STATUS] == _RUNNING
+        gpus = ig[:, _GPUS]
+        el = now - fg[:, _SINCE]
+        el_run = np.where(running, el, 0.0)
+        exe = fg[:, _EXE]
+        return JobTable.unchecked(
+            job_ids=rows,  # a job's id is its row
+            gpus=gpus,
+            submit=fg[:, _SUBMIT],
+            running=running,
+            attained=fg[:, _ATT] + gpus * el_run,
+            executed=exe + el_run,
+            # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
+            waiting=fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
+            current_wait=np.where(running, 0.0, el),
+            run_time=el_run,
+            first_start=fg[:, _FIRST],
+            queue=ig[:, _QUEUE],
+            skew=fg[:, _SKEW],
+            pool_mask=ig[:, _MASK],
+            pool=ig[:, _POOL],
+            alloc=RowSlice(self.alloc, rows),
+            remaining=np.maximum(fg[:, _REMAIN] - np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED], 0.0),
+            time_limit=fg[:, _LIMIT],
+            position=fg[:, _POS],
+            min_gpus=ig[:, _MIN],
+            max_gpus=ig[:, _MAX],
+            scaling=RowSlice(self.sim.scaling, rows),
+        )
+
+    # ------------------------------------------------------------------------------------------ a decision
+
+    def apply(self, decision: Decision, rows: IntArray, table: JobTable, now: float) -> None:
+        """Carry out a pass's decision: queue changes, preemptions, resizes, starts (in that order: the GPUs of
+        the preempted and shrunk jobs are those the others are placed on)."""
+        if decision.positions is not None:
+            self.fstate[rows, _POS] = decision.positions
+        for change in decision.queue_changes:
+            self.change_queue(int(rows[change.row]), change.queue, change.reset, now)
+            if self.record:
+                kind = EventKind.PROMOTE if change.reset else EventKind.DEMOTE
+                attained = float(table.attained[change.row])
+                self.log.append(SimEvent(now, kind, change.job_id, change.queue, attained=attained))
+        for pre in decision.preemptions:
+            self.preempt(int(rows[pre.row]), now)
+        resized = [int(rows[size.row]) for size in decision.resizes]
+        for row in resized:  # every resized job lets go of its GPUs before any is placed again
+            self.checkpoint(row, now)
+        for row, size in zip(resized, decision.resizes, strict=True):
+            self.resize(row, size.gpus, size.node_rows, now)
+        for start in decision.starts:
+            self.start(int(rows[start.row]), start.node_rows, now)
+        self.wake_gen += 1  # a wake-up an earlier pass asked for no longer counts, even if this one asks none
+        if decision.next_wakeup is not None:
+            self.push(decision.next_wakeup, _WAKE, -1, self.wake_gen)
+
+    def change_queue(self, row: int, queue: int, reset: bool, now: float) -> None:
+        """Demotion, or promotion (which resets t_J, δ_J and a_J, §3.2.3)."""
+        fstate = self.fstate
+        self.istate[row, _QUEUE] = queue
+        if not reset:
+            return
+        fstate[row, _ATT] = fstate[row, _EXE] = fstate[row, _WAIT] = 0.0
+        if self.istate[row, _STATUS] == _PENDING:
+            self.pend_total[row] += now - fstate[row, _SINCE]
+            fstate[row, _SINCE] = now
+        else:  # (policies only promote waiting jobs)
+            fstate[row, _ATT] = -float(self.istate[row, _GPUS]) * (now - fstate[row, _SINCE])
+            fstate[row, _EXE] = -(now - fstate[row, _SINCE])
+
+    def preempt(self, row: int, now: float) -> None:
+        """Checkpoint and requeue a running job: its progress is banked, it owes a restore at its next start."""
+        fstate = self.fstate
+        self.stop(row, now)
+        self.istate[row, _STATUS] = _PENDING
+        self.istate[row, _GPUS] = self.sim.gpus[row]  # it waits for the GPUs it asked for
+        fstate[row, _SINCE] = now
+        self.version[row] += 1
+        self.preempts[row] += 1
+        self.pending_gpus += int(self.istate[row, _GPUS])
+        cost = float(self.stop_cost[row])
+        self.owed[row] = cost
+        self.preempt_cost += cost
+        self.n_pending += 1
+        if self.record:
+            self.log.append(SimEvent(now, EventKind.PREEMPT, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
+
+    def checkpoint(self, row: int, now: float) -> None:
+        """The first half of a resize: the running elastic job checkpoints and lets go of its GPUs."""
+        if self.istate[row, _STATUS] != _RUNNING:
+            raise RuntimeError(f"policy {self.policy.name} resized job {row} that is not running")
+        self.stop(row, now)
+
+    def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
+        """The second half: the job restarts from its checkpoint on ``gpus`` GPUs (it does not wait)."""
+        self.istate[row, _GPUS] = gpus
+        cost = float(self.stop_cost[row])
+        self.resizes[row] += 1
+        self.resize_cost += cost
+        self.run_on(row, node_rows, now, cost, EventKind.RESIZE)
+
+    def start(self, row: int, node_rows: RowAllocation, now: float) -> None:
+        """Start (or resume) a waiting job on these GPUs."""
+        fstate = self.fstate
+        if self.istate[row, _STATUS] != _PENDING:
+            raise RuntimeError(f"policy {self.policy.name} started job {row} that is not pending")
+        self.pend_total[row] += now - fstate[row, _SINCE]
+        if fstate[row, _EXE] > 0.0:  # a waiting spell after the job ran counts toward δ_J
+            fstate[row, _WAIT] += now - fstate[row, _SINCE]
+        self.n_pending -= 1
+        self.pending_gpus -= int(self.istate[row, _GPUS])
+        self.istate[row, _GPUS] = sum(count for _, count in node_rows)  # (an elastic job may start on more)
+        if math.isnan(fstate[row, _FIRST]):
+            fstate[row, _FIRST] = now
+        overhead = float(self.owed[row])
+        self.owed[row] = 0.0
+        self.run_on(row, node_rows, now, overhead, EventKind.START)
+
+    def run_on(self, row: int, node_rows: RowAllocation, now: float, overhead: float, kind: EventKind) -> None:
+        """Put a job on these GPUs from ``now``: its speed, and its completion event."""
+        sim, fstate, istate, free = self.sim, self.fstate, self.istate, self.free
+        gpus = int(istate[row, _GPUS])
+        for node, count in node_rows:
+            if free[node] < count:
+                raise RuntimeError(
+                    f"policy {self.policy.name} placed job {row} on {sim.cluster0.names[node]} "
+                    f"which has {int(free[node])} free GPUs, not {count}"
+                )
+            free[node] -= count
+        self.busy_gpus += gpus
+        istate[row, _STATUS] = _RUNNING
+        fstate[row, _SINCE] = now
+        self.alloc[row] = node_rows
+        istate[row, _POOL] = sim.cluster0.pool[node_rows[0][0]]
+        spread = len(node_rows) > 1
+        skew = float(sim.skew[row])
+        skewed = not math.isnan(skew) and skew > self.cfg.skew_sensitive
+        speed = 1.0 / self.spread_slowdown if (spread and skewed) else 1.0
+        if self.cfg.refit_pack_limit and sim.models[row] and not math.isnan(skew):
+            obs = self.observed.setdefault((sim.models[row], not spread), [skew, 0.0, 0.0])
+            obs[1] += speed
+            obs[2] += 1.0
+            self.n_observed += 1
+        base = int(sim.gpus[row])
+        if gpus != base:
+            curve: ScalingCurve = sim.scaling[row] or LINEAR
+            speed *= curve.at(gpus) / curve.at(base)
+        fstate[row, _SPEED] = speed
+        fstate[row, _OVERHEAD] = overhead
+        self.version[row] += 1
+        self.push(now + overhead + fstate[row, _REMAIN] / speed, _COMPLETION, row, int(self.version[row]))
+        if self.record:
+            named = tuple((sim.cluster0.names[node], count) for node, count in node_rows)
+            self.log.append(SimEvent(now, kind, int(sim.ids[row]), int(istate[row, _QUEUE]), named))
+
+    # ------------------------------------------------------------------------------------------ the result
+
+    def result(self, wall: float) -> SimResult:
+        sim = self.sim
         return SimResult(
-            policy=self.policy.name,
-            job_ids=tuple(int(x) for x in self.ids.tolist()),
-            names=tuple(job.name for job in self.jobs),
-            gpus=self.gpus,
-            submit=self.submit,
-            first_start=first_start.copy(),
-            end=end,
-            queue_delay=pend_total,
-            preemptions=preempts,
-            preemption_cost=preempt_cost,
-            busy_gpu_seconds=busy,
-            capacity_gpus=int(cluster0.total.sum()),
-            dropped=self.dropped,
-            events=events,
-            passes=passes,
-            shortcut_passes=shortcuts,
-            wall_seconds=time.perf_counter() - started_wall,
-            log=tuple(log),
-            pack_limit=policy.options.pack_limit,
+            policy=sim.policy.name,
+            job_ids=tuple(int(x) for x in sim.ids.tolist()),
+            names=tuple(job.name for job in sim.jobs),
+            gpus=sim.gpus,
+            submit=sim.submit,
+            first_start=self.fstate[:, _FIRST].copy(),
+            end=self.end,
+            queue_delay=self.pend_total,
+            preemptions=self.preempts,
+            preemption_cost=self.preempt_cost,
+            busy_gpu_seconds=self.busy,
+            capacity_gpus=self.capacity,
+            dropped=sim.dropped,
+            events=self.events,
+            passes=self.passes,
+            shortcut_passes=self.shortcuts,
+            wall_seconds=wall,
+            timeline=Timeline(
+                np.array(self.t_log, dtype=np.float64),
+                np.array(self.w_log, dtype=np.int64),
+                np.array(self.b_log, dtype=np.int64),
+            ),
+            resizes=self.resizes,
+            resize_cost=self.resize_cost,
+            log=tuple(self.log),
+            pack_limit=self.policy.options.pack_limit,
+            model=sim.config.model,
         )
 
 

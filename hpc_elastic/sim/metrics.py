@@ -19,6 +19,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "makespan",
     "preemptions",
     "preemption_cost",
+    "resizes",
     "utilization",
 )
 
@@ -26,8 +27,9 @@ METRIC_KEYS: tuple[str, ...] = (
 def summarize(result: SimResult) -> dict[str, float]:
     """avg / median / p95 / p99 JCT, average queueing delay (time spent waiting, all waits of a job summed),
     makespan (last completion - first submission), preemptions and their total cost (seconds of checkpoint +
-    restore + restart), GPU utilisation (GPU-seconds held by jobs / (GPUs x makespan)). Seconds, counts,
-    fraction. Only finished jobs enter the JCT statistics; ``finished`` < ``jobs`` flags a run that ended early.
+    restore + restart), resizes of elastic jobs, GPU utilisation (GPU-seconds held by jobs / (GPUs x makespan)).
+    Seconds, counts, fraction. Only finished jobs enter the JCT statistics; ``finished`` < ``jobs`` flags a run
+    that ended early.
     """
     done = ~np.isnan(result.end)
     jct = result.jct[done]
@@ -48,6 +50,7 @@ def summarize(result: SimResult) -> dict[str, float]:
     out["makespan"] = makespan
     out["preemptions"] = float(result.preemptions.sum())
     out["preemption_cost"] = float(result.preemption_cost)
+    out["resizes"] = float(result.resizes.sum())
     capacity = result.capacity_gpus * makespan
     out["utilization"] = float(result.busy_gpu_seconds / capacity) if capacity > 0 else math.nan
     return out

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
+from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.sim.models import model_info
 
 
@@ -40,7 +41,9 @@ class TraceFormatError(ValueError):
 @dataclass(frozen=True, slots=True)
 class TraceJob:
     """One job of a trace: it needs ``gpus`` GPUs for ``duration`` seconds (at full speed, consolidated).
-    ``name`` is the trace's own label for it; the simulator numbers jobs itself (job ids are ints everywhere)."""
+    ``name`` is the trace's own label for it; the simulator numbers jobs itself (job ids are ints everywhere).
+    An elastic job may run on any GPU count in [``min_gpus``, ``max_gpus``], at the speedups of ``scaling``
+    relative to its ``gpus`` (None: linear)."""
 
     name: str
     submit: float
@@ -52,6 +55,13 @@ class TraceJob:
     gpu_types: frozenset[str] | None = None
     time_limit: float | None = None
     line: int = 0
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    scaling: ScalingCurve | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpus is not None and self.max_gpus is not None and self.min_gpus < self.max_gpus
 
     @property
     def service(self) -> float:

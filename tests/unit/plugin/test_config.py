@@ -9,9 +9,11 @@ from click.testing import CliRunner
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import Environment
 from hpc_elastic.launch.spec import JobMarker
+from hpc_elastic.policy import DEFAULT_MIN_HISTORY, TiresiasGittins
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from slurm_plugin.cli import main, profile_skew
 from slurm_plugin.config import ConfigError, OrderField, load_config, parse_config
+from slurm_plugin.daemon import build_policy
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -77,3 +79,18 @@ def test_skew_comes_from_the_profiles_largest_tensor_share() -> None:
     assert vgg is not None and resnet is not None
     assert resnet < DEFAULT_PACK_LIMIT < vgg < 1.0
     assert lookup(marker("no_such_model"), 4) is None and lookup(marker(None), 4) is None
+
+
+def test_elastic_policy_and_gittins_history_threshold(tmp_path: Path) -> None:
+    """The registry's elastic policy is a valid daemon policy; 2D-Gittins waits for min_history job sizes."""
+
+    config = parse_config({"state_dir": str(tmp_path), "policy": "tiresias-las+elastic"})
+    assert build_policy(config).name == "tiresias-las+elastic"
+    gittins = parse_config({"state_dir": str(tmp_path), "policy": "tiresias-gittins", "tiresias": {"min_history": 5}})
+    assert config.tiresias.min_history == DEFAULT_MIN_HISTORY and gittins.tiresias.min_history == 5
+    sizes = [100.0, 900.0, 4000.0, 20000.0]
+    few, enough = build_policy(gittins).with_history(sizes), build_policy(gittins).with_history([*sizes, 50.0])
+    assert isinstance(few, TiresiasGittins) and isinstance(enough, TiresiasGittins)
+    assert len(few.distribution) == 0 and len(enough.distribution) == 5  # 4 < 5 sizes: 2D-LAS
+    with pytest.raises(ConfigError, match="tiresias.min_history"):
+        parse_config({"state_dir": str(tmp_path), "tiresias": {"min_history": -1}})

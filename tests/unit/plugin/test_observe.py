@@ -1,15 +1,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from hpc_elastic.policy import JobStatus
-from hpc_elastic.slurm import Job, Node
+from hpc_elastic.policy import Decision, JobStatus, QueueChange, QueueChangeKind
+from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
 from hpc_elastic.slurm.parse import parse_sacct_text, parse_sinfo_json, parse_squeue_json
-from slurm_plugin.observe import PartialRead, Selection, advance, observe, service_samples
+from slurm_plugin.observe import PartialRead, Selection, advance, apply_queue_changes, observe, service_samples
 from tests.unit.plugin.conftest import at, marked, start_of
 
 
@@ -23,7 +24,7 @@ def test_views_of_managed_running_and_pending_jobs(busy: tuple[list[Job], list[N
     assert run.status is JobStatus.RUNNING and run.allocation == (("node1", 4), ("node2", 4))
     assert run.attained_service == pytest.approx(8 * 100) and run.run_time == pytest.approx(100)
     assert wait.status is JobStatus.PENDING and wait.gpus == 1 and wait.gpu_types == frozenset({"a100"})
-    assert wait.waiting_time > 0
+    assert wait.waiting_time == 0.0  # δ_J counts from the job's first run
     assert [(n.name, n.free_gpus) for n in obs.nodes] == [("node1", 0), ("node2", 0), ("node3", 4), ("node4", 4)]
     assert {v.job_id for v in observe(jobs, nodes, {}, Selection(manage_all=True), now=now).jobs} == {24, 25}
     named = observe(jobs, nodes, {}, Selection(name_pattern="^wait"), now=now)
@@ -45,6 +46,27 @@ def test_attained_service_accumulates_across_a_requeue(slurm_data: Path) -> None
     assert rec.first_start == start.timestamp()
 
 
+def test_waiting_time_adds_up_over_requeues_until_a_promotion(slurm_data: Path) -> None:
+    """δ_J sums the waiting spells since the job first ran; only a promotion resets it (Tiresias §3.2.3)."""
+    before = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue.json").read_text())}
+    after = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue_after_requeue.json").read_text())}
+    start = before[1].start_time
+    assert start is not None
+    waiting = replace(after[1], eligible_time=None, pending_reason="Priority")
+    nodes = parse_sinfo_json((slurm_data / "sinfo_idle.json").read_text())
+    assert observe([waiting], nodes, {}, Selection(), now=at(start, 5)).jobs[0].waiting_time == 0.0  # never ran
+    rec = advance(None, before[1], at(start, 10))
+    rec = advance(rec, after[1], at(start, 14))  # requeued: waits from 14
+    rec = advance(rec, replace(before[1], start_time=start + timedelta(seconds=30)), at(start, 40))  # ran again
+    rec = advance(rec, after[1], at(start, 44))  # requeued again: waits from 44
+    view = observe([waiting], nodes, {1: rec}, Selection(), now=at(start, 60)).jobs[0]
+    assert view.waiting_time == pytest.approx((30 - 14) + (60 - 44))
+    promote = QueueChange(0, 1, 1, 0, QueueChangeKind.PROMOTE, reset=True)
+    decision = Decision((), (), (promote,), np.zeros(1, dtype=np.int64), None)
+    promoted = apply_queue_changes({1: rec}, decision, at(start, 60))[1]
+    assert promoted.waiting_time(at(start, 90)) == 0.0 and promoted.queue == 0
+
+
 def test_sinfo_lagging_behind_squeue_is_a_partial_read(slurm_data: Path, busy: tuple[list[Job], list[Node]]) -> None:
     jobs, _ = busy
     idle = parse_sinfo_json((slurm_data / "sinfo_idle.json").read_text())  # no GPU in use yet
@@ -56,8 +78,41 @@ def test_sinfo_lagging_behind_squeue_is_a_partial_read(slurm_data: Path, busy: t
 
 def test_job_sizes_from_sacct_history(slurm_data: Path) -> None:
     history = parse_sacct_text((slurm_data / "sacct_parsable2.txt").read_text())
-    # job 1 ran 14 s, was requeued, then ran 60 s on 2 GPUs: both records count; jobs 3 and 4: 8 GPUs x 30 s
-    assert sorted(service_samples(history)) == [2 * (14 + 60), 8 * 30, 8 * 30]
+    # job 1 ran 14 s, was requeued, then ran 60 s on 2 GPUs: both records count; jobs 3 and 4: 8 GPUs x 30 s;
+    # cancelled after running: job 10 (2 GPUs x 1 s), job 21 (2 GPUs x 1 s, resized to 1 x 1 s); job 16 was
+    # cancelled before it ran (0 s): no size (job 6's row has a '|' in its name and parses as UNKNOWN)
+    assert sorted(service_samples(history)) == [2 * 1, 2 * 1 + 1 * 1, 2 * (14 + 60), 8 * 30, 8 * 30]
+
+
+def test_job_sizes_count_every_way_a_job_ends_after_running() -> None:
+    """Time-outs, failures and cancellations after running are job sizes too; a requeued job that has not ended
+    yet is not (its last record is REQUEUED, or pending / running again)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def rec(job_id: int, state: JobState, start_s: float, elapsed: int, gpus: int = 2) -> Job:
+        return Job(
+            job_id,
+            f"j{job_id}",
+            "u",
+            state,
+            start_time=t0 + timedelta(seconds=start_s),
+            gpus=GpuCounts.of({"a100": gpus}),
+            elapsed_s=elapsed,
+        )
+
+    history = [
+        rec(1, JobState.COMPLETED, 0, 10),
+        rec(2, JobState.TIMEOUT, 0, 20),
+        rec(3, JobState.FAILED, 0, 30),
+        rec(4, JobState.CANCELLED, 0, 40),
+        rec(5, JobState.CANCELLED, 0, 0),  # cancelled while pending
+        rec(6, JobState.REQUEUED, 0, 50),  # requeued, not ended
+        rec(7, JobState.REQUEUED, 0, 5),
+        rec(7, JobState.RUNNING, 100, 7),  # running again
+        rec(8, JobState.REQUEUED, 0, 5),
+        rec(8, JobState.OUT_OF_MEMORY, 100, 7),
+    ]
+    assert sorted(service_samples(history)) == sorted([2 * 10, 2 * 20, 2 * 30, 2 * 40, 2 * (5 + 7)])
 
 
 def test_requeued_job_before_its_begin_time_is_not_scheduled(busy: tuple[list[Job], list[Node]]) -> None:

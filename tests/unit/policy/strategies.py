@@ -35,6 +35,7 @@ def pass_inputs(
         skew = draw(st.one_of(st.none(), st.floats(0.0, 1.0)))
         remaining = float(draw(st.integers(1, 1000)))
         allowed = draw(st.one_of(st.none(), st.frozensets(st.sampled_from(types), min_size=1)))
+        position = draw(st.one_of(st.none(), st.integers(0, 30).map(float)))
         want_run = started and draw(st.booleans())
         allocation: tuple[tuple[str, int], ...] = ()
         if want_run:
@@ -55,6 +56,7 @@ def pass_inputs(
                 attained_service=attained,
                 executed_time=executed,
                 waiting_time=0.0 if allocation else waiting,
+                current_wait=0.0 if allocation else float(draw(st.integers(0, 4000))),
                 run_time=float(draw(st.integers(0, 600))) if allocation else 0.0,
                 first_start_time=first_start,
                 queue=queue,
@@ -63,6 +65,7 @@ def pass_inputs(
                 allocation=allocation,
                 remaining_time=remaining,
                 time_limit=remaining * 2,
+                queue_position=position,
             )
         )
     nodes = [NodeView(f"n{i}", totals[i], totals[i] - used[i], node_types[i]) for i in range(n_nodes)]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpc_elastic.policy import GittinsTable, ServiceDistribution, gittins_index, gittins_index_sup
+from hpc_elastic.policy.gittins import ReferenceIndex
 
 
 def brute(samples: list[int], a: Fraction, delta: Fraction) -> Fraction:
@@ -90,3 +91,27 @@ def test_bad_sizes_rejected(bad: float) -> None:
 def test_bad_delta_rejected(delta: float) -> None:
     with pytest.raises(ValueError, match="Δ"):
         GittinsTable.build(ServiceDistribution.from_samples([1.0]), delta)
+
+
+def reference_index(data: list[int], a: int, delta: int) -> float:
+    """The public Tiresias simulator's index, transcribed from its run_sim.py (get_gittins_index and
+    cal_r_gittins_index, Python 2 integer division as floor)."""
+    data = sorted(data)
+    num = len(data)
+    if a >= data[-1]:
+        return 0.0
+    nxt = next(i for i, s in enumerate(data) if s > a)
+    x = data[nxt] - 1
+    idx = next(i for i, s in enumerate(data) if s > x)
+    idx_delta = num - 1 if x + delta > data[-1] - 1 else next(i for i, s in enumerate(data) if s > x + delta)
+    p = round((idx_delta - idx) * 1.0 / (num - idx), 5)
+    e = (sum(data[idx:idx_delta]) + delta * (num - idx_delta)) // (num - idx)
+    return round(p * 1000000 / e, 4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(samples=sizes, delta=st.integers(1, 30), attained=st.lists(st.integers(0, 60), min_size=1, max_size=8))
+def test_reference_index_is_the_public_simulators(samples: list[int], delta: int, attained: list[int]) -> None:
+    table = ReferenceIndex.build(ServiceDistribution.from_samples(samples), float(delta))
+    got = table.index(np.array(attained, dtype=np.float64))
+    assert got.tolist() == [reference_index(samples, a, delta) for a in attained]

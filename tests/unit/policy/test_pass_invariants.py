@@ -1,7 +1,8 @@
 """Invariants of one scheduling pass, for every policy, on random consistent inputs (hypothesis).
 
 MLFQ (Tiresias §3.2.3): capacity is never exceeded, demotion only on threshold crossings, promotion only when
-δ_J >= PROMOTEKNOB x t_J and with a reset, FIFO by first start inside a queue, all-or-nothing skipping.
+δ_J >= PROMOTEKNOB x t_J and with a reset, the in-queue orders (running jobs first, then FIFO by first start; or
+the public simulator's queue lists), all-or-nothing skipping.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from hypothesis import strategies as st
 from hpc_elastic.policy import (
     POLICY_NAMES,
     Decision,
+    JobStatus,
     JobView,
     NodeView,
     PassInput,
     PolicyOptions,
     QueueChangeKind,
+    QueueOrder,
     make_policy,
 )
-from hpc_elastic.policy.core import _select_single_pool
+from hpc_elastic.policy.core import NEVER, _select_single_pool
 from tests.unit.policy.strategies import level, pass_inputs
 
 THRESHOLDS = (1000.0, 5000.0)
@@ -44,7 +47,7 @@ def apply(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> dic
 
 
 def options(knob: float, min_run: float) -> PolicyOptions:
-    return PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run)
+    return PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, min_history=0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -131,7 +134,9 @@ def test_queue_changes(case: tuple[PassInput, list[JobView], list[NodeView]], kn
 
 @settings(max_examples=60, deadline=None)
 @given(case=pass_inputs(max_queue=2))
-def test_las_order_is_queue_then_first_start(case: tuple[PassInput, list[JobView], list[NodeView]]) -> None:
+def test_las_order_is_queue_then_running_then_first_start(
+    case: tuple[PassInput, list[JobView], list[NodeView]],
+) -> None:
     inp, jobs, _ = case
     decision = make_policy("tiresias-las", options(math.inf, 0.0)).schedule(inp)
     new_queue = {c.row: c.queue for c in decision.queue_changes}
@@ -139,8 +144,44 @@ def test_las_order_is_queue_then_first_start(case: tuple[PassInput, list[JobView
     for row in decision.priority_order.tolist():
         job = jobs[row]
         fs = math.inf if job.first_start_time is None else job.first_start_time
-        keys.append((new_queue.get(row, job.queue), fs, job.submit_time))
+        keys.append((new_queue.get(row, job.queue), job.status is not JobStatus.RUNNING, fs, job.submit_time))
     assert keys == sorted(keys)
+    assert decision.positions is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=pass_inputs(max_queue=2), knob=st.sampled_from([math.inf, 0.5]))
+def test_las_list_order_and_positions(case: tuple[PassInput, list[JobView], list[NodeView]], knob: float) -> None:
+    """QueueOrder.LIST: by queue, then place in the queue list (jobs new to their queue at the tail, by
+    submission); after the pass, per queue, the jobs holding GPUs ahead of those waiting, each in walk order."""
+    inp, jobs, _ = case
+    policy = make_policy(
+        "tiresias-las", PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, queue_order=QueueOrder.LIST)
+    )
+    decision = policy.schedule(inp)
+    new_queue = {c.row: c.queue for c in decision.queue_changes}
+    order = decision.priority_order.tolist()
+    keys = []
+    for row in order:
+        job = jobs[row]
+        queue = new_queue.get(row, job.queue)
+        moved = queue != job.queue
+        place = math.inf if job.queue_position is None or moved else job.queue_position
+        keys.append((queue, place, job.submit_time))
+    assert keys == sorted(keys)
+    positions = decision.positions
+    assert positions is not None
+    preempted = {p.row for p in decision.preemptions}
+    holding = {s.row for s in decision.starts} | {
+        r for r, j in enumerate(jobs) if j.status is JobStatus.RUNNING and r not in preempted
+    }
+    walk_rank = {row: i for i, row in enumerate(order)}
+    after = sorted(range(len(jobs)), key=lambda r: positions[r])
+    assert after == sorted(
+        range(len(jobs)), key=lambda r: (new_queue.get(r, jobs[r].queue), r not in holding, walk_rank[r])
+    )
+    known = [j.queue_position for j in jobs if j.queue_position is not None]
+    assert all(p > max(known, default=-1.0) for p in positions.tolist())  # positions only grow
 
 
 @settings(max_examples=60, deadline=None)
@@ -163,13 +204,18 @@ def test_mlfq_selection_is_greedy_in_priority_order(case: tuple[PassInput, list[
 
 
 def test_single_pool_fast_path_equals_loop() -> None:
+    """The vectorised greedy fit and its deficit (fewest GPUs to free before a left-out job fits at its place)
+    against a plain loop."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         gpus = rng.integers(1, 9, size=int(rng.integers(0, 40)))
         cap = int(rng.integers(0, 60))
-        left, want = cap, []
+        left, want, lack = cap, [], NEVER
         for g in gpus.tolist():
             fit = g <= left
             want.append(fit)
+            if not fit:
+                lack = min(lack, max(g - left, 1))
             left -= g if fit else 0
-        assert _select_single_pool(gpus.astype(np.int64), cap).tolist() == want
+        take, deficit = _select_single_pool(gpus.astype(np.int64), cap, deficit=True)
+        assert take.tolist() == want and deficit == lack

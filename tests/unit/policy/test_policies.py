@@ -17,6 +17,7 @@ from hpc_elastic.policy import (
     NodeView,
     PassInput,
     PolicyOptions,
+    QueueOrder,
     ServiceDistribution,
     make_policy,
     policy_names,
@@ -36,7 +37,9 @@ def name_of(job_id: int) -> str:
 
 
 def run(name: str, jobs: list[JobView], nodes: list[NodeView], now: float = 100.0, **opts: object) -> Decision:
+    """One pass of policy ``name`` (a history given here is used whatever its size, unless ``min_history``)."""
     cluster = ClusterState.from_nodes(nodes)
+    opts.setdefault("min_history", 0)
     policy = make_policy(name, PolicyOptions(**opts))  # type: ignore[arg-type]
     history = opts.get("history")
     if history is not None:
@@ -62,6 +65,7 @@ def test_registry_has_every_policy() -> None:
         "gandiva",
         "tiresias-las",
         "tiresias-gittins",
+        "tiresias-las+elastic",
     )
     for name in POLICY_NAMES:
         assert make_policy(name).name == name
@@ -145,7 +149,7 @@ def test_backfill_age_priority_saturates() -> None:
 def test_gandiva_rotates_after_the_time_slice() -> None:
     nodes = [NodeView("n0", 1, 0)]
     fresh = job("fresh", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=30.0)
-    waiting = job("waiting", 1, 1.0, waiting_time=99.0)
+    waiting = job("waiting", 1, 1.0, current_wait=99.0)
     decision = run("gandiva", [fresh, waiting], nodes, time_slice=60.0)
     assert preempted(decision) == [] and decision.next_wakeup == pytest.approx(180.0)  # slice ends at 130; next round
     stale = job("stale", 1, 0.0, R, allocation=(("n0", 1),), first_start_time=0.0, run_time=90.0)
@@ -182,6 +186,93 @@ def test_las_keeps_started_job_ahead_of_never_started_in_same_queue() -> None:
     assert decision.priority_order.tolist() == [0, 1]
 
 
+def test_las_waiting_job_never_displaces_a_running_job_of_its_own_queue() -> None:
+    """A queue-1 job preempted earlier by a queue-0 job (it started first) waits for the running queue-1 job that
+    started after it: only a higher queue preempts (§3.2.3; the public simulator keeps running jobs first)."""
+    nodes = [NodeView("n0", 4, 0)]
+    resumed = job("resumed", 4, 0.0, attained_service=5000.0, executed_time=2000.0, first_start_time=1.0, queue=1)
+    later = job(
+        "later",
+        4,
+        2.0,
+        R,
+        attained_service=4000.0,
+        executed_time=1000.0,
+        allocation=(("n0", 4),),
+        first_start_time=10.0,
+        queue=1,
+    )
+    decision = run("tiresias-las", [resumed, later], nodes)
+    assert preempted(decision) == [] and started(decision) == []
+    assert decision.priority_order.tolist() == [1, 0]
+
+
+def test_list_order_is_the_public_simulators_queue_lists() -> None:
+    """QueueOrder.LIST: the queue list decides (not the first start); a job demoted by this pass joins the tail
+    of its new queue; afterwards, per queue, the jobs holding GPUs come first."""
+    nodes = [NodeView("n0", 4, 0)]
+    ahead = job(
+        "ahead",
+        2,
+        5.0,
+        attained_service=4000.0,
+        executed_time=2000.0,
+        first_start_time=9.0,
+        queue=1,
+        queue_position=0.0,
+    )
+    behind = job(
+        "behind",
+        2,
+        0.0,
+        attained_service=9000.0,
+        executed_time=4000.0,
+        first_start_time=1.0,
+        queue=1,
+        queue_position=3.0,
+    )
+    demoted = job(
+        "demoted",
+        4,
+        1.0,
+        R,
+        attained_service=3300.0,
+        executed_time=825.0,
+        allocation=(("n0", 4),),
+        first_start_time=2.0,
+        queue=0,
+        queue_position=1.0,
+    )
+    decision = run("tiresias-las", [ahead, behind, demoted], nodes, queue_order=QueueOrder.LIST)
+    assert [name_of(jid) for jid in [[ahead, behind, demoted][r].job_id for r in decision.priority_order]] == [
+        "ahead",
+        "behind",
+        "demoted",
+    ]
+    assert started(decision) == ["ahead", "behind"] and preempted(decision) == ["demoted"]
+    positions = decision.positions
+    assert positions is not None
+    assert sorted(range(3), key=lambda r: positions[r]) == [0, 1, 2]  # holders first, then the demoted job
+    assert min(positions) > 3.0
+    # START order for the same jobs: the demoted job runs, so it keeps its GPUs ahead of its new queue's waiters
+    start_order = run("tiresias-las", [ahead, behind, demoted], nodes)
+    assert started(start_order) == [] and preempted(start_order) == []
+
+
+def test_gittins_ranks_the_last_queue_by_index() -> None:
+    """DeltaMode.QUEUE keeps the last finite quantum in the last queue: a job likely to end within it goes
+    first there (the paper's Δ = ∞ would make the last queue FIFO, i.e. 2D-LAS)."""
+    hist = ServiceDistribution.from_samples([4000.0] * 5 + [100_000.0] * 5)
+    nodes = [NodeView("n0", 1, 1)]
+    old = job("old", 1, 0.0, attained_service=50_000.0, executed_time=50_000.0, first_start_time=1.0, queue=1)
+    near = job("near", 1, 1.0, attained_service=3500.0, executed_time=3500.0, first_start_time=2.0, queue=1)
+    assert started(run("tiresias-las", [old, near], nodes, thresholds=(3200.0,))) == ["old"]
+    assert started(run("tiresias-gittins", [old, near], nodes, thresholds=(3200.0,), history=hist)) == ["near"]
+    # with fewer job sizes than min_history it is 2D-LAS (Pseudocode 1 lines 2-3)
+    few = run("tiresias-gittins", [old, near], nodes, thresholds=(3200.0,), history=hist, min_history=11)
+    assert started(few) == ["old"]
+
+
 def test_min_run_time_pins_a_job() -> None:
     nodes = [NodeView("n0", 4, 0)]
     old = job(
@@ -215,10 +306,20 @@ def test_las_wakes_up_at_the_demotion_threshold() -> None:
 
 
 def test_promotion_resets_and_puts_job_first() -> None:
+    """The promoted job joins queue 0 ahead of its never-started jobs and preempts lower queues."""
     nodes = [NodeView("n0", 2, 0)]
     holder = job(
-        "holder", 2, 5.0, R, attained_service=10.0, executed_time=5.0, allocation=(("n0", 2),), first_start_time=5.0
+        "holder",
+        2,
+        5.0,
+        R,
+        attained_service=5000.0,
+        executed_time=2500.0,
+        allocation=(("n0", 2),),
+        first_start_time=5.0,
+        queue=1,
     )
+    fresh = job("fresh", 2, 0.5)
     starved = job(
         "starved",
         2,
@@ -229,7 +330,7 @@ def test_promotion_resets_and_puts_job_first() -> None:
         first_start_time=1.0,
         queue=1,
     )
-    decision = run("tiresias-las", [holder, starved], nodes, promote_knob=2.0)
+    decision = run("tiresias-las", [holder, fresh, starved], nodes, promote_knob=2.0)
     (change,) = decision.queue_changes
     assert name_of(change.job_id) == "starved" and change.queue == 0 and change.reset
     assert started(decision) == ["starved"] and preempted(decision) == ["holder"]
@@ -243,8 +344,9 @@ def test_promotion_resets_and_puts_job_first() -> None:
         first_start_time=1.0,
         queue=1,
     )
-    decision = run("tiresias-las", [holder, not_yet], nodes, promote_knob=2.0)
-    assert decision.queue_changes == () and decision.next_wakeup == pytest.approx(1100.0)
+    decision = run("tiresias-las", [holder, fresh, not_yet], nodes, promote_knob=2.0)
+    assert decision.queue_changes == () and started(decision) == ["fresh"]
+    assert decision.next_wakeup == pytest.approx(1100.0)
 
 
 def test_gittins_orders_by_index_inside_a_queue() -> None:
@@ -281,6 +383,7 @@ def test_gittins_without_history_is_las() -> None:
         ({"min_run_time": math.nan}, "min_run_time"),
         ({"time_slice": 0.0}, "time_slice"),
         ({"pack_limit": math.inf}, "PACKLIMIT"),
+        ({"min_history": -1}, "min_history"),
     ],
 )
 def test_options_validated(kwargs: dict[str, object], match: str) -> None:
@@ -361,7 +464,9 @@ def test_waiting_job_prefers_idle_pool_over_preemption() -> None:
 
 
 def test_las_wakes_up_for_a_job_it_preempted() -> None:
-    """The preempted job waits after the pass: the pass must wake up when the job it started is demoted."""
+    """The preempted job waits after the pass. In the public simulator's queue lists the job it started falls
+    behind it when demoted, so the pass must wake up then; with the holders first in a queue (START), that
+    demotion changes nothing and no wake-up is needed."""
     nodes = [NodeView("n0", 2, 0)]
     old = job(
         "old",
@@ -374,6 +479,12 @@ def test_las_wakes_up_for_a_job_it_preempted() -> None:
         first_start_time=0.0,
         queue=1,
     )
-    decision = run("tiresias-las", [old, job("new", 2, 90.0)], nodes)
-    assert preempted(decision) == ["old"] and started(decision) == ["new"]
-    assert decision.next_wakeup == pytest.approx(100.0 + 3200.0 / 2)
+    listed = run("tiresias-las", [old, job("new", 2, 90.0)], nodes, queue_order=QueueOrder.LIST)
+    assert preempted(listed) == ["old"] and started(listed) == ["new"]
+    assert listed.next_wakeup == pytest.approx(100.0 + 3200.0 / 2)
+    holders_first = run("tiresias-las", [old, job("new", 2, 90.0)], nodes)
+    assert preempted(holders_first) == ["old"] and started(holders_first) == ["new"]
+    assert holders_first.next_wakeup is None
+    # a job waiting in the queue the holder leaves: its demotion lets that job go first
+    other = job("other", 2, 95.0)
+    assert run("tiresias-las", [old, job("new", 2, 90.0), other], nodes).next_wakeup == pytest.approx(1700.0)

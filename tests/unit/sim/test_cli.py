@@ -43,6 +43,32 @@ def test_json_has_every_policy_and_metric(runner: CliRunner, tmp_path: Path) -> 
         assert 0 < metrics["utilization"] <= 1
 
 
+def throughputs(tmp_path: Path) -> Path:
+    """A Gavel-style throughputs file: ResNet-50 scales 1.8x on 2 GPUs and 3x on 4 (Recommendation: 1 GPU only)."""
+    path = tmp_path / "throughputs.json"
+    table = {
+        "('ResNet-50 (batch size 64)', 1)": {"null": 10.0},
+        "('ResNet-50 (batch size 64)', 2)": {"null": 18.0},
+        "('ResNet-50 (batch size 64)', 4)": {"null": 30.0},
+        "('Recommendation (batch size 2048)', 1)": {"null": 5.0},
+    }
+    path.write_text(json.dumps({"v100": table}))
+    return path
+
+
+def test_reference_model_and_elastic_jobs(runner: CliRunner, tmp_path: Path) -> None:
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "2x4", "--json"]
+    policies = ["--policy", "tiresias-las", "--policy", "tiresias-las+elastic"]
+    reference = runner.invoke(cli, [*args, *policies, "--model", "reference"])
+    assert reference.exit_code == 0, reference.output
+    assert json.loads(reference.stdout)["tiresias-las"]["preemption_cost"] == 0.0
+    elastic = runner.invoke(cli, [*args, *policies, "--elastic", "2", "--throughputs", str(throughputs(tmp_path))])
+    assert elastic.exit_code == 0, elastic.output
+    metrics = json.loads(elastic.stdout)
+    assert metrics["tiresias-las"]["resizes"] == 0 < metrics["tiresias-las+elastic"]["resizes"]
+    assert metrics["tiresias-las+elastic"]["finished"] == 25
+
+
 def test_repeated_policy_and_knobs_and_plot(runner: CliRunner, tmp_path: Path) -> None:
     png = tmp_path / "cdf.png"
     args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "1x4"]
@@ -68,6 +94,10 @@ def test_table_output(runner: CliRunner, tmp_path: Path) -> None:
         (["--cluster", "2x4", "--queues", "500,100"], "increasing"),
         (["--cluster", "2x4", "--load-scale", "0"], "load scale"),
         (["--cluster", "2x4", "--format", "pollux"], "header lacks"),
+        (["--cluster", "2x4", "--elastic", "0.5"], "elastic factor"),
+        (["--cluster", "2x4", "--throughputs", "t.json"], "needs --elastic"),
+        (["--cluster", "2x4", "--min-history", "-1"], "min_history"),
+        (["--cluster", "2x4", "--elastic", "2", "--throughputs", "/nonexistent.json"], "cannot read throughputs"),
     ],
 )
 def test_errors_are_one_line_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], message: str) -> None:

@@ -1,0 +1,107 @@
+"""Elastic jobs for the simulator: GPU ranges and throughput per GPU count.
+
+Throughputs come from Gavel's measurements (stanford-futuredata/gavel @ c4fa400 :
+scheduler/simulation_throughputs.json, MIT; ``../shared/traces/gavel_simulation_throughputs.json``): for each
+job type and scale factor k, the throughput of the job on k consolidated GPUs of a type, summed over its k workers
+(Gavel derives a job's steps as run time x this throughput). The speedup on k GPUs is throughput(k) /
+throughput(1); :class:`ScalingCurve` caps it at k (a few consolidated measurements are above linear) and
+continues it past the last measured k with Amdahl's law.
+
+Models map to the Gavel job type closest to them (:data:`GAVEL_JOB_TYPES`); a model Gavel measured on one GPU
+only (recommendation) stays rigid. A model the trace does not name (Alibaba openb pods, Philly rows) gets the
+median speedup of Gavel's distributed job types at each measured k.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from hpc_elastic.policy.types import ScalingCurve
+from hpc_elastic.sim.trace import TraceJob
+
+#: Model of a trace -> Gavel job type. Tiresias's CNNs (Table 6) without a huge tensor are ResNet-50-like (the
+#: VGG family and AlexNet have no counterpart in Gavel and get the median curve); the Pollux applications as in
+#: Pollux's artifact (cifar10 = ResNet-18, imagenet = ResNet-50, bert = a Transformer, deepspeech2 = recurrent
+#: like the LM, yolov3 = a ResNet backbone, ncf = recommendation, measured on one GPU only).
+GAVEL_JOB_TYPES: dict[str, str] = {
+    "resnet50": "ResNet-50 (batch size 64)",
+    "resnet101": "ResNet-50 (batch size 64)",
+    "resnet152": "ResNet-50 (batch size 64)",
+    "inception3": "ResNet-50 (batch size 64)",
+    "inception4": "ResNet-50 (batch size 64)",
+    "googlenet": "ResNet-50 (batch size 64)",
+    "cifar10": "ResNet-18 (batch size 128)",
+    "imagenet": "ResNet-50 (batch size 128)",
+    "bert": "Transformer (batch size 64)",
+    "deepspeech2": "LM (batch size 80)",
+    "yolov3": "ResNet-50 (batch size 32)",
+    "ncf": "Recommendation (batch size 2048)",
+}
+
+#: Key of the curve given to jobs whose model is not in :data:`GAVEL_JOB_TYPES`.
+MEDIAN = "median"
+
+
+def load_gavel_curves(path: str | Path, gpu_type: str = "v100") -> dict[str, ScalingCurve]:
+    """Speedup curves per Gavel job type measured on more than one GPU, plus :data:`MEDIAN`."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc}") from None
+    table = data.get(gpu_type) if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        raise ValueError(f"{file}: no throughputs for GPU type {gpu_type!r}")
+    by_type: dict[str, dict[int, float]] = {}
+    for key, value in table.items():
+        try:
+            job_type, scale = ast.literal_eval(key)
+            throughput = float(value["null"])
+        except (ValueError, SyntaxError, TypeError, KeyError):
+            raise ValueError(f"{file}: unexpected entry {key!r} for {gpu_type}") from None
+        if throughput > 0 and math.isfinite(throughput):
+            by_type.setdefault(str(job_type), {})[int(scale)] = throughput
+    curves: dict[str, ScalingCurve] = {}
+    for job_type, points in by_type.items():
+        if 1 not in points or len(points) < 2:
+            continue
+        counts = tuple(sorted(points))
+        curves[job_type] = ScalingCurve(counts, tuple(points[k] / points[1] for k in counts))
+    if not curves:
+        raise ValueError(f"{file}: no job type measured on more than one {gpu_type} GPU")
+    measured = sorted({k for curve in curves.values() for k in curve.gpus})
+    median = [statistics.median(c.at(k) for c in curves.values() if k in c.gpus) for k in measured]
+    curves[MEDIAN] = ScalingCurve(tuple(measured), tuple(median))
+    return curves
+
+
+def curve_for(model: str, curves: Mapping[str, ScalingCurve]) -> ScalingCurve | None:
+    """The scaling curve of a trace's model (None: not measured on several GPUs, the job stays rigid)."""
+    name = model.strip().lower()
+    if name in GAVEL_JOB_TYPES:
+        return curves.get(GAVEL_JOB_TYPES[name])
+    return curves.get(MEDIAN)
+
+
+def make_elastic(
+    jobs: Sequence[TraceJob], factor: float, curves: Mapping[str, ScalingCurve] | None
+) -> tuple[TraceJob, ...]:
+    """Every job whose scaling is known may run on [ceil(its GPUs / ``factor``), ceil(its GPUs x ``factor``)];
+    without ``curves`` every job is elastic with linear scaling (an optimistic bound)."""
+    if not (math.isfinite(factor) and factor >= 1):
+        raise ValueError(f"the elastic factor must be a finite number >= 1, got {factor!r}")
+    out: list[TraceJob] = []
+    for job in jobs:
+        curve = curve_for(job.model, curves) if curves is not None else None
+        if curves is not None and curve is None:
+            out.append(job)
+            continue
+        top = max(job.gpus, math.ceil(job.gpus * factor))
+        out.append(replace(job, min_gpus=math.ceil(job.gpus / factor), max_gpus=top, scaling=curve))
+    return tuple(out)
