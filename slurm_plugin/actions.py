@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import Decision, JobStatus, JobView
 from hpc_elastic.slurm import Job
 from hpc_elastic.slurm.parse import compress_hostlist
@@ -191,13 +190,12 @@ def _busy(record: JobRecord) -> bool:
     return bool(record.stop_kind or record.resize_to)
 
 
-def elastic_sizes(view: JobView, marker: JobMarker | None) -> list[int]:
-    """GPU counts an elastic job may run with: every count in [min, max] up to its logical workers N (its N ESTs
-    run on any number of processes from 1 to N with the same bits: EasyScale §3, Eq. 1a)."""
+def elastic_sizes(view: JobView) -> list[int]:
+    """GPU counts an elastic job may run with: every count in [min, max] (its marker keeps max <= its logical
+    workers N, and N ESTs run on any number of processes from 1 to N with the same bits: EasyScale §3, Eq. 1a)."""
     if view.min_gpus is None or view.max_gpus is None:
         return []
-    workers = marker.workers if marker is not None else view.max_gpus
-    return list(range(view.min_gpus, min(view.max_gpus, workers) + 1))
+    return list(range(view.min_gpus, view.max_gpus + 1))
 
 
 def resize_actions(
@@ -267,7 +265,7 @@ def resize_actions(
             view = obs.jobs[row]
             if row not in running:
                 continue
-            smaller = [n for n in elastic_sizes(view, obs.markers.get(view.job_id)) if n < view.gpus]
+            smaller = [n for n in elastic_sizes(view) if n < view.gpus]
             if not smaller:
                 continue
             pool = job_type(view)
@@ -286,7 +284,7 @@ def resize_actions(
         if row not in running:
             continue
         idle = max(0, free_by_type.get(job_type(view), 0))
-        larger = [n for n in elastic_sizes(view, obs.markers.get(view.job_id)) if view.gpus < n <= view.gpus + idle]
+        larger = [n for n in elastic_sizes(view) if view.gpus < n <= view.gpus + idle]
         if larger:
             new = max(larger)
             return [resize(view, new, f"grow: {idle} {job_type(view)} GPU(s) idle and no job waits")]

@@ -113,6 +113,7 @@ class Daemon:
         self._history_at: float | None = None
         self._signature: frozenset[tuple[int, str, int]] | None = None
         self._recent: list[dict[str, Any]] | None = None
+        self._rejected: dict[int, str] = {}  # the disqualified jobs already logged, and why
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -151,6 +152,7 @@ class Daemon:
             report.skipped = f"partial read, no action this pass: {exc}"
             log.warning("%s", report.skipped)
             return report
+        self._log_rejections(obs.rejected)
         self._signature = signature(obs.managed.values())
         decision = self.policy.schedule(PassInput(now, table, cluster))
         if not followups_only:
@@ -169,11 +171,21 @@ class Daemon:
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report
 
+    def _log_rejections(self, rejected: Mapping[int, str]) -> None:
+        """Log each disqualified job once (again only if the reason changes); forget those no longer listed."""
+        for job_id, why in rejected.items():
+            if self._rejected.get(job_id) != why:
+                log.warning("job %d left out: %s", job_id, why)
+                self.metrics.errors.labels("rejected-job").inc()
+        self._rejected = dict(rejected)
+
     def _skews(self, jobs: list[Job]) -> dict[int, float]:
         out: dict[int, float] = {}
         if self.skew_lookup is None:
             return out
         for job in jobs:
+            if not job.state.is_active or not self.selection.manages(job):
+                continue
             marker = self.selection.marker(job)
             if marker is None or not marker.profile:
                 continue

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from hpc_elastic.launch.spec import JobMarker, decode_marker
+from hpc_elastic.launch.spec import JobMarker, MarkerError, decode_marker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
 from hpc_elastic.slurm import Job, JobState, Node
 from slurm_plugin.store import JobRecord
@@ -36,12 +36,29 @@ class Selection:
     name_pattern: str = ""
 
     def marker(self, job: Job) -> JobMarker | None:
+        """The job's marker; raises :class:`MarkerError` for a comment that only pretends to be one."""
         return decode_marker(job.comment)
 
     def manages(self, job: Job) -> bool:
+        """Whether the job is the daemon's: selected, and with no invalid marker (a forged or broken marker
+        disqualifies its job, whatever ``manage_all`` says)."""
         if self.name_pattern and not re.search(self.name_pattern, job.name):
             return False
-        return self.manage_all or self.marker(job) is not None
+        try:
+            marker = self.marker(job)
+        except MarkerError:
+            return False
+        return self.manage_all or marker is not None
+
+    def rejection(self, job: Job) -> str | None:
+        """Why a selected job is disqualified (its marker is invalid), or None."""
+        if self.name_pattern and not re.search(self.name_pattern, job.name):
+            return None
+        try:
+            self.marker(job)
+        except MarkerError as exc:
+            return str(exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,8 @@ class Observation:
     forget: tuple[int, ...]
     #: every managed active job (also those the policy does not see: held, or waiting for their BeginTime)
     managed: Mapping[int, Job] = field(default_factory=dict)
+    #: active jobs left out of this pass, and why (an invalid marker, a field the policy refuses): never the pass
+    rejected: Mapping[int, str] = field(default_factory=dict)
 
 
 def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
@@ -184,8 +203,18 @@ def observe(
     markers: dict[int, JobMarker | None] = {}
     new_records: dict[int, JobRecord] = {}
     managed: dict[int, Job] = {}
+    rejected: dict[int, str] = {}
     for job in sorted(jobs, key=lambda j: j.job_id):
-        if not job.state.is_active or not selection.manages(job):
+        if not job.state.is_active:
+            continue
+        if not selection.manages(job):
+            why = selection.rejection(job)
+            if why is not None:
+                rejected[job.job_id] = why
+            earlier = records.get(job.job_id)
+            if earlier is not None and earlier.stop_kind:  # a stop in flight is finished whatever the comment says
+                new_records[job.job_id] = advance(earlier, job, now)
+                managed[job.job_id] = job
             continue
         record = advance(records.get(job.job_id), job, now)
         new_records[job.job_id] = record
@@ -199,11 +228,12 @@ def observe(
             continue
         marker = selection.marker(job)
         key = job.job_id
-        elastic = marker if marker is not None and marker.unit == "gpu" and marker.min < marker.max else None
+        elastic = marker if marker is not None and marker.elastic else None
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
         gpus = record.resize_set if pending and record.resize_set else job.gpu_count
-        out_views.append(
-            JobView(
+        allocation = split_allocation(job, in_use) if running else ()  # PartialRead: the whole pass waits
+        try:
+            view = JobView(
                 job_id=key,
                 gpus=gpus,
                 submit_time=_submitted(job, record),
@@ -217,26 +247,35 @@ def observe(
                 queue=record.queue,
                 skew=skews.get(job.job_id),
                 gpu_types=_gpu_types(job, marker, frozen_types),
-                allocation=split_allocation(job, in_use) if running else (),
+                allocation=allocation,
                 time_limit=float(job.time_limit_s) if job.time_limit_s else None,
                 min_gpus=elastic.min if elastic else None,
                 max_gpus=elastic.max if elastic else None,
             )
-        )
+        except ValueError as exc:  # one job's odd fields keep that job, not the cluster, out of the pass
+            rejected[key] = str(exc)
+            continue
+        out_views.append(view)
         slurm_jobs[key] = job
         markers[key] = marker
     # A job missing from squeue is forgotten only after FORGET_AFTER_S: a controller that is restarting can
-    # answer with an empty or short job list, and forgetting would lose the job's attained service.
+    # answer with an empty or short job list, and forgetting would lose the job's attained service. A job squeue
+    # still lists keeps its record even when it is not managed now (its marker removed for a while): putting the
+    # marker back must not reset its attained service.
+    listed = {job.job_id for job in jobs}
     forget = []
     for job_id, record in records.items():
         if job_id in new_records:
+            continue
+        if job_id in listed:
+            new_records[job_id] = replace(record, missing_since=None) if record.missing_since is not None else record
             continue
         since = record.missing_since if record.missing_since is not None else now
         if now - since >= FORGET_AFTER_S:
             forget.append(job_id)
         else:
             new_records[job_id] = replace(record, missing_since=since)
-    return Observation(now, tuple(out_views), views, slurm_jobs, markers, new_records, tuple(forget), managed)
+    return Observation(now, tuple(out_views), views, slurm_jobs, markers, new_records, tuple(forget), managed, rejected)
 
 
 def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, now: float) -> dict[int, JobRecord]:

@@ -13,6 +13,7 @@ from hpc_elastic.checkpoint.store import (
     CorruptCheckpoint,
     PendingSave,
     SaveMode,
+    UnreadableCheckpoint,
     open_checkpoint,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "Manifest",
     "PendingSave",
     "SaveMode",
+    "UnreadableCheckpoint",
     "open_checkpoint",
 ]

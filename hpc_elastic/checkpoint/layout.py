@@ -25,6 +25,8 @@ MANIFEST = "MANIFEST.json"
 PREFIX = "ckpt-"
 TMP_PREFIX = ".tmp-ckpt-"
 TRASH_PREFIX = ".trash-"
+#: newer checkpoints of a timeline a run abandoned, set aside (kept, never loaded, never pruned)
+ABANDONED_PREFIX = "abandoned-"
 _DIR_RE = re.compile(r"^ckpt-(\d{12})$")
 _SHARD_RE = re.compile(r"^shard-(\d{5})\.pt$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")

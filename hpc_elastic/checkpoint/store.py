@@ -12,7 +12,9 @@ Saving step ``s`` (every rank calls :meth:`CheckpointStore.save` at the same ste
 
 A process killed at any instant leaves either no new checkpoint directory (the previous one stays the newest) or a
 complete one.  Loading verifies the manifest, the size and the sha256 of every file it reads, and falls back to the
-previous checkpoint when any of that fails.
+previous checkpoint when any of that fails; a file that is there but cannot be read now is an error
+(:class:`UnreadableCheckpoint`), not an absence.  A commit never deletes a newer checkpoint: those of a timeline the
+run abandoned are set aside as ``abandoned-ckpt-<s>-<token>``.
 
 Asynchronous saves copy the shard's tensors to host memory before :meth:`save` returns; a background thread writes,
 fsyncs and (rank 0) commits.  Background threads never run collectives.  :meth:`CheckpointStore.wait` — collective,
@@ -56,7 +58,20 @@ class CheckpointError(HpcElasticError):
 
 
 class CorruptCheckpoint(CheckpointError):
-    """A checkpoint directory is incomplete, or a file does not match its manifest."""
+    """A checkpoint directory is incomplete, or a file does not match its manifest: loading falls back to the
+    previous checkpoint."""
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint file exists but cannot be read now (EIO, EACCES, a stale handle on the shared filesystem):
+    an error on every rank, never taken for "no checkpoint" (training would restart from step 0)."""
+
+
+def _read_failed(path: Path, exc: OSError) -> CheckpointError:
+    """A missing file is a corrupt checkpoint; any other read error is an unreadable one."""
+    if isinstance(exc, FileNotFoundError):
+        return CorruptCheckpoint(f"checkpoint file {path} is missing")
+    return UnreadableCheckpoint(f"checkpoint file {path} cannot be read: {exc.strerror or exc}")
 
 
 class SaveMode(StrEnum):
@@ -99,7 +114,7 @@ class Checkpoint:
         try:
             data = (self.path / name).read_bytes()
         except OSError as exc:
-            raise CorruptCheckpoint(f"checkpoint file {self.path / name} cannot be read: {exc}") from exc
+            raise _read_failed(self.path / name, exc) from exc
         if len(data) != entry.size:
             raise CorruptCheckpoint(f"checkpoint file {self.path / name} has {len(data)} bytes, manifest {entry.size}")
         digest = hashlib.sha256(data).hexdigest()
@@ -127,7 +142,7 @@ class Checkpoint:
             try:
                 digest, size = sha256_file(self.path / name)
             except OSError as exc:
-                raise CorruptCheckpoint(f"checkpoint file {self.path / name} cannot be read: {exc}") from exc
+                raise _read_failed(self.path / name, exc) from exc
             if (digest, size) != (entry.sha256, entry.size):
                 raise CorruptCheckpoint(f"checkpoint file {self.path / name} does not match its manifest")
 
@@ -139,8 +154,10 @@ def open_checkpoint(path: Path) -> Checkpoint:
         text = (path / layout.MANIFEST).read_text()
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path} is not a complete checkpoint (no {layout.MANIFEST})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpoint(f"checkpoint manifest in {path} cannot be read: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CorruptCheckpoint(f"checkpoint manifest in {path} is not text: {exc}") from exc
+    except OSError as exc:
+        raise _read_failed(path / layout.MANIFEST, exc) from exc
     try:
         manifest = layout.parse_manifest(text)
     except ValueError as exc:
@@ -150,8 +167,8 @@ def open_checkpoint(path: Path) -> Checkpoint:
     for name, entry in manifest.files.items():
         try:
             size = (path / name).stat().st_size
-        except OSError:
-            raise CorruptCheckpoint(f"checkpoint {path} lacks {name}") from None
+        except OSError as exc:
+            raise _read_failed(path / name, exc) from exc
         if size != entry.size:
             raise CorruptCheckpoint(f"checkpoint file {path / name} has {size} bytes, manifest {entry.size}")
     return Checkpoint(path, manifest)
@@ -394,15 +411,24 @@ class CheckpointStore:
         atomic_write_bytes(tmp / layout.MANIFEST, manifest.to_json().encode())
         self._phase("manifest")
         # Checkpoints at this step or later belong to a timeline this run abandoned (it resumed from an earlier
-        # one, e.g. because they were corrupt): move them out of the way, then publish.
+        # one, e.g. because they were corrupt, or unreadable by another incarnation): move them aside, kept for
+        # the user to inspect or restore, never deleted by an older timeline's commit; then publish.
         for step, path in self._committed_dirs():
-            if step >= pending.step:
+            if step > pending.step:
+                self._set_aside(path)
+            elif step == pending.step:  # the same step again: the same bits (a retried save, a stop at resume)
                 self._discard(path)
         os.rename(tmp, final)
         fsync_dir(self.root)
         self._phase("renamed")
         self.prune(exclude=tmp)
         self._phase("pruned")
+
+    def _set_aside(self, path: Path) -> None:
+        aside = path.with_name(f"{layout.ABANDONED_PREFIX}{path.name}-{secrets.token_hex(4)}")
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, aside)
+            fsync_dir(path.parent)
 
     def _discard(self, path: Path) -> None:
         trash = path.with_name(f"{layout.TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
@@ -418,10 +444,14 @@ class CheckpointStore:
         (other than ``exclude``).  Rank 0 only, with no save in flight.  Return the steps deleted."""
         committed = self._committed_dirs()
         valid: dict[int, Path] = {}
+        unknown: set[int] = set()  # cannot be read now: neither counted nor deleted
         for step, path in committed:
             try:
                 layout.parse_manifest((path / layout.MANIFEST).read_text())
-            except (OSError, ValueError):
+            except (FileNotFoundError, UnicodeDecodeError, ValueError):
+                continue
+            except OSError:
+                unknown.add(step)
                 continue
             valid[step] = path
         newest = max(valid, default=-1)
@@ -429,7 +459,7 @@ class CheckpointStore:
         for step in doomed:
             self._discard(valid[step])
         for step, path in committed:  # never-valid directories older than the newest good one
-            if step not in valid and step < newest:
+            if step not in valid and step not in unknown and step < newest:
                 self._discard(path)
         if self.root.is_dir():
             for entry in self.root.iterdir():

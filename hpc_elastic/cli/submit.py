@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 import hpc_elastic
 from hpc_elastic.collective import Backend
-from hpc_elastic.env import read_environment
+from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.batch import render_batch_script
 from hpc_elastic.launch.spec import SubmitSpec, check_gpu_type, explicit_options, merge, parse_directives
+from hpc_elastic.profile import ProfileError, default_profile_dir, load_profile
 from hpc_elastic.slurm import SlurmClient, connect
 
 
@@ -57,7 +59,7 @@ def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object
     base = SubmitSpec(
         script=script.resolve(), args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=sys.executable
     )
-    spec = merge(parse_directives(text), explicit_options(list(options.items())), base)
+    spec = resolve_profile(merge(parse_directives(text), explicit_options(list(options.items())), base), env)
     batch = render_batch_script(spec, wrapper_argv(spec.python))
     if dry_run:
         click.echo(batch, nl=False)
@@ -67,6 +69,18 @@ def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object
     spec.ckpt_root.mkdir(parents=True, exist_ok=True)
     job_id = slurm.submit(script_text=batch)
     click.echo(job_id)
+
+
+def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:
+    """``--profile`` as the site's profile name (``vgg_like`` -> ``vgg_like@cpu-amd-epyc`` when unique): the
+    scheduler looks a job's profile up by that exact name only. ``ValueError`` when there is no such profile."""
+    if spec.profile is None:
+        return spec
+    try:
+        profile = load_profile(spec.profile, default_profile_dir(env))
+    except ProfileError as exc:
+        raise ValueError(f"--profile: {exc}") from None
+    return replace(spec, profile=profile.name)
 
 
 def check_against_cluster(spec: SubmitSpec, slurm: SlurmClient) -> None:

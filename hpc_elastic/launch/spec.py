@@ -9,10 +9,12 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from hpc_elastic.collective import Backend
+from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
 
 DIRECTIVE = "#HPC-ELASTIC"
@@ -22,6 +24,8 @@ DEFAULT_MAX_RESTARTS = 2  # in-allocation restarts of a failed worker step (the 
 _TIME = re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?)")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+#: a profile is a file name in the site's profile directory: no separator, no leading dot ("..", hidden files)
+_PROFILE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.@+-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"bad --partition {spec.partition!r}")
     if spec.job_name is not None and not _NAME.fullmatch(spec.job_name):
         raise ValueError(f"bad job name {spec.job_name!r}: letters, digits and _.+- only, at most 64")
-    if spec.profile is not None and not _NAME.fullmatch(spec.profile):
+    if spec.profile is not None and not _PROFILE.fullmatch(spec.profile):
         raise ValueError(f"bad --profile {spec.profile!r}")
     if not 0 < spec.grace_s <= 3600:
         raise ValueError(f"--grace must be between 1 and 3600 seconds, got {spec.grace_s}")
@@ -222,18 +226,60 @@ def merge(directives: Mapping[str, Any], explicit: Mapping[str, Any], base: Subm
 # ------------------------------------------------------------------------------------------------ marker
 
 
+class MarkerError(ValueError):
+    """A job comment that starts with the marker's prefix but is not a valid marker (anyone can write one)."""
+
+
+class MarkerUnit(StrEnum):
+    GPU = "gpu"
+    PROC = "proc"
+
+
+#: The longest marker :meth:`JobMarker.encode` can write, with room to spare; a longer comment is refused unread.
+MAX_MARKER_LENGTH = 512
+_MARKER_KEYS = ("v", "workers", "min", "max", "unit", "backend", "gpu_type", "profile", "level")
+_REQUIRED_KEYS = frozenset(("v", "workers", "min", "max", "unit", "backend"))
+_COUNT = re.compile(r"[1-9][0-9]{0,5}")
+
+
 @dataclass(frozen=True)
 class JobMarker:
-    """What ``hpc-elastic submit`` recorded in a job's comment (and the wrapper adds: the pinned GPU type)."""
+    """What ``hpc-elastic submit`` recorded in a job's comment (and the wrapper adds: the pinned GPU type).
+
+    Every field is checked on construction, because the daemon builds markers from comments any user can write:
+    ``1 <= min <= max <= workers <= MAX_ESTS`` (N ESTs run on at most N devices, EasyScale §3), a ``proc`` job
+    has one size (``min == max``), and the GPU type and profile are plain names (a profile is looked up by name
+    in the site's profile directory, never as a path)."""
 
     workers: int
     min: int
     max: int
-    unit: str
+    unit: MarkerUnit
     backend: Backend
     gpu_type: str | None = None
     profile: str | None = None
     level: DeterminismLevel | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "min", "max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ESTS:
+                raise MarkerError(f"marker {name} must be an integer in [1, {MAX_ESTS}], got {value!r}")
+        if not self.min <= self.max <= self.workers:
+            raise MarkerError(f"marker needs min <= max <= workers, got {self.min}, {self.max}, {self.workers}")
+        if not isinstance(self.unit, MarkerUnit):
+            raise MarkerError(f"marker unit must be a MarkerUnit, got {self.unit!r}")
+        if self.unit is MarkerUnit.PROC and self.min != self.max:
+            raise MarkerError(f"a proc marker has one size, got min={self.min} max={self.max}")
+        if self.gpu_type is not None and not _GPU_TYPE.fullmatch(self.gpu_type):
+            raise MarkerError(f"bad marker gpu_type {self.gpu_type!r}")
+        if self.profile is not None and not _PROFILE.fullmatch(self.profile):
+            raise MarkerError(f"bad marker profile {self.profile!r}: a name (letters, digits, _.@+-), not a path")
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the scheduler may resize the job (a GPU range)."""
+        return self.unit is MarkerUnit.GPU and self.min < self.max
 
     def encode(self) -> str:
         """``hpc-elastic:v=1,workers=8,min=2,max=8,unit=gpu,backend=torch[,gpu_type=a100][,profile=NAME][,level=d2]``:
@@ -243,7 +289,7 @@ class JobMarker:
             ("workers", str(self.workers)),
             ("min", str(self.min)),
             ("max", str(self.max)),
-            ("unit", self.unit),
+            ("unit", self.unit.value),
             ("backend", self.backend.value),
         ]
         if self.gpu_type:
@@ -261,7 +307,7 @@ def marker_of(spec: SubmitSpec) -> JobMarker:
         workers=spec.logical_workers,
         min=lo,
         max=hi,
-        unit="gpu" if spec.gpus else "proc",
+        unit=MarkerUnit.GPU if spec.gpus else MarkerUnit.PROC,
         backend=spec.backend,
         gpu_type=spec.gpu_type,
         profile=spec.profile,
@@ -275,23 +321,49 @@ def encode_marker(spec: SubmitSpec) -> str:
 
 
 def decode_marker(comment: str) -> JobMarker | None:
-    """The marker in a job comment, or None when the job was not submitted through hpc-elastic."""
+    """The marker in a job comment; None when the job was not submitted through hpc-elastic (no prefix).
+
+    Raises :class:`MarkerError` (naming what is wrong) for a comment with the prefix that is not a valid marker:
+    too long, an item without ``=``, an unknown or repeated key, a missing one, a version other than 1, or a field
+    out of its range (:class:`JobMarker` checks them)."""
     if not comment.startswith(MARKER):
         return None
+    if len(comment) > MAX_MARKER_LENGTH:
+        raise MarkerError(f"marker longer than {MAX_MARKER_LENGTH} characters")
+    data: dict[str, str] = {}
+    for item in comment[len(MARKER) :].split(","):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise MarkerError(f"marker item {item[:32]!r} is not key=value")
+        if key not in _MARKER_KEYS:
+            raise MarkerError(f"unknown marker key {key[:32]!r}")
+        if key in data:
+            raise MarkerError(f"marker key {key!r} given twice")
+        data[key] = value
+    missing = sorted(_REQUIRED_KEYS - data.keys())
+    if missing:
+        raise MarkerError(f"marker lacks {', '.join(missing)}")
+    if data["v"] != "1":
+        raise MarkerError(f"marker version {data['v'][:8]!r} is not 1")
+    for key in ("workers", "min", "max"):
+        if not _COUNT.fullmatch(data[key]):
+            raise MarkerError(f"marker {key} {data[key][:16]!r} is not a count")
     try:
-        data = dict(item.split("=", 1) for item in comment[len(MARKER) :].split(","))
-        return JobMarker(
-            workers=int(data["workers"]),
-            min=int(data["min"]),
-            max=int(data["max"]),
-            unit=data["unit"],
-            backend=Backend.parse(data["backend"]),
-            gpu_type=data.get("gpu_type"),
-            profile=data.get("profile"),
-            level=DeterminismLevel.parse(data["level"]) if "level" in data else None,
-        )
-    except (ValueError, KeyError):
-        return None
+        unit = MarkerUnit(data["unit"])
+        backend = Backend.parse(data["backend"])
+        level = DeterminismLevel.parse(data["level"]) if "level" in data else None
+    except ValueError as exc:
+        raise MarkerError(f"bad marker: {exc}") from None
+    return JobMarker(
+        workers=int(data["workers"]),
+        min=int(data["min"]),
+        max=int(data["max"]),
+        unit=unit,
+        backend=backend,
+        gpu_type=data.get("gpu_type"),
+        profile=data.get("profile"),
+        level=level,
+    )
 
 
 def check_gpu_type(spec: SubmitSpec, gpu_types: Mapping[str, frozenset[str]], default_partition: str | None) -> None:

@@ -35,7 +35,7 @@ from hpc_elastic.env import JobEnvironment
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, ack_answers
 from hpc_elastic.launch.gpu_types import TypeAction, decide_gpu_type, feature_for_type
-from hpc_elastic.launch.spec import decode_marker
+from hpc_elastic.launch.spec import MarkerError, decode_marker
 from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
 from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
@@ -164,7 +164,11 @@ class Supervisor:
         self._node_gpu_types = tuple(
             (n.name, n.gpus.by_type[0][0]) for n in nodes if n.name in job.nodes and n.gpus.total > 0
         )
-        marker = decode_marker(job.comment)
+        try:
+            marker = decode_marker(job.comment)
+        except MarkerError as exc:
+            log.warning("the job's comment is not a valid hpc-elastic marker (%s): the scheduler ignores this job", exc)
+            marker = None
         decision = decide_gpu_type(dict(job.gpus.by_type), marker.gpu_type if marker else None, self.config.level)
         self.pinned_type = decision.gpu_type if self.config.level is not DeterminismLevel.D2 else None
         log.info("GPU types: %s", decision.reason)

@@ -13,7 +13,7 @@ The scheduler, the planners and LB-BSP use::
     profile = find_profile("vgg_like", "nvidia-h100")          # model x device type, or None
     profile.points / profile.gamma / profile.memory_limit      # C and Γ(x) per batch size, its fit, x^o
     profile.placement_skew                                     # S_J vs PACKLIMIT (largest tensor share)
-    placement_skew("vgg_like")                                 # the same in one call
+    placement_skew("vgg_like@cpu-amd-epyc", directory)        # the scheduler's: a site profile, by name only
     profile.model.skew_for(4)                                  # round-robin PS-shard skew, in [1, K]
     profile.step_time(64), profile.gamma.launch_overhead_s, profile.memory_limit.batch_size   # Γ(64), Γ(0), x^o
 """
@@ -30,6 +30,7 @@ from hpc_elastic.profile.schema import (
     Profile,
 )
 from hpc_elastic.profile.store import (
+    MAX_PROFILE_BYTES,
     ProfileError,
     default_profile_dir,
     find_profile,
@@ -40,9 +41,11 @@ from hpc_elastic.profile.store import (
     profile_path,
     read_profile_file,
     save_profile,
+    site_profile,
 )
 
 __all__ = [
+    "MAX_PROFILE_BYTES",
     "SCHEMA_VERSION",
     "CurvePoint",
     "DeviceInfo",
@@ -62,4 +65,5 @@ __all__ = [
     "profile_path",
     "read_profile_file",
     "save_profile",
+    "site_profile",
 ]

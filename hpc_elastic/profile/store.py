@@ -7,10 +7,7 @@ name is ``<model>@<device type>`` unless the user chose another; there is one fi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +15,13 @@ from pydantic import ValidationError
 
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.files import UnsafeFile, atomic_write_bytes, read_owned
 from hpc_elastic.profile.schema import SCHEMA_VERSION, Profile, slugify
 
 SOURCE_PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
 SUFFIX = ".json"
+#: The largest profile file the scheduler reads (the shipped ones are a few kB).
+MAX_PROFILE_BYTES = 1 << 20
 
 
 class ProfileError(HpcElasticError):
@@ -90,37 +90,11 @@ def profile_to_json(profile: Profile) -> str:
     return profile.model_dump_json(indent=2) + "\n"
 
 
-def _fsync_directory(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same directory, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
-
-
 def save_profile(profile: Profile, directory: Path | str | None = None) -> Path:
     """Write ``profile`` as ``<directory>/<profile.name>.json`` atomically; returns the path."""
     path = profile_path(profile.name, directory)
-    atomic_write_text(path, profile_to_json(profile))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, profile_to_json(profile).encode("utf-8"))
     return path
 
 
@@ -177,10 +151,28 @@ def find_profile(model: str, device_type: str, directory: Path | str | None = No
     return max(matches, key=lambda profile: profile.measurement.created_at)
 
 
-def placement_skew(name_or_path: str | Path, directory: Path | str | None = None) -> float:
-    """S_J of profile ``name_or_path`` for Tiresias placement (§3.3.2), on the scale of PACKLIMIT.
+def site_profile(name: str, directory: Path | str) -> Profile:
+    """The profile called ``name`` in the site's profile ``directory``, read as the scheduler must read what a job
+    names: by name only (never a path, never a model-name search), the file itself no symbolic link, FIFO or
+    device, at most :data:`MAX_PROFILE_BYTES`. Raises :class:`ProfileError` (``ValueError`` for a bad name)."""
+    path = profile_path(name, directory)
+    try:
+        data = read_owned(Path(directory), [path.name], limit=MAX_PROFILE_BYTES)
+    except FileNotFoundError:
+        raise ProfileError(f"no profile named {name!r} in {directory}") from None
+    except UnsafeFile as exc:
+        raise ProfileError(f"refused profile {name!r}: {exc}") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {path}: {exc.strerror or exc}") from None
+    try:
+        decoded = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: not valid JSON: {exc}") from None
+    return parse_profile(decoded, str(path))
 
-    The scheduler calls this (or ``load_profile(...).placement_skew``): the largest tensor's share of the
-    model, see :attr:`~hpc_elastic.profile.schema.ModelInfo.placement_skew`.
-    """
-    return load_profile(name_or_path, directory).placement_skew
+
+def placement_skew(name: str, directory: Path | str) -> float:
+    """S_J of the site profile ``name`` for Tiresias placement (§3.3.2), on the scale of PACKLIMIT: the largest
+    tensor's share of the model, see :attr:`~hpc_elastic.profile.schema.ModelInfo.placement_skew`. The
+    scheduler's lookup of the profile a job's marker names (:func:`site_profile`)."""
+    return site_profile(name, directory).placement_skew

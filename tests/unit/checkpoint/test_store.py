@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import itertools
@@ -20,6 +21,7 @@ from hpc_elastic.checkpoint import (
     CheckpointError,
     CheckpointStore,
     CorruptCheckpoint,
+    UnreadableCheckpoint,
     layout,
     open_checkpoint,
 )
@@ -173,14 +175,56 @@ def test_leftover_temporaries_are_ignored_and_cleaned(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000000001", "ckpt-000000000004"]
 
 
-def test_resuming_from_an_older_checkpoint_discards_the_abandoned_newer_one(tmp_path: Path) -> None:
+def test_resuming_from_an_older_checkpoint_sets_the_abandoned_newer_one_aside(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2)
     store.save(5, shard_for(5))
     corrupt_byte(store.save(10, shard_for(10)).path / "shard-00000.pt")
     found = store.load_latest(lambda c: c.load_shard(0))
     assert found is not None and found[0].step == 5
-    store.save(7, shard_for(7))  # the new timeline: step 10 is from the old one
-    assert store.steps() == [7, 5]
+    for step in (7, 8, 9):  # the new timeline: step 10 is from the old one; keep=2 prunes only the new timeline
+        store.save(step, shard_for(step))
+    assert store.steps() == [9, 8]
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(f"{layout.ABANDONED_PREFIX}ckpt-000000000010-")]
+    assert len(aside) == 1 and (aside[0] / "shard-00000.pt").exists()  # kept whole, for the user to look at
+
+
+def test_an_unreadable_checkpoint_is_an_error_not_an_absence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient read error (EIO on the shared filesystem) must not make the job restart from step 0 and then
+    commit over its newer checkpoints."""
+    store = CheckpointStore(tmp_path)
+    store.save(5, shard_for(5))
+    newest = store.save(10, shard_for(10)).path
+    read_bytes = Path.read_bytes
+
+    def failing(self: Path) -> bytes:
+        if self.parent == newest:
+            raise OSError(errno.EIO, "Input/output error")
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", failing)
+    with pytest.raises(UnreadableCheckpoint, match="cannot be read"):
+        store.load_latest(lambda c: c.load_shard(0))
+    monkeypatch.undo()
+    found = store.load_latest(lambda c: c.load_shard(0))
+    assert found is not None and found[0].step == 10  # the error passed: nothing was lost
+
+
+def test_prune_keeps_a_checkpoint_whose_manifest_cannot_be_read_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = CheckpointStore(tmp_path, keep=2)
+    shaky = writer.save(1, shard_for(1)).path
+    writer.save(2, shard_for(2))
+    read_text = Path.read_text
+
+    def failing(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.parent == shaky:
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", failing)
+    assert CheckpointStore(tmp_path, keep=1).prune() == []  # neither valid nor invalid: not touched
+    assert shaky.is_dir()
 
 
 def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:

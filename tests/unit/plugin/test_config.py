@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import Environment
-from hpc_elastic.launch.spec import JobMarker
+from hpc_elastic.launch.spec import JobMarker, MarkerUnit
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, TiresiasGittins
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from slurm_plugin.cli import main, profile_skew
@@ -73,12 +73,13 @@ def test_skew_comes_from_the_profiles_largest_tensor_share() -> None:
     lookup = profile_skew(Environment())
 
     def marker(profile: str | None) -> JobMarker:
-        return JobMarker(workers=4, min=4, max=4, unit="gpu", backend=Backend.TORCH, profile=profile)
+        return JobMarker(workers=4, min=4, max=4, unit=MarkerUnit.GPU, backend=Backend.TORCH, profile=profile)
 
-    vgg, resnet = lookup(marker("vgg_like"), 4), lookup(marker("resnet_like"), 4)
+    vgg, resnet = lookup(marker("vgg_like@cpu-amd-epyc"), 4), lookup(marker("resnet_like@cpu-amd-epyc"), 4)
     assert vgg is not None and resnet is not None
     assert resnet < DEFAULT_PACK_LIMIT < vgg < 1.0
     assert lookup(marker("no_such_model"), 4) is None and lookup(marker(None), 4) is None
+    assert lookup(marker("vgg_like"), 4) is None  # a model name is not a profile name: no search for the scheduler
 
 
 def test_elastic_policy_and_gittins_history_threshold(tmp_path: Path) -> None:

@@ -10,7 +10,15 @@ import pytest
 from hpc_elastic.policy import Decision, JobStatus, QueueChange, QueueChangeKind
 from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
 from hpc_elastic.slurm.parse import parse_sacct_text, parse_sinfo_json, parse_squeue_json
-from slurm_plugin.observe import PartialRead, Selection, advance, apply_queue_changes, observe, service_samples
+from slurm_plugin.observe import (
+    FORGET_AFTER_S,
+    PartialRead,
+    Selection,
+    advance,
+    apply_queue_changes,
+    observe,
+    service_samples,
+)
 from tests.unit.plugin.conftest import at, marked, start_of
 
 
@@ -138,3 +146,48 @@ def test_submit_time_of_a_requeued_job_is_its_first_submission(slurm_data: Path)
     nodes = parse_sinfo_json((slurm_data / "sinfo_idle.json").read_text())
     views = observe([again], nodes, {1: record}, Selection(), now=at(start, 40)).jobs
     assert [v.submit_time for v in views] == [first.timestamp()]
+
+
+def test_a_forged_marker_leaves_out_its_job_not_the_pass(busy: tuple[list[Job], list[Node]]) -> None:
+    """``--comment='hpc-elastic:...,min=0'`` once made every pass a partial read: no action cluster-wide."""
+    jobs, nodes = busy
+    forged = "hpc-elastic:v=1,workers=1,min=0,max=1,unit=gpu,backend=torch"
+    jobs = [replace(j, comment=forged) if j.job_id == 25 else j for j in jobs]
+    obs = observe(jobs, nodes, {}, Selection(manage_all=True), now=at(start_of(jobs, 24), 100))
+    assert [v.job_id for v in obs.jobs] == [24]
+    assert 25 not in obs.managed and "not a count" in obs.rejected[25]
+
+
+def test_a_job_field_the_policy_refuses_leaves_out_that_job_only(busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    jobs = [replace(j, submit_time=None) if j.job_id == 25 else j for j in jobs]
+    now = at(start_of(jobs, 24), 100)
+    records = {25: replace(advance(None, next(j for j in jobs if j.job_id == 25), now), submitted=float("nan"))}
+    obs = observe(jobs, nodes, records, Selection(), now=now)
+    assert [v.job_id for v in obs.jobs] == [24] and "submit_time" in obs.rejected[25]
+
+
+def test_removing_the_marker_for_a_while_does_not_reset_attained_service(busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    now = at(start_of(jobs, 24), 100)
+    first = observe(jobs, nodes, {}, Selection(), now=now)
+    served = first.records[24].attained_service
+    assert served > 0
+    hidden = [replace(j, comment="nothing to see") if j.job_id == 24 else j for j in jobs]
+    later = now + FORGET_AFTER_S * 3
+    away = observe(hidden, nodes, first.records, Selection(), now=later)
+    assert 24 not in away.managed and away.forget == () and away.records[24] == first.records[24]
+    back = observe(jobs, nodes, away.records, Selection(), now=later + 1)
+    assert back.records[24].attained_service >= served  # its run went on: more service, never a fresh start
+
+
+def test_a_stop_in_flight_is_followed_up_after_the_marker_is_removed(busy: tuple[list[Job], list[Node]]) -> None:
+    """Dropping the marker after a preemption must not keep the job's GPUs: the daemon still requeues it."""
+    jobs, nodes = busy
+    now = at(start_of(jobs, 24), 100)
+    first = observe(jobs, nodes, {}, Selection(), now=now)
+    stopping = {**first.records, 24: replace(first.records[24], stop_kind="preempt", stop_at=now)}
+    hidden = [replace(j, comment="") if j.job_id == 24 else j for j in jobs]
+    obs = observe(hidden, nodes, stopping, Selection(), now=now + 10)
+    assert 24 in obs.managed and obs.records[24].stop_kind == "preempt"
+    assert 24 not in {v.job_id for v in obs.jobs}  # not scheduled, only finished

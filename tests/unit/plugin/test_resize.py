@@ -11,7 +11,7 @@ import numpy as np
 
 from hpc_elastic.collective import Backend
 from hpc_elastic.jobdir import StopNotice, StopReason
-from hpc_elastic.launch.spec import JobMarker
+from hpc_elastic.launch.spec import JobMarker, MarkerUnit
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
 from hpc_elastic.slurm import GpuCounts, Job, JobState, Node
 from slurm_plugin.actions import Resize, SetSize, elastic_sizes, followup_actions, plan, resize_actions
@@ -29,10 +29,8 @@ ELASTIC = {
 
 def test_sizes_are_every_count_up_to_the_logical_workers() -> None:
     view = JobView(1, 4, 0.0, min_gpus=2, max_gpus=6)
-    marker = JobMarker(workers=6, min=2, max=6, unit="gpu", backend=Backend.TORCH)
-    assert elastic_sizes(view, marker) == [2, 3, 4, 5, 6]  # 4 and 5 do not divide N = 6: the ESTs run anyway
-    assert elastic_sizes(view, JobMarker(workers=5, min=2, max=6, unit="gpu", backend=Backend.TORCH)) == [2, 3, 4, 5]
-    assert elastic_sizes(JobView(1, 4, 0.0), marker) == []  # not elastic
+    assert elastic_sizes(view) == [2, 3, 4, 5, 6]  # 4 and 5 do not divide N = 6: the ESTs run anyway
+    assert elastic_sizes(JobView(1, 4, 0.0)) == []  # not elastic
 
 
 def test_elastic_job_shrinks_for_a_waiting_job(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
@@ -120,7 +118,7 @@ def _one_node_obs(pending_gpus: int | None) -> tuple[Observation, Decision]:
         views.append(JobView(8, pending_gpus, 1.0))
         slurm_jobs[8] = replace(job, job_id=8, state=JobState.PENDING, comment="")
         records[8] = JobRecord(8, 1.0, 1.0)
-    marker = JobMarker(workers=4, min=2, max=4, unit="gpu", backend=Backend.TORCH)
+    marker = JobMarker(workers=4, min=2, max=4, unit=MarkerUnit.GPU, backend=Backend.TORCH)
     obs = Observation(
         700.0, tuple(views), (NodeView("node1", 4, 2, "a100"),), slurm_jobs, {7: marker, 8: None}, records, ()
     )

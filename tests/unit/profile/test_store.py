@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ import pytest
 import hpc_elastic.profile as api
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
+from hpc_elastic.profile import ProfileError
 from hpc_elastic.profile.schema import slugify
-from hpc_elastic.profile.store import SOURCE_PROFILE_DIR, atomic_write_text, profile_path, profile_to_json
+from hpc_elastic.profile.store import SOURCE_PROFILE_DIR, profile_path, profile_to_json
 
 from .helpers import make_profile, profile_dict
 
@@ -28,26 +30,22 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["schema_version"] == 1
 
 
-def test_atomic_write_leaves_only_the_target(tmp_path: Path) -> None:
-    target = tmp_path / "deep" / "x.json"
-    atomic_write_text(target, "one")
-    atomic_write_text(target, "two")
-    assert target.read_text() == "two"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["x.json"]
-
-
-def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = tmp_path / "x.json"
-    atomic_write_text(target, "old")
+def test_save_leaves_only_the_profile_and_a_failed_save_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "deep"
+    first = api.save_profile(make_profile(), folder)
+    assert sorted(p.name for p in folder.iterdir()) == [first.name]
+    old = first.read_text()
 
     def broken_replace(source: str, destination: Path) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr("hpc_elastic.profile.store.os.replace", broken_replace)
+    monkeypatch.setattr("hpc_elastic.files.os.replace", broken_replace)
     with pytest.raises(OSError, match="disk gone"):
-        atomic_write_text(target, "new")
-    assert target.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+        api.save_profile(make_profile(), folder)
+    assert first.read_text() == old
+    assert [p.name for p in folder.iterdir()] == [first.name]
 
 
 @pytest.mark.parametrize(
@@ -176,7 +174,7 @@ def test_placement_skew_is_the_largest_tensor_share_on_the_packlimit_scale(tmp_p
     profile = make_profile()
     api.save_profile(profile, tmp_path)
     assert profile.placement_skew == profile.model.largest_tensor_share == 48 / 92
-    assert api.placement_skew("toy", tmp_path) == 48 / 92
+    assert api.placement_skew("toy@cpu-test", tmp_path) == 48 / 92
     assert profile.model.skew_for(4) == 4 * 48 / 92  # PS-shard skew lies in [1, K]: not comparable to PACKLIMIT
     shipped = {item.model.name: item.placement_skew for item in api.list_profiles(SOURCE_PROFILE_DIR)}
     assert shipped["vgg_like"] > DEFAULT_PACK_LIMIT  # Tiresias Table 6: VGG is dominated by one tensor
@@ -190,3 +188,26 @@ def test_step_time_follows_the_fitted_gamma() -> None:
     unfitted = profile.model_copy(update={"gamma": None})
     with pytest.raises(ValueError, match="no Γ"):
         unfitted.step_time(1)
+
+
+def test_the_scheduler_reads_a_site_profile_by_name_only(tmp_path: Path) -> None:
+    """A job's marker names its profile; the scheduler (root or SlurmUser) must not follow that name anywhere."""
+    api.save_profile(make_profile(), tmp_path)
+    assert api.site_profile("toy@cpu-test", tmp_path).name == "toy@cpu-test"
+    for bad in ("../etc/passwd", "/dev/zero", "..", ".hidden", ""):
+        with pytest.raises(ValueError, match="not a profile name"):
+            api.site_profile(bad, tmp_path)
+    with pytest.raises(ProfileError, match="no profile named"):
+        api.site_profile("toy", tmp_path)  # the model-name search is for users' own commands, not the scheduler
+    (tmp_path / "link@x.json").symlink_to(tmp_path / "toy@cpu-test.json")
+    (tmp_path / "zero@x.json").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo@x.json")
+    (tmp_path / "big@x.json").write_bytes(b" " * (api.MAX_PROFILE_BYTES + 1))
+    for name, why in (
+        ("link@x", "symbolic link"),
+        ("zero@x", "symbolic link"),
+        ("fifo@x", "not a regular"),
+        ("big@x", "more than"),
+    ):
+        with pytest.raises(ProfileError, match=why):
+            api.site_profile(name, tmp_path)  # refused at once: a FIFO is not waited on, /dev/zero not read

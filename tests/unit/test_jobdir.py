@@ -1,0 +1,151 @@
+"""The job directory and its stop/ack protocol where users may plant links, FIFOs, huge files and forged acks."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hpc_elastic.files import UnsafeFile, atomic_write_bytes, read_owned
+from hpc_elastic.jobdir import (
+    ACK_CLOCK_SLACK_S,
+    MAX_CONTROL_BYTES,
+    Ack,
+    JobDir,
+    StopNotice,
+    StopReason,
+    StopRequest,
+    ack_answers,
+    find_job_dir,
+    leaf_name,
+)
+
+ME = os.getuid()
+OTHER = 65534  # nobody
+needs_root = pytest.mark.skipif(ME != 0, reason="giving a file to another user needs root")
+
+
+def ack(written_at: float, restarts: int = 0, job_id: int = 7) -> Ack:
+    return Ack(job_id, restarts, 40, Path("/ckpt/ckpt-000000000040"), written_at)
+
+
+def test_prepare_makes_the_tree_with_its_modes(tmp_path: Path) -> None:
+    job = JobDir.of(tmp_path / "jobs", "train", 7).prepare()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (job.path, job.control, job.checkpoints, job.logs)}
+    assert modes == {"train-7": 0o711, "control": 0o755, "checkpoints": 0o700, "logs": 0o700}
+    assert job.prepare() == job  # again: the same checks pass
+
+
+@needs_root
+def test_the_wrapper_refuses_a_job_directory_someone_else_made(tmp_path: Path) -> None:
+    """A pre-existing directory of another uid may hold a planted stop file that kills the workers unsaved."""
+    planted = tmp_path / "train-7"
+    (planted / "control").mkdir(parents=True)
+    (planted / "control" / "stop").write_text('{"reason": "preempt", "requested_at": 1}')
+    os.chown(planted, OTHER, OTHER)
+    with pytest.raises(UnsafeFile, match="belongs to uid"):
+        JobDir.of(tmp_path, "train", 7).prepare()
+
+
+def test_the_wrapper_refuses_a_world_writable_or_linked_job_directory(tmp_path: Path) -> None:
+    (tmp_path / "train-7").mkdir(mode=0o777)
+    os.chmod(tmp_path / "train-7", 0o777)
+    with pytest.raises(UnsafeFile, match="writable"):
+        JobDir.of(tmp_path, "train", 7).prepare()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "train-8").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeFile, match="symbolic link"):
+        JobDir.of(tmp_path, "train", 8).prepare()
+    assert not (tmp_path / "elsewhere" / "control").exists()  # refused before anything was made through the link
+
+
+def test_job_names_cannot_leave_the_root() -> None:
+    for bad in ("../x", "a/b", ".hidden", "", "x\ny", "x\x00"):
+        with pytest.raises(ValueError, match="cannot name a job directory"):
+            leaf_name(bad, 1)
+    with pytest.raises(ValueError, match="positive integer"):
+        leaf_name("x", 0)
+
+
+def test_atomic_write_never_follows_a_planted_temp_name_or_link(tmp_path: Path) -> None:
+    target = tmp_path / "victim"
+    target.write_text("precious")
+    control = tmp_path / "control"
+    control.mkdir()
+    for pid in range(os.getpid() - 2, os.getpid() + 3):  # the old predictable temp names, all planted
+        (control / f".stop.{pid}.tmp").symlink_to(target)
+    (control / "stop").symlink_to(target)
+    atomic_write_bytes(control / "stop", b"new")
+    assert target.read_text() == "precious"
+    assert not (control / "stop").is_symlink() and (control / "stop").read_bytes() == b"new"
+
+
+def test_reads_refuse_links_fifos_devices_and_huge_files(tmp_path: Path) -> None:
+    job = JobDir.of(tmp_path, "train", 7).prepare()
+    (job.control / "ack.json").symlink_to("/etc/passwd")
+    with pytest.raises(UnsafeFile, match="symbolic link"):
+        read_owned(job.path, ["control", "ack.json"], limit=MAX_CONTROL_BYTES)
+    assert job.read_ack() is None
+    (job.control / "ack.json").unlink()
+    os.mkfifo(job.control / "ack.json")  # opened without blocking: refused at once, not waited on
+    assert job.read_ack() is None and job.read_ack_as(ME) is None
+    (job.control / "ack.json").unlink()
+    (job.control / "ack.json").write_bytes(b" " * (MAX_CONTROL_BYTES + 1))
+    with pytest.raises(UnsafeFile, match="more than"):
+        read_owned(job.path, ["control", "ack.json"], limit=MAX_CONTROL_BYTES)
+    (job.control / "stop").symlink_to("/dev/zero")
+    assert job.read_stop() == StopRequest(StopReason.UNKNOWN, None)  # a planted stop still stops: with a checkpoint
+
+
+@needs_root
+def test_the_daemon_reads_an_ack_only_through_the_jobs_own_files(tmp_path: Path) -> None:
+    job = JobDir.of(tmp_path, "train", 7).prepare()
+    job.acknowledge(ack(100.0))
+    assert job.read_ack_as(ME) == ack(100.0)
+    assert job.read_ack_as(OTHER) is None  # the directory is not that user's
+    os.chown(job.ack_path, OTHER, OTHER)
+    assert job.read_ack_as(ME) is None  # a file given by another user is not the job's word
+
+
+@needs_root
+def test_a_directory_linked_to_another_users_job_is_not_found(tmp_path: Path) -> None:
+    """A job named like another user's job, its directory a link to that one, must not stop that job."""
+    victim = JobDir.of(tmp_path / "a", "train", 7).prepare()
+    os.chown(victim.path, OTHER, OTHER)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "train-7").symlink_to(victim.path)
+    assert find_job_dir([tmp_path / "b", tmp_path / "a"], "train", 7, ME) is None
+    assert find_job_dir([tmp_path / "b", tmp_path / "a"], "train", 7, OTHER) == victim
+    assert find_job_dir([tmp_path / "a"], "../a/train", 7, OTHER) is None
+
+
+@pytest.mark.parametrize(
+    ("written_at", "restarts", "job_id", "counts"),
+    [
+        (1000.0, 0, 7, True),
+        (1000.0 - ACK_CLOCK_SLACK_S, 0, 7, True),
+        (990.0, 0, 7, False),  # before the stop: an older stop's ack
+        (2000.0, 0, 7, True),
+        (2000.0 + ACK_CLOCK_SLACK_S + 1, 0, 7, False),  # from the future: forged, it would keep the GPUs for good
+        (1500.0, 1, 7, False),  # another incarnation
+        (1500.0, 0, 8, False),  # another job
+    ],
+)
+def test_an_ack_counts_only_inside_the_stop_window(written_at: float, restarts: int, job_id: int, counts: bool) -> None:
+    got = ack_answers(ack(written_at, restarts, job_id), job_id=7, restart_count=0, requested_at=1000.0, now=2000.0)
+    assert got is counts
+
+
+def test_infinite_or_nan_ack_times_are_refused() -> None:
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="written_at"):
+            ack(bad)
+
+
+def test_the_stop_notice_round_trips_and_refuses_anything_else() -> None:
+    notice = StopNotice(StopReason.PREEMPT, 1700000000.25, 2)
+    assert StopNotice.decode(notice.encode()) == notice
+    for text in ("", "hpc-elastic-stop:reason=preempt", "hpc-elastic-stop:reason=bogus,at=1,restarts=0", "x" * 9999):
+        assert StopNotice.decode(text) is None
