@@ -83,6 +83,7 @@ def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no
         store,
         clock=time.time,
         sleep=time.sleep,
+        monotonic=time.monotonic,
         dry_run=dry_run,
         metrics=metrics,
         skew_lookup=profile_skew(environment),

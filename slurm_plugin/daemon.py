@@ -95,6 +95,7 @@ class Daemon:
         *,
         clock: Callable[[], float],
         sleep: Callable[[float], None],
+        monotonic: Callable[[], float] | None = None,
         dry_run: bool = False,
         metrics: Metrics | None = None,
         skew_lookup: SkewLookup | None = None,
@@ -102,7 +103,8 @@ class Daemon:
         self.config = config
         self.client = client
         self.store = store
-        self.clock = clock
+        self.clock = clock  # wall time: Slurm's times, the records, the policy
+        self.monotonic = monotonic or clock  # every wait and deadline: a wall-clock step must not stall or rush them
         self.sleep = sleep
         self.dry_run = dry_run
         self.metrics = metrics or Metrics()
@@ -133,7 +135,7 @@ class Daemon:
         new size), decide nothing new (``--once`` uses it to complete the preemptions of its pass)."""
         now = self.clock()
         report = PassReport(now)
-        started = now
+        started = self.monotonic()
         try:
             jobs = self.client.jobs(site_factors=True)
             nodes = self.client.nodes()
@@ -217,7 +219,7 @@ class Daemon:
                 self.metrics.errors.labels("apply").inc()
         counts = Counter((int(result.records[v.job_id].queue), v.status.value) for v in obs.jobs)
         self.metrics.set_jobs((q, s, n) for (q, s), n in counts.items())
-        self.metrics.pass_latency.observe(max(0.0, self.clock() - started))
+        self.metrics.pass_latency.observe(max(0.0, self.monotonic() - started))
         self.metrics.last_pass.set(self.clock())
         if not self.dry_run:
             path = self.config.state_dir / STATE_NAME
@@ -253,25 +255,25 @@ class Daemon:
         """``--once``: finish the checkpoint + requeue (and new sizes) that this pass started, with follow-up
         passes that decide nothing new, within the grace period."""
         p = self.config.preemption
-        deadline = self.clock() + p.grace_s + p.requeue_wait_s + SETTLE_SLACK_S
-        while report.result is not None and unsettled(report.result.records) and self.clock() < deadline:
+        deadline = self.monotonic() + p.grace_s + p.requeue_wait_s + SETTLE_SLACK_S
+        while report.result is not None and unsettled(report.result.records) and self.monotonic() < deadline:
             self.sleep(self.config.stop_poll_s)
             report = self.run_pass(followups_only=True)
 
     def _wait(self, seconds: float) -> None:
         """Sleep until the next pass, but start it early when managed jobs arrive, start or finish (issue 4:
         "and when jobs arrive or finish"): one squeue every ``event_poll_s`` compared with the last pass."""
-        deadline = self.clock() + seconds
+        deadline = self.monotonic() + seconds
         poll = self.config.event_poll_s
         while True:
-            left = deadline - self.clock()
+            left = deadline - self.monotonic()
             if left <= 0:
                 return
             if poll <= 0:
                 self.sleep(left)
                 return
             self.sleep(min(poll, left))
-            if self.clock() >= deadline:
+            if self.monotonic() >= deadline:
                 return
             try:
                 now = signature(j for j in self.client.jobs() if self.selection.manages(j))

@@ -7,13 +7,20 @@ how they evolve from Slurm's view is pure and lives in :mod:`slurm_plugin.observ
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
+import os
+import secrets
 import sqlite3
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 DB_NAME = "state.sqlite3"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,50 +107,116 @@ _TYPES = {
 }
 
 
+def _check_row(record: JobRecord) -> None:
+    if isinstance(record.job_id, bool) or not isinstance(record.job_id, int) or record.job_id < 1:
+        raise ValueError(f"job_id {record.job_id!r}")
+    for name in _COLUMNS:
+        value = getattr(record, name)
+        if name in {"placement", "stop_kind"} or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{name} {value!r}")
+
+
+def _load_rows(db: sqlite3.Connection) -> dict[int, JobRecord]:
+    """The records in ``db``; ``ValueError`` for a row that does not make a valid record."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    if not have:
+        return {}
+    columns = [name for name in _COLUMNS if name in have]  # a read-only view of an older database
+    rows = db.execute(f"SELECT {', '.join(columns)} FROM jobs").fetchall()  # noqa: S608 - fixed names
+    out: dict[int, JobRecord] = {}
+    for row in rows:
+        values: dict[str, Any] = dict.fromkeys(_ADDED)
+        values.update(zip(columns, row, strict=True))
+        try:
+            for name in ("placement", "stop_kind"):
+                values[name] = str(values[name] or "")
+            for name in ("stop_restarts", "resize_to", "resize_set"):
+                values[name] = int(values[name] or 0)
+            values["banked_wait"] = float(values["banked_wait"] or 0.0)
+            record = JobRecord(**values)
+            _check_row(record)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"job record {values.get('job_id')!r} is invalid: {exc}") from None
+        out[record.job_id] = record
+    return out
+
+
 class Store:
     """SQLite store of :class:`JobRecord` and small key/value metadata."""
 
     def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
         self.path = state_dir / DB_NAME
         self.read_only = read_only
-        if read_only and not self.path.exists():
-            self._db = sqlite3.connect(":memory:")
-        elif read_only:
-            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            self._db = self._open()
+        except (sqlite3.DatabaseError, ValueError) as exc:  # not a database, malformed, a wrong schema
+            if read_only:  # a dry run reads nothing it cannot trust, and moves nothing
+                log.warning("job records at %s are unreadable (%s): a dry run starts from Slurm alone", self.path, exc)
+                self.path = Path(":memory:")
+                self._db = self._open()
+            else:
+                self._db = self._rebuild(exc)
+
+    def _open(self) -> sqlite3.Connection:
+        if self.read_only and (str(self.path) == ":memory:" or not self.path.exists()):
+            db = sqlite3.connect(":memory:")
+        elif self.read_only:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         else:
-            self._db = sqlite3.connect(self.path)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-        if not read_only or not self.path.exists():
-            columns = ", ".join(f"{name} {_TYPES.get(name, 'REAL')}" for name in _COLUMNS)
-            with self._db:
-                self._db.execute(f"CREATE TABLE IF NOT EXISTS jobs ({columns})")
-                self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                # a database written by an older daemon: add the columns it lacks (their defaults apply)
-                have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-                for name in _COLUMNS:
-                    if name not in have:
-                        self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {_TYPES.get(name, 'REAL')}")
+            db = sqlite3.connect(self.path)
+        try:
+            if not self.read_only:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+            check = db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+            if not self.read_only or str(self.path) == ":memory:" or not self.path.exists():
+                self._create(db)
+            _load_rows(db)  # every row must make a valid record
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @staticmethod
+    def _create(db: sqlite3.Connection) -> None:
+        columns = ", ".join(f"{name} {_TYPES.get(name, 'REAL')}" for name in _COLUMNS)
+        with db:
+            db.execute(f"CREATE TABLE IF NOT EXISTS jobs ({columns})")
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            # a database written by an older daemon: add the columns it lacks (their defaults apply)
+            have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name in _COLUMNS:
+                if name not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {_TYPES.get(name, 'REAL')}")
+
+    def _rebuild(self, why: Exception) -> sqlite3.Connection:
+        """Move a corrupt database (and its WAL files) aside, kept for a post-mortem, and start an empty one: the
+        next pass rebuilds the records of the jobs in squeue (their current runs; banked service is lost)."""
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"  # never over an earlier one
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(source, self.path.with_name(f"{self.path.name}{suffix}.corrupt-{stamp}"))
+        log.error("job records at %s were corrupt (%s): moved aside, rebuilding from Slurm", self.path, why)
+        return self._open()
 
     def close(self) -> None:
         self._db.close()
 
     def load(self) -> dict[int, JobRecord]:
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        columns = [name for name in _COLUMNS if name in have]  # a read-only view of an older database
-        rows = self._db.execute(f"SELECT {', '.join(columns)} FROM jobs").fetchall()  # noqa: S608 - fixed names
-        out: dict[int, JobRecord] = {}
-        for row in rows:
-            values: dict[str, Any] = dict.fromkeys(_ADDED)
-            values.update(zip(columns, row, strict=True))
-            for name in ("placement", "stop_kind"):
-                values[name] = values[name] or ""
-            for name in ("stop_restarts", "resize_to", "resize_set"):
-                values[name] = int(values[name] or 0)
-            values["banked_wait"] = float(values["banked_wait"] or 0.0)
-            record = JobRecord(**values)
-            out[record.job_id] = record
-        return out
+        """Every record; a database that went bad since it was opened is moved aside and rebuilt (empty)."""
+        try:
+            return _load_rows(self._db)
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            if self.read_only:
+                raise
+            self._db.close()
+            self._db = self._rebuild(exc)
+            return {}
 
     def save(self, records: Iterable[JobRecord], forget: Iterable[int] = ()) -> None:
         """Insert or replace ``records`` and delete ``forget`` in one transaction (no-op when read-only)."""

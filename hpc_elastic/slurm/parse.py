@@ -32,15 +32,20 @@ Formats understood
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from hpc_elastic.slurm.errors import SlurmParseError
 from hpc_elastic.slurm.types import GpuCounts, Job, JobState, Node, NodeState, Partition, PartitionState
 
 # Slurm's NO_VAL / INFINITE sentinels (32 and 64 bit) mean "unset" / "unlimited".
+T = TypeVar("T")
+#: Slurm's integers are at most 64-bit; anything larger is not one of its numbers
+_INT_LIMIT = (1 << 64) - 1
 _SENTINELS = frozenset({0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF, 0xFFFE, 0xFFFF})
 FIELD_SEPARATOR = "\x1f"
 
@@ -106,31 +111,38 @@ def number(value: Any) -> int | None:
         if value.get("infinite") or value.get("set") is False:
             return None
         return number(value.get("number"))
-    if isinstance(value, float):
-        value = int(value)
     if isinstance(value, str):
         text = value.strip()
         if not text or text.upper() in {"N/A", "(NULL)", "UNLIMITED", "INFINITE", "NONE"}:
             return None
         try:
-            value = int(float(text))
+            value = float(text) if any(c in text for c in ".eEnN") else int(text)
         except ValueError:
             return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise SlurmParseError(f"not a finite number: {value!r}")
+        value = int(value)
     if not isinstance(value, int):
         return None
     if value in _SENTINELS:
         return None
+    if not -_INT_LIMIT <= value <= _INT_LIMIT:
+        raise SlurmParseError(f"number out of range: {value!r}")
     return value
 
 
 def epoch(value: Any) -> datetime | None:
     """A UTC datetime from epoch seconds or ISO 8601 text in UTC (0, sentinels, ``N/A``, ``Unknown`` mean unset)."""
-    if isinstance(value, str) and re.fullmatch(r"\s*\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\s*", value):
-        return datetime.fromisoformat(value.strip()).replace(tzinfo=UTC)
-    seconds = number(value)
-    if seconds is None or seconds <= 0:
-        return None
-    return datetime.fromtimestamp(seconds, tz=UTC)
+    try:
+        if isinstance(value, str) and re.fullmatch(r"\s*\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\s*", value):
+            return datetime.fromisoformat(value.strip()).replace(tzinfo=UTC)
+        seconds = number(value)
+        if seconds is None or seconds <= 0:
+            return None
+        return datetime.fromtimestamp(seconds, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        raise SlurmParseError(f"not a date: {value!r}") from None
 
 
 def text_of(value: Any) -> str:
@@ -332,9 +344,37 @@ def load_json(text: str, what: str) -> dict[str, Any]:
     return data
 
 
+def _records(data: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
+    items = data.get(key) or []
+    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+        raise SlurmParseError(f"{what}: {key!r} is not a list of objects")
+    return items
+
+
+def _each(records: list[Mapping[str, Any]], parse: Callable[[Mapping[str, Any]], T], what: str) -> list[T]:
+    """``parse`` of every record; any malformed field (a wrong type, a value out of range) is a
+    :class:`SlurmParseError` naming the record, never another exception."""
+    out = []
+    for index, raw in enumerate(records):
+        try:
+            out.append(parse(raw))
+        except SlurmParseError as exc:
+            raise SlurmParseError(f"{what}: record {index} ({_record_id(raw)}): {exc}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError, IndexError) as exc:
+            raise SlurmParseError(f"{what}: record {index} ({_record_id(raw)}): bad field: {exc}") from None
+    return out
+
+
+def _record_id(raw: Mapping[str, Any]) -> str:
+    for key in ("job_id", "name"):
+        if isinstance(raw.get(key), int | str):
+            return f"{key} {str(raw[key])[:40]}"
+    return "unnamed"
+
+
 def parse_squeue_json(text: str) -> list[Job]:
     data = load_json(text, "squeue --json")
-    return [parse_squeue_json_record(raw) for raw in data.get("jobs") or []]
+    return _each(_records(data, "jobs", "squeue --json"), parse_squeue_json_record, "squeue --json")
 
 
 def parse_squeue_json_record(raw: Mapping[str, Any]) -> Job:
@@ -411,12 +451,10 @@ def _required_int(value: Any, what: str) -> int:
 def parse_sinfo_json(text: str) -> list[Node]:
     data = load_json(text, "sinfo --json")
     nodes: dict[str, Node] = {}
-    for raw in data.get("nodes") or []:
-        node = _node_from_sinfo(raw)
-        if node.name in nodes:  # later versions list a node once per partition
-            old = nodes[node.name]
-            node = Node(**{**node.__dict__, "partitions": tuple(dict.fromkeys(old.partitions + node.partitions))})
-        nodes[node.name] = node
+    for seen in _each(_records(data, "nodes", "sinfo --json"), _node_from_sinfo, "sinfo --json"):
+        old = nodes.get(seen.name)  # later versions list a node once per partition
+        parts = tuple(dict.fromkeys(old.partitions + seen.partitions)) if old is not None else seen.partitions
+        nodes[seen.name] = replace(seen, partitions=parts)
     return sorted(nodes.values(), key=_natural_key)
 
 
@@ -459,7 +497,7 @@ def _text_required(value: Any, what: str) -> str:
 
 def parse_sacct_json(text: str) -> list[Job]:
     data = load_json(text, "sacct --json")
-    return [_job_from_sacct(raw) for raw in data.get("jobs") or []]
+    return _each(_records(data, "jobs", "sacct --json"), _job_from_sacct, "sacct --json")
 
 
 def _tres_list(items: Any) -> dict[str, str]:

@@ -276,3 +276,24 @@ def test_job_names_never_leave_the_checkpoint_roots(tmp_path: Path) -> None:
     assert find_job_dir([root], "ok", 5, me + 1) is None  # another user's directory is not this job's
     for name in ("../x", "..", "a/b", "", "x\n", "$(touch /tmp/pwned)", ".hidden"):
         assert find_job_dir([root], name, 5, me) is None
+
+
+def test_waits_run_on_the_monotonic_clock_when_the_wall_clock_steps_back(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    """An NTP step of the wall clock an hour back must not stall the daemon for an hour."""
+    jobs, nodes = busy
+    cfg = config(tmp_path, interval_s=30, event_poll_s=5)
+    fake = FakeSlurm(jobs, nodes)
+    wall = Clock(at(start_of(jobs, 24), 60))
+    ticks = Clock(1000.0)
+
+    def sleep(seconds: float) -> None:
+        ticks.sleep(seconds)
+        wall.sleep(seconds)
+        if len(ticks.slept) == 1:
+            wall.now -= 3600.0  # the step happens during the first nap
+
+    daemon = Daemon(cfg, fake, Store(cfg.state_dir), clock=wall, sleep=sleep, monotonic=ticks)
+    daemon._wait(30.0)
+    assert sum(ticks.slept) == pytest.approx(30.0)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from slurm_plugin.store import JobRecord, Store
@@ -48,3 +49,44 @@ def test_read_only_store_writes_nothing(tmp_path: Path) -> None:
     empty.mkdir()
     assert Store(empty, read_only=True).load() == {}
     assert not (empty / "state.sqlite3").exists()
+
+
+def test_a_file_that_is_not_a_database_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
+    (tmp_path / "state.sqlite3").write_bytes(b"this is not SQLite" * 100)
+    store = Store(tmp_path)
+    assert store.load() == {}
+    store.save([JobRecord(job_id=3, first_seen=1.0, waiting_since=1.0)])
+    assert set(Store(tmp_path).load()) == {3}
+    aside = [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith("state.sqlite3.corrupt-")
+    assert (tmp_path / aside[0]).read_bytes().startswith(b"this is not SQLite")  # kept for a post-mortem
+
+
+def test_a_damaged_page_or_an_impossible_row_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.save([JobRecord(job_id=n, first_seen=1.0, waiting_since=1.0) for n in range(1, 200)])
+    store.close()
+    with sqlite3.connect(tmp_path / "state.sqlite3") as db:
+        db.execute("UPDATE jobs SET first_seen = 'soon' WHERE job_id = 5")
+    db.close()
+    first = Store(tmp_path)
+    assert first.load() == {}  # a record that cannot be trusted: start again from Slurm
+    first.close()
+    store = Store(tmp_path)
+    store.save([JobRecord(job_id=n, first_seen=1.0, waiting_since=1.0) for n in range(1, 200)])
+    store.close()
+    path = tmp_path / "state.sqlite3"
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page:] = b"\xff" * (len(data) - page)  # every page after the first is garbage: a torn write, a bad disk
+    path.write_bytes(bytes(data))
+    assert not path.with_name("state.sqlite3-wal").exists()  # everything was in the damaged file
+    rebuilt = Store(tmp_path)
+    assert rebuilt.load() == {}
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("state.sqlite3.corrupt-")]) >= 2
+
+
+def test_a_dry_run_never_moves_a_corrupt_database(tmp_path: Path) -> None:
+    (tmp_path / "state.sqlite3").write_bytes(b"garbage" * 10)
+    assert Store(tmp_path, read_only=True).load() == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.sqlite3"]
