@@ -144,6 +144,8 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
     out: list[Preempt] = []
     min_run = config.preemption.min_run_time_s
     for victim in decision.preemptions:
+        if len(out) >= config.preemption.max_per_pass:  # 0: the pass preempts nothing
+            break
         view = obs.jobs[victim.row]
         record = obs.records[view.job_id]
         if view.status is not JobStatus.RUNNING or view.run_time < min_run or _busy(record):
@@ -158,8 +160,6 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
         )
         checkpointed = obs.markers.get(view.job_id) is not None
         out.append(Preempt(view.job_id, job.name, checkpointed, job.restart_count, reason))
-        if len(out) >= config.preemption.max_per_pass:
-            break
     return out
 
 

@@ -37,15 +37,20 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: no NaN or infinity anywhere unless a field says so (an infinite wait would never end)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+#: the longest any wait or period of the daemon may be (a week): beyond it a value is a typo
+WEEK_S = 7 * 24 * 3600.0
 
 
 class TiresiasConfig(_Section):
     """Discretised 2DAS knobs (Tiresias §3.2.3) and PACKLIMIT (§3.3)."""
 
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
-    promote_knob: float = math.inf
-    pack_limit: float = DEFAULT_PACK_LIMIT
+    promote_knob: float = Field(default=math.inf, allow_inf_nan=True)
+    pack_limit: float = Field(default=DEFAULT_PACK_LIMIT, ge=0)
     #: 2D-Gittins runs as 2D-LAS until sacct gave it this many job sizes
     min_history: int = Field(default=DEFAULT_MIN_HISTORY, ge=0)
 
@@ -64,7 +69,7 @@ class TiresiasConfig(_Section):
     @field_validator("promote_knob")
     @classmethod
     def _knob(cls, value: float) -> float:
-        if not value >= 0:
+        if not value >= 0:  # NaN too
             raise ValueError(f"promote_knob must be >= 0 (inf disables promotion), got {value!r}")
         return value
 
@@ -83,9 +88,10 @@ class PreemptionConfig(_Section):
     signal: str = "USR1"
     batch: bool = True
     grace_s: float = Field(default=120.0, gt=0, le=3600)
-    min_run_time_s: float = Field(default=300.0, ge=0)
-    max_per_pass: int = Field(default=4, ge=0)
-    requeue_wait_s: float = Field(default=10.0, ge=0)
+    min_run_time_s: float = Field(default=300.0, ge=0, le=WEEK_S)
+    #: at most this many preemptions per pass (0: none)
+    max_per_pass: int = Field(default=4, ge=0, le=10_000)
+    requeue_wait_s: float = Field(default=10.0, ge=0, le=3600)
 
     @field_validator("signal")
     @classmethod
@@ -137,10 +143,10 @@ class PluginConfig(_Section):
     stop_poll_s: float = Field(default=1.0, gt=0, le=60)
     manage_all: bool = False
     job_name_pattern: str = ""
-    ckpt_roots: tuple[Path, ...] = (Path(DEFAULT_CKPT_ROOT),)
-    history_refresh_s: float = Field(default=3600.0, gt=0)
-    history_window_days: float = Field(default=30.0, gt=0)
-    max_consecutive_errors: int = Field(default=5, ge=1)
+    ckpt_roots: tuple[Path, ...] = Field(default=(Path(DEFAULT_CKPT_ROOT),), min_length=1)
+    history_refresh_s: float = Field(default=3600.0, gt=0, le=WEEK_S)
+    history_window_days: float = Field(default=30.0, gt=0, le=3650)
+    max_consecutive_errors: int = Field(default=5, ge=1, le=1000)
     tiresias: TiresiasConfig = TiresiasConfig()
     preemption: PreemptionConfig = PreemptionConfig()
     order: OrderConfig = OrderConfig()

@@ -56,6 +56,30 @@ def test_missing_state_dir_key_and_relative_paths() -> None:
         parse_config({"state_dir": "/tmp", "ckpt_roots": ["jobs"]})
 
 
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ({"interval_s": float("inf")}, "interval_s"),
+        ({"history_refresh_s": float("inf")}, "history_refresh_s"),
+        ({"history_window_days": 1e300}, "history_window_days"),  # would overflow the sacct window's date later
+        ({"ckpt_roots": []}, "ckpt_roots"),
+        ({"preemption": {"min_run_time_s": float("inf")}}, "preemption.min_run_time_s"),
+        ({"preemption": {"requeue_wait_s": float("nan")}}, "preemption.requeue_wait_s"),
+        ({"tiresias": {"pack_limit": -0.5}}, "tiresias.pack_limit"),
+        ({"tiresias": {"promote_knob": float("nan")}}, "tiresias.promote_knob"),
+    ],
+)
+def test_values_out_of_bounds_are_refused(override: dict[str, object], where: str) -> None:
+    with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+        parse_config({"state_dir": "/tmp", **override})
+
+
+def test_infinite_promote_knob_still_means_no_promotion() -> None:
+    assert parse_config({"state_dir": "/tmp", "tiresias": {"promote_knob": float("inf")}}).tiresias.promote_knob == (
+        float("inf")
+    )
+
+
 def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(f'state_dir = "{tmp_path}"\n[tiresias]\nthresholds = [0.0]\n')

@@ -297,3 +297,13 @@ def test_waits_run_on_the_monotonic_clock_when_the_wall_clock_steps_back(
     daemon = Daemon(cfg, fake, Store(cfg.state_dir), clock=wall, sleep=sleep, monotonic=ticks)
     daemon._wait(30.0)
     assert sum(ticks.slept) == pytest.approx(30.0)
+
+
+def test_max_per_pass_zero_preempts_nothing(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, tiresias={"thresholds": [100.0]}, preemption={"min_run_time_s": 30, "max_per_pass": 0})
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
+    assert daemon.run(once=True) == 0
+    assert [c for c in fake.calls if c[0] in ("cancel", "requeue")] == []
+    assert [c[0] for c in fake.calls] == ["update"]  # the waiting job is still ordered
