@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
+from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
 from hpc_elastic.slurm import Job, SlurmClient, SlurmError
@@ -388,6 +389,5 @@ def previous_actions(path: Path) -> list[dict[str, Any]]:
 
 
 def write_state(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    """The queue view's state file, replaced atomically (readable by everyone: ``hpc-elastic-queue``)."""
+    atomic_write_bytes(path, json.dumps(doc, indent=1, sort_keys=True).encode())
