@@ -40,7 +40,7 @@ class SetOrder:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
-    """Ask for a checkpoint (stop file + signal); the requeue follows (by the job's wrapper after its
+    """Ask for a checkpoint (a stop notice in the job's AdminComment, then the signal); the requeue follows (by the job's wrapper after its
     acknowledgement, else by a later pass: :class:`Requeue`). Jobs without a job directory are requeued at once."""
 
     job_id: int

@@ -304,7 +304,7 @@ class Supervisor:
                     code = group.poll() or 1
                     break
             self.sleep(0.2)
-        if reason is None:  # the workers may have seen the scheduler's stop file before its signal reached us
+        if reason is None:  # a stop file written by the user (a stop at a chosen step) the workers saw first
             reason, requested_at = self._take_stop_request()
         if reason is not None and self._stop_at_step is not None and self._acknowledged(requested_at) is None:
             reason = None  # the workers ended before the step of the stop: an ordinary end
