@@ -40,8 +40,9 @@ class SetOrder:
 
 @dataclass(frozen=True, slots=True)
 class Preempt:
-    """Ask for a checkpoint (a stop notice in the job's AdminComment, then the signal); the requeue follows (by the job's wrapper after its
-    acknowledgement, else by a later pass: :class:`Requeue`). Jobs without a job directory are requeued at once."""
+    """Ask for a checkpoint (a stop notice in the job's AdminComment, then the signal); the requeue follows (by
+    the job's wrapper after its acknowledgement, else by a later pass: :class:`Requeue`). Jobs without a job
+    directory are requeued at once."""
 
     job_id: int
     name: str
