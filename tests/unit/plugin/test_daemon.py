@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, find_job_dir
-from hpc_elastic.slurm import Job, JobState, Node, Partition, SlurmUnavailable
+from hpc_elastic.slurm import Job, JobState, Node, Partition, PermissionDenied, SlurmUnavailable
 from hpc_elastic.slurm.commands import JobAction
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
@@ -307,3 +307,22 @@ def test_max_per_pass_zero_preempts_nothing(tmp_path: Path, busy: tuple[list[Job
     assert daemon.run(once=True) == 0
     assert [c for c in fake.calls if c[0] in ("cancel", "requeue")] == []
     assert [c[0] for c in fake.calls] == ["update"]  # the waiting job is still ordered
+
+
+def test_a_refused_notice_still_signals_the_job(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    """A stop the daemon could not annotate (its account lacks the right) is still sent: the old daemon sent no
+    signal at all when its stop file could not be written, and preemption silently did nothing."""
+    jobs, nodes = busy
+    cfg = config(tmp_path, **PREEMPTING)
+    (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
+
+    class Refusing(FakeSlurm):
+        def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
+            if "AdminComment" in fields:
+                raise PermissionDenied(["scontrol"], 1, "Access/permission denied")
+            super().update_job(job_id, fields)
+
+    fake = Refusing(jobs, nodes)
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
+    daemon.run_pass()
+    assert ("cancel", ([24], "USR1", True)) in fake.calls
