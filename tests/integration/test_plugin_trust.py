@@ -32,16 +32,35 @@ def uid(user: str) -> int:
 
 
 def as_user(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["runuser", "-u", user, "--", *argv], check=False, capture_output=True, text=True, timeout=200
+    argv_as = ["runuser", "-u", user, "--", *argv]
+    return subprocess.run(argv_as, check=False, capture_output=True, text=True, timeout=200)
+
+
+def python_as(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Python code run with ``user``'s uid and groups: the interpreter starts as root (this checkout's interpreter
+    may live where only root can reach, as pyenv's under /root), imports what it needs, then drops to the user
+    for good before it runs ``code``, as a daemon's service manager would start it."""
+    boot = (
+        "import grp, os, pwd, runpy, sys; import slurm_plugin.cli, hpc_elastic.jobdir; "
+        f"pw = pwd.getpwnam({user!r}); "
+        "os.setgroups([g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem]); "
+        "os.setgid(pw.pw_gid); os.setuid(pw.pw_uid); os.environ['HOME'] = pw.pw_dir; "
+        "assert os.getuid() == os.geteuid() == pw.pw_uid; "
+        "sys.argv = [sys.argv[0], *sys.argv[1:]]; "
+        f"exec({code!r})"
     )
+    argv = [sys.executable, "-c", boot, *args]
+    return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=200)
 
 
 def tenant_submit(workdir: Path, name: str, *options: str) -> int:
     script = workdir / f"{name}.sh"
     script.write_text(STUBBORN)
     script.chmod(0o644)
-    out = as_user(TENANT, "sbatch", "--parsable", f"--job-name={name}", f"--output={workdir}/{name}-%j.out", *options,
+    logs = workdir / "tenant"  # the tenant's own, for its jobs' output
+    logs.mkdir(exist_ok=True)
+    os.chown(logs, uid(TENANT), -1)
+    out = as_user(TENANT, "sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/{name}-%j.out", *options,
                   str(script))  # fmt: skip
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip().split(";")[0])
@@ -67,10 +86,6 @@ def test_the_service_account_preempts_a_hostile_tenants_job_and_writes_nothing_o
     hostile = tenant_submit(workdir, "tr-hostile", *a100, f"--comment={MARK}", "--hold")
     submitted.append(hostile)
     submitted.append(tenant_submit(workdir, "tr-filler", *a100))
-    forged = tenant_submit(
-        workdir, "tr-forged", *a100, "--comment=hpc-elastic:v=1,workers=1,min=0,max=1,unit=gpu,backend=torch"
-    )
-    submitted.append(forged)  # once made every pass a partial read: no action cluster-wide
     plant = (
         f"import os, json; d = '{roots}/tr-hostile-{hostile}'; os.makedirs(d + '/control', mode=0o755); "
         f"os.chmod(d, 0o711); os.symlink('{victim}', d + '/control/stop'); "
@@ -78,10 +93,14 @@ def test_the_service_account_preempts_a_hostile_tenants_job_and_writes_nothing_o
         f"open(d + '/control/ack.json', 'w').write(json.dumps({{'job_id': {hostile}, 'restart_count': 0, "
         f"'step': 1, 'checkpoint': '/x', 'written_at': 1e12}}))"
     )
-    out = as_user(TENANT, sys.executable, "-c", plant)
+    out = python_as(TENANT, plant)
     assert out.returncode == 0, out.stderr
     slurm.release([hostile])
     wait_for("the tenant's jobs to run", lambda: all(j.state.is_running for j in slurm.jobs(submitted[:2])))
+    forged = tenant_submit(
+        workdir, "tr-forged", *a100, "--comment=hpc-elastic:v=1,workers=1,min=0,max=1,unit=gpu,backend=torch"
+    )
+    submitted.append(forged)  # once made every pass a partial read: no action cluster-wide
     honest = slurm.submit(
         script_text="#!/bin/bash\nsleep 300\n",
         options=["--job-name=tr-honest", *a100, f"--comment={MARK}", f"--output={workdir}/honest-%j.out"],
@@ -95,7 +114,7 @@ def test_the_service_account_preempts_a_hostile_tenants_job_and_writes_nothing_o
         "[metrics]\nenabled = false\n"
     )
     config.chmod(0o644)
-    run = as_user(SERVICE, sys.executable, "-m", "slurm_plugin.cli", "--config", str(config), "--once")
+    run = python_as(SERVICE, "slurm_plugin.cli.main()", "--config", str(config), "--once")
     assert run.returncode == 0, run.stderr
     assert f"job {forged} left out" in run.stderr and "not a count" in run.stderr
     notice = StopNotice.decode(slurm.job(hostile).admin_comment)
