@@ -12,8 +12,9 @@ Two models of the cluster (:class:`SimModel`):
 - ``realistic`` (default):
 
   - a job needs ``duration`` seconds of work on its ``gpus`` GPUs; it runs ``spread_slowdown`` times slower while
-    placed on several nodes if its skew exceeds ``skew_sensitive`` (Tiresias §2.2, Figure 3: skewed models such
-    as VGG lose speed when not consolidated);
+    placed on more nodes than the fewest that can hold it if its skew exceeds ``skew_sensitive`` (Tiresias §2.2,
+    Figure 3: skewed models such as VGG lose speed when not consolidated, and consolidated means "the same or the
+    minimum number of servers": a 16-GPU job on two whole 8-GPU nodes runs at its trace speed);
   - a preempted job is checkpointed to the shared filesystem and restored when it resumes (§2.2, Figures 4-5): it
     then first spends ``2 x checkpoint_bytes / bandwidth + restart_overhead`` seconds on its GPUs before making
     progress again (default bandwidth 1.2 GB/s, Tiresias's GPFS, §5.1 "Testbed"); a resized elastic job pays the
@@ -313,6 +314,7 @@ class _Replay:
         # the cost of a checkpoint + restore per job (0 in the reference model)
         self.stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
         self.spread_slowdown = 1.0 if sim.reference else cfg.spread_slowdown
+        self.node_size = sim.cluster0.node_size.tolist()  # GPUs of each pool's largest node
 
         policy = sim.policy
         self.learn = policy.uses_history and cfg.history is None
@@ -651,7 +653,8 @@ class _Replay:
         fstate[row, _SINCE] = now
         self.alloc[row] = node_rows
         istate[row, _POOL] = sim.cluster0.pool[node_rows[0][0]]
-        spread = len(node_rows) > 1
+        # spread: on more nodes than the fewest that hold its GPUs (ceil(GPUs / node size) in its pool)
+        spread = len(node_rows) > 1 and len(node_rows) > -(-gpus // self.node_size[int(istate[row, _POOL])])
         skew = float(sim.skew[row])
         skewed = not math.isnan(skew) and skew > self.cfg.skew_sensitive
         speed = 1.0 / self.spread_slowdown if (spread and skewed) else 1.0
