@@ -524,30 +524,36 @@ class _Replay:
         el = now - fg[:, _SINCE]
         el_run = np.where(running, el, 0.0)
         exe = fg[:, _EXE]
-        return JobTable.unchecked(
-            job_ids=rows,  # a job's id is its row
-            gpus=gpus,
-            submit=fg[:, _SUBMIT],
-            running=running,
-            attained=fg[:, _ATT] + gpus * el_run,
-            executed=exe + el_run,
+        columns = {
+            "job_ids": rows,  # a job's id is its row
+            "gpus": gpus,
+            "submit": fg[:, _SUBMIT],
+            "running": running,
+            "attained": fg[:, _ATT] + gpus * el_run,
+            "run_time": el_run,
+            "first_start": fg[:, _FIRST],
+            "queue": ig[:, _QUEUE],
+            "skew": fg[:, _SKEW],
+            "pool_mask": ig[:, _MASK],
+            "pool": ig[:, _POOL],
+            "alloc": RowSlice(self.alloc, rows),
+            "time_limit": fg[:, _LIMIT],
+            "position": fg[:, _POS],
+            "min_gpus": ig[:, _MIN],
+            "max_gpus": ig[:, _MAX],
+            "scaling": RowSlice(self.sim.scaling, rows),
+        }
+        # Columns only some policies read, computed on first read (the same values).
+        later: dict[str, Callable[[], FloatArray]] = {
+            "executed": lambda: exe + el_run,
             # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
-            waiting=fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
-            current_wait=np.where(running, 0.0, el),
-            run_time=el_run,
-            first_start=fg[:, _FIRST],
-            queue=ig[:, _QUEUE],
-            skew=fg[:, _SKEW],
-            pool_mask=ig[:, _MASK],
-            pool=ig[:, _POOL],
-            alloc=RowSlice(self.alloc, rows),
-            remaining=np.maximum(fg[:, _REMAIN] - np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED], 0.0),
-            time_limit=fg[:, _LIMIT],
-            position=fg[:, _POS],
-            min_gpus=ig[:, _MIN],
-            max_gpus=ig[:, _MAX],
-            scaling=RowSlice(self.sim.scaling, rows),
-        )
+            "waiting": lambda: fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
+            "current_wait": lambda: np.where(running, 0.0, el),
+            "remaining": lambda: np.maximum(
+                fg[:, _REMAIN] - np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED], 0.0
+            ),
+        }
+        return JobTable.derived(columns, later)
 
     # ------------------------------------------------------------------------------------------ a decision
 
