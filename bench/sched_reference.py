@@ -19,7 +19,7 @@ copy as it is (slow past a few thousand jobs) to check that the replacements cha
 
 Default: the Tiresias 60-job trace on 15x4 at load scales 4 and 8, Pollux workloads 1-8 on 16x4 at 1 and 2, the
 Alibaba openb pods on 4x8 at 1 and 2 (seconds per run); ``--synthetic N`` adds an N-job synthetic trace (yarn
-sizes, 64x8, nominal load 2; the reference takes about an hour per policy at 80,000 jobs). Prints the table and
+sizes, 64x8, nominal load 2; the reference takes tens of minutes per policy at 80,000 jobs). Prints the table and
 ends with one JSON object on the last line.
 """
 
