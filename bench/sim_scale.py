@@ -7,7 +7,7 @@ hours without an unbounded backlog over the trace). Prints wall time, events/s a
 one JSON object on the last line.
 
 Default: every policy (``--policies`` takes a comma-separated subset). Wall time and process CPU time are printed
-side by side: on a shared machine the CPU time is the steadier figure.
+side by side: on a shared machine the CPU time is the steadier figure (and both are pessimistic there).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hpc_elastic.sim.metrics import summarize
 from hpc_elastic.sim.synth import load_sizes, synthesize
 
 REPO = Path(__file__).resolve().parents[1]
-GOAL_PER_POLICY_S = 60
+GOAL_PER_POLICY_S = 30
 
 
 def main() -> None:
@@ -89,6 +89,8 @@ def main() -> None:
         f"  slowest replay: {slowest} {out[slowest]['wall_s']:.1f} s "
         f"(goal: each policy's 80k-job replay under {GOAL_PER_POLICY_S} s)"
     )
+    over = [name for name in out if out[name]["cpu_s"] > GOAL_PER_POLICY_S]
+    print(f"  over the goal in CPU time: {', '.join(over) if over else 'none'}")
     print(
         json.dumps(
             {
@@ -100,6 +102,7 @@ def main() -> None:
                 "goal_per_policy_s": GOAL_PER_POLICY_S,
                 "slowest_policy": slowest,
                 "slowest_wall_s": out[slowest]["wall_s"],
+                "over_goal_cpu": over,
                 "policies": out,
             }
         )

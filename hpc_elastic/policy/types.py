@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, overload
@@ -395,6 +395,17 @@ class JobTable:
         table.__dict__.update(columns)
         return table
 
+    @classmethod
+    def derived(cls, columns: dict[str, Any], later: dict[str, Callable[[], Any]]) -> JobTable:
+        """Like :meth:`unchecked`, with the columns of ``later`` computed on first read (a pass of one policy
+        reads only some of them; the simulator derives them from its state at the pass's time)."""
+        if columns.keys() | later.keys() != cls.__dataclass_fields__.keys() or columns.keys() & later.keys():
+            raise ValueError(f"JobTable.derived needs every column once, got {sorted(columns)} and {sorted(later)}")
+        table = object.__new__(_DerivedJobTable)
+        table.__dict__.update(columns)
+        table.__dict__["_later"] = dict(later)
+        return table
+
     def __len__(self) -> int:
         return len(self.job_ids)
 
@@ -544,3 +555,15 @@ class Decision:
     idle_below: int = 0
     positions: FloatArray | None = None
     resizes: tuple[SizeChange, ...] = ()
+
+
+class _DerivedJobTable(JobTable):
+    """A :class:`JobTable` whose later columns (:meth:`JobTable.derived`) are computed once, when first read."""
+
+    def __getattr__(self, name: str) -> Any:  # only called for columns not computed yet
+        later = self.__dict__.get("_later")
+        if later is None or name not in later:
+            raise AttributeError(f"JobTable has no column {name!r}")
+        value = later.pop(name)()
+        self.__dict__[name] = value
+        return value

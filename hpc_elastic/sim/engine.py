@@ -12,8 +12,9 @@ Two models of the cluster (:class:`SimModel`):
 - ``realistic`` (default):
 
   - a job needs ``duration`` seconds of work on its ``gpus`` GPUs; it runs ``spread_slowdown`` times slower while
-    placed on several nodes if its skew exceeds ``skew_sensitive`` (Tiresias §2.2, Figure 3: skewed models such
-    as VGG lose speed when not consolidated);
+    placed on more nodes than the fewest that can hold it if its skew exceeds ``skew_sensitive`` (Tiresias §2.2,
+    Figure 3: skewed models such as VGG lose speed when not consolidated, and consolidated means "the same or the
+    minimum number of servers": a 16-GPU job on two whole 8-GPU nodes runs at its trace speed);
   - a preempted job is checkpointed to the shared filesystem and restored when it resumes (§2.2, Figures 4-5): it
     then first spends ``2 x checkpoint_bytes / bandwidth + restart_overhead`` seconds on its GPUs before making
     progress again (default bandwidth 1.2 GB/s, Tiresias's GPFS, §5.1 "Testbed"); a resized elastic job pays the
@@ -313,6 +314,7 @@ class _Replay:
         # the cost of a checkpoint + restore per job (0 in the reference model)
         self.stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
         self.spread_slowdown = 1.0 if sim.reference else cfg.spread_slowdown
+        self.node_size = sim.cluster0.node_size.tolist()  # GPUs of each pool's largest node
 
         policy = sim.policy
         self.learn = policy.uses_history and cfg.history is None
@@ -522,30 +524,36 @@ class _Replay:
         el = now - fg[:, _SINCE]
         el_run = np.where(running, el, 0.0)
         exe = fg[:, _EXE]
-        return JobTable.unchecked(
-            job_ids=rows,  # a job's id is its row
-            gpus=gpus,
-            submit=fg[:, _SUBMIT],
-            running=running,
-            attained=fg[:, _ATT] + gpus * el_run,
-            executed=exe + el_run,
+        columns = {
+            "job_ids": rows,  # a job's id is its row
+            "gpus": gpus,
+            "submit": fg[:, _SUBMIT],
+            "running": running,
+            "attained": fg[:, _ATT] + gpus * el_run,
+            "run_time": el_run,
+            "first_start": fg[:, _FIRST],
+            "queue": ig[:, _QUEUE],
+            "skew": fg[:, _SKEW],
+            "pool_mask": ig[:, _MASK],
+            "pool": ig[:, _POOL],
+            "alloc": RowSlice(self.alloc, rows),
+            "time_limit": fg[:, _LIMIT],
+            "position": fg[:, _POS],
+            "min_gpus": ig[:, _MIN],
+            "max_gpus": ig[:, _MAX],
+            "scaling": RowSlice(self.sim.scaling, rows),
+        }
+        # Columns only some policies read, computed on first read (the same values).
+        later: dict[str, Callable[[], FloatArray]] = {
+            "executed": lambda: exe + el_run,
             # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
-            waiting=fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
-            current_wait=np.where(running, 0.0, el),
-            run_time=el_run,
-            first_start=fg[:, _FIRST],
-            queue=ig[:, _QUEUE],
-            skew=fg[:, _SKEW],
-            pool_mask=ig[:, _MASK],
-            pool=ig[:, _POOL],
-            alloc=RowSlice(self.alloc, rows),
-            remaining=np.maximum(fg[:, _REMAIN] - np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED], 0.0),
-            time_limit=fg[:, _LIMIT],
-            position=fg[:, _POS],
-            min_gpus=ig[:, _MIN],
-            max_gpus=ig[:, _MAX],
-            scaling=RowSlice(self.sim.scaling, rows),
-        )
+            "waiting": lambda: fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
+            "current_wait": lambda: np.where(running, 0.0, el),
+            "remaining": lambda: np.maximum(
+                fg[:, _REMAIN] - np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED], 0.0
+            ),
+        }
+        return JobTable.derived(columns, later)
 
     # ------------------------------------------------------------------------------------------ a decision
 
@@ -651,7 +659,8 @@ class _Replay:
         fstate[row, _SINCE] = now
         self.alloc[row] = node_rows
         istate[row, _POOL] = sim.cluster0.pool[node_rows[0][0]]
-        spread = len(node_rows) > 1
+        # spread: on more nodes than the fewest that hold its GPUs (ceil(GPUs / node size) in its pool)
+        spread = len(node_rows) > 1 and len(node_rows) > -(-gpus // self.node_size[int(istate[row, _POOL])])
         skew = float(sim.skew[row])
         skewed = not math.isnan(skew) and skew > self.cfg.skew_sensitive
         speed = 1.0 / self.spread_slowdown if (spread and skewed) else 1.0

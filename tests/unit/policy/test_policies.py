@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -488,3 +489,29 @@ def test_las_wakes_up_for_a_job_it_preempted() -> None:
     # a job waiting in the queue the holder leaves: its demotion lets that job go first
     other = job("other", 2, 95.0)
     assert run("tiresias-las", [old, job("new", 2, 90.0), other], nodes).next_wakeup == pytest.approx(1700.0)
+
+
+def test_derived_table_computes_later_columns_once_with_the_same_values() -> None:
+    cluster = ClusterState.from_nodes([NodeView("n0", 4, 2)])
+    eager = JobTable.from_views([job("a", 2, 0.0, R, 10.0, 5.0, allocation=(("n0", 2),)), job("b", 1, 1.0)], cluster)
+    names = ("executed", "waiting", "current_wait", "remaining")
+    calls: list[str] = []
+
+    def later(name: str) -> Callable[[], object]:
+        def compute() -> object:
+            calls.append(name)
+            return getattr(eager, name)
+
+        return compute
+
+    columns = {k: getattr(eager, k) for k in JobTable.__dataclass_fields__ if k not in names}
+    table = JobTable.derived(columns, {name: later(name) for name in names})
+    assert calls == []
+    for name in (*names, *names):
+        assert getattr(table, name) is getattr(eager, name)
+    assert calls == list(names)  # each computed once, when first read
+    assert table.attained is eager.attained and len(table) == 2
+    with pytest.raises(AttributeError):
+        _ = table.nothing  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="every column once"):
+        JobTable.derived(columns, {})

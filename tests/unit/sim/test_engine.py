@@ -197,12 +197,25 @@ def test_preemption_cost_from_checkpoint_size() -> None:
 
 
 def test_spread_skewed_job_runs_slower() -> None:
-    nodes = parse_cluster_spec("2x2")  # a 3-GPU job must span both nodes
+    """Two 3-GPU fillers leave one GPU free on each 4-GPU node: a 2-GPU job then spans two nodes where one could
+    hold it, and runs slower if skewed."""
+    nodes = parse_cluster_spec("2x4")
     cfg = SimConfig(spread_slowdown=2.0, skew_sensitive=0.5)
+    fillers = [TraceJob(f"f{i}", 0.0, 3, 1000.0, line=i) for i in range(2)]
     for skew, expected in ((0.9, 200.0), (0.1, 100.0), (None, 100.0)):
-        job = TraceJob("j", 0.0, 3, 100.0, skew=skew, line=0)
-        result = Simulator([job], nodes, make_policy("fifo"), cfg).run()
-        assert result.jct.tolist() == [pytest.approx(expected)]
+        job = TraceJob("j", 1.0, 2, 100.0, skew=skew, line=2)
+        result = Simulator([*fillers, job], nodes, make_policy("tiresias-las"), cfg).run()
+        assert result.jct.tolist()[2] == pytest.approx(expected)
+
+
+def test_job_on_the_fewest_nodes_it_needs_is_consolidated() -> None:
+    """A skewed job larger than a node runs at its trace speed on the fewest nodes that hold it (Tiresias:
+    consolidated means the same or the minimum number of servers)."""
+    cfg = SimConfig(spread_slowdown=2.0, skew_sensitive=0.5)
+    for cluster, gpus in (("2x2", 3), ("2x8", 16), ("3x4", 6)):
+        job = TraceJob("j", 0.0, gpus, 100.0, skew=0.9, line=0)
+        result = Simulator([job], parse_cluster_spec(cluster), make_policy("tiresias-las"), cfg).run()
+        assert result.jct.tolist() == [pytest.approx(100.0)], cluster
 
 
 def test_periodic_scheduling_delays_starts_to_ticks() -> None:

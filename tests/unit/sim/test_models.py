@@ -14,15 +14,16 @@ REFERENCE = SimConfig(model=SimModel.REFERENCE, record_events=True)
 
 
 def test_reference_model_counts_gpus_and_costs_nothing() -> None:
-    """A skewed 6-GPU job spread over two 4-GPU nodes runs slower in the realistic model only, and a preemption
-    costs a checkpoint and a restore there only."""
+    """A skewed 6-GPU job spread over three nodes (4 + 2 + 2 GPUs: two could hold it) runs slower in the realistic
+    model only, and a preemption costs a checkpoint and a restore there only."""
     jobs = [
         TraceJob("wide", 0.0, 6, 100.0, skew=0.9, checkpoint_bytes=1.2e9, line=0),
         TraceJob("short", 10.0, 4, 5.0, line=1),
     ]
-    policy = make_policy("tiresias-las", PolicyOptions(thresholds=(50.0,)))
-    realistic = Simulator(jobs, parse_cluster_spec("2x4"), policy, SimConfig(spread_slowdown=2.0)).run()
-    reference = Simulator(jobs, parse_cluster_spec("2x4"), policy, REFERENCE).run()
+    nodes = (NodeSpec("a", 4), NodeSpec("b", 2), NodeSpec("c", 2))
+    policy = make_policy("tiresias-las", PolicyOptions(thresholds=(50.0,), pack_limit=1.0))  # (not consolidated)
+    realistic = Simulator(jobs, nodes, policy, SimConfig(spread_slowdown=2.0)).run()
+    reference = Simulator(jobs, nodes, policy, REFERENCE).run()
     assert reference.preemption_cost == 0.0 < realistic.preemption_cost
     ends = dict(zip(reference.names, reference.end.tolist(), strict=True))
     assert ends == {"wide": pytest.approx(105.0), "short": pytest.approx(15.0)}
