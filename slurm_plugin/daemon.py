@@ -187,10 +187,8 @@ class Daemon:
         if self.skew_lookup is None:
             return out
         for job in jobs:
-            if not job.state.is_active or not self.selection.manages(job):
-                continue
-            marker = self.selection.marker(job)
-            if marker is None or not marker.profile:
+            managed, marker, _ = self.selection.judge(job)
+            if not job.state.is_active or not managed or marker is None or not marker.profile:
                 continue
             skew = self.skew_lookup(marker, max(1, job.gpu_count))
             if skew is not None:

@@ -35,30 +35,20 @@ class Selection:
     manage_all: bool = False
     name_pattern: str = ""
 
-    def marker(self, job: Job) -> JobMarker | None:
-        """The job's marker; raises :class:`MarkerError` for a comment that only pretends to be one."""
-        return decode_marker(job.comment)
+    def judge(self, job: Job) -> tuple[bool, JobMarker | None, str | None]:
+        """``(managed, marker, why not)`` from one reading of the job's comment: a selected job is the daemon's
+        unless its marker is invalid (a forged or broken marker disqualifies its job, whatever ``manage_all``
+        says; ``why not`` then names the fault)."""
+        if self.name_pattern and not re.search(self.name_pattern, job.name):
+            return False, None, None
+        try:
+            marker = decode_marker(job.comment)
+        except MarkerError as exc:
+            return False, None, str(exc)
+        return self.manage_all or marker is not None, marker, None
 
     def manages(self, job: Job) -> bool:
-        """Whether the job is the daemon's: selected, and with no invalid marker (a forged or broken marker
-        disqualifies its job, whatever ``manage_all`` says)."""
-        if self.name_pattern and not re.search(self.name_pattern, job.name):
-            return False
-        try:
-            marker = self.marker(job)
-        except MarkerError:
-            return False
-        return self.manage_all or marker is not None
-
-    def rejection(self, job: Job) -> str | None:
-        """Why a selected job is disqualified (its marker is invalid), or None."""
-        if self.name_pattern and not re.search(self.name_pattern, job.name):
-            return None
-        try:
-            self.marker(job)
-        except MarkerError as exc:
-            return str(exc)
-        return None
+        return self.judge(job)[0]
 
 
 @dataclass(frozen=True)
@@ -207,8 +197,8 @@ def observe(
     for job in sorted(jobs, key=lambda j: j.job_id):
         if not job.state.is_active:
             continue
-        if not selection.manages(job):
-            why = selection.rejection(job)
+        managed_now, marker, why = selection.judge(job)
+        if not managed_now:
             if why is not None:
                 rejected[job.job_id] = why
             earlier = records.get(job.job_id)
@@ -226,7 +216,6 @@ def observe(
         pending = job.state.is_pending and not held and eligible and job.pending_reason != "BeginTime"
         if job.gpu_count < 1 or not (running or pending) or (running and job.start_time is None):
             continue
-        marker = selection.marker(job)
         key = job.job_id
         elastic = marker if marker is not None and marker.elastic else None
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
