@@ -154,18 +154,19 @@ class Store:
         except (sqlite3.DatabaseError, ValueError) as exc:  # not a database, malformed, a wrong schema
             if read_only:  # a dry run reads nothing it cannot trust, and moves nothing
                 log.warning("job records at %s are unreadable (%s): a dry run starts from Slurm alone", self.path, exc)
-                self.path = Path(":memory:")
-                self._db = self._open()
+                self._db = self._empty()
             else:
                 self._db = self._rebuild(exc)
 
+    def _empty(self) -> sqlite3.Connection:
+        db = sqlite3.connect(":memory:")
+        self._create(db)
+        return db
+
     def _open(self) -> sqlite3.Connection:
-        if self.read_only and (str(self.path) == ":memory:" or not self.path.exists()):
-            db = sqlite3.connect(":memory:")
-        elif self.read_only:
-            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        else:
-            db = sqlite3.connect(self.path)
+        if self.read_only and not self.path.exists():
+            return self._empty()
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True) if self.read_only else sqlite3.connect(self.path)
         try:
             if not self.read_only:
                 db.execute("PRAGMA journal_mode=WAL")
@@ -173,7 +174,7 @@ class Store:
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
-            if not self.read_only or str(self.path) == ":memory:" or not self.path.exists():
+            if not self.read_only:
                 self._create(db)
             _load_rows(db)  # every row must make a valid record
         except BaseException:
