@@ -73,16 +73,21 @@ def read_profile_file(path: Path | str) -> Profile:
     """Load and validate one profile file."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except FileNotFoundError:
         raise ProfileError(f"no profile file {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ProfileError(f"cannot read profile {file}: {exc}") from None
+    return _decode(data, file)
+
+
+def _decode(data: bytes, source: Path) -> Profile:
+    """A profile from a file's bytes (UTF-8 JSON, validated); ``source`` names it in errors."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{file}: not valid JSON: {exc}") from None
-    return parse_profile(data, str(file))
+        decoded = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{source}: not valid JSON: {exc}") from None
+    return parse_profile(decoded, str(source))
 
 
 def profile_to_json(profile: Profile) -> str:
@@ -164,11 +169,7 @@ def site_profile(name: str, directory: Path | str) -> Profile:
         raise ProfileError(f"refused profile {name!r}: {exc}") from None
     except OSError as exc:
         raise ProfileError(f"cannot read profile {path}: {exc.strerror or exc}") from None
-    try:
-        decoded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{path}: not valid JSON: {exc}") from None
-    return parse_profile(decoded, str(path))
+    return _decode(data, path)
 
 
 def placement_skew(name: str, directory: Path | str) -> float:
