@@ -325,11 +325,7 @@ class JobDir:
 
     def standing_stop(self) -> StopRequest | None:
         """A stop for a chosen step that no checkpoint has acknowledged yet (it outlives a restart), else None."""
-        try:
-            text = self._read(STOP)
-        except (OSError, UnsafeFile):
-            return None
-        request = None if text is None else parse_stop_lenient(text)
+        request = self.read_stop()  # an unreadable one has no step: it never stands
         return request if request is not None and still_pending(request, self.read_ack()) else None
 
     # -- the daemon's side (another user, with more rights) -----------------------------------------------------
