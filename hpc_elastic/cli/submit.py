@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import click
 
-import hpc_elastic
 from hpc_elastic.collective import Backend
-from hpc_elastic.env import Environment, read_environment
+from hpc_elastic.env import read_environment
 from hpc_elastic.est.levels import DeterminismLevel
-from hpc_elastic.launch.batch import render_batch_script
-from hpc_elastic.launch.spec import SubmitSpec, check_gpu_type, explicit_options, merge, parse_directives
-from hpc_elastic.profile import ProfileError, default_profile_dir, load_profile
-from hpc_elastic.slurm import SlurmClient, connect
-
-
-def wrapper_argv(python: str) -> list[str]:
-    """How the batch script starts the wrapper: ``wrappers/hpc-elastic-run`` of this checkout when present,
-    else the same entry point as a module of the installed package."""
-    script = Path(hpc_elastic.__file__).resolve().parent.parent / "wrappers" / "hpc-elastic-run"
-    return [python, str(script)] if script.is_file() else [python, "-m", "hpc_elastic.launch.run"]
+from hpc_elastic.launch.submission import batch_script, build_spec, submit_spec
+from hpc_elastic.slurm import connect
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -52,45 +41,9 @@ def wrapper_argv(python: str) -> list[str]:
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
     """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""
-    if not script.is_file():
-        raise ValueError(f"no such training script: {script}")
     env = read_environment()
-    text = script.read_text(errors="replace")
-    base = SubmitSpec(
-        script=script.resolve(), args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=sys.executable
-    )
-    spec = resolve_profile(merge(parse_directives(text), explicit_options(list(options.items())), base), env)
-    batch = render_batch_script(spec, wrapper_argv(spec.python))
+    spec = build_spec(script, tuple(args), options, env, sys.executable)
     if dry_run:
-        click.echo(batch, nl=False)
+        click.echo(batch_script(spec), nl=False)
         return
-    slurm = connect(env)
-    check_against_cluster(spec, slurm)
-    spec.ckpt_root.mkdir(parents=True, exist_ok=True)
-    job_id = slurm.submit(script_text=batch)
-    click.echo(job_id)
-
-
-def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:
-    """``--profile`` as the site's profile name (``vgg_like`` -> ``vgg_like@cpu-amd-epyc`` when unique): the
-    scheduler looks a job's profile up by that exact name only. ``ValueError`` when there is no such profile."""
-    if spec.profile is None:
-        return spec
-    try:
-        profile = load_profile(spec.profile, default_profile_dir(env))
-    except ProfileError as exc:
-        raise ValueError(f"--profile: {exc}") from None
-    return replace(spec, profile=profile.name)
-
-
-def check_against_cluster(spec: SubmitSpec, slurm: SlurmClient) -> None:
-    """What only the cluster can tell: ``--gpu-type`` must be a type of the job's partitions (``ValueError``)."""
-    if spec.gpu_type is None:
-        return
-    partitions = slurm.partitions()
-    types: dict[str, set[str]] = {p.name: set() for p in partitions}
-    for node in slurm.nodes():
-        for part in node.partitions:
-            types.setdefault(part, set()).update(t for t, count in node.gpus.by_type if count > 0 and t)
-    default = next((p.name for p in partitions if p.default), None)
-    check_gpu_type(spec, {name: frozenset(t) for name, t in types.items()}, default)
+    click.echo(submit_spec(spec, connect(env)))

@@ -26,7 +26,6 @@ from typing import Protocol
 import click
 
 from hpc_elastic.checkpoint import CheckpointStore
-from hpc_elastic.cli.submit import check_against_cluster, wrapper_argv
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import read_environment
 from hpc_elastic.errors import HpcElasticError
@@ -35,6 +34,7 @@ from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.launch.batch import render_batch_script
 from hpc_elastic.launch.spec import SubmitSpec
+from hpc_elastic.launch.submission import check_against_cluster, wrapper_argv
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers, unavailable_reason
 from hpc_elastic.slurm import Job, JobState, SlurmClient, commands, connect
 from hpc_elastic.slurm.commands import JobAction

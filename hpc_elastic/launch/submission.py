@@ -1,0 +1,73 @@
+"""Submitting a training job: a :class:`SubmitSpec` from a script and its options, checked against the cluster,
+rendered as the batch script and given to sbatch.  One path for ``hpc-elastic submit`` and library callers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import hpc_elastic
+from hpc_elastic.env import Environment
+from hpc_elastic.launch.batch import render_batch_script
+from hpc_elastic.launch.spec import SubmitSpec, check_gpu_type, explicit_options, merge, parse_directives
+from hpc_elastic.profile import ProfileError, default_profile_dir, load_profile
+from hpc_elastic.slurm import SlurmClient
+
+
+def wrapper_argv(python: str) -> list[str]:
+    """How the batch script starts the wrapper: ``wrappers/hpc-elastic-run`` of this checkout when present,
+    else the same entry point as a module of the installed package."""
+    script = Path(hpc_elastic.__file__).resolve().parent.parent / "wrappers" / "hpc-elastic-run"
+    return [python, str(script)] if script.is_file() else [python, "-m", "hpc_elastic.launch.run"]
+
+
+def build_spec(
+    script: Path, args: tuple[str, ...], options: Mapping[str, Any], env: Environment, python: str
+) -> SubmitSpec:
+    """The job ``script`` asks for: its ``#HPC-ELASTIC`` directives, overridden by ``options`` (unset ones are
+    None), on top of the defaults of this environment; ``--profile`` resolved to the site's full name.
+    ``ValueError`` naming the bad value."""
+    if not script.is_file():
+        raise ValueError(f"no such training script: {script}")
+    text = script.read_text(errors="replace")
+    base = SubmitSpec(script=script.resolve(), args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=python)
+    return resolve_profile(merge(parse_directives(text), explicit_options(list(options.items())), base), env)
+
+
+def batch_script(spec: SubmitSpec) -> str:
+    """The batch script of ``spec``, starting the wrapper with the spec's Python."""
+    return render_batch_script(spec, wrapper_argv(spec.python))
+
+
+def submit_spec(spec: SubmitSpec, slurm: SlurmClient) -> int:
+    """Check ``spec`` against the cluster, create its checkpoint root and submit it; the job id."""
+    check_against_cluster(spec, slurm)
+    spec.ckpt_root.mkdir(parents=True, exist_ok=True)
+    return slurm.submit(script_text=batch_script(spec))
+
+
+def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:
+    """``--profile`` as the site's profile name (``vgg_like`` -> ``vgg_like@cpu-amd-epyc`` when unique): the
+    scheduler looks a job's profile up by that exact name only. ``ValueError`` when there is no such profile."""
+    if spec.profile is None:
+        return spec
+    try:
+        profile = load_profile(spec.profile, default_profile_dir(env))
+    except ProfileError as exc:
+        raise ValueError(f"--profile: {exc}") from None
+    return replace(spec, profile=profile.name)
+
+
+def check_against_cluster(spec: SubmitSpec, slurm: SlurmClient) -> None:
+    """What only the cluster can tell: ``--gpu-type`` must be a type of the job's partitions (``ValueError``)."""
+    if spec.gpu_type is None:
+        return
+    partitions = slurm.partitions()
+    types: dict[str, set[str]] = {p.name: set() for p in partitions}
+    for node in slurm.nodes():
+        for part in node.partitions:
+            types.setdefault(part, set()).update(t for t, count in node.gpus.by_type if count > 0 and t)
+    default = next((p.name for p in partitions if p.default), None)
+    check_gpu_type(spec, {name: frozenset(t) for name, t in types.items()}, default)
