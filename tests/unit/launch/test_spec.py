@@ -93,7 +93,7 @@ def test_everything_in_the_body_is_quoted() -> None:
         ({"ckpt_root": Path("/gpfs/my jobs")}, "must not contain spaces"),
         ({"grace_s": 0}, "--grace must be between"),
         ({"max_restarts": -1}, "--max-restarts must be between 0 and 100, got -1"),
-        ({"extra": ("-x",)}, "one-line --long options"),
+        ({"extra": ("-x",)}, "--name or --name=value, without spaces or quotes"),
         ({"args": ("a\nb",)}, "one line"),
     ],
 )
