@@ -94,6 +94,11 @@ def array_task(slurm: CliSlurm, array_id: int, task: int) -> Job | None:
     return next((j for j in slurm.jobs() if j.array_job_id == array_id and j.array_task_id == task), None)
 
 
+def restarts(slurm: CliSlurm, array_id: int, task: int) -> int | None:
+    job = array_task(slurm, array_id, task)
+    return None if job is None else job.restart_count
+
+
 def test_array_tasks_have_their_own_job_directories_and_a_requeued_task_resumes(
     slurm: CliSlurm, workdir: Path, submitted: list[int]
 ) -> None:
@@ -111,7 +116,7 @@ def test_array_tasks_have_their_own_job_directories_and_a_requeued_task_resumes(
     signalled = run("scancel", "--signal=USR1", "--batch", f"{array_id}_1")
     assert signalled.returncode == 0, signalled.stderr
     wait_for("task 1's acknowledgement", (dirs[1] / "control" / "ack.json").exists)
-    wait_for("task 1's requeue", lambda: (t := array_task(slurm, array_id, 1)) is not None and t.restart_count == 1)
+    wait_for("task 1's requeue", lambda: restarts(slurm, array_id, 1) == 1)
     wait_for("task 1's second start", lambda: len(lines(dirs[1] / "starts.log")) == 2, timeout_s=150)
     resumed = lines(dirs[1] / "starts.log")[1]
     assert "restart=1" in resumed and int(resumed.split("step=")[1].split()[0]) > 0  # from its own checkpoint
