@@ -107,8 +107,7 @@ def test_array_tasks_have_their_own_job_directories_and_a_requeued_task_resumes(
     )
     submitted.append(array_id)  # scancel of the array's id cancels every task
     dirs = [workdir / f"it-arr-{array_id}_{task}" for task in (0, 1)]
-    for job_dir in dirs:
-        wait_for(f"{job_dir.name} to start", lambda job_dir=job_dir: lines(job_dir / "starts.log"), timeout_s=180)
+    wait_for("both tasks to start", lambda: all(lines(d / "starts.log") for d in dirs), timeout_s=180)
     first = array_task(slurm, array_id, 1)
     assert first is not None and first.restart_count == 0
 
