@@ -102,6 +102,8 @@ class JobEnvironment:
 
     job_id: int | None = None
     job_name: str = ""
+    array_job_id: int | None = None  # a task of a job array: the array's job id (SLURM_ARRAY_JOB_ID) ...
+    array_task_id: int | None = None  # ... and the task's index (SLURM_ARRAY_TASK_ID); None for other jobs
     restart_count: int = 0
     node_list: str = ""
     num_nodes: int = 1
@@ -206,9 +208,15 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         raise ValueError(f"process rank {rank} is outside a world of {world}")
     devices = env.get("CUDA_VISIBLE_DEVICES", "").strip()
     job_dir = env.get("HPC_ELASTIC_JOB_DIR")
+    array_job_id = _int(env, "SLURM_ARRAY_JOB_ID")
+    array_task_id = _int(env, "SLURM_ARRAY_TASK_ID") if array_job_id is not None else None
+    if (array_job_id is not None and array_job_id < 1) or (array_task_id is not None and array_task_id < 0):
+        raise ValueError(f"SLURM_ARRAY_JOB_ID/SLURM_ARRAY_TASK_ID out of range: {array_job_id}, {array_task_id}")
     return JobEnvironment(
         job_id=_int(env, "SLURM_JOB_ID"),
         job_name=env.get("SLURM_JOB_NAME", ""),
+        array_job_id=array_job_id if array_task_id is not None else None,
+        array_task_id=array_task_id,
         restart_count=_int(env, "SLURM_RESTART_COUNT", 0) or 0,
         node_list=env.get("SLURM_JOB_NODELIST", ""),
         num_nodes=_int(env, "SLURM_JOB_NUM_NODES", 1) or 1,

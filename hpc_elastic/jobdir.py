@@ -231,14 +231,19 @@ class StopNotice:
 # ------------------------------------------------------------------------------------------ the directory
 
 
-def leaf_name(name: str, job_id: int) -> str:
-    """``<name>-<job id>``; ``ValueError`` for a job name that is not one plain path component (``/``, ``..``, NUL,
-    a newline, a leading dot), so that a job name can never point outside its root."""
+def leaf_name(name: str, job_id: int, array_task_id: int | None = None) -> str:
+    """``<name>-<job id>``, or ``<name>-<array job id>_<task id>`` for a task of a job array (its own job id
+    differs between tasks but the pair names it as Slurm does); ``ValueError`` for a job name that is not one plain
+    path component (``/``, ``..``, NUL, a newline, a leading dot), so that a job name can never point outside its
+    root."""
     if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
         raise ValueError(f"job id must be a positive integer, got {job_id!r}")
+    task = array_task_id
+    if task is not None and (isinstance(task, bool) or not isinstance(task, int) or task < 0):
+        raise ValueError(f"array task id must be a non-negative integer, got {task!r}")
     if not name or "/" in name or "\x00" in name or "\n" in name or name.startswith(".") or len(name) > 200:
         raise ValueError(f"job name {name!r} cannot name a job directory")
-    return f"{name}-{job_id}"
+    return f"{name}-{job_id}" if task is None else f"{name}-{job_id}_{task}"
 
 
 @dataclass(frozen=True)
@@ -248,8 +253,9 @@ class JobDir:
     path: Path
 
     @classmethod
-    def of(cls, root: Path, name: str, job_id: int) -> JobDir:
-        return cls(Path(root) / leaf_name(name, job_id))
+    def of(cls, root: Path, name: str, job_id: int, array_task_id: int | None = None) -> JobDir:
+        """``<root>/<name>-<job id>``; an array task's: ``<root>/<name>-<array job id>_<task id>``."""
+        return cls(Path(root) / leaf_name(name, job_id, array_task_id))
 
     @property
     def checkpoints(self) -> Path:
@@ -348,11 +354,13 @@ class JobDir:
             return None
 
 
-def find_job_dir(roots: list[Path] | tuple[Path, ...], name: str, job_id: int, uid: int) -> JobDir | None:
+def find_job_dir(
+    roots: list[Path] | tuple[Path, ...], name: str, job_id: int, uid: int, array_task_id: int | None = None
+) -> JobDir | None:
     """The job's directory under the first root where it exists as a real directory of the job's user ``uid``;
-    None when there is none (or the job name cannot name one)."""
+    None when there is none (or the job name cannot name one). An array task: the array's job id and the task's."""
     try:
-        leaf = leaf_name(name, job_id)
+        leaf = leaf_name(name, job_id, array_task_id)
     except ValueError:
         return None
     for root in roots:

@@ -52,7 +52,8 @@ def job_uid(job: Job) -> int | None:
 def job_dir_of(roots: Sequence[Path], job: Job) -> JobDir | None:
     """The job's directory: ``<root>/<name>-<id>`` that is a real directory of the job's own user, else None."""
     uid = job_uid(job)
-    return find_job_dir(tuple(roots), job.name, job.job_id, uid) if uid is not None else None
+    ref = job.ref  # an array task's directory is named by the array's id and the task's
+    return find_job_dir(tuple(roots), job.name, ref.job_id, uid, ref.array_task_id) if uid is not None else None
 
 
 def acknowledgements(

@@ -10,6 +10,7 @@ import click
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import read_environment
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.launch.spec import sbatch_arg
 from hpc_elastic.launch.submission import batch_script, build_spec, submit_spec
 from hpc_elastic.slurm import connect
 
@@ -38,10 +39,31 @@ from hpc_elastic.slurm import connect
 @click.option("--job-name", help="Job name (default: the script's name).")
 @click.option("--grace", "grace_s", type=int, help="Seconds between the stop signal and the kill.")
 @click.option("--max-restarts", type=int, help="Restarts of a failed worker step inside the allocation (default 2).")
+@click.option("--account", "-A", help="Slurm account to charge.")
+@click.option("--qos", "-q", help="Quality of service.")
+@click.option("--mem", help="Memory per node (Slurm size: 4096, 500M, 16G); excludes --mem-per-gpu/--mem-per-cpu.")
+@click.option("--mem-per-gpu", help="Memory per GPU (Slurm size).")
+@click.option("--mem-per-cpu", help="Memory per CPU core (Slurm size).")
+@click.option("--constraint", "-C", help="Node features, e.g. a100 or 'ib&a100'.")
+@click.option("--exclusive", is_flag=True, default=None, help="Whole nodes, shared with no other job.")
+@click.option("--reservation", help="Slurm reservation.")
+@click.option("--dependency", "-d", help="Start after other jobs: afterok:123[:124], afterany:..., singleton.")
+@click.option("--mail-type", help="When to mail: a comma list of BEGIN, END, FAIL, REQUEUE, ALL, ...")
+@click.option("--mail-user", help="Who gets the mail (default: the submitting user).")
+@click.option("--array", "-a", help="A job array, e.g. 0-3, 1,3,5 or 0-15%4: one job (and job directory) per task.")
+@click.option(
+    "--sbatch-arg",
+    "extra",
+    multiple=True,
+    help="Another sbatch option, e.g. --sbatch-arg=--begin=now+1hour (repeatable; options hpc-elastic sets refused).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
     """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""
     env = read_environment()
+    extra = options.pop("extra")
+    assert isinstance(extra, tuple)
+    options["extra"] = tuple(sbatch_arg(arg) for arg in extra) or None
     spec = build_spec(script, tuple(args), options, env, sys.executable)
     if dry_run:
         click.echo(batch_script(spec), nl=False)

@@ -26,6 +26,24 @@ _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 #: a profile is a file name in the site's profile directory: no separator, no leading dot ("..", hidden files)
 _PROFILE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.@+-]{0,127}")
+#: Slurm's memory sizes: a whole number with an optional unit (K, M, G, T; M when none); 0 means all of a node's
+_MEM = re.compile(r"[0-9]{1,9}[KMGT]?")
+#: node features joined by & | , with optional brackets, counts (``*2``) and ``!``: no spaces or quotes
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.+\-&|,!*\[\]()]{1,256}")
+_DEPENDENCY_ITEM = r"(?:singleton|after(?:any|ok|notok|corr|burstbuffer)?(?::[1-9][0-9]*(?:_[0-9]+)?(?:\+[0-9]+)?)+)"
+_DEPENDENCY = re.compile(rf"{_DEPENDENCY_ITEM}(?:[,?]{_DEPENDENCY_ITEM})*")
+MAIL_TYPES = frozenset(
+    {
+        "NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT",
+        "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS",
+    }
+)  # fmt: skip
+_MAIL_USER = re.compile(r"[A-Za-z0-9_.+-]{1,64}(@[A-Za-z0-9.-]{1,253})?")
+_ARRAY_ITEM = re.compile(r"([0-9]{1,7})(?:-([0-9]{1,7})(?::([0-9]{1,7}))?)?")
+#: the largest array index accepted here (Slurm's default MaxArraySize is 1001: indices 0-1000)
+MAX_ARRAY_INDEX = 1000
+#: an sbatch option as hpc-elastic keeps it: ``--name`` or ``--name=value``, the value without spaces or quotes
+_SBATCH_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(?:=([^\s\"'\\`$;]+))?")
 
 
 @dataclass(frozen=True)
@@ -59,7 +77,19 @@ class SubmitSpec:
     grace_s: int = DEFAULT_GRACE_S
     max_restarts: int = DEFAULT_MAX_RESTARTS
     python: str = "python3"
-    extra: tuple[str, ...] = field(default=())  # raw sbatch options, passed through after validation
+    account: str | None = None
+    qos: str | None = None
+    mem: str | None = None
+    mem_per_gpu: str | None = None
+    mem_per_cpu: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    reservation: str | None = None
+    dependency: str | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
+    array: str | None = None  # a job array: each task is its own job of this size (see array_indices)
+    extra: tuple[str, ...] = field(default=())  # other sbatch options, ``--name[=value]`` (see check_sbatch_arg)
 
     def __post_init__(self) -> None:
         _check(self)
@@ -80,6 +110,11 @@ class SubmitSpec:
         if self.gpus == 0:
             return self.processes, self.processes
         return (self.min_gpus or self.gpus, self.max_gpus or self.gpus)
+
+    @property
+    def array_indices(self) -> tuple[int, ...]:
+        """The task indices of ``--array`` (empty for a single job)."""
+        return array_indices(self.array) if self.array is not None else ()
 
     @property
     def name(self) -> str:
@@ -137,14 +172,252 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"--max-restarts must be between 0 and 100, got {spec.max_restarts}")
     if not spec.ckpt_root.is_absolute():
         raise ValueError(f"--ckpt-root must be an absolute path on the shared filesystem, got {str(spec.ckpt_root)!r}")
+    _check_sbatch_values(spec)
     for option in spec.extra:
-        if not option.startswith("--") or "\n" in option or "\x00" in option:
-            raise ValueError(f"extra sbatch options must be one-line --long options, got {option!r}")
+        check_sbatch_arg(option)
     if re.search(r"[\s\"'\\]", str(spec.ckpt_root)):
         raise ValueError(f"--ckpt-root must not contain spaces, quotes or backslashes, got {str(spec.ckpt_root)!r}")
     for arg in (*spec.args, str(spec.script), str(spec.ckpt_root)):
         if "\x00" in arg or "\n" in arg:
             raise ValueError(f"arguments and paths must be one line without NUL, got {arg!r}")
+
+
+def _check_sbatch_values(spec: SubmitSpec) -> None:
+    """The options that end up as ``#SBATCH`` lines as they are: strict patterns, no spaces, quotes or newlines."""
+    names = (("--account", spec.account), ("--qos", spec.qos), ("--reservation", spec.reservation))
+    for option, value in names:
+        if value is not None and not _NAME.fullmatch(value.replace(",", "") if option == "--reservation" else value):
+            raise ValueError(f"bad {option} {value!r}: letters, digits and _.+- only, at most 64")
+    mems = [
+        (o, v)
+        for o, v in (("--mem", spec.mem), ("--mem-per-gpu", spec.mem_per_gpu), ("--mem-per-cpu", spec.mem_per_cpu))
+        if v is not None
+    ]
+    if len(mems) > 1:
+        raise ValueError(
+            f"{' and '.join(o for o, _ in mems)} exclude each other: give one of --mem, --mem-per-gpu, --mem-per-cpu"
+        )
+    for option, value in mems:
+        if not _MEM.fullmatch(value):
+            raise ValueError(f"bad {option} {value!r}: a size like 4096, 500M, 16G or 1T")
+    if spec.mem_per_gpu is not None and spec.gpus == 0:
+        raise ValueError("--mem-per-gpu needs --gpus >= 1 (use --mem-per-cpu for a CPU job)")
+    if spec.constraint is not None and not _CONSTRAINT.fullmatch(spec.constraint):
+        raise ValueError(f"bad --constraint {spec.constraint!r}: node features joined by &, | or , (no spaces)")
+    if spec.dependency is not None and not _DEPENDENCY.fullmatch(spec.dependency):
+        raise ValueError(
+            f"bad --dependency {spec.dependency!r}: singleton or after[any|ok|notok|corr]:JOBID[:JOBID...], "
+            "joined by , or ?"
+        )
+    if spec.mail_type is not None:
+        unknown = [t for t in spec.mail_type.split(",") if t.upper() not in MAIL_TYPES]
+        if unknown or not spec.mail_type:
+            raise ValueError(f"bad --mail-type {spec.mail_type!r}: a comma list of {', '.join(sorted(MAIL_TYPES))}")
+    if spec.mail_user is not None and not _MAIL_USER.fullmatch(spec.mail_user):
+        raise ValueError(f"bad --mail-user {spec.mail_user!r}: a user name or an e-mail address")
+    if spec.array is not None:
+        array_indices(spec.array)
+        lo, hi = spec.elastic_range
+        if lo != hi:
+            raise ValueError(
+                f"--array needs a fixed size, got the elastic range {lo}-{hi} GPUs: the scheduler resizes a job "
+                "through its job id, which names every task of the array"
+            )
+        if spec.dependency is not None and "singleton" in spec.dependency:
+            raise ValueError(
+                "--array with --dependency=singleton runs the tasks one after another: submit one job instead"
+            )
+
+
+def array_indices(text: str) -> tuple[int, ...]:
+    """The indices of an ``--array`` spec (``0-3``, ``1,3,5``, ``0-15:5``, ``0-15%4``), sorted, each once.
+    ``ValueError`` naming the spec when it is malformed, a range runs backwards, or an index is above
+    :data:`MAX_ARRAY_INDEX`."""
+    body, percent, throttle = text.partition("%")
+    if percent and not (throttle.isdigit() and int(throttle) >= 1):
+        raise ValueError(f"bad --array {text!r}: the limit after % must be a number >= 1")
+    indices: set[int] = set()
+    for item in body.split(","):
+        match = _ARRAY_ITEM.fullmatch(item)
+        if match is None:
+            raise ValueError(f"bad --array {text!r}: indices like 0-3, 1,3,5, 0-15:5 or 0-15%4")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        step = int(match.group(3)) if match.group(3) is not None else 1
+        if last < first or step < 1:
+            raise ValueError(f"bad --array {text!r}: range {item} runs backwards or has a zero step")
+        if last > MAX_ARRAY_INDEX:
+            raise ValueError(f"bad --array {text!r}: index {last} is above {MAX_ARRAY_INDEX}")
+        indices.update(range(first, last + 1, step))
+    return tuple(sorted(indices))
+
+
+# ------------------------------------------------------------------------------------------ sbatch options
+
+#: sbatch options ``--sbatch-arg`` and ``#SBATCH`` lines may not set: hpc-elastic decides them (task and GPU layout,
+#: requeue and its signal, output files, the job marker in the comment, the environment the wrapper needs).
+WRAPPER_OWNED: Mapping[str, str] = {
+    "requeue": "every hpc-elastic job is requeueable",
+    "no-requeue": "every hpc-elastic job is requeueable",
+    "signal": "the wrapper sets the checkpoint signal (use --grace)",
+    "ntasks": "the tasks follow --gpus / --procs",
+    "ntasks-per-node": "the tasks follow --gpus / --procs",
+    "ntasks-per-core": "the tasks follow --gpus / --procs",
+    "ntasks-per-socket": "the tasks follow --gpus / --procs",
+    "ntasks-per-gpu": "the tasks follow --gpus / --procs",
+    "gpus": "use --gpus / --gpu-type",
+    "gpus-per-node": "use --gpus / --gpu-type",
+    "gpus-per-task": "use --gpus / --gpu-type",
+    "gpus-per-socket": "use --gpus / --gpu-type",
+    "gres": "use --gpus / --gpu-type",
+    "tres-per-task": "use --gpus / --cpus-per-worker",
+    "cpus-per-gpu": "use --cpus-per-worker",
+    "output": "the wrapper appends the job's output to a file under --ckpt-root",
+    "error": "the wrapper appends the job's output to a file under --ckpt-root",
+    "open-mode": "the wrapper appends the job's output to a file under --ckpt-root",
+    "comment": "the comment holds the scheduler's job marker",
+    "wrap": "hpc-elastic writes the batch script",
+    "export": "the wrapper needs the submitting environment",
+    "parsable": "hpc-elastic reads the job id itself",
+    "test-only": "hpc-elastic submits the job",
+    "wait": "hpc-elastic submit returns once the job is queued",
+    "hetjob": "heterogeneous jobs are not supported",
+}
+
+#: sbatch options with a first-class ``hpc-elastic submit`` option: ``#SBATCH`` lines are translated to it,
+#: ``--sbatch-arg`` is refused (one way to say each thing).
+FIRST_CLASS: Mapping[str, tuple[str, str, type]] = {
+    "account": ("--account", "account", str),
+    "qos": ("--qos", "qos", str),
+    "mem": ("--mem", "mem", str),
+    "mem-per-gpu": ("--mem-per-gpu", "mem_per_gpu", str),
+    "mem-per-cpu": ("--mem-per-cpu", "mem_per_cpu", str),
+    "constraint": ("--constraint", "constraint", str),
+    "exclusive": ("--exclusive", "exclusive", bool),
+    "reservation": ("--reservation", "reservation", str),
+    "dependency": ("--dependency", "dependency", str),
+    "mail-type": ("--mail-type", "mail_type", str),
+    "mail-user": ("--mail-user", "mail_user", str),
+    "array": ("--array", "array", str),
+    "partition": ("--partition", "partition", str),
+    "time": ("--time", "time", str),
+    "job-name": ("--job-name", "job_name", str),
+    "nodes": ("--nodes", "nodes", int),
+    "cpus-per-task": ("--cpus-per-worker", "cpus_per_worker", int),
+}
+
+#: sbatch's short options and their long names (a short option hpc-elastic does not know is refused)
+SHORT_OPTIONS: Mapping[str, str] = {
+    "A": "account", "a": "array", "B": "extra-node-info", "b": "begin", "C": "constraint", "c": "cpus-per-task",
+    "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile", "G": "gpus", "H": "hold", "i": "input",
+    "J": "job-name", "k": "no-kill", "L": "licenses", "M": "clusters", "m": "distribution", "N": "nodes",
+    "n": "ntasks", "O": "overcommit", "o": "output", "p": "partition", "Q": "quiet", "q": "qos",
+    "S": "core-spec", "s": "oversubscribe", "t": "time", "W": "wait", "w": "nodelist", "x": "exclude",
+}  # fmt: skip
+#: short options that take no value
+_SHORT_FLAGS = frozenset({"H", "k", "O", "Q", "s", "W"})
+
+
+def sbatch_words(words: Sequence[str]) -> list[tuple[str, str | None]]:
+    """``(long name, value or None)`` of sbatch command-line words: ``--name=value``, ``--name value``, ``--flag``,
+    ``-Xvalue``, ``-X value``, ``-F`` (a flag). ``ValueError`` naming a word that is none of these."""
+    out: list[tuple[str, str | None]] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word[2:].partition("=")
+            if not eq and index < len(words) and not words[index].startswith("-"):
+                value, eq = words[index], "="
+                index += 1
+            out.append((name, value if eq else None))
+        elif word.startswith("-") and len(word) >= 2 and word[1] in SHORT_OPTIONS:
+            letter, rest = word[1], word[2:].removeprefix("=")
+            if not rest and letter not in _SHORT_FLAGS:
+                if index >= len(words):
+                    raise ValueError(f"sbatch option -{letter} needs a value")
+                rest = words[index]
+                index += 1
+            out.append((SHORT_OPTIONS[letter], rest or None))
+        else:
+            raise ValueError(f"not an sbatch option: {word!r} (use --name=value)")
+    return out
+
+
+def sbatch_arg(text: str) -> str:
+    """One ``--sbatch-arg`` as hpc-elastic keeps it (``--name`` or ``--name=value``): ``-A x`` -> ``--account=x``.
+    ``ValueError`` for more than one option, or one :func:`check_sbatch_arg` refuses."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"bad --sbatch-arg {text!r}: {exc}") from None
+    options = sbatch_words(words)
+    if len(options) != 1:
+        raise ValueError(f"--sbatch-arg takes one sbatch option, got {text!r}")
+    name, value = options[0]
+    return check_sbatch_arg(f"--{name}" if value is None else f"--{name}={value}")
+
+
+def check_sbatch_arg(option: str) -> str:
+    """``option`` (``--name[=value]``) when hpc-elastic passes it to sbatch as it is, else ``ValueError`` saying why:
+    not that form, a value with spaces or quotes, an option hpc-elastic owns (:data:`WRAPPER_OWNED`) or one with
+    a first-class option (:data:`FIRST_CLASS`)."""
+    match = _SBATCH_OPTION.fullmatch(option)
+    if match is None:
+        raise ValueError(f"bad sbatch option {option!r}: --name or --name=value, without spaces or quotes")
+    name = match.group(1)
+    if name in WRAPPER_OWNED:
+        raise ValueError(f"sbatch option --{name} is refused: {WRAPPER_OWNED[name]}")
+    if name in FIRST_CLASS:
+        raise ValueError(f"sbatch option --{name} is refused: use hpc-elastic submit {FIRST_CLASS[name][0]}")
+    return option
+
+
+SBATCH = "#SBATCH"
+
+
+def parse_sbatch_lines(script_text: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What the ``#SBATCH`` lines of the user's script ask for: settings of first-class options, and the other
+    sbatch options (``--name[=value]``). Read as sbatch reads them (before the first command; ``# comment``
+    after an option ignored); a line hpc-elastic cannot honour is a ``ValueError`` with its line number."""
+    found: dict[str, Any] = {}
+    extra: dict[str, str] = {}
+    for number, words in _comment_lines(script_text, SBATCH):
+        try:
+            options = sbatch_words(words)
+        except ValueError as exc:
+            raise ValueError(f"script line {number}: {exc}") from None
+        for name, value in options:
+            if name in FIRST_CLASS:
+                _, field_name, kind = FIRST_CLASS[name]
+                if kind is bool:
+                    if value is not None:
+                        raise ValueError(f"script line {number}: {SBATCH} --{name} takes no value here")
+                    found[field_name] = True
+                    continue
+                if value is None:
+                    raise ValueError(f"script line {number}: {SBATCH} --{name} needs a value")
+                try:
+                    found[field_name] = kind(value)
+                except ValueError:
+                    raise ValueError(f"script line {number}: bad value for {SBATCH} --{name}: {value!r}") from None
+                continue
+            try:
+                extra[name] = check_sbatch_arg(f"--{name}" if value is None else f"--{name}={value}")
+            except ValueError as exc:
+                raise ValueError(f"script line {number}: {exc}") from None
+    return found, tuple(extra.values())
+
+
+def merge_extra(*groups: Sequence[str]) -> tuple[str, ...]:
+    """Other sbatch options from several sources, a later source's option replacing an earlier one of its name."""
+    out: dict[str, str] = {}
+    for group in groups:
+        for option in group:
+            out.pop(option.partition("=")[0], None)
+            out[option.partition("=")[0]] = option
+    return tuple(out.values())
 
 
 # --------------------------------------------------------------------------------------------- directives
@@ -167,60 +440,108 @@ _DIRECTIVE_OPTIONS: Mapping[str, tuple[str, type]] = {
     "--job-name": ("job_name", str),
     "--grace": ("grace_s", int),
     "--max-restarts": ("max_restarts", int),
+    "--account": ("account", str),
+    "--qos": ("qos", str),
+    "--mem": ("mem", str),
+    "--mem-per-gpu": ("mem_per_gpu", str),
+    "--mem-per-cpu": ("mem_per_cpu", str),
+    "--constraint": ("constraint", str),
+    "--exclusive": ("exclusive", bool),
+    "--reservation": ("reservation", str),
+    "--dependency": ("dependency", str),
+    "--mail-type": ("mail_type", str),
+    "--mail-user": ("mail_user", str),
+    "--array": ("array", str),
+    "--sbatch-arg": ("extra", tuple),  # repeatable
 }
 
 
-def parse_directives(script_text: str) -> dict[str, Any]:
-    """Options from ``#HPC-ELASTIC --gpus 4 --backend mpi`` lines of a script (``--opt=value`` works too).
-
-    Only comment lines before the first command count, as with ``#SBATCH``. Raises ValueError with the line
-    number on an unknown option or a bad value.
-    """
-    found: dict[str, Any] = {}
+def _comment_lines(script_text: str, prefix: str) -> list[tuple[int, list[str]]]:
+    """(line number, words) of the ``prefix`` lines before the first command (a shebang on line 1 and other
+    comments are skipped, as sbatch does); a ``#`` word after whitespace starts a comment."""
+    out: list[tuple[int, list[str]]] = []
     for number, line in enumerate(script_text.splitlines(), start=1):
         stripped = line.strip()
         if number == 1 and stripped.startswith("#!"):
             continue
         if stripped and not stripped.startswith("#"):
             break
-        if not stripped.startswith(DIRECTIVE):
+        rest = stripped[len(prefix) :]
+        if not stripped.startswith(prefix) or (rest and not rest[0].isspace()):
             continue
         try:
-            words = shlex.split(stripped[len(DIRECTIVE) :])
+            out.append((number, shlex.split(rest, comments=True)))
         except ValueError as exc:
             raise ValueError(f"script line {number}: {exc}") from None
+    return out
+
+
+def parse_directives(script_text: str) -> dict[str, Any]:
+    """Options from ``#HPC-ELASTIC --gpus 4 --backend mpi`` lines of a script (``--opt=value`` works too).
+
+    Only comment lines before the first command count, as with ``#SBATCH``. Raises ValueError with the line
+    number on an unknown option or a bad value. ``--sbatch-arg`` may be repeated (``extra``, in order).
+    """
+    found: dict[str, Any] = {}
+    for number, words in _comment_lines(script_text, DIRECTIVE):
         index = 0
         while index < len(words):
             word = words[index]
-            key, _, inline = word.partition("=")
+            key, eq, inline = word.partition("=")
             if key not in _DIRECTIVE_OPTIONS:
                 raise ValueError(f"script line {number}: unknown {DIRECTIVE} option {key!r}")
-            if not inline:
-                index += 1
+            name, kind = _DIRECTIVE_OPTIONS[key]
+            index += 1
+            if kind is bool:
+                if eq:
+                    raise ValueError(f"script line {number}: {key} takes no value")
+                found[name] = True
+                continue
+            if not eq:
                 if index >= len(words):
                     raise ValueError(f"script line {number}: {key} needs a value")
                 inline = words[index]
-            name, kind = _DIRECTIVE_OPTIONS[key]
+                index += 1
             try:
-                found[name] = kind(inline)
-            except ValueError:
-                raise ValueError(f"script line {number}: bad value for {key}: {inline!r}") from None
-            index += 1
+                if kind is tuple:
+                    found[name] = (*found.get(name, ()), sbatch_arg(inline))
+                else:
+                    found[name] = kind(inline)
+            except ValueError as exc:
+                detail = f": {exc}" if kind is tuple else ""
+                raise ValueError(f"script line {number}: bad value for {key}: {inline!r}{detail}") from None
     return found
 
 
 def merge(directives: Mapping[str, Any], explicit: Mapping[str, Any], base: SubmitSpec) -> SubmitSpec:
     """``base`` updated by the script's directives, then by what was given on the command line."""
+    return merge_layers(base, directives, explicit)
+
+
+_MEMORY_FIELDS = ("mem", "mem_per_gpu", "mem_per_cpu")
+
+
+def merge_layers(base: SubmitSpec, *layers: Mapping[str, Any]) -> SubmitSpec:
+    """``base`` updated by each layer of settings in turn (unset ones are None), a later layer winning: one
+    memory option of a layer replaces any of an earlier one, and other sbatch options (``extra``) are merged by
+    name (:func:`merge_extra`)."""
     known = {f.name for f in fields(SubmitSpec)}
-    values = {k: v for k, v in {**directives, **explicit}.items() if v is not None}
+    values: dict[str, Any] = {}
+    extra: list[Sequence[str]] = [base.extra]
+    for layer in layers:
+        given = {k: v for k, v in layer.items() if v is not None}
+        if any(name in given for name in _MEMORY_FIELDS):
+            values.update(dict.fromkeys(_MEMORY_FIELDS))
+        extra.append(given.pop("extra", ()))
+        values.update(given)
     unknown = set(values) - known
     if unknown:
         raise ValueError(f"unknown submit settings: {', '.join(sorted(unknown))}")
-    if "backend" in values:
+    if values.get("backend") is not None:
         values["backend"] = Backend.parse(values["backend"])
-    if "level" in values:
+    if values.get("level") is not None:
         values["level"] = DeterminismLevel.parse(values["level"])
-    return replace(base, **values)
+    return replace(base, **values, extra=merge_extra(*extra))
 
 
 # ------------------------------------------------------------------------------------------------ marker

@@ -11,7 +11,14 @@ from typing import Any
 import hpc_elastic
 from hpc_elastic.env import Environment
 from hpc_elastic.launch.batch import render_batch_script
-from hpc_elastic.launch.spec import SubmitSpec, check_gpu_type, explicit_options, merge, parse_directives
+from hpc_elastic.launch.spec import (
+    SubmitSpec,
+    check_gpu_type,
+    explicit_options,
+    merge_layers,
+    parse_directives,
+    parse_sbatch_lines,
+)
 from hpc_elastic.profile import ProfileError, default_profile_dir, load_profile
 from hpc_elastic.slurm import SlurmClient
 
@@ -26,14 +33,17 @@ def wrapper_argv(python: str) -> list[str]:
 def build_spec(
     script: Path, args: tuple[str, ...], options: Mapping[str, Any], env: Environment, python: str
 ) -> SubmitSpec:
-    """The job ``script`` asks for: its ``#HPC-ELASTIC`` directives, overridden by ``options`` (unset ones are
-    None), on top of the defaults of this environment; ``--profile`` resolved to the site's full name.
-    ``ValueError`` naming the bad value."""
+    """The job ``script`` asks for: its ``#SBATCH`` lines, overridden by its ``#HPC-ELASTIC`` directives, overridden
+    by ``options`` (unset ones are None; ``extra``: other sbatch options), on top of the defaults of this
+    environment; ``--profile`` resolved to the site's full name. ``ValueError`` naming the bad value (a script line
+    by its number)."""
     if not script.is_file():
         raise ValueError(f"no such training script: {script}")
     text = script.read_text(errors="replace")
     base = SubmitSpec(script=script.resolve(), args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=python)
-    return resolve_profile(merge(parse_directives(text), explicit_options(list(options.items())), base), env)
+    sbatch, sbatch_extra = parse_sbatch_lines(text)
+    layers = ({**sbatch, "extra": sbatch_extra}, parse_directives(text), explicit_options(list(options.items())))
+    return resolve_profile(merge_layers(base, *layers), env)
 
 
 def batch_script(spec: SubmitSpec) -> str:
@@ -61,7 +71,13 @@ def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:
 
 
 def check_against_cluster(spec: SubmitSpec, slurm: SlurmClient) -> None:
-    """What only the cluster can tell: ``--gpu-type`` must be a type of the job's partitions (``ValueError``)."""
+    """What only the cluster can tell: ``--account`` must be an account of Slurm's accounting (sbatch itself takes
+    any account where the site does not enforce associations, and charges the user's default one), and
+    ``--gpu-type`` a type of the job's partitions (``ValueError``)."""
+    if spec.account is not None:
+        accounts = slurm.accounts()
+        if spec.account.lower() not in accounts:
+            raise ValueError(f"--account {spec.account!r}: Slurm's accounting has no such account")
     if spec.gpu_type is None:
         return
     partitions = slurm.partitions()

@@ -39,7 +39,7 @@ from hpc_elastic.launch.spec import MarkerError, decode_marker
 from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
 from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
-from hpc_elastic.slurm.types import Node
+from hpc_elastic.slurm.types import JobRef, Node
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,20 @@ class WrapperConfig:
 
 
 def job_dir_of(ckpt_root: Path, job: JobEnvironment) -> JobDir:
+    """``<ckpt-root>/<job name>-<job id>``; for a task of a job array ``<job name>-<array id>_<task id>``: the same
+    across requeues, and one per task."""
+    ref = job_ref_of(job)
+    return JobDir.of(ckpt_root, job.job_name or "job", ref.job_id, ref.array_task_id)
+
+
+def job_ref_of(job: JobEnvironment) -> JobRef:
+    """How the wrapper addresses its own job in Slurm: ``<array>_<task>`` for an array task (the array's id alone
+    names every task of the array), else its job id."""
     if job.job_id is None:
         raise ValueError("SLURM_JOB_ID is not set: hpc-elastic-run runs inside a Slurm allocation")
-    return JobDir.of(ckpt_root, job.job_name or "job", job.job_id)
+    if job.array_job_id is not None and job.array_task_id is not None:
+        return JobRef(job.array_job_id, job.array_task_id)
+    return JobRef(job.job_id)
 
 
 def classify_stop(
@@ -175,7 +186,7 @@ class Supervisor:
         if decision.action is TypeAction.PIN and marker is not None and decision.gpu_type is not None:
             pinned = replace(marker, gpu_type=decision.gpu_type).encode()
             try:
-                self.slurm.update_job(self.job.job_id, {"Comment": pinned})
+                self.slurm.update_job(job_ref_of(self.job), {"Comment": pinned})
             except SlurmError as exc:
                 log.warning("cannot record the pinned GPU type in the job's comment: %s", exc)
         if decision.action is not TypeAction.REFUSE:
@@ -201,10 +212,10 @@ class Supervisor:
                 log.warning("no node feature selects %s GPUs: the requeued job may start elsewhere", self.pinned_type)
         previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            self.slurm.requeue([self.job.job_id])
+            self.slurm.requeue([job_ref_of(self.job)])
             if feature is not None:
                 try:
-                    self.slurm.update_job(self.job.job_id, {"Features": feature})
+                    self.slurm.update_job(job_ref_of(self.job), {"Features": feature})
                     log.info("requeued job %s: waits for %s GPUs (%s)", self.job.job_id, self.pinned_type, feature)
                 except SlurmError as exc:
                     log.warning("cannot constrain the requeued job to %s GPUs: %s", self.pinned_type, exc)

@@ -18,7 +18,7 @@ from hpc_elastic.slurm.errors import (
     SlurmUnavailable,
 )
 from hpc_elastic.slurm.runner import RetryPolicy, Runner
-from hpc_elastic.slurm.types import GpuCounts, Job, JobState, Node, NodeState, Partition, PartitionState
+from hpc_elastic.slurm.types import GpuCounts, Job, JobRef, JobState, Node, NodeState, Partition, PartitionState
 
 __all__ = [
     "CliSlurm",
@@ -26,6 +26,7 @@ __all__ = [
     "Job",
     "JobAction",
     "JobNotFound",
+    "JobRef",
     "JobState",
     "Node",
     "NodeState",

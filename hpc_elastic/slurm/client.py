@@ -20,7 +20,7 @@ from hpc_elastic.slurm import commands, parse
 from hpc_elastic.slurm.commands import JobAction
 from hpc_elastic.slurm.errors import JobNotFound, SlurmCommandError
 from hpc_elastic.slurm.runner import RetryPolicy, Runner
-from hpc_elastic.slurm.types import Job, Node, Partition
+from hpc_elastic.slurm.types import Job, JobRef, Node, Partition
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,10 @@ class SlurmClient(Protocol):
     def submit(
         self, script_path: str | None = None, options: Sequence[str] = (), *, script_text: str | None = None
     ) -> int: ...
-    def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None: ...
-    def act(self, action: JobAction, job_ids: Iterable[int]) -> None: ...
-    def requeue(self, job_ids: Iterable[int]) -> None: ...
+    def accounts(self) -> frozenset[str]: ...
+    def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None: ...
+    def act(self, action: JobAction, job_ids: Iterable[int | JobRef]) -> None: ...
+    def requeue(self, job_ids: Iterable[int | JobRef]) -> None: ...
     def cancel(
         self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None: ...
@@ -135,6 +136,10 @@ class CliSlurm:
     def partitions(self) -> list[Partition]:
         return parse.parse_scontrol_partitions(self.runner.run(commands.scontrol_show_partitions()).stdout)
 
+    def accounts(self) -> frozenset[str]:
+        """The accounts of Slurm's accounting (slurmdbd), lower case."""
+        return parse.parse_sacctmgr_accounts(self.runner.run(commands.sacctmgr_accounts()).stdout)
+
     def history(self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[Job]:
         """Finished and active jobs from accounting (``sacct``) in a window; each requeue is its own record."""
         ids = None if job_ids is None else commands.job_id_list(job_ids)
@@ -161,7 +166,7 @@ class CliSlurm:
         out = self.runner.run(argv, stdin=script_text, idempotent=False).stdout
         return parse.parse_sbatch_parsable(out)
 
-    def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
+    def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
         self.runner.run(commands.scontrol_update(job_id, fields), idempotent=True)
 
     def set_priority(self, job_id: int, priority: int) -> None:
@@ -176,11 +181,11 @@ class CliSlurm:
     def set_time_limit(self, job_id: int, limit: str) -> None:
         self.update_job(job_id, {"TimeLimit": limit})
 
-    def act(self, action: JobAction, job_ids: Iterable[int]) -> None:
+    def act(self, action: JobAction, job_ids: Iterable[int | JobRef]) -> None:
         # requeue/hold/release/suspend/resume are safe to repeat: Slurm refuses a second one with an error
         self.runner.run(commands.scontrol_action(action, job_ids), idempotent=True)
 
-    def requeue(self, job_ids: Iterable[int]) -> None:
+    def requeue(self, job_ids: Iterable[int | JobRef]) -> None:
         self.act(JobAction.REQUEUE, job_ids)
 
     def hold(self, job_ids: Iterable[int]) -> None:

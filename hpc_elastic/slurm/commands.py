@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from hpc_elastic.slurm.parse import FIELD_SEPARATOR, SACCT_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
+from hpc_elastic.slurm.types import JobRef
 
 
 class JobAction(enum.StrEnum):
@@ -79,6 +80,25 @@ def job_id_list(job_ids: Iterable[int]) -> list[int]:
         if job_id not in out:
             out.append(job_id)
     return out
+
+
+def job_ref(job: int | JobRef) -> str:
+    """``scontrol``'s name of one job: a job id, or ``<array>_<task>`` for an array task (:class:`JobRef`)."""
+    if isinstance(job, JobRef):
+        return str(job)
+    (checked,) = job_id_list([job])
+    return str(checked)
+
+
+def _refs_or_raise(jobs: Iterable[int | JobRef]) -> str:
+    refs: list[str] = []
+    for job in jobs:
+        ref = job_ref(job)
+        if ref not in refs:
+            refs.append(ref)
+    if not refs:
+        raise ValueError("no job id given")
+    return ",".join(refs)
 
 
 def _ids_or_raise(job_ids: Iterable[int]) -> str:
@@ -169,12 +189,12 @@ def sbatch(script: str | None, options: Sequence[str] = ()) -> list[str]:
     return argv
 
 
-def scontrol_update(job_id: int, fields: Mapping[str, str | int]) -> list[str]:
+def scontrol_update(job: int | JobRef, fields: Mapping[str, str | int]) -> list[str]:
     """``scontrol update JobId=<id> Key=Value ...`` for the fields in :data:`UPDATABLE_FIELDS`."""
-    (checked_id,) = job_id_list([job_id])
+    ref = job_ref(job)
     if not fields:
         raise ValueError("scontrol update needs at least one field")
-    argv = ["scontrol", "update", f"JobId={checked_id}"]
+    argv = ["scontrol", "update", f"JobId={ref}"]
     for key, raw in fields.items():
         pattern = UPDATABLE_FIELDS.get(key)
         if pattern is None:
@@ -186,8 +206,13 @@ def scontrol_update(job_id: int, fields: Mapping[str, str | int]) -> list[str]:
     return argv
 
 
-def scontrol_action(action: JobAction, job_ids: Iterable[int]) -> list[str]:
-    return ["scontrol", JobAction(action).value, _ids_or_raise(job_ids)]
+def scontrol_action(action: JobAction, jobs: Iterable[int | JobRef]) -> list[str]:
+    return ["scontrol", JobAction(action).value, _refs_or_raise(jobs)]
+
+
+def sacctmgr_accounts() -> list[str]:
+    """The accounts of Slurm's accounting, one name a line."""
+    return ["sacctmgr", "--parsable2", "--noheader", "show", "account", "format=Account"]
 
 
 def scancel(job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False) -> list[str]:

@@ -740,6 +740,12 @@ def parse_sbatch_parsable(text: str) -> int:
     raise SlurmParseError(f"sbatch --parsable printed no job id: {text.strip()[:200]!r}")
 
 
+def parse_sacctmgr_accounts(text: str) -> frozenset[str]:
+    """``sacctmgr --parsable2 --noheader show account format=Account`` → the account names (lower case, as Slurm
+    keeps them)."""
+    return frozenset(line.strip().rstrip("|").lower() for line in text.splitlines() if line.strip().rstrip("|"))
+
+
 def parse_sprio_site_factors(text: str) -> dict[int, int]:
     """``sprio --noheader --format=%i|%S`` → {job id: site factor}."""
     out: dict[int, int] = {}

@@ -211,6 +211,28 @@ class GpuCounts:
 
 
 @dataclass(frozen=True)
+class JobRef:
+    """How ``scontrol`` addresses one job: ``<job id>``, or ``<array job id>_<task id>`` for a task of a job array.
+
+    An array task has a job id of its own, but one task's own id is the array's id, and Slurm applies a requeue or
+    an update of that id to every task of the array (22.05, measured on the dev cluster): an array task is always
+    addressed as ``<array>_<task>``."""
+
+    job_id: int  # the array's job id for an array task
+    array_task_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.job_id, bool) or not isinstance(self.job_id, int) or self.job_id < 1:
+            raise ValueError(f"job id must be a positive integer, got {self.job_id!r}")
+        task = self.array_task_id
+        if task is not None and (isinstance(task, bool) or not isinstance(task, int) or task < 0):
+            raise ValueError(f"array task id must be a non-negative integer, got {task!r}")
+
+    def __str__(self) -> str:
+        return str(self.job_id) if self.array_task_id is None else f"{self.job_id}_{self.array_task_id}"
+
+
+@dataclass(frozen=True)
 class Job:
     """One Slurm job as ``squeue``/``sacct`` report it. Times are timezone-aware UTC; ``None`` when unset."""
 
@@ -250,6 +272,13 @@ class Job:
     @property
     def gpu_count(self) -> int:
         return self.gpus.total
+
+    @property
+    def ref(self) -> JobRef:
+        """How to address this job in ``scontrol`` (an array task as ``<array>_<task>``)."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return JobRef(self.array_job_id, self.array_task_id)
+        return JobRef(self.job_id)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ from hpc_elastic.launch.spec import (
     decode_marker,
     encode_marker,
     merge,
+    merge_layers,
     parse_directives,
+    parse_sbatch_lines,
+    sbatch_arg,
 )
 from tests.conftest import DATA
 
@@ -64,6 +67,32 @@ def spec(**kw: object) -> SubmitSpec:
                 "max_restarts": 0,
             },
         ),
+        (
+            # every sbatch option of its own, with values the dev cluster accepts (sbatch --test-only in
+            # tests/integration/test_sbatch_parity.py; the reservation is made there)
+            "sbatch_options",
+            {
+                "gpus": 2,
+                "gpu_type": "a100",
+                "partition": "gpu-a100",
+                "account": "root",
+                "qos": "normal",
+                "reservation": "hpc-elastic-test",
+                "mem": "4G",
+                "constraint": "a100",
+                "exclusive": True,
+                "time": "30",
+                "dependency": "singleton",
+                "mail_type": "end,FAIL",
+                "mail_user": "dev@example.org",
+                "extra": ("--begin=now+1hour", "--nice=10"),
+            },
+        ),
+        ("mem_per_gpu", {"gpus": 2, "partition": "gpu", "mem_per_gpu": "2000M"}),
+        (
+            "array_cpu",
+            {"gpus": 0, "procs": 2, "partition": "cpu", "mem_per_cpu": "500M", "array": "0-15%4", "job_name": "sweep"},
+        ),
     ],
 )
 def test_batch_script_golden(name: str, settings: dict[str, object]) -> None:
@@ -93,7 +122,26 @@ def test_everything_in_the_body_is_quoted() -> None:
         ({"ckpt_root": Path("/gpfs/my jobs")}, "must not contain spaces"),
         ({"grace_s": 0}, "--grace must be between"),
         ({"max_restarts": -1}, "--max-restarts must be between 0 and 100, got -1"),
-        ({"extra": ("-x",)}, "one-line --long options"),
+        ({"extra": ("-x",)}, "--name or --name=value, without spaces or quotes"),
+        ({"extra": ("--begin=now; rm",)}, "without spaces or quotes"),
+        ({"extra": ("--requeue",)}, "sbatch option --requeue is refused: every hpc-elastic job is requeueable"),
+        ({"extra": ("--account=x",)}, "sbatch option --account is refused: use hpc-elastic submit --account"),
+        ({"account": "a b"}, "bad --account 'a b'"),
+        ({"qos": "x'y"}, "bad --qos"),
+        ({"reservation": "r\n"}, "bad --reservation"),
+        ({"mem": "4 G"}, r"bad --mem '4 G': a size like 4096, 500M, 16G or 1T"),
+        ({"mem": "4G", "mem_per_cpu": "1G"}, "--mem and --mem-per-cpu exclude each other"),
+        ({"gpus": 0, "mem_per_gpu": "1G"}, "--mem-per-gpu needs --gpus >= 1"),
+        ({"constraint": "a100 && x"}, "bad --constraint"),
+        ({"dependency": "after:abc"}, "bad --dependency 'after:abc'"),
+        ({"mail_type": "END,SOMETIMES"}, "bad --mail-type 'END,SOMETIMES'"),
+        ({"mail_user": "a@b c"}, "bad --mail-user"),
+        ({"array": "3-1"}, "bad --array '3-1': range 3-1 runs backwards"),
+        ({"array": "0-3%0"}, "the limit after % must be a number >= 1"),
+        ({"array": "x"}, "bad --array 'x'"),
+        ({"array": "0-5000"}, "index 5000 is above 1000"),
+        ({"array": "0-3", "gpus": 2, "max_gpus": 4}, "--array needs a fixed size, got the elastic range 2-4 GPUs"),
+        ({"array": "0-3", "dependency": "singleton"}, "--array with --dependency=singleton"),
         ({"args": ("a\nb",)}, "one line"),
     ],
 )
@@ -168,3 +216,102 @@ def test_marker_round_trip() -> None:
     assert decode_marker("just a comment") is None
     cpu = decode_marker(encode_marker(spec(gpus=0, procs=3)))
     assert cpu is not None and (cpu.unit, cpu.min, cpu.max, cpu.workers) == ("proc", 3, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "indices"),
+    [("0-3", (0, 1, 2, 3)), ("1,3,5", (1, 3, 5)), ("0-15%4", tuple(range(16))), ("0-9:3,20", (0, 3, 6, 9, 20))],
+)
+def test_array_indices(text: str, indices: tuple[int, ...]) -> None:
+    assert spec(array=text).array_indices == indices
+
+
+@pytest.mark.parametrize(
+    ("arg", "kept"),
+    [
+        ("--begin=now+1hour", "--begin=now+1hour"),
+        ("--begin now", "--begin=now"),
+        ("--hold", "--hold"),
+        ("-x node1", "--exclude=node1"),
+        ("-wnode2", "--nodelist=node2"),
+        ("-H", "--hold"),
+    ],
+)
+def test_sbatch_arg_forms(arg: str, kept: str) -> None:
+    assert sbatch_arg(arg) == kept
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("-n 4", "sbatch option --ntasks is refused: the tasks follow --gpus / --procs"),
+        ("--gres=gpu:2", "--gres is refused: use --gpus / --gpu-type"),
+        ("-o out.txt", "--output is refused"),
+        ("--export=NONE", "--export is refused: the wrapper needs the submitting environment"),
+        ("-J x", "--job-name is refused: use hpc-elastic submit --job-name"),
+        ("-p cpu", "--partition is refused: use hpc-elastic submit --partition"),
+        ("--array=0-3", "--array is refused: use hpc-elastic submit --array"),
+        ("--wrap=true", "--wrap is refused"),
+        ("--signal=B:USR1@60", "--signal is refused"),
+        ("--begin=now --hold", "takes one sbatch option"),
+        ("-Z", "not an sbatch option: '-Z'"),
+        ("begin", "not an sbatch option: 'begin'"),
+    ],
+)
+def test_refused_sbatch_args(arg: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sbatch_arg(arg)
+
+
+SCRIPT_WITH_SBATCH = """#!/usr/bin/env python3
+#SBATCH --account=proj1 -q normal
+#SBATCH --mem=8G  # a comment
+#SBATCH --begin=now+1hour
+#SBATCH -t 1:00:00 --exclusive
+#HPC-ELASTIC --gpus 2 --mem-per-gpu 4G --sbatch-arg=--begin=now+2hours
+import os
+#SBATCH --qos=late
+"""
+
+
+def test_sbatch_lines_are_honoured_below_directives_and_the_command_line() -> None:
+    found, extra = parse_sbatch_lines(SCRIPT_WITH_SBATCH)
+    assert found == {"account": "proj1", "qos": "normal", "mem": "8G", "time": "1:00:00", "exclusive": True}
+    assert extra == ("--begin=now+1hour",)  # a #SBATCH line after the first command does not count
+    merged = merge_layers(spec(), {**found, "extra": extra}, parse_directives(SCRIPT_WITH_SBATCH), {"qos": "high"})
+    assert (merged.account, merged.qos, merged.time, merged.exclusive) == ("proj1", "high", "1:00:00", True)
+    assert (merged.mem, merged.mem_per_gpu) == (None, "4G")  # a memory option replaces the script's other one
+    assert merged.extra == ("--begin=now+2hours",)
+    assert "#SBATCH --begin=now+2hours" in render_batch_script(merged, WRAPPER)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("#!/bin/sh\n#SBATCH --ntasks=4\n", "script line 2: sbatch option --ntasks is refused"),
+        ("#SBATCH -o out.txt\n", "script line 1: sbatch option --output is refused"),
+        ("#SBATCH --gres=gpu:2\n", "script line 1: sbatch option --gres is refused: use --gpus / --gpu-type"),
+        ("# x\n#SBATCH --nodes=1-2\n", "script line 2: bad value for #SBATCH --nodes: '1-2'"),
+        ("#SBATCH --account\n", "script line 1: #SBATCH --account needs a value"),
+        ("#SBATCH hetjob\n", "script line 1: not an sbatch option: 'hetjob'"),
+        ("#SBATCH --begin='now\n", "script line 1: No closing quotation"),
+        ("#SBATCH --comment=hi\n", "script line 1: sbatch option --comment is refused"),
+    ],
+)
+def test_sbatch_lines_refused_with_their_line(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_sbatch_lines(text)
+
+
+def test_sbatch_lines_translate_to_first_class_options() -> None:
+    found, extra = parse_sbatch_lines("#SBATCH -J run1 -p cpu -N 2 -c 4 -a 0-3 -C cpu -d afterok:12\n#SBATCHX --x\n")
+    assert found == {
+        "job_name": "run1",
+        "partition": "cpu",
+        "nodes": 2,
+        "cpus_per_worker": 4,
+        "array": "0-3",
+        "constraint": "cpu",
+        "dependency": "afterok:12",
+    }
+    assert extra == ()

@@ -18,10 +18,12 @@ from hpc_elastic.launch.supervisor import (
     WrapperConfig,
     classify_stop,
     job_dir_of,
+    job_ref_of,
     parse_wrapper_args,
     should_requeue,
 )
 from hpc_elastic.launch.workers import Launcher, WorkerStep, worker_argv, worker_environment
+from hpc_elastic.slurm import JobRef
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -135,6 +137,18 @@ def test_job_directory_is_stable_across_requeues() -> None:
     assert job_dir_of(Path("/gpfs/jobs"), job) == JobDir(Path("/gpfs/jobs/train-42"))
     with pytest.raises(ValueError, match="SLURM_JOB_ID is not set"):
         job_dir_of(Path("/gpfs/jobs"), JobEnvironment())
+
+
+def test_each_array_task_has_its_own_job_directory_across_requeues() -> None:
+    """A task's own SLURM_JOB_ID is its own, but its directory and its requeue use <array>_<task>."""
+    task = read_job_environment(
+        {"SLURM_JOB_ID": "512", "SLURM_JOB_NAME": "train", "SLURM_ARRAY_JOB_ID": "510", "SLURM_ARRAY_TASK_ID": "1"}
+    )
+    assert (task.job_id, task.array_job_id, task.array_task_id) == (512, 510, 1)
+    assert job_dir_of(Path("/gpfs/jobs"), task) == JobDir(Path("/gpfs/jobs/train-510_1"))
+    assert job_ref_of(task) == JobRef(510, 1) and str(job_ref_of(task)) == "510_1"
+    plain = read_job_environment({"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "train"})
+    assert plain.array_task_id is None and job_ref_of(plain) == JobRef(42)
 
 
 def test_job_environment_from_srun_and_mpirun_variables() -> None:
@@ -264,9 +278,9 @@ class RecordingSlurm:
     """Records requeues; the job has no time limit, so a USR1 is a preemption."""
 
     def __init__(self) -> None:
-        self.requeued: list[int] = []
+        self.requeued: list[int | JobRef] = []
 
-    def requeue(self, job_ids: list[int]) -> None:
+    def requeue(self, job_ids: list[int | JobRef]) -> None:
         self.requeued += job_ids
 
     def job(self, job_id: int) -> object:
@@ -287,17 +301,25 @@ log.write_text("exited by itself")
 """
 
 
+@pytest.mark.parametrize(
+    ("job", "leaf", "ref"),
+    [
+        (JobEnvironment(job_id=5, job_name="t"), "t-5", JobRef(5)),
+        # the array task whose own job id is the array's: requeued as 5_3, never as 5 (every task of the array)
+        (JobEnvironment(job_id=5, job_name="t", array_job_id=5, array_task_id=3), "t-5_3", JobRef(5, 3)),
+    ],
+)
 def test_a_preemption_is_requeued_once_acknowledged_without_waiting_for_the_workers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: JobEnvironment, leaf: str, ref: JobRef
 ) -> None:
-    log, control = tmp_path / "worker.log", tmp_path / "jobs" / "t-5" / "control"
+    log, control = tmp_path / "worker.log", tmp_path / "jobs" / leaf / "control"
     command = (sys.executable, "-c", PREEMPTED_WORKER, str(log), str(control))
     monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     slurm = RecordingSlurm()
     config = WrapperConfig(tmp_path / "jobs", command, kill_timeout_s=2)
-    supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
+    supervisor = Supervisor(config, job, slurm)  # type: ignore[arg-type]
     supervisor.prepare()
-    assert supervisor.run() == 0 and slurm.requeued == [5]
+    assert supervisor.run() == 0 and slurm.requeued == [ref]
     request = supervisor.job_dir.read_stop()
     assert request is not None and request.reason is StopReason.PREEMPT
     assert not log.exists()  # the worker was stopped, not waited for
@@ -341,6 +363,6 @@ def test_a_stop_at_a_chosen_step_written_before_the_run_stands_and_is_requeued_w
     supervisor = Supervisor(WrapperConfig(tmp_path / "jobs", command), JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
     supervisor.prepare()
     assert supervisor.run() == 0  # no USR1 ever arrives here
-    assert slurm.requeued == [5]
+    assert slurm.requeued == [JobRef(5)]
     request = job_dir.read_stop()
     assert request is not None and (request.reason, request.at_step) == (StopReason.RESIZE, 3)  # not rewritten

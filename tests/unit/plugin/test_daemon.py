@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, find_job_dir
-from hpc_elastic.slurm import Job, JobState, Node, Partition, PermissionDenied, SlurmUnavailable
+from hpc_elastic.slurm import Job, JobRef, JobState, Node, Partition, PermissionDenied, SlurmUnavailable
 from hpc_elastic.slurm.commands import JobAction
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
@@ -56,15 +56,18 @@ class FakeSlurm:
     def partitions(self) -> list[Partition]:
         raise AssertionError("a pass reads no partitions")
 
+    def accounts(self) -> frozenset[str]:
+        raise AssertionError("a pass reads no accounts")
+
     def submit(
         self, script_path: str | None = None, options: Sequence[str] = (), *, script_text: str | None = None
     ) -> int:
         raise AssertionError("a pass submits nothing")
 
-    def act(self, action: JobAction, job_ids: Iterable[int]) -> None:
+    def act(self, action: JobAction, job_ids: Iterable[int | JobRef]) -> None:
         self.calls.append((action.value, list(job_ids)))
 
-    def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
+    def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
         self.calls.append(("update", (job_id, dict(fields))))
         if "SiteFactor" in fields:  # what sprio then reports
             self._jobs = [
@@ -74,7 +77,7 @@ class FakeSlurm:
             comment = str(fields["AdminComment"])
             self._jobs = [replace(j, admin_comment=comment) if j.job_id == job_id else j for j in self._jobs]
 
-    def requeue(self, job_ids: Iterable[int]) -> None:
+    def requeue(self, job_ids: Iterable[int | JobRef]) -> None:
         self.calls.append(("requeue", list(job_ids)))
 
     def cancel(
@@ -317,7 +320,7 @@ def test_a_refused_notice_still_signals_the_job(tmp_path: Path, busy: tuple[list
     (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
 
     class Refusing(FakeSlurm):
-        def update_job(self, job_id: int, fields: Mapping[str, str | int]) -> None:
+        def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
             if "AdminComment" in fields:
                 raise PermissionDenied(["scontrol"], 1, "Access/permission denied")
             super().update_job(job_id, fields)

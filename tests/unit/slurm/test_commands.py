@@ -8,6 +8,7 @@ import pytest
 
 from hpc_elastic.slurm import commands
 from hpc_elastic.slurm.commands import JobAction
+from hpc_elastic.slurm.types import JobRef
 
 
 def test_reads() -> None:
@@ -115,3 +116,28 @@ def test_scontrol_update_size_of_a_pending_job() -> None:
             commands.scontrol_update(7, {"NumTasks": bad})
     with pytest.raises(ValueError, match="bad value for NumCPUs"):
         commands.scontrol_update(7, {"NumCPUs": 0})
+
+
+def test_array_tasks_are_addressed_as_array_underscore_task() -> None:
+    """The array's job id alone names every task of the array (a requeue of it requeues them all)."""
+    assert commands.scontrol_action(JobAction.REQUEUE, [JobRef(510, 3), 7, JobRef(7)]) == [
+        "scontrol",
+        "requeue",
+        "510_3,7",
+    ]
+    assert commands.scontrol_update(JobRef(510, 1), {"Features": "a100"}) == [
+        "scontrol",
+        "update",
+        "JobId=510_1",
+        "Features=a100",
+    ]
+    assert commands.sacctmgr_accounts() == [
+        "sacctmgr",
+        "--parsable2",
+        "--noheader",
+        "show",
+        "account",
+        "format=Account",
+    ]
+    with pytest.raises(ValueError, match="array task id must be a non-negative integer"):
+        JobRef(510, -1)

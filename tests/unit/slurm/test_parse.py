@@ -10,7 +10,7 @@ import pytest
 
 from hpc_elastic.slurm import parse
 from hpc_elastic.slurm.errors import SlurmParseError
-from hpc_elastic.slurm.types import GpuCounts, JobState, NodeState, PartitionState
+from hpc_elastic.slurm.types import GpuCounts, JobRef, JobState, NodeState, PartitionState
 
 
 def read(data: Path, name: str) -> str:
@@ -256,3 +256,20 @@ def test_job_state_spellings() -> None:
     assert parse.job_state(["PENDING", "REQUEUED"]) is JobState.PENDING
     assert JobState.parse("PD") is JobState.PENDING and JobState.parse("bogus") is JobState.UNKNOWN
     assert NodeState.parse("mix") is NodeState.MIXED and NodeState.parse("idle*") is NodeState.IDLE
+
+
+def test_squeue_of_a_job_array_pending_then_running(slurm_data: Path) -> None:
+    """Captured on the dev cluster: ``sbatch --array=0-3`` (job 510) while pending (one record, ``510_[0-3]``,
+    task ids "0-3") and running (one record per task, task 3 keeping the array's own job id 510)."""
+    for name in ("squeue_array_pending.json", "squeue_text_array_pending.txt"):
+        text = (slurm_data / name).read_text()
+        jobs = parse.parse_squeue_json(text) if name.endswith(".json") else parse.parse_squeue_text(text)
+        (pending,) = [j for j in jobs if j.job_id == 510]
+        assert pending.state is JobState.PENDING and pending.array_task_id is None
+        assert pending.ref == JobRef(510)
+    for name in ("squeue_array_running.json", "squeue_text_array_running.txt"):
+        text = (slurm_data / name).read_text()
+        jobs = parse.parse_squeue_json(text) if name.endswith(".json") else parse.parse_squeue_text(text)
+        tasks = sorted((j.array_task_id, j.job_id) for j in jobs if j.array_job_id == 510)
+        assert tasks == [(0, 511), (1, 512), (2, 513), (3, 510)]
+        assert {str(j.ref) for j in jobs if j.array_job_id == 510} == {"510_0", "510_1", "510_2", "510_3"}

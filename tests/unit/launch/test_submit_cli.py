@@ -1,0 +1,61 @@
+"""``hpc-elastic submit`` bad input: one line on stderr, exit code 2, nothing submitted (no Slurm is reached)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpc_elastic.cli.main import cli
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("#!/usr/bin/env python3\n#SBATCH --account=root\nprint('hi')\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--sbatch-arg=--ntasks=8"], "sbatch option --ntasks is refused: the tasks follow --gpus / --procs"),
+        (["--sbatch-arg=-J other"], "sbatch option --job-name is refused: use hpc-elastic submit --job-name"),
+        (["--sbatch-arg=--begin=now --hold"], "--sbatch-arg takes one sbatch option"),
+        (["--array=0-3", "--gpus=2", "--max-gpus=4"], "--array needs a fixed size, got the elastic range 2-4 GPUs"),
+        (["--array=0-3", "--dependency=singleton"], "--array with --dependency=singleton runs the tasks one after"),
+        (["--array=3-1"], "bad --array '3-1'"),
+        (["--mem=1G", "--mem-per-cpu=1G"], "--mem and --mem-per-cpu exclude each other"),
+        (["--account=a;b"], "bad --account 'a;b'"),
+    ],
+)
+def test_bad_submit_is_one_line_and_exit_2(
+    script: Path, tmp_path: Path, options: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPC_ELASTIC_SLURM_BACKEND", "cli")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))  # nothing could be submitted
+    result = CliRunner().invoke(cli, ["submit", str(script), f"--ckpt-root={tmp_path}", *options])
+    assert result.exit_code == 2
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("hpc-elastic: error: ")
+    assert message in result.stderr and result.stdout == ""
+
+
+def test_dry_run_shows_the_script_sbatch_lines_translated(script: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "submit",
+            str(script),
+            f"--ckpt-root={tmp_path}",
+            "--gpus=0",
+            "--dry-run",
+            "--sbatch-arg=-x node1",
+            "-q",
+            "normal",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --account=root" in lines and "#SBATCH --qos=normal" in lines
+    assert lines[-1] == "#SBATCH --exclude=node1"
