@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, ack_answers, find_job_dir
-from hpc_elastic.slurm import Job, SlurmClient, SlurmError, commands
+from hpc_elastic.slurm import Job, JobRef, SlurmClient, SlurmError, commands
 from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.store import JobRecord
@@ -118,6 +118,11 @@ class Applier:
                 result.outcomes.append(Outcome(action, False, str(exc)))
         return result
 
+    def _ref(self, job_id: int) -> int | JobRef:
+        """How Slurm addresses the job: an array task as ``<array>_<task>`` (its array's id reaches every task)."""
+        job = self._jobs.get(job_id)
+        return job.ref if job is not None and job.array_task_id is not None else job_id
+
     def _update(self, result: ApplyResult, job_id: int, **changes: object) -> None:
         record = result.records.get(job_id)
         if record is not None:
@@ -125,7 +130,7 @@ class Applier:
 
     def _apply_one(self, action: Action, result: ApplyResult) -> str:
         if isinstance(action, SetOrder):
-            self.client.update_job(action.job_id, {action.field.value: action.value})
+            self.client.update_job(self._ref(action.job_id), {action.field.value: action.value})
             return _describe(action)
         if isinstance(action, Place):
             fields: dict[str, str | int] = {}
@@ -133,13 +138,13 @@ class Applier:
                 fields["NumNodes"] = action.num_nodes
             if action.node_list is not None:
                 fields["ReqNodeList"] = action.node_list
-            self.client.update_job(action.job_id, fields)
+            self.client.update_job(self._ref(action.job_id), fields)
             self._update(result, action.job_id, placement=action.signature)
             return _describe(action)
         if isinstance(action, (Preempt, Resize)):
             return self._stop(action, result)
         if isinstance(action, Requeue):
-            self.client.requeue([action.job_id])
+            self.client.requeue([self._ref(action.job_id)])
             record = result.records.get(action.job_id)
             self._update(result, action.job_id, stop_kind="", stop_at=None)
             if record is not None and record.resize_to:
@@ -151,7 +156,7 @@ class Applier:
         return self._set_size(action.job_id, action.tasks, action.cpus, action.gpu_type, result)
 
     def _set_size(self, job_id: int, tasks: int, cpus: int, gpu_type: str | None, result: ApplyResult) -> str:
-        self.client.update_job(job_id, commands.size_fields(tasks, cpus, gpu_type))
+        self.client.update_job(self._ref(job_id), commands.size_fields(tasks, cpus, gpu_type))
         self._update(result, job_id, resize_set=tasks)
         return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
 
@@ -175,7 +180,7 @@ class Applier:
                 action.job_id,
                 ", ".join(map(str, self.config.ckpt_roots)),
             )
-            self.client.requeue([action.job_id])
+            self.client.requeue([self._ref(action.job_id)])
             self._update(result, action.job_id, **changes)
             detail = "no job directory: requeued without checkpoint"
             if isinstance(action, Resize):
@@ -184,11 +189,11 @@ class Applier:
             return detail
         notice = StopNotice(reason, now, action.restart_count)
         try:
-            self.client.update_job(action.job_id, {"AdminComment": notice.encode()})
+            self.client.update_job(self._ref(action.job_id), {"AdminComment": notice.encode()})
         except SlurmError as exc:  # the wrapper then tells a preemption from a time limit by the clock
             log.warning("job %d: cannot set the stop notice (%s); signalling anyway", action.job_id, exc)
         preemption = self.config.preemption
-        self.client.cancel([action.job_id], preemption.signal, batch=preemption.batch)
+        self.client.cancel([self._ref(action.job_id)], preemption.signal, batch=preemption.batch)
         self._update(
             result, action.job_id, stop_kind=reason.value, stop_at=now, stop_restarts=action.restart_count, **changes
         )

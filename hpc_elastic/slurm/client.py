@@ -48,7 +48,7 @@ class SlurmClient(Protocol):
     def act(self, action: JobAction, job_ids: Iterable[int | JobRef]) -> None: ...
     def requeue(self, job_ids: Iterable[int | JobRef]) -> None: ...
     def cancel(
-        self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
+        self, job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None: ...
 
 
@@ -201,14 +201,15 @@ class CliSlurm:
         self.act(JobAction.RESUME, job_ids)
 
     def cancel(
-        self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
+        self, job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None:
-        """Cancel or signal jobs. Unknown ids raise :class:`JobNotFound` before anything is sent: scancel itself
-        exits 0 and says nothing for a job id Slurm does not know (22.05)."""
-        argv = commands.scancel(job_ids, signal, batch=batch, full=full)
-        ids = commands.job_id_list(job_ids)
-        known = {job.job_id for job in self.jobs(ids)}
-        missing = [i for i in ids if i not in known]
+        """Cancel or signal jobs (an array task by its :class:`JobRef`). Unknown ids raise :class:`JobNotFound`
+        before anything is sent: scancel itself exits 0 and says nothing for a job id Slurm does not know (22.05)."""
+        wanted = list(job_ids)
+        argv = commands.scancel(wanted, signal, batch=batch, full=full)
+        ids = commands.job_id_list(w.job_id if isinstance(w, JobRef) else w for w in wanted)
+        known = {name for job in self.jobs(ids) for name in (str(job.job_id), str(job.ref))}
+        missing = [ref for ref in commands.job_refs(wanted) if ref not in known]
         if missing:
             raise JobNotFound(argv, 0, f"Invalid job id specified: {','.join(map(str, missing))}")
         self.runner.run(argv, idempotent=signal is None)

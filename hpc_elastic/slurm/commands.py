@@ -90,12 +90,18 @@ def job_ref(job: int | JobRef) -> str:
     return str(checked)
 
 
-def _refs_or_raise(jobs: Iterable[int | JobRef]) -> str:
+def job_refs(jobs: Iterable[int | JobRef]) -> list[str]:
+    """Validated, de-duplicated ``scontrol``/``scancel`` names of jobs (:func:`job_ref`) in their given order."""
     refs: list[str] = []
     for job in jobs:
         ref = job_ref(job)
         if ref not in refs:
             refs.append(ref)
+    return refs
+
+
+def _refs_or_raise(jobs: Iterable[int | JobRef]) -> str:
+    refs = job_refs(jobs)
     if not refs:
         raise ValueError("no job id given")
     return ",".join(refs)
@@ -215,8 +221,11 @@ def sacctmgr_accounts() -> list[str]:
     return ["sacctmgr", "--parsable2", "--noheader", "show", "account", "format=Account"]
 
 
-def scancel(job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False) -> list[str]:
-    """``scancel [--signal=SIG] [--batch|--full] ids``: without a signal the jobs are cancelled."""
+def scancel(
+    job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
+) -> list[str]:
+    """``scancel [--signal=SIG] [--batch|--full] ids``: without a signal the jobs are cancelled. An array task is
+    named ``<array>_<task>`` (:class:`JobRef`): its array's id would reach every task."""
     if batch and full:
         raise ValueError("scancel: --batch and --full exclude each other")
     argv = ["scancel"]
@@ -229,7 +238,7 @@ def scancel(job_ids: Iterable[int], signal: str | None = None, *, batch: bool = 
         argv.append("--batch")
     if full:
         argv.append("--full")
-    argv.extend(str(i) for i in job_id_list(job_ids))
+    argv.extend(job_refs(job_ids))
     if len(argv) == 1 + (signal is not None) + batch + full:
         raise ValueError("no job id given")
     return argv

@@ -81,7 +81,7 @@ class FakeSlurm:
         self.calls.append(("requeue", list(job_ids)))
 
     def cancel(
-        self, job_ids: Iterable[int], signal: str | None = None, *, batch: bool = False, full: bool = False
+        self, job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None:
         ids = list(job_ids)
         self.calls.append(("cancel", (ids, signal, batch)))
@@ -329,3 +329,29 @@ def test_a_refused_notice_still_signals_the_job(tmp_path: Path, busy: tuple[list
     daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
     daemon.run_pass()
     assert ("cancel", ([24], "USR1", True)) in fake.calls
+
+
+def test_an_array_task_is_stopped_and_requeued_as_array_underscore_task(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    """A task of a job array is named ``<array>_<task>`` in every call: one task's own job id is the array's,
+    and Slurm applies a signal, an update or a requeue of that id to every task of the array."""
+    jobs, nodes = busy
+    task = JobRef(24, 3)  # the task whose own id (24) is the array's id
+    jobs = [replace(j, array_job_id=24, array_task_id=3) if j.job_id == 24 else j for j in jobs]
+    cfg = config(tmp_path, **PREEMPTING)
+    (tmp_path / "jobs" / "fill|a100-24_3" / "control").mkdir(parents=True)
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
+    daemon.run_pass()
+    assert ("cancel", ([task], "USR1", True)) in fake.calls
+    notices = [args for kind, args in fake.calls if kind == "update" and "AdminComment" in str(args)]
+    assert notices and all(isinstance(args, tuple) and args[0] == task for args in notices)
+    # no directory of the job's user for another array task: it is requeued at once, by its own name too
+    other = [replace(j, array_job_id=20, array_task_id=1) if j.job_id == 24 else j for j in busy[0]]
+    fake = FakeSlurm(other, nodes)
+    (tmp_path / "b").mkdir()
+    daemon, _ = make(config(tmp_path / "b", **PREEMPTING), fake, at(start_of(other, 24), 60))
+    daemon.run_pass()
+    assert ("requeue", [JobRef(20, 1)]) in fake.calls
+    assert not any(kind == "requeue" and isinstance(ids, list) and 24 in ids for kind, ids in fake.calls)

@@ -15,7 +15,7 @@ from hpc_elastic.slurm import client as client_mod
 from hpc_elastic.slurm.client import CliSlurm, connect, job_from_pyslurm, pyslurm_match
 from hpc_elastic.slurm.errors import JobNotFound, SlurmCommandError
 from hpc_elastic.slurm.runner import CommandResult
-from hpc_elastic.slurm.types import JobState
+from hpc_elastic.slurm.types import JobRef, JobState
 
 
 class FakeRunner:
@@ -160,3 +160,14 @@ def test_pyslurm_job_mapping() -> None:
     job = job_from_pyslurm(obj)
     assert job.job_id == 5 and job.state is JobState.RUNNING and job.nodes == ("node1", "node2")
     assert job.time_limit_s == 3600 and job.gpus.as_dict() == {"a100": 4} and job.restart_count == 2
+
+
+def test_cancel_names_an_array_task_as_array_underscore_task(slurm_data: Path) -> None:
+    """Array 510 (captured running): task 3's own id is 510, the array's, so its signal goes to ``510_3``; a task
+    that is not in the queue is refused before scancel runs."""
+    cli, fake = make({"squeue --all": (slurm_data / "squeue_array_running.json").read_text()})
+    cli.cancel([JobRef(510, 3)], "USR1", batch=True)
+    assert fake.calls[-1][0] == ["scancel", "--signal=USR1", "--batch", "510_3"]
+    with pytest.raises(JobNotFound, match="510_7"):
+        cli.cancel([JobRef(510, 7)])
+    assert fake.calls[-1][0][0] == "squeue"
