@@ -77,7 +77,7 @@ def worker(rank: int, port: int, mode: str, args: argparse.Namespace, out: str) 
     position = SamplerState()
     balancer = Alg2State.initial(args.batch, [None] * WORKERS)
     per_sample = args.per_sample_ms / 1000.0
-    stamps, sizes_seen, outcomes = [], [], []
+    stamps, sizes_seen, outcomes, slowest = [], [], [], []
     dist.barrier()
     stamps.append(time.perf_counter())
     for _ in range(args.iterations):
@@ -90,16 +90,17 @@ def worker(rank: int, port: int, mode: str, args: argparse.Namespace, out: str) 
         nn.functional.cross_entropy(net(x[mine]), y[mine]).backward()  # type: ignore[no-untyped-call]
         time.sleep(sizes[rank] * per_sample / SPEEDS[rank])
         busy = time.perf_counter() - start  # t_i: the batch processing time, before the wait at the barrier
+        factor = aggregation_factor(sizes, rank)  # n·x_i/X (Eq. 7)
+        grads = [p.grad.reshape(-1).double() * factor for p in net.parameters() if p.grad is not None]
         times = torch.zeros(WORKERS, dtype=torch.float64)
         times[rank] = busy
-        factor = aggregation_factor(sizes, rank)  # n·x_i/X (Eq. 7)
-        flat = torch.cat([p.grad.reshape(-1) * factor for p in net.parameters() if p.grad is not None])
+        flat = torch.cat([*grads, times])  # one allreduce: the weighted gradients and everyone's t_i
         dist.all_reduce(flat)
-        dist.all_reduce(times)
+        times = flat[-WORKERS:]
         offset = 0
         for p in net.parameters():
             n = p.numel()
-            p.grad = (flat[offset : offset + n] / WORKERS).reshape(p.shape)
+            p.grad = (flat[offset : offset + n] / WORKERS).reshape(p.shape).to(p.dtype)
             offset += n
         opt.step()
         if mode == "lbbsp":
@@ -108,11 +109,14 @@ def worker(rank: int, port: int, mode: str, args: argparse.Namespace, out: str) 
             if decision.outcome is Outcome.DROP:
                 print(f"warning: {decision.warning}", file=sys.stderr)
         sizes_seen.append(list(sizes))
+        slowest.append(float(times.max()))
         stamps.append(time.perf_counter())
     if rank == 0:
         params = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).tolist()
         Path(out).write_text(
-            json.dumps({"stamps": stamps, "sizes": sizes_seen, "outcomes": outcomes, "params": params})
+            json.dumps(
+                {"stamps": stamps, "sizes": sizes_seen, "outcomes": outcomes, "slowest": slowest, "params": params}
+            )
         )
     dist.destroy_process_group()
 
@@ -174,9 +178,14 @@ def main() -> None:
     bsp_args = argparse.Namespace(**{**vars(args), "iterations": args.steady + 5})
     bsp = run("bsp", bsp_args)
     lb = run("lbbsp", args)
-    bsp_t = statistics.mean(iteration_times(bsp)[-args.steady :])
-    lb_times = iteration_times(lb)
-    lb_t = statistics.mean(lb_times[-args.steady :])
+    steady = slice(-args.steady, None)
+    bsp_t = statistics.mean(iteration_times(bsp)[steady])
+    lb_t = statistics.mean(iteration_times(lb)[steady])
+    lb_median = statistics.median(iteration_times(lb)[steady])
+    lb_slowest = statistics.mean(lb["slowest"][steady])  # the straggler's t_i: what remains is the synchronisation
+    final = lb["sizes"][-1]
+    # the sleeps alone at the final integer sizes: the integer rounding's share of the gap to the ideal
+    rounded = max(x * args.per_sample_ms / 1000.0 / v for x, v in zip(final, SPEEDS, strict=True))
     converged = next(
         (i for i, o in enumerate(lb["outcomes"]) if o == Outcome.SWITCHED.value), None
     )  # the end of the fast approach
@@ -190,10 +199,14 @@ def main() -> None:
     )
     print("machine: 2 cores shared with other work (timings include its noise)")
     print(f"  ideal X/Σv                      {ideal * 1e3:8.1f} ms")
-    print(f"  plain BSP                       {bsp_t * 1e3:8.1f} ms  (sizes {bsp['sizes'][-1]})")
+    print(f"  plain BSP, last {args.steady:3d} its         {bsp_t * 1e3:8.1f} ms  (sizes {bsp['sizes'][-1]})")
     print(
-        f"  LB-BSP (Alg. 2), last {args.steady:3d} its   {lb_t * 1e3:8.1f} ms  (sizes {lb['sizes'][-1]}, "
+        f"  LB-BSP (Alg. 2), last {args.steady:3d} its    {lb_t * 1e3:8.1f} ms  (sizes {lb['sizes'][-1]}, "
         f"fine-tune from iteration {converged})"
+    )
+    print(
+        f"    of which: slowest sleep at the final sizes {rounded * 1e3:.1f} ms, slowest t_i {lb_slowest * 1e3:.1f} ms,"
+        f" median iteration {lb_median * 1e3:.1f} ms"
     )
     print(f"  LB-BSP / ideal                  {lb_t / ideal:8.3f}x  (goal <= 1.10)")
     print(f"  BSP / LB-BSP                    {bsp_t / lb_t:8.3f}x  (goal >= 1.5)")
@@ -208,9 +221,12 @@ def main() -> None:
                 "ideal_ms": ideal * 1e3,
                 "bsp_ms": bsp_t * 1e3,
                 "lbbsp_ms": lb_t * 1e3,
+                "lbbsp_median_ms": lb_median * 1e3,
+                "lbbsp_slowest_ti_ms": lb_slowest * 1e3,
+                "lbbsp_rounded_sleep_ms": rounded * 1e3,
                 "lbbsp_over_ideal": lb_t / ideal,
                 "bsp_over_lbbsp": bsp_t / lb_t,
-                "final_sizes": lb["sizes"][-1],
+                "final_sizes": final,
                 "fine_tune_from": converged,
                 "param_max_abs_diff_vs_full_batch": diff,
                 "rmse": errors,
