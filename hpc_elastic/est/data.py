@@ -27,6 +27,16 @@ from hpc_elastic.est.context import RNGState, mix_seed
 DATA_TAG = 0x44415441
 
 
+def epoch_permutation(dataset_len: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The order of the samples in ``epoch``: a permutation drawn from ``seed + epoch`` (as ``DistributedSampler``
+    does), or the identity without ``shuffle``."""
+    if not shuffle:
+        return list(range(dataset_len))
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return [int(i) for i in torch.randperm(dataset_len, generator=g)]
+
+
 @dataclass(frozen=True)
 class BatchRequest:
     """One mini-batch of one EST: what a (shared) data worker needs to build it."""
@@ -77,11 +87,7 @@ class DataPlan:
         return divmod(cursor, self.steps_per_epoch)
 
     def permutation(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.dataset_len))
-        g = torch.Generator()
-        g.manual_seed(self.seed + epoch)
-        return [int(i) for i in torch.randperm(self.dataset_len, generator=g)]
+        return epoch_permutation(self.dataset_len, self.seed, epoch, self.shuffle)
 
     def request(self, vrank: int, cursor: int, permutation: Sequence[int] | None = None) -> BatchRequest:
         if not 0 <= vrank < self.num_ests:
