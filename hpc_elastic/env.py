@@ -91,6 +91,7 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
 #                            this process's place among the M worker processes (else read from srun's
 #                            SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID or Open MPI's OMPI_COMM_WORLD_*)
 #   MASTER_ADDR, MASTER_PORT torch.distributed rendezvous
+#   HPC_ELASTIC_ATTEMPT      which start of the worker step inside this allocation (0, then 1.. after a restart)
 # Control files (in HPC_ELASTIC_JOB_DIR/control): ``stop`` asks workers to checkpoint at the next mini-batch
 # boundary and exit; ``ack.json`` is written by rank 0 once that checkpoint is committed.
 # ----------------------------------------------------------------------------------------------------------
@@ -103,6 +104,7 @@ class JobEnvironment:
     job_id: int | None = None
     job_name: str = ""
     restart_count: int = 0
+    attempt: int = 0  # restarts of the worker step inside this allocation (HPC_ELASTIC_ATTEMPT, from the wrapper)
     node_list: str = ""
     num_nodes: int = 1
     node_name: str = ""
@@ -210,6 +212,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         job_id=_int(env, "SLURM_JOB_ID"),
         job_name=env.get("SLURM_JOB_NAME", ""),
         restart_count=_int(env, "SLURM_RESTART_COUNT", 0) or 0,
+        attempt=_int(env, "HPC_ELASTIC_ATTEMPT", 0) or 0,
         node_list=env.get("SLURM_JOB_NODELIST", ""),
         num_nodes=_int(env, "SLURM_JOB_NUM_NODES", 1) or 1,
         node_name=env.get("SLURMD_NODENAME", ""),

@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Sequence
 
 from hpc_elastic import __version__
+from hpc_elastic.jobdir import OUTPUT_PATTERN
 from hpc_elastic.launch.spec import DEFAULT_MAX_RESTARTS, SubmitSpec, encode_marker
 
 
@@ -38,7 +39,7 @@ def sbatch_directives(spec: SubmitSpec) -> list[str]:
         "--requeue",
         f"--signal=B:USR1@{spec.grace_s}",
         "--open-mode=append",
-        f"--output={spec.ckpt_root}/%x-%j.out",
+        f"--output={spec.ckpt_root}/{OUTPUT_PATTERN}",
         f"--comment={encode_marker(spec)}",
         *spec.extra,
     ]
