@@ -283,18 +283,25 @@ def parse_progress(text: str) -> Progress:
 
 
 def next_progress(
-    previous: Progress | None, *, step: int, now: float, force: bool = False, **fields: Any
+    previous: Progress | None,
+    *,
+    step: int,
+    now: float,
+    world_size: int,
+    restart_count: int,
+    attempt: int,
+    device_types: tuple[str, ...] = (),
+    force: bool = False,
 ) -> Progress | None:
     """The record to write after ``step`` at ``now``, or None when ``previous`` (this run's last record) is younger
     than :data:`PROGRESS_EVERY_S` (unless ``force``: the end of a run).  The rate is the steps per second since
-    ``previous`` when at least :data:`MIN_RATE_WINDOW_S` passed, else the previous rate.  ``fields``: the other
-    fields of :class:`Progress`."""
+    ``previous`` when at least :data:`MIN_RATE_WINDOW_S` passed, else the previous rate."""
     if previous is not None and not force and now - previous.written_at < PROGRESS_EVERY_S:
         return None
     rate = previous.steps_per_s if previous is not None else None
     if previous is not None and now - previous.written_at >= MIN_RATE_WINDOW_S and step >= previous.step:
         rate = (step - previous.step) / (now - previous.written_at)
-    return Progress(step=step, written_at=now, steps_per_s=rate, **fields)
+    return Progress(step, now, rate, world_size, restart_count, attempt, device_types)
 
 
 @dataclass(frozen=True)

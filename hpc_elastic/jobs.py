@@ -231,17 +231,19 @@ def _pickler() -> ModuleType:
         return pickle
 
 
-def pickle_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
-    """The call's bytes; ``ValueError`` when it cannot be pickled (without cloudpickle: a function that is not
-    at module level of an importable module)."""
-    pickler = _pickler()
-    if pickler is pickle and getattr(fn, "__module__", None) == "__main__":
+def pickle_call(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], pickler: ModuleType | None = None
+) -> bytes:
+    """The call's bytes (``pickler``: cloudpickle when installed, else pickle); ``ValueError`` when it cannot be
+    pickled (with pickle: a function that is not at module level of an importable module)."""
+    chosen = pickler if pickler is not None else _pickler()
+    if chosen is pickle and getattr(fn, "__module__", None) == "__main__":
         raise ValueError(
             f"function {getattr(fn, '__qualname__', fn)!r} is defined in __main__: without cloudpickle a function is "
             "pickled by reference, so it must live in an importable module"
         )
     try:
-        data: bytes = pickler.dumps(call_runner.Call(fn, tuple(args), dict(kwargs)))
+        data: bytes = chosen.dumps(call_runner.Call(fn, tuple(args), dict(kwargs)))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise ValueError(f"cannot pickle the call of {getattr(fn, '__qualname__', fn)!r}: {exc}") from None
     return data

@@ -133,6 +133,10 @@ def _age(now: float, then: float | None) -> float | None:
     return None if then is None else max(0.0, now - then)
 
 
+def _stop_view(request: StopRequest, now: float) -> StopView:
+    return StopView(request.reason.value, _age(now, request.requested_at), request.at_step)
+
+
 def _elapsed(job: Job, now: float) -> int | None:
     if job.elapsed_s is not None:
         return job.elapsed_s
@@ -160,7 +164,9 @@ def elastic_status(job: Job, readings: JobReadings, now: float) -> ElasticStatus
         processes = progress.world_size if progress is not None else None
     current = progress is not None and progress.restart_count == job.restart_count
     notice = StopNotice.decode(job.admin_comment) if job.admin_comment else None
-    pending = readings.stop
+    # rank 0 records its step every few seconds: a checkpoint may be newer
+    steps = [c.step for c in readings.checkpoints[:1]] + ([progress.step] if progress is not None else [])
+    pending = readings.stop  # while the job runs, a stop it acts on; else the stop that ended its last run
     return ElasticStatus(
         job_id=job.job_id,
         name=job.name,
@@ -174,9 +180,7 @@ def elastic_status(job: Job, readings: JobReadings, now: float) -> ElasticStatus
         nodes=job.nodes if running else (),
         elapsed_s=_elapsed(job, now),
         time_limit_s=job.time_limit_s,
-        step=progress.step
-        if progress is not None
-        else (readings.checkpoints[0].step if readings.checkpoints else None),
+        step=max(steps) if steps else None,
         steps_per_s=progress.steps_per_s if progress is not None and current else None,
         progress_age_s=_age(now, progress.written_at) if progress is not None else None,
         checkpoints=tuple(
@@ -188,12 +192,9 @@ def elastic_status(job: Job, readings: JobReadings, now: float) -> ElasticStatus
         stops=tuple(
             StopView(s.request.reason.value, _age(now, s.request.requested_at or s.set_aside_at), s.request.at_step)
             for s in readings.past_stops
-        ),
-        stop_pending=(
-            StopView(pending.reason.value, _age(now, pending.requested_at), pending.at_step)
-            if pending is not None and running
-            else None
-        ),
+        )
+        + (() if pending is None or running else (_stop_view(pending, now),)),
+        stop_pending=_stop_view(pending, now) if pending is not None and running else None,
         plugin_action=(StopView(notice.reason.value, _age(now, notice.requested_at)) if notice is not None else None),
         job_dir=readings.path,
         pending_reason=job.pending_reason if job.state.is_pending else "",
