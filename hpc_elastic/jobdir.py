@@ -37,7 +37,7 @@ for its resizes).  A file that is empty or not (yet) valid JSON still means "sto
 by ``hpc-elastic job``)::
 
     {"step": <int>, "written_at": <epoch seconds>, "steps_per_s": <float or null>, "world_size": <int>,
-     "restart_count": <int>, "attempt": <int>, "device_types": ["a100", ...]}
+     "restart_count": <int>, "attempt": <int>, "device_types": ["a100", ...], "workers": <N>}
 
 ``result.pkl`` (rank 0 of a job submitted with :func:`hpc_elastic.submit`, atomically): the pickled outcome of the
 function, read back by ``Job.result()``.  The pickled call itself waits, before the job has an id, in
@@ -236,9 +236,12 @@ class Progress:
     restart_count: int
     attempt: int
     device_types: tuple[str, ...] = ()
+    workers: int | None = None  # N, the logical workers (Slurm's accounting may not keep the job's marker)
 
     def __post_init__(self) -> None:
         _count(self.step, "progress step")
+        if self.workers is not None and _count(self.workers, "progress workers") < 1:
+            raise ValueError(f"progress workers must be >= 1, got {self.workers}")
         _epoch(self.written_at, "progress written_at")
         if self.steps_per_s is not None:
             _epoch(self.steps_per_s, "progress steps_per_s")
@@ -258,6 +261,7 @@ class Progress:
             "restart_count": self.restart_count,
             "attempt": self.attempt,
             "device_types": list(self.device_types),
+            "workers": self.workers,
         }
         return json.dumps(doc, sort_keys=True) + "\n"
 
@@ -279,6 +283,7 @@ def parse_progress(text: str) -> Progress:
         doc["restart_count"],
         doc["attempt"],
         tuple(types),
+        doc.get("workers"),
     )
 
 
@@ -291,6 +296,7 @@ def next_progress(
     restart_count: int,
     attempt: int,
     device_types: tuple[str, ...] = (),
+    workers: int | None = None,
     force: bool = False,
 ) -> Progress | None:
     """The record to write after ``step`` at ``now``, or None when ``previous`` (this run's last record) is younger
@@ -301,7 +307,7 @@ def next_progress(
     rate = previous.steps_per_s if previous is not None else None
     if previous is not None and now - previous.written_at >= MIN_RATE_WINDOW_S and step >= previous.step:
         rate = (step - previous.step) / (now - previous.written_at)
-    return Progress(step, now, rate, world_size, restart_count, attempt, device_types)
+    return Progress(step, now, rate, world_size, restart_count, attempt, device_types, workers)
 
 
 @dataclass(frozen=True)

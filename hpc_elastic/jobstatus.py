@@ -172,7 +172,7 @@ def elastic_status(job: Job, readings: JobReadings, now: float) -> ElasticStatus
         name=job.name,
         state=job.state,
         partition=job.partition,
-        workers=marker.workers if marker is not None else None,
+        workers=marker.workers if marker is not None else (progress.workers if progress is not None else None),
         elastic_range=(marker.min, marker.max) if marker is not None else None,
         unit=marker.unit.value if marker is not None else None,
         processes=processes,

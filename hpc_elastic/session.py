@@ -297,6 +297,7 @@ class Session:
             restart_count=self.job.restart_count,
             attempt=self.job.attempt,
             device_types=self.device_types,
+            workers=self.num_workers,
         )
         if progress is None:
             return

@@ -104,12 +104,12 @@ def describe(status: ElasticStatus) -> list[str]:
     if status.workers is None:
         lines.append("  not an hpc-elastic job (no marker in its comment)")
     else:
-        lo, hi = status.elastic_range or (0, 0)
-        unit = "processes" if status.unit == "proc" else "GPUs"
+        unit = "processes" if status.unit == "proc" or (status.unit is None and not status.gpus) else "GPUs"
         m = str(status.processes) if status.processes is not None else "-"
         where = f" on {gpus_text(status)}" if status.gpus else ""
         nodes = f" ({','.join(status.nodes)})" if status.nodes else ""
-        lines.append(f"  logical workers N={status.workers}, {unit} M={m}{where}{nodes}, elastic range {lo}-{hi}")
+        lo_hi = f", elastic range {status.elastic_range[0]}-{status.elastic_range[1]}" if status.elastic_range else ""
+        lines.append(f"  logical workers N={status.workers}, {unit} M={m}{where}{nodes}{lo_hi}")
     if status.step is not None:
         recorded = f" (recorded {human_age(status.progress_age_s)})" if status.progress_age_s is not None else ""
         lines.append(f"  step {status.step}, {rate_text(status)} steps/s{recorded}")

@@ -264,3 +264,10 @@ def test_the_output_tail_is_the_end_of_the_file(tmp_path: Path) -> None:
         read_tail(out, 10)
     out.write_text("0123456789abcdef")
     assert read_tail(out, 6) == "abcdef" and read_tail(out, 100) == "0123456789abcdef"
+
+
+def test_progress_records_without_n_still_parse() -> None:
+    old = '{"step": 3, "written_at": 1.0, "steps_per_s": null, "world_size": 1, "restart_count": 0, "attempt": 0}'
+    assert parse_progress(old).workers is None
+    with pytest.raises(ValueError, match="progress workers"):
+        Progress(1, 1.0, None, 1, 0, 0, workers=0)

@@ -7,7 +7,7 @@ from pathlib import Path
 from hpc_elastic.cli.jobs import describe, jobs_table
 from hpc_elastic.jobdir import CheckpointRecord, PastStop, Progress, StopReason, StopRequest
 from hpc_elastic.jobstatus import JobReadings, elastic_status
-from hpc_elastic.slurm.parse import parse_squeue_json
+from hpc_elastic.slurm.parse import parse_sacct_text, parse_squeue_json
 from hpc_elastic.slurm.types import Job, JobState
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm-22.05"
@@ -116,3 +116,14 @@ def test_describe_and_the_table_show_what_the_status_holds() -> None:
 def test_a_checkpoint_newer_than_the_progress_record_gives_the_step() -> None:
     readings = JobReadings(progress=progress(430, NOTICE_AT - 5.0), checkpoints=CHECKPOINTS)
     assert elastic_status(record(RUNNING), readings, NOTICE_AT).step == 440
+
+
+def test_a_finished_job_known_only_to_sacct_takes_n_and_m_from_its_last_record() -> None:
+    # sacct keeps no job comment on the dev cluster (no AccountingStoreFlags=job_comment): the marker is gone
+    (finished,) = [j for j in parse_sacct_text((DATA / "sacct_parsable2.txt").read_text()) if j.job_id == 2]
+    assert finished.comment == "" and finished.state is JobState.COMPLETED
+    record_ = Progress(150, NOTICE_AT, 8.9, 2, 0, 0, ("cpu",), workers=4)
+    status = elastic_status(finished, JobReadings(progress=record_), NOTICE_AT + 5.0)
+    assert (status.workers, status.processes, status.step, status.elastic_range) == (4, 2, 150, None)
+    assert status.finished and status.elapsed_s == 60
+    assert "logical workers N=4, processes M=2" in "\n".join(describe(status))
