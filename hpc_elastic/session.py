@@ -44,6 +44,7 @@ from hpc_elastic.est.groups import HorovodCollective, MPICollective
 from hpc_elastic.est.kernels import TensorKernels
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import Placement
+from hpc_elastic.files import UnsafeFile
 from hpc_elastic.jobdir import Ack, JobDir, Progress, StopReason, StopRequest, next_progress
 from hpc_elastic.state import RuntimeConfig, State, Stateful
 
@@ -305,7 +306,7 @@ class Session:
             if not self.job_dir.control.is_dir():  # a run without the wrapper, which prepares it
                 self.job_dir.prepare()
             self.job_dir.record_progress(progress)
-        except OSError as exc:
+        except (OSError, UnsafeFile) as exc:
             log.warning("cannot record progress in %s: %s", self.job_dir.progress_path, exc)
             return
         self._progress = progress
