@@ -5,6 +5,10 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
+# What the demo needs of the package: training (torch), the daemon's metrics, the plot; no Horovod, MPI or dev tools.
+DEMO_EXTRAS := torch,metrics,plot
+TIMINGS := demo-timings.txt
+
 .PHONY: setup cluster demo test unit integration lint bench down
 
 setup:
@@ -14,9 +18,18 @@ setup:
 cluster: setup
 	scripts/dev-cluster up
 
-demo: cluster
-	$(PY) scripts/demo.py
-	$(PY) -m hpc_elastic cluster status
+# Every setup phase is timed (scripts/timed; install-deps times its own phases) and summed up at the end.
+demo:
+	@rm -f $(TIMINGS); \
+	export HPC_ELASTIC_T0=$$(date +%s.%N) HPC_ELASTIC_TIMINGS=$$PWD/$(TIMINGS); \
+	scripts/timed install-deps scripts/install-deps --extras $(DEMO_EXTRAS) \
+	  && scripts/timed "cluster up" scripts/dev-cluster up \
+	  && scripts/timed --first-line demo $(PY) scripts/demo.py \
+	  && $(PY) -m hpc_elastic cluster status; \
+	status=$$?; \
+	echo "== setup phases and demo (seconds)"; \
+	awk -F'|' '{ printf "  %-48s %8s\n", $$1, $$2 }' $(TIMINGS); \
+	exit $$status
 
 # pytest exits 5 when nothing is collected; that is not a failure of the suite.
 test: lint cluster

@@ -91,6 +91,7 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
 #                            this process's place among the M worker processes (else read from srun's
 #                            SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID or Open MPI's OMPI_COMM_WORLD_*)
 #   MASTER_ADDR, MASTER_PORT torch.distributed rendezvous
+#   HPC_ELASTIC_ATTEMPT      which start of the worker step inside this allocation (0, then 1.. after a restart)
 # Control files (in HPC_ELASTIC_JOB_DIR/control): ``stop`` asks workers to checkpoint at the next mini-batch
 # boundary and exit; ``ack.json`` is written by rank 0 once that checkpoint is committed.
 # ----------------------------------------------------------------------------------------------------------
@@ -105,6 +106,7 @@ class JobEnvironment:
     array_job_id: int | None = None  # a task of a job array: the array's job id (SLURM_ARRAY_JOB_ID) ...
     array_task_id: int | None = None  # ... and the task's index (SLURM_ARRAY_TASK_ID); None for other jobs
     restart_count: int = 0
+    attempt: int = 0  # restarts of the worker step inside this allocation (HPC_ELASTIC_ATTEMPT, from the wrapper)
     node_list: str = ""
     num_nodes: int = 1
     node_name: str = ""
@@ -218,6 +220,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         array_job_id=array_job_id if array_task_id is not None else None,
         array_task_id=array_task_id,
         restart_count=_int(env, "SLURM_RESTART_COUNT", 0) or 0,
+        attempt=_int(env, "HPC_ELASTIC_ATTEMPT", 0) or 0,
         node_list=env.get("SLURM_JOB_NODELIST", ""),
         num_nodes=_int(env, "SLURM_JOB_NUM_NODES", 1) or 1,
         node_name=env.get("SLURMD_NODENAME", ""),

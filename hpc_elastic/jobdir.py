@@ -32,6 +32,16 @@ for its resizes).  A file that is empty or not (yet) valid JSON still means "sto
 
     {"job_id": <int or null>, "restart_count": <int>, "step": <int>, "checkpoint": "<absolute path>",
      "written_at": <epoch seconds>}
+
+``progress.json`` (rank 0, atomically, at most every :data:`PROGRESS_EVERY_S` seconds and at the end of a run; read
+by ``hpc-elastic job``)::
+
+    {"step": <int>, "written_at": <epoch seconds>, "steps_per_s": <float or null>, "world_size": <int>,
+     "restart_count": <int>, "attempt": <int>, "device_types": ["a100", ...], "workers": <N>}
+
+``result.pkl`` (rank 0 of a job submitted with :func:`hpc_elastic.submit`, atomically): the pickled outcome of the
+function, read back by ``Job.result()``.  The pickled call itself waits, before the job has an id, in
+``<ckpt-root>/calls/`` (0700) under a random name (:func:`call_path`).
 """
 
 from __future__ import annotations
@@ -40,12 +50,14 @@ import json
 import math
 import os
 import re
+import secrets
 import stat
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from hpc_elastic.checkpoint import layout
 from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_owned
 
 CONTROL = "control"
@@ -53,6 +65,21 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 STOP = "stop"
 ACK = "ack.json"
+PROGRESS = "progress.json"
+RESULT = "result.pkl"
+CALLS = "calls"
+#: sbatch's ``--output`` of a job, below its checkpoint root (``%x``: the job name, ``%j``: its id)
+OUTPUT_PATTERN = "%x-%j.out"
+ARRAY_OUTPUT_PATTERN = "%x-%A_%a.out"  # an array task's output: named as its job directory
+HANDLED = ".handled-"
+#: rank 0 rewrites the progress record at most this often
+PROGRESS_EVERY_S = 5.0
+#: a rate is measured over at least this many seconds
+MIN_RATE_WINDOW_S = 1.0
+#: the most bytes a checkpoint manifest may hold when listed (``hpc-elastic job``)
+MAX_MANIFEST_BYTES = 1 << 20
+#: the newest checkpoints and past stop requests a listing reads at most
+MAX_LISTED = 20
 #: the most bytes a control file may hold (a stop request or an acknowledgement is ~200)
 MAX_CONTROL_BYTES = 4096
 #: an acknowledgement counts when written between the stop request and now, give or take this much clock skew
@@ -197,6 +224,111 @@ def ack_answers(ack: Ack, *, job_id: int | None, restart_count: int, requested_a
     )
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands, as rank 0 last recorded it: its step, the steps per second since its previous record
+    (None for the first record of a run), its processes and their device types, and which incarnation
+    (``restart_count``: Slurm requeues) and attempt (restarts of the worker step inside one allocation) it is."""
+
+    step: int
+    written_at: float
+    steps_per_s: float | None
+    world_size: int
+    restart_count: int
+    attempt: int
+    device_types: tuple[str, ...] = ()
+    workers: int | None = None  # N, the logical workers (Slurm's accounting may not keep the job's marker)
+
+    def __post_init__(self) -> None:
+        _count(self.step, "progress step")
+        if self.workers is not None and _count(self.workers, "progress workers") < 1:
+            raise ValueError(f"progress workers must be >= 1, got {self.workers}")
+        _epoch(self.written_at, "progress written_at")
+        if self.steps_per_s is not None:
+            _epoch(self.steps_per_s, "progress steps_per_s")
+        if _count(self.world_size, "progress world_size") < 1:
+            raise ValueError(f"progress world_size must be >= 1, got {self.world_size}")
+        _count(self.restart_count, "progress restart_count")
+        _count(self.attempt, "progress attempt")
+        if not all(isinstance(t, str) and 0 < len(t) <= 64 for t in self.device_types):
+            raise ValueError(f"progress device_types must be short names, got {self.device_types!r}")
+
+    def to_json(self) -> str:
+        doc = {
+            "step": self.step,
+            "written_at": self.written_at,
+            "steps_per_s": self.steps_per_s,
+            "world_size": self.world_size,
+            "restart_count": self.restart_count,
+            "attempt": self.attempt,
+            "device_types": list(self.device_types),
+            "workers": self.workers,
+        }
+        return json.dumps(doc, sort_keys=True) + "\n"
+
+
+def parse_progress(text: str) -> Progress:
+    """Parse ``progress.json``; raise ``ValueError`` naming what is wrong."""
+    doc = _json_object(text, "progress file")
+    missing = [k for k in ("step", "written_at", "world_size", "restart_count", "attempt") if k not in doc]
+    if missing:
+        raise ValueError(f"progress file lacks {missing[0]!r}")
+    types = doc.get("device_types", [])
+    if not isinstance(types, list):
+        raise ValueError(f"progress device_types must be a list, got {types!r}")
+    return Progress(
+        doc["step"],
+        doc["written_at"],
+        doc.get("steps_per_s"),
+        doc["world_size"],
+        doc["restart_count"],
+        doc["attempt"],
+        tuple(types),
+        doc.get("workers"),
+    )
+
+
+def next_progress(
+    previous: Progress | None,
+    *,
+    step: int,
+    now: float,
+    world_size: int,
+    restart_count: int,
+    attempt: int,
+    device_types: tuple[str, ...] = (),
+    workers: int | None = None,
+    force: bool = False,
+) -> Progress | None:
+    """The record to write after ``step`` at ``now``, or None when ``previous`` (this run's last record) is younger
+    than :data:`PROGRESS_EVERY_S` (unless ``force``: the end of a run).  The rate is the steps per second since
+    ``previous`` when at least :data:`MIN_RATE_WINDOW_S` passed, else the previous rate."""
+    if previous is not None and not force and now - previous.written_at < PROGRESS_EVERY_S:
+        return None
+    rate = previous.steps_per_s if previous is not None else None
+    if previous is not None and now - previous.written_at >= MIN_RATE_WINDOW_S and step >= previous.step:
+        rate = (step - previous.step) / (now - previous.written_at)
+    return Progress(step, now, rate, world_size, restart_count, attempt, device_types, workers)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A committed checkpoint as a listing sees it: its manifest read (bounded), its files not hashed."""
+
+    step: int
+    created_at: float
+    size_bytes: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class PastStop:
+    """A stop request a previous incarnation of the job handled (``control/stop.handled-<time>``)."""
+
+    request: StopRequest
+    set_aside_at: float
+
+
 # ------------------------------------------------------------------------------ the daemon's note in Slurm
 
 NOTICE_PREFIX = "hpc-elastic-stop:"
@@ -277,6 +409,14 @@ class JobDir:
     def ack_path(self) -> Path:
         return self.control / ACK
 
+    @property
+    def progress_path(self) -> Path:
+        return self.control / PROGRESS
+
+    @property
+    def result_path(self) -> Path:
+        return self.path / RESULT
+
     # -- the job's side (the job's user) ------------------------------------------------------------------------
 
     def prepare(self) -> JobDir:
@@ -329,6 +469,70 @@ class JobDir:
             except FileNotFoundError:
                 continue
 
+    def record_progress(self, progress: Progress) -> None:
+        atomic_write_bytes(self.progress_path, progress.to_json().encode())
+
+    def read_progress(self) -> Progress | None:
+        """The last progress record, None when there is none or it is not valid."""
+        try:
+            text = self._read(PROGRESS)
+            return parse_progress(text) if text is not None else None
+        except (OSError, UnsafeFile, ValueError):
+            return None
+
+    def write_result(self, data: bytes) -> None:
+        """The pickled outcome of a submitted function (private to the job's user)."""
+        atomic_write_bytes(self.result_path, data, mode=0o600)
+
+    def read_result(self, limit: int) -> bytes | None:
+        """The pickled outcome, None while there is none; :class:`UnsafeFile` when it is not this job's plain
+        file or holds more than ``limit`` bytes."""
+        try:
+            return read_owned(self.path, [RESULT], limit=limit, owner=os.getuid())
+        except FileNotFoundError:
+            return None
+
+    def list_checkpoints(self) -> tuple[CheckpointRecord, ...]:
+        """The newest :data:`MAX_LISTED` committed checkpoints whose manifest parses, newest first (bounded reads,
+        no hashing: a listing, not a verification)."""
+        try:
+            names = os.listdir(self.checkpoints)
+        except OSError:
+            return ()
+        steps = sorted((s for s in map(layout.step_of, names) if s is not None), reverse=True)[:MAX_LISTED]
+        found = []
+        for step in steps:
+            name = layout.dir_name(step)
+            try:
+                data = read_owned(self.checkpoints, [name, layout.MANIFEST], limit=MAX_MANIFEST_BYTES)
+                manifest = layout.parse_manifest(data.decode("utf-8", errors="replace"))
+            except (OSError, UnsafeFile, ValueError):
+                continue
+            size = sum(entry.size for entry in manifest.files.values())
+            found.append(CheckpointRecord(manifest.step, manifest.created_at, size, manifest.world_size))
+        return tuple(found)
+
+    def past_stops(self) -> tuple[PastStop, ...]:
+        """The newest :data:`MAX_LISTED` stop requests that earlier incarnations set aside, oldest first."""
+        try:
+            names = os.listdir(self.control)
+        except OSError:
+            return ()
+        stamped = []
+        for name in names:
+            head, sep, digits = name.partition(HANDLED)
+            if head == STOP and sep and digits.isdigit() and len(digits) <= 12:
+                stamped.append((int(digits), name))
+        out = []
+        for stamp, name in sorted(stamped)[-MAX_LISTED:]:
+            try:
+                text = self._read(name)
+            except (OSError, UnsafeFile):
+                text = ""
+            if text is not None:
+                out.append(PastStop(parse_stop_lenient(text), float(stamp)))
+        return tuple(out)
+
     def standing_stop(self) -> StopRequest | None:
         """A stop for a chosen step that no checkpoint has acknowledged yet (it outlives a restart), else None."""
         request = self.read_stop()  # an unreadable one has no step: it never stands
@@ -352,6 +556,45 @@ class JobDir:
             return parse_ack(data.decode("utf-8", errors="replace"))
         except (OSError, UnsafeFile, ValueError):
             return None
+
+
+def output_path(ckpt_root: Path, name: str, job_id: int, array_task_id: int | None = None) -> Path:
+    """The job's standard output and error: ``<ckpt-root>/<name>-<id>.out``, for an array task
+    ``<name>-<array id>_<task id>.out`` (the batch script's ``--output``, :data:`OUTPUT_PATTERN` or
+    :data:`ARRAY_OUTPUT_PATTERN`, beside the job's directory)."""
+    return Path(ckpt_root) / f"{leaf_name(name, job_id, array_task_id)}.out"
+
+
+def read_tail(path: Path, limit: int) -> str:
+    """The last ``limit`` bytes of a regular file (decoded leniently); ``FileNotFoundError`` when it is missing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeFile(f"{path} is not a regular file")
+        os.lseek(fd, max(0, info.st_size - limit), os.SEEK_SET)
+        chunks = []
+        left = limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
+
+
+def call_path(ckpt_root: Path) -> Path:
+    """A fresh private place for the pickled call of a function submitted with :func:`hpc_elastic.submit`:
+    ``<ckpt-root>/calls/<random>.pkl``, its directory created 0700 (or checked: this user's, nobody else's to
+    write into)."""
+    root = Path(ckpt_root)
+    root.mkdir(parents=True, exist_ok=True)
+    calls = private_dir(root / CALLS, PRIVATE_MODE)
+    return calls / f"{secrets.token_hex(12)}.pkl"
+
+
+def write_call(path: Path, data: bytes) -> None:
+    atomic_write_bytes(path, data, mode=0o600)
 
 
 def find_job_dir(

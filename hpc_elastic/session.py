@@ -44,7 +44,8 @@ from hpc_elastic.est.groups import HorovodCollective, MPICollective
 from hpc_elastic.est.kernels import TensorKernels
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.plan import Placement
-from hpc_elastic.jobdir import Ack, JobDir, StopReason, StopRequest
+from hpc_elastic.files import UnsafeFile
+from hpc_elastic.jobdir import Ack, JobDir, Progress, StopReason, StopRequest, next_progress
 from hpc_elastic.state import RuntimeConfig, State, Stateful
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class Session:
         self._stop: StopRequest | None = None
         self._state: State | None = None
         self._store: CheckpointStore | None = None
+        self._progress: Progress | None = None
         self._closed = False
         # D0 for every level: deterministic algorithms, a fixed intra-op thread count; then identical seeds
         apply_determinism(self.level, intra_op_threads)
@@ -270,6 +272,7 @@ class Session:
             device_types=self.device_types,
             meta={"job_id": self.job.job_id, "restart_count": self.job.restart_count, "backend": self.backend.value},
             kernels=kernels,
+            on_step=self._record_progress if self.is_root and self.job_dir is not None else None,
         )
         if data is not None:
             if batch_size is None:
@@ -277,6 +280,36 @@ class Session:
             state.attach_data(data, batch_size, loader_workers=loader_workers, collate_fn=collate_fn, shuffle=shuffle)
         self._state = state
         return state
+
+    # -- progress -------------------------------------------------------------------------------------------
+
+    def _record_progress(self, step: int, *, final: bool = False) -> None:
+        """Rank 0: rewrite ``control/progress.json`` (at most every few seconds, and at the end of the run:
+        :func:`hpc_elastic.jobdir.next_progress`).  A failed write is logged, never fatal: progress is for the people
+        watching the job."""
+        if self.job_dir is None:
+            return
+        progress = next_progress(
+            self._progress,
+            step=step,
+            now=time.time(),
+            force=final,
+            world_size=self.world_size,
+            restart_count=self.job.restart_count,
+            attempt=self.job.attempt,
+            device_types=self.device_types,
+            workers=self.num_workers,
+        )
+        if progress is None:
+            return
+        try:
+            if not self.job_dir.control.is_dir():  # a run without the wrapper, which prepares it
+                self.job_dir.prepare()
+            self.job_dir.record_progress(progress)
+        except (OSError, UnsafeFile) as exc:
+            log.warning("cannot record progress in %s: %s", self.job_dir.progress_path, exc)
+            return
+        self._progress = progress
 
     # -- stop / acknowledge ---------------------------------------------------------------------------------
 
@@ -341,6 +374,8 @@ class Session:
         self._closed = True
         try:
             if self._state is not None:
+                if self.is_root:
+                    self._record_progress(self._state.step, final=True)
                 self._state.close()
             if self._store is not None:
                 self._store.wait()

@@ -115,8 +115,11 @@ class State:
         device_types: Sequence[str] = (),
         meta: Mapping[str, Any] | None = None,
         kernels: TensorKernels | None = None,
+        on_step: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
+        #: called with the new step at the end of every :meth:`finish_step` (the session's progress record)
+        self._on_step = on_step
         self.comm = comm if comm is not None else local_communicator()
         self.placement = placement if placement is not None else Placement.contiguous(config.num_ests, self.comm.size)
         self._check_placement(self.placement)
@@ -274,6 +277,8 @@ class State:
         self.reducer.zero()
         self._ran = []
         self.step += 1
+        if self._on_step is not None:
+            self._on_step(self.step)
 
     # ------------------------------------------------------------------ data (EasyScale §3.2, data workers)
 

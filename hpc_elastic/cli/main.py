@@ -27,6 +27,8 @@ class UserError(click.ClickException):
 #: that trains needs torch, ``hpc-elastic queue`` does not)
 COMMANDS = {
     "cluster": "hpc_elastic.cli.cluster:cluster",
+    "job": "hpc_elastic.cli.jobs:job",
+    "jobs": "hpc_elastic.cli.jobs:jobs",
     "profile": "hpc_elastic.cli.profile:profile",
     "queue": "hpc_elastic.cli.queue:queue",
     "simulate": "hpc_elastic.cli.simulate:simulate",

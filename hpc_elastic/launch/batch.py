@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Sequence
 
 from hpc_elastic import __version__
+from hpc_elastic.jobdir import ARRAY_OUTPUT_PATTERN, OUTPUT_PATTERN
 from hpc_elastic.launch.spec import DEFAULT_MAX_RESTARTS, SubmitSpec, encode_marker
 
 
@@ -54,7 +55,7 @@ def sbatch_directives(spec: SubmitSpec) -> list[str]:
     if spec.mail_user:
         options.append(f"--mail-user={spec.mail_user}")
     # each array task writes its own output file (%j alone is the task's own id, not the array's)
-    output = "%x-%A_%a.out" if spec.array is not None else "%x-%j.out"
+    output = ARRAY_OUTPUT_PATTERN if spec.array is not None else OUTPUT_PATTERN
     options += [
         "--requeue",
         f"--signal=B:USR1@{spec.grace_s}",

@@ -8,18 +8,28 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic.checkpoint.layout import FileEntry, Manifest
 from hpc_elastic.files import UnsafeFile, atomic_write_bytes, read_owned
 from hpc_elastic.jobdir import (
     ACK_CLOCK_SLACK_S,
     MAX_CONTROL_BYTES,
+    PROGRESS_EVERY_S,
     Ack,
+    CheckpointRecord,
     JobDir,
+    Progress,
     StopNotice,
     StopReason,
     StopRequest,
     ack_answers,
+    call_path,
     find_job_dir,
     leaf_name,
+    next_progress,
+    output_path,
+    parse_progress,
+    read_tail,
+    write_call,
 )
 
 ME = os.getuid()
@@ -149,3 +159,115 @@ def test_the_stop_notice_round_trips_and_refuses_anything_else() -> None:
     assert StopNotice.decode(notice.encode()) == notice
     for text in ("", "hpc-elastic-stop:reason=preempt", "hpc-elastic-stop:reason=bogus,at=1,restarts=0", "x" * 9999):
         assert StopNotice.decode(text) is None
+
+
+# ------------------------------------------------------------------------------ progress, listings, outcome
+
+
+def test_progress_round_trips_and_a_bad_record_reads_as_none(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "train-7").prepare()
+    assert job.read_progress() is None
+    record = Progress(120, 1766400000.5, 3.25, 4, 1, 2, ("a100",))
+    job.record_progress(record)
+    assert job.read_progress() == record
+    assert parse_progress(record.to_json()) == record
+    job.progress_path.write_text('{"step": -1}')
+    assert job.read_progress() is None
+    job.progress_path.unlink()
+    os.mkfifo(job.progress_path)  # never waited on
+    assert job.read_progress() is None
+
+
+def test_progress_fields_are_checked() -> None:
+    with pytest.raises(ValueError, match="progress step"):
+        Progress(-1, 1.0, None, 1, 0, 0)
+    with pytest.raises(ValueError, match="world_size"):
+        Progress(1, 1.0, None, 0, 0, 0)
+    with pytest.raises(ValueError, match="device_types"):
+        Progress(1, 1.0, None, 1, 0, 0, ("",))
+    with pytest.raises(ValueError, match="lacks 'attempt'"):
+        parse_progress('{"step": 1, "written_at": 1.0, "world_size": 1, "restart_count": 0}')
+
+
+def test_next_progress_is_rate_limited_and_measures_the_rate_since_the_last_record() -> None:
+    def after(previous: Progress | None, step: int, now: float, force: bool = False) -> Progress | None:
+        return next_progress(previous, step=step, now=now, world_size=2, restart_count=0, attempt=0, force=force)
+
+    first = after(None, 1, 1000.0)
+    assert first is not None and first.steps_per_s is None and first.world_size == 2
+    assert after(first, 5, 1000.0 + PROGRESS_EVERY_S - 0.1) is None
+    second = after(first, 41, 1000.0 + 2 * PROGRESS_EVERY_S)
+    assert second is not None and second.steps_per_s == 40 / (2 * PROGRESS_EVERY_S)
+    # at the end of a run: written at once; over too short a window the previous rate stays
+    final = after(second, 42, second.written_at + 0.1, force=True)
+    assert final is not None and (final.step, final.steps_per_s) == (42, second.steps_per_s)
+
+
+def write_checkpoint(root: Path, step: int, sizes: list[int], created_at: float, world: int = 2) -> None:
+    files = {f"shard-{r:05d}.pt": FileEntry("0" * 64, size) for r, size in enumerate(sizes)}
+    (root / f"ckpt-{step:012d}").mkdir(parents=True)
+    (root / f"ckpt-{step:012d}" / "MANIFEST.json").write_text(Manifest(step, world, created_at, files).to_json())
+
+
+def test_checkpoints_are_listed_newest_first_from_their_manifests(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "train-7").prepare()
+    assert job.list_checkpoints() == ()
+    write_checkpoint(job.checkpoints, 20, [100, 200], 1766400020.0)
+    write_checkpoint(job.checkpoints, 40, [100, 250], 1766400040.0)
+    (job.checkpoints / "ckpt-000000000060").mkdir()  # no manifest: not a checkpoint
+    (job.checkpoints / ".tmp-ckpt-000000000080-abc").mkdir()
+    (job.checkpoints / "ckpt-000000000050").symlink_to(job.checkpoints / "ckpt-000000000040")
+    assert job.list_checkpoints() == (
+        CheckpointRecord(40, 1766400040.0, 350, 2),
+        CheckpointRecord(20, 1766400020.0, 300, 2),
+    )
+
+
+def test_past_stops_are_the_set_aside_requests_oldest_first(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "train-7").prepare()
+    job.request_stop(StopRequest(StopReason.PREEMPT, 1766400000.0))
+    job.set_aside(1766400010)
+    job.request_stop(StopRequest(StopReason.RESIZE, 1766400100.0, 40))
+    job.set_aside(1766400110)
+    (job.control / "stop.handled-1766400200").write_text("{half")  # unreadable: still a stop, reason unknown
+    (job.control / "stop.handled-x").write_text("{}")  # not one of ours
+    stops = job.past_stops()
+    assert [(s.request.reason, s.request.at_step, s.set_aside_at) for s in stops] == [
+        (StopReason.PREEMPT, None, 1766400010.0),
+        (StopReason.RESIZE, 40, 1766400110.0),
+        (StopReason.UNKNOWN, None, 1766400200.0),
+    ]
+
+
+def test_the_result_is_private_and_read_bounded(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "train-7").prepare()
+    assert job.read_result(limit=100) is None
+    job.write_result(b"x" * 50)
+    assert stat.S_IMODE(job.result_path.stat().st_mode) == 0o600
+    assert job.read_result(limit=100) == b"x" * 50
+    with pytest.raises(UnsafeFile, match="more than the 10"):
+        job.read_result(limit=10)
+
+
+def test_calls_wait_in_a_private_directory_under_the_root(tmp_path: Path) -> None:
+    first, second = call_path(tmp_path / "jobs"), call_path(tmp_path / "jobs")
+    assert first.parent == second.parent == tmp_path / "jobs" / "calls" and first != second
+    assert stat.S_IMODE(first.parent.stat().st_mode) == 0o700
+    write_call(first, b"call")
+    assert first.read_bytes() == b"call" and stat.S_IMODE(first.stat().st_mode) == 0o600
+
+
+def test_the_output_tail_is_the_end_of_the_file(tmp_path: Path) -> None:
+    out = output_path(tmp_path, "train", 7)
+    assert out == tmp_path / "train-7.out"
+    with pytest.raises(FileNotFoundError):
+        read_tail(out, 10)
+    out.write_text("0123456789abcdef")
+    assert read_tail(out, 6) == "abcdef" and read_tail(out, 100) == "0123456789abcdef"
+
+
+def test_progress_records_without_n_still_parse() -> None:
+    old = '{"step": 3, "written_at": 1.0, "steps_per_s": null, "world_size": 1, "restart_count": 0, "attempt": 0}'
+    assert parse_progress(old).workers is None
+    with pytest.raises(ValueError, match="progress workers"):
+        Progress(1, 1.0, None, 1, 0, 0, workers=0)

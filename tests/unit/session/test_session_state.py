@@ -18,6 +18,7 @@ from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.comm import local_communicator
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import ACK as ACK_FILE
+from hpc_elastic.jobdir import PROGRESS as PROGRESS_FILE
 from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.session import Session
 from hpc_elastic.state import State
@@ -117,7 +118,24 @@ def test_checkpoint_and_acknowledge_writes_the_ack_on_rank_0_only(tmp_path: Path
     assert set(doc) == {"job_id", "restart_count", "step", "checkpoint", "written_at"}
     assert (doc["job_id"], doc["restart_count"], doc["step"], doc["checkpoint"]) == (77, 1, 1, str(p0))
     assert isinstance(doc["written_at"], float)
-    assert sorted(p.name for p in (tmp_path / "control").iterdir()) == [ACK_FILE, "stop"]  # no temp file left
+    # no temp file left; rank 0's progress record beside the control files
+    assert sorted(p.name for p in (tmp_path / "control").iterdir()) == [ACK_FILE, PROGRESS_FILE, "stop"]
+
+
+def test_rank_0_records_progress_every_few_seconds_and_at_the_end(tmp_path: Path) -> None:
+    def body(coll: ThreadCollective) -> Any:
+        session = session_for(coll, tmp_path)
+        model, state = make(session)
+        for _ in range(3):
+            train_step(model, state)
+        first = JobDir(tmp_path).read_progress()  # written after the first step, not again within the interval
+        session.close()
+        return first, JobDir(tmp_path).read_progress()
+
+    (first, last), _ = run_ranks(2, body)
+    assert first is not None and first.step >= 1
+    assert (first.world_size, first.restart_count, first.device_types) == (2, 1, ("cpu",))
+    assert last is not None and last.step == 3 and last.written_at >= first.written_at
 
 
 def test_stop_right_after_restore_acknowledges_the_restored_checkpoint(tmp_path: Path) -> None:
