@@ -38,6 +38,9 @@ from hpc_elastic.slurm import connect
 @click.option("--job-name", help="Job name (default: the script's name).")
 @click.option("--grace", "grace_s", type=int, help="Seconds between the stop signal and the kill.")
 @click.option("--max-restarts", type=int, help="Restarts of a failed worker step inside the allocation (default 2).")
+@click.option(
+    "--max-requeues", type=int, help="Requeues at the time limit (--time), each from a checkpoint (default 0)."
+)
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
     """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""

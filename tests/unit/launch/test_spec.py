@@ -93,6 +93,7 @@ def test_everything_in_the_body_is_quoted() -> None:
         ({"ckpt_root": Path("/gpfs/my jobs")}, "must not contain spaces"),
         ({"grace_s": 0}, "--grace must be between"),
         ({"max_restarts": -1}, "--max-restarts must be between 0 and 100, got -1"),
+        ({"max_requeues": -1}, "--max-requeues must be between 0 and 1000, got -1"),
         ({"extra": ("-x",)}, "one-line --long options"),
         ({"args": ("a\nb",)}, "one line"),
     ],
@@ -111,6 +112,15 @@ def test_directives_then_command_line() -> None:
     assert found == {"gpus": 2, "max_gpus": 4, "backend": "mpi"}  # directives after code do not count
     merged = merge(found, {"gpus": 3}, spec())
     assert merged.gpus == 3 and merged.max_gpus == 4 and merged.backend is Backend.MPI
+
+
+def test_max_requeues_from_a_directive_reaches_the_wrapper() -> None:
+    found = parse_directives("#!/bin/sh\n#HPC-ELASTIC --time 30 --max-requeues 3\n")
+    assert found == {"time": "30", "max_requeues": 3}
+    merged = merge(found, {}, spec())
+    exec_line = next(line for line in render_batch_script(merged, WRAPPER).splitlines() if line.startswith("exec "))
+    assert " --max-requeues=3 " in exec_line
+    assert "--max-requeues" not in render_batch_script(spec(), WRAPPER)  # the default (0) is the wrapper's too
 
 
 @pytest.mark.parametrize(
