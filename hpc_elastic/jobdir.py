@@ -73,13 +73,13 @@ PRIVATE_MODE = 0o700
 class StopReason(StrEnum):
     """Why a job stops.  The wrapper requeues it after the checkpoint (:func:`hpc_elastic.launch.stops.after_stop`)
     for a preemption, a resize, a time limit within the job's ``--max-requeues``, and a ``SIGTERM`` it cannot
-    explain; it leaves the job to Slurm after a cancel or a node failure."""
+    explain; it leaves the job to Slurm after a cancel, or once Slurm requeued it (a node failure)."""
 
     PREEMPT = "preempt"  # the scheduler daemon's, or Slurm's own preemption (its GraceTime)
     TIMELIMIT = "timelimit"  # the job's time limit comes (Slurm's --signal=B:USR1@grace)
     RESIZE = "resize"  # the scheduler daemon resizes the job
     CANCEL = "cancel"  # the user's scancel: the job ends CANCELLED
-    NODEFAIL = "nodefail"  # Slurm requeued the job itself (a node of the allocation failed)
+    REQUEUED = "requeued"  # Slurm requeued the job itself (a node failed, a preemption's grace time ended)
     SIGTERM = "sigterm"  # the workers got SIGTERM; the wrapper asks Slurm which of the above it was
     UNKNOWN = "unknown"  # a stop file that cannot be parsed (still a stop)
 

@@ -53,14 +53,15 @@ def sigterm_reason(job: Job | None, restart_count: int, now: datetime) -> StopRe
     """Why the workers got ``SIGTERM`` (and stopped at a checkpoint), from Slurm's view of the job at ``now`` (None:
     Slurm did not answer) and this incarnation's restart count.
 
-    Requeued by Slurm already (pending, or a later incarnation): a node failure.  Running with a ``PreemptTime`` of
+    Requeued by Slurm already (pending, or a later incarnation): a node failure, or the end of a preemption's
+    grace time.  Running with a ``PreemptTime`` of
     this run: Slurm's preemption, in its grace time.  Ending (``COMPLETING``) at or past its time limit: the time
     limit; before it: a cancel.  Anything else (no answer, a ``TERM`` sent to the steps by hand) stays ``sigterm``,
     which is requeued: a wrong guess costs a requeue from a fresh checkpoint, never the training."""
     if job is None:
         return StopReason.SIGTERM
     if job.restart_count > restart_count or job.state.is_pending:
-        return StopReason.NODEFAIL
+        return StopReason.REQUEUED
     if job.state is JobState.RUNNING:
         preempted = job.preempt_time is not None and (job.start_time is None or job.preempt_time >= job.start_time)
         return StopReason.PREEMPT if preempted else StopReason.SIGTERM
@@ -79,6 +80,6 @@ def after_stop(reason: StopReason, *, timelimit_requeues: int, max_requeues: int
     requeues were made; a cancel or a node failure is left to Slurm; everything else is requeued."""
     if reason is StopReason.TIMELIMIT:
         return Action.REQUEUE if timelimit_requeues < max_requeues else Action.TIMEOUT
-    if reason in (StopReason.CANCEL, StopReason.NODEFAIL):
+    if reason in (StopReason.CANCEL, StopReason.REQUEUED):
         return Action.LEAVE
     return Action.REQUEUE

@@ -63,7 +63,7 @@ def test_the_time_limit_is_completing_at_its_limit() -> None:
 def test_a_node_failure_is_requeued_by_slurm_before_the_signal() -> None:
     job = captured("squeue_node_failed.json")
     assert job.state is JobState.PENDING and job.restart_count == 1
-    assert sigterm_reason(job, 0, NOW) is StopReason.NODEFAIL
+    assert sigterm_reason(job, 0, NOW) is StopReason.REQUEUED
 
 
 def test_an_unexplained_sigterm_stays_one() -> None:
@@ -86,7 +86,7 @@ def test_an_unexplained_sigterm_stays_one() -> None:
         (StopReason.TIMELIMIT, 1, 2, Action.REQUEUE),
         (StopReason.TIMELIMIT, 2, 2, Action.TIMEOUT),
         (StopReason.CANCEL, 0, 3, Action.LEAVE),
-        (StopReason.NODEFAIL, 0, 3, Action.LEAVE),
+        (StopReason.REQUEUED, 0, 3, Action.LEAVE),
     ],
 )
 def test_what_follows_a_stop(reason: StopReason, used: int, limit: int, action: Action) -> None:
