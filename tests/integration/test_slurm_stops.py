@@ -111,9 +111,10 @@ def test_slurms_preemption_checkpoints_on_sigterm_requeues_and_ends_bitwise(
 def test_the_time_limit_checkpoints_and_requeues_within_max_requeues_until_done(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
-    # --time=2, grace 90 s: Slurm's USR1 comes 30-60 s after each start; the training needs about 60 s of steps.
+    # Slurm sends the USR1 at its first limit check (every 30 s) once at most grace + 30 s are left: with --time=2
+    # and a 30 s grace, 60-90 s after each start; the training needs about 100 s.
     steps = 240
-    job_id, out, job_dir = submit(workdir, "st-tl", *CPU_JOB, "--time=2", "--grace=90", "--max-requeues=6", steps=steps)
+    job_id, out, job_dir = submit(workdir, "st-tl", *CPU_JOB, "--time=2", "--grace=30", "--max-requeues=4", steps=steps)
     cleanup.append(job_id)
     done = wait_for("the job to complete", lambda: ended(slurm, job_id), timeout_s=840)
     text = out.read_text()
@@ -129,6 +130,7 @@ def test_the_time_limit_checkpoints_and_requeues_within_max_requeues_until_done(
 def test_a_spent_requeue_budget_ends_the_job_at_its_time_limit(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
+    # --time=1 with a 45 s grace: the USR1 comes at the first limit check, the TERM 60-90 s after each start
     job_id, out, job_dir = submit(
         workdir, "st-tb", *CPU_JOB, "--time=1", "--grace=45", "--max-requeues=1", steps=100000
     )

@@ -52,7 +52,7 @@ def test_preempt_checkpoints_requeues_and_resumes(slurm: CliSlurm, workdir: Path
 def test_time_limit_checkpoints_and_ends_timeout_without_requeues(
     slurm: CliSlurm, workdir: Path, submitted: list[int]
 ) -> None:
-    # --time=2 with a 100 s grace: Slurm's USR1 comes ~20-80 s after the start, well before a preemption could.
+    # --time=2 with a 100 s grace: Slurm's USR1 comes at its first limit check (every 30 s) after the start.
     job_id = hpc_submit(
         workdir,
         STEPPER,
