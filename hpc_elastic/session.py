@@ -130,6 +130,7 @@ class Session:
         self._stop: StopRequest | None = None
         #: when SIGTERM came (None: it did not, or this session does not take it as a stop)
         self._terminated_at: float | None = None
+        self._previous_sigterm: Any = None
         self._state: State | None = None
         self._store: CheckpointStore | None = None
         self._closed = False
@@ -174,7 +175,8 @@ class Session:
             comm.close()
             raise
         if job.job_id is not None and job.job_dir is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, session._on_sigterm)  # under the wrapper in a Slurm job (module docstring)
+            # under the wrapper in a Slurm job (module docstring); close() gives the signal its old handler back
+            session._previous_sigterm = signal.signal(signal.SIGTERM, session._on_sigterm)
         return session
 
     @classmethod
@@ -292,6 +294,11 @@ class Session:
 
     # -- stop / acknowledge ---------------------------------------------------------------------------------
 
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self._terminated_at is None:
             self._terminated_at = time.time()
@@ -359,6 +366,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._restore_sigterm()
         try:
             if self._state is not None:
                 self._state.close()
@@ -377,6 +385,7 @@ class Session:
             self.close()
         else:  # a rank failing alone must not block in a collective: release what we can and let it propagate
             self._closed = True
+            self._restore_sigterm()
             self.comm.close()
 
 

@@ -370,12 +370,16 @@ class Supervisor:
             log.error("no checkpoint acknowledgement after the stop request; the job resumes from an older one")
         action = self._action(reason, log_budget=True)
         if action is Action.REQUEUE:
+            self._code = 0
             if self.job.job_id is not None:
                 if reason is StopReason.TIMELIMIT:
                     self.job_dir.record_timelimit_requeue(self.job.restart_count)
-                self._requeue_pinned()
-                log.info("job %s requeued (%s)", self.job.job_id, reason.value)
-            self._code = 0
+                try:
+                    self._requeue_pinned()
+                    log.info("job %s requeued (%s)", self.job.job_id, reason.value)
+                except SlurmError as exc:
+                    log.error("cannot requeue job %s (%s): %s", self.job.job_id, reason.value, exc)
+                    self._code = 1
             return Phase.DONE
         if action is Action.TIMEOUT:
             log.error(

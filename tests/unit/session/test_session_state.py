@@ -229,6 +229,7 @@ def test_sigterm_in_a_slurm_job_is_a_stop_acknowledged_as_such(tmp_path: Path) -
             session.checkpoint_and_acknowledge(state)
         ack = JobDir(tmp_path).read_ack()
         assert ack is not None and (ack.job_id, ack.step, ack.reason) == (77, 1, StopReason.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == previous  # closed: TERM ends the process again
     finally:
         signal.signal(signal.SIGTERM, previous)
 
