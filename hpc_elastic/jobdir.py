@@ -22,7 +22,7 @@ Who writes what (see SECURITY.md for the threat model):
 
 ``stop``::
 
-    {"reason": "preempt" | "timelimit" | "resize", "requested_at": <epoch seconds>[, "at_step": <int>]}
+    {"reason": "preempt" | "timelimit" | "resize" | ..., "requested_at": <epoch seconds>[, "at_step": <int>]}
 
 Its existence is the request; workers see it at the next mini-batch boundary (with ``at_step``, at the first boundary
 where the training step is ``at_step`` or later: a stop at a chosen step, as ``hpc-elastic verify-determinism`` uses
@@ -31,7 +31,14 @@ for its resizes).  A file that is empty or not (yet) valid JSON still means "sto
 ``ack.json`` (written atomically)::
 
     {"job_id": <int or null>, "restart_count": <int>, "step": <int>, "checkpoint": "<absolute path>",
-     "written_at": <epoch seconds>}
+     "written_at": <epoch seconds>[, "reason": "<the stop acted on>"]}
+
+The workers also stop on their own ``SIGTERM`` (Slurm's preemption signals the job's steps, not the wrapper): then
+no ``stop`` file exists and the acknowledgement says ``"reason": "sigterm"``.
+
+``timelimit-requeues.json`` (the wrapper's record, written atomically)::
+
+    {"restarts": [<the restart count of each incarnation requeued at its time limit>, ...]}
 
 ``progress.json`` (rank 0, atomically, at most every :data:`PROGRESS_EVERY_S` seconds and at the end of a run; read
 by ``hpc-elastic job``)::
@@ -65,6 +72,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 STOP = "stop"
 ACK = "ack.json"
+REQUEUES = "timelimit-requeues.json"
 PROGRESS = "progress.json"
 RESULT = "result.pkl"
 CALLS = "calls"
@@ -90,9 +98,16 @@ PRIVATE_MODE = 0o700
 
 
 class StopReason(StrEnum):
-    PREEMPT = "preempt"
-    TIMELIMIT = "timelimit"
-    RESIZE = "resize"
+    """Why a job stops.  The wrapper requeues it after the checkpoint (:func:`hpc_elastic.launch.stops.after_stop`)
+    for a preemption, a resize, a time limit within the job's ``--max-requeues``, and a ``SIGTERM`` it cannot
+    explain; it leaves the job to Slurm after a cancel, or once Slurm requeued it (a node failure)."""
+
+    PREEMPT = "preempt"  # the scheduler daemon's, or Slurm's own preemption (its GraceTime)
+    TIMELIMIT = "timelimit"  # the job's time limit comes (Slurm's --signal=B:USR1@grace)
+    RESIZE = "resize"  # the scheduler daemon resizes the job
+    CANCEL = "cancel"  # the user's scancel: the job ends CANCELLED
+    REQUEUED = "requeued"  # Slurm requeued the job itself (a node failed, a preemption's grace time ended)
+    SIGTERM = "sigterm"  # the workers got SIGTERM; the wrapper asks Slurm which of the above it was
     UNKNOWN = "unknown"  # a stop file that cannot be parsed (still a stop)
 
 
@@ -172,6 +187,8 @@ class Ack:
     step: int
     checkpoint: Path
     written_at: float
+    #: the stop the workers acted on (``sigterm`` when they stopped on their own signal); None: not said
+    reason: StopReason | None = None
 
     def __post_init__(self) -> None:
         if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
@@ -187,6 +204,7 @@ class Ack:
             "step": self.step,
             "checkpoint": str(self.checkpoint),
             "written_at": self.written_at,
+            **({"reason": self.reason.value} if self.reason is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -201,9 +219,24 @@ def parse_ack(text: str) -> Ack:
         raise ValueError(f"ack file lacks {missing[0]!r}")
     if not isinstance(doc["checkpoint"], str) or not doc["checkpoint"]:
         raise ValueError(f"ack checkpoint must be a path, got {doc['checkpoint']!r}")
+    reason = doc.get("reason")
     return Ack(
-        doc["job_id"], doc["restart_count"], doc["step"], Path(doc["checkpoint"]), _epoch(doc["written_at"], "ack")
+        doc["job_id"],
+        doc["restart_count"],
+        doc["step"],
+        Path(doc["checkpoint"]),
+        _epoch(doc["written_at"], "ack"),
+        None if reason is None else _reason(reason),
     )
+
+
+def parse_requeues(text: str) -> tuple[int, ...]:
+    """Parse ``timelimit-requeues.json``; raise ``ValueError`` naming what is wrong."""
+    doc = _json_object(text, "time-limit requeue record")
+    restarts = doc.get("restarts")
+    if not isinstance(restarts, list):
+        raise ValueError(f"time-limit requeue record needs a list 'restarts', got {restarts!r}")
+    return tuple(sorted({_count(r, "requeued restart count") for r in restarts}))
 
 
 def still_pending(request: StopRequest, ack: Ack | None) -> bool:
@@ -417,6 +450,10 @@ class JobDir:
     def result_path(self) -> Path:
         return self.path / RESULT
 
+    @property
+    def requeues_path(self) -> Path:
+        return self.control / REQUEUES
+
     # -- the job's side (the job's user) ------------------------------------------------------------------------
 
     def prepare(self) -> JobDir:
@@ -459,6 +496,21 @@ class JobDir:
 
     def acknowledge(self, ack: Ack) -> None:
         atomic_write_bytes(self.ack_path, ack.to_json().encode())
+
+    def timelimit_requeues(self) -> tuple[int, ...]:
+        """The incarnations (restart counts) that were requeued at their time limit; ``()`` before the first.
+        ``ValueError`` for a record that cannot be read or parsed (the caller decides what that costs)."""
+        try:
+            text = self._read(REQUEUES)
+        except (OSError, UnsafeFile) as exc:
+            raise ValueError(f"cannot read {self.requeues_path}: {exc}") from None
+        return () if text is None else parse_requeues(text)
+
+    def record_timelimit_requeue(self, restart_count: int) -> tuple[int, ...]:
+        """Add incarnation ``restart_count`` to the record (idempotent); return the record."""
+        restarts = tuple(sorted({*self.timelimit_requeues(), _count(restart_count, "restart_count")}))
+        atomic_write_bytes(self.requeues_path, (json.dumps({"restarts": list(restarts)}) + "\n").encode())
+        return restarts
 
     def set_aside(self, stamp: int, *, keep_stop: bool = False) -> None:
         """Rename the stop request (unless ``keep_stop``) and the acknowledgement to ``<name>.handled-<stamp>``: kept

@@ -9,13 +9,18 @@ more.  :meth:`Session.state` then builds the one training runtime (:class:`hpc_e
     state = session.state(model, optimizer, data=dataset, batch_size=32)
     state.restore()
     while state.step < steps:
-        if session.should_stop():                       # the wrapper asked: the same answer on every rank
+        if session.should_stop():                       # the wrapper asked, or SIGTERM: the same answer on every rank
             session.checkpoint_and_acknowledge(state)   # commit, then rank 0 writes control/ack.json
             break                                       # the wrapper requeues the job
         for x, y in state.batches():
             loss_fn(model(x), y).backward()
         state.finish_step()
     session.close()
+
+Inside a Slurm job under the wrapper, ``SIGTERM`` is a stop too: Slurm's own preemption sends it to the job's steps
+(the workers), not to the wrapper, and gives them its GraceTime; the workers checkpoint at the next boundary and
+rank 0 acknowledges with reason ``sigterm`` (the wrapper then asks Slurm why).  A cancel or the time limit itself
+sends it as well: the checkpoint may be cut short by Slurm's ``KILL``, which costs nothing (commits are atomic).
 
 Rank, world size and local rank come from the job environment for the torch backend and from MPI / Horovod
 themselves for those backends (they know best how they launched their processes).
@@ -24,10 +29,12 @@ themselves for those backends (they know best how they launched their processes)
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 import torch
@@ -122,6 +129,9 @@ class Session:
         self._stop_every = stop_check_every
         self._stop_calls = 0
         self._stop: StopRequest | None = None
+        #: when SIGTERM came (None: it did not, or this session does not take it as a stop)
+        self._terminated_at: float | None = None
+        self._previous_sigterm: Any = None
         self._state: State | None = None
         self._store: CheckpointStore | None = None
         self._progress: Progress | None = None
@@ -162,10 +172,14 @@ class Session:
             if device is None and dev.type == "cuda":
                 dev = choose_device(local_rank)
         try:
-            return cls(job, comm, device=dev, local_rank=local_rank, **kwargs)
+            session = cls(job, comm, device=dev, local_rank=local_rank, **kwargs)
         except BaseException:
             comm.close()
             raise
+        if job.job_id is not None and job.job_dir is not None and threading.current_thread() is threading.main_thread():
+            # under the wrapper in a Slurm job (module docstring); close() gives the signal its old handler back
+            session._previous_sigterm = signal.signal(signal.SIGTERM, session._on_sigterm)
+        return session
 
     @classmethod
     def local(cls, job_dir: Path | str | None = None, **kwargs: Any) -> Session:
@@ -313,7 +327,18 @@ class Session:
 
     # -- stop / acknowledge ---------------------------------------------------------------------------------
 
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._terminated_at is None:
+            self._terminated_at = time.time()
+
     def _read_stop(self) -> StopRequest | None:
+        if self._terminated_at is not None:
+            return StopRequest(StopReason.SIGTERM, self._terminated_at)
         if self.job_dir is None:
             return None
         request = self.job_dir.read_stop()
@@ -324,7 +349,8 @@ class Session:
 
     def should_stop(self) -> bool:
         """Whether the job must checkpoint and exit now.  Collective: call it at every mini-batch boundary on
-        every rank; a rank that sees ``control/stop`` makes all ranks return ``True`` at the same call.  With
+        every rank; a rank that sees ``control/stop`` (or got ``SIGTERM``, see the module docstring) makes all ranks
+        return ``True`` at the same call.  With
         ``stop_check_every=k`` the file is looked at (and ranks agree) only every k-th call."""
         if self._stop is not None:
             return True
@@ -347,7 +373,8 @@ class Session:
         once the checkpoint of ``step`` is committed (:meth:`checkpoint_and_acknowledge` does both)."""
         if not self.is_root:
             return None
-        ack = Ack(self.job.job_id, self.job.restart_count, step, Path(checkpoint).resolve(), time.time())
+        reason = self._stop.reason if self._stop is not None else None
+        ack = Ack(self.job.job_id, self.job.restart_count, step, Path(checkpoint).resolve(), time.time(), reason)
         job_dir = self._require_job_dir()
         if not job_dir.control.is_dir():  # a run without the wrapper, which prepares it
             job_dir.prepare()
@@ -372,6 +399,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._restore_sigterm()
         try:
             if self._state is not None:
                 if self.is_root:
@@ -392,6 +420,7 @@ class Session:
             self.close()
         else:  # a rank failing alone must not block in a collective: release what we can and let it propagate
             self._closed = True
+            self._restore_sigterm()
             self.comm.close()
 
 

@@ -57,6 +57,9 @@ from hpc_elastic.slurm import connect
     multiple=True,
     help="Another sbatch option, e.g. --sbatch-arg=--begin=now+1hour (repeatable; options hpc-elastic sets refused).",
 )
+@click.option(
+    "--max-requeues", type=int, help="Requeues at the time limit (--time), each from a checkpoint (default 0)."
+)
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
     """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""

@@ -13,6 +13,7 @@ paper's queuing buffer reduces to the EST's cursor, which its context stores.
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +161,13 @@ class RequestStream(Sampler[BatchRequest]):
             cursor += 1
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    """In a loader process: ignore ``SIGTERM``.  Slurm signals every process of a job step; the training process
+    takes it as a stop at the next mini-batch boundary (:mod:`hpc_elastic.session`) and needs its loader until then
+    (a loader process that dies fails the training process at once).  The training process ends its loader."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class ESTLoader:
     """One ``DataLoader`` (and one set of worker processes) for all ESTs of a process."""
 
@@ -197,6 +205,7 @@ class ESTLoader:
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
             # a private generator: creating the iterator must not draw from an EST's torch generator
             generator=torch.Generator().manual_seed(0),
+            worker_init_fn=_ignore_sigterm,
         )
         self._iter = iter(loader)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from hpc_elastic import __version__
 from hpc_elastic.jobdir import ARRAY_OUTPUT_PATTERN, OUTPUT_PATTERN
-from hpc_elastic.launch.spec import DEFAULT_MAX_RESTARTS, SubmitSpec, encode_marker
+from hpc_elastic.launch.spec import DEFAULT_MAX_REQUEUES, DEFAULT_MAX_RESTARTS, SubmitSpec, encode_marker
 
 
 def worker_command(spec: SubmitSpec) -> list[str]:
@@ -78,6 +78,7 @@ def render_batch_script(spec: SubmitSpec, wrapper: Sequence[str]) -> str:
         *([f"--level={spec.level.value}"] if spec.level is not None else []),
         f"--grace={spec.grace_s}",
         *([f"--max-restarts={spec.max_restarts}"] if spec.max_restarts != DEFAULT_MAX_RESTARTS else []),
+        *([f"--max-requeues={spec.max_requeues}"] if spec.max_requeues != DEFAULT_MAX_REQUEUES else []),
         "--",
         *worker_command(spec),
     ]

@@ -21,6 +21,7 @@ DIRECTIVE = "#HPC-ELASTIC"
 MARKER = "hpc-elastic:"  # prefix of the job comment that marks a job as managed by the scheduler plugin
 DEFAULT_GRACE_S = 120
 DEFAULT_MAX_RESTARTS = 2  # in-allocation restarts of a failed worker step (the wrapper's restart budget)
+DEFAULT_MAX_REQUEUES = 0  # requeues at the time limit (the job's --time): none, the job ends TIMEOUT
 _TIME = re.compile(r"(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?)")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -76,6 +77,7 @@ class SubmitSpec:
     job_name: str | None = None
     grace_s: int = DEFAULT_GRACE_S
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    max_requeues: int = DEFAULT_MAX_REQUEUES
     python: str = "python3"
     account: str | None = None
     qos: str | None = None
@@ -170,6 +172,8 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"--grace must be between 1 and 3600 seconds, got {spec.grace_s}")
     if not 0 <= spec.max_restarts <= 100:
         raise ValueError(f"--max-restarts must be between 0 and 100, got {spec.max_restarts}")
+    if not 0 <= spec.max_requeues <= 1000:
+        raise ValueError(f"--max-requeues must be between 0 and 1000, got {spec.max_requeues}")
     if not spec.ckpt_root.is_absolute():
         raise ValueError(f"--ckpt-root must be an absolute path on the shared filesystem, got {str(spec.ckpt_root)!r}")
     _check_sbatch_values(spec)
@@ -453,6 +457,7 @@ _DIRECTIVE_OPTIONS: Mapping[str, tuple[str, type]] = {
     "--mail-user": ("mail_user", str),
     "--array": ("array", str),
     "--sbatch-arg": ("extra", tuple),  # repeatable
+    "--max-requeues": ("max_requeues", int),
 }
 
 

@@ -9,17 +9,25 @@
 2. On ``USR1`` (the plugin's ``scancel --signal=USR1 --batch``, or Slurm's ``--signal=B:USR1@grace`` before
    the time limit) it writes ``control/stop``; workers checkpoint at the next mini-batch boundary, rank 0 writes
    ``control/ack.json``, and they exit. A preemption or resize is then requeued (``scontrol requeue``); a time
-   limit is not, unless asked, since the job used the time it requested.
-3. When the worker step fails (a worker killed, a crash) without a stop request, the step is started again in the
+   limit too, while the job has time-limit requeues left (``--max-requeues``, counted in the job directory); once
+   they are spent the job ends at its time limit (TIMEOUT).
+3. Slurm's own preemption sends ``TERM`` to the job's steps only: the workers checkpoint on it by themselves
+   (:meth:`hpc_elastic.session.Session.should_stop`) and acknowledge; the wrapper asks Slurm why
+   (:func:`hpc_elastic.launch.stops.sigterm_reason`): a preemption is requeued at once, a cancel or a node failure
+   is left to Slurm.
+4. When the worker step fails (a worker killed, a crash) without a stop request, the step is started again in the
    same allocation, at most ``max_restarts`` times (torch.distributed.elastic's restart budget); the workers
    resume from the newest valid checkpoint. ``HPC_ELASTIC_ATTEMPT`` tells them which attempt they are.
-4. On ``TERM``/``INT`` it stops the worker step at once (TERM, then KILL) and exits 128 + signal.
+5. On ``TERM``/``INT`` to the wrapper itself (a cancel, the time limit reached, the end of a preemption's grace
+   time) it stops the worker step at once (TERM, then KILL) and exits 128 + signal: Slurm decides what follows.
+The loop is a small state machine (:class:`Phase`, :meth:`Supervisor.run`), as torch elastic's agent.
 Workers run in their own process group, signalled as one: nothing outlives the wrapper.
 The job directory, its control files and their formats are :mod:`hpc_elastic.jobdir`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import signal
 import time
@@ -36,6 +44,7 @@ from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, ack_answers
 from hpc_elastic.launch.gpu_types import TypeAction, decide_gpu_type, feature_for_type
 from hpc_elastic.launch.spec import MarkerError, decode_marker
+from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
 from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
 from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
@@ -43,8 +52,20 @@ from hpc_elastic.slurm.types import JobRef, Node
 
 log = logging.getLogger(__name__)
 
-# A USR1 this close to the time limit (beyond the grace period) is the time-limit warning.
-TIMELIMIT_SLACK_S = 60.0
+#: seconds between two looks at the workers, the control files and the wrapper's signals
+POLL_S = 0.2
+
+
+class Phase(enum.StrEnum):
+    """The wrapper's states; :meth:`Supervisor.run` goes from one to the next until ``done``."""
+
+    START = "start"  # start the worker step (attempt n)
+    RUNNING = "running"  # the step trains
+    STOPPING = "stopping"  # a stop was requested: waiting for the checkpoint, within the grace period
+    STOPPED = "stopped"  # checkpointed for a stop: requeue, leave the job to Slurm, or let the time limit end it
+    FAILED = "failed"  # the step failed on its own: restart it in the allocation, within the budget
+    SIGNALLED = "signalled"  # TERM/INT to the wrapper: stop the workers, exit
+    DONE = "done"
 
 
 @dataclass(frozen=True)
@@ -56,7 +77,7 @@ class WrapperConfig:
     level: DeterminismLevel | None = None
     grace_s: float = 120.0
     launcher: Launcher = Launcher.SRUN
-    requeue_on_timelimit: bool = False
+    max_requeues: int = 0
     kill_timeout_s: float = 10.0
     max_restarts: int = 2
 
@@ -67,6 +88,8 @@ class WrapperConfig:
             raise ValueError(f"grace must be positive, got {self.grace_s}")
         if self.max_restarts < 0:
             raise ValueError(f"max restarts must be >= 0, got {self.max_restarts}")
+        if self.max_requeues < 0:
+            raise ValueError(f"max requeues must be >= 0, got {self.max_requeues}")
         if self.launcher is Launcher.LOCAL:
             raise ValueError("hpc-elastic-run starts workers with srun or mpirun inside an allocation")
 
@@ -89,23 +112,6 @@ def job_ref_of(job: JobEnvironment) -> JobRef:
     if job.array_job_id is not None and job.array_task_id is not None:
         return JobRef(job.array_job_id, job.array_task_id)
     return JobRef(job.job_id)
-
-
-def classify_stop(
-    requested: StopReason | None, start: datetime | None, limit_s: int | None, now: datetime, grace_s: float
-) -> StopReason:
-    """Why the job must stop: the plugin's stated reason, else a time limit if it is within grace + slack."""
-    if requested is not None:
-        return requested
-    if start is not None and limit_s is not None:
-        remaining = (start.timestamp() + limit_s) - now.timestamp()
-        if remaining <= grace_s + TIMELIMIT_SLACK_S:
-            return StopReason.TIMELIMIT
-    return StopReason.PREEMPT
-
-
-def should_requeue(reason: StopReason, requeue_on_timelimit: bool) -> bool:
-    return reason is not StopReason.TIMELIMIT or requeue_on_timelimit
 
 
 # ------------------------------------------------------------------------------------------ the wrapper
@@ -131,6 +137,14 @@ class Supervisor:
         self._usr1 = False
         self._fatal: int | None = None
         self._stop_at_step: int | None = None
+        # the loop's state (run())
+        self._group: WorkerGroup | None = None
+        self._attempt = 0
+        self._ntasks = 1
+        self._started_at = 0.0
+        self._code = 0
+        #: the stop acted on and when it was requested
+        self._stop: tuple[StopReason, float] | None = None
         #: the GPU type the job keeps (below D2), once known; requeues carry it as a node constraint
         self.pinned_type: str | None = None
         self._node_gpu_types: tuple[tuple[str, str], ...] = ()
@@ -222,20 +236,31 @@ class Supervisor:
         finally:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
-    def _stop_reason(self) -> StopReason:
+    def _usr1_reason(self) -> StopReason:
         """Why the checkpoint signal came: the scheduler daemon's notice in the job's ``AdminComment`` (for this
         incarnation), else a time limit if it is within grace + slack, else a preemption."""
-        requested, start, limit = None, None, None
+        notice_reason, start, limit = None, None, None
         if self.job.job_id is not None:
             try:
                 current = self.slurm.job(self.job.job_id)
                 notice = StopNotice.decode(current.admin_comment)
                 if notice is not None and notice.restarts == self.job.restart_count:
-                    requested = notice.reason
+                    notice_reason = notice.reason
                 start, limit = current.start_time, current.time_limit_s
             except SlurmError as exc:
                 log.warning("cannot read the job from Slurm (%s); treating USR1 as a preemption", exc)
-        return classify_stop(requested, start, limit, datetime.fromtimestamp(self.clock(), tz=UTC), self.config.grace_s)
+        now = datetime.fromtimestamp(self.clock(), tz=UTC)
+        return usr1_reason(notice_reason, start, limit, now, self.config.grace_s)
+
+    def _sigterm_reason(self) -> StopReason:
+        """Why the workers got ``SIGTERM``, from Slurm's view of the job (:func:`.stops.sigterm_reason`)."""
+        current = None
+        if self.job.job_id is not None:
+            try:
+                current = self.slurm.job(self.job.job_id)
+            except SlurmError as exc:
+                log.warning("cannot read the job from Slurm (%s): SIGTERM of unknown cause", exc)
+        return sigterm_reason(current, self.job.restart_count, datetime.fromtimestamp(self.clock(), tz=UTC))
 
     def step(self, ntasks: int, attempt: int) -> WorkerStep:
         """The worker step of this incarnation: ``ntasks`` processes, the job's N ESTs."""
@@ -253,6 +278,8 @@ class Supervisor:
             attempt=attempt,
         )
 
+    # -- the loop: one method per phase, each returns the next ---------------------------------------------
+
     def run(self) -> int:
         """Supervise the job's worker steps (after :meth:`prepare`); return the wrapper's exit code."""
         if not self.check_gpu_types():
@@ -261,84 +288,177 @@ class Supervisor:
         ntasks = self.job.allocated_tasks or self.job.world_size
         if ntasks != self.job.world_size:
             log.info("the allocation has %d tasks (submitted with %d): resized", ntasks, self.job.world_size)
+        self._ntasks = ntasks
+        self._started_at = self.clock()
         previous = {
             signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_fatal),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_fatal),
         }
+        phases: dict[Phase, Callable[[], Phase]] = {
+            Phase.START: self._start,
+            Phase.RUNNING: self._running,
+            Phase.STOPPING: self._stopping,
+            Phase.STOPPED: self._stopped,
+            Phase.FAILED: self._failed,
+            Phase.SIGNALLED: self._signalled,
+        }
         try:
-            attempt = 0
-            while True:
-                group = start_workers(self.step(ntasks, attempt), kill_timeout_s=self.config.kill_timeout_s)
-                try:
-                    code, failed = self._supervise(group)
-                finally:
-                    group.stop(self.clock, self.sleep)
-                if not failed or attempt >= self.config.max_restarts:
-                    if failed:
-                        log.error("worker step failed (exit %d); restart budget of %d used", code, attempt)
-                    return code
-                attempt += 1
-                log.warning(
-                    "worker step failed (exit %d): restart %d of %d from the newest checkpoint",
-                    code,
-                    attempt,
-                    self.config.max_restarts,
-                )
+            phase = Phase.START
+            while phase is not Phase.DONE:
+                phase = phases[phase]()
+            return self._code
         finally:
+            if self._group is not None:
+                self._group.stop(self.clock, self.sleep)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _supervise(self, group: WorkerGroup) -> tuple[int, bool]:
-        """Watch one worker step. Return the wrapper's exit code and whether the step failed on its own (no stop
-        was requested, no fatal signal): such a step may be restarted.
+    def _start(self) -> Phase:
+        self._group = start_workers(self.step(self._ntasks, self._attempt), kill_timeout_s=self.config.kill_timeout_s)
+        return Phase.RUNNING
 
-        A preemption or resize is requeued as soon as the checkpoint is acknowledged: the checkpoint is durable
-        then, and the workers' own exit (process-group and interpreter teardown, seconds on a loaded node) need
-        not delay the GPUs' release."""
-        reason: StopReason | None = None
-        requested_at = 0.0
-        while (code := group.poll()) is None:
-            if self._fatal is not None:
-                log.warning("received signal %d: stopping the workers now", self._fatal)
-                group.stop(self.clock, self.sleep)
-                return 128 + self._fatal, False
-            if reason is None:
-                reason, requested_at = self._take_stop_request()
-            if reason is not None:
-                if should_requeue(reason, self.config.requeue_on_timelimit) and self._acknowledged(requested_at):
-                    return self._finish_stop(reason, requested_at), False
-                # a stop at a chosen step comes when the workers reach it: no grace period runs for it
-                if self._stop_at_step is None and self.clock() - requested_at > self.config.grace_s:
-                    log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
-                    group.stop(self.clock, self.sleep)
-                    code = group.poll() or 1
-                    break
-            self.sleep(0.2)
-        if reason is None:  # a stop file written by the user (a stop at a chosen step) the workers saw first
-            reason, requested_at = self._take_stop_request()
-        if reason is not None and self._stop_at_step is not None and self._acknowledged(requested_at) is None:
-            reason = None  # the workers ended before the step of the stop: an ordinary end
-        if reason is None:
-            log.info("workers finished with exit code %d", code)
-            return code, code != 0 and self._fatal is None
-        return self._finish_stop(reason, requested_at), False
+    def _running(self) -> Phase:
+        """The step trains.  Next: a stop requested (``control/stop``, or ours after ``USR1``), the workers'
+        checkpoint after their own ``SIGTERM`` (Slurm's preemption signals the steps, not the wrapper), the step's
+        end or failure, or a signal to the wrapper."""
+        assert self._group is not None
+        if self._fatal is not None:
+            return Phase.SIGNALLED
+        code = self._group.poll()
+        self._stop = self._take_stop_request()
+        if self._stop is not None:
+            return Phase.STOPPING
+        if self._own_stop_ack() is not None:
+            reason = self._sigterm_reason()
+            log.info("the workers checkpointed on SIGTERM; Slurm says: %s", reason.value)
+            self._stop = (reason, self._started_at)
+            return Phase.STOPPED
+        if code is None:
+            self.sleep(POLL_S)
+            return Phase.RUNNING
+        self._code = code
+        if code == 0:
+            log.info("workers finished with exit code 0")
+            return Phase.DONE
+        return Phase.FAILED
 
-    def _take_stop_request(self) -> tuple[StopReason | None, float]:
+    def _stopping(self) -> Phase:
+        """A stop was requested: wait for the checkpoint's acknowledgement (a requeue goes on at once: the checkpoint
+        is durable then, and the workers' teardown need not delay the GPUs' release), or the workers' end, within
+        the grace period (none for a stop at a chosen step: it comes when the workers reach it)."""
+        assert self._group is not None and self._stop is not None
+        if self._fatal is not None:
+            return Phase.SIGNALLED
+        reason, requested_at = self._stop
+        code = self._group.poll()
+        ack = self._acknowledged(requested_at)
+        if ack is not None and self._action(reason, log_budget=False) is Action.REQUEUE:
+            return Phase.STOPPED
+        if code is not None:
+            self._code = code
+            if self._stop_at_step is not None and ack is None:
+                log.info("workers finished with exit code %d before the step of the stop", code)
+                self._stop = None
+                return Phase.DONE if code == 0 else Phase.FAILED
+            return Phase.STOPPED
+        if self._stop_at_step is None and self.clock() - requested_at > self.config.grace_s:
+            log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
+            self._group.stop(self.clock, self.sleep)
+            return Phase.STOPPED
+        self.sleep(POLL_S)
+        return Phase.STOPPING
+
+    def _stopped(self) -> Phase:
+        """Checkpointed (or not, in time) for a stop: requeue, leave the job to Slurm, or let the time limit end it."""
+        assert self._group is not None and self._stop is not None
+        reason, requested_at = self._stop
+        ack = self._acknowledged(requested_at)
+        self._group.stop(self.clock, self.sleep)
+        if ack is not None:
+            log.info("checkpoint acknowledged at step %d: %s", ack.step, ack.checkpoint)
+        else:
+            log.error("no checkpoint acknowledgement after the stop request; the job resumes from an older one")
+        action = self._action(reason, log_budget=True)
+        if action is Action.REQUEUE:
+            self._code = 0
+            if self.job.job_id is not None:
+                if reason is StopReason.TIMELIMIT:
+                    self.job_dir.record_timelimit_requeue(self.job.restart_count)
+                try:
+                    self._requeue_pinned()
+                    log.info("job %s requeued (%s)", self.job.job_id, reason.value)
+                except SlurmError as exc:
+                    log.error("cannot requeue job %s (%s): %s", self.job.job_id, reason.value, exc)
+                    self._code = 1
+            return Phase.DONE
+        if action is Action.TIMEOUT:
+            log.error(
+                "time limit: the job's %d time-limit requeue(s) are spent (--max-requeues); it ends at its time limit",
+                self.config.max_requeues,
+            )
+            while self._fatal is None:  # Slurm's TERM at the limit: the job ends TIMEOUT
+                self.sleep(POLL_S)
+            self._code = 128 + self._fatal
+            return Phase.DONE
+        log.info("the job ends as Slurm decided (%s)", reason.value)
+        self._code = 0 if ack is not None else 1
+        return Phase.DONE
+
+    def _failed(self) -> Phase:
+        """The step failed on its own (a worker killed, a crash): restart it within the budget, else end."""
+        if self._attempt >= self.config.max_restarts:
+            log.error("worker step failed (exit %d); restart budget of %d used", self._code, self._attempt)
+            return Phase.DONE
+        self._attempt += 1
+        log.warning(
+            "worker step failed (exit %d): restart %d of %d from the newest checkpoint",
+            self._code,
+            self._attempt,
+            self.config.max_restarts,
+        )
+        return Phase.START
+
+    def _signalled(self) -> Phase:
+        """``TERM``/``INT`` to the wrapper: a cancel, the time limit itself, the end of a preemption's grace time,
+        a node failure.  Slurm decides what follows (and kills what is left after ``KillWait``): stop the workers."""
+        assert self._group is not None and self._fatal is not None
+        self._group.signal(signal.SIGTERM)
+        log.warning("received signal %d: stopping the workers now (%s)", self._fatal, self._sigterm_reason().value)
+        self._group.stop(self.clock, self.sleep)
+        self._code = 128 + self._fatal
+        return Phase.DONE
+
+    # -- the stop protocol ---------------------------------------------------------------------------------
+
+    def _action(self, reason: StopReason, *, log_budget: bool) -> Action:
+        """:func:`~hpc_elastic.launch.stops.after_stop` with the job's record of time-limit requeues; a record that
+        cannot be read counts as a spent budget (never a requeue loop)."""
+        try:
+            done = len(self.job_dir.timelimit_requeues())
+        except ValueError as exc:
+            if log_budget:
+                log.error("the time-limit requeue record is unreadable (%s): no more time-limit requeues", exc)
+            done = self.config.max_requeues
+        if log_budget and reason is StopReason.TIMELIMIT:
+            log.info("time limit: %d of %d time-limit requeue(s) used", done, self.config.max_requeues)
+        return after_stop(reason, timelimit_requeues=done, max_requeues=self.config.max_requeues)
+
+    def _take_stop_request(self) -> tuple[StopReason, float] | None:
         """A stop to act on, and when it was requested: a ``control/stop`` already there (a stop at a chosen step,
-        or one we wrote), else our own after a ``USR1`` (the scheduler daemon's checkpoint signal, a preemption by
-        Slurm, or the time-limit warning)."""
+        or one we wrote), else our own after a ``USR1`` (the scheduler daemon's checkpoint signal, or the time-limit
+        warning)."""
         request = self.job_dir.read_stop()
         if request is not None:  # prepare() set aside older ones: this request is for this run
-            reason = request.reason if request.reason is not StopReason.UNKNOWN else self._stop_reason()
+            reason = request.reason if request.reason is not StopReason.UNKNOWN else self._usr1_reason()
             self._stop_at_step = request.at_step
             when = "the next boundary" if request.at_step is None else f"step {request.at_step}"
             log.info("stop requested (%s): workers checkpoint at %s", reason.value, when)
             # An unreadable request has no time: the grace period starts now.
             return reason, request.requested_at if request.requested_at is not None else self.clock()
         if not self._usr1:
-            return None, 0.0
-        reason = self._stop_reason()
+            return None
+        reason = self._usr1_reason()
         requested_at = self.clock()
         self.job_dir.request_stop(StopRequest(reason, requested_at))
         log.info("stop requested (%s): workers checkpoint at the next mini-batch boundary", reason.value)
@@ -357,23 +477,15 @@ class Supervisor:
             return None
         return ack
 
-    def _finish_stop(self, reason: StopReason, requested_at: float) -> int:
-        ack = self._acknowledged(requested_at)
-        if ack is not None:
-            log.info("checkpoint acknowledged at step %d: %s", ack.step, ack.checkpoint)
-        else:
-            log.error("no checkpoint acknowledgement after the stop request; the job resumes from an older one")
-        if should_requeue(reason, self.config.requeue_on_timelimit):
-            if self.job.job_id is not None:
-                self._requeue_pinned()
-                log.info("job %s requeued (%s)", self.job.job_id, reason.value)
-            return 0
-        return 0 if ack is not None else 1
+    def _own_stop_ack(self) -> Ack | None:
+        """An acknowledgement of this run written with no stop requested: the workers stopped on their own
+        ``SIGTERM`` (its ``reason`` says ``sigterm``; a rank 0 that did not get the signal itself says ``unknown``)."""
+        return self._acknowledged(self._started_at)
 
 
 def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
     """``[--ckpt-root=DIR] [--backend=B] [--workers=N] [--level=d0|d1|d2] [--grace=S] [--launcher=srun|mpirun]
-    [--max-restarts=N] [--requeue-on-timelimit] -- COMMAND...``"""
+    [--max-restarts=N] [--max-requeues=N] -- COMMAND...``"""
     if "--" not in argv:
         raise ValueError("usage: hpc-elastic-run [options] -- COMMAND [ARGS...]")
     split = list(argv).index("--")
@@ -381,9 +493,7 @@ def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
     values: dict[str, Any] = {}
     for option in options:
         key, _, value = option.partition("=")
-        if key == "--requeue-on-timelimit" and not value:
-            values["requeue_on_timelimit"] = True
-        elif key == "--ckpt-root" and value:
+        if key == "--ckpt-root" and value:
             values["ckpt_root"] = Path(value)
         elif key == "--backend" and value:
             values["backend"] = Backend.parse(value)
@@ -397,6 +507,8 @@ def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
             values["launcher"] = Launcher(value)
         elif key == "--max-restarts" and value:
             values["max_restarts"] = int(value)
+        elif key == "--max-requeues" and value:
+            values["max_requeues"] = int(value)
         else:
             raise ValueError(f"hpc-elastic-run: unknown or incomplete option {option!r}")
     if "ckpt_root" not in values:

@@ -282,6 +282,7 @@ def job_from_pyslurm(obj: object) -> Job:
         comment=str(attr("comment") or ""),
         restart_count=parse.number(attr("requeue_count")) or 0,
         pending_reason=str(attr("state_reason") or "") if state.is_pending else "",
+        preempt_time=parse.epoch(attr("preempt_time")) if state.is_running or not state.is_active else None,
     )
 
 

@@ -433,6 +433,7 @@ def parse_squeue_json_record(raw: Mapping[str, Any]) -> Job:
         signal=signal if not state.is_active else None,
         pending_reason=_reason(raw.get("state_reason")) if state.is_pending else "",
         requeue=raw.get("requeue") if isinstance(raw.get("requeue"), bool) else None,
+        preempt_time=epoch(raw.get("preempt_time")) if started else None,
     )
 
 

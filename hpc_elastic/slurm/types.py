@@ -268,6 +268,8 @@ class Job:
     pending_reason: str = ""
     requeue: bool | None = None
     elapsed_s: int | None = None
+    #: when Slurm's own preemption chose the job (its GraceTime runs from here); None when it did not
+    preempt_time: datetime | None = None
 
     @property
     def gpu_count(self) -> int:

@@ -49,8 +49,10 @@ def test_preempt_checkpoints_requeues_and_resumes(slurm: CliSlurm, workdir: Path
     assert int((job_dir / "done").read_text()) == 150
 
 
-def test_time_limit_checkpoints_without_requeue(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
-    # --time=2 with a 100 s grace: Slurm's USR1 comes ~20-80 s after the start, well before a preemption could.
+def test_time_limit_checkpoints_and_ends_timeout_without_requeues(
+    slurm: CliSlurm, workdir: Path, submitted: list[int]
+) -> None:
+    # --time=2 with a 100 s grace: Slurm's USR1 comes at its first limit check (every 30 s) after the start.
     job_id = hpc_submit(
         workdir,
         STEPPER,
@@ -73,11 +75,12 @@ def test_time_limit_checkpoints_without_requeue(slurm: CliSlurm, workdir: Path, 
         lambda: next(
             (j for j in slurm.history(start, job_ids=[job_id]) if not j.state.is_active and j.partition), None
         ),
-        timeout_s=60,
+        timeout_s=240,  # at the limit itself, up to grace + Slurm's check period after the warning
     )
-    assert record.state is JobState.COMPLETED and record.exit_code == 0
+    assert record.state is JobState.TIMEOUT  # --max-requeues 0 (the default): checkpointed, then Slurm's limit
     assert '"reason": "timelimit"' in (job_dir / "control" / "stop").read_text()
     assert slurm.job(job_id).restart_count == 0
+    assert "time-limit requeue(s) are spent" in (workdir / f"it-tl-{job_id}.out").read_text()
 
 
 def test_cancel_leaves_no_process_behind(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:

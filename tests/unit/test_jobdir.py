@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -27,6 +28,7 @@ from hpc_elastic.jobdir import (
     leaf_name,
     next_progress,
     output_path,
+    parse_ack,
     parse_progress,
     read_tail,
     write_call,
@@ -271,3 +273,27 @@ def test_progress_records_without_n_still_parse() -> None:
     assert parse_progress(old).workers is None
     with pytest.raises(ValueError, match="progress workers"):
         Progress(1, 1.0, None, 1, 0, 0, workers=0)
+
+
+def test_the_time_limit_requeue_record(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-7").prepare()
+    assert job_dir.timelimit_requeues() == ()
+    assert job_dir.record_timelimit_requeue(2) == (2,)
+    assert job_dir.record_timelimit_requeue(0) == (0, 2)
+    assert job_dir.record_timelimit_requeue(2) == (0, 2)  # the same incarnation counts once
+    assert json.loads(job_dir.requeues_path.read_text()) == {"restarts": [0, 2]}
+    job_dir.requeues_path.write_text('{"restarts": "many"}')
+    with pytest.raises(ValueError, match="needs a list 'restarts', got 'many'"):
+        job_dir.timelimit_requeues()
+    job_dir.requeues_path.write_text('{"restarts": [-1]}')
+    with pytest.raises(ValueError, match="requeued restart count must be a non-negative integer, got -1"):
+        job_dir.timelimit_requeues()
+
+
+def test_an_ack_may_name_the_stop_it_answers() -> None:
+    said = Ack(7, 0, 3, Path("/c"), 100.0, StopReason.SIGTERM)
+    assert parse_ack(said.to_json()) == said and json.loads(said.to_json())["reason"] == "sigterm"
+    silent = Ack(7, 0, 3, Path("/c"), 100.0)
+    assert "reason" not in json.loads(silent.to_json()) and parse_ack(silent.to_json()).reason is None
+    with pytest.raises(ValueError, match="stop reason must be one of"):
+        parse_ack(said.to_json().replace("sigterm", "nap"))

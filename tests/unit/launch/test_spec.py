@@ -142,6 +142,7 @@ def test_everything_in_the_body_is_quoted() -> None:
         ({"array": "0-5000"}, "index 5000 is above 1000"),
         ({"array": "0-3", "gpus": 2, "max_gpus": 4}, "--array needs a fixed size, got the elastic range 2-4 GPUs"),
         ({"array": "0-3", "dependency": "singleton"}, "--array with --dependency=singleton"),
+        ({"max_requeues": -1}, "--max-requeues must be between 0 and 1000, got -1"),
         ({"args": ("a\nb",)}, "one line"),
     ],
 )
@@ -159,6 +160,15 @@ def test_directives_then_command_line() -> None:
     assert found == {"gpus": 2, "max_gpus": 4, "backend": "mpi"}  # directives after code do not count
     merged = merge(found, {"gpus": 3}, spec())
     assert merged.gpus == 3 and merged.max_gpus == 4 and merged.backend is Backend.MPI
+
+
+def test_max_requeues_from_a_directive_reaches_the_wrapper() -> None:
+    found = parse_directives("#!/bin/sh\n#HPC-ELASTIC --time 30 --max-requeues 3\n")
+    assert found == {"time": "30", "max_requeues": 3}
+    merged = merge(found, {}, spec())
+    exec_line = next(line for line in render_batch_script(merged, WRAPPER).splitlines() if line.startswith("exec "))
+    assert " --max-requeues=3 " in exec_line
+    assert "--max-requeues" not in render_batch_script(spec(), WRAPPER)  # the default (0) is the wrapper's too
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -13,39 +14,15 @@ from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment, read_job_environment, tasks_per_node_total
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, StopRequest
-from hpc_elastic.launch.supervisor import (
-    Supervisor,
-    WrapperConfig,
-    classify_stop,
-    job_dir_of,
-    job_ref_of,
-    parse_wrapper_args,
-    should_requeue,
-)
+from hpc_elastic.launch.supervisor import Supervisor, WrapperConfig, job_dir_of, job_ref_of, parse_wrapper_args
 from hpc_elastic.launch.workers import Launcher, WorkerStep, worker_argv, worker_environment
 from hpc_elastic.slurm import JobRef
+from hpc_elastic.slurm.errors import SlurmCommandError
+from hpc_elastic.slurm.parse import parse_squeue_json
+from hpc_elastic.slurm.types import Job, JobState
+from tests.conftest import DATA
 
-NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-
-def test_plugin_reason_wins() -> None:
-    assert classify_stop(StopReason.RESIZE, NOW, 60, NOW, 120) is StopReason.RESIZE
-
-
-def test_usr1_near_the_time_limit_is_a_timelimit() -> None:
-    start = NOW - timedelta(minutes=58)  # a 1-hour job, 2 minutes left, grace 120 s
-    assert classify_stop(None, start, 3600, NOW, 120) is StopReason.TIMELIMIT
-
-
-def test_usr1_far_from_the_time_limit_or_without_one_is_a_preemption() -> None:
-    assert classify_stop(None, NOW - timedelta(minutes=10), 3600, NOW, 120) is StopReason.PREEMPT
-    assert classify_stop(None, NOW, None, NOW, 120) is StopReason.PREEMPT
-    assert classify_stop(None, None, 3600, NOW, 120) is StopReason.PREEMPT
-
-
-def test_requeue_policy() -> None:
-    assert should_requeue(StopReason.PREEMPT, False) and should_requeue(StopReason.RESIZE, False)
-    assert not should_requeue(StopReason.TIMELIMIT, False) and should_requeue(StopReason.TIMELIMIT, True)
+SLURM_DATA = DATA / "slurm-22.05"
 
 
 def test_worker_argv() -> None:
@@ -107,7 +84,7 @@ def test_parse_wrapper_args() -> None:
             "--workers=8",
             "--grace=30",
             "--level=d2",
-            "--requeue-on-timelimit",
+            "--max-requeues=3",
             "--",
             "python",
             "train.py",
@@ -117,9 +94,7 @@ def test_parse_wrapper_args() -> None:
     )
     assert config.ckpt_root == Path("/gpfs/jobs") and config.backend is Backend.MPI and config.workers == 8
     assert config.level is DeterminismLevel.D2
-    assert (
-        config.grace_s == 30 and config.requeue_on_timelimit and config.command == ("python", "train.py", "--lr", "1")
-    )
+    assert config.grace_s == 30 and config.max_requeues == 3 and config.command == ("python", "train.py", "--lr", "1")
     with pytest.raises(ValueError, match="usage"):
         parse_wrapper_args(["--ckpt-root=/x", "python"])
     with pytest.raises(ValueError, match="--ckpt-root=DIR is required"):
@@ -128,6 +103,10 @@ def test_parse_wrapper_args() -> None:
         parse_wrapper_args(["--ckpt-root=/x", "--colour=red", "--", "python"])
     with pytest.raises(ValueError, match="no worker command"):
         parse_wrapper_args(["--ckpt-root=/x", "--"])
+    with pytest.raises(ValueError, match="max requeues must be >= 0, got -1"):
+        parse_wrapper_args(["--ckpt-root=/x", "--max-requeues=-1", "--", "python"])
+    with pytest.raises(ValueError, match="unknown or incomplete option '--requeue-on-timelimit'"):
+        parse_wrapper_args(["--ckpt-root=/x", "--requeue-on-timelimit", "--", "python"])
     with pytest.raises(ValueError, match="starts workers with srun or mpirun inside an allocation"):
         parse_wrapper_args(["--ckpt-root=/x", "--launcher=local", "--", "python"])
 
@@ -366,3 +345,96 @@ def test_a_stop_at_a_chosen_step_written_before_the_run_stands_and_is_requeued_w
     assert slurm.requeued == [JobRef(5)]
     request = job_dir.read_stop()
     assert request is not None and (request.reason, request.at_step) == (StopReason.RESIZE, 3)  # not rewritten
+
+
+# ------------------------------------------------------------------ stops the wrapper learns of from Slurm
+
+SIGTERM_WORKER = """
+import json, os, pathlib, sys, time
+control = pathlib.Path(sys.argv[2])
+time.sleep(0.5)  # the workers got SIGTERM (Slurm signals the steps, not the wrapper) and checkpoint on their own
+ack = {"job_id": JOB, "restart_count": 0, "step": 4, "checkpoint": "/ckpt", "written_at": time.time(),
+       "reason": "sigterm"}
+(control / ".ack.tmp").write_text(json.dumps(ack))
+os.replace(control / ".ack.tmp", control / "ack.json")
+"""
+
+
+class CapturedSlurm(RecordingSlurm):
+    """Slurm's answer is ``squeue --json`` captured on the dev cluster while the job was being stopped (None: no
+    answer)."""
+
+    def __init__(self, fixture: str | None) -> None:
+        super().__init__()
+        self.fixture = fixture
+
+    def job(self, job_id: int) -> Job:
+        if self.fixture is None:
+            raise SlurmCommandError(["squeue"], 1, "", "slurm_load_jobs error: Socket timed out")
+        (job,) = parse_squeue_json((SLURM_DATA / self.fixture).read_text())
+        return job
+
+
+@pytest.mark.parametrize(
+    ("fixture", "job_id", "requeued"),
+    [
+        ("squeue_preempt_grace.json", 522, True),  # Slurm's preemption, in its GraceTime: requeue at once
+        ("squeue_cancel.json", 523, False),  # a user's scancel: the job ends CANCELLED
+        ("squeue_node_failed.json", 525, False),  # Slurm requeued it itself
+        (None, 522, True),  # no answer: a requeue from the fresh checkpoint is the safe guess
+    ],
+)
+def test_a_checkpoint_on_the_workers_own_sigterm_is_requeued_only_for_a_preemption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str | None, job_id: int, requeued: bool
+) -> None:
+    control = tmp_path / "jobs" / f"t-{job_id}" / "control"
+    command = (sys.executable, "-c", SIGTERM_WORKER.replace("JOB", str(job_id)), "-", str(control))
+    monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
+    slurm = CapturedSlurm(fixture)
+    config = WrapperConfig(tmp_path / "jobs", command, kill_timeout_s=2)
+    supervisor = Supervisor(config, JobEnvironment(job_id=job_id, job_name="t"), slurm)  # type: ignore[arg-type]
+    supervisor.prepare()
+    assert supervisor.run() == 0
+    assert slurm.requeued == ([job_id] if requeued else [])
+    assert supervisor.job_dir.read_stop() is None  # the wrapper requested nothing
+
+
+TIMELIMIT_WORKER = """
+import json, os, pathlib, signal, sys, time
+control = pathlib.Path(sys.argv[2])
+os.kill(os.getppid(), signal.SIGUSR1)  # Slurm's --signal=B:USR1@grace
+while not (control / "stop").exists():
+    time.sleep(0.05)
+ack = {"job_id": 5, "restart_count": int(sys.argv[3]), "step": 9, "checkpoint": "/ckpt", "written_at": time.time()}
+(control / ".ack.tmp").write_text(json.dumps(ack))
+os.replace(control / ".ack.tmp", control / "ack.json")
+if sys.argv[4] == "kill":
+    os.kill(os.getppid(), signal.SIGTERM)  # Slurm's TERM at the time limit
+"""
+
+
+class NearTheLimit(RecordingSlurm):
+    def job(self, job_id: int) -> Job:
+        start = datetime.fromtimestamp(time.time() - 3550, tz=UTC)  # a 1-hour job, 50 s left
+        return Job(job_id, "t", "u", JobState.RUNNING, start_time=start, time_limit_s=3600)
+
+
+def test_the_time_limit_is_requeued_within_the_budget_then_ends_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def incarnation(restarts: int, then: str) -> tuple[int, list[int | JobRef]]:
+        control = tmp_path / "jobs" / "t-5" / "control"
+        command = (sys.executable, "-c", TIMELIMIT_WORKER, "-", str(control), str(restarts), then)
+        monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
+        slurm = NearTheLimit()
+        job = JobEnvironment(job_id=5, job_name="t", restart_count=restarts)
+        supervisor = Supervisor(WrapperConfig(tmp_path / "jobs", command, max_requeues=2, kill_timeout_s=2), job, slurm)  # type: ignore[arg-type]
+        supervisor.prepare()
+        return supervisor.run(), slurm.requeued
+
+    job_dir = JobDir(tmp_path / "jobs" / "t-5")
+    assert incarnation(0, "exit") == (0, [5])
+    assert incarnation(3, "exit") == (0, [5])  # a preemption or two may come between: they do not count
+    assert job_dir.timelimit_requeues() == (0, 3)
+    assert incarnation(4, "kill") == (128 + signal.SIGTERM, [])  # spent: the job waits for Slurm's TERM (TIMEOUT)
+    assert job_dir.timelimit_requeues() == (0, 3)

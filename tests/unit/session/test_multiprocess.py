@@ -73,7 +73,7 @@ def check_stop(result: dict[str, Any], ack: dict[str, Any], job: Path, world: in
     step = int(ack["step"])
     assert result["stopped"] is True and result["world_size"] == world
     assert result["step"] == step and 4 <= step < STEPS
-    assert set(ack) == {"job_id", "restart_count", "step", "checkpoint", "written_at"}
+    assert set(ack) == {"job_id", "restart_count", "step", "checkpoint", "written_at", "reason"}
     assert ack["checkpoint"] == str((job / "checkpoints" / f"ckpt-{step:012d}").resolve())
     assert (ack["job_id"], ack["restart_count"]) == (None, 0)
     manifest = json.loads((Path(ack["checkpoint"]) / "MANIFEST.json").read_text())

@@ -4,6 +4,8 @@ and per-EST values, device-type guards, and opening a real one-process group fro
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,8 +117,9 @@ def test_checkpoint_and_acknowledge_writes_the_ack_on_rank_0_only(tmp_path: Path
     assert p0 == p1 == (tmp_path / "checkpoints" / "ckpt-000000000001").resolve()
     assert ack1 is None and ack0 is not None
     doc = json.loads((tmp_path / "control" / ACK_FILE).read_text())
-    assert set(doc) == {"job_id", "restart_count", "step", "checkpoint", "written_at"}
+    assert set(doc) == {"job_id", "restart_count", "step", "checkpoint", "written_at", "reason"}
     assert (doc["job_id"], doc["restart_count"], doc["step"], doc["checkpoint"]) == (77, 1, 1, str(p0))
+    assert doc["reason"] == "preempt"  # the stop acted on
     assert isinstance(doc["written_at"], float)
     # no temp file left; rank 0's progress record beside the control files
     assert sorted(p.name for p in (tmp_path / "control").iterdir()) == [ACK_FILE, PROGRESS_FILE, "stop"]
@@ -226,6 +229,33 @@ def test_from_environment_torch_single_process(tmp_path: Path) -> None:
         Session.from_environment({"HPC_ELASTIC_BACKEND": "nccl"})
     with pytest.raises(ValueError, match="HPC_ELASTIC_LEVEL: determinism level must be one of d0, d1, d2, got 'd3'"):
         Session.from_environment({"HPC_ELASTIC_LEVEL": "d3"})
+
+
+def test_sigterm_in_a_slurm_job_is_a_stop_acknowledged_as_such(tmp_path: Path) -> None:
+    """Slurm's preemption sends SIGTERM to the job's steps (the workers), not to the wrapper: the runtime takes it
+    as a stop at the next boundary; rank 0's acknowledgement names it."""
+    env = {"HPC_ELASTIC_JOB_DIR": str(tmp_path), "HPC_ELASTIC_WORKERS": str(N), "SLURM_JOB_ID": "77"}
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with Session.from_environment(env) as session:
+            model, state = make(session)
+            train_step(model, state)
+            assert session.should_stop() is False
+            os.kill(os.getpid(), signal.SIGTERM)  # the process lives on
+            assert session.should_stop() is True
+            assert session.stop_request is not None and session.stop_request.reason is StopReason.SIGTERM
+            session.checkpoint_and_acknowledge(state)
+        ack = JobDir(tmp_path).read_ack()
+        assert ack is not None and (ack.job_id, ack.step, ack.reason) == (77, 1, StopReason.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == previous  # closed: TERM ends the process again
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_outside_a_slurm_job_keeps_its_default(tmp_path: Path) -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    with Session.from_environment({"HPC_ELASTIC_JOB_DIR": str(tmp_path)}):
+        assert signal.getsignal(signal.SIGTERM) == previous  # verify-determinism's local runs, tests
 
 
 def test_horovod_backend_without_horovod_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
