@@ -17,6 +17,7 @@ import pytest
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.slurm import CliSlurm, JobState, RetryPolicy, Runner, SlurmError, connect
 from tests.conftest import REPO, require_cluster
+from tests.integration.plugin_helpers import ended, job_of
 
 T = TypeVar("T")
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
@@ -114,6 +115,18 @@ def submitted(slurm: CliSlurm) -> Iterator[list[int]]:
     if ids:
         with contextlib.suppress(SlurmError):
             slurm.cancel(ids)
+
+
+@pytest.fixture
+def cleanup(slurm: CliSlurm) -> Iterator[list[int]]:
+    """Job ids a test submits: those still active are cancelled when it ends, and it waits until they ended."""
+    ids: list[int] = []
+    yield ids
+    with contextlib.suppress(SlurmError):
+        active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
+        if active:
+            slurm.cancel(active)
+    wait_for("the test's jobs to end", lambda: all(ended(slurm, i) or job_of(slurm, i) is None for i in ids), 120)
 
 
 def hpc_submit(workdir: Path, script: Path, *options: str, args: tuple[str, ...] = ()) -> int:

@@ -13,7 +13,6 @@ model runs on a100 and v100 at once with the same bits.  And ``verify-determinis
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -22,7 +21,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +31,7 @@ from hpc_elastic.est.checkpoint import fingerprint
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.spec import decode_marker
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
-from hpc_elastic.slurm import CliSlurm, JobState, SlurmError
+from hpc_elastic.slurm import CliSlurm, JobState
 from slurm_plugin.scenario import DaemonProcess
 from tests.conftest import DATA, REPO, require_horovod
 from tests.integration.conftest import hpc_submit, processes_with, wait_for
@@ -75,17 +73,6 @@ def reference_sha(workdir: Path, *args: str, workers: int = N, level: Determinis
 
 def said(out: Path, text: str) -> int:
     return out.read_text().count(text) if out.exists() else 0
-
-
-@pytest.fixture
-def cleanup(slurm: CliSlurm) -> Iterator[list[int]]:
-    ids: list[int] = []
-    yield ids
-    with contextlib.suppress(SlurmError):
-        active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
-        if active:
-            slurm.cancel(active)
-    wait_for("the test's jobs to end", lambda: all(ended(slurm, i) or job_of(slurm, i) is None for i in ids), 120)
 
 
 @pytest.mark.timeout(900)

@@ -12,11 +12,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ import pytest
 from hpc_elastic.checkpoint import CheckpointStore
 from hpc_elastic.env import read_environment
 from hpc_elastic.jobdir import JobDir
-from hpc_elastic.slurm import CliSlurm, JobState, SlurmError
+from hpc_elastic.slurm import CliSlurm, JobState
 from tests.integration.conftest import hpc_submit, processes_with, wait_for
 from tests.integration.plugin_helpers import ended, job_of, running
 from tests.integration.test_runtime_story import EXAMPLE, SHA, reference_sha, said
@@ -42,17 +40,6 @@ def workdir() -> Path:
     path = read_environment().gpfs_root / "tests" / f"stops-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
-
-
-@pytest.fixture
-def cleanup(slurm: CliSlurm) -> Iterator[list[int]]:
-    ids: list[int] = []
-    yield ids
-    with contextlib.suppress(SlurmError):
-        active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
-        if active:
-            slurm.cancel(active)
-    wait_for("the test's jobs to end", lambda: all(ended(slurm, i) or job_of(slurm, i) is None for i in ids), 120)
 
 
 def newest_step(job_dir: Path) -> int:
