@@ -234,8 +234,9 @@ def _pickler() -> ModuleType:
 def pickle_call(
     fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], pickler: ModuleType | None = None
 ) -> bytes:
-    """The call's bytes (``pickler``: cloudpickle when installed, else pickle); ``ValueError`` when it cannot be
-    pickled (with pickle: a function that is not at module level of an importable module)."""
+    """The call file's bytes (``pickler``: cloudpickle when installed, else pickle; :func:`call_runner.envelope`
+    records where the function's module imports from); ``ValueError`` when it cannot be pickled (with pickle: a
+    function that is not at module level of an importable module)."""
     chosen = pickler if pickler is not None else _pickler()
     if chosen is pickle and getattr(fn, "__module__", None) == "__main__":
         raise ValueError(
@@ -246,7 +247,7 @@ def pickle_call(
         data: bytes = chosen.dumps(call_runner.Call(fn, tuple(args), dict(kwargs)))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise ValueError(f"cannot pickle the call of {getattr(fn, '__qualname__', fn)!r}: {exc}") from None
-    return data
+    return call_runner.envelope(data, fn)
 
 
 def resource_options(resources: Mapping[str, Any]) -> dict[str, Any]:

@@ -64,11 +64,48 @@ def encode(outcome: Outcome) -> bytes:
         return pickle.dumps(failure(HpcElasticError(f"the function's return value cannot be pickled: {exc}")))
 
 
-def load_call(path: Path) -> Call:
-    call = pickle.loads(path.read_bytes())  # noqa: S301 - this user's own file, written by hpc_elastic.submit
+#: the first item of a call file's envelope
+CALL_FORMAT = "hpc-elastic-call/1"
+
+
+def import_root(fn: Callable[..., Any]) -> str | None:
+    """The ``sys.path`` entry from which the module of ``fn`` imports (``/src`` for ``pkg.mod`` in
+    ``/src/pkg/mod.py``); None for a module without a file (``__main__`` of an interpreter, builtins)."""
+    name = getattr(fn, "__module__", None)
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    file = getattr(module, "__file__", None)
+    if not isinstance(name, str) or not isinstance(file, str) or name == "__main__":
+        return None
+    path = Path(file).resolve()
+    depth = len(name.split(".")) - (0 if path.name == "__init__.py" else 1)
+    return str(path.parents[depth]) if depth < len(path.parents) else None
+
+
+def envelope(payload: bytes, fn: Callable[..., Any]) -> bytes:
+    """A call file: the pickled :class:`Call` (``payload``) with where its function's module imports from. A
+    function pickled by reference is found again only if its module imports in the worker, which runs this file
+    from wherever Slurm starts it: :func:`loads` puts that directory on ``sys.path`` first."""
+    root = import_root(fn)
+    return pickle.dumps((CALL_FORMAT, [root] if root else [], payload))
+
+
+def loads(data: bytes, where: str = "call file") -> Call:
+    """The :class:`Call` of a call file (:func:`envelope`), its function's import root put on ``sys.path``."""
+    outer = pickle.loads(data)  # noqa: S301 - this user's own file, written by hpc_elastic.submit
+    if not (isinstance(outer, tuple) and len(outer) == 3 and outer[0] == CALL_FORMAT):
+        raise HpcElasticError(f"{where} does not hold a call submitted by hpc_elastic.submit")
+    _, roots, payload = outer
+    for root in reversed(roots):
+        if isinstance(root, str) and root not in sys.path:
+            sys.path.insert(0, root)
+    call = pickle.loads(payload)  # noqa: S301 - as above
     if not isinstance(call, Call):
-        raise HpcElasticError(f"{path} does not hold a call submitted by hpc_elastic.submit")
+        raise HpcElasticError(f"{where} does not hold a call submitted by hpc_elastic.submit")
     return call
+
+
+def load_call(path: Path) -> Call:
+    return loads(path.read_bytes(), str(path))
 
 
 def main(argv: Sequence[str]) -> int:

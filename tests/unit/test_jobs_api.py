@@ -16,6 +16,7 @@ import pytest
 
 import hpc_elastic
 from hpc_elastic import jobs
+from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.jobdir import JobDir
 from hpc_elastic.launch import call
 from tests.conftest import REPO
@@ -61,15 +62,18 @@ def test_without_cloudpickle_a_function_is_pickled_by_reference() -> None:
     local.__module__ = "__main__"
     with pytest.raises(ValueError, match="defined in __main__"):
         jobs.pickle_call(local, (), {}, pickle)
-    loaded = pickle.loads(jobs.pickle_call(train_linear, (3,), {"ckpt_every": 2}, pickle))
+    loaded = call.loads(jobs.pickle_call(train_linear, (3,), {"ckpt_every": 2}, pickle))
     assert loaded == call.Call(train_linear, (3,), {"ckpt_every": 2})
+    assert call.import_root(train_linear) == str(REPO)  # tests.integration.api_functions imports from the repo
+    with pytest.raises(HpcElasticError, match="not hold a call"):
+        call.loads(pickle.dumps(call.Call(train_linear)))
 
 
 @pytest.mark.skipif(not HAS_CLOUDPICKLE, reason="cloudpickle is not installed")
 def test_with_cloudpickle_closures_go_but_unpicklable_arguments_are_refused() -> None:
     offset = 3
     data = jobs.pickle_call(lambda session: offset, (), {})
-    assert pickle.loads(data).fn(None) == 3
+    assert call.loads(data).fn(None) == 3
     with socket.socket() as sock, pytest.raises(ValueError, match="cannot pickle the call"):
         jobs.pickle_call(train_linear, (sock,), {})
 
@@ -91,9 +95,9 @@ def run_call(tmp_path: Path, fn: object, *args: object) -> tuple[subprocess.Comp
     path = tmp_path / "call.pkl"
     path.write_bytes(jobs.pickle_call(fn, args, {}))  # type: ignore[arg-type]
     job_dir = JobDir(tmp_path / "fn-1").prepare()
+    # Without PYTHONPATH, as Slurm starts a worker: the function's module imports from the root its call file names.
     env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         "HPC_ELASTIC_JOB_DIR": str(job_dir.path),
         "HPC_ELASTIC_WORLD_SIZE": "1",
         "HPC_ELASTIC_RANK": "0",
