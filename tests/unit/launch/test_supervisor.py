@@ -395,7 +395,7 @@ def test_a_checkpoint_on_the_workers_own_sigterm_is_requeued_only_for_a_preempti
     supervisor = Supervisor(config, JobEnvironment(job_id=job_id, job_name="t"), slurm)  # type: ignore[arg-type]
     supervisor.prepare()
     assert supervisor.run() == 0
-    assert slurm.requeued == ([job_id] if requeued else [])
+    assert slurm.requeued == ([JobRef(job_id)] if requeued else [])
     assert supervisor.job_dir.read_stop() is None  # the wrapper requested nothing
 
 
@@ -433,8 +433,8 @@ def test_the_time_limit_is_requeued_within_the_budget_then_ends_the_job(
         return supervisor.run(), slurm.requeued
 
     job_dir = JobDir(tmp_path / "jobs" / "t-5")
-    assert incarnation(0, "exit") == (0, [5])
-    assert incarnation(3, "exit") == (0, [5])  # a preemption or two may come between: they do not count
+    assert incarnation(0, "exit") == (0, [JobRef(5)])
+    assert incarnation(3, "exit") == (0, [JobRef(5)])  # a preemption or two may come between: they do not count
     assert job_dir.timelimit_requeues() == (0, 3)
     assert incarnation(4, "kill") == (128 + signal.SIGTERM, [])  # spent: the job waits for Slurm's TERM (TIMEOUT)
     assert job_dir.timelimit_requeues() == (0, 3)
