@@ -2,7 +2,8 @@
 
 Every worker process loads the pickled :class:`Call`, opens the runtime session (:func:`hpc_elastic.init`, as a
 training script does) and calls ``fn(session, *args, **kwargs)``.  Rank 0 writes the :class:`Outcome` (the return
-value, or what the function raised) into the job directory atomically (``result.pkl``,
+value, unless the function returned because the job was stopped; or what the function raised) into the job
+directory atomically (``result.pkl``,
 :meth:`hpc_elastic.jobdir.JobDir.write_result`); a rank whose function raised writes its own failure there too.
 The process exits 0 when the function returned, and fails with the exception when it raised (the wrapper then
 restarts the worker step within its restart budget, as for a script).
@@ -121,7 +122,9 @@ def main(argv: Sequence[str]) -> int:
         except Exception as exc:  # carried back to Job.result(), then raised here too: the worker fails
             session.job_dir.write_result(encode(failure(exc)))
             raise
-        if session.is_root:
+        # A function that returned because the job was stopped (a preemption, a resize, a scancel, the time limit:
+        # it checkpointed at ``session.should_stop()``) has no outcome yet: a requeued run gives it, or none does.
+        if session.is_root and session.stop_request is None:
             session.job_dir.write_result(encode(Outcome(ok=True, value=value)))
     return 0
 

@@ -10,6 +10,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 import hpc_elastic
 from hpc_elastic import jobs
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.jobdir import JobDir
+from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.launch import call
 from tests.conftest import REPO
 from tests.integration.api_functions import fail, train_linear
@@ -90,11 +91,16 @@ def free_port() -> int:
         return port
 
 
-def run_call(tmp_path: Path, fn: object, *args: object) -> tuple[subprocess.CompletedProcess[str], call.Outcome]:
-    """The runner as one worker of a one-process job (what the wrapper's srun starts)."""
+def start_call(
+    tmp_path: Path, fn: object, *args: object, stop: StopRequest | None = None
+) -> tuple[subprocess.CompletedProcess[str], JobDir]:
+    """The runner as one worker of a one-process job (what the wrapper's srun starts); ``stop``: a stop requested
+    before it starts."""
     path = tmp_path / "call.pkl"
     path.write_bytes(jobs.pickle_call(fn, args, {}))  # type: ignore[arg-type]
     job_dir = JobDir(tmp_path / "fn-1").prepare()
+    if stop is not None:
+        job_dir.request_stop(stop)
     # Without PYTHONPATH, as Slurm starts a worker: the function's module imports from the root its call file names.
     env = {
         **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
@@ -112,9 +118,23 @@ def run_call(tmp_path: Path, fn: object, *args: object) -> tuple[subprocess.Comp
         text=True,
         timeout=300,
     )
+    return proc, job_dir
+
+
+def run_call(tmp_path: Path, fn: object, *args: object) -> tuple[subprocess.CompletedProcess[str], call.Outcome]:
+    proc, job_dir = start_call(tmp_path, fn, *args)
     data = job_dir.read_result(jobs.MAX_RESULT_BYTES)
     assert data is not None, proc.stderr
     return proc, pickle.loads(data)
+
+
+def test_a_function_that_returned_for_a_stop_leaves_no_result(tmp_path: Path) -> None:
+    """It checkpointed for a preemption (or a scancel): its value is not the job's outcome, the next run's is."""
+    proc, job_dir = start_call(tmp_path, train_linear, 50, stop=StopRequest(StopReason.PREEMPT, time.time()))
+    assert proc.returncode == 0, proc.stderr
+    ack = job_dir.read_ack()
+    assert ack is not None and ack.step == 0
+    assert job_dir.read_result(jobs.MAX_RESULT_BYTES) is None
 
 
 def test_the_runner_gives_the_function_the_session_and_rank_0_writes_its_value(tmp_path: Path) -> None:
