@@ -99,9 +99,12 @@ def test_the_time_limit_checkpoints_and_requeues_within_max_requeues_until_done(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
     # Slurm sends the USR1 at its first limit check (every 30 s) once at most grace + 30 s are left: with --time=2
-    # and a 30 s grace, 60-90 s after each start; the training needs about 100 s.
+    # and a 30 s grace, 60-90 s after each start. The steps' delays alone take 120 s (on an idle machine the
+    # training itself took 69 s of a 0.25 s delay and ended before any warning): at least one requeue.
     steps = 240
-    job_id, out, job_dir = submit(workdir, "st-tl", *CPU_JOB, "--time=2", "--grace=30", "--max-requeues=4", steps=steps)
+    job_id, out, job_dir = submit(
+        workdir, "st-tl", *CPU_JOB, "--time=2", "--grace=30", "--max-requeues=4", steps=steps, delay=0.5
+    )
     cleanup.append(job_id)
     done = wait_for("the job to complete", lambda: ended(slurm, job_id), timeout_s=840)
     text = out.read_text()
