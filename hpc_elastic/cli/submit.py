@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -64,9 +65,8 @@ from hpc_elastic.slurm import connect
 def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
     """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""
     env = read_environment()
-    extra = options.pop("extra")
-    assert isinstance(extra, tuple)
-    options["extra"] = tuple(sbatch_arg(arg) for arg in extra) or None
+    extra = options.pop("extra")  # click gives a tuple of strings for a multiple option
+    options["extra"] = tuple(sbatch_arg(str(arg)) for arg in cast("tuple[object, ...]", extra)) or None
     spec = build_spec(script, tuple(args), options, env, sys.executable)
     if dry_run:
         click.echo(batch_script(spec), nl=False)

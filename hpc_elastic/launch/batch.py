@@ -21,39 +21,42 @@ def worker_command(spec: SubmitSpec) -> list[str]:
     return [*head, *spec.args]
 
 
+def _valued(*pairs: tuple[str, str | int | None]) -> list[str]:
+    """``--name=value`` of the pairs whose value is set, in their order."""
+    return [f"--{name}={value}" for name, value in pairs if value]
+
+
 def sbatch_directives(spec: SubmitSpec) -> list[str]:
     """The ``#SBATCH`` options, in a fixed order: who pays and where, the size, the limits, when and whom to tell,
     what the wrapper needs, then the other sbatch options (``--sbatch-arg``, ``#SBATCH`` lines of the script)."""
     options = [f"--job-name={spec.name}"]
-    if spec.array is not None:
-        options.append(f"--array={spec.array}")
-    for option, value in (("account", spec.account), ("qos", spec.qos), ("partition", spec.partition)):
-        if value:
-            options.append(f"--{option}={value}")
-    if spec.reservation:
-        options.append(f"--reservation={spec.reservation}")
-    if spec.nodes:
-        options.append(f"--nodes={spec.nodes}")
+    options += _valued(
+        ("array", spec.array),
+        ("account", spec.account),
+        ("qos", spec.qos),
+        ("partition", spec.partition),
+        ("reservation", spec.reservation),
+        ("nodes", spec.nodes),
+    )
     options.append(f"--ntasks={spec.processes}")
     if spec.gpus:
         per_task = f"{spec.gpu_type}:1" if spec.gpu_type else "1"
         options.append(f"--gpus-per-task={per_task}")
     options.append(f"--cpus-per-task={spec.cpus_per_worker}")
-    for option, value in (("mem", spec.mem), ("mem-per-gpu", spec.mem_per_gpu), ("mem-per-cpu", spec.mem_per_cpu)):
-        if value:
-            options.append(f"--{option}={value}")
-    if spec.constraint:
-        options.append(f"--constraint={spec.constraint}")
+    options += _valued(
+        ("mem", spec.mem),
+        ("mem-per-gpu", spec.mem_per_gpu),
+        ("mem-per-cpu", spec.mem_per_cpu),
+        ("constraint", spec.constraint),
+    )
     if spec.exclusive:
         options.append("--exclusive")
-    if spec.time:
-        options.append(f"--time={spec.time}")
-    if spec.dependency:
-        options.append(f"--dependency={spec.dependency}")
-    if spec.mail_type:
-        options.append(f"--mail-type={spec.mail_type.upper()}")
-    if spec.mail_user:
-        options.append(f"--mail-user={spec.mail_user}")
+    options += _valued(
+        ("time", spec.time),
+        ("dependency", spec.dependency),
+        ("mail-type", spec.mail_type.upper() if spec.mail_type else None),
+        ("mail-user", spec.mail_user),
+    )
     # each array task writes its own output file (%j alone is the task's own id, not the array's)
     output = ARRAY_OUTPUT_PATTERN if spec.array is not None else OUTPUT_PATTERN
     options += [
