@@ -31,6 +31,9 @@ within 4 and erf within 2.  Results out of the normal float32 range are clamped 
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -81,8 +84,20 @@ _ERFC_P = tuple(
 ERF_SMALL = f32(0.5)
 
 
+#: below this many multiply-adds a product runs on the calling thread
+PARALLEL_MIN_WORK = 1 << 20
+
+
+@lru_cache(maxsize=1)
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="d2-matmul")
+
+
 def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32, 2-D)."""
+    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32, 2-D).
+
+    On the CPU the rows of ``a`` are split over ``torch.get_num_threads()`` threads (the C kernel releases the GIL);
+    every output is formed whole by one call, so the bits do not depend on the split."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"det_matmul_nt needs [m, k] and [n, k] matrices, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != torch.float32 or b.dtype != torch.float32:
@@ -96,9 +111,20 @@ def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return out_gpu
     if a.device.type != "cpu":
         raise ValueError(f"no D2 kernel for device {a.device}")
-    out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    out = torch.empty((m, n), dtype=torch.float32)
     an: np.ndarray[Any, Any] = a.numpy()
-    cpu_kernels().matmul_nt(an, b.numpy(), out.numpy())
+    bn: np.ndarray[Any, Any] = b.numpy()
+    on: np.ndarray[Any, Any] = out.numpy()
+    kernels = cpu_kernels()
+    threads = min(torch.get_num_threads(), m)
+    if threads < 2 or m * n * k < PARALLEL_MIN_WORK:
+        kernels.matmul_nt(an, bn, on)
+        return out
+    bounds = [m * t // threads for t in range(threads + 1)]
+    jobs = [_pool(threads).submit(kernels.matmul_nt, an[lo:hi], bn, on[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    for job in jobs:
+        job.result()
     return out
 
 

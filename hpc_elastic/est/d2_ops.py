@@ -127,7 +127,26 @@ class _LinearFn(torch.autograd.Function):
         return gx, gw, gb
 
 
+def _padded_nhwc(x: torch.Tensor, padding: Pair) -> torch.Tensor:
+    """[N, C, H, W] -> zero-padded, contiguous [N, H + 2ph, W + 2pw, C] (channels last: a patch's channels are
+    contiguous, so gathering patches and scattering their gradients move whole rows)."""
+    ph, pw = padding
+    return F.pad(x.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).contiguous()
+
+
+def _patches(xp: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
+    """The [N, Ho, Wo, kh, kw, C] view of every window of a padded channels-last image (no copy)."""
+    n, _, _, c = xp.shape
+    s_n, s_h, s_w, _ = xp.stride()
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    size = (n, out[0], out[1], kh, kw, c)
+    return xp.as_strided(size, (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, 1))
+
+
 class _Conv2dFn(torch.autograd.Function):
+    """Channels-last im2col: the rows of the product are the patches [N*Ho*Wo, kh*kw*C] (one gather), the weight is
+    [O, kh*kw*C]; each output is one fixed-order dot product over (i, j, c)."""
+
     @staticmethod
     def forward(
         ctx: Any,
@@ -137,13 +156,12 @@ class _Conv2dFn(torch.autograd.Function):
         window: Window,
     ) -> torch.Tensor:
         n, _, h, w = x.shape
-        o, c, kh, kw = weight.shape
-        cols = window.unfold(x)  # [N, C*kh*kw, L]
+        o = weight.shape[0]
         ho, wo = window.output(h, w)
-        rows = cols.transpose(1, 2).reshape(n * ho * wo, c * kh * kw)
-        out = det_matmul_nt(rows, weight.reshape(o, -1)).reshape(n, ho * wo, o).transpose(1, 2).reshape(n, o, ho, wo)
-        if bias is not None:
-            out = out + bias.reshape(1, o, 1, 1)
+        rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo)).reshape(n * ho * wo, -1)
+        w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
+        out = det_matmul_nt(rows, w_rows).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
+        out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         ctx.window = window
@@ -158,16 +176,26 @@ class _Conv2dFn(torch.autograd.Function):
         ho, wo = grad_out.shape[2], grad_out.shape[3]
         rows_g = grad_out.permute(0, 2, 3, 1).reshape(n * ho * wo, o)  # [N*L, O]
         gx = gw = gb = None
-        cols_g = rows_g.t().contiguous() if (ctx.needs_input_grad[1] or ctx.has_bias) else None  # [O, N*L]
         if ctx.needs_input_grad[0]:
-            parts = det_matmul_nt(rows_g, weight.reshape(o, -1).t().contiguous())  # [N*L, C*kh*kw]
-            parts6 = parts.reshape(n, ho, wo, c, kh, kw).permute(0, 3, 4, 5, 1, 2)
-            gx = _col2im(parts6, (h, w), window)
-        if ctx.needs_input_grad[1] and cols_g is not None:
-            cols = window.unfold(x)  # [N, C*kh*kw, L]
-            gw = det_matmul_nt(cols_g, cols.transpose(0, 1).reshape(c * kh * kw, -1)).reshape(weight.shape)
-        if ctx.has_bias and ctx.needs_input_grad[2] and cols_g is not None:
-            gb = det_sum(cols_g, 1)
+            w_cols = weight.permute(2, 3, 1, 0).reshape(kh * kw * c, o)  # [(i, j, c), O]
+            parts = det_matmul_nt(rows_g, w_cols).reshape(n, ho, wo, kh, kw, c)
+            (ph, pw), (sh, sw), (dh, dw) = window.padding, window.stride, window.dilation
+            gxp = parts.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
+            for i in range(kh):  # col2im: each kernel offset's slice added in a fixed order
+                for j in range(kw):
+                    r0, c0 = i * dh, j * dw
+                    gxp[:, r0 : r0 + sh * (ho - 1) + 1 : sh, c0 : c0 + sw * (wo - 1) + 1 : sw, :].add_(
+                        parts[:, :, :, i, j]
+                    )
+            gx = gxp[:, ph : ph + h, pw : pw + w, :].permute(0, 3, 1, 2).contiguous()
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            cols_g = rows_g.t().contiguous()  # [O, N*L]
+            if ctx.needs_input_grad[1]:
+                patches = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
+                cols = patches.permute(3, 4, 5, 0, 1, 2).reshape(kh * kw * c, -1)  # [(i, j, c), N*L]
+                gw = det_matmul_nt(cols_g, cols).reshape(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                gb = det_sum(cols_g, 1)
         return gx, gw, gb, None
 
 

@@ -17,6 +17,7 @@ from hpc_elastic import models
 from hpc_elastic.est import d2_math
 from hpc_elastic.est.d2 import D2Status, scan_model, to_d2
 from hpc_elastic.est.d2_ops import DetConv2d, DetEmbedding, det_cross_entropy
+from hpc_elastic.est.detsum import ref_matmul_nt
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.session import Session
 
@@ -424,3 +425,15 @@ def test_cuda_resnet_step_gives_the_cpu_bits() -> None:
         loss.backward()  # type: ignore[no-untyped-call]
         results.append([bits(loss)] + [bits(p.grad) for p in model.parameters() if p.grad is not None])
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(7, 13, 45), (130, 11, 1100)])
+def test_product_is_the_fixed_order_reference_for_blocks_chunks_and_threads(m: int, n: int, k: int) -> None:
+    """Panels of 8 outputs with a partial one, k chunked (1100 > 512) with a tail, rows split over threads."""
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-3, 4, (m, k))).astype(np.float32)
+    b = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-3, 4, (n, k))).astype(np.float32)
+    ref = ref_matmul_nt(a, b).tobytes()
+    for threads in (1, 4):
+        torch.set_num_threads(threads)
+        assert d2_math.det_matmul_nt(torch.from_numpy(a), torch.from_numpy(b)).numpy().tobytes() == ref
