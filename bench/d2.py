@@ -8,9 +8,10 @@ sees one), times interleaved repetitions of
 - ``d2``: the same model after :func:`hpc_elastic.est.d2.to_d2` with :func:`det_cross_entropy` (the D2 operators:
   the same bits on every device),
 
-and reports the median step times and their ratio d2 / stock.  The two start from the same weights and the same
-batch; their losses agree to float32 rounding (printed).  Prints one line per measurement and, last, one JSON
-object.  Usage::
+and reports the median step times (wall clock, and the process's CPU time: on a shared machine the CPU time of a
+one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock.  The two start from the same
+weights and the same batch; their losses agree to float32 rounding (printed).  Prints one line per measurement
+and, last, one JSON object.  Usage::
 
     python bench/d2.py [--batch 32] [--reps 5] [--threads N]
 """
@@ -44,14 +45,14 @@ def step(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch
     return float(loss.item())
 
 
-def timed(device: torch.device, fn: Callable[[], float]) -> tuple[float, float]:
+def timed(device: torch.device, fn: Callable[[], float]) -> tuple[float, float, float]:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     loss = fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start, loss
+    return time.perf_counter() - start, time.process_time() - cpu, loss
 
 
 def measure(name: str, device: torch.device, batch: int, reps: int) -> dict[str, Any]:
@@ -67,22 +68,27 @@ def measure(name: str, device: torch.device, batch: int, reps: int) -> dict[str,
         "d2": (det, det_cross_entropy),
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
+    cpu_times: dict[str, list[float]] = {k: [] for k in runs}
     losses: dict[str, float] = {}
     for rep in range(reps + 1):  # the first round warms up (allocator, CUDA extension build, oneDNN plans)
         for key, (module, loss_fn) in runs.items():
-            seconds, losses[key] = timed(device, lambda m=module, f=loss_fn: step(m, f, x, y))
+            seconds, cpu, losses[key] = timed(device, lambda m=module, f=loss_fn: step(m, f, x, y))
             if rep:
                 times[key].append(seconds)
+                cpu_times[key].append(cpu)
     result = {
         "model": name,
         "device": device.type,
         "batch": batch,
         "stock_s": statistics.median(times["stock"]),
         "d2_s": statistics.median(times["d2"]),
+        "stock_cpu_s": statistics.median(cpu_times["stock"]),
+        "d2_cpu_s": statistics.median(cpu_times["d2"]),
         "loss_stock": losses["stock"],
         "loss_d2": losses["d2"],
     }
     result["ratio"] = result["d2_s"] / result["stock_s"]
+    result["cpu_ratio"] = result["d2_cpu_s"] / result["stock_cpu_s"]
     return result
 
 
@@ -102,7 +108,7 @@ def main() -> None:
             results.append(r)
             print(
                 f"{r['model']:12s} {r['device']:4s} batch {r['batch']}: stock {r['stock_s'] * 1e3:8.1f} ms, "
-                f"d2 {r['d2_s'] * 1e3:8.1f} ms, ratio {r['ratio']:.2f} "
+                f"d2 {r['d2_s'] * 1e3:8.1f} ms, ratio {r['ratio']:.2f}; process CPU time ratio {r['cpu_ratio']:.2f} "
                 f"(loss {r['loss_stock']:.6f} / {r['loss_d2']:.6f})"
             )
     print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": results}))

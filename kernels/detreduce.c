@@ -694,15 +694,16 @@ static inline __attribute__((always_inline)) void panel_accumulate(lanes_t *stat
     for (int l = 0; l < DOT_LANES; ++l) state[l] = acc[l];
 }
 
-static inline __attribute__((always_inline)) void panel_finish(const lanes_t *acc, float *dst, Py_ssize_t count) {
+static inline __attribute__((always_inline)) void panel_finish(const lanes_t *acc, float *dst, Py_ssize_t count,
+                                                               Py_ssize_t stride) {
     lanes_t s01 = acc[0] + acc[1], s23 = acc[2] + acc[3];
     lanes_t s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
     lanes_t s03 = s01 + s23, s47 = s45 + s67;
     lanes_t r = s03 + s47;
-    if (count == DOT_LANES) {
+    if (count == DOT_LANES && stride == 1) {
         STORE_LANES(dst, r);
     } else {
-        for (Py_ssize_t v = 0; v < count; ++v) dst[v] = r[v];
+        for (Py_ssize_t v = 0; v < count; ++v) dst[v * stride] = r[v];
     }
 }
 
@@ -711,9 +712,11 @@ static inline __attribute__((always_inline)) void panel_finish(const lanes_t *ac
 #define K_CHUNK 512
 #define ROW_BLOCK 64
 
-/* out [m, n] = a [m, k] @ b.T from the packed panels. */
+/* The products of the m rows of ap [m, k] with the n rows packed into panels; the product of row r and packed row c
+   goes to op[r * s_row + c * s_col] (out or its transpose: a product does not depend on which operand is packed). */
 CLONES
-static void matmul_panels(const float *ap, const float *panels, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k) {
+static void matmul_panels(const float *ap, const float *panels, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                          Py_ssize_t s_row, Py_ssize_t s_col) {
     const Py_ssize_t np_ = (n + DOT_LANES - 1) / DOT_LANES;
     const Py_ssize_t panel_size = k * DOT_LANES;
     lanes_t state[ROW_BLOCK][DOT_LANES];
@@ -729,7 +732,9 @@ static void matmul_panels(const float *ap, const float *panels, float *op, Py_ss
                 const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
                 for (Py_ssize_t r = 0; r < rows; ++r) panel_accumulate(state[r], ap + (i0 + r) * k, panel, k0, k1);
             }
-            for (Py_ssize_t r = 0; r < rows; ++r) panel_finish(state[r], op + (i0 + r) * n + q * DOT_LANES, count);
+            for (Py_ssize_t r = 0; r < rows; ++r) {
+                panel_finish(state[r], op + (i0 + r) * s_row + q * DOT_LANES * s_col, count, s_col);
+            }
         }
     }
 }
@@ -764,9 +769,12 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     const float *ap = (const float *)a.view.buf;
     const float *bp = (const float *)b.view.buf;
     float *op = (float *)o.view.buf;
+    /* the smaller operand is packed (a copy of it in panels), the rows of the other stream past it */
+    const int swap = m < n;
+    const Py_ssize_t packed = swap ? m : n;
     float *panels = NULL;
     if (m > 0 && n > 0 && k > 0) {
-        panels = (float *)malloc((size_t)((n + DOT_LANES - 1) / DOT_LANES * k * DOT_LANES) * sizeof(float));
+        panels = (float *)malloc((size_t)((packed + DOT_LANES - 1) / DOT_LANES * k * DOT_LANES) * sizeof(float));
         if (panels == NULL) {
             release(&a); release(&b); release(&o);
             return PyErr_NoMemory();
@@ -774,8 +782,13 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     if (panels != NULL) {
-        pack_panels(bp, panels, n, k);
-        matmul_panels(ap, panels, op, m, n, k);
+        if (swap) {
+            pack_panels(ap, panels, m, k);
+            matmul_panels(bp, panels, op, n, m, k, 1, n);
+        } else {
+            pack_panels(bp, panels, n, k);
+            matmul_panels(ap, panels, op, m, n, k, n, 1);
+        }
     } else {
         for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
     }
