@@ -6,15 +6,15 @@ products of :func:`~hpc_elastic.est.d2_math.det_matmul_nt` and the fixed-tree re
 :func:`~hpc_elastic.est.d2_math.det_sum`).  Autograd's own backward of composed torch ops is never used: a
 broadcast's backward sums with ``torch.sum`` and ``index_select``'s scatters with atomics on CUDA.
 
-- Conv2d: ``F.unfold`` (im2col, pure data movement) and one product; backward: the weight gradient and the
-  columns' gradient are products, and col2im adds the kernel offsets' shifted slices in a fixed order
-  (``F.fold`` is not used);
+- Conv2d: channels-last im2col (a strided view of the padded image gathered into patch rows: pure data movement)
+  and one product; backward: the weight gradient and the patches' gradient are products, and col2im adds the
+  kernel offsets' shifted slices in a fixed order (``F.fold`` is not used);
 - BatchNorm1d/2d/3d (batch statistics by fixed trees, running statistics by torch's formula with the unbiased
   variance), LayerNorm;
 - Embedding: forward gathers; backward sorts the ids stably and adds the r-th occurrence of every id in round r
   with ``index_put_`` on distinct rows (no accumulation race);
-- MaxPool2d (``argmax``'s first-occurrence rule breaks ties), AdaptiveAvgPool2d for output sizes that divide the
-  input;
+- MaxPool2d (comparisons over the kernel offsets in a fixed order: ties go to the first offset by construction),
+  AdaptiveAvgPool2d for output sizes that divide the input;
 - Sigmoid, Tanh, SiLU, GELU (erf and tanh forms), Softmax, LogSoftmax and :func:`det_cross_entropy`.
 
 The modules (``DetConv2d``...) subclass torch's and keep its parameters, buffers and state dict;
@@ -50,7 +50,7 @@ Pair = tuple[int, int]
 
 
 class Window(NamedTuple):
-    """The sliding window of a convolution or a pooling (as ``F.unfold`` takes it)."""
+    """The sliding window of a convolution or a pooling."""
 
     kernel: Pair
     stride: Pair
@@ -60,9 +60,6 @@ class Window(NamedTuple):
     def output(self, h: int, w: int) -> Pair:
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self
         return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-
-    def unfold(self, x: torch.Tensor) -> torch.Tensor:
-        return F.unfold(x, self.kernel, dilation=self.dilation, padding=self.padding, stride=self.stride)
 
 
 INV_SQRT2 = f32(1.0 / math.sqrt(2.0))
@@ -76,23 +73,6 @@ def _pair(value: Any) -> Pair:
         return value, value
     a, b = value
     return int(a), int(b)
-
-
-# ---------------------------------------------------------------------------------------------- col2im
-
-
-def _col2im(parts: torch.Tensor, size: Pair, window: Window) -> torch.Tensor:
-    """The adjoint of ``F.unfold``: ``parts`` is [B, C, kh, kw, Ho, Wo]; every kernel offset's slice is added to a
-    zero image, offsets in row-major order, so each pixel's gradient is summed in one fixed order."""
-    b, c, kh, kw, ho, wo = parts.shape
-    (h, w), (dh, dw), (ph, pw), (sh, sw) = size, window.dilation, window.padding, window.stride
-    out = parts.new_zeros((b, c, h + 2 * ph, w + 2 * pw))
-    for i in range(kh):
-        for j in range(kw):
-            r0, c0 = i * dh, j * dw
-            target = out[:, :, r0 : r0 + sh * (ho - 1) + 1 : sh, c0 : c0 + sw * (wo - 1) + 1 : sw]
-            target.add_(parts[:, :, i, j])
-    return out[:, :, ph : ph + h, pw : pw + w].contiguous()
 
 
 # ---------------------------------------------------------------------------------------------- linear, conv
@@ -214,7 +194,7 @@ def _channel_dims(x: torch.Tensor) -> tuple[int, ...]:
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:
     """An output that is not a view (autograd forbids in-place changes of a custom Function's view outputs)."""
-    return t if t._base is None else t.clone()
+    return t if t._base is None else t.clone(memory_format=torch.contiguous_format)
 
 
 class _BatchNormTrainFn(torch.autograd.Function):
@@ -391,33 +371,52 @@ class _EmbeddingFn(torch.autograd.Function):
 
 
 class _MaxPool2dFn(torch.autograd.Function):
+    """The maximum of each window by element-wise comparisons over the kernel offsets in row-major order: an offset
+    replaces the best so far only when strictly greater (or NaN over a number), so ties go to the first offset by
+    construction, on every device.  Backward adds each offset's selected gradients in the same order."""
+
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, window: Window) -> torch.Tensor:
-        n, c, h, w = x.shape
-        x1 = x.reshape(n * c, 1, h, w)
+        h, w = x.shape[2], x.shape[3]
         ph, pw = window.padding
-        if (ph, pw) != (0, 0):
-            x1 = F.pad(x1, (pw, pw, ph, ph), value=float("-inf"))
-        cols = window._replace(padding=(0, 0)).unfold(x1)  # [N*C, kh*kw, L]
+        xp = F.pad(x, (pw, pw, ph, ph), value=float("-inf")).contiguous()
         ho, wo = window.output(h, w)
-        idx = cols.argmax(1, keepdim=True)  # the first maximal value (torch documents the rule)
-        out = cols.gather(1, idx)
+        best = idx = None
+        for t, part in enumerate(_window_slices(xp, window, (ho, wo))):
+            if best is None or idx is None:
+                best, idx = part, torch.zeros(part.shape, dtype=torch.uint8, device=x.device)
+                continue
+            take = (part > best) | (torch.isnan(part) & ~torch.isnan(best))
+            best = torch.where(take, part, best)
+            idx = torch.where(take, torch.full_like(idx, t), idx)
+        assert best is not None and idx is not None
         ctx.save_for_backward(idx)
-        ctx.geometry = (h, w, ho, wo, window)
-        return _fresh(out.reshape(n, c, ho, wo))
+        ctx.geometry = (h, w, window)
+        return _fresh(best)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         (idx,) = ctx.saved_tensors
-        h, w, ho, wo, window = ctx.geometry
-        kernel = window.kernel
-        n, c = grad_out.shape[:2]
-        g = grad_out.reshape(n * c, 1, ho * wo)
-        offsets = torch.arange(kernel[0] * kernel[1], device=g.device).reshape(1, -1, 1)
-        cols = torch.where(offsets == idx, g, torch.zeros_like(g))  # [N*C, kh*kw, L]
-        parts = cols.reshape(n * c, 1, kernel[0], kernel[1], ho, wo)
-        gx = _col2im(parts, (h, w), window)
-        return gx.reshape(n, c, h, w), None
+        h, w, window = ctx.geometry
+        n, c, ho, wo = grad_out.shape
+        ph, pw = window.padding
+        gxp = grad_out.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
+        zeros = torch.zeros_like(grad_out)
+        for t, target in enumerate(_window_slices(gxp, window, (ho, wo))):
+            target.add_(torch.where(idx == t, grad_out, zeros))
+        return gxp[:, :, ph : ph + h, pw : pw + w].contiguous(), None
+
+
+def _window_slices(xp: torch.Tensor, window: Window, out: Pair) -> list[torch.Tensor]:
+    """For each kernel offset (i, j) in row-major order, the [N, C, Ho, Wo] view of a padded [N, C, Hp, Wp] image
+    that the offset sees in every window."""
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    ho, wo = out
+    return [
+        xp[:, :, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]
 
 
 class _AvgPoolDividingFn(torch.autograd.Function):

@@ -284,6 +284,16 @@ def test_batch_norm_running_statistics_follow_torch() -> None:
         to_d2(nn.BatchNorm1d(3))(torch.randn(1, 3))
 
 
+def test_max_pool_ties_go_to_the_first_offset() -> None:
+    pool = to_d2(nn.MaxPool2d(2))
+    x = torch.tensor([[[[-0.0, 0.0, 1.0, 1.0], [0.0, -0.0, 1.0, 1.0]]]], requires_grad=True)
+    out = pool(x)
+    assert bits(out) == bits(torch.tensor([[[[-0.0, 1.0]]]]))
+    out.backward(torch.tensor([[[[2.0, 3.0]]]]))
+    assert x.grad is not None
+    assert x.grad.tolist() == [[[[2.0, 0.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]]
+
+
 def test_embedding_gradient_adds_each_ids_rows_in_input_order() -> None:
     torch.manual_seed(3)
     emb = nn.Embedding(7, 5, padding_idx=2)
