@@ -515,10 +515,16 @@ class _GeluTanhFn(torch.autograd.Function):
         return (grad_out * (s + d),)
 
 
+def _row_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The maximum along ``dim`` (exact), + 0.0: a maximum over both -0.0 and +0.0 may be either, depending on the
+    order a device compares in, and adding +0.0 turns -0.0 into +0.0."""
+    return x.amax(dim, keepdim=True) + 0.0
+
+
 class _SoftmaxFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
-        e = det_exp(x - x.amax(dim, keepdim=True))
+        e = det_exp(x - _row_max(x, dim))
         y = torch.div(e, det_sum(e, dim, keepdim=True))
         ctx.save_for_backward(y)
         ctx.dim = dim
@@ -532,7 +538,7 @@ class _SoftmaxFn(torch.autograd.Function):
 
 
 def _log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    shifted = x - x.amax(dim, keepdim=True)
+    shifted = x - _row_max(x, dim)
     return shifted - det_log(det_sum(det_exp(shifted), dim, keepdim=True))
 
 
