@@ -30,6 +30,7 @@ restart on another M redistributes the ESTs and continues bit for bit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hpc_elastic.balancer import ESTBalanceConfig, ESTBalancer
 from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.tree import check_loadable, to_host
 from hpc_elastic.errors import HpcElasticError
@@ -116,7 +118,11 @@ class State:
         meta: Mapping[str, Any] | None = None,
         kernels: TensorKernels | None = None,
         on_step: Callable[[int], None] | None = None,
+        balance: ESTBalanceConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``balance``: move ESTs between the processes by their speed (EST mode, :mod:`hpc_elastic.balancer`);
+        ``clock``: what times the ESTs for it."""
         self.config = config
         #: called with the new step at the end of every :meth:`finish_step` (the session's progress record)
         self._on_step = on_step
@@ -160,6 +166,13 @@ class State:
         self._loader: ESTLoader | None = None
         self._data: tuple[Any, int, int, Any, bool] | None = None
         self.data_plan: DataPlan | None = None
+        self._clock = clock
+        self._busy_s = 0.0  # time inside this process's ESTs in the current step
+        self._balance = balance
+        #: EST mode's balancer (None: the placement changes only through :meth:`rebalance` and :meth:`rebind`)
+        self.balancer = ESTBalancer(self.comm, self.placement, balance) if balance is not None else None
+        #: placements switched to by :meth:`rebalance`, with the step they took effect at
+        self.rebalances: list[tuple[int, Placement]] = []
 
     # ------------------------------------------------------------------ the group and its ESTs
 
@@ -233,6 +246,7 @@ class State:
         if vrank in self._ran:
             raise RuntimeError(f"EST {vrank} already ran in step {self.step}")
         ctx = self.contexts[vrank]
+        started = self._clock()
         ctx.rng.restore()
         self._load_buffers(ctx)
         self.reducer.switch_in()
@@ -249,6 +263,7 @@ class State:
         self._active = None
         self.reducer.deposit()
         self._ran.append(vrank)
+        self._busy_s += self._clock() - started
 
     def local_steps(self) -> Iterator[ESTContext]:
         """This process's ESTs for the current global step, each one switched in while the loop body runs."""
@@ -277,6 +292,11 @@ class State:
         self.reducer.zero()
         self._ran = []
         self.step += 1
+        busy, self._busy_s = self._busy_s, 0.0
+        if self.balancer is not None:
+            moved = self.balancer.observe(self.step, busy, self.placement, self.reducer.device)
+            if moved is not None:
+                self.rebalance(moved)
         if self._on_step is not None:
             self._on_step(self.step)
 
@@ -382,6 +402,7 @@ class State:
         self.step = int(shared["step"])
         self.reducer.zero()
         self._ran = []
+        self._busy_s = 0.0
 
     def commit(self, *, mode: SaveMode | str | None = None) -> Path:
         """Checkpoint every EST's context and the shared state at this step (collective, between steps).  Return
@@ -504,6 +525,45 @@ class State:
         self.store = store
         self.reducer = self._reducer()
         self._open_loader()
+        if self._balance is not None:  # new processes: the readings start again
+            self.balancer = ESTBalancer(self.comm, self.placement, self._balance)
+
+    # ------------------------------------------------------------------ ESTs moving inside the group (EST mode)
+
+    def rebalance(self, placement: Placement) -> None:
+        """Run ``placement``'s ESTs from the next step on, in the same process group (collective, between global
+        steps; every process passes the same placement).  The contexts of the ESTs that change process are handed
+        over as host copies through the communicator, the reducer is planned again for the new most ESTs per
+        process and the loader restarts on this process's new ESTs.  The sum of the N gradients does not depend on
+        the placement (D1/D2), so neither do the trained parameters.  An asynchronous checkpoint in flight is
+        finished first."""
+        if self._active is not None or self._ran:
+            raise RuntimeError("ESTs move only between global steps")
+        self._check_placement(placement)
+        if placement == self.placement:
+            return
+        if self.store is not None and self.store.pending is not None:
+            self.store.wait()
+        rank = self.comm.rank
+        outgoing = {v: to_host(self.contexts[v].to_state()) for v in self.local_ests if placement.owner[v] != rank}
+        received: dict[int, Mapping[str, Any]] = {}
+        for owner, sent in self.comm.allgather_object((placement.owner, outgoing)):
+            if tuple(owner) != placement.owner:
+                raise HpcElasticError(f"rebalance: processes disagree on the placement ({owner} vs {placement.owner})")
+            received.update(sent)
+        contexts: dict[int, ESTContext] = {}
+        for v in placement.local_ests(rank):
+            if v in self.contexts:
+                contexts[v] = self.contexts[v]
+            elif v in received:
+                contexts[v] = ESTContext.from_state(received[v])
+            else:
+                raise HpcElasticError(f"rebalance: no process handed over the context of EST {v}")
+        self.placement = placement
+        self.contexts = contexts
+        self.reducer = self._reducer()
+        self._open_loader()
+        self.rebalances.append((self.step, placement))
 
     # ------------------------------------------------------------------ fingerprints
 
