@@ -1,4 +1,8 @@
-"""The runtime side of EST-mode balancing (``--balance est``): LB-BSP's Alg. 2 with whole ESTs as the step.
+"""The runtime side of LB-BSP's balancing: EST mode (``--balance est``, :class:`ESTBalancer`) and paper mode
+(``--balance lbbsp``, :class:`PaperBalancer`).  The decisions are the pure modules' of :mod:`hpc_elastic.balance`;
+this module holds the clocks' readings, the host and device usage and the exchange of the readings.
+
+EST mode: LB-BSP's Alg. 2 with whole ESTs as the step.
 
 The :class:`~hpc_elastic.state.State` times the ESTs of this process at every global step (the time inside its
 ESTs: data, forward, backward and the hand-over to the reducer, not the wait in the allreduce: LB-BSP §4's batch
@@ -8,17 +12,30 @@ and its free device memory, and every process runs the same pure Alg. 2 step
 the same EST counts without a leader process.  New counts become the nearest placement
 (:meth:`hpc_elastic.est.plan.Placement.with_counts`), which the State applies at once, at the step boundary
 (:meth:`~hpc_elastic.state.State.rebalance`).  Every process keeps at least one EST: Alg. 2 moves nothing off a
-straggler with Δ or fewer.  The decisions are pure; this module only holds the clocks' readings and the exchange.
+straggler with Δ or fewer.
+
+Paper mode: one worker per process with x_i samples per iteration, Σ x_i = X (the job's N ESTs times the batch of
+one), from the exact-once :class:`~hpc_elastic.balance.sampler.BalancedSampler`; the State scales the process's
+gradient by n·x_i/X (Eq. 7) before the mean allreduce.  After every iteration the processes all-gather their batch
+processing times and usage, and all run the same pure step: Alg. 2 when every process trains on a GPU (free memory
+from ``cudaMemGetInfo``), Alg. 1 otherwise (host CPU and memory usage from psutil).  Which samples a worker gets
+depends on the measured speeds, so the trained bits do too: bitwise identity is not promised in this mode.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
+from hpc_elastic.balance.apportion import apportion
+from hpc_elastic.balance.cpu import Alg1Config, Alg1State, CpuReading, alg1_step
 from hpc_elastic.balance.gpu import Alg2Config, Alg2Decision, Alg2State, Outcome, WorkerReading, alg2_step
+from hpc_elastic.balance.sampler import BalancedSampler, SamplerState
 from hpc_elastic.est.comm import Communicator
 from hpc_elastic.est.plan import Placement
 
@@ -101,3 +118,119 @@ class ESTBalancer:
                 times,
             )
         return moved
+
+
+# ---------------------------------------------------------------------------------------------------- paper mode
+
+
+@dataclass(frozen=True)
+class PaperConfig:
+    """Alg. 2's parameters for GPU workers, Alg. 1's for CPU workers."""
+
+    gpu: Alg2Config = field(default_factory=Alg2Config)
+    cpu: Alg1Config = field(default_factory=Alg1Config)
+
+
+def host_usage() -> tuple[float, float]:
+    """The host's CPU and memory usage as fractions (Alg. 1's c_i and m_i), through psutil."""
+    try:
+        psutil = importlib.import_module("psutil")
+    except ImportError:
+        raise RuntimeError("--balance lbbsp on CPU workers needs psutil (pip install 'hpc-elastic[balance]')") from None
+    cpu = min(max(float(psutil.cpu_percent(interval=None)) / 100.0, 0.0), 1.0)
+    mem = min(max(float(psutil.virtual_memory().percent) / 100.0, 0.0), 1.0)
+    return cpu, mem
+
+
+class PaperBalancer:
+    """The batch sizes x_i of the processes of ``comm`` and the sample stream they draw from (see the module
+    docstring).  Built collectively (the processes agree on GPU or CPU workers)."""
+
+    def __init__(
+        self,
+        comm: Communicator,
+        sampler: BalancedSampler,
+        total: int,
+        device: torch.device,
+        config: PaperConfig | None = None,
+    ) -> None:
+        if total > sampler.dataset_len:
+            raise ValueError(f"a global batch of {total} is larger than the dataset ({sampler.dataset_len} samples)")
+        self.comm = comm
+        self.sampler = sampler
+        self.config = config if config is not None else PaperConfig()
+        self.device = device
+        self.gpu = all(t == "cuda" for t in comm.allgather_object(device.type))
+        self.position = SamplerState()
+        self._start(apportion([1.0] * comm.size, total))
+        self._taken: tuple[tuple[int, ...], ...] | None = None
+        #: the sizes of every iteration so far in this process's life (rank order)
+        self.history: list[tuple[int, ...]] = []
+
+    def _start(self, sizes: Sequence[int]) -> None:
+        if min(sizes) < 1:
+            raise ValueError(f"a global batch of {sum(sizes)} leaves one of {len(sizes)} workers without samples")
+        self.sizes = tuple(sizes)
+        caps: tuple[int | None, ...] = (None,) * len(sizes)
+        self._alg2 = Alg2State(sizes=self.sizes, caps=caps)
+        self._alg1 = Alg1State(self.sizes, caps, Alg1State.initial(sum(sizes), caps).predictors)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def indices(self) -> tuple[int, ...]:
+        """This process's x_i dataset indices of the current iteration."""
+        if self._taken is None:
+            self._taken = self.sampler.take(self.position, self.sizes).indices
+        return self._taken[self.comm.rank]
+
+    def factor(self) -> float:
+        """n·x_i/X of this process (Eq. 7)."""
+        return len(self.sizes) * self.sizes[self.comm.rank] / self.total
+
+    def finish(self, busy_s: float) -> tuple[int, ...]:
+        """After an iteration whose batch took ``busy_s`` seconds here: move the stream on, agree on the readings
+        and return the sizes of the next iteration (collective)."""
+        self.position = self.sampler.take(self.position, self.sizes).state
+        self._taken = None
+        self.history.append(self.sizes)
+        if self.gpu:
+            mine: tuple[float, ...] = (busy_s, free_memory_fraction(self.device))
+        else:
+            mine = (max(busy_s, 1e-9), *host_usage())
+        readings = self.comm.allgather_object(mine)
+        if self.gpu:
+            self._alg2, decision = alg2_step(self._alg2, [WorkerReading(t, f) for t, f in readings], self.config.gpu)
+            if decision.warning is not None and self.comm.rank == 0:
+                log.warning("balance lbbsp: %s (the runtime keeps every process: sizes unchanged)", decision.warning)
+            self.sizes = decision.sizes
+        else:
+            cpu_readings = [CpuReading(x, t, c, m) for x, (t, c, m) in zip(self.sizes, readings, strict=True)]
+            self._alg1, cpu_decision = alg1_step(self._alg1, cpu_readings, self.config.cpu)
+            sizes = cpu_decision.sizes
+            if min(sizes) < 1:  # a process cannot train on no sample: one each, the rest by the predicted speeds
+                n = len(sizes)
+                sizes = tuple(1 + x for x in apportion(cpu_decision.speeds, self.total - n))
+                self._alg1 = replace(self._alg1, sizes=sizes)
+                if self.comm.rank == 0:
+                    log.warning(
+                        "balance lbbsp: a worker's predicted share of the batch is below one sample (LB-BSP would "
+                        "remove it); every process keeps one"
+                    )
+            self.sizes = sizes
+        return self.sizes
+
+    def to_json(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the stream's position and the sizes (the speed histories start again)."""
+        return {"sampler": self.position.to_json(), "sizes": list(self.sizes)}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        """Continue from :meth:`to_json`'s form: the same stream position; the same sizes when the process count
+        and X are those of the checkpoint, else X split evenly again."""
+        self.position = SamplerState.from_json(data["sampler"])
+        self._taken = None
+        sizes = [int(x) for x in data.get("sizes", [])]
+        if len(sizes) != self.comm.size or sum(sizes) != self.total or min(sizes, default=0) < 1:
+            sizes = list(apportion([1.0] * self.comm.size, self.total))
+        self._start(sizes)

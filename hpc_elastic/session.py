@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from hpc_elastic.balance.mode import BalanceMode, resolve_balance
-from hpc_elastic.balancer import ESTBalanceConfig
+from hpc_elastic.balancer import ESTBalanceConfig, PaperConfig
 from hpc_elastic.checkpoint import DEFAULT_KEEP, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.store import DEFAULT_COMMIT_TIMEOUT_S
 from hpc_elastic.collective import DEFAULT_TIMEOUT_S
@@ -130,6 +130,17 @@ class Session:
         #: how this job balances its processes (:class:`~hpc_elastic.balance.mode.BalanceMode`)
         self.balance = resolve_balance(requested, self.placement.num_ests, comm.size, self.level)
         self._balance_config = balance_config if balance_config is not None else ESTBalanceConfig()
+        if self.balance is BalanceMode.LBBSP:
+            if self.placement.num_ests != comm.size:
+                raise ValueError(
+                    f"balance mode lbbsp runs one worker per process: the job has {self.placement.num_ests} logical "
+                    f"workers on {comm.size} processes (submit with --workers equal to the process count)"
+                )
+            if comm.rank == 0:
+                log.warning(
+                    "balance lbbsp (LB-BSP paper mode): batch sizes follow the measured speeds, so bitwise identity "
+                    "of the trained parameters is not promised in this mode"
+                )
         resolved = Path(job_dir) if job_dir is not None else job.job_dir
         #: the job directory (checkpoints, the control files), None without one
         self.job_dir: JobDir | None = JobDir(resolved.resolve()) if resolved is not None else None
@@ -301,6 +312,7 @@ class Session:
             kernels=kernels,
             on_step=self._record_progress if self.is_root and self.job_dir is not None else None,
             balance=self._balance_config if self.balance is BalanceMode.EST else None,
+            paper=PaperConfig() if self.balance is BalanceMode.LBBSP else None,
         )
         if data is not None:
             if batch_size is None:

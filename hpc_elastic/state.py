@@ -39,8 +39,10 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
-from hpc_elastic.balancer import ESTBalanceConfig, ESTBalancer
+from hpc_elastic.balance.sampler import BalancedSampler
+from hpc_elastic.balancer import ESTBalanceConfig, ESTBalancer, PaperBalancer, PaperConfig
 from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.tree import check_loadable, to_host
 from hpc_elastic.errors import HpcElasticError
@@ -119,10 +121,12 @@ class State:
         kernels: TensorKernels | None = None,
         on_step: Callable[[int], None] | None = None,
         balance: ESTBalanceConfig | None = None,
+        paper: PaperConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """``balance``: move ESTs between the processes by their speed (EST mode, :mod:`hpc_elastic.balancer`);
-        ``clock``: what times the ESTs for it."""
+        ``paper``: LB-BSP's paper mode instead (one EST per process, x_i samples each; set by the data plan);
+        ``clock``: what times the ESTs for either."""
         self.config = config
         #: called with the new step at the end of every :meth:`finish_step` (the session's progress record)
         self._on_step = on_step
@@ -173,6 +177,11 @@ class State:
         self.balancer = ESTBalancer(self.comm, self.placement, balance) if balance is not None else None
         #: placements switched to by :meth:`rebalance`, with the step they took effect at
         self.rebalances: list[tuple[int, Placement]] = []
+        if paper is not None and (balance is not None or self.placement.max_local_ests != 1):
+            raise ValueError("paper mode runs one worker per process: one EST on each, and no EST balancer")
+        self._paper_config = paper
+        #: paper mode's batch sizes and sample stream (built with the data plan)
+        self.paper: PaperBalancer | None = None
 
     # ------------------------------------------------------------------ the group and its ESTs
 
@@ -285,6 +294,8 @@ class State:
         if sorted(self._ran) != sorted(self.local_ests):
             missing = sorted(set(self.local_ests) - set(self._ran))
             raise RuntimeError(f"step {self.step}: ESTs {missing} of this process did not run")
+        if self.paper is not None:  # Eq. 7: n·x_i/X before the mean of the n gradients
+            self.reducer.flat_grad.mul_(self.paper.factor())
         self.reducer.reduce()
         self.optimizer.step()
         if self.scheduler is not None:
@@ -293,6 +304,8 @@ class State:
         self._ran = []
         self.step += 1
         busy, self._busy_s = self._busy_s, 0.0
+        if self.paper is not None:
+            self.paper.finish(busy)
         if self.balancer is not None:
             moved = self.balancer.observe(self.step, busy, self.placement, self.reducer.device)
             if moved is not None:
@@ -315,14 +328,23 @@ class State:
         ``loader_workers`` processes, augmentation seeded per (EST, mini-batch)."""
         self._data = (dataset, batch_size, loader_workers, collate_fn, shuffle)
         self.data_plan = DataPlan(len(dataset), self.config.num_ests, batch_size, self.config.seed, shuffle)
+        self._open_paper(len(dataset), batch_size, shuffle)
         self._open_loader()
         return self.data_plan
+
+    def _open_paper(self, dataset_len: int, batch_size: int, shuffle: bool) -> None:
+        """Paper mode: X = N · ``batch_size`` samples per iteration, split into the x_i (collective)."""
+        if self._paper_config is None:
+            return
+        sampler = BalancedSampler(dataset_len, self.config.seed, shuffle)
+        total = self.config.num_ests * batch_size
+        self.paper = PaperBalancer(self.comm, sampler, total, self.reducer.device, self._paper_config)
 
     def _open_loader(self) -> None:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
-        if self._data is None or self.data_plan is None:
+        if self._data is None or self.data_plan is None or self.paper is not None:
             return
         dataset, _, workers, collate_fn, _ = self._data
         self._loader = ESTLoader(dataset, self.data_plan, self.local_ests, num_workers=workers, collate_fn=collate_fn)
@@ -333,6 +355,13 @@ class State:
         ctx = self._require_active("next_batch()")
         if self.data_plan is None:
             raise RuntimeError("no data (pass data= to session.state(), or call attach_data() or plan_data())")
+        if self.paper is not None:  # this process's x_i samples, loaded here (the loader's workers are ESTs')
+            indices = self.paper.indices()
+            ctx.cursor += 1
+            if self._data is None:
+                return indices
+            dataset, _, _, collate_fn, _ = self._data
+            return (collate_fn or default_collate)([dataset[i] for i in indices])
         batch = (
             self._loader.get(ctx.vrank, ctx.cursor)
             if self._loader is not None
@@ -349,11 +378,14 @@ class State:
             self._loader.close()
             self._loader = None
         self.data_plan = DataPlan(dataset_len, self.config.num_ests, batch_size, self.config.seed, shuffle)
+        self._open_paper(dataset_len, batch_size, shuffle)
         return self.data_plan
 
     @property
     def epoch(self) -> int:
         """The epoch of the next step (every EST reads one mini-batch per step)."""
+        if self.paper is not None:
+            return self.paper.position.epoch
         return 0 if self.data_plan is None else self.data_plan.position(self.step)[0]
 
     def _require_active(self, what: str) -> ESTContext:
@@ -383,6 +415,7 @@ class State:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "extras": self.extras,
+            **({"lbbsp": self.paper.to_json()} if self.paper is not None else {}),
         }
 
     def load_replicated(self, shared: Mapping[str, Any]) -> None:
@@ -399,6 +432,11 @@ class State:
         if self.scheduler is not None and shared.get("scheduler") is not None:
             self.scheduler.load_state_dict(shared["scheduler"])
         self.extras = dict(shared.get("extras") or {})
+        if self.paper is not None:
+            saved_paper = shared.get("lbbsp")
+            if saved_paper is None:
+                raise HpcElasticError("the checkpoint has no sampler state: it was not written in paper mode")
+            self.paper.load(saved_paper)
         self.step = int(shared["step"])
         self.reducer.zero()
         self._ran = []
