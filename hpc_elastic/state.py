@@ -602,6 +602,8 @@ class State:
         self.reducer = self._reducer()
         self._open_loader()
         self.rebalances.append((self.step, placement))
+        if self.balancer is not None and self.balancer.state.sizes != placement.counts():  # moved by hand
+            self.balancer = ESTBalancer(self.comm, placement, self._balance)
 
     # ------------------------------------------------------------------ fingerprints
 
