@@ -1,0 +1,188 @@
+"""Run a PS-mode job on this machine: the job master, the parameter servers and the workers as real processes
+(``python -m hpc_elastic.ps ROLE ...``) on localhost, with workers added and killed at any time.
+
+Every server process binds a free port and writes it to ``<run dir>/<name>.port`` (atomically); the launcher reads
+it. The launcher also watches the workers: one that exits other than cleanly (killed, crashed) is reported to the
+master as lost, so its shards go back to TODO.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.files import atomic_write_bytes
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.rpc import Client
+
+#: how long a server process may take to listen
+START_TIMEOUT_S = 120.0
+POLL_S = 0.05
+
+
+class ProcessFailed(HpcElasticError):
+    """A process of the PS job died before it was ready, or the job did not finish in time."""
+
+
+def write_port(run_dir: Path, name: str, port: int) -> None:
+    atomic_write_bytes(run_dir / f"{name}.port", str(port).encode())
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+
+class LocalPsJob:
+    """``with LocalPsJob(config, run_dir) as job: job.wait()`` — master + ``num_ps`` PS + ``num_workers`` workers."""
+
+    def __init__(self, config: PsJobConfig, run_dir: Path, worker_delays: dict[str, float] | None = None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.worker_delays = dict(worker_delays or {})
+        self.ps: list[_Proc] = []
+        self.workers: dict[str, _Proc] = {}
+        self.exited: dict[str, int] = {}
+        self.master_proc: _Proc | None = None
+        self.master: Client | None = None
+        self._next_worker = 0
+
+    # -- processes -----------------------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> _Proc:
+        log = (self.run_dir / f"{name}.log").open("ab")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "hpc_elastic.ps", *args], stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd()
+        )
+        return _Proc(name, popen, log)
+
+    def _address(self, proc: _Proc) -> str:
+        path = self.run_dir / f"{proc.name}.port"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not path.exists():
+            if proc.popen.poll() is not None:
+                raise ProcessFailed(f"{proc.name} exited with {proc.popen.returncode} before listening (see {path})")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"{proc.name} did not listen within {START_TIMEOUT_S:.0f} s")
+            time.sleep(POLL_S)
+        return f"127.0.0.1:{int(path.read_text())}"
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        config = json.dumps(self.config.to_json())
+        rd = str(self.run_dir)
+        for p in range(self.config.num_ps):
+            self.ps.append(self._spawn(f"ps{p}", ["ps", "--config", config, "--index", str(p), "--run-dir", rd]))
+        addresses = [self._address(p) for p in self.ps]
+        self.master_proc = self._spawn(
+            "master", ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd]
+        )
+        self.master = Client(self._address(self.master_proc))
+        for _ in range(self.config.num_workers):
+            self.add_worker()
+
+    def add_worker(self, delay: float | None = None) -> str:
+        """Start one more worker (scale out); it leases shards as soon as it is up. Returns its id."""
+        worker = f"w{self._next_worker}"
+        self._next_worker += 1
+        assert self.master_proc is not None and self.master is not None, "start() first"
+        d = self.worker_delays.get(worker, 0.0) if delay is None else delay
+        args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d)]
+        self.workers[worker] = self._spawn(worker, args)
+        return worker
+
+    def signal_worker(self, worker: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to a worker's process (SIGSTOP/SIGCONT freeze and thaw it where it is)."""
+        self.workers[worker].popen.send_signal(sig)
+
+    def kill_worker(self, worker: str, sig: signal.Signals = signal.SIGKILL) -> dict[str, Any]:
+        """Kill a worker's process (SIGKILL: a failure; SIGTERM: scale in) and report it lost to the master."""
+        proc = self.workers[worker]
+        proc.popen.send_signal(sig)
+        proc.popen.wait()
+        return self._lost(worker)
+
+    def _lost(self, worker: str) -> dict[str, Any]:
+        proc = self.workers.pop(worker)
+        self.exited[worker] = proc.popen.returncode
+        proc.log.close()
+        assert self.master is not None
+        reply, _ = self.master.call("worker_lost", {"worker": worker})
+        return reply
+
+    def poll(self) -> None:
+        """Reap the workers that exited: a clean exit is the end of training for them; any other is a loss."""
+        for worker, proc in list(self.workers.items()):
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            if code == 0:
+                self.workers.pop(worker)
+                self.exited[worker] = 0
+                proc.log.close()
+            else:
+                self._lost(worker)
+
+    def status(self) -> dict[str, Any]:
+        assert self.master is not None
+        reply, _ = self.master.call("status")
+        return reply
+
+    def wait(self, timeout: float = 300.0) -> dict[str, Any]:
+        """Until training is finished and every worker has exited; the master's final status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.poll()
+            status = self.status()
+            if status["finished"] and not self.workers:
+                return status
+            if not self.workers and not status["finished"]:
+                raise ProcessFailed(f"no worker left and training not finished: {status['queues']}")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"training not finished within {timeout:.0f} s: {status['queues']}")
+            time.sleep(POLL_S * 4)
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            proc.popen.kill()
+        servers = ([self.master_proc] if self.master_proc else []) + self.ps
+        for proc in servers:
+            if proc.popen.poll() is None:
+                try:
+                    Client(self._address(proc), timeout=5).call("stop")
+                except HpcElasticError:
+                    proc.popen.terminate()
+        for proc in [*self.workers.values(), *servers]:
+            try:
+                proc.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            proc.log.close()
+        self.workers.clear()
+        if self.master is not None:
+            self.master.close()
+
+    def __enter__(self) -> LocalPsJob:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,108 @@
+"""The commands of ``python -m hpc_elastic.ps`` that need no torch: the ``ps`` and ``master`` processes of a PS-mode
+job, and ``local``, which runs a whole job on this machine and prints the master's final status as JSON (the
+``worker`` command lives with the worker, :mod:`hpc_elastic.ps.worker`)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpc_elastic.ps import rpc
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.local import LocalPsJob, write_port
+from hpc_elastic.ps.master import Master
+from hpc_elastic.ps.server import ParameterServer
+
+
+def parse_config(text: str) -> PsJobConfig:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"--config is not a JSON object: {text!r}")
+    return PsJobConfig.from_json(data)
+
+
+def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, stopped: threading.Event) -> None:
+    """Serve ``handlers`` on a free port, written to ``run_dir/<name>.port``, until ``stopped`` is set."""
+    server, port = rpc.serve(handlers)
+    write_port(run_dir, name, port)
+    stopped.wait()
+    server.stop(grace=1).wait()
+
+
+@click.command("ps")
+@click.option("--config", "config_json", required=True)
+@click.option("--index", type=int, required=True)
+@click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+def ps_command(config_json: str, index: int, run_dir: Path) -> None:
+    """A parameter server."""
+    config = parse_config(config_json)
+    server = ParameterServer(config, index, config.num_ps)
+    stopped = threading.Event()
+
+    def stop(header: dict[str, Any], arrays: Any) -> rpc.Reply:
+        stopped.set()
+        return {}, {}
+
+    _serve(f"ps{index}", {**server.handlers(), "stop": stop}, run_dir, stopped)
+
+
+@click.command("master")
+@click.option("--config", "config_json", required=True)
+@click.option("--ps", "ps_addresses", required=True, help="the PS addresses, comma-separated, in index order")
+@click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+def master_command(config_json: str, ps_addresses: str, run_dir: Path) -> None:
+    """The job master (Data Shard Manager)."""
+    master = Master(parse_config(config_json), ps_addresses.split(","))
+    _serve("master", master.handlers(), run_dir, master.stopped)
+
+
+@click.command("local")
+@click.option("--ps", "num_ps", type=int, default=2, show_default=True)
+@click.option("--workers", "num_workers", type=int, default=3, show_default=True)
+@click.option("--samples", "num_samples", type=int, default=4096, show_default=True)
+@click.option("--shard-size", type=int, default=128, show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--epochs", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--lr", type=float, default=0.05, show_default=True)
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="logs and port files (default: temp)")
+def local_command(
+    *,
+    num_ps: int,
+    num_workers: int,
+    num_samples: int,
+    shard_size: int,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    lr: float,
+    run_dir: Path | None,
+) -> None:
+    """Run a whole PS job on this machine; print the master's final status as JSON."""
+    config = PsJobConfig(
+        num_ps=num_ps,
+        num_workers=num_workers,
+        num_samples=num_samples,
+        shard_size=shard_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        seed=seed,
+        lr=lr,
+    )
+    if num_workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {num_workers}")
+    with tempfile.TemporaryDirectory(prefix="hpc-elastic-ps-") as tmp:
+        t0 = time.monotonic()
+        with LocalPsJob(config, run_dir or Path(tmp)) as job:
+            status = job.wait()
+        status["seconds"] = round(time.monotonic() - t0, 2)
+    click.echo(json.dumps(status))

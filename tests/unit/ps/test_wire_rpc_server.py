@@ -1,0 +1,121 @@
+"""The PS message format, the gRPC transport and a parameter server's partition and Adagrad updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpc_elastic.ps import rpc, wire
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.data import NUM_SPARSE, CriteoLike, CriteoSpec, label_entropy, owner
+from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes, init_rows
+from hpc_elastic.ps.server import ParameterServer
+
+
+def test_messages_round_trip_header_and_arrays() -> None:
+    arrays: wire.Arrays = {
+        "ids": np.array([3, 1, 2], dtype=np.int64),
+        "rows": np.arange(12, dtype=np.float32).reshape(3, 4),
+    }
+    header, out = wire.decode(wire.encode({"op": "push", "n": [1, 2]}, arrays))
+    assert header == {"op": "push", "n": [1, 2]}
+    assert set(out) == {"ids", "rows"}
+    for k, v in arrays.items():
+        assert out[k].dtype == v.dtype and np.array_equal(out[k], v)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"XXXX\x00\x00\x00\x00",
+        wire.encode({"a": 1}, {"x": np.zeros(4, np.float32)})[:-1],
+        b"HPS1\x02\x00\x00\x00{]",
+    ],
+)
+def test_broken_messages_are_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.decode(data)
+
+
+def test_only_plain_dtypes_travel() -> None:
+    with pytest.raises(ValueError, match="object"):
+        wire.encode({}, {"x": np.array([object()])})
+
+
+def test_the_transport_calls_handlers_and_returns_refusals() -> None:
+    def double(header: dict[str, object], arrays: wire.Arrays) -> rpc.Reply:
+        if header.get("bad"):
+            raise ValueError("bad request")
+        return {"k": header["k"]}, {"y": arrays["x"] * 2}
+
+    server, port = rpc.serve({"double": double})
+    client = rpc.Client(f"127.0.0.1:{port}", timeout=10)
+    try:
+        reply, out = client.call("double", {"k": 5}, {"x": np.arange(3, dtype=np.float64)})
+        assert reply == {"k": 5} and out["y"].tolist() == [0.0, 2.0, 4.0]
+        with pytest.raises(rpc.RemoteError, match="bad request"):
+            client.call("double", {"bad": True, "k": 0})
+        with pytest.raises(rpc.RemoteError, match="unknown operation"):
+            client.call("nothing")
+    finally:
+        client.close()
+        server.stop(grace=0)
+
+
+def test_the_ps_partition_covers_every_row_and_array_once() -> None:
+    config = PsJobConfig(num_ps=3, vocab=50)
+    servers = [ParameterServer(config, p, 3) for p in range(3)]
+    ids = np.concatenate([s.ids for s in servers])
+    assert np.array_equal(np.sort(ids), np.arange(NUM_SPARSE * 50))
+    names = [n for s in servers for n in s.dense]
+    assert sorted(names) == sorted(dense_shapes(ModelSpec()))
+    assert all(dense_owner(n, 3) == p for p, s in enumerate(servers) for n in s.dense)
+    assert np.array_equal(owner(ids, 3), owner(ids.copy(), 3))  # stable
+
+
+def test_a_push_applies_adagrad_to_the_rows_and_arrays_it_names() -> None:
+    config = PsJobConfig(num_ps=2, vocab=20, lr=0.1)
+    ps = ParameterServer(config, 1, 2)
+    ids = ps.ids[:3]
+    _, before = ps.pull({"names": list(ps.dense)}, {"ids": ids})
+    assert np.array_equal(before["rows"], init_rows(config.model(), ids))
+    grads = np.ones((3, config.model().row_width), dtype=np.float32)
+    dense = {f"d:{n}": np.ones_like(v) for n, v in ps.dense.items()}
+    ps.push({}, {"ids": ids, "rows": grads, **dense})
+    _, after = ps.pull({"names": list(ps.dense)}, {"ids": ids})
+    step = 0.1 / np.sqrt(0.1 + 1.0)
+    assert np.allclose(after["rows"], before["rows"] - step)
+    for n in ps.dense:
+        assert np.allclose(after[f"d:{n}"], before[f"d:{n}"] - step)
+    untouched = ps.ids[3:6]
+    assert np.array_equal(ps.pull({}, {"ids": untouched})[1]["rows"], init_rows(config.model(), untouched))
+
+
+def test_a_ps_refuses_rows_it_does_not_hold_and_unsorted_pushes() -> None:
+    config = PsJobConfig(num_ps=2, vocab=20)
+    ps = ParameterServer(config, 0, 2)
+    other = np.setdiff1d(np.arange(NUM_SPARSE * 20), ps.ids)[:2]
+    with pytest.raises(ValueError, match="not held by PS 0"):
+        ps.pull({}, {"ids": other})
+    rows = np.zeros((2, config.model().row_width), dtype=np.float32)
+    with pytest.raises(ValueError, match="sorted and unique"):
+        ps.push({}, {"ids": ps.ids[[1, 0]], "rows": rows})
+
+
+def test_the_synthetic_data_is_seeded_and_learnable() -> None:
+    data = CriteoLike(CriteoSpec(num_samples=5000, vocab=100, seed=4))
+    a, b = data.records(100, 300), CriteoLike(CriteoSpec(num_samples=5000, vocab=100, seed=4)).records(100, 300)
+    assert np.array_equal(a.dense, b.dense) and np.array_equal(a.ids, b.ids) and np.array_equal(a.label, b.label)
+    assert a.dense.shape == (200, 13) and a.ids.shape == (200, 26)
+    assert np.all((a.ids >= 0) & (a.ids < 26 * 100))
+    assert np.all(a.ids // 100 == np.arange(26))
+    assert not np.array_equal(a.label, CriteoLike(CriteoSpec(5000, 100, seed=5)).records(100, 300).label)
+    full = data.records(0, 5000)
+    # the true logits explain the labels far better than the base rate: the signal is learnable
+    p = 1.0 / (1.0 + np.exp(-data.true_logits(np.arange(5000))))
+    best = float(-np.mean(full.label * np.log(p) + (1 - full.label) * np.log(1 - p)))
+    assert 0.2 < full.label.mean() < 0.8
+    assert best < label_entropy(full) - 0.1
+    with pytest.raises(ValueError, match="outside"):
+        data.batch(np.array([5000]))
