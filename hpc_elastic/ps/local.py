@@ -47,9 +47,25 @@ class _Proc:
 class LocalPsJob:
     """``with LocalPsJob(config, run_dir) as job: job.wait()`` — master + ``num_ps`` PS + ``num_workers`` workers."""
 
-    def __init__(self, config: PsJobConfig, run_dir: Path, worker_delays: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        config: PsJobConfig,
+        run_dir: Path,
+        *,
+        worker_delays: dict[str, float] | None = None,
+        checkpoint_dir: Path | None = None,
+        checkpoint_every: int = 0,
+        restore: bool = False,
+        worker_prefix: str = "w",
+    ) -> None:
+        if restore and checkpoint_dir is None:
+            raise ValueError("restore needs a checkpoint_dir")
         self.config = config
         self.run_dir = run_dir
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.restore = restore
+        self.worker_prefix = worker_prefix
         self.worker_delays = dict(worker_delays or {})
         self.ps: list[_Proc] = []
         self.workers: dict[str, _Proc] = {}
@@ -82,19 +98,24 @@ class LocalPsJob:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = json.dumps(self.config.to_json())
         rd = str(self.run_dir)
+        restore = ["--restore-from", str(self.checkpoint_dir)] if self.restore else []
         for p in range(self.config.num_ps):
-            self.ps.append(self._spawn(f"ps{p}", ["ps", "--config", config, "--index", str(p), "--run-dir", rd]))
+            args = ["ps", "--config", config, "--index", str(p), "--run-dir", rd, *restore]
+            self.ps.append(self._spawn(f"ps{p}", args))
         addresses = [self._address(p) for p in self.ps]
-        self.master_proc = self._spawn(
-            "master", ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd]
-        )
+        args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd]
+        if self.checkpoint_dir is not None:
+            args += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(self.checkpoint_every)]
+        if self.restore:
+            args.append("--restore")
+        self.master_proc = self._spawn("master", args)
         self.master = Client(self._address(self.master_proc))
         for _ in range(self.config.num_workers):
             self.add_worker()
 
     def add_worker(self, delay: float | None = None) -> str:
         """Start one more worker (scale out); it leases shards as soon as it is up. Returns its id."""
-        worker = f"w{self._next_worker}"
+        worker = f"{self.worker_prefix}{self._next_worker}"
         self._next_worker += 1
         assert self.master_proc is not None and self.master is not None, "start() first"
         d = self.worker_delays.get(worker, 0.0) if delay is None else delay
@@ -120,6 +141,20 @@ class LocalPsJob:
         assert self.master is not None
         reply, _ = self.master.call("worker_lost", {"worker": worker})
         return reply
+
+    def checkpoint(self) -> int:
+        """Checkpoint the job now (queues, ledger and every PS's parameters); the checkpoint's sequence number."""
+        assert self.master is not None
+        reply, _ = self.master.call("checkpoint")
+        return int(reply["seq"])
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the job at once (a failure of the master and the PS, say a node lost)."""
+        procs = [*self.workers.values(), *self.ps, *([self.master_proc] if self.master_proc else [])]
+        for proc in procs:
+            proc.popen.kill()
+        for proc in procs:
+            proc.popen.wait()
 
     def poll(self) -> None:
         """Reap the workers that exited: a clean exit is the end of training for them; any other is a loss."""

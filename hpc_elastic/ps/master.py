@@ -1,13 +1,21 @@
 """The job master of a PS-mode job: it runs the Data Shard Manager and serves shards to the workers over the PS
 transport, tells new workers where the parameter servers are, hears about lost workers (from whoever watches the
-processes: the local launcher, or the wrapper of a Slurm job), and reports progress, the ledger and the loss."""
+processes: the local launcher, or the wrapper of a Slurm job), and reports progress, the ledger and the loss.
+
+With a checkpoint root it checkpoints the job (:mod:`hpc_elastic.ps.checkpoint`) on request and every
+``checkpoint_every`` accepted shards: holding its lock (no lease or done meanwhile) it takes every PS's snapshot and
+then its own queues, so every shard counted done in the checkpoint has all of its gradients in the parameters saved
+(a worker pushes a mini-batch's gradient and waits for the PS to apply it before it reports the shard done). A
+master started with ``restore`` continues from the latest checkpoint: its queues with DOING first, its ledger; the
+parameter servers are started from the same checkpoint."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
-from hpc_elastic.ps import rpc, wire
+from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.shards import DoneOutcome, LeaseStatus, ShardManager, ShardState
 
@@ -16,16 +24,40 @@ LOSS_WINDOW = 5
 
 
 class Master:
-    def __init__(self, config: PsJobConfig, ps_addresses: list[str], state: ShardState | None = None) -> None:
+    def __init__(
+        self,
+        config: PsJobConfig,
+        ps_addresses: list[str],
+        checkpoint_root: Path | None = None,
+        checkpoint_every: int = 0,
+        restore: bool = False,
+    ) -> None:
         if len(ps_addresses) != config.num_ps:
             raise ValueError(f"{len(ps_addresses)} PS addresses for num_ps={config.num_ps}")
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, not {checkpoint_every}")
+        if (restore or checkpoint_every) and checkpoint_root is None:
+            raise ValueError("restoring or checkpointing needs a checkpoint root")
         self.config = config
         self.ps_addresses = list(ps_addresses)
+        self.checkpoint_root = checkpoint_root
+        self.checkpoint_every = checkpoint_every
+        self.seq = 0
+        self.restored_from: int | None = None
+        state: ShardState | None = None
+        if restore and checkpoint_root is not None:
+            where = checkpoint.latest(checkpoint_root)
+            if where is None:
+                raise ValueError(f"no checkpoint to restore in {checkpoint_root}")
+            self.seq, state = checkpoint.read_queues(where)
+            self.restored_from = self.seq
         self.shards = ShardManager(config.shards(), state)
         self.lost: set[str] = set()
         self.registered: list[str] = []
         self.requeued = 0
         self.stale = 0
+        self.accepted = 0
+        self._ps: list[rpc.Client] | None = None
         self.losses: list[float] = []  # mean loss of each accepted shard, in the order of acceptance
         self.stopped = threading.Event()
         self._lock = threading.Lock()
@@ -59,11 +91,31 @@ class Master:
         with self._lock:
             worker = self._worker(header)
             outcome = self.shards.done(worker, int(header["shard_id"]))
-            if outcome is DoneOutcome.ACCEPTED and header.get("count"):
-                self.losses.append(float(header["loss_sum"]) / int(header["count"]))
-            elif outcome is DoneOutcome.STALE:
+            if outcome is DoneOutcome.ACCEPTED:
+                if header.get("count"):
+                    self.losses.append(float(header["loss_sum"]) / int(header["count"]))
+                self.accepted += 1
+                if self.checkpoint_every and self.accepted % self.checkpoint_every == 0:
+                    self._checkpoint()
+            else:
                 self.stale += 1
         return {"outcome": outcome.value}, {}
+
+    def _checkpoint(self) -> int:
+        """Checkpoint parameters and queues at one instant (the caller holds the lock); the new sequence number."""
+        assert self.checkpoint_root is not None
+        if self._ps is None:
+            self._ps = [rpc.Client(a) for a in self.ps_addresses]
+        parts = [checkpoint.PsSnapshot.from_arrays(c.call("snapshot")[1]) for c in self._ps]
+        self.seq += 1
+        checkpoint.write(self.checkpoint_root, self.seq, self.shards.checkpoint(), parts)
+        return self.seq
+
+    def checkpoint_handler(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        if self.checkpoint_root is None:
+            raise ValueError("this master has no checkpoint root")
+        with self._lock:
+            return {"seq": self._checkpoint()}, {}
 
     def fail(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         with self._lock:
@@ -106,6 +158,8 @@ class Master:
         k = min(LOSS_WINDOW, len(self.losses) // 2)
         return {
             "finished": self.shards.finished,
+            "checkpoint_seq": self.seq,
+            "restored_from": self.restored_from,
             "queues": self.shards.counts(),
             "failed_shards": [s.to_json() for s in self.shards.failed],
             "doing_by_worker": doing,
@@ -131,5 +185,6 @@ class Master:
             "fail": self.fail,
             "worker_lost": self.worker_lost,
             "status": self.status,
+            "checkpoint": self.checkpoint_handler,
             "stop": self.stop,
         }

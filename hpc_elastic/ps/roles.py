@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from hpc_elastic.ps import rpc
+from hpc_elastic.ps import checkpoint, rpc
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.local import LocalPsJob, write_port
 from hpc_elastic.ps.master import Master
@@ -42,10 +42,16 @@ def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, stopped: 
 @click.option("--config", "config_json", required=True)
 @click.option("--index", type=int, required=True)
 @click.option("--run-dir", type=click.Path(path_type=Path), required=True)
-def ps_command(config_json: str, index: int, run_dir: Path) -> None:
+@click.option("--restore-from", type=click.Path(path_type=Path), default=None, help="a checkpoint root")
+def ps_command(config_json: str, index: int, run_dir: Path, restore_from: Path | None) -> None:
     """A parameter server."""
     config = parse_config(config_json)
     server = ParameterServer(config, index, config.num_ps)
+    if restore_from is not None:
+        where = checkpoint.latest(restore_from)
+        if where is None:
+            raise ValueError(f"no checkpoint to restore in {restore_from}")
+        server.load(checkpoint.read_partitions(where))
     stopped = threading.Event()
 
     def stop(header: dict[str, Any], arrays: Any) -> rpc.Reply:
@@ -59,9 +65,20 @@ def ps_command(config_json: str, index: int, run_dir: Path) -> None:
 @click.option("--config", "config_json", required=True)
 @click.option("--ps", "ps_addresses", required=True, help="the PS addresses, comma-separated, in index order")
 @click.option("--run-dir", type=click.Path(path_type=Path), required=True)
-def master_command(config_json: str, ps_addresses: str, run_dir: Path) -> None:
+@click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None)
+@click.option("--checkpoint-every", type=int, default=0, help="checkpoint after every N shards done (0: on request)")
+@click.option("--restore", is_flag=True, help="continue from the latest checkpoint in --checkpoint-dir")
+def master_command(
+    *,
+    config_json: str,
+    ps_addresses: str,
+    run_dir: Path,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int,
+    restore: bool,
+) -> None:
     """The job master (Data Shard Manager)."""
-    master = Master(parse_config(config_json), ps_addresses.split(","))
+    master = Master(parse_config(config_json), ps_addresses.split(","), checkpoint_dir, checkpoint_every, restore)
     _serve("master", master.handlers(), run_dir, master.stopped)
 
 

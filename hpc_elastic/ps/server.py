@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hpc_elastic.ps import rpc, wire
+from hpc_elastic.ps.checkpoint import PsSnapshot
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import owner
 from hpc_elastic.ps.model import dense_owner, dense_shapes, init_dense, init_rows
@@ -75,5 +76,40 @@ class ParameterServer:
             self.updates += 1
         return {"updates": self.updates}, {}
 
+    def snapshot(self) -> PsSnapshot:
+        with self._lock:
+            return PsSnapshot(
+                ids=self.ids.copy(),
+                rows=self.rows.copy(),
+                rows_acc=self.rows_acc.copy(),
+                dense={n: v.copy() for n, v in self.dense.items()},
+                dense_acc={n: v.copy() for n, v in self.dense_acc.items()},
+                updates=self.updates,
+            )
+
+    def load(self, partitions: list[PsSnapshot]) -> None:
+        """Take this PS's rows and arrays from a checkpoint's partitions (of any number of PS: re-partition)."""
+        seen = np.zeros(self.ids.size, dtype=bool)
+        with self._lock:
+            for part in partitions:
+                mine = np.isin(part.ids, self.ids)
+                slots = self._slots(part.ids[mine])
+                self.rows[slots] = part.rows[mine]
+                self.rows_acc[slots] = part.rows_acc[mine]
+                seen[slots] = True
+                for name, value in part.dense.items():
+                    if name in self.dense:
+                        self.dense[name] = value.copy()
+                        self.dense_acc[name] = part.dense_acc[name].copy()
+            missing = [n for n in self.dense if not any(n in part.dense for part in partitions)]
+            if not seen.all() or missing:
+                raise ValueError(
+                    f"the checkpoint lacks {int((~seen).sum())} rows and arrays {missing} of PS {self.index}"
+                )
+            self.updates = sum(part.updates for part in partitions)
+
+    def snapshot_handler(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        return {}, self.snapshot().to_arrays()
+
     def handlers(self) -> dict[str, rpc.Handler]:
-        return {"pull": self.pull, "push": self.push}
+        return {"pull": self.pull, "push": self.push, "snapshot": self.snapshot_handler}

@@ -9,12 +9,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from hpc_elastic.ps import checkpoint
 from hpc_elastic.ps.__main__ import main
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.local import LocalPsJob
@@ -86,6 +88,33 @@ def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
     assert_exactly_once(status)
     assert set(status["registered"]) == {"w0", "w1", "w2"}
     assert status["epochs"][0]["samples_by_worker"]["w2"] > 0
+
+
+def test_the_job_goes_on_from_its_checkpoint_after_everything_died(tmp_path: Path) -> None:
+    config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
+    ckpt = tmp_path / "ckpt"
+    with LocalPsJob(config, tmp_path / "a", worker_delays={"w0": 0.05}, checkpoint_dir=ckpt) as job:
+        until(job, lambda s: s["shards_done"] >= 3)
+        seq = job.checkpoint()
+        after = job.status()["shards_done"]
+        until(job, lambda s: s["shards_done"] >= after + 2)  # progress that dies with the master
+        job.kill_all()
+    where = checkpoint.latest(ckpt)
+    assert where is not None
+    _, state = checkpoint.read_queues(where)
+    counted = sum(e.end - e.start for e in state.ledger)
+    assert 0 < counted < SMALL["num_samples"]
+    restart = replace(config, num_workers=2)
+    with LocalPsJob(
+        restart, tmp_path / "b", checkpoint_dir=ckpt, checkpoint_every=5, restore=True, worker_prefix="r"
+    ) as job:
+        status = job.wait()
+    assert status["restored_from"] == seq
+    assert status["checkpoint_seq"] == seq + status["shards_done"] // 5  # periodic checkpoints go on numbering
+    assert_exactly_once(status)
+    by_worker = status["epochs"][0]["samples_by_worker"]
+    assert by_worker["w0"] == counted  # what the checkpoint counted stays counted; the rest was redone
+    assert set(by_worker) - {"w0"} <= {"r0", "r1"}
 
 
 @pytest.mark.parametrize(

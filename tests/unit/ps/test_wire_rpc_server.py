@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from hpc_elastic.ps import rpc, wire
+from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, CriteoLike, CriteoSpec, label_entropy, owner
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes, init_rows
 from hpc_elastic.ps.server import ParameterServer
+from hpc_elastic.ps.shards import ShardConfig, ShardManager
 
 
 def test_messages_round_trip_header_and_arrays() -> None:
@@ -119,3 +122,43 @@ def test_the_synthetic_data_is_seeded_and_learnable() -> None:
     assert best < label_entropy(full) - 0.1
     with pytest.raises(ValueError, match="outside"):
         data.batch(np.array([5000]))
+
+
+def test_a_checkpoint_restores_onto_another_number_of_ps(tmp_path: Path) -> None:
+    two = PsJobConfig(num_ps=2, vocab=30)
+    servers = [ParameterServer(two, p, 2) for p in range(2)]
+    for ps in servers:  # move the parameters away from their initial values
+        ids = ps.ids[::3]
+        ps.push({}, {"ids": ids, "rows": np.full((ids.size, two.model().row_width), 0.5, dtype=np.float32)})
+        ps.push(
+            {},
+            {
+                "ids": ps.ids[:0],
+                "rows": np.zeros((0, 9), np.float32),
+                **{f"d:{n}": np.ones_like(v) for n, v in ps.dense.items()},
+            },
+        )
+    assert checkpoint.latest(tmp_path) is None
+    state = ShardManager(ShardConfig(num_samples=10, shard_size=5)).checkpoint()
+    where = checkpoint.write(tmp_path, 1, state, [ps.snapshot() for ps in servers])
+    assert checkpoint.latest(tmp_path) == where and checkpoint.read_queues(where) == (1, state)
+    three = PsJobConfig(num_ps=3, vocab=30)
+    restored = [ParameterServer(three, p, 3) for p in range(3)]
+    for ps in restored:
+        ps.load(checkpoint.read_partitions(where))
+    all_ids = np.arange(NUM_SPARSE * 30, dtype=np.int64)
+
+    def rows(group: list[ParameterServer], num_ps: int) -> np.ndarray:
+        out = np.zeros((all_ids.size, 9), np.float32)
+        for p, ps in enumerate(group):
+            mine = all_ids[owner(all_ids, num_ps) == p]
+            out[mine] = ps.pull({}, {"ids": mine})[1]["rows"]
+        return out
+
+    assert np.array_equal(rows(servers, 2), rows(restored, 3))
+    before = {n: v for ps in servers for n, v in ps.dense.items()}
+    after = {n: v for ps in restored for n, v in ps.dense.items()}
+    assert before.keys() == after.keys() and all(np.array_equal(before[n], after[n]) for n in before)
+    for seq in (2, 3):
+        checkpoint.write(tmp_path, seq, state, [ps.snapshot() for ps in servers])
+    assert sorted(d.name for d in tmp_path.glob("ckpt-*")) == ["ckpt-2", "ckpt-3"]
