@@ -5,6 +5,7 @@ job, and ``local``, which runs a whole job on this machine and prints the master
 from __future__ import annotations
 
 import json
+import socket
 import tempfile
 import threading
 import time
@@ -15,7 +16,7 @@ import click
 
 from hpc_elastic.ps import checkpoint, rpc
 from hpc_elastic.ps.config import PsJobConfig
-from hpc_elastic.ps.local import LocalPsJob, write_port
+from hpc_elastic.ps.job import NODE_NAME, PsJob, PsLauncher, write_address
 from hpc_elastic.ps.master import Master
 from hpc_elastic.ps.server import ParameterServer
 
@@ -30,10 +31,12 @@ def parse_config(text: str) -> PsJobConfig:
     return PsJobConfig.from_json(data)
 
 
-def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, stopped: threading.Event) -> None:
-    """Serve ``handlers`` on a free port, written to ``run_dir/<name>.port``, until ``stopped`` is set."""
-    server, port = rpc.serve(handlers)
-    write_port(run_dir, name, port)
+def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, bind: str, stopped: threading.Event) -> None:
+    """Serve ``handlers`` on a free port of ``bind`` (an address, or :data:`NODE_NAME`: this node's host name) until
+    ``stopped`` is set; the address goes to ``run_dir/<name>.addr``."""
+    host = socket.gethostname() if bind == NODE_NAME else bind
+    server, port = rpc.serve(handlers, host=host)
+    write_address(run_dir, name, f"{host}:{port}")
     stopped.wait()
     server.stop(grace=1).wait()
 
@@ -42,8 +45,14 @@ def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, stopped: 
 @click.option("--config", "config_json", required=True)
 @click.option("--index", type=int, required=True)
 @click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help=f"the address to listen on ({NODE_NAME!r}: this node's host name)",
+)
 @click.option("--restore-from", type=click.Path(path_type=Path), default=None, help="a checkpoint root")
-def ps_command(config_json: str, index: int, run_dir: Path, restore_from: Path | None) -> None:
+def ps_command(config_json: str, index: int, run_dir: Path, bind: str, restore_from: Path | None) -> None:
     """A parameter server."""
     config = parse_config(config_json)
     server = ParameterServer(config, index, config.num_ps)
@@ -58,13 +67,19 @@ def ps_command(config_json: str, index: int, run_dir: Path, restore_from: Path |
         stopped.set()
         return {}, {}
 
-    _serve(f"ps{index}", {**server.handlers(), "stop": stop}, run_dir, stopped)
+    _serve(f"ps{index}", {**server.handlers(), "stop": stop}, run_dir, bind, stopped)
 
 
 @click.command("master")
 @click.option("--config", "config_json", required=True)
 @click.option("--ps", "ps_addresses", required=True, help="the PS addresses, comma-separated, in index order")
 @click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help=f"the address to listen on ({NODE_NAME!r}: this node's host name)",
+)
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--checkpoint-every", type=int, default=0, help="checkpoint after every N shards done (0: on request)")
 @click.option("--restore", is_flag=True, help="continue from the latest checkpoint in --checkpoint-dir")
@@ -73,13 +88,14 @@ def master_command(
     config_json: str,
     ps_addresses: str,
     run_dir: Path,
+    bind: str,
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     restore: bool,
 ) -> None:
     """The job master (Data Shard Manager)."""
     master = Master(parse_config(config_json), ps_addresses.split(","), checkpoint_dir, checkpoint_every, restore)
-    _serve("master", master.handlers(), run_dir, master.stopped)
+    _serve("master", master.handlers(), run_dir, bind, master.stopped)
 
 
 @click.command("local")
@@ -91,7 +107,14 @@ def master_command(
 @click.option("--epochs", type=int, default=1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--lr", type=float, default=0.05, show_default=True)
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="logs and port files (default: temp)")
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="logs and addresses (default: temp)")
+@click.option(
+    "--launcher",
+    type=click.Choice([x.value for x in PsLauncher]),
+    default="local",
+    show_default=True,
+    help="plain processes, or one srun step each (inside an allocation; --run-dir then on a shared filesystem)",
+)
 def local_command(
     *,
     num_ps: int,
@@ -103,8 +126,10 @@ def local_command(
     seed: int,
     lr: float,
     run_dir: Path | None,
+    launcher: str,
 ) -> None:
-    """Run a whole PS job on this machine; print the master's final status as JSON."""
+    """Run a whole PS job (on this machine, or as srun steps of this allocation); print the master's final status
+    as JSON."""
     config = PsJobConfig(
         num_ps=num_ps,
         num_workers=num_workers,
@@ -119,7 +144,7 @@ def local_command(
         raise ValueError(f"--workers must be at least 1, not {num_workers}")
     with tempfile.TemporaryDirectory(prefix="hpc-elastic-ps-") as tmp:
         t0 = time.monotonic()
-        with LocalPsJob(config, run_dir or Path(tmp)) as job:
+        with PsJob(config, run_dir or Path(tmp), launcher=PsLauncher(launcher)) as job:
             status = job.wait()
         status["seconds"] = round(time.monotonic() - t0, 2)
     click.echo(json.dumps(status))

@@ -19,12 +19,12 @@ from click.testing import CliRunner
 from hpc_elastic.ps import checkpoint
 from hpc_elastic.ps.__main__ import main
 from hpc_elastic.ps.config import PsJobConfig
-from hpc_elastic.ps.local import LocalPsJob
+from hpc_elastic.ps.job import PsJob
 
 SMALL = {"num_ps": 2, "num_samples": 2000, "shard_size": 100, "batch_size": 50}
 
 
-def until(job: LocalPsJob, cond: Callable[[dict[str, Any]], bool], timeout: float = 120.0) -> dict[str, Any]:
+def until(job: PsJob, cond: Callable[[dict[str, Any]], bool], timeout: float = 120.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = job.status()
@@ -45,7 +45,7 @@ def assert_exactly_once(status: dict[str, Any]) -> None:
 
 def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=3, epochs=2, **SMALL)
-    with LocalPsJob(config, tmp_path) as job:
+    with PsJob(config, tmp_path) as job:
         status = job.wait()
     assert_exactly_once(status)
     assert status["lost"] == [] and status["requeued"] == 0
@@ -55,7 +55,7 @@ def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
 
 def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
-    with LocalPsJob(config, tmp_path, worker_delays={"w0": 0.1}) as job:
+    with PsJob(config, tmp_path, worker_delays={"w0": 0.1}) as job:
         until(job, lambda s: s["shards_done"] >= 1)  # w0 alone: it is mid-epoch
         job.add_worker()
         job.add_worker()
@@ -75,7 +75,7 @@ def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
 
 def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=2, epochs=1, **SMALL)
-    with LocalPsJob(config, tmp_path, worker_delays={"w0": 0.05, "w1": 0.05}) as job:
+    with PsJob(config, tmp_path, worker_delays={"w0": 0.05, "w1": 0.05}) as job:
         until(job, lambda s: s["shards_done"] >= 1)
         for w in ("w0", "w1"):
             job.signal_worker(w, signal.SIGSTOP)
@@ -93,7 +93,7 @@ def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
 def test_the_job_goes_on_from_its_checkpoint_after_everything_died(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
     ckpt = tmp_path / "ckpt"
-    with LocalPsJob(config, tmp_path / "a", worker_delays={"w0": 0.05}, checkpoint_dir=ckpt) as job:
+    with PsJob(config, tmp_path / "a", worker_delays={"w0": 0.05}, checkpoint_dir=ckpt) as job:
         until(job, lambda s: s["shards_done"] >= 3)
         seq = job.checkpoint()
         after = job.status()["shards_done"]
@@ -105,7 +105,7 @@ def test_the_job_goes_on_from_its_checkpoint_after_everything_died(tmp_path: Pat
     counted = sum(e.end - e.start for e in state.ledger)
     assert 0 < counted < SMALL["num_samples"]
     restart = replace(config, num_workers=2)
-    with LocalPsJob(
+    with PsJob(
         restart, tmp_path / "b", checkpoint_dir=ckpt, checkpoint_every=5, restore=True, worker_prefix="r"
     ) as job:
         status = job.wait()

@@ -1,9 +1,14 @@
-"""Run a PS-mode job on this machine: the job master, the parameter servers and the workers as real processes
-(``python -m hpc_elastic.ps ROLE ...``) on localhost, with workers added and killed at any time.
+"""Run a PS-mode job: the job master, the parameter servers and the workers as real processes
+(``python -m hpc_elastic.ps ROLE ...``), with workers added and killed at any time.
 
-Every server process binds a free port and writes it to ``<run dir>/<name>.port`` (atomically); the launcher reads
-it. The launcher also watches the workers: one that exits other than cleanly (killed, crashed) is reported to the
-master as lost, so its shards go back to TODO.
+Two launchers: ``local`` starts plain processes on this machine, listening on 127.0.0.1; ``srun`` (inside a Slurm
+allocation, e.g. on the ``cpu`` partition) starts each process as a job step of its own
+(:func:`hpc_elastic.slurm.commands.srun_single`), listening on its node's host name (:data:`NODE_NAME`).
+
+Every server process binds a free port and writes its address to ``<run dir>/<name>.addr`` (atomically; the run
+directory must be shared by the nodes under ``srun``); the launcher reads it. The launcher also watches the workers:
+one that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards go back to
+TODO.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -23,6 +29,7 @@ from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.rpc import Client
+from hpc_elastic.slurm import commands
 
 #: how long a server process may take to listen
 START_TIMEOUT_S = 120.0
@@ -33,8 +40,17 @@ class ProcessFailed(HpcElasticError):
     """A process of the PS job died before it was ready, or the job did not finish in time."""
 
 
-def write_port(run_dir: Path, name: str, port: int) -> None:
-    atomic_write_bytes(run_dir / f"{name}.port", str(port).encode())
+#: ``--bind`` value of a server process: the address its node's host name resolves to
+NODE_NAME = "hostname"
+
+
+class PsLauncher(StrEnum):
+    LOCAL = "local"
+    SRUN = "srun"
+
+
+def write_address(run_dir: Path, name: str, address: str) -> None:
+    atomic_write_bytes(run_dir / f"{name}.addr", address.encode())
 
 
 @dataclass
@@ -44,8 +60,8 @@ class _Proc:
     log: IO[bytes]
 
 
-class LocalPsJob:
-    """``with LocalPsJob(config, run_dir) as job: job.wait()`` — master + ``num_ps`` PS + ``num_workers`` workers."""
+class PsJob:
+    """``with PsJob(config, run_dir) as job: job.wait()`` — master + ``num_ps`` PS + ``num_workers`` workers."""
 
     def __init__(
         self,
@@ -57,6 +73,7 @@ class LocalPsJob:
         checkpoint_every: int = 0,
         restore: bool = False,
         worker_prefix: str = "w",
+        launcher: PsLauncher = PsLauncher.LOCAL,
     ) -> None:
         if restore and checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
@@ -66,6 +83,7 @@ class LocalPsJob:
         self.checkpoint_every = checkpoint_every
         self.restore = restore
         self.worker_prefix = worker_prefix
+        self.launcher = PsLauncher(launcher)
         self.worker_delays = dict(worker_delays or {})
         self.ps: list[_Proc] = []
         self.workers: dict[str, _Proc] = {}
@@ -78,13 +96,14 @@ class LocalPsJob:
 
     def _spawn(self, name: str, args: list[str]) -> _Proc:
         log = (self.run_dir / f"{name}.log").open("ab")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "hpc_elastic.ps", *args], stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd()
-        )
+        argv = [sys.executable, "-m", "hpc_elastic.ps", *args]
+        if self.launcher is PsLauncher.SRUN:
+            argv = commands.srun_single(argv, name=name)
+        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
         return _Proc(name, popen, log)
 
     def _address(self, proc: _Proc) -> str:
-        path = self.run_dir / f"{proc.name}.port"
+        path = self.run_dir / f"{proc.name}.addr"
         deadline = time.monotonic() + START_TIMEOUT_S
         while not path.exists():
             if proc.popen.poll() is not None:
@@ -92,18 +111,19 @@ class LocalPsJob:
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"{proc.name} did not listen within {START_TIMEOUT_S:.0f} s")
             time.sleep(POLL_S)
-        return f"127.0.0.1:{int(path.read_text())}"
+        return path.read_text()
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = json.dumps(self.config.to_json())
         rd = str(self.run_dir)
+        bind = ["--bind", NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"]
         restore = ["--restore-from", str(self.checkpoint_dir)] if self.restore else []
         for p in range(self.config.num_ps):
-            args = ["ps", "--config", config, "--index", str(p), "--run-dir", rd, *restore]
+            args = ["ps", "--config", config, "--index", str(p), "--run-dir", rd, *bind, *restore]
             self.ps.append(self._spawn(f"ps{p}", args))
         addresses = [self._address(p) for p in self.ps]
-        args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd]
+        args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd, *bind]
         if self.checkpoint_dir is not None:
             args += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(self.checkpoint_every)]
         if self.restore:
@@ -209,7 +229,7 @@ class LocalPsJob:
         if self.master is not None:
             self.master.close()
 
-    def __enter__(self) -> LocalPsJob:
+    def __enter__(self) -> PsJob:
         try:
             self.start()
         except BaseException:
