@@ -12,6 +12,7 @@ parameter servers are started from the same checkpoint."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ class Master:
         self.stale = 0
         self.accepted = 0
         self._ps: list[rpc.Client] | None = None
+        self._first_lease: float | None = None
+        self._last_done: float | None = None
         self.losses: list[float] = []  # mean loss of each accepted shard, in the order of acceptance
         self.stopped = threading.Event()
         self._lock = threading.Lock()
@@ -82,6 +85,8 @@ class Master:
         speed = header.get("speed")
         with self._lock:
             lease = self.shards.lease(self._worker(header), None if speed is None else float(speed))
+            if self._first_lease is None and lease.status is LeaseStatus.SHARD:
+                self._first_lease = time.monotonic()
         reply: dict[str, Any] = {"status": lease.status.value}
         if lease.status is LeaseStatus.SHARD and lease.shard is not None:
             reply["shard"] = lease.shard.to_json()
@@ -95,6 +100,7 @@ class Master:
                 if header.get("count"):
                     self.losses.append(float(header["loss_sum"]) / int(header["count"]))
                 self.accepted += 1
+                self._last_done = time.monotonic()
                 if self.checkpoint_every and self.accepted % self.checkpoint_every == 0:
                     self._checkpoint()
             else:
@@ -168,6 +174,7 @@ class Master:
             "requeued": self.requeued,
             "stale_dones": self.stale,
             "shards_done": len(self.losses),
+            "train_seconds": (self._last_done - self._first_lease if self._first_lease and self._last_done else None),
             "loss_first": sum(self.losses[:k]) / k if k else None,
             "loss_last": sum(self.losses[-k:]) / k if k else None,
             "epochs": epochs,
