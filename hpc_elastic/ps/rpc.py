@@ -2,8 +2,9 @@
 request and reply are :mod:`hpc_elastic.ps.wire` messages, so no protobuf code is generated.
 
 A server is a mapping from operation names to handlers ``(header, arrays) -> (header, arrays)``; the client sends
-``{"op": name, ...}``. A handler's ``ValueError`` comes back to the caller as :class:`RemoteError` (its message);
-any other exception is a bug of the server and reaches the caller as gRPC's INTERNAL status.
+``{"op": name, ...}``. A handler's ``ValueError`` comes back to the caller as :class:`RemoteError` (its message), and
+so does a request that lacks a field (``KeyError``) or has one of the wrong type (``TypeError``); any other exception
+is a bug of the server and reaches the caller as gRPC's UNKNOWN status.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def serve(
             reply, out = handler(header, arrays)
         except ValueError as exc:
             return wire.encode({"error": str(exc)})
+        except (KeyError, TypeError) as exc:  # a field the request lacks, or of the wrong type
+            return wire.encode({"error": f"malformed {op} request: {type(exc).__name__}: {exc}"})
         return wire.encode(reply, out)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=OPTIONS)

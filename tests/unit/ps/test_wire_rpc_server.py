@@ -61,6 +61,8 @@ def test_the_transport_calls_handlers_and_returns_refusals() -> None:
             client.call("double", {"bad": True, "k": 0})
         with pytest.raises(rpc.RemoteError, match="unknown operation"):
             client.call("nothing")
+        with pytest.raises(rpc.RemoteError, match="malformed double request: KeyError"):
+            client.call("double", {"k": 1})
     finally:
         client.close()
         server.stop(grace=0)
