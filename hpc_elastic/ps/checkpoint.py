@@ -69,6 +69,25 @@ class PsSnapshot:
             raise ValueError(f"not a PS snapshot: {exc} missing") from exc
 
 
+def merge(parts: list[PsSnapshot]) -> PsSnapshot:
+    """The partitions of several PS as one (rows concatenated, arrays united, updates summed)."""
+    if not parts:
+        raise ValueError("no partition to merge")
+    dense: dict[str, F32] = {}
+    dense_acc: dict[str, F32] = {}
+    for part in parts:
+        dense.update(part.dense)
+        dense_acc.update(part.dense_acc)
+    return PsSnapshot(
+        ids=np.concatenate([p.ids for p in parts]),
+        rows=np.concatenate([p.rows for p in parts]),
+        rows_acc=np.concatenate([p.rows_acc for p in parts]),
+        dense=dense,
+        dense_acc=dense_acc,
+        updates=sum(p.updates for p in parts),
+    )
+
+
 def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot]) -> Path:
     """Write checkpoint ``seq``; return its directory. The previous ones but the newest :data:`KEEP` go."""
     root.mkdir(parents=True, exist_ok=True)

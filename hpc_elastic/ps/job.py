@@ -113,6 +113,10 @@ class PsJob:
             time.sleep(POLL_S)
         return path.read_text()
 
+    def _common(self) -> list[str]:
+        bind = NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"
+        return ["--config", json.dumps(self.config.to_json()), "--run-dir", str(self.run_dir), "--bind", bind]
+
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config = json.dumps(self.config.to_json())
@@ -120,8 +124,7 @@ class PsJob:
         bind = ["--bind", NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"]
         restore = ["--restore-from", str(self.checkpoint_dir)] if self.restore else []
         for p in range(self.config.num_ps):
-            args = ["ps", "--config", config, "--index", str(p), "--run-dir", rd, *bind, *restore]
-            self.ps.append(self._spawn(f"ps{p}", args))
+            self.ps.append(self._spawn(f"ps{p}", ["ps", *self._common(), "--index", str(p), *restore]))
         addresses = [self._address(p) for p in self.ps]
         args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd, *bind]
         if self.checkpoint_dir is not None:
@@ -142,6 +145,28 @@ class PsJob:
         args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d)]
         self.workers[worker] = self._spawn(worker, args)
         return worker
+
+    def add_ps(self) -> dict[str, Any]:
+        """Start one more PS and move the parameters onto the new set (the workers wait for the move only, not for
+        the new process to start). The master's reply: the number of PS and how long the move took."""
+        assert self.master is not None, "start() first"
+        p = len(self.ps)
+        self.ps.append(self._spawn(f"ps{p}", ["ps", *self._common(), "--index", str(p), "--num-ps", str(p + 1)]))
+        reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps]})
+        return reply
+
+    def remove_ps(self) -> dict[str, Any]:
+        """Move the parameters off the last PS, then stop it. The master's reply."""
+        assert self.master is not None, "start() first"
+        if len(self.ps) < 2:
+            raise ValueError(f"cannot remove a PS from {len(self.ps)}: a job needs at least one")
+        reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps[:-1]]})
+        last = self.ps.pop()
+        Client(self._address(last), timeout=15).call("stop")
+        last.popen.wait(timeout=60)
+        last.log.close()
+        (self.run_dir / f"{last.name}.addr").unlink()
+        return reply
 
     def signal_worker(self, worker: str, sig: signal.Signals) -> None:
         """Send ``sig`` to a worker's process (SIGSTOP/SIGCONT freeze and thaw it where it is)."""

@@ -59,6 +59,8 @@ class Master:
         self.stale = 0
         self.accepted = 0
         self._ps: list[rpc.Client] | None = None
+        self.repartition_seconds: list[float] = []
+        self.generation = 0  # of the PS partition: one more at each re-partition
         self._first_lease: float | None = None
         self._last_done: float | None = None
         self.losses: list[float] = []  # mean loss of each accepted shard, in the order of acceptance
@@ -79,7 +81,7 @@ class Master:
             if worker not in self.registered:
                 self.registered.append(worker)
             self.shards.add_worker(worker)
-        return {"config": self.config.to_json(), "ps": self.ps_addresses}, {}
+        return {"config": self.config.to_json(), "ps": self.ps_addresses, "generation": self.generation}, {}
 
     def lease(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         speed = header.get("speed")
@@ -116,6 +118,33 @@ class Master:
         self.seq += 1
         checkpoint.write(self.checkpoint_root, self.seq, self.shards.checkpoint(), parts)
         return self.seq
+
+    def repartition(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        """Move the parameters onto the PS at ``header["ps"]`` (a PS added or removed, §5.3). Holding the lock (no
+        lease, done or registration meanwhile) it freezes every current PS, which hands over its partition, and
+        reconfigures each PS of the new list with its index, the new count and all the partitions. Workers whose
+        pull or push meets a frozen PS ask for the new list (their registration waits for this to end) and go on.
+        A current PS left out of the new list stays frozen: whoever started it stops it."""
+        new = header.get("ps")
+        if not isinstance(new, list) or not new or not all(isinstance(a, str) and a for a in new):
+            raise ValueError(f"repartition needs a non-empty list of PS addresses, not {new!r}")
+        with self._lock:
+            t0 = time.monotonic()
+            old = [rpc.Client(a) for a in self.ps_addresses]
+            merged = checkpoint.merge([checkpoint.PsSnapshot.from_arrays(c.call("freeze")[1]) for c in old])
+            payload = merged.to_arrays()
+            self.generation += 1
+            for index, address in enumerate(new):
+                client = rpc.Client(address)
+                client.call("reconfigure", {"index": index, "num_ps": len(new), "generation": self.generation}, payload)
+                client.close()
+            for c in old + (self._ps or []):
+                c.close()
+            self._ps = None
+            self.ps_addresses = list(new)
+            took = time.monotonic() - t0
+            self.repartition_seconds.append(took)
+        return {"num_ps": len(new), "seconds": took}, {}
 
     def checkpoint_handler(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         if self.checkpoint_root is None:
@@ -165,6 +194,8 @@ class Master:
         return {
             "finished": self.shards.finished,
             "checkpoint_seq": self.seq,
+            "num_ps": len(self.ps_addresses),
+            "repartition_seconds": self.repartition_seconds,
             "restored_from": self.restored_from,
             "queues": self.shards.counts(),
             "failed_shards": [s.to_json() for s in self.shards.failed],
@@ -193,5 +224,6 @@ class Master:
             "worker_lost": self.worker_lost,
             "status": self.status,
             "checkpoint": self.checkpoint_handler,
+            "repartition": self.repartition,
             "stop": self.stop,
         }

@@ -51,11 +51,14 @@ def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, bind: str
     show_default=True,
     help=f"the address to listen on ({NODE_NAME!r}: this node's host name)",
 )
+@click.option("--num-ps", type=int, default=None, help="the number of PS it is one of (default: the config's)")
 @click.option("--restore-from", type=click.Path(path_type=Path), default=None, help="a checkpoint root")
-def ps_command(config_json: str, index: int, run_dir: Path, bind: str, restore_from: Path | None) -> None:
+def ps_command(
+    *, config_json: str, index: int, run_dir: Path, bind: str, num_ps: int | None, restore_from: Path | None
+) -> None:
     """A parameter server."""
     config = parse_config(config_json)
-    server = ParameterServer(config, index, config.num_ps)
+    server = ParameterServer(config, index, config.num_ps if num_ps is None else num_ps)
     if restore_from is not None:
         where = checkpoint.latest(restore_from)
         if where is None:

@@ -37,6 +37,15 @@ class RemoteError(HpcElasticError):
     """The peer refused a request (its handler raised ValueError); the message is the peer's."""
 
 
+class Moved(ValueError):
+    """Raised by a handler whose data has moved (a PS frozen for a re-partition): the caller should ask the master
+    where it is now and try again. The client raises :class:`PeerMoved`."""
+
+
+class PeerMoved(RemoteError):
+    """The peer's data has moved (it raised :class:`Moved`)."""
+
+
 class PeerUnavailable(HpcElasticError):
     """The peer did not answer (gone, or not started yet)."""
 
@@ -54,6 +63,8 @@ def serve(
             return wire.encode({"error": f"unknown operation {op!r}"})
         try:
             reply, out = handler(header, arrays)
+        except Moved as exc:
+            return wire.encode({"error": str(exc), "moved": True})
         except ValueError as exc:
             return wire.encode({"error": str(exc)})
         except (KeyError, TypeError) as exc:  # a field the request lacks, or of the wrong type
@@ -91,6 +102,8 @@ class Client:
                 raise PeerUnavailable(f"{self.address} did not answer {op}: {code}") from exc
             raise
         reply, out = wire.decode(data)
+        if "error" in reply and reply.get("moved"):
+            raise PeerMoved(f"{self.address} refused {op}: {reply['error']}")
         if "error" in reply:
             raise RemoteError(f"{self.address} refused {op}: {reply['error']}")
         return reply, out

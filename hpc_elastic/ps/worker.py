@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import click
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, Batch, CriteoLike, owner
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes
-from hpc_elastic.ps.rpc import Client
+from hpc_elastic.ps.rpc import Client, PeerMoved
 from hpc_elastic.ps.shards import LeaseStatus, Shard
 
 #: seconds between two leases while the master has no shard to give (TODO empty, shards in DOING)
@@ -46,42 +47,80 @@ class Worker:
         self.worker = worker
         self.delay = delay
         self.master = Client(master_address)
-        reply, _ = self.master.call("register", {"worker": worker})
-        self.config = PsJobConfig.from_json(reply["config"])
-        self.ps = [Client(a) for a in reply["ps"]]
+        self.ps: list[Client] = []
+        self._register()
         self.spec = self.config.model()
         self.data = CriteoLike(self.config.criteo())
-        names = list(dense_shapes(self.spec))
+
+    def _register(self) -> None:
+        """(Re-)register with the master: the job's configuration and the current PS (after a re-partition)."""
+        reply, _ = self.master.call("register", {"worker": self.worker})
+        self.config = PsJobConfig.from_json(reply["config"])
+        for c in self.ps:
+            c.close()
+        self.ps = [Client(a) for a in reply["ps"]]
+        self.generation = int(reply["generation"])
+        names = list(dense_shapes(self.config.model()))
         self.names = [[n for n in names if dense_owner(n, len(self.ps)) == p] for p in range(len(self.ps))]
+
+    def _pull(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float32], dict[str, npt.NDArray[np.float32]]]:
+        """The rows of ``ids`` (sorted, unique) and every dense array, from their PS."""
+        while True:
+            rows = np.empty((ids.size, self.spec.row_width), dtype=np.float32)
+            dense: dict[str, npt.NDArray[np.float32]] = {}
+            where = owner(ids, len(self.ps))
+            try:
+                for p, client in enumerate(self.ps):
+                    sel = where == p
+                    _, arrays = client.call(
+                        "pull", {"names": self.names[p], "generation": self.generation}, {"ids": ids[sel]}
+                    )
+                    rows[sel] = arrays["rows"]
+                    dense.update({n: arrays[f"d:{n}"] for n in self.names[p]})
+                return rows, dense
+            except PeerMoved:
+                self._register()
+
+    def _push(
+        self, ids: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], dense: dict[str, npt.NDArray[np.float32]]
+    ) -> None:
+        """Push the gradients of rows ``ids`` (sorted, unique) and of the dense arrays to their PS. A push refused
+        by a frozen PS applied nothing: what was not applied goes to the new owners after a re-registration."""
+        while True:
+            where = owner(ids, len(self.ps))
+            sent = np.zeros(ids.size, dtype=bool)
+            sent_names: set[str] = set()
+            try:
+                for p, client in enumerate(self.ps):
+                    sel = where == p
+                    names = [n for n in self.names[p] if n in dense]
+                    push = {"ids": ids[sel], "rows": grads[sel], **{f"d:{n}": dense[n] for n in names}}
+                    client.call("push", {"generation": self.generation}, push)
+                    sent |= sel
+                    sent_names.update(names)
+                return
+            except PeerMoved:
+                ids, grads = ids[~sent], grads[~sent]
+                dense = {n: g for n, g in dense.items() if n not in sent_names}
+                self._register()
 
     def step(self, batch: Batch) -> float:
         """One asynchronous SGD step on ``batch``; its mean loss."""
         n = batch.label.shape[0]
         uniq, inverse = np.unique(batch.ids, return_inverse=True)
-        where = owner(uniq, len(self.ps))
-        rows = np.empty((uniq.size, self.spec.row_width), dtype=np.float32)
-        dense: dict[str, torch.Tensor] = {}
-        for p, client in enumerate(self.ps):
-            sel = where == p
-            _, arrays = client.call("pull", {"names": self.names[p]}, {"ids": uniq[sel]})
-            rows[sel] = arrays["rows"]
-            for name in self.names[p]:
-                dense[name] = torch.tensor(arrays[f"d:{name}"], requires_grad=True)
+        rows, dense_np = self._pull(uniq)
+        dense = {name: torch.tensor(v, requires_grad=True) for name, v in dense_np.items()}
         rows_t = torch.from_numpy(rows).requires_grad_()
         index = torch.from_numpy(inverse.reshape(n, NUM_SPARSE).astype(np.int64))
         logits = forward(self.spec, dense, rows_t[index], torch.from_numpy(batch.dense))
         loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.label))
         loss.backward()  # type: ignore[no-untyped-call]
         assert rows_t.grad is not None
-        grads = rows_t.grad.numpy()
-        for p, client in enumerate(self.ps):
-            sel = where == p
-            push = {"ids": uniq[sel], "rows": grads[sel]}
-            for name in self.names[p]:
-                g = dense[name].grad
-                assert g is not None
-                push[f"d:{name}"] = g.numpy()
-            client.call("push", {}, push)
+        grads: dict[str, npt.NDArray[np.float32]] = {}
+        for name, t in dense.items():
+            assert t.grad is not None
+            grads[name] = t.grad.numpy()
+        self._push(uniq, rows_t.grad.numpy(), grads)
         return float(loss.item())
 
     def train_shard(self, shard: Shard) -> float:

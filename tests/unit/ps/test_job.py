@@ -90,6 +90,28 @@ def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
     assert status["epochs"][0]["samples_by_worker"]["w2"] > 0
 
 
+def test_workers_2_4_1_and_ps_1_2_1_within_one_epoch_keep_the_ledger(tmp_path: Path) -> None:
+    config = PsJobConfig(num_ps=1, num_workers=2, num_samples=4000, shard_size=100, batch_size=50, epochs=1)
+    delays = {f"w{k}": 0.1 for k in range(4)}
+    with PsJob(config, tmp_path, worker_delays=delays) as job:
+        until(job, lambda s: s["shards_done"] >= 2)
+        assert job.add_ps()["num_ps"] == 2  # the workers are pulling and pushing meanwhile
+        job.add_worker()
+        job.add_worker()
+        status = until(job, lambda s: s["shards_done"] >= 8)
+        assert not status["finished"]
+        assert job.remove_ps()["num_ps"] == 1
+        for w in ("w1", "w2", "w3"):  # scale in to one worker
+            job.kill_worker(w, signal.SIGTERM)
+        status = job.wait()
+    assert status["finished"] and not status["failed_shards"]
+    epoch = status["epochs"][0]
+    assert epoch["exactly_once"] and (epoch["min_count"], epoch["max_count"]) == (1, 1)
+    assert sum(epoch["samples_by_worker"].values()) == 4000
+    assert status["num_ps"] == 1 and len(status["repartition_seconds"]) == 2
+    assert sorted(status["lost"]) == ["w1", "w2", "w3"]
+
+
 def test_the_job_goes_on_from_its_checkpoint_after_everything_died(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
     ckpt = tmp_path / "ckpt"

@@ -164,3 +164,27 @@ def test_a_checkpoint_restores_onto_another_number_of_ps(tmp_path: Path) -> None
     for seq in (2, 3):
         checkpoint.write(tmp_path, seq, state, [ps.snapshot() for ps in servers])
     assert sorted(d.name for d in tmp_path.glob("ckpt-*")) == ["ckpt-2", "ckpt-3"]
+
+
+def test_a_frozen_or_reconfigured_ps_refuses_requests_as_moved_and_loses_no_update() -> None:
+    config = PsJobConfig(num_ps=1, vocab=20, lr=0.1)
+    ps = ParameterServer(config, 0, 1)
+    ids = ps.ids[:4]
+    width = config.model().row_width
+    ps.push({}, {"ids": ids, "rows": np.ones((4, width), np.float32)})
+    frozen = ps.freeze()
+    with pytest.raises(rpc.Moved):
+        ps.push({}, {"ids": ids, "rows": np.ones((4, width), np.float32)})
+    with pytest.raises(rpc.Moved):
+        ps.pull({}, {"ids": ids})
+    fresh = ParameterServer(config, 1, 2)
+    ps.reconfigure(0, 2, 1, [frozen])
+    fresh.reconfigure(1, 2, 1, [frozen])
+    with pytest.raises(rpc.Moved, match="generation 1"):
+        ps.pull({"generation": 0}, {"ids": ps.ids[:1]})
+    got = np.zeros((4, width), np.float32)
+    for p, server in enumerate((ps, fresh)):
+        sel = owner(ids, 2) == p
+        got[sel] = server.pull({"generation": 1}, {"ids": ids[sel]})[1]["rows"]
+    assert np.array_equal(got, frozen.rows[:4])  # the one push before the freeze, and only it
+    assert ps.updates == fresh.updates == 1
