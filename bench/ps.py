@@ -2,6 +2,8 @@
 
 - ``dispatch``: the Data Shard Manager's lease + done rate, in the process (the pure manager) and through the job
   master over gRPC (a ``python -m hpc_elastic.ps master`` process, one client thread per ``--clients``);
+- ``ps_add``: a PS added to a training job (1 → 2 PS, 2 workers): the time of the whole ``add_ps`` (the new
+  process starting, the workers training meanwhile) and of the re-partition alone (the workers wait for it only);
 - ``scaling``: samples/s of Wide & Deep training against the number of workers (1, 2, 4) with 2 PS, from the
   master's first lease to its last accepted shard (process start-up excluded), every epoch checked exactly once.
 
@@ -91,6 +93,19 @@ def main() -> None:
                 out["dispatch_grpc_shards_s"][str(clients)] = round(rate)
         finally:
             job.close()
+
+    config = PsJobConfig(num_ps=1, num_workers=2, num_samples=args.samples, shard_size=128, batch_size=64)
+    with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp, PsJob(config, Path(tmp)) as job:
+        deadline = time.monotonic() + 300
+        while job.status()["shards_done"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        reply = job.add_ps()
+        whole = time.perf_counter() - t0
+        status = job.wait()
+    assert all(e["exactly_once"] for e in status["epochs"])
+    print(f"PS added: add_ps {whole:.2f} s, of which the workers waited {reply['seconds']:.3f} s", flush=True)
+    out["ps_add"] = {"add_ps_s": round(whole, 3), "repartition_s": round(reply["seconds"], 4)}
 
     out["scaling"] = []
     for workers in (int(w) for w in args.workers.split(",")):
