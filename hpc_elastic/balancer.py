@@ -6,8 +6,9 @@ EST mode: LB-BSP's Alg. 2 with whole ESTs as the step.
 
 The :class:`~hpc_elastic.state.State` times the ESTs of this process at every global step (the time inside its
 ESTs: data, forward, backward and the hand-over to the reducer, not the wait in the allreduce: LB-BSP §4's batch
-processing time).  Every ``every`` steps :meth:`ESTBalancer.observe` all-gathers each process's mean time per step
-and its free device memory, and every process runs the same pure Alg. 2 step
+processing time).  Every ``every`` steps the State's :class:`StepTimer` all-gathers each process's mean time per
+step and its free device memory (and its device type and ESTs: the job's telemetry), and every process runs the
+same pure Alg. 2 step in :meth:`ESTBalancer.observe`
 (:func:`hpc_elastic.balance.gpu.alg2_step`, Δ = 1 EST, the predictive guard on) on the same readings, so all reach
 the same EST counts without a leader process.  New counts become the nearest placement
 (:meth:`hpc_elastic.est.plan.Placement.with_counts`), which the State applies at once, at the step boundary
@@ -36,6 +37,7 @@ from hpc_elastic.balance.apportion import apportion
 from hpc_elastic.balance.cpu import Alg1Config, Alg1State, CpuReading, alg1_step
 from hpc_elastic.balance.gpu import Alg2Config, Alg2Decision, Alg2State, Outcome, WorkerReading, alg2_step
 from hpc_elastic.balance.sampler import BalancedSampler, SamplerState
+from hpc_elastic.balance.speeds import ProcessReading
 from hpc_elastic.est.comm import Communicator
 from hpc_elastic.est.plan import Placement
 
@@ -75,37 +77,67 @@ def free_memory_fraction(device: torch.device) -> float:
     return free / total if total else 1.0
 
 
-class ESTBalancer:
-    """Alg. 2 over the processes of ``comm`` for ``placement``'s EST counts (see the module docstring)."""
+@dataclass(frozen=True)
+class StepWindow:
+    """One window of ``every`` global steps, as every process sees it after :meth:`StepTimer.add`: each process's
+    reading for Alg. 2 (mean EST time per step, free device memory) and for the telemetry (device type, ESTs)."""
 
-    def __init__(self, comm: Communicator, placement: Placement, config: ESTBalanceConfig | None = None) -> None:
+    workers: tuple[WorkerReading, ...]
+    processes: tuple[ProcessReading, ...]
+
+
+class StepTimer:
+    """Every ``every`` global steps, all-gathers each process's mean time per step inside its ESTs, its free device
+    memory, its device type and its EST count (collective: every process calls :meth:`add` at every step). The
+    EST balancer decides on the window; the State turns it into the observed capability per device type."""
+
+    def __init__(self, comm: Communicator, every: int, device_type: str) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive integer, got {every!r}")
         self.comm = comm
-        self.config = config if config is not None else ESTBalanceConfig()
-        self._alg2 = self.config.alg2()
-        self.state = Alg2State(sizes=placement.counts(), caps=(None,) * placement.num_procs)
+        self.every = every
+        self.device_type = device_type
         self._busy = 0.0
         self._steps = 0
+
+    def add(self, busy_s: float, ests: int, device: torch.device) -> StepWindow | None:
+        """After a global step whose ESTs took ``busy_s`` seconds here: the window when it is complete, else None."""
+        self._busy += busy_s
+        self._steps += 1
+        if self._steps < self.every:
+            return None
+        mine = (self._busy / self._steps, free_memory_fraction(device), self.device_type, ests)
+        self._busy, self._steps = 0.0, 0
+        gathered = self.comm.allgather_object(mine)
+        return StepWindow(
+            tuple(WorkerReading(seconds, free) for seconds, free, _, _ in gathered),
+            tuple(ProcessReading(kind, n, seconds) for seconds, _, kind, n in gathered),
+        )
+
+
+class ESTBalancer:
+    """Alg. 2 over the processes of a group for ``placement``'s EST counts (see the module docstring); the readings
+    come from the State's :class:`StepTimer` every ``config.every`` steps."""
+
+    def __init__(self, placement: Placement, config: ESTBalanceConfig | None = None, *, rank: int = 0) -> None:
+        self.config = config if config is not None else ESTBalanceConfig()
+        self._alg2 = self.config.alg2()
+        self.rank = rank
+        self.state = Alg2State(sizes=placement.counts(), caps=(None,) * placement.num_procs)
         #: every decision taken, in order (the step it was taken at, and the decision)
         self.decisions: list[tuple[int, Alg2Decision]] = []
 
-    def observe(self, step: int, busy_s: float, placement: Placement, device: torch.device) -> Placement | None:
-        """After global step ``step``, whose ESTs took ``busy_s`` seconds here: the placement to switch to now, or
-        None.  Collective every ``every`` steps (every process calls it at every step)."""
+    def observe(self, step: int, readings: Sequence[WorkerReading], placement: Placement) -> Placement | None:
+        """After global step ``step``, with a window's ``readings`` (the same on every process): the placement to
+        switch to now, or None."""
         if placement.counts() != self.state.sizes:
             raise RuntimeError(f"the balancer has EST counts {self.state.sizes}, the placement {placement.counts()}")
-        self._busy += busy_s
-        self._steps += 1
-        if self._steps < self.config.every:
-            return None
-        mine = (self._busy / self._steps, free_memory_fraction(device))
-        self._busy, self._steps = 0.0, 0
-        readings = [WorkerReading(seconds, free) for seconds, free in self.comm.allgather_object(mine)]
-        self.state, decision = alg2_step(self.state, readings, self._alg2)
+        self.state, decision = alg2_step(self.state, list(readings), self._alg2)
         self.decisions.append((step, decision))
         if decision.outcome is not Outcome.MOVED:
             return None
         moved = placement.with_counts(decision.sizes)
-        if self.comm.rank == 0:
+        if self.rank == 0:
             gone = [v for v in range(placement.num_ests) if moved.owner[v] != placement.owner[v]]
             times = ", ".join(f"{r.seconds * 1e3:.1f}" for r in readings)
             log.info(

@@ -64,6 +64,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from hpc_elastic.balance.speeds import check_capability
 from hpc_elastic.checkpoint import layout
 from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_owned
 
@@ -261,7 +262,10 @@ def ack_answers(ack: Ack, *, job_id: int | None, restart_count: int, requested_a
 class Progress:
     """Where a run stands, as rank 0 last recorded it: its step, the steps per second since its previous record
     (None for the first record of a run), its processes and their device types, and which incarnation
-    (``restart_count``: Slurm requeues) and attempt (restarts of the worker step inside one allocation) it is."""
+    (``restart_count``: Slurm requeues) and attempt (restarts of the worker step inside one allocation) it is.
+    ``capability``: the observed ``C_i`` per device type (EST mini-batches per second per device, sorted by type:
+    :func:`hpc_elastic.balance.speeds.capability_by_type`), the job's telemetry for the scheduler; empty until the
+    first window of steps is timed."""
 
     step: int
     written_at: float
@@ -271,9 +275,11 @@ class Progress:
     attempt: int
     device_types: tuple[str, ...] = ()
     workers: int | None = None  # N, the logical workers (Slurm's accounting may not keep the job's marker)
+    capability: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         _count(self.step, "progress step")
+        object.__setattr__(self, "capability", check_capability(self.capability, "progress capability"))
         if self.workers is not None and _count(self.workers, "progress workers") < 1:
             raise ValueError(f"progress workers must be >= 1, got {self.workers}")
         _epoch(self.written_at, "progress written_at")
@@ -296,6 +302,7 @@ class Progress:
             "attempt": self.attempt,
             "device_types": list(self.device_types),
             "workers": self.workers,
+            "capability": [list(pair) for pair in self.capability],
         }
         return json.dumps(doc, sort_keys=True) + "\n"
 
@@ -318,6 +325,7 @@ def parse_progress(text: str) -> Progress:
         doc["attempt"],
         tuple(types),
         doc.get("workers"),
+        check_capability(doc.get("capability", []), "progress capability"),
     )
 
 
@@ -331,6 +339,7 @@ def next_progress(
     attempt: int,
     device_types: tuple[str, ...] = (),
     workers: int | None = None,
+    capability: tuple[tuple[str, float], ...] = (),
     force: bool = False,
 ) -> Progress | None:
     """The record to write after ``step`` at ``now``, or None when ``previous`` (this run's last record) is younger
@@ -341,7 +350,7 @@ def next_progress(
     rate = previous.steps_per_s if previous is not None else None
     if previous is not None and now - previous.written_at >= MIN_RATE_WINDOW_S and step >= previous.step:
         rate = (step - previous.step) / (now - previous.written_at)
-    return Progress(step, now, rate, world_size, restart_count, attempt, device_types, workers)
+    return Progress(step, now, rate, world_size, restart_count, attempt, device_types, workers, capability)
 
 
 @dataclass(frozen=True)
@@ -606,6 +615,15 @@ class JobDir:
         try:
             data = read_owned(self.path.parent, [self.path.name, CONTROL, ACK], limit=MAX_CONTROL_BYTES, owner=uid)
             return parse_ack(data.decode("utf-8", errors="replace"))
+        except (OSError, UnsafeFile, ValueError):
+            return None
+
+    def read_progress_as(self, uid: int) -> Progress | None:
+        """The progress record (with the job's telemetry) as the daemon reads it: through directories and a file of
+        user ``uid`` only, no link followed, at most :data:`MAX_CONTROL_BYTES`, validated; None otherwise."""
+        try:
+            data = read_owned(self.path.parent, [self.path.name, CONTROL, PROGRESS], limit=MAX_CONTROL_BYTES, owner=uid)
+            return parse_progress(data.decode("utf-8", errors="replace"))
         except (OSError, UnsafeFile, ValueError):
             return None
 

@@ -161,6 +161,8 @@ class Session:
         apply_determinism(self.level, intra_op_threads)
         seed_everything(seed)
         mine = device_type_of(job, self.device)
+        #: this process's device type (a100, v100, cpu, ...): its name in the job's telemetry
+        self.device_type = mine
         #: the device types of every process of this run (sorted, distinct)
         self.device_types = tuple(sorted(set(comm.allgather_object(mine))))
 
@@ -313,6 +315,7 @@ class Session:
             on_step=self._record_progress if self.is_root and self.job_dir is not None else None,
             balance=self._balance_config if self.balance is BalanceMode.EST else None,
             paper=PaperConfig() if self.balance is BalanceMode.LBBSP else None,
+            device_type=self.device_type,
         )
         if data is not None:
             if batch_size is None:
@@ -339,6 +342,7 @@ class Session:
             attempt=self.job.attempt,
             device_types=self.device_types,
             workers=self.num_workers,
+            capability=self._state.capability if self._state is not None else (),
         )
         if progress is None:
             return

@@ -42,7 +42,8 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from hpc_elastic.balance.sampler import BalancedSampler
-from hpc_elastic.balancer import ESTBalanceConfig, ESTBalancer, PaperBalancer, PaperConfig
+from hpc_elastic.balance.speeds import capability_by_type
+from hpc_elastic.balancer import ESTBalanceConfig, ESTBalancer, PaperBalancer, PaperConfig, StepTimer
 from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.tree import check_loadable, to_host
 from hpc_elastic.errors import HpcElasticError
@@ -123,10 +124,12 @@ class State:
         balance: ESTBalanceConfig | None = None,
         paper: PaperConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        device_type: str | None = None,
     ) -> None:
         """``balance``: move ESTs between the processes by their speed (EST mode, :mod:`hpc_elastic.balancer`);
         ``paper``: LB-BSP's paper mode instead (one EST per process, x_i samples each; set by the data plan);
-        ``clock``: what times the ESTs for either."""
+        ``clock``: what times the ESTs for either and for the telemetry; ``device_type``: this process's device
+        type in the telemetry (default: the device's kind, ``cpu`` or ``cuda``)."""
         self.config = config
         #: called with the new step at the end of every :meth:`finish_step` (the session's progress record)
         self._on_step = on_step
@@ -173,8 +176,14 @@ class State:
         self._clock = clock
         self._busy_s = 0.0  # time inside this process's ESTs in the current step
         self._balance = balance
+        self._device_type = device_type or self.reducer.device.type
+        #: the windows of steps the balancer decides on and the telemetry is measured over
+        self.timer = self._timer()
+        #: the observed capability per device type (:func:`hpc_elastic.balance.speeds.capability_by_type`) of the
+        #: last window of steps, the job's telemetry (empty until a window is complete; not measured in paper mode)
+        self.capability: tuple[tuple[str, float], ...] = ()
         #: EST mode's balancer (None: the placement changes only through :meth:`rebalance` and :meth:`rebind`)
-        self.balancer = ESTBalancer(self.comm, self.placement, balance) if balance is not None else None
+        self.balancer = self._balancer() if balance is not None else None
         #: placements switched to by :meth:`rebalance`, with the step they took effect at
         self.rebalances: list[tuple[int, Placement]] = []
         if paper is not None and (balance is not None or self.placement.max_local_ests != 1):
@@ -190,6 +199,13 @@ class State:
             raise ValueError(f"placement has {placement.num_ests} ESTs, the job has {self.config.num_ests}")
         if placement.num_procs != self.comm.size:
             raise ValueError(f"placement is for {placement.num_procs} processes, the group has {self.comm.size}")
+
+    def _timer(self) -> StepTimer:
+        every = (self._balance or ESTBalanceConfig()).every
+        return StepTimer(self.comm, every, self._device_type)
+
+    def _balancer(self) -> ESTBalancer:
+        return ESTBalancer(self.placement, self._balance, rank=self.comm.rank)
 
     def _reducer(self) -> GradientReducer:
         return GradientReducer(
@@ -306,10 +322,14 @@ class State:
         busy, self._busy_s = self._busy_s, 0.0
         if self.paper is not None:
             self.paper.finish(busy)
-        if self.balancer is not None:
-            moved = self.balancer.observe(self.step, busy, self.placement, self.reducer.device)
-            if moved is not None:
-                self.rebalance(moved)
+        else:
+            window = self.timer.add(busy, len(self.local_ests), self.reducer.device)
+            if window is not None:
+                self.capability = capability_by_type(window.processes)
+                if self.balancer is not None:
+                    moved = self.balancer.observe(self.step, window.workers, self.placement)
+                    if moved is not None:
+                        self.rebalance(moved)
         if self._on_step is not None:
             self._on_step(self.step)
 
@@ -563,8 +583,9 @@ class State:
         self.store = store
         self.reducer = self._reducer()
         self._open_loader()
-        if self._balance is not None:  # new processes: the readings start again
-            self.balancer = ESTBalancer(self.comm, self.placement, self._balance)
+        self.timer = self._timer()  # new processes: the readings start again
+        if self._balance is not None:
+            self.balancer = self._balancer()
 
     # ------------------------------------------------------------------ ESTs moving inside the group (EST mode)
 
@@ -602,8 +623,10 @@ class State:
         self.reducer = self._reducer()
         self._open_loader()
         self.rebalances.append((self.step, placement))
-        if self.balancer is not None and self.balancer.state.sizes != placement.counts():  # moved by hand
-            self.balancer = ESTBalancer(self.comm, placement, self._balance)
+        if self.balancer is None or self.balancer.state.sizes != placement.counts():  # moved by hand
+            self.timer = self._timer()  # the readings start again
+            if self.balancer is not None:
+                self.balancer = self._balancer()
 
     # ------------------------------------------------------------------ fingerprints
 

@@ -180,6 +180,21 @@ def test_progress_round_trips_and_a_bad_record_reads_as_none(tmp_path: Path) -> 
     assert job.read_progress() is None
 
 
+def test_progress_carries_the_observed_capability_and_the_daemon_reads_it_as_the_owner(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "train-8").prepare()
+    record = Progress(40, 1766400000.5, 2.0, 3, 0, 0, ("a100", "v100"), 8, (("v100", 5.0), ("a100", 35.0)))
+    assert record.capability == (("a100", 35.0), ("v100", 5.0))  # sorted by type
+    job.record_progress(record)
+    assert job.read_progress_as(ME) == record == parse_progress(record.to_json())
+    assert job.read_progress_as(OTHER) is None  # not that user's directory
+    for hostile in ('[["a100", NaN]]', '[["a100", -1]]', '{"a100": 3}', '[["a100", 1e400]]'):
+        job.progress_path.write_text(record.to_json().replace('[["a100", 35.0], ["v100", 5.0]]', hostile))
+        assert hostile in job.progress_path.read_text()
+        assert job.read_progress_as(ME) is None
+    job.progress_path.write_text(record.to_json()[:-2] + " " * MAX_CONTROL_BYTES + "}\n")  # too long to read
+    assert job.read_progress_as(ME) is None
+
+
 def test_progress_fields_are_checked() -> None:
     with pytest.raises(ValueError, match="progress step"):
         Progress(-1, 1.0, None, 1, 0, 0)

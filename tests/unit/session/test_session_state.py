@@ -141,6 +141,23 @@ def test_rank_0_records_progress_every_few_seconds_and_at_the_end(tmp_path: Path
     assert last is not None and last.step == 3 and last.written_at >= first.written_at
 
 
+def test_progress_reports_the_observed_capability_once_a_window_of_steps_is_timed(tmp_path: Path) -> None:
+    def body(coll: ThreadCollective) -> Any:
+        session = session_for(coll, tmp_path)
+        model, state = make(session)
+        seen = []
+        for _ in range(state.timer.every):
+            seen.append(state.capability)
+            train_step(model, state)
+        session.close()
+        return seen, state.capability, JobDir(tmp_path).read_progress()
+
+    (seen, capability, last), (_, other, _) = run_ranks(2, body)
+    assert set(seen) == {()}  # nothing before the first window is complete
+    assert capability == other and [kind for kind, _ in capability] == ["cpu"]  # the same on every process
+    assert capability[0][1] > 0 and last is not None and last.capability == capability
+
+
 def test_stop_right_after_restore_acknowledges_the_restored_checkpoint(tmp_path: Path) -> None:
     s1 = Session.local(tmp_path, num_workers=N)
     model, state = make(s1)
