@@ -26,7 +26,16 @@ import heapq
 
 import numpy as np
 
-from hpc_elastic.policy.core import Selection, WalkResult, _named, place_starts, preemptive_walk, released, select
+from hpc_elastic.policy.core import (
+    Selection,
+    WalkResult,
+    _named,
+    place_starts,
+    preemptions_of,
+    preemptive_walk,
+    released,
+    select,
+)
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.types import (
     LINEAR,
@@ -34,7 +43,6 @@ from hpc_elastic.policy.types import (
     IntArray,
     PassInput,
     PlacementMode,
-    Preemption,
     ScalingCurve,
     SizeChange,
     Start,
@@ -143,7 +151,7 @@ def elastic_walk(
     sel = select(inp, order, pinned, size=size)
     target = target_sizes(inp, order, sel, size, pinned)
     starts, resizes = place_targets(inp, sel, target, pinned, mode=mode, pack_limit=pack_limit)
-    preemptions = tuple(Preemption(row, int(jobs.job_ids[row])) for row in sel.preempt_rows)
+    preemptions = preemptions_of(jobs.job_ids, sel.preempt_rows)
     infeasible = tuple((~sel.feasible).nonzero()[0].tolist()) if not sel.feasible.all() else ()
     growable = bool((sel.holding & (target < jobs.max_gpus)).any())
     deficit = 0 if growable else sel.deficit

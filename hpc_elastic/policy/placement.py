@@ -29,6 +29,9 @@ DEFAULT_PACK_LIMIT = 0.5
 AlexNet (largest tensor >= ~60% of the model) from the other models (<= ~20%), and 0.5 sits between."""
 
 
+_NO_FIT = np.iinfo(np.int64).max
+
+
 class FreeIndex:
     """Free GPUs per node of one pass (mutable). Construction costs a few vectorised operations.
 
@@ -103,13 +106,14 @@ class FreeIndex:
     def _best_fit(self, pool: int, gpus: int) -> int | None:
         """The node of ``pool`` with the fewest free GPUs that still holds ``gpus`` (lowest row on ties)."""
         free = self._free
+        if free.size == 0:
+            return None
         ok = free >= gpus
         if self._cluster.n_pools > 1:
             ok &= self._cluster.pool == pool
-        rows = ok.nonzero()[0]
-        if rows.size == 0:
-            return None
-        return int(rows[int(np.argmin(free[rows]))])
+        # the first minimum of the free counts where the job fits (the others masked above any count)
+        node = int(np.where(ok, free, _NO_FIT).argmin())
+        return node if ok[node] else None
 
     def _switch(self, node: int) -> int:
         return int(self._cluster.switch[node])
