@@ -16,11 +16,18 @@ Measured, all in this run:
    than BSP);
 2. the LB-BSP run's final parameters against one process training on the same global batches with the full-batch
    mean gradient (what Eq. 7 promises, up to float32 rounding);
-3. NARX, EMA and last-value RMSE of Alg. 1's speed prediction on the recorded trace in tests/fixtures.
+3. NARX, EMA and last-value RMSE of Alg. 1's speed prediction on the recorded trace in tests/fixtures;
+4. EST mode: the same four processes run the job's ``--ests`` ESTs through the runtime
+   (:class:`hpc_elastic.state.State` over gloo), each EST taking ``--per-est-ms / s_i`` of sleep on process i
+   besides its real forward/backward.  Plain BSP keeps the contiguous blocks (N/4 ESTs each); EST mode's balancer
+   (Alg. 2 with whole ESTs, :mod:`hpc_elastic.balancer`) moves them.  Both runs train the same iterations, so their
+   final parameters must be the same bits (printed).  The ideal for whole ESTs is the best integer split's slowest
+   process, min over splits of max_i c_i / s_i ESTs' sleep.
 
 Prints one line per measurement and, last, one JSON object.  Usage::
 
     python bench/lbbsp.py [--iterations 150] [--steady 40] [--per-sample-ms 4] [--batch 256]
+                          [--ests 16] [--per-est-ms 40] [--est-iterations 60] [--est-steady 20]
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ from hpc_elastic.balance.aggregate import aggregation_factor
 from hpc_elastic.balance.cpu import Alg1Config, Method, replay, rmse
 from hpc_elastic.balance.gpu import Alg2State, Outcome, WorkerReading, alg2_step
 from hpc_elastic.balance.sampler import BalancedSampler, SamplerState
+from hpc_elastic.balancer import ESTBalanceConfig
+from hpc_elastic.collective import Backend
+from hpc_elastic.est.comm import open_communicator
+from hpc_elastic.state import RuntimeConfig, State
 
 WORKERS = 4
 SPEEDS = (1.0, 2.0, 3.0, 4.0)
@@ -121,6 +132,49 @@ def worker(rank: int, port: int, mode: str, args: argparse.Namespace, out: str) 
     dist.destroy_process_group()
 
 
+def est_worker(rank: int, port: int, mode: str, args: argparse.Namespace, out: str) -> None:
+    """One process of the EST-mode runs: the runtime's State with ``--ests`` ESTs, balanced or not."""
+    torch.set_num_threads(1)
+    comm = open_communicator(Backend.TORCH, rank=rank, world_size=WORKERS, master_port=port)
+    x, y = data()
+    net = mlp()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    balance = ESTBalanceConfig(every=2, fast_window=2, fine_window=4) if mode == "est" else None
+    state = State(net, opt, RuntimeConfig(num_ests=args.ests, seed=3), comm=comm, balance=balance)
+    state.plan_data(DATASET, 16)
+    per_est = args.per_est_ms / 1000.0
+    stamps, counts = [], []
+    comm.barrier()
+    stamps.append(time.perf_counter())
+    for _ in range(args.est_iterations):
+        counts.append(list(state.placement.counts()))
+        for indices in state.batches():
+            mine = list(indices)
+            nn.functional.cross_entropy(net(x[mine]), y[mine]).backward()  # type: ignore[no-untyped-call]
+            time.sleep(per_est / SPEEDS[rank])
+        state.finish_step()
+        stamps.append(time.perf_counter())
+    sha = state.params_sha256()
+    if rank == 0:
+        Path(out).write_text(
+            json.dumps({"stamps": stamps, "counts": counts, "sha": sha, "moves": len(state.rebalances)})
+        )
+    comm.close()
+
+
+def best_est_split(ests: int, per_est_ms: float) -> tuple[float, list[int]]:
+    """The smallest slowest-process sleep over integer EST counts (each >= 1) and a split reaching it."""
+    best: tuple[float, list[int]] = (float("inf"), [])
+    for split in itertools.product(range(1, ests + 1), repeat=WORKERS - 1):
+        last = ests - sum(split)
+        if last < 1:
+            continue
+        counts = [*split, last]
+        slowest = max(c * per_est_ms / v for c, v in zip(counts, SPEEDS, strict=True))
+        best = min(best, (slowest, counts))
+    return best
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,7 +184,8 @@ def free_port() -> int:
 def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.spawn(worker, args=(free_port(), mode, args, out), nprocs=WORKERS, join=True)
+        target = est_worker if mode in ("est", "est-bsp") else worker
+        mp.spawn(target, args=(free_port(), mode, args, out), nprocs=WORKERS, join=True)
         result: dict[str, Any] = json.loads(Path(out).read_text())
     return result
 
@@ -173,6 +228,10 @@ def main() -> None:
     parser.add_argument("--steady", type=int, default=40)
     parser.add_argument("--per-sample-ms", type=float, default=4.0)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--ests", type=int, default=16)
+    parser.add_argument("--per-est-ms", type=float, default=40.0)
+    parser.add_argument("--est-iterations", type=int, default=60)
+    parser.add_argument("--est-steady", type=int, default=20)
     args = parser.parse_args()
     ideal = args.batch * args.per_sample_ms / 1000.0 / sum(SPEEDS)
     bsp_args = argparse.Namespace(**{**vars(args), "iterations": args.steady + 5})
@@ -193,6 +252,12 @@ def main() -> None:
     diff = max(abs(a - b) for a, b in zip(ref, lb["params"], strict=True))
     scale = max(abs(a) for a in ref)
     errors = trace_rmse()
+    est_bsp = run("est-bsp", args)
+    est = run("est", args)
+    est_steady = slice(-args.est_steady, None)
+    est_bsp_t = statistics.mean(iteration_times(est_bsp)[est_steady])
+    est_t = statistics.mean(iteration_times(est)[est_steady])
+    est_ideal_ms, best_split = best_est_split(args.ests, args.per_est_ms)
     print(
         f"4 gloo workers on localhost, speeds 1:2:3:4 by a sleep of {args.per_sample_ms:g} ms per sample / speed;"
         f" X = {args.batch}"
@@ -215,9 +280,23 @@ def main() -> None:
         "  Alg. 1 speed prediction RMSE on the recorded trace (samples/s): "
         + ", ".join(f"{k} {v:.0f}" for k, v in errors.items())
     )
+    print(f"  EST mode, {args.ests} ESTs of {args.per_est_ms:g} ms / speed, last {args.est_steady} of each run:")
+    print(f"    plain BSP, contiguous {est_bsp['counts'][-1]}  {est_bsp_t * 1e3:8.1f} ms")
+    print(f"    EST balancer, final {est['counts'][-1]}  {est_t * 1e3:8.1f} ms  ({est['moves']} moves)")
+    print(f"    best whole-EST split {best_split}: {est_ideal_ms:.1f} ms of sleep on its slowest process")
+    print(f"  BSP / EST mode                  {est_bsp_t / est_t:8.3f}x  (goal >= 1.5)")
+    print(f"  EST mode / best whole-EST split {est_t * 1e3 / est_ideal_ms:8.3f}x")
+    print(f"  EST mode final parameters equal plain BSP's bit for bit: {est['sha'] == est_bsp['sha']}")
     print(
         json.dumps(
             {
+                "est_bsp_ms": est_bsp_t * 1e3,
+                "est_mode_ms": est_t * 1e3,
+                "bsp_over_est_mode": est_bsp_t / est_t,
+                "est_ideal_split_ms": est_ideal_ms,
+                "est_final_counts": est["counts"][-1],
+                "est_moves": est["moves"],
+                "est_params_bitwise_equal": est["sha"] == est_bsp["sha"],
                 "ideal_ms": ideal * 1e3,
                 "bsp_ms": bsp_t * 1e3,
                 "lbbsp_ms": lb_t * 1e3,

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.levels import DeterminismLevel
 
@@ -86,6 +87,7 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
 #   HPC_ELASTIC_WORKERS      logical workers N (the global data-parallel degree the script was designed for)
 #   HPC_ELASTIC_BACKEND      torch | mpi | horovod
 #   HPC_ELASTIC_LEVEL        determinism level d0 | d1 | d2 (submit --level; default d1)
+#   HPC_ELASTIC_BALANCE      none | est | lbbsp (submit --balance; default: est where N > M at d1/d2, else none)
 #   HPC_ELASTIC_GPU_TYPES    the GPU type of each node of the allocation, "node1:a100,node3:v100" (from Slurm)
 #   HPC_ELASTIC_RANK, HPC_ELASTIC_WORLD_SIZE, HPC_ELASTIC_LOCAL_RANK
 #                            this process's place among the M worker processes (else read from srun's
@@ -118,6 +120,7 @@ class JobEnvironment:
     workers: int | None = None
     backend: Backend = Backend.TORCH
     level: DeterminismLevel | None = None  # None: the script's choice (default d1)
+    balance: BalanceMode | None = None  # None: the default of hpc_elastic.balance.mode.resolve_balance
     node_gpu_types: tuple[tuple[str, str], ...] = ()  # (node, GPU type) of the allocation, from the wrapper
     rank: int = 0
     world_size: int = 1
@@ -198,6 +201,11 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         level = DeterminismLevel.parse(raw_level) if raw_level else None
     except ValueError as exc:
         raise ValueError(f"HPC_ELASTIC_LEVEL: {exc}") from None
+    try:
+        raw_balance = env.get("HPC_ELASTIC_BALANCE", "").strip()
+        balance = BalanceMode.parse(raw_balance) if raw_balance else None
+    except ValueError as exc:
+        raise ValueError(f"HPC_ELASTIC_BALANCE: {exc}") from None
     workers = _int(env, "HPC_ELASTIC_WORKERS")
     if workers is not None and workers < 1:
         raise ValueError(f"HPC_ELASTIC_WORKERS must be >= 1, got {workers}")
@@ -232,6 +240,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         workers=workers,
         backend=backend,
         level=level,
+        balance=balance,
         node_gpu_types=parse_node_gpu_types(env.get("HPC_ELASTIC_GPU_TYPES", "")),
         rank=rank,
         world_size=world,

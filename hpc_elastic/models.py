@@ -154,6 +154,11 @@ class _TransformerSmall(nn.Module):
         return out
 
 
+#: modules whose own forward only composes their children with exact element-wise ops (ReLU, a residual add of two
+#: tensors): the D2 scanner (hpc_elastic.est.d2) vouches for them
+D2_COMPOSITE_MODULES: tuple[type[nn.Module], ...] = (_VggLike, _BasicBlock, _ResNetLike)
+
+
 def _token_batch(batch_size: int) -> tuple[Inputs, torch.Tensor]:
     _check_batch_size(batch_size)
     tokens = torch.randint(0, VOCAB_SIZE, (batch_size, SEQUENCE_LENGTH))

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpc_elastic.balance.mode import BalanceMode, resolve_balance
+from hpc_elastic.balancer import ESTBalanceConfig, PaperConfig
 from hpc_elastic.checkpoint import DEFAULT_KEEP, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.store import DEFAULT_COMMIT_TIMEOUT_S
 from hpc_elastic.collective import DEFAULT_TIMEOUT_S
@@ -105,7 +107,11 @@ class Session:
         stop_check_every: int = 1,
         local_rank: int | None = None,
         intra_op_threads: int = 1,
+        balance: BalanceMode | str | None = None,
+        balance_config: ESTBalanceConfig | None = None,
     ) -> None:
+        """``balance``: ``none``, ``est`` or ``lbbsp`` (default: the job environment's, else ``est`` where N > M
+        at D1/D2, see :func:`hpc_elastic.balance.mode.resolve_balance`); ``balance_config``: EST mode's cadence."""
         if isinstance(stop_check_every, bool) or not isinstance(stop_check_every, int) or stop_check_every < 1:
             raise ValueError(f"stop_check_every must be a positive integer, got {stop_check_every!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -120,6 +126,21 @@ class Session:
         self.seed = seed
         n = num_workers if num_workers is not None else job.workers
         self.placement = Placement.contiguous(n if n is not None else comm.size, comm.size)
+        requested = BalanceMode.parse(balance) if balance is not None else job.balance
+        #: how this job balances its processes (:class:`~hpc_elastic.balance.mode.BalanceMode`)
+        self.balance = resolve_balance(requested, self.placement.num_ests, comm.size, self.level)
+        self._balance_config = balance_config if balance_config is not None else ESTBalanceConfig()
+        if self.balance is BalanceMode.LBBSP:
+            if self.placement.num_ests != comm.size:
+                raise ValueError(
+                    f"balance mode lbbsp runs one worker per process: the job has {self.placement.num_ests} logical "
+                    f"workers on {comm.size} processes (submit with --workers equal to the process count)"
+                )
+            if comm.rank == 0:
+                log.warning(
+                    "balance lbbsp (LB-BSP paper mode): batch sizes follow the measured speeds, so bitwise identity "
+                    "of the trained parameters is not promised in this mode"
+                )
         resolved = Path(job_dir) if job_dir is not None else job.job_dir
         #: the job directory (checkpoints, the control files), None without one
         self.job_dir: JobDir | None = JobDir(resolved.resolve()) if resolved is not None else None
@@ -212,7 +233,10 @@ class Session:
 
     @property
     def workers(self) -> tuple[int, ...]:
-        """The ESTs this process runs: a contiguous block of virtual ranks."""
+        """The ESTs this process runs now: a contiguous block of virtual ranks until EST mode moves some
+        (:meth:`hpc_elastic.state.State.rebalance`)."""
+        if self._state is not None:
+            return self._state.local_ests
         return self.placement.local_ests(self.comm.rank)
 
     @property
@@ -287,6 +311,8 @@ class Session:
             meta={"job_id": self.job.job_id, "restart_count": self.job.restart_count, "backend": self.backend.value},
             kernels=kernels,
             on_step=self._record_progress if self.is_root and self.job_dir is not None else None,
+            balance=self._balance_config if self.balance is BalanceMode.EST else None,
+            paper=PaperConfig() if self.balance is BalanceMode.LBBSP else None,
         )
         if data is not None:
             if batch_size is None:

@@ -30,6 +30,7 @@ restart on another M redistributes the ESTs and continues bit for bit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +39,10 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
+from hpc_elastic.balance.sampler import BalancedSampler
+from hpc_elastic.balancer import ESTBalanceConfig, ESTBalancer, PaperBalancer, PaperConfig
 from hpc_elastic.checkpoint import Checkpoint, CheckpointStore, SaveMode
 from hpc_elastic.checkpoint.tree import check_loadable, to_host
 from hpc_elastic.errors import HpcElasticError
@@ -116,7 +120,13 @@ class State:
         meta: Mapping[str, Any] | None = None,
         kernels: TensorKernels | None = None,
         on_step: Callable[[int], None] | None = None,
+        balance: ESTBalanceConfig | None = None,
+        paper: PaperConfig | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``balance``: move ESTs between the processes by their speed (EST mode, :mod:`hpc_elastic.balancer`);
+        ``paper``: LB-BSP's paper mode instead (one EST per process, x_i samples each; set by the data plan);
+        ``clock``: what times the ESTs for either."""
         self.config = config
         #: called with the new step at the end of every :meth:`finish_step` (the session's progress record)
         self._on_step = on_step
@@ -160,6 +170,18 @@ class State:
         self._loader: ESTLoader | None = None
         self._data: tuple[Any, int, int, Any, bool] | None = None
         self.data_plan: DataPlan | None = None
+        self._clock = clock
+        self._busy_s = 0.0  # time inside this process's ESTs in the current step
+        self._balance = balance
+        #: EST mode's balancer (None: the placement changes only through :meth:`rebalance` and :meth:`rebind`)
+        self.balancer = ESTBalancer(self.comm, self.placement, balance) if balance is not None else None
+        #: placements switched to by :meth:`rebalance`, with the step they took effect at
+        self.rebalances: list[tuple[int, Placement]] = []
+        if paper is not None and (balance is not None or self.placement.max_local_ests != 1):
+            raise ValueError("paper mode runs one worker per process: one EST on each, and no EST balancer")
+        self._paper_config = paper
+        #: paper mode's batch sizes and sample stream (built with the data plan)
+        self.paper: PaperBalancer | None = None
 
     # ------------------------------------------------------------------ the group and its ESTs
 
@@ -233,6 +255,7 @@ class State:
         if vrank in self._ran:
             raise RuntimeError(f"EST {vrank} already ran in step {self.step}")
         ctx = self.contexts[vrank]
+        started = self._clock()
         ctx.rng.restore()
         self._load_buffers(ctx)
         self.reducer.switch_in()
@@ -249,6 +272,7 @@ class State:
         self._active = None
         self.reducer.deposit()
         self._ran.append(vrank)
+        self._busy_s += self._clock() - started
 
     def local_steps(self) -> Iterator[ESTContext]:
         """This process's ESTs for the current global step, each one switched in while the loop body runs."""
@@ -270,6 +294,8 @@ class State:
         if sorted(self._ran) != sorted(self.local_ests):
             missing = sorted(set(self.local_ests) - set(self._ran))
             raise RuntimeError(f"step {self.step}: ESTs {missing} of this process did not run")
+        if self.paper is not None:  # Eq. 7: n·x_i/X before the mean of the n gradients
+            self.reducer.flat_grad.mul_(self.paper.factor())
         self.reducer.reduce()
         self.optimizer.step()
         if self.scheduler is not None:
@@ -277,6 +303,13 @@ class State:
         self.reducer.zero()
         self._ran = []
         self.step += 1
+        busy, self._busy_s = self._busy_s, 0.0
+        if self.paper is not None:
+            self.paper.finish(busy)
+        if self.balancer is not None:
+            moved = self.balancer.observe(self.step, busy, self.placement, self.reducer.device)
+            if moved is not None:
+                self.rebalance(moved)
         if self._on_step is not None:
             self._on_step(self.step)
 
@@ -295,14 +328,23 @@ class State:
         ``loader_workers`` processes, augmentation seeded per (EST, mini-batch)."""
         self._data = (dataset, batch_size, loader_workers, collate_fn, shuffle)
         self.data_plan = DataPlan(len(dataset), self.config.num_ests, batch_size, self.config.seed, shuffle)
+        self._open_paper(len(dataset), batch_size, shuffle)
         self._open_loader()
         return self.data_plan
+
+    def _open_paper(self, dataset_len: int, batch_size: int, shuffle: bool) -> None:
+        """Paper mode: X = N · ``batch_size`` samples per iteration, split into the x_i (collective)."""
+        if self._paper_config is None:
+            return
+        sampler = BalancedSampler(dataset_len, self.config.seed, shuffle)
+        total = self.config.num_ests * batch_size
+        self.paper = PaperBalancer(self.comm, sampler, total, self.reducer.device, self._paper_config)
 
     def _open_loader(self) -> None:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
-        if self._data is None or self.data_plan is None:
+        if self._data is None or self.data_plan is None or self.paper is not None:
             return
         dataset, _, workers, collate_fn, _ = self._data
         self._loader = ESTLoader(dataset, self.data_plan, self.local_ests, num_workers=workers, collate_fn=collate_fn)
@@ -313,6 +355,13 @@ class State:
         ctx = self._require_active("next_batch()")
         if self.data_plan is None:
             raise RuntimeError("no data (pass data= to session.state(), or call attach_data() or plan_data())")
+        if self.paper is not None:  # this process's x_i samples, loaded here (the loader's workers are ESTs')
+            indices = self.paper.indices()
+            ctx.cursor += 1
+            if self._data is None:
+                return indices
+            dataset, _, _, collate_fn, _ = self._data
+            return (collate_fn or default_collate)([dataset[i] for i in indices])
         batch = (
             self._loader.get(ctx.vrank, ctx.cursor)
             if self._loader is not None
@@ -329,11 +378,14 @@ class State:
             self._loader.close()
             self._loader = None
         self.data_plan = DataPlan(dataset_len, self.config.num_ests, batch_size, self.config.seed, shuffle)
+        self._open_paper(dataset_len, batch_size, shuffle)
         return self.data_plan
 
     @property
     def epoch(self) -> int:
         """The epoch of the next step (every EST reads one mini-batch per step)."""
+        if self.paper is not None:
+            return self.paper.position.epoch
         return 0 if self.data_plan is None else self.data_plan.position(self.step)[0]
 
     def _require_active(self, what: str) -> ESTContext:
@@ -363,6 +415,7 @@ class State:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "extras": self.extras,
+            **({"lbbsp": self.paper.to_json()} if self.paper is not None else {}),
         }
 
     def load_replicated(self, shared: Mapping[str, Any]) -> None:
@@ -379,9 +432,15 @@ class State:
         if self.scheduler is not None and shared.get("scheduler") is not None:
             self.scheduler.load_state_dict(shared["scheduler"])
         self.extras = dict(shared.get("extras") or {})
+        if self.paper is not None:
+            saved_paper = shared.get("lbbsp")
+            if saved_paper is None:
+                raise HpcElasticError("the checkpoint has no sampler state: it was not written in paper mode")
+            self.paper.load(saved_paper)
         self.step = int(shared["step"])
         self.reducer.zero()
         self._ran = []
+        self._busy_s = 0.0
 
     def commit(self, *, mode: SaveMode | str | None = None) -> Path:
         """Checkpoint every EST's context and the shared state at this step (collective, between steps).  Return
@@ -504,6 +563,47 @@ class State:
         self.store = store
         self.reducer = self._reducer()
         self._open_loader()
+        if self._balance is not None:  # new processes: the readings start again
+            self.balancer = ESTBalancer(self.comm, self.placement, self._balance)
+
+    # ------------------------------------------------------------------ ESTs moving inside the group (EST mode)
+
+    def rebalance(self, placement: Placement) -> None:
+        """Run ``placement``'s ESTs from the next step on, in the same process group (collective, between global
+        steps; every process passes the same placement).  The contexts of the ESTs that change process are handed
+        over as host copies through the communicator, the reducer is planned again for the new most ESTs per
+        process and the loader restarts on this process's new ESTs.  The sum of the N gradients does not depend on
+        the placement (D1/D2), so neither do the trained parameters.  An asynchronous checkpoint in flight is
+        finished first."""
+        if self._active is not None or self._ran:
+            raise RuntimeError("ESTs move only between global steps")
+        self._check_placement(placement)
+        if placement == self.placement:
+            return
+        if self.store is not None and self.store.pending is not None:
+            self.store.wait()
+        rank = self.comm.rank
+        outgoing = {v: to_host(self.contexts[v].to_state()) for v in self.local_ests if placement.owner[v] != rank}
+        received: dict[int, Mapping[str, Any]] = {}
+        for owner, sent in self.comm.allgather_object((placement.owner, outgoing)):
+            if tuple(owner) != placement.owner:
+                raise HpcElasticError(f"rebalance: processes disagree on the placement ({owner} vs {placement.owner})")
+            received.update(sent)
+        contexts: dict[int, ESTContext] = {}
+        for v in placement.local_ests(rank):
+            if v in self.contexts:
+                contexts[v] = self.contexts[v]
+            elif v in received:
+                contexts[v] = ESTContext.from_state(received[v])
+            else:
+                raise HpcElasticError(f"rebalance: no process handed over the context of EST {v}")
+        self.placement = placement
+        self.contexts = contexts
+        self.reducer = self._reducer()
+        self._open_loader()
+        self.rebalances.append((self.step, placement))
+        if self.balancer is not None and self.balancer.state.sizes != placement.counts():  # moved by hand
+            self.balancer = ESTBalancer(self.comm, placement, self._balance)
 
     # ------------------------------------------------------------------ fingerprints
 

@@ -29,6 +29,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NONFINITE_TOP 255
@@ -641,6 +642,103 @@ static PyObject *py_owner_sum(PyObject *self, PyObject *args) {
 
 /* ---------------------------------------------------------------- D2: deterministic matmul */
 
+/* Eight float32 lanes as a GCC/Clang vector: + and * act lane by lane, each a separately rounded IEEE operation
+   (no contraction: -ffp-contract=off), so a vector step is exactly the eight scalar steps it stands for. */
+typedef float lanes_t __attribute__((vector_size(DOT_LANES * sizeof(float))));
+
+/* unaligned load and store (macros: a vector-valued function would change the ABI between the clones) */
+#define LOAD_LANES(dst, p) memcpy(&(dst), (p), sizeof(lanes_t))
+#define STORE_LANES(p, src) memcpy((p), &(src), sizeof(lanes_t))
+
+/* b [n, k] repacked as panels of DOT_LANES columns: panel q holds b[q*8 + v, kk] at [q][kk][v] (columns past n are
+   zero and never stored).  A panel row is then one vector over eight outputs. */
+static void pack_panels(const float *bp, float *panels, Py_ssize_t n, Py_ssize_t k) {
+    const Py_ssize_t np_ = (n + DOT_LANES - 1) / DOT_LANES;
+    memset(panels, 0, (size_t)(np_ * k * DOT_LANES) * sizeof(float));
+    for (Py_ssize_t j = 0; j < n; ++j) {
+        float *dst = panels + (j / DOT_LANES) * k * DOT_LANES + j % DOT_LANES;
+        const float *src = bp + j * k;
+        for (Py_ssize_t kk = 0; kk < k; ++kk) dst[kk * DOT_LANES] = src[kk];
+    }
+}
+
+/* Eight outputs out[i, q*8 .. q*8+7] at once, vectorised over the outputs: acc[l] holds lane l (k mod 8 = l) of
+   each of them and accumulates a[i, k] * b[j, k] in increasing k, separately rounded multiply and add; the lanes
+   are then added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).  Every output sees exactly the operations of the
+   definition (the products commute), so the bits depend neither on this arrangement nor on the split of k into
+   consecutive chunks (k0 is a multiple of 8, so lane kk - kb is lane kk mod 8). */
+static inline __attribute__((always_inline)) void panel_accumulate(lanes_t *state, const float *ar, const float *panel,
+                                                                   Py_ssize_t k0, Py_ssize_t k1) {
+    lanes_t acc[DOT_LANES];
+    for (int l = 0; l < DOT_LANES; ++l) acc[l] = state[l];
+    const Py_ssize_t kb = k0 + (k1 - k0) / DOT_LANES * DOT_LANES;
+    for (Py_ssize_t kk = k0; kk < kb; kk += DOT_LANES) {
+#pragma GCC unroll 8
+        for (int l = 0; l < DOT_LANES; ++l) {
+            const float x = ar[kk + l];
+            const lanes_t xs = {x, x, x, x, x, x, x, x};
+            lanes_t y;
+            LOAD_LANES(y, panel + (kk + l) * DOT_LANES);
+            lanes_t p = xs * y;
+            acc[l] = acc[l] + p;
+        }
+    }
+    for (Py_ssize_t kk = kb; kk < k1; ++kk) {
+        const float x = ar[kk];
+        const lanes_t xs = {x, x, x, x, x, x, x, x};
+        lanes_t y;
+        LOAD_LANES(y, panel + kk * DOT_LANES);
+        lanes_t p = xs * y;
+        acc[kk - kb] = acc[kk - kb] + p;
+    }
+    for (int l = 0; l < DOT_LANES; ++l) state[l] = acc[l];
+}
+
+static inline __attribute__((always_inline)) void panel_finish(const lanes_t *acc, float *dst, Py_ssize_t count,
+                                                               Py_ssize_t stride) {
+    lanes_t s01 = acc[0] + acc[1], s23 = acc[2] + acc[3];
+    lanes_t s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
+    lanes_t s03 = s01 + s23, s47 = s45 + s67;
+    lanes_t r = s03 + s47;
+    if (count == DOT_LANES && stride == 1) {
+        STORE_LANES(dst, r);
+    } else {
+        for (Py_ssize_t v = 0; v < count; ++v) dst[v * stride] = r[v];
+    }
+}
+
+/* k is walked in chunks of K_CHUNK for a block of ROW_BLOCK rows of a, so that the chunk of a panel stays in L1
+   while those rows use it (a long k would otherwise stream the whole panel from memory for every row). */
+#define K_CHUNK 512
+#define ROW_BLOCK 64
+
+/* The products of the m rows of ap [m, k] with the n rows packed into panels; the product of row r and packed row c
+   goes to op[r * s_row + c * s_col] (out or its transpose: a product does not depend on which operand is packed). */
+CLONES
+static void matmul_panels(const float *ap, const float *panels, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                          Py_ssize_t s_row, Py_ssize_t s_col) {
+    const Py_ssize_t np_ = (n + DOT_LANES - 1) / DOT_LANES;
+    const Py_ssize_t panel_size = k * DOT_LANES;
+    lanes_t state[ROW_BLOCK][DOT_LANES];
+    for (Py_ssize_t i0 = 0; i0 < m; i0 += ROW_BLOCK) {
+        const Py_ssize_t rows = m - i0 < ROW_BLOCK ? m - i0 : ROW_BLOCK;
+        for (Py_ssize_t q = 0; q < np_; ++q) {
+            const Py_ssize_t count = n - q * DOT_LANES < DOT_LANES ? n - q * DOT_LANES : DOT_LANES;
+            const float *panel = panels + q * panel_size;
+            for (Py_ssize_t r = 0; r < rows; ++r) {
+                for (int l = 0; l < DOT_LANES; ++l) state[r][l] = (lanes_t){0};
+            }
+            for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
+                const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
+                for (Py_ssize_t r = 0; r < rows; ++r) panel_accumulate(state[r], ap + (i0 + r) * k, panel, k0, k1);
+            }
+            for (Py_ssize_t r = 0; r < rows; ++r) {
+                panel_finish(state[r], op + (i0 + r) * s_row + q * DOT_LANES * s_col, count, s_col);
+            }
+        }
+    }
+}
+
 static const char matmul_doc[] =
     "matmul_nt(a, b, out, m, n, k)\n"
     "out[i, j] = sum_k a[i, k] * b[j, k] in float32 with a fixed order: lane l = k mod 8 accumulates its\n"
@@ -671,30 +769,31 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     const float *ap = (const float *)a.view.buf;
     const float *bp = (const float *)b.view.buf;
     float *op = (float *)o.view.buf;
-    Py_BEGIN_ALLOW_THREADS
-    const Py_ssize_t kb = k - k % DOT_LANES;
-    for (Py_ssize_t i = 0; i < m; ++i) {
-        const float *ar = ap + i * k;
-        for (Py_ssize_t j = 0; j < n; ++j) {
-            const float *br = bp + j * k;
-            float acc[DOT_LANES] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            for (Py_ssize_t kk = 0; kk < kb; kk += DOT_LANES) {
-                for (int ln = 0; ln < DOT_LANES; ++ln) {
-                    float p = ar[kk + ln] * br[kk + ln];
-                    acc[ln] = acc[ln] + p;
-                }
-            }
-            for (Py_ssize_t kk = kb; kk < k; ++kk) {
-                float p = ar[kk] * br[kk];
-                acc[kk - kb] = acc[kk - kb] + p;
-            }
-            float s01 = acc[0] + acc[1], s23 = acc[2] + acc[3];
-            float s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
-            float s03 = s01 + s23, s47 = s45 + s67;
-            op[i * n + j] = s03 + s47;
+    /* the smaller operand is packed (a copy of it in panels), the rows of the other stream past it */
+    const int swap = m < n;
+    const Py_ssize_t packed = swap ? m : n;
+    float *panels = NULL;
+    if (m > 0 && n > 0 && k > 0) {
+        panels = (float *)malloc((size_t)((packed + DOT_LANES - 1) / DOT_LANES * k * DOT_LANES) * sizeof(float));
+        if (panels == NULL) {
+            release(&a); release(&b); release(&o);
+            return PyErr_NoMemory();
         }
     }
+    Py_BEGIN_ALLOW_THREADS
+    if (panels != NULL) {
+        if (swap) {
+            pack_panels(ap, panels, m, k);
+            matmul_panels(bp, panels, op, n, m, k, 1, n);
+        } else {
+            pack_panels(bp, panels, n, k);
+            matmul_panels(ap, panels, op, m, n, k, n, 1);
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
+    }
     Py_END_ALLOW_THREADS
+    free(panels);
     release(&a); release(&b); release(&o);
     Py_RETURN_NONE;
 }

@@ -18,6 +18,13 @@ minus its wait at the barrier, §4) and its free device memory; :func:`alg2_step
 explicit and bounded: the last D_fine iterations' times and, for line 12's "∃ h ∈ {1, ..., k-1}", one flag per
 ordered pair of workers saying whether the first was ever slower than the second.  Δ and D are parameters of
 :class:`Alg2Config`, so a caller whose unit of work is not one sample (whole ESTs, Δ = 1) uses the same loop.
+
+With a coarse unit one move is a large share of a worker's batch, and a move that merely swaps leader and
+straggler would be undone D iterations later, for ever (with Δ = 1 the fine-tune phase only widens the window).
+``Alg2Config.predictive`` adds one condition to line 10: the move is made only when it shortens the iteration as
+the workers' recent times predict it, that is when both the leader's mean time per unit over the window times its
+batch plus Δ and the straggler's mean time per unit times its batch minus Δ stay below the straggler's mean time
+now.  Off by default: the paper's rule for samples, where Δ is a small share of a batch.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ class Alg2Config:
     fine_step: int = 1
     fine_window: int = 20
     min_free_memory: float = 0.05
+    #: move only when the move is predicted to shorten the iteration (see the module docstring)
+    predictive: bool = False
 
     def __post_init__(self) -> None:
         for name in ("fast_step", "fast_window", "fine_step", "fine_window"):
@@ -199,6 +208,16 @@ def _argmin(values: Sequence[float], candidates: Sequence[int]) -> int | None:
     return best
 
 
+def _move_helps(sizes: Sequence[int], last: Sequence[Sequence[float]], leader: int, straggler: int, delta: int) -> bool:
+    """Whether moving ``delta`` units from ``straggler`` to ``leader`` shortens the slower of the two, their times
+    taken as proportional to their batches (the mean over ``last``, the window's iterations)."""
+    t_lead = sum(t[leader] for t in last) / len(last)
+    t_strag = sum(t[straggler] for t in last) / len(last)
+    lead_after = t_lead * (sizes[leader] + delta) / sizes[leader]
+    strag_after = t_strag * (sizes[straggler] - delta) / sizes[straggler]
+    return max(lead_after, strag_after) < t_strag
+
+
 def alg2_step(
     state: Alg2State, readings: Sequence[WorkerReading], config: Alg2Config | None = None
 ) -> tuple[Alg2State, Alg2Decision]:
@@ -241,7 +260,11 @@ def alg2_step(
     if leader is None or leader == straggler:
         return new_state, decide(Outcome.NO_LEADER if leader is None else Outcome.WAITING)
     last = new_state.recent[-window:]
-    if len(last) == window and all(t[leader] < t[straggler] for t in last):  # lines 10-11
+    if (
+        len(last) == window
+        and all(t[leader] < t[straggler] for t in last)
+        and (not cfg.predictive or _move_helps(state.sizes, last, leader, straggler, delta))
+    ):  # lines 10-11
         sizes = list(state.sizes)
         sizes[leader] += delta
         sizes[straggler] -= delta

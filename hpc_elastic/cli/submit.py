@@ -8,6 +8,7 @@ from typing import cast
 
 import click
 
+from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import read_environment
 from hpc_elastic.est.levels import DeterminismLevel
@@ -34,6 +35,12 @@ from hpc_elastic.slurm import connect
     "--level",
     type=click.Choice([lvl.value for lvl in DeterminismLevel]),
     help="Determinism level (default d1: same bits on any number of GPUs of one type; d2: across types too).",
+)
+@click.option(
+    "--balance",
+    metavar="|".join(m.value for m in BalanceMode),
+    help="How processes share the work: est (faster processes run more ESTs, same bits; the default where there "
+    "are more ESTs than processes, at d1/d2), lbbsp (LB-BSP's per-worker batch sizes; no bitwise promise), none.",
 )
 @click.option("--ckpt-root", type=click.Path(path_type=Path), help="Job directories on the shared filesystem.")
 @click.option("--profile", help="Model profile name (profiles/).")

@@ -7,6 +7,7 @@
 - :mod:`~hpc_elastic.est.detsum`, :mod:`~hpc_elastic.est.reducer`: the exact sum of the N gradients (D1);
 - :mod:`~hpc_elastic.est.comm`, :mod:`~hpc_elastic.est.exchange`: the process group and its range exchanges;
 - :mod:`~hpc_elastic.est.levels`, :mod:`~hpc_elastic.est.d2`: determinism levels D0/D1/D2 and the model scanner;
+- :mod:`~hpc_elastic.est.d2_math`, :mod:`~hpc_elastic.est.d2_ops`: D2's device-independent arithmetic and operators;
 - :mod:`~hpc_elastic.est.checkpoint`: the checkpoint format and its fingerprint;
 - :mod:`~hpc_elastic.est.example`: the bundled training script.
 

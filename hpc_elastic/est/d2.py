@@ -1,116 +1,89 @@
-"""D2, heterogeneous determinism (EasyScale §3.3): hardware-agnostic operators and a model scanner.
+"""D2, heterogeneous determinism (EasyScale §3.3): the model scanner and the conversion to D2 operators.
 
-Covered operators (identical bits on any CPU and, through ``kernels/detreduce_cuda.cu``, on any CUDA
-GPU):
+Covered operators (identical bits on any CPU and any CUDA GPU by construction: see
+:mod:`hpc_elastic.est.d2_math` for why, :mod:`hpc_elastic.est.d2_ops` for the operators):
 
-- ``nn.Linear`` -> :class:`DetLinear`: forward and all three backward products run the fixed-order
-  8-lane dot product of ``kernels/`` (no BLAS, no FMA contraction, no thread-count dependence); the bias
-  add is one IEEE addition per element;
-- ``nn.ReLU``, ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten``: exact (comparisons and copies);
-- containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) whose children are covered.
+- after :func:`to_d2`, which swaps the class of each module (parameters, buffers and state dict unchanged):
+  ``nn.Linear``, ``nn.Conv2d`` (groups 1, zero padding), ``nn.BatchNorm1d/2d/3d``, ``nn.LayerNorm``,
+  ``nn.Embedding`` (no max_norm, dense gradients), ``nn.MaxPool2d`` (no ceil_mode), ``nn.AdaptiveAvgPool2d``
+  (output sizes dividing the input's; others fail at the forward), ``nn.Sigmoid``, ``nn.Tanh``, ``nn.SiLU``,
+  ``nn.GELU``, ``nn.Softmax`` and ``nn.LogSoftmax`` (with a dim);
+- exact as they are: ``nn.ReLU``, ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten`` (comparisons and copies);
+- containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) and the classes vouched for by
+  :func:`register_d2_module` (forward code that only composes covered children with exact element-wise ops; the
+  reference models of :mod:`hpc_elastic.models` listed in ``D2_COMPOSITE_MODULES`` are vouched for here).
 
-So MLP blocks made of Linear and ReLU are covered.  Everything else is reported: BatchNorm and LayerNorm
-(reductions in backend-specific order), Dropout (CPU and CUDA generators draw different masks),
-convolutions (vendor algorithm choice, §3.3), activations computed with transcendental functions (libm and
-CUDA's math library round differently), and modules with their own ``forward`` code, which the scanner
-cannot see (:func:`register_d2_module` vouches for such a class).  The loss function is outside the scan.
+Everything else is reported with its reason: Dropout (CPU and CUDA generators draw different masks), GroupNorm and
+InstanceNorm, MultiheadAttention and RNNs (no D2 kernel), other activations, and modules with their own ``forward``
+code, which the scanner cannot see.  The loss function is outside the scan: use
+:func:`hpc_elastic.est.d2_ops.det_cross_entropy`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
-import torch
 from torch import nn
 
-from hpc_elastic.est.detsum import cpu_kernels
-from hpc_elastic.est.gpu import cuda_extension
-
-
-def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32, 2-D)."""
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"det_matmul_nt needs [m, k] and [n, k] matrices, got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype != torch.float32 or b.dtype != torch.float32:
-        raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
-    if a.device != b.device:
-        raise ValueError(f"operands on different devices: {a.device} and {b.device}")
-    a = a.detach().contiguous()
-    b = b.detach().contiguous()
-    if a.device.type == "cuda":
-        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a, b)
-        return out_gpu
-    if a.device.type != "cpu":
-        raise ValueError(f"no D2 kernel for device {a.device}")
-    out = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32)
-    an: np.ndarray[Any, Any] = a.numpy()
-    cpu_kernels().matmul_nt(an, b.numpy(), out.numpy())
-    return out
-
-
-class _DetLinearFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
-        out = det_matmul_nt(x2, weight)
-        if bias is not None:
-            out = out + bias
-        ctx.save_for_backward(x2, weight)
-        ctx.has_bias = bias is not None
-        ctx.lead = lead
-        return out.reshape(*lead, weight.shape[0])
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2, weight = ctx.saved_tensors
-        g2 = grad_out.reshape(-1, weight.shape[0]).contiguous()
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = det_matmul_nt(g2, weight.t().contiguous()).reshape(*ctx.lead, weight.shape[1])
-        gt = g2.t().contiguous() if (ctx.needs_input_grad[1] or ctx.has_bias) else None
-        if ctx.needs_input_grad[1] and gt is not None:
-            gw = det_matmul_nt(gt, x2.t().contiguous())
-        if ctx.has_bias and ctx.needs_input_grad[2] and gt is not None:
-            ones = torch.ones((1, g2.shape[0]), dtype=torch.float32, device=g2.device)
-            gb = det_matmul_nt(ones, gt).reshape(weight.shape[0])
-        return gx, gw, gb
-
-
-class DetLinear(nn.Linear):
-    """``nn.Linear`` computed by the deterministic kernels (same parameters, same state dict)."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _DetLinearFn.apply(input, self.weight, self.bias)  # type: ignore[no-untyped-call]
-        return out
+from hpc_elastic.est import d2_ops
+from hpc_elastic.models import D2_COMPOSITE_MODULES
 
 
 class D2Status(StrEnum):
     COVERED = "covered"
-    CONVERTIBLE = "convertible"  # nn.Linear: to_d2() swaps in DetLinear
+    CONVERTIBLE = "convertible"  # to_d2() swaps in the D2 operator
     NOT_COVERED = "not-covered"
     UNKNOWN = "unknown"  # own forward code the scanner cannot inspect
 
 
 _EXACT: tuple[type[nn.Module], ...] = (nn.ReLU, nn.Identity, nn.Flatten, nn.Unflatten)
 _CONTAINERS: tuple[type[nn.Module], ...] = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _always(module: Any) -> str | None:
+    return None
+
+
+#: stock class -> (its D2 operator, why a given instance cannot be converted or None)
+_CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str | None]]] = {
+    nn.Linear: (d2_ops.DetLinear, _always),
+    nn.Conv2d: (d2_ops.DetConv2d, d2_ops.conv2d_unsupported),
+    nn.BatchNorm1d: (d2_ops.DetBatchNorm1d, _always),
+    nn.BatchNorm2d: (d2_ops.DetBatchNorm2d, _always),
+    nn.BatchNorm3d: (d2_ops.DetBatchNorm3d, _always),
+    nn.LayerNorm: (d2_ops.DetLayerNorm, _always),
+    nn.Embedding: (d2_ops.DetEmbedding, d2_ops.embedding_unsupported),
+    nn.MaxPool2d: (d2_ops.DetMaxPool2d, d2_ops.maxpool2d_unsupported),
+    nn.AdaptiveAvgPool2d: (d2_ops.DetAdaptiveAvgPool2d, _always),
+    nn.Sigmoid: (d2_ops.DetSigmoid, _always),
+    nn.Tanh: (d2_ops.DetTanh, _always),
+    nn.SiLU: (d2_ops.DetSiLU, _always),
+    nn.GELU: (d2_ops.DetGELU, _always),
+    nn.Softmax: (d2_ops.DetSoftmax, d2_ops.softmax_unsupported),
+    nn.LogSoftmax: (d2_ops.DetLogSoftmax, d2_ops.softmax_unsupported),
+}
+_D2_CLASSES: frozenset[type[nn.Module]] = frozenset(det for det, _ in _CONVERSIONS.values())
 _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
     (
-        (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm),
-        "normalisation reduces in a backend-specific order",
+        (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout),
+        "CPU and CUDA generators draw different masks",
     ),
-    ((nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout), "CPU and CUDA generators draw different masks"),
-    ((nn.modules.conv._ConvNd,), "convolution algorithms are chosen by the vendor library"),
     (
-        (nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU, nn.Softmax, nn.LogSoftmax, nn.ELU, nn.Softplus, nn.Mish),
-        "transcendental functions round differently in libm and CUDA",
+        (nn.GroupNorm, nn.modules.instancenorm._InstanceNorm, nn.SyncBatchNorm, nn.LocalResponseNorm),
+        "no D2 operator for this normalisation",
     ),
-    ((nn.MultiheadAttention, nn.RNNBase, nn.Embedding), "no deterministic kernel in kernels/ yet"),
+    ((nn.modules.conv._ConvNd,), "no D2 operator for this convolution (Conv2d alone is covered)"),
+    ((nn.MultiheadAttention, nn.RNNBase, nn.RNNCellBase, nn.Transformer), "no D2 operator (composite kernels)"),
+    (
+        (nn.ELU, nn.Softplus, nn.Mish, nn.CELU, nn.SELU, nn.Hardswish, nn.LogSigmoid, nn.Softmin, nn.Softmax2d),
+        "no D2 operator for this activation (transcendental functions round differently in libm and CUDA)",
+    ),
+    ((nn.modules.pooling._AvgPoolNd, nn.modules.pooling._MaxPoolNd), "no D2 operator for this pooling"),
 )
-_VOUCHED: set[type[nn.Module]] = set()
+_VOUCHED: set[type[nn.Module]] = set(D2_COMPOSITE_MODULES)
 
 
 def register_d2_module(cls: type[nn.Module]) -> type[nn.Module]:
@@ -160,10 +133,15 @@ class D2Report:
 
 def _classify(module: nn.Module) -> tuple[D2Status, str]:
     cls = type(module)
-    if isinstance(module, DetLinear):
-        return D2Status.COVERED, "deterministic 8-lane kernel (kernels/detreduce.c, detreduce_cuda.cu)"
-    if cls is nn.Linear:
-        return D2Status.CONVERTIBLE, "to_d2() replaces it by DetLinear"
+    if cls in _D2_CLASSES:
+        return D2Status.COVERED, "D2 operator (hpc_elastic/est/d2_ops.py)"
+    conversion = _CONVERSIONS.get(cls)
+    if conversion is not None:
+        det, unsupported = conversion
+        reason = unsupported(module)
+        if reason is None:
+            return D2Status.CONVERTIBLE, f"to_d2() replaces it by {det.__name__}"
+        return D2Status.NOT_COVERED, f"{det.__name__} does not support {reason}"
     if cls in _EXACT:
         return D2Status.COVERED, "exact on every device"
     if cls in _CONTAINERS:
@@ -188,9 +166,10 @@ def scan_model(model: nn.Module) -> D2Report:
 
 
 def to_d2(model: nn.Module) -> nn.Module:
-    """Swap every plain ``nn.Linear`` of ``model`` for :class:`DetLinear` in place (parameters, hooks and
-    optimizer references are kept: only the class changes)."""
+    """Swap, in place, every module of a class D2 converts (and in a configuration it supports) for its D2 operator:
+    parameters, buffers, hooks and optimizer references are kept, only the class changes."""
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = DetLinear
+        conversion = _CONVERSIONS.get(type(module))
+        if conversion is not None and conversion[1](module) is None:
+            module.__class__ = conversion[0]
     return model

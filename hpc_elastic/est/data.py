@@ -35,7 +35,8 @@ def epoch_permutation(dataset_len: int, seed: int, epoch: int, shuffle: bool = T
         return list(range(dataset_len))
     g = torch.Generator()
     g.manual_seed(seed + epoch)
-    return [int(i) for i in torch.randperm(dataset_len, generator=g)]
+    order: list[int] = torch.randperm(dataset_len, generator=g).tolist()
+    return order
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,18 @@ non-deterministic elsewhere is here, and the runtime keeps the bits anyway.
 Options: ``--steps`` (global steps of the whole run, across restarts), ``--model`` ``bn-dropout`` (default) or
 ``mlp`` (Linear/ReLU only: D2 covers it), ``--batch-size`` (per EST), ``--dataset-size``, ``--loader-workers``,
 ``--hidden``, ``--lr``, ``--seed``, ``--ckpt-every`` (periodic commits), ``--step-delay`` (seconds after each step:
-tests and demos).  It commits its final state, prints ``final-params-sha256 <hex>`` and one ``RESULT <json>`` line
-(rank 0), and on a stop request checkpoints, acknowledges and exits 0.
+tests and demos), ``--slow-rank``/``--slow-ms`` (a sleep inside each EST of one rank: a straggler for demos of
+``--balance est``).  The job's balance mode (``hpc-elastic submit --balance``) is the runtime's: in EST mode a line
+``balance est: ...`` is logged (rank 0) whenever ESTs move.  It commits its final state, prints
+``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (rank 0, with the balance mode, the final EST placement
+and the moves), and on a stop request checkpoints, acknowledges and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import sys
 import time
@@ -82,6 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-every", type=int, default=0, help="commit every K steps (0: at the end and when stopped)")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step")
+    p.add_argument("--slow-rank", type=int, default=-1, help="the rank whose ESTs each sleep --slow-ms")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds of sleep inside each EST of --slow-rank")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "dataset_size", "hidden"):
         if getattr(args, name) < 1:
@@ -91,6 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     session = hpc_elastic.init(seed=args.seed)
     model = build_model(args.model, args.hidden).to(session.device)
     model.train()
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"rank 0 of {session.world_size} ({session.backend.value}, {session.device}, "
             f"{'+'.join(session.device_types)}); ESTs {session.num_workers}, here {list(session.workers)}; "
-            f"level {session.level.value}; restored from {where}",
+            f"level {session.level.value}; balance {session.balance.value}; restored from {where}",
             flush=True,
         )
     stopped = False
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             break
         for x, y in state.batches():
             F.cross_entropy(model(x.to(session.device)), y.to(session.device)).backward()  # type: ignore[no-untyped-call]
+            if session.rank == args.slow_rank:
+                time.sleep(args.slow_ms / 1000.0)
         state.finish_step()
         if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
             state.commit()
@@ -146,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             "backend": session.backend.value,
             "device_types": list(session.device_types),
             "restored_from": str(restored.path) if restored else None,
+            "balance": session.balance.value,
+            "placement": list(state.placement.owner),
+            "rebalances": [[step, list(placement.owner)] for step, placement in state.rebalances],
         }
         print("RESULT " + json.dumps(result, sort_keys=True), flush=True)
     session.close()

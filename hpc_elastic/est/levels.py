@@ -17,9 +17,10 @@ class DeterminismLevel(StrEnum):
       for repeated runs on the *same* number of processes (gradients summed in fp32 by the backend).
     - ``D1`` elastic determinism: D0 + constant virtual ranks for the ESTs + gradient buckets fixed by
       parameter index + the exact deterministic allreduce: identical bits for *any* number of processes.
-    - ``D2`` heterogeneous determinism: D1 + the hardware-agnostic kernels of ``kernels/`` for the
-      operators a model uses (Linear today; see :func:`hpc_elastic.est.d2.scan_model`): identical bits on
-      CPU and on any GPU model where every operator is covered.
+    - ``D2`` heterogeneous determinism: D1 + hardware-agnostic operators for the layers a model uses
+      (Linear, Conv2d, BatchNorm, LayerNorm, Embedding, pooling, the common activations, softmax and
+      cross-entropy: :mod:`hpc_elastic.est.d2_ops`; :func:`hpc_elastic.est.d2.scan_model` says whether they
+      cover a model): identical bits on CPU and on any GPU model where every operator is covered.
     """
 
     D0 = "d0"

@@ -63,6 +63,33 @@ class Placement:
     def as_map(self) -> dict[int, list[int]]:
         return {p: list(self.local_ests(p)) for p in range(self.num_procs)}
 
+    def counts(self) -> tuple[int, ...]:
+        """How many ESTs each process runs."""
+        found = Counter(self.owner)
+        return tuple(found[p] for p in range(self.num_procs))
+
+    def with_counts(self, counts: Sequence[int]) -> Placement:
+        """The placement closest to this one in which process ``p`` runs ``counts[p]`` ESTs: a process that shrinks
+        gives up its highest virtual ranks, and the ESTs given up go, in increasing virtual rank, to the processes
+        that grow, in process order.  Only the ESTs that must move do."""
+        if len(counts) != self.num_procs:
+            raise ValueError(f"expected {self.num_procs} EST counts, got {len(counts)}")
+        for c in counts:
+            _int("EST count", c, 1)
+        if sum(counts) != self.num_ests:
+            raise ValueError(f"EST counts {list(counts)} add up to {sum(counts)}, the job has {self.num_ests} ESTs")
+        owner = list(self.owner)
+        freed: list[int] = []
+        for p in range(self.num_procs):
+            freed.extend(self.local_ests(p)[counts[p] :])
+        freed.sort()
+        gone = set(freed)
+        now = Counter(owner[v] for v in range(self.num_ests) if v not in gone)
+        for p in range(self.num_procs):
+            for _ in range(counts[p] - now[p]):
+                owner[freed.pop(0)] = p
+        return Placement(tuple(owner), self.num_procs)
+
     @classmethod
     def contiguous(cls, num_ests: int, num_procs: int) -> Placement:
         """Balanced contiguous blocks: the first ``num_ests % num_procs`` processes get one EST more."""

@@ -79,6 +79,7 @@ def render_batch_script(spec: SubmitSpec, wrapper: Sequence[str]) -> str:
         f"--backend={spec.backend.value}",
         f"--workers={spec.logical_workers}",
         *([f"--level={spec.level.value}"] if spec.level is not None else []),
+        *([f"--balance={spec.balance.value}"] if spec.balance is not None else []),
         f"--grace={spec.grace_s}",
         *([f"--max-restarts={spec.max_restarts}"] if spec.max_restarts != DEFAULT_MAX_RESTARTS else []),
         *([f"--max-requeues={spec.max_requeues}"] if spec.max_requeues != DEFAULT_MAX_REQUEUES else []),

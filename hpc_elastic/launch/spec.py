@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from hpc_elastic.balance.mode import BalanceMode, check_balance
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
@@ -56,6 +57,8 @@ class SubmitSpec:
     ``workers`` is the number of logical workers N (the global data-parallel degree the hyper-parameters were
     designed for); it stays fixed whatever the number of processes, any number from 1 to N (EasyScale §3, Eq. 1a:
     the processes need not divide N).  ``level`` is the determinism level (D2 alone may mix GPU types).
+    ``balance`` is how the processes share the work (:class:`~hpc_elastic.balance.mode.BalanceMode`; None: the
+    runtime's default, EST mode where N > M at d1/d2).
     """
 
     script: Path
@@ -72,6 +75,7 @@ class SubmitSpec:
     backend: Backend = Backend.TORCH
     workers: int | None = None
     level: DeterminismLevel | None = None
+    balance: BalanceMode | None = None
     ckpt_root: Path = Path("/tmp/hpc-elastic/gpfs/jobs")  # noqa: S108 - the dev cluster's GPFS stand-in
     profile: str | None = None
     job_name: str | None = None
@@ -129,6 +133,14 @@ _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 def _check(spec: SubmitSpec) -> None:
     if spec.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {spec.gpus}")
+    check_balance(spec.balance, spec.level)
+    if spec.balance is BalanceMode.LBBSP and (
+        spec.logical_workers != spec.processes or spec.elastic_range != (spec.processes, spec.processes)
+    ):
+        raise ValueError(
+            f"--balance lbbsp runs one worker per process: --workers ({spec.logical_workers}) must equal the "
+            f"processes ({spec.processes}) and the job cannot be resized (no --min-gpus/--max-gpus)"
+        )
     if spec.gpus == 0 and (spec.min_gpus or spec.max_gpus or spec.gpu_type):
         raise ValueError("--min-gpus/--max-gpus/--gpu-type need --gpus >= 1")
     lo, hi = spec.min_gpus, spec.max_gpus
@@ -439,6 +451,7 @@ _DIRECTIVE_OPTIONS: Mapping[str, tuple[str, type]] = {
     "--backend": ("backend", str),
     "--workers": ("workers", int),
     "--level": ("level", str),
+    "--balance": ("balance", str),
     "--ckpt-root": ("ckpt_root", Path),
     "--profile": ("profile", str),
     "--job-name": ("job_name", str),
@@ -546,6 +559,8 @@ def merge_layers(base: SubmitSpec, *layers: Mapping[str, Any]) -> SubmitSpec:
         values["backend"] = Backend.parse(values["backend"])
     if values.get("level") is not None:
         values["level"] = DeterminismLevel.parse(values["level"])
+    if values.get("balance") is not None:
+        values["balance"] = BalanceMode.parse(values["balance"])
     return replace(base, **values, extra=merge_extra(*extra))
 
 

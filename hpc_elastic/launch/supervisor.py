@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment
 from hpc_elastic.est.levels import DeterminismLevel
@@ -75,6 +76,7 @@ class WrapperConfig:
     backend: Backend = Backend.TORCH
     workers: int | None = None
     level: DeterminismLevel | None = None
+    balance: BalanceMode | None = None
     grace_s: float = 120.0
     launcher: Launcher = Launcher.SRUN
     max_requeues: int = 0
@@ -272,6 +274,7 @@ class Supervisor:
             backend=self.config.backend,
             launcher=self.config.launcher,
             level=self.config.level,
+            balance=self.config.balance,
             gpus_per_task=self.job.gpus_per_task,
             node_gpu_types=self._node_gpu_types,
             restart_count=self.job.restart_count,
@@ -484,8 +487,8 @@ class Supervisor:
 
 
 def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
-    """``[--ckpt-root=DIR] [--backend=B] [--workers=N] [--level=d0|d1|d2] [--grace=S] [--launcher=srun|mpirun]
-    [--max-restarts=N] [--max-requeues=N] -- COMMAND...``"""
+    """``[--ckpt-root=DIR] [--backend=B] [--workers=N] [--level=d0|d1|d2] [--balance=none|est|lbbsp] [--grace=S]
+    [--launcher=srun|mpirun] [--max-restarts=N] [--max-requeues=N] -- COMMAND...``"""
     if "--" not in argv:
         raise ValueError("usage: hpc-elastic-run [options] -- COMMAND [ARGS...]")
     split = list(argv).index("--")
@@ -499,6 +502,8 @@ def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
             values["backend"] = Backend.parse(value)
         elif key == "--level" and value:
             values["level"] = DeterminismLevel.parse(value)
+        elif key == "--balance" and value:
+            values["balance"] = BalanceMode.parse(value)
         elif key == "--workers" and value:
             values["workers"] = int(value)
         elif key == "--grace" and value:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend, horovod_available
 from hpc_elastic.env import child_environment, format_node_gpu_types
 from hpc_elastic.errors import HpcElasticError
@@ -55,6 +56,7 @@ class WorkerStep:
     backend: Backend = Backend.TORCH
     launcher: Launcher = Launcher.SRUN
     level: DeterminismLevel | None = None
+    balance: BalanceMode | None = None
     gpus_per_task: int = 0
     node_gpu_types: tuple[tuple[str, str], ...] = ()
     restart_count: int = 0
@@ -116,6 +118,8 @@ def worker_environment(step: WorkerStep, port: int) -> dict[str, str]:
     }
     if step.level is not None:
         env["HPC_ELASTIC_LEVEL"] = step.level.value
+    if step.balance is not None:
+        env["HPC_ELASTIC_BALANCE"] = step.balance.value
     if step.node_gpu_types:
         env["HPC_ELASTIC_GPU_TYPES"] = format_node_gpu_types(step.node_gpu_types)
     return env

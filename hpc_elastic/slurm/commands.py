@@ -252,6 +252,28 @@ def scontrol_ping() -> list[str]:
     return ["scontrol", "ping"]
 
 
+def srun_single(command: Sequence[str], *, name: str, cpus: int = 1, mem_mb: int = 1024) -> list[str]:
+    """``srun`` of one process as a step of its own inside an allocation (a PS-mode job's master, PS or worker):
+    exactly ``cpus`` CPUs and ``mem_mb`` MB of the allocation (``--exact``), so the steps run side by side and one
+    started later (a worker added) gets its CPU while the others go on, or waits for one to be free."""
+    if not command:
+        raise ValueError("srun needs a command")
+    if cpus < 1 or mem_mb < 1:
+        raise ValueError(f"a step needs at least one CPU and 1 MB, got cpus={cpus} mem_mb={mem_mb}")
+    return [
+        "srun",
+        "--ntasks=1",
+        "--nodes=1",
+        f"--cpus-per-task={cpus}",
+        f"--mem={mem_mb}M",
+        "--exact",
+        f"--job-name={name}",
+        "--unbuffered",
+        "--kill-on-bad-exit=1",
+        *command,
+    ]
+
+
 def srun_step(
     command: Sequence[str],
     ntasks: int,

@@ -255,7 +255,7 @@ def test_d2_refuses_a_model_it_does_not_cover(slurm: CliSlurm, cleanup: list[int
     done = wait_for("the job to end", lambda: ended(slurm, job_id), timeout_s=180)
     assert done.state is JobState.FAILED
     text = (workdir / f"it-d2no-{job_id}.out").read_text()
-    assert "D2 does not hold for this model: BatchNorm1d" in text and "rank 0 of" not in text
+    assert "D2 does not hold for this model: Dropout" in text and "rank 0 of" not in text
 
 
 @pytest.mark.timeout(600)

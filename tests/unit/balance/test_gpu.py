@@ -180,3 +180,34 @@ def test_memory_cap_comes_from_the_profile() -> None:
     assert memory_cap(_with_limit(256, capped=True)) == 256
     with pytest.raises(ValueError, match="not even one sample"):
         memory_cap(_with_limit(None))
+
+
+def test_predictive_whole_unit_moves_settle_without_ping_pong() -> None:
+    # 5 units on speeds 1:1.4: the plain rule with Δ = 1 swaps leader and straggler between (2, 3) and (3, 2) for
+    # ever; the predictive rule reaches the better split and then moves nothing
+    speeds = [1.0, 1.4]
+    plain = Alg2Config(fast_step=1, fast_window=2, fine_step=1, fine_window=4)
+    guarded = Alg2Config(fast_step=1, fast_window=2, fine_step=1, fine_window=4, predictive=True)
+    _, plain_decisions = run(Alg2State(sizes=(3, 2), caps=(None, None)), speeds, 200, config=plain)
+    state, decisions = run(Alg2State(sizes=(3, 2), caps=(None, None)), speeds, 200, config=guarded)
+    late_plain = [d for d in plain_decisions[100:] if d.move is not None]
+    late = [d for d in decisions[100:] if d.move is not None]
+    print(f"plain: {len(late_plain)} moves in the last 100 iterations; predictive: {len(late)}, sizes {state.sizes}")
+    assert late_plain and not late
+    assert state.sizes == (2, 3)
+    # on 1:2:3:4 with 8 units it ends at the best split one unit per move can reach, every worker keeping one
+    state, decisions = run(Alg2State.initial(8, [None] * 4), [1.0, 2.0, 3.0, 4.0], 200, config=guarded)
+    best = min(slowest(s, [1.0, 2.0, 3.0, 4.0]) for s in itertools.product(range(1, 6), repeat=4) if sum(s) == 8)
+    assert slowest(state.sizes, [1.0, 2.0, 3.0, 4.0]) == best and min(state.sizes) >= 1
+    assert not [d for d in decisions[100:] if d.move is not None]
+
+
+def test_predictive_rule_refuses_a_move_that_makes_the_leader_the_straggler() -> None:
+    config = Alg2Config(fast_step=1, fast_window=1, fine_step=1, fine_window=1, predictive=True)
+    # leader 1.0 s for 2 units; with 3 it would take 1.5 s, above the straggler's 1.2 s now
+    state = Alg2State(sizes=(2, 2), caps=(None, None))
+    _, decision = alg2_step(state, [WorkerReading(1.0), WorkerReading(1.2)], config)
+    assert decision.move is None and decision.sizes == (2, 2)
+    # a straggler at 2.0 s: the leader's 1.5 s and the straggler's 1.0 s both beat it
+    _, decision = alg2_step(state, [WorkerReading(1.0), WorkerReading(2.0)], config)
+    assert decision.move is not None and decision.sizes == (3, 1)

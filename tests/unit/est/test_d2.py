@@ -5,7 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from hpc_elastic.est.d2 import D2Status, DetLinear, det_matmul_nt, register_d2_module, scan_model, to_d2
+from hpc_elastic.est.d2 import D2Status, register_d2_module, scan_model, to_d2
+from hpc_elastic.est.d2_math import det_matmul_nt
+from hpc_elastic.est.d2_ops import DetLinear
 from hpc_elastic.est.detsum import ref_matmul_nt
 from hpc_elastic.est.example import build_model
 
@@ -49,7 +51,7 @@ def test_det_linear_handles_extra_leading_dims() -> None:
 def test_scanner_reports_what_d2_covers() -> None:
     report = scan_model(build_model("bn-dropout", 8))
     status = {f.kind: f.status for f in report.findings}
-    assert status["BatchNorm1d"] is D2Status.NOT_COVERED
+    assert status["BatchNorm1d"] is D2Status.CONVERTIBLE
     assert status["Dropout"] is D2Status.NOT_COVERED
     assert status["Linear"] is D2Status.CONVERTIBLE
     assert not report.holds and not report.holds_after_conversion

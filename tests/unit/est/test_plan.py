@@ -59,3 +59,21 @@ def test_buckets_follow_parameter_index() -> None:
         plan_buckets([1, -2])
     with pytest.raises(ValueError, match="malformed bucket layout"):
         BucketLayout.from_json({"chunk": 4})
+
+
+def test_with_counts_moves_only_what_must_move() -> None:
+    start = Placement.contiguous(8, 4)  # (0,0,1,1,2,2,3,3)
+    assert start.counts() == (2, 2, 2, 2)
+    moved = start.with_counts((1, 2, 2, 3))
+    assert moved.counts() == (1, 2, 2, 3)
+    assert moved.owner == (0, 3, 1, 1, 2, 2, 3, 3)  # EST 1 alone moves, from process 0 to process 3
+    assert start.with_counts((2, 2, 2, 2)) == start
+    two = Placement.contiguous(8, 4).with_counts((1, 1, 3, 3))
+    assert two.owner == (0, 2, 1, 3, 2, 2, 3, 3)
+    assert two.with_counts((2, 2, 2, 2)).counts() == (2, 2, 2, 2)
+
+
+@pytest.mark.parametrize("counts", [(1, 1, 1), (0, 4, 4, 0), (1, 1, 1, 6), (2, 2, 2, 1)])
+def test_with_counts_rejects_bad_counts(counts: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="EST count"):
+        Placement.contiguous(8, 4).with_counts(counts)

@@ -118,7 +118,7 @@ def test_d2_converts_linear_layers_and_refuses_uncovered_models() -> None:
     train(state, model, 2)
     assert all(type(m).__name__ != "Linear" for m in model.modules())
     bn = build_model("bn-dropout", 16)
-    with pytest.raises(HpcElasticError, match="D2 does not hold for this model: BatchNorm1d at '1'"):
+    with pytest.raises(HpcElasticError, match="D2 does not hold for this model: Dropout at '3'"):
         State(bn, torch.optim.SGD(bn.parameters(), lr=0.1), RuntimeConfig(num_ests=2, level=DeterminismLevel.D2))
 
 

@@ -114,7 +114,9 @@ def _outputs(kern: d.Kernels, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
     kern.owner_sum(np.stack(xs), acc, owner_tops, chunk=CHUNK, width=width)
     owner = np.empty(n, np.float32)
     kern.finalize(acc, owner_tops, owner, chunk=CHUNK, width=width, divisor=3.0)
-    a = np.clip(np.nan_to_num(np.stack(xs)[:, :96], posinf=1.0), -1e12, 1e12)  # no overflow in the products
+    # no overflow in the products; k = 1029 spans three chunks of k and a tail after the 8-lane steps, n = 5 is a
+    # partial panel of outputs
+    a = np.clip(np.nan_to_num(np.stack(xs)[:, :1029], posinf=1.0), -1e12, 1e12)
     mm = np.empty((N_EST, N_EST), np.float32)
     kern.matmul_nt(a, a, mm)
     return {

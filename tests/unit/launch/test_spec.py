@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.batch import render_batch_script
@@ -93,6 +94,10 @@ def spec(**kw: object) -> SubmitSpec:
             "array_cpu",
             {"gpus": 0, "procs": 2, "partition": "cpu", "mem_per_cpu": "500M", "array": "0-15%4", "job_name": "sweep"},
         ),
+        (
+            "balance_est",
+            {"gpus": 2, "max_gpus": 4, "workers": 8, "gpu_type": "a100", "balance": BalanceMode.EST},
+        ),
     ],
 )
 def test_batch_script_golden(name: str, settings: dict[str, object]) -> None:
@@ -111,6 +116,9 @@ def test_everything_in_the_body_is_quoted() -> None:
     ("settings", "message"),
     [
         ({"gpus": -1}, "--gpus must be >= 0, got -1"),
+        ({"balance": BalanceMode.EST, "level": DeterminismLevel.D0}, "balance mode est needs determinism level d1"),
+        ({"gpus": 2, "workers": 4, "balance": BalanceMode.LBBSP}, r"--workers \(4\) must equal the processes \(2\)"),
+        ({"gpus": 2, "max_gpus": 4, "workers": 4, "balance": BalanceMode.LBBSP}, "cannot be resized"),
         ({"gpus": 0, "max_gpus": 2}, "need --gpus >= 1"),
         ({"gpus": 2, "min_gpus": 4, "max_gpus": 2}, r"--min-gpus \(4\) is greater than --max-gpus \(2\)"),
         ({"gpus": 1, "min_gpus": 2}, r"--gpus \(1\) is below --min-gpus \(2\)"),
@@ -325,3 +333,13 @@ def test_sbatch_lines_translate_to_first_class_options() -> None:
         "dependency": "afterok:12",
     }
     assert extra == ()
+
+
+def test_balance_directive_and_merge() -> None:
+    assert merge(parse_directives("#HPC-ELASTIC --balance lbbsp\n"), {}, spec()).balance is BalanceMode.LBBSP
+    assert merge(parse_directives("#HPC-ELASTIC --balance lbbsp\n"), {"balance": "est"}, spec()).balance is (
+        BalanceMode.EST
+    )
+    with pytest.raises(ValueError, match="balance mode must be one of none, est, lbbsp, got 'fast'"):
+        merge({"balance": "fast"}, {}, spec())
+    assert "--balance" not in render_batch_script(spec(), WRAPPER)  # unset: the runtime's default

@@ -28,6 +28,8 @@ def script(tmp_path: Path) -> Path:
         (["--array=3-1"], "bad --array '3-1'"),
         (["--mem=1G", "--mem-per-cpu=1G"], "--mem and --mem-per-cpu exclude each other"),
         (["--account=a;b"], "bad --account 'a;b'"),
+        (["--balance=fast"], "balance mode must be one of none, est, lbbsp, got 'fast'"),
+        (["--balance=est", "--level=d0"], "balance mode est needs determinism level d1 or d2"),
     ],
 )
 def test_bad_submit_is_one_line_and_exit_2(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment, read_job_environment, tasks_per_node_total
 from hpc_elastic.est.levels import DeterminismLevel
@@ -63,6 +64,7 @@ def test_worker_environment_is_the_runtimes_contract() -> None:
         job_dir=Path("/gpfs/j"),
         backend=Backend.HOROVOD,
         level=DeterminismLevel.D2,
+        balance=BalanceMode.LBBSP,
         node_gpu_types=(("node1", "a100"), ("node3", "v100")),
         restart_count=2,
         attempt=1,
@@ -74,6 +76,7 @@ def test_worker_environment_is_the_runtimes_contract() -> None:
     assert (env["HPC_ELASTIC_RESTART_COUNT"], env["HPC_ELASTIC_ATTEMPT"], env["OMP_NUM_THREADS"]) == ("2", "1", "1")
     parsed = read_job_environment({**env, "SLURMD_NODENAME": "node3"})
     assert parsed.level is DeterminismLevel.D2 and dict(parsed.node_gpu_types)["node3"] == "v100"
+    assert env["HPC_ELASTIC_BALANCE"] == "lbbsp" and parsed.balance is BalanceMode.LBBSP
 
 
 def test_parse_wrapper_args() -> None:
@@ -84,6 +87,7 @@ def test_parse_wrapper_args() -> None:
             "--workers=8",
             "--grace=30",
             "--level=d2",
+            "--balance=est",
             "--max-requeues=3",
             "--",
             "python",
@@ -93,7 +97,7 @@ def test_parse_wrapper_args() -> None:
         ]
     )
     assert config.ckpt_root == Path("/gpfs/jobs") and config.backend is Backend.MPI and config.workers == 8
-    assert config.level is DeterminismLevel.D2
+    assert config.level is DeterminismLevel.D2 and config.balance is BalanceMode.EST
     assert config.grace_s == 30 and config.max_requeues == 3 and config.command == ("python", "train.py", "--lr", "1")
     with pytest.raises(ValueError, match="usage"):
         parse_wrapper_args(["--ckpt-root=/x", "python"])

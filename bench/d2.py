@@ -1,0 +1,118 @@
+"""D2 operators vs the stock kernels: one training step (forward, loss, backward) of the reference CNNs.
+
+For ``hpc_elastic.models.resnet_like`` and ``vgg_like`` and every device present (the CPU, and the GPU when torch
+sees one), times interleaved repetitions of
+
+- ``stock``: the model as built, ``F.cross_entropy``, autograd's backward (torch's own kernels: oneDNN/MKL on the
+  CPU, cuDNN/cuBLAS on the GPU);
+- ``d2``: the same model after :func:`hpc_elastic.est.d2.to_d2` with :func:`det_cross_entropy` (the D2 operators:
+  the same bits on every device),
+
+and reports the median step times (wall clock, and the process's CPU time: on a shared machine the CPU time of a
+one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock.  The two start from the same
+weights and the same batch; their losses agree to float32 rounding (printed).  Prints one line per measurement
+and, last, one JSON object.  Usage::
+
+    python bench/d2.py [--batch 32] [--reps 5] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpc_elastic import models
+from hpc_elastic.est.d2 import scan_model, to_d2
+from hpc_elastic.est.d2_ops import det_cross_entropy
+
+MODELS: dict[str, Callable[[], models.ModelBundle]] = {"resnet_like": models.resnet_like, "vgg_like": models.vgg_like}
+
+
+def step(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: Any, y: Any) -> float:
+    for p in model.parameters():
+        p.grad = None
+    loss = loss_fn(model(x), y)
+    loss.backward()  # type: ignore[no-untyped-call]
+    return float(loss.item())
+
+
+def timed(device: torch.device, fn: Callable[[], float]) -> tuple[float, float, float]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start, cpu = time.perf_counter(), time.process_time()
+    loss = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, time.process_time() - cpu, loss
+
+
+def measure(name: str, device: torch.device, batch: int, reps: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model, sample = MODELS[name]()[:2]
+    x, y = sample(batch)
+    stock = model.to(device)
+    det = to_d2(copy.deepcopy(stock))
+    assert scan_model(det).holds, scan_model(det).first_problem()
+    x, y = x.to(device), y.to(device)  # type: ignore[union-attr]
+    runs: dict[str, tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] = {
+        "stock": (stock, F.cross_entropy),
+        "d2": (det, det_cross_entropy),
+    }
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    cpu_times: dict[str, list[float]] = {k: [] for k in runs}
+    losses: dict[str, float] = {}
+    for rep in range(reps + 1):  # the first round warms up (allocator, CUDA extension build, oneDNN plans)
+        for key, (module, loss_fn) in runs.items():
+            seconds, cpu, losses[key] = timed(device, lambda m=module, f=loss_fn: step(m, f, x, y))
+            if rep:
+                times[key].append(seconds)
+                cpu_times[key].append(cpu)
+    result = {
+        "model": name,
+        "device": device.type,
+        "batch": batch,
+        "stock_s": statistics.median(times["stock"]),
+        "d2_s": statistics.median(times["d2"]),
+        "stock_cpu_s": statistics.median(cpu_times["stock"]),
+        "d2_cpu_s": statistics.median(cpu_times["d2"]),
+        "loss_stock": losses["stock"],
+        "loss_d2": losses["d2"],
+    }
+    result["ratio"] = result["d2_s"] / result["stock_s"]
+    result["cpu_ratio"] = result["d2_cpu_s"] / result["stock_cpu_s"]
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    results = []
+    for device in devices:
+        for name in MODELS:
+            r = measure(name, device, args.batch, args.reps)
+            results.append(r)
+            print(
+                f"{r['model']:12s} {r['device']:4s} batch {r['batch']}: stock {r['stock_s'] * 1e3:8.1f} ms, "
+                f"d2 {r['d2_s'] * 1e3:8.1f} ms, ratio {r['ratio']:.2f}; process CPU time ratio {r['cpu_ratio']:.2f} "
+                f"(loss {r['loss_stock']:.6f} / {r['loss_d2']:.6f})"
+            )
+    print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": results}))
+
+
+if __name__ == "__main__":
+    main()

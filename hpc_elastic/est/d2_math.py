@@ -1,0 +1,298 @@
+"""Device-independent arithmetic for D2 (EasyScale §3.3): the building blocks of :mod:`hpc_elastic.est.d2_ops`.
+
+Why these give the same bits on every CPU and CUDA GPU
+=======================================================
+Between two IEEE-754 machines the results of a float32 program differ only through (1) the order of a
+reduction, (2) contraction of a multiply and an add into one FMA, (3) transcendental functions (libm and CUDA's
+math library round differently), (4) tie-breaking and (5) atomics.  A *single* IEEE operation (``+ - * /``,
+``sqrt``, comparisons, min/max, copies, gathers without accumulation, exact integer work on the bits) is correctly
+rounded everywhere, and torch's eager element-wise kernels run one such operation per element and per call.  So
+everything here is built from
+
+- such single-operation torch calls (never ``alpha=``, ``addcmul``, ``lerp``, ``rsqrt``, ``torch.exp`` and its
+  relatives, nor a division by a Python number, which CUDA turns into a multiplication by the reciprocal);
+  constants are float32 numbers, so multiplying by one is one rounding on every device;
+- :func:`det_matmul_nt`, the fixed-order 8-lane dot products of ``kernels/detreduce.c`` and its CUDA twin
+  ``kernels/detreduce_cuda.cu``;
+- :func:`det_sum`, a reduction whose tree is fixed by the length alone: the dimension is padded with +0.0 to a
+  power of two and halved by element-wise additions (log2(n) kernels, the same tree on any device and with any
+  number of threads).
+
+The transcendental functions are evaluated by fixed formulas from those operations: :func:`det_exp` and
+:func:`det_expm1` (Cody-Waite reduction with a 15-bit ``ln2_hi`` so that ``k * ln2_hi`` is exact, a degree-8
+polynomial in Horner form, ``2^k`` built from integer bits in two exact factors), :func:`det_log` (exponent and
+mantissa from the bits, ``log1p`` of the mantissa by the ``atanh`` series), :func:`det_erfc`/:func:`det_erf`
+(Maclaurin series below 0.5, the Numerical Recipes Chebyshev fit of ``erfc`` above, fractional error 1.2e-7) and,
+from them, :func:`det_sigmoid` and :func:`det_tanh`.  Measured against float64 over a dense sweep
+(``tests/unit/est/test_d2_ops.py`` asserts the bounds): exp, expm1, log, sigmoid and tanh within 2 ulps, erfc
+within 4 and erf within 2.  Results out of the normal float32 range are clamped by selection: ``det_exp`` of
+``x < -87.34`` is 0 and of ``x > 88.72`` is inf; NaN stays NaN.
+"""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_elastic.est.detsum import cpu_kernels
+from hpc_elastic.est.gpu import cuda_extension
+
+
+def f32(value: float) -> float:
+    """``value`` rounded to float32 (a Python float): multiplying a float32 tensor by it is one rounding anywhere."""
+    return float(np.float32(value))
+
+
+LOG2E = f32(1.4426950408889634)
+LN2_HI = f32(0.693145751953125)  # 0x3f317200: 15 significant bits, so k * LN2_HI is exact for |k| <= 256
+LN2_LO = f32(0.6931471805599453 - 0.693145751953125)
+#: float32 bounds of exp's normal results: exp(EXP_LO) is the smallest normal, exp(EXP_HI) the largest finite
+EXP_LO = f32(-87.33654475)
+EXP_HI = f32(88.72283905)
+SQRT2 = f32(1.4142135623730951)
+TINY = f32(2.0**-126)
+#: Taylor coefficients 1/2!, 1/3!, ... 1/8! of expm1(r) = r + r^2 * P(r) on |r| <= ln2 / 2
+_EXPM1_P = tuple(f32(1.0 / float(np.prod(np.arange(1, n + 1, dtype=np.float64)))) for n in range(2, 9))
+#: atanh(s) = s * (1 + s^2 / 3 + s^4 / 5 + ...), |s| <= 0.172 (log1p of the mantissa, up to s^12)
+_ATANH_P = tuple(f32(1.0 / n) for n in (3, 5, 7, 9, 11, 13))
+TWO_OVER_SQRT_PI = f32(1.1283791670955126)
+#: erf(z) = 2/sqrt(pi) * z * (1 - z^2/3 + z^4/10 - ...), |z| < 0.5 (up to z^15)
+_ERF_P = tuple(
+    f32((-1.0) ** n / (float(np.prod(np.arange(1, n + 1, dtype=np.float64))) * (2 * n + 1))) for n in range(1, 8)
+)
+#: Numerical Recipes' erfcc: erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z >= 0, fractional error < 1.2e-7
+_ERFC_P = tuple(
+    f32(c)
+    for c in (
+        -1.26551223,
+        1.00002368,
+        0.37409196,
+        0.09678418,
+        -0.18628806,
+        0.27886807,
+        -1.13520398,
+        1.48851587,
+        -0.82215223,
+        0.17087277,
+    )
+)
+ERF_SMALL = f32(0.5)
+
+
+#: below this many multiply-adds a product runs on the calling thread
+PARALLEL_MIN_WORK = 1 << 20
+
+
+@lru_cache(maxsize=1)
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="d2-matmul")
+
+
+def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32, 2-D).
+
+    On the CPU the rows of ``a`` are split over ``torch.get_num_threads()`` threads (the C kernel releases the GIL);
+    every output is formed whole by one call, so the bits do not depend on the split."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"det_matmul_nt needs [m, k] and [n, k] matrices, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"operands on different devices: {a.device} and {b.device}")
+    a = a.detach().contiguous()
+    b = b.detach().contiguous()
+    if a.device.type == "cuda":
+        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a, b)
+        return out_gpu
+    if a.device.type != "cpu":
+        raise ValueError(f"no D2 kernel for device {a.device}")
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    out = torch.empty((m, n), dtype=torch.float32)
+    an: np.ndarray[Any, Any] = a.numpy()
+    bn: np.ndarray[Any, Any] = b.numpy()
+    on: np.ndarray[Any, Any] = out.numpy()
+    kernels = cpu_kernels()
+    threads = min(torch.get_num_threads(), m)
+    if threads < 2 or m * n * k < PARALLEL_MIN_WORK:
+        kernels.matmul_nt(an, bn, on)
+        return out
+    bounds = [m * t // threads for t in range(threads + 1)]
+    jobs = [_pool(threads).submit(kernels.matmul_nt, an[lo:hi], bn, on[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    for job in jobs:
+        job.result()
+    return out
+
+
+def det_sum(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Sum over ``dim`` by a fixed pairwise tree: pad with +0.0 to a power of two, then halve with element-wise
+    additions (element i of the first half plus element i of the second).  The tree depends on the length only."""
+    dim = dim % x.dim() if x.dim() else 0
+    n = x.shape[dim]
+    if n == 0:
+        shape = list(x.shape)
+        shape[dim] = 1
+        out = x.new_zeros(shape)
+        return out if keepdim else out.squeeze(dim)
+    width = 1 << (n - 1).bit_length()
+    if width != n:
+        shape = list(x.shape)
+        shape[dim] = width - n
+        x = torch.cat([x, x.new_zeros(shape)], dim)
+    while width > 1:
+        width //= 2
+        x = x.narrow(dim, 0, width) + x.narrow(dim, width, width)
+    return x if keepdim else x.squeeze(dim)
+
+
+def det_sum_dims(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = False) -> torch.Tensor:
+    """:func:`det_sum` over several dimensions, the last one first (a fixed order of fixed trees)."""
+    for d in sorted((d % x.dim() for d in dims), reverse=True):
+        x = det_sum(x, d, keepdim=keepdim)
+    return x
+
+
+def div_count(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x / n`` as a correctly rounded tensor-by-tensor division (a division by a Python number may become a
+    multiplication by its reciprocal on CUDA)."""
+    return torch.div(x, torch.full_like(x, float(n)))
+
+
+def reciprocal(x: torch.Tensor) -> torch.Tensor:
+    """``1 / x``, one correctly rounded division per element."""
+    return torch.div(torch.ones_like(x), x)
+
+
+def _horner(x: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
+    """c0 + x * (c1 + x * (c2 + ...)), one rounded multiply and one rounded add per step."""
+    acc = torch.full_like(x, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        acc = acc * x
+        acc = acc + c
+    return acc
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k for integer k in [-126, 127] from the float32 bits."""
+    return torch.bitwise_left_shift(k + 127, 23).view(torch.float32)
+
+
+def _exp_reduce(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x = k ln2 + r with |r| <= ~ln2/2: (r, expm1(r), k) for x clamped to [EXP_LO, EXP_HI]."""
+    xc = torch.clamp(x, EXP_LO, EXP_HI)
+    kf = torch.round(xc * LOG2E)
+    r = xc - kf * LN2_HI  # k * LN2_HI is exact and close to xc: the subtraction is exact
+    r = r - kf * LN2_LO
+    q = (r * r) * _horner(r, _EXPM1_P)
+    q = r + q
+    return r, q, kf.to(torch.int32)
+
+
+def _scale_pow2(y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """y * 2^k as two exact power-of-two products (2^k alone overflows for k = 128)."""
+    half = torch.div(k, 2, rounding_mode="floor")
+    return (y * _pow2(half)) * _pow2(k - half)
+
+
+def _special(x: torch.Tensor, value: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    value = torch.where(x < EXP_LO, torch.full_like(x, low), value)
+    value = torch.where(x > EXP_HI, torch.full_like(x, high), value)
+    return torch.where(torch.isnan(x), x, value)
+
+
+def det_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) within 2 ulps of the exact value, the same bits on every device (float32)."""
+    _, q, k = _exp_reduce(x)
+    return _special(x, _scale_pow2(q + 1.0, k), 0.0, float("inf"))
+
+
+def det_expm1(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) - 1 without cancellation near 0: 2^k * expm1(r) + (2^k - 1)."""
+    _, q, k = _exp_reduce(x)
+    p = _scale_pow2(torch.ones_like(x), k)
+    value = _scale_pow2(q, k) + (p - 1.0)
+    return _special(x, value, -1.0, float("inf"))
+
+
+def det_log(x: torch.Tensor) -> torch.Tensor:
+    """Natural logarithm: x = 2^e * m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh((m - 1) / (m + 1))."""
+    sub = x < TINY
+    xs = torch.where(sub, x * f32(2.0**23), x)  # subnormals scaled exactly into the normal range
+    bits = xs.view(torch.int32)
+    e = torch.bitwise_right_shift(bits, 23) - 127
+    e = torch.where(sub, e - 23, e)
+    m = torch.bitwise_or(torch.bitwise_and(bits, 0x7FFFFF), 0x3F800000).view(torch.float32)
+    big = m > SQRT2
+    m = torch.where(big, m * 0.5, m)
+    e = torch.where(big, e + 1, e)
+    f = m - 1.0  # exact
+    s = torch.div(f, f + 2.0)
+    s2 = s * s
+    poly = (s2 * _horner(s2, _ATANH_P)) * s
+    poly = poly + poly  # exact doubling: 2 atanh(s) = 2s + 2 s^3 / 3 + ...
+    two_s = s + s
+    ef = e.to(torch.float32)
+    low = ef * LN2_LO
+    low = low + poly
+    low = low + two_s
+    value = ef * LN2_HI  # exact
+    value = value + low
+    value = torch.where(x == 0.0, torch.full_like(x, float("-inf")), value)
+    value = torch.where(x < 0.0, torch.full_like(x, float("nan")), value)
+    value = torch.where(torch.isinf(x) & (x > 0), x, value)
+    return torch.where(torch.isnan(x), x, value)
+
+
+def _erfc_pos(z: torch.Tensor) -> torch.Tensor:
+    """erfc(z) for z >= 0 (Numerical Recipes' erfcc).  exp(-z^2) is taken as exp(-zh^2) * exp(-zl * (z + zh)) with
+    zh = z cut to 12 significant bits (so zh^2 is exact) and zl = z - zh, as fdlibm does: a rounded z^2 would cost
+    up to 64 ulps near z = 9."""
+    t = reciprocal(z * 0.5 + 1.0)
+    zh = torch.bitwise_and(z.view(torch.int32), -4096).view(torch.float32)
+    zl = z - zh  # exact
+    exponent = _horner(t, _ERFC_P) - zl * (z + zh)
+    return (t * det_exp(-(zh * zh))) * det_exp(exponent)
+
+
+def _erf_small(z: torch.Tensor) -> torch.Tensor:
+    w = z * z
+    series = (w * _horner(w, _ERF_P)) * z
+    series = series + z
+    return series * TWO_OVER_SQRT_PI
+
+
+def det_erfc(x: torch.Tensor) -> torch.Tensor:
+    """Complementary error function, relative accuracy kept in the tails (erfc(-z) = 2 - erfc(z))."""
+    a = torch.abs(x)
+    tail = _erfc_pos(a)
+    value = torch.where(x < 0, 2.0 - tail, tail)
+    small = 1.0 - _erf_small(x)
+    value = torch.where(a < ERF_SMALL, small, value)
+    return torch.where(torch.isnan(x), x, value)
+
+
+def det_erf(x: torch.Tensor) -> torch.Tensor:
+    """Error function: the Maclaurin series for |x| < 0.5, 1 - erfc(|x|) (with the sign of x) above."""
+    a = torch.abs(x)
+    big = 1.0 - _erfc_pos(a)
+    big = torch.where(x < 0, -big, big)
+    value = torch.where(a < ERF_SMALL, _erf_small(x), big)
+    return torch.where(torch.isnan(x), x, value)
+
+
+def det_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, with e = exp(-|x|) (no overflow, no cancellation)."""
+    e = det_exp(-torch.abs(x))
+    d = e + 1.0
+    return torch.where(x >= 0, reciprocal(d), torch.div(e, d))
+
+
+def det_tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(|x|) = -t / (2 + t) with t = expm1(-2|x|), then the sign of x (relative accuracy near 0 too)."""
+    t = det_expm1(torch.abs(x) * -2.0)
+    y = torch.div(-t, t + 2.0)
+    return torch.copysign(y, x)

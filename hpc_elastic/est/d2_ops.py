@@ -1,0 +1,785 @@
+"""D2 operators: the layers real models use, with the same bits on every CPU and CUDA GPU (EasyScale §3.3).
+
+Every operator is a ``torch.autograd.Function`` whose forward *and* backward are written with the primitives of
+:mod:`hpc_elastic.est.d2_math` only (single-operation element-wise torch calls, data movement, the fixed-order
+products of :func:`~hpc_elastic.est.d2_math.det_matmul_nt` and the fixed-tree reductions of
+:func:`~hpc_elastic.est.d2_math.det_sum`).  Autograd's own backward of composed torch ops is never used: a
+broadcast's backward sums with ``torch.sum`` and ``index_select``'s scatters with atomics on CUDA.
+
+- Conv2d: channels-last im2col (a strided view of the padded image gathered into patch rows: pure data movement)
+  and one product; backward: the weight gradient and the patches' gradient are products, and col2im adds the
+  kernel offsets' shifted slices in a fixed order (``F.fold`` is not used);
+- BatchNorm1d/2d/3d (batch statistics by fixed trees, running statistics by torch's formula with the unbiased
+  variance), LayerNorm;
+- Embedding: forward gathers; backward sorts the ids stably and adds the r-th occurrence of every id in round r
+  with ``index_put_`` on distinct rows (no accumulation race);
+- MaxPool2d (comparisons over the kernel offsets in a fixed order: ties go to the first offset by construction),
+  AdaptiveAvgPool2d for output sizes that divide the input;
+- Sigmoid, Tanh, SiLU, GELU (erf and tanh forms), Softmax, LogSoftmax and :func:`det_cross_entropy`.
+
+The modules (``DetConv2d``...) subclass torch's and keep its parameters, buffers and state dict;
+:func:`hpc_elastic.est.d2.to_d2` swaps them in by class.  Autograd itself still adds the gradients of a tensor
+used twice (a residual block's input): two contributions, one correctly rounded, commutative addition.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpc_elastic.est.d2_math import (
+    det_erfc,
+    det_exp,
+    det_log,
+    det_matmul_nt,
+    det_sigmoid,
+    det_sum,
+    det_sum_dims,
+    det_tanh,
+    div_count,
+    f32,
+    reciprocal,
+)
+
+Grads = tuple[torch.Tensor | None, ...]
+Pair = tuple[int, int]
+
+
+class Window(NamedTuple):
+    """The sliding window of a convolution or a pooling."""
+
+    kernel: Pair
+    stride: Pair
+    padding: Pair
+    dilation: Pair
+
+    def output(self, h: int, w: int) -> Pair:
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self
+        return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
+
+INV_SQRT2 = f32(1.0 / math.sqrt(2.0))
+INV_SQRT_2PI = f32(1.0 / math.sqrt(2.0 * math.pi))
+GELU_C = f32(math.sqrt(2.0 / math.pi))
+GELU_A = f32(0.044715)
+
+
+def _pair(value: Any) -> Pair:
+    if isinstance(value, int):
+        return value, value
+    a, b = value
+    return int(a), int(b)
+
+
+# ---------------------------------------------------------------------------------------------- linear, conv
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        out = det_matmul_nt(x2, weight)
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias = bias is not None
+        ctx.lead = lead
+        return out if x.dim() == 2 else _fresh(out.reshape(*lead, weight.shape[0]))
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        x2, weight = ctx.saved_tensors
+        g2 = grad_out.reshape(-1, weight.shape[0]).contiguous()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = det_matmul_nt(g2, weight.t().contiguous()).reshape(*ctx.lead, weight.shape[1])
+        gt = g2.t().contiguous() if (ctx.needs_input_grad[1] or ctx.has_bias) else None
+        if ctx.needs_input_grad[1] and gt is not None:
+            gw = det_matmul_nt(gt, x2.t().contiguous())
+        if ctx.has_bias and ctx.needs_input_grad[2] and gt is not None:
+            ones = torch.ones((1, g2.shape[0]), dtype=torch.float32, device=g2.device)
+            gb = det_matmul_nt(ones, gt).reshape(weight.shape[0])
+        return gx, gw, gb
+
+
+def _padded_nhwc(x: torch.Tensor, padding: Pair) -> torch.Tensor:
+    """[N, C, H, W] -> zero-padded, contiguous [N, H + 2ph, W + 2pw, C] (channels last: a patch's channels are
+    contiguous, so gathering patches and scattering their gradients move whole rows)."""
+    ph, pw = padding
+    return F.pad(x.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).contiguous()
+
+
+def _patches(xp: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
+    """The [N, Ho, Wo, kh, kw, C] view of every window of a padded channels-last image (no copy)."""
+    n, _, _, c = xp.shape
+    s_n, s_h, s_w, _ = xp.stride()
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    size = (n, out[0], out[1], kh, kw, c)
+    return xp.as_strided(size, (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, 1))
+
+
+class _Conv2dFn(torch.autograd.Function):
+    """Channels-last im2col: the rows of the product are the patches [N*Ho*Wo, kh*kw*C] (one gather), the weight is
+    [O, kh*kw*C]; each output is one fixed-order dot product over (i, j, c)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        window: Window,
+    ) -> torch.Tensor:
+        n, _, h, w = x.shape
+        o = weight.shape[0]
+        ho, wo = window.output(h, w)
+        rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo)).reshape(n * ho * wo, -1)
+        w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
+        out = det_matmul_nt(rows, w_rows).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
+        out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        ctx.window = window
+        return _fresh(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        x, weight = ctx.saved_tensors
+        window = ctx.window
+        n, c, h, w = x.shape
+        o, _, kh, kw = weight.shape
+        ho, wo = grad_out.shape[2], grad_out.shape[3]
+        rows_g = grad_out.permute(0, 2, 3, 1).reshape(n * ho * wo, o)  # [N*L, O]
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            w_cols = weight.permute(2, 3, 1, 0).reshape(kh * kw * c, o)  # [(i, j, c), O]
+            parts = det_matmul_nt(rows_g, w_cols).reshape(n, ho, wo, kh, kw, c)
+            (ph, pw), (sh, sw), (dh, dw) = window.padding, window.stride, window.dilation
+            gxp = parts.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
+            for i in range(kh):  # col2im: each kernel offset's slice added in a fixed order
+                for j in range(kw):
+                    r0, c0 = i * dh, j * dw
+                    gxp[:, r0 : r0 + sh * (ho - 1) + 1 : sh, c0 : c0 + sw * (wo - 1) + 1 : sw, :].add_(
+                        parts[:, :, :, i, j]
+                    )
+            gx = gxp[:, ph : ph + h, pw : pw + w, :].permute(0, 3, 1, 2).contiguous()
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            cols_g = rows_g.t().contiguous()  # [O, N*L]
+            if ctx.needs_input_grad[1]:
+                patches = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
+                cols = patches.permute(3, 4, 5, 0, 1, 2).reshape(kh * kw * c, -1)  # [(i, j, c), N*L]
+                gw = det_matmul_nt(cols_g, cols).reshape(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                gb = det_sum(cols_g, 1)
+        return gx, gw, gb, None
+
+
+# ---------------------------------------------------------------------------------------------- normalisation
+
+
+def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-channel [C] vector shaped [1, C, 1, ...] against an [N, C, ...] input."""
+    return v.reshape(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _channel_dims(x: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions a batch norm reduces: all but the channels (1)."""
+    return (0, *range(2, x.dim()))
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """An output that is not a view (autograd forbids in-place changes of a custom Function's view outputs)."""
+    return t if t._base is None else t.clone(memory_format=torch.contiguous_format)
+
+
+class _BatchNormTrainFn(torch.autograd.Function):
+    """Batch statistics; also returns the batch mean and the sum of squared deviations (for the running
+    statistics)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dims = _channel_dims(x)
+        count = x.numel() // x.shape[1]
+        if count < 2:
+            raise ValueError(
+                f"batch norm needs more than 1 value per channel when training, got input {tuple(x.shape)}"
+            )
+        mean = div_count(det_sum_dims(x, dims), count)
+        d = x - _bcast(mean, x)
+        sq = det_sum_dims(d * d, dims)
+        invstd = reciprocal(torch.sqrt(div_count(sq, count) + f32(eps)))
+        y = d * _bcast(invstd, x)
+        xhat = y
+        if weight is not None:
+            y = y * _bcast(weight, x)
+        if bias is not None:
+            y = y + _bcast(bias, x)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.has_bias = bias is not None
+        ctx.count = count
+        ctx.mark_non_differentiable(mean, sq)
+        return y, mean, sq
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, _gm: torch.Tensor | None, _gv: torch.Tensor | None) -> Grads:
+        xhat, invstd, weight = ctx.saved_tensors
+        dims = _channel_dims(xhat)
+        gb = det_sum_dims(grad_out, dims)
+        gw = det_sum_dims(grad_out * xhat, dims)
+        gx = None
+        if ctx.needs_input_grad[0]:
+            gxhat, sum_g, sum_gx = grad_out, gb, gw
+            if weight is not None:
+                gxhat = grad_out * _bcast(weight, xhat)
+                sum_g = gb * weight
+                sum_gx = gw * weight
+            gx = gxhat - _bcast(div_count(sum_g, ctx.count), xhat)
+            gx = gx - xhat * _bcast(div_count(sum_gx, ctx.count), xhat)
+            gx = gx * _bcast(invstd, xhat)
+        return (
+            gx,
+            gw if weight is not None and ctx.needs_input_grad[1] else None,
+            gb if ctx.has_bias and ctx.needs_input_grad[2] else None,
+            None,
+        )
+
+
+class _BatchNormEvalFn(torch.autograd.Function):
+    """Normalisation by the running statistics."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        stats: tuple[torch.Tensor, torch.Tensor, float],
+    ) -> torch.Tensor:
+        running_mean, running_var, eps = stats
+        invstd = reciprocal(torch.sqrt(running_var + f32(eps)))
+        xhat = (x - _bcast(running_mean, x)) * _bcast(invstd, x)
+        y = xhat
+        if weight is not None:
+            y = y * _bcast(weight, x)
+        if bias is not None:
+            y = y + _bcast(bias, x)
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        xhat, invstd, weight = ctx.saved_tensors
+        dims = _channel_dims(xhat)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            scale = invstd if weight is None else weight * invstd
+            gx = grad_out * _bcast(scale, xhat)
+        if weight is not None and ctx.needs_input_grad[1]:
+            gw = det_sum_dims(grad_out * xhat, dims)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = det_sum_dims(grad_out, dims)
+        return gx, gw, gb, None
+
+
+class _LayerNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, shape: tuple[int, float]
+    ) -> torch.Tensor:
+        dims, eps = shape
+        inner = tuple(range(x.dim() - dims, x.dim()))
+        size = math.prod(x.shape[x.dim() - dims :])
+        mean = div_count(det_sum_dims(x, inner, keepdim=True), size)
+        d = x - mean
+        var = div_count(det_sum_dims(d * d, inner, keepdim=True), size)
+        invstd = reciprocal(torch.sqrt(var + f32(eps)))
+        y = d * invstd
+        xhat = y
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(xhat, invstd, weight)
+        ctx.has_bias = bias is not None
+        ctx.dims = dims
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        xhat, invstd, weight = ctx.saved_tensors
+        inner = tuple(range(xhat.dim() - ctx.dims, xhat.dim()))
+        outer = tuple(range(xhat.dim() - ctx.dims))
+        size = math.prod(xhat.shape[xhat.dim() - ctx.dims :])
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gxhat = grad_out if weight is None else grad_out * weight
+            mean_g = div_count(det_sum_dims(gxhat, inner, keepdim=True), size)
+            mean_gx = div_count(det_sum_dims(gxhat * xhat, inner, keepdim=True), size)
+            gx = gxhat - mean_g
+            gx = gx - xhat * mean_gx
+            gx = gx * invstd
+        if weight is not None and ctx.needs_input_grad[1]:
+            gw = det_sum_dims(grad_out * xhat, outer)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = det_sum_dims(grad_out, outer)
+        return gx, gw, gb, None
+
+
+# ---------------------------------------------------------------------------------------------- embedding, pooling
+
+
+class _EmbeddingFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        ctx.save_for_backward(flat)
+        ctx.rows = weight.shape[0]
+        ctx.padding_idx = padding_idx
+        ctx.shape = ids.shape
+        return weight[ids]  # a gather into a new tensor
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        (flat,) = ctx.saved_tensors
+        dim = grad_out.shape[-1]
+        g = grad_out.reshape(-1, dim)
+        gw = g.new_zeros((ctx.rows, dim))
+        if ctx.padding_idx is not None:
+            keep = flat != ctx.padding_idx
+            flat, g = flat[keep], g[keep]
+        if flat.numel():
+            ids, order = torch.sort(flat, stable=True)
+            g = g.index_select(0, order)
+            position = torch.arange(ids.numel(), device=ids.device)
+            starts = torch.ones_like(ids, dtype=torch.bool)
+            starts[1:] = ids[1:] != ids[:-1]
+            first = torch.cummax(torch.where(starts, position, torch.zeros_like(position)), 0).values
+            rank = position - first  # the occurrence number of each id, in the order of the input
+            for r in range(int(rank.max().item()) + 1):
+                sel = rank == r
+                rows = ids[sel]  # distinct within a round
+                gw.index_put_((rows,), gw.index_select(0, rows) + g[sel])
+        return None, gw, None
+
+
+class _MaxPool2dFn(torch.autograd.Function):
+    """The maximum of each window by element-wise comparisons over the kernel offsets in row-major order: an offset
+    replaces the best so far only when strictly greater (or NaN over a number), so ties go to the first offset by
+    construction, on every device.  Backward adds each offset's selected gradients in the same order."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, window: Window) -> torch.Tensor:
+        h, w = x.shape[2], x.shape[3]
+        ph, pw = window.padding
+        xp = F.pad(x, (pw, pw, ph, ph), value=float("-inf")).contiguous()
+        ho, wo = window.output(h, w)
+        best = idx = None
+        for t, part in enumerate(_window_slices(xp, window, (ho, wo))):
+            if best is None or idx is None:
+                best, idx = part, torch.zeros(part.shape, dtype=torch.uint8, device=x.device)
+                continue
+            take = (part > best) | (torch.isnan(part) & ~torch.isnan(best))
+            best = torch.where(take, part, best)
+            idx = torch.where(take, torch.full_like(idx, t), idx)
+        assert best is not None and idx is not None
+        ctx.save_for_backward(idx)
+        ctx.geometry = (h, w, window)
+        return _fresh(best)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        (idx,) = ctx.saved_tensors
+        h, w, window = ctx.geometry
+        n, c, ho, wo = grad_out.shape
+        ph, pw = window.padding
+        gxp = grad_out.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
+        zeros = torch.zeros_like(grad_out)
+        for t, target in enumerate(_window_slices(gxp, window, (ho, wo))):
+            target.add_(torch.where(idx == t, grad_out, zeros))
+        return gxp[:, :, ph : ph + h, pw : pw + w].contiguous(), None
+
+
+def _window_slices(xp: torch.Tensor, window: Window, out: Pair) -> list[torch.Tensor]:
+    """For each kernel offset (i, j) in row-major order, the [N, C, Ho, Wo] view of a padded [N, C, Hp, Wp] image
+    that the offset sees in every window."""
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    ho, wo = out
+    return [
+        xp[:, :, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]
+
+
+class _AvgPoolDividingFn(torch.autograd.Function):
+    """Average over non-overlapping (kh, kw) windows of an [N, C, H, W] input (H, W multiples of them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, kh: int, kw: int) -> torch.Tensor:
+        n, c, h, w = x.shape
+        x6 = x.reshape(n, c, h // kh, kh, w // kw, kw)
+        ctx.shape = x.shape
+        ctx.window = (kh, kw)
+        return _fresh(div_count(det_sum_dims(x6, (3, 5)), kh * kw))
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        n, c, h, w = ctx.shape
+        kh, kw = ctx.window
+        g = div_count(grad_out, kh * kw).reshape(n, c, h // kh, 1, w // kw, 1)
+        return g.expand(n, c, h // kh, kh, w // kw, kw).reshape(n, c, h, w), None, None
+
+
+# ---------------------------------------------------------------------------------------------- activations
+
+
+class _SigmoidFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = det_sigmoid(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        (y,) = ctx.saved_tensors
+        return ((grad_out * y) * (1.0 - y),)
+
+
+class _TanhFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = det_tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        (y,) = ctx.saved_tensors
+        return (grad_out * (1.0 - y * y),)
+
+
+class _SiLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        s = det_sigmoid(x)
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        x, s = ctx.saved_tensors
+        d = x * (1.0 - s)
+        d = (d + 1.0) * s  # silu' = s (1 + x (1 - s))
+        return (grad_out * d,)
+
+
+class _GeluErfFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        cdf = det_erfc(x * -INV_SQRT2) * 0.5  # Phi(x) = erfc(-x / sqrt 2) / 2, accurate in the left tail
+        ctx.save_for_backward(x, cdf)
+        return x * cdf
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        x, cdf = ctx.saved_tensors
+        pdf = det_exp((x * x) * -0.5) * INV_SQRT_2PI
+        return (grad_out * (cdf + x * pdf),)
+
+
+class _GeluTanhFn(torch.autograd.Function):
+    """x / 2 (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        x2 = x * x
+        inner = (x2 * GELU_A + 1.0) * x
+        s = det_sigmoid(inner * (2.0 * GELU_C))
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        x, s = ctx.saved_tensors
+        du = ((x * x) * (3.0 * GELU_A) + 1.0) * (2.0 * GELU_C)  # d(2u)/dx
+        d = ((s * (1.0 - s)) * du) * x
+        return (grad_out * (s + d),)
+
+
+def _row_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The maximum along ``dim`` (exact), + 0.0: a maximum over both -0.0 and +0.0 may be either, depending on the
+    order a device compares in, and adding +0.0 turns -0.0 into +0.0."""
+    return x.amax(dim, keepdim=True) + 0.0
+
+
+class _SoftmaxFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+        e = det_exp(x - _row_max(x, dim))
+        y = torch.div(e, det_sum(e, dim, keepdim=True))
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        (y,) = ctx.saved_tensors
+        dot = det_sum(grad_out * y, ctx.dim, keepdim=True)
+        return (y * (grad_out - dot), None)
+
+
+def _log_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    shifted = x - _row_max(x, dim)
+    return shifted - det_log(det_sum(det_exp(shifted), dim, keepdim=True))
+
+
+class _LogSoftmaxFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dim: int) -> torch.Tensor:
+        y = _log_softmax(x, dim)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        (y,) = ctx.saved_tensors
+        total = det_sum(grad_out, ctx.dim, keepdim=True)
+        return (grad_out - det_exp(y) * total, None)
+
+
+class _CrossEntropyFn(torch.autograd.Function):
+    """Mean over the batch of -((1 - eps) log p[target] + eps mean_c log p[c])."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+        n, classes = logits.shape
+        lsm = _log_softmax(logits, 1)
+        picked = lsm.gather(1, target.reshape(n, 1))  # [N, 1]
+        loss = -picked
+        if smoothing:
+            uniform = div_count(det_sum(lsm, 1, keepdim=True), classes)
+            loss = loss * f32(1.0 - smoothing) - uniform * f32(smoothing)
+        total = div_count(det_sum(loss, 0), n)  # [1]
+        ctx.save_for_backward(lsm, target)
+        ctx.smoothing = smoothing
+        return total.reshape(())
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        lsm, target = ctx.saved_tensors
+        n, classes = lsm.shape
+        onehot = torch.zeros_like(lsm).scatter_(1, target.reshape(n, 1), 1.0)  # a copy into distinct cells
+        if ctx.smoothing:
+            onehot = onehot * f32(1.0 - ctx.smoothing) + f32(ctx.smoothing / classes)
+        scale = div_count(grad_out.reshape(1, 1), n)
+        return ((det_exp(lsm) - onehot) * scale, None, None)
+
+
+def det_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy of [N, C] logits against class indices [N], mean over the batch (``F.cross_entropy`` with its
+    defaults and optional label smoothing), the same bits on every device."""
+    if logits.dim() != 2 or target.shape != (logits.shape[0],):
+        raise ValueError(
+            f"det_cross_entropy needs [N, C] logits and [N] targets, got {tuple(logits.shape)} and "
+            f"{tuple(target.shape)}"
+        )
+    if target.dtype != torch.int64:
+        raise ValueError(f"det_cross_entropy needs int64 class indices, got {target.dtype}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
+    if target.numel() and (int(target.min().item()) < 0 or int(target.max().item()) >= logits.shape[1]):
+        raise ValueError(f"targets must be class indices in [0, {logits.shape[1]}) (ignore_index is not supported)")
+    out: torch.Tensor = _CrossEntropyFn.apply(logits, target, float(label_smoothing))  # type: ignore[no-untyped-call]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- modules
+
+
+def _apply(fn: type[torch.autograd.Function], *args: Any) -> torch.Tensor:
+    out: torch.Tensor = fn.apply(*args)  # type: ignore[no-untyped-call]
+    return out
+
+
+class DetLinear(nn.Linear):
+    """``nn.Linear`` by the fixed-order kernels (same parameters, same state dict)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _apply(_LinearFn, input, self.weight, self.bias)
+
+
+def conv2d_unsupported(conv: nn.Conv2d) -> str | None:
+    """Why :class:`DetConv2d` cannot stand in for ``conv``, or None."""
+    if conv.groups != 1:
+        return f"groups={conv.groups} (only 1)"
+    if conv.padding_mode != "zeros":
+        return f"padding_mode={conv.padding_mode!r} (only 'zeros')"
+    if isinstance(conv.padding, str) and conv.padding != "valid":
+        return f"padding={conv.padding!r} (numbers or 'valid' only)"
+    return None
+
+
+class DetConv2d(nn.Conv2d):
+    """``nn.Conv2d`` (groups 1, zero padding) as im2col and a fixed-order product."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        reason = conv2d_unsupported(self)
+        if reason is not None:
+            raise ValueError(f"DetConv2d does not support {reason}")
+        batched = input.dim() == 4
+        x = input if batched else input.unsqueeze(0)
+        padding = (0, 0) if isinstance(self.padding, str) else _pair(self.padding)
+        window = Window(_pair(self.kernel_size), _pair(self.stride), padding, _pair(self.dilation))
+        out = _apply(_Conv2dFn, x, self.weight, self.bias, window)
+        return out if batched else out.squeeze(0)
+
+
+class _DetBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """torch's ``_BatchNorm.forward`` with the deterministic normalisation (and running statistics updated with
+    single operations: ``(1 - momentum) * running + momentum * batch``, the unbiased variance for ``running_var``)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)  # type: ignore[no-untyped-call]
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        x = input
+        if not use_batch:
+            assert self.running_mean is not None and self.running_var is not None
+            stats = (self.running_mean, self.running_var, self.eps)
+            return _apply(_BatchNormEvalFn, x, self.weight, self.bias, stats)
+        y, mean, sq = _BatchNormTrainFn.apply(x, self.weight, self.bias, self.eps)  # type: ignore[no-untyped-call]
+        if self.training and self.running_mean is not None and self.running_var is not None:
+            count = x.numel() // x.shape[1]
+            with torch.no_grad():
+                keep = f32(1.0 - factor)
+                take = f32(factor)
+                self.running_mean.copy_(self.running_mean * keep + mean * take)
+                self.running_var.copy_(self.running_var * keep + div_count(sq, count - 1) * take)
+        out: torch.Tensor = y
+        return out
+
+
+class DetBatchNorm1d(_DetBatchNorm, nn.BatchNorm1d):
+    pass
+
+
+class DetBatchNorm2d(_DetBatchNorm, nn.BatchNorm2d):
+    pass
+
+
+class DetBatchNorm3d(_DetBatchNorm, nn.BatchNorm3d):
+    pass
+
+
+class DetLayerNorm(nn.LayerNorm):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        dims = len(self.normalized_shape)
+        if tuple(input.shape[input.dim() - dims :]) != tuple(self.normalized_shape):
+            raise ValueError(f"LayerNorm over {tuple(self.normalized_shape)} got input {tuple(input.shape)}")
+        return _apply(_LayerNormFn, input, self.weight, self.bias, (dims, self.eps))
+
+
+def embedding_unsupported(emb: nn.Embedding) -> str | None:
+    if emb.max_norm is not None:
+        return "max_norm (renormalises the weight in place)"
+    if emb.scale_grad_by_freq:
+        return "scale_grad_by_freq"
+    if emb.sparse:
+        return "sparse gradients"
+    return None
+
+
+class DetEmbedding(nn.Embedding):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        reason = embedding_unsupported(self)
+        if reason is not None:
+            raise ValueError(f"DetEmbedding does not support {reason}")
+        return _apply(_EmbeddingFn, input, self.weight, self.padding_idx)
+
+
+def maxpool2d_unsupported(pool: nn.MaxPool2d) -> str | None:
+    if pool.ceil_mode:
+        return "ceil_mode"
+    if pool.return_indices:
+        return "return_indices"
+    return None
+
+
+class DetMaxPool2d(nn.MaxPool2d):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        reason = maxpool2d_unsupported(self)
+        if reason is not None:
+            raise ValueError(f"DetMaxPool2d does not support {reason}")
+        batched = input.dim() == 4
+        x = input if batched else input.unsqueeze(0)
+        kernel = _pair(self.kernel_size)
+        stride = kernel if self.stride is None else _pair(self.stride)
+        out = _apply(_MaxPool2dFn, x, Window(kernel, stride, _pair(self.padding), _pair(self.dilation)))
+        return out if batched else out.squeeze(0)
+
+
+class DetAdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
+    """Output sizes that divide the input's (then the windows do not overlap); other sizes raise ``ValueError``."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        batched = input.dim() == 4
+        x = input if batched else input.unsqueeze(0)
+        h, w = x.shape[2], x.shape[3]
+        size = self.output_size if isinstance(self.output_size, tuple) else (self.output_size, self.output_size)
+        oh = h if size[0] is None else int(size[0])
+        ow = w if size[1] is None else int(size[1])
+        if oh < 1 or ow < 1 or h % oh or w % ow:
+            raise ValueError(f"DetAdaptiveAvgPool2d needs output sizes that divide the input's: {(oh, ow)} of {(h, w)}")
+        out = _apply(_AvgPoolDividingFn, x, h // oh, w // ow)
+        return out if batched else out.squeeze(0)
+
+
+class DetSigmoid(nn.Sigmoid):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _apply(_SigmoidFn, input)
+
+
+class DetTanh(nn.Tanh):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _apply(_TanhFn, input)
+
+
+class DetSiLU(nn.SiLU):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _apply(_SiLUFn, input)
+
+
+class DetGELU(nn.GELU):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return _apply(_GeluTanhFn if self.approximate == "tanh" else _GeluErfFn, input)
+
+
+def softmax_unsupported(module: nn.Softmax | nn.LogSoftmax) -> str | None:
+    return "dim=None (implicit dimension)" if module.dim is None else None
+
+
+class DetSoftmax(nn.Softmax):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.dim is None:
+            raise ValueError("DetSoftmax needs an explicit dim")
+        return _apply(_SoftmaxFn, input, self.dim)
+
+
+class DetLogSoftmax(nn.LogSoftmax):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.dim is None:
+            raise ValueError("DetLogSoftmax needs an explicit dim")
+        return _apply(_LogSoftmaxFn, input, self.dim)

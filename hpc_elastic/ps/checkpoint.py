@@ -1,0 +1,137 @@
+"""The PS-mode job's checkpoint: the master's queues and ledger with every parameter server's partition, taken at
+one instant, written atomically through :mod:`hpc_elastic.files`.
+
+Layout under the checkpoint root::
+
+    ckpt-<seq>/queues.json      the ShardState (TODO, DOING, failed, ledger) as JSON
+    ckpt-<seq>/ps<p>.npz        partition p: row ids, rows, Adagrad accumulators, dense arrays and theirs (no pickle)
+    LATEST                      "<seq>", written last: a checkpoint counts once LATEST names it
+
+Every file is written with :func:`hpc_elastic.files.atomic_write_bytes`, ``LATEST`` after all the others, so a
+master killed while saving leaves the previous checkpoint the latest. The two newest are kept.
+
+Partitions are keyed by global row id and array name, so a job may restore onto another number of PS: each new PS
+reads every old partition and keeps what hashes to it (:meth:`hpc_elastic.ps.server.ParameterServer.load`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from hpc_elastic.files import atomic_write_bytes
+from hpc_elastic.ps import wire
+from hpc_elastic.ps.shards import ShardState
+
+LATEST = "LATEST"
+KEEP = 2
+
+F32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class PsSnapshot:
+    """One parameter server's partition and optimizer state."""
+
+    ids: npt.NDArray[np.int64]
+    rows: F32
+    rows_acc: F32
+    dense: dict[str, F32]
+    dense_acc: dict[str, F32]
+    updates: int
+
+    def to_arrays(self) -> wire.Arrays:
+        out: wire.Arrays = {"ids": self.ids, "rows": self.rows, "rows_acc": self.rows_acc}
+        out.update({f"d:{n}": v for n, v in self.dense.items()})
+        out.update({f"a:{n}": v for n, v in self.dense_acc.items()})
+        out["updates"] = np.array([self.updates], dtype=np.int64)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, Any]) -> PsSnapshot:
+        try:
+            return cls(
+                ids=np.asarray(arrays["ids"], dtype=np.int64),
+                rows=np.array(arrays["rows"], dtype=np.float32),
+                rows_acc=np.array(arrays["rows_acc"], dtype=np.float32),
+                dense={k[2:]: np.array(v, dtype=np.float32) for k, v in arrays.items() if k.startswith("d:")},
+                dense_acc={k[2:]: np.array(v, dtype=np.float32) for k, v in arrays.items() if k.startswith("a:")},
+                updates=int(arrays["updates"][0]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"not a PS snapshot: {exc} missing") from exc
+
+
+def merge(parts: list[PsSnapshot]) -> PsSnapshot:
+    """The partitions of several PS as one (rows concatenated, arrays united, updates summed)."""
+    if not parts:
+        raise ValueError("no partition to merge")
+    dense: dict[str, F32] = {}
+    dense_acc: dict[str, F32] = {}
+    for part in parts:
+        dense.update(part.dense)
+        dense_acc.update(part.dense_acc)
+    return PsSnapshot(
+        ids=np.concatenate([p.ids for p in parts]),
+        rows=np.concatenate([p.rows for p in parts]),
+        rows_acc=np.concatenate([p.rows_acc for p in parts]),
+        dense=dense,
+        dense_acc=dense_acc,
+        updates=sum(p.updates for p in parts),
+    )
+
+
+def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot]) -> Path:
+    """Write checkpoint ``seq``; return its directory. The previous ones but the newest :data:`KEEP` go."""
+    root.mkdir(parents=True, exist_ok=True)
+    where = root / f"ckpt-{seq}"
+    where.mkdir(exist_ok=True)
+    for p, part in enumerate(partitions):
+        buf = io.BytesIO()
+        np.savez(buf, **part.to_arrays())  # type: ignore[arg-type]
+        atomic_write_bytes(where / f"ps{p}.npz", buf.getvalue())
+    doc = {"seq": seq, "num_ps": len(partitions), "queues": queues.to_json()}
+    atomic_write_bytes(where / "queues.json", json.dumps(doc).encode())
+    atomic_write_bytes(root / LATEST, str(seq).encode())
+    for old in sorted(root.glob("ckpt-*"), key=lambda d: _seq(d.name)):
+        if _seq(old.name) <= seq - KEEP:
+            shutil.rmtree(old, ignore_errors=True)
+    return where
+
+
+def _seq(name: str) -> int:
+    tail = name.removeprefix("ckpt-")
+    return int(tail) if tail.isdigit() else -1
+
+
+def latest(root: Path) -> Path | None:
+    """The directory of the latest complete checkpoint, or None when there is none."""
+    try:
+        seq = int((root / LATEST).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ValueError(f"{root / LATEST} does not hold a checkpoint number") from exc
+    return root / f"ckpt-{seq}"
+
+
+def read_queues(where: Path) -> tuple[int, ShardState]:
+    """The sequence number and the queues of the checkpoint in ``where``."""
+    doc = json.loads((where / "queues.json").read_text())
+    return int(doc["seq"]), ShardState.from_json(doc["queues"])
+
+
+def read_partitions(where: Path) -> list[PsSnapshot]:
+    doc = json.loads((where / "queues.json").read_text())
+    parts = []
+    for p in range(int(doc["num_ps"])):
+        with np.load(where / f"ps{p}.npz", allow_pickle=False) as data:
+            parts.append(PsSnapshot.from_arrays({k: data[k] for k in data.files}))
+    return parts

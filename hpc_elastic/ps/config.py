@@ -1,0 +1,68 @@
+"""The configuration of one PS-mode job: sizes of the data, the model, the shards and the processes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from hpc_elastic.ps.data import CriteoSpec
+from hpc_elastic.ps.model import ModelSpec
+from hpc_elastic.ps.shards import ShardConfig
+
+
+@dataclass(frozen=True)
+class PsJobConfig:
+    num_ps: int = 2
+    num_workers: int = 3
+    num_samples: int = 4096
+    shard_size: int = 128
+    batch_size: int = 64
+    epochs: int = 1
+    seed: int = 0
+    vocab: int = 1000
+    dim: int = 8
+    lr: float = 0.05
+    max_retries: int = 3
+
+    def __post_init__(self) -> None:
+        minimum = {"num_ps": 1, "num_workers": 0, "seed": 0, "max_retries": 0}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "lr":
+                if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                    raise ValueError(f"lr must be a positive number, not {value!r}")
+                if value <= 0:
+                    raise ValueError(f"lr must be a positive number, not {value!r}")
+                continue
+            low = minimum.get(f.name, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{f.name} must be an integer >= {low}, not {value!r}")
+        self.shards()  # its own checks
+
+    def shards(self) -> ShardConfig:
+        return ShardConfig(
+            num_samples=self.num_samples,
+            shard_size=self.shard_size,
+            epochs=self.epochs,
+            seed=self.seed,
+            max_retries=self.max_retries,
+        )
+
+    def criteo(self) -> CriteoSpec:
+        return CriteoSpec(num_samples=self.num_samples, vocab=self.vocab, seed=self.seed)
+
+    def model(self) -> ModelSpec:
+        return ModelSpec(dim=self.dim, seed=self.seed)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PsJobConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown PS job settings: {sorted(unknown)}")
+        return cls(**data)

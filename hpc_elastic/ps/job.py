@@ -1,0 +1,268 @@
+"""Run a PS-mode job: the job master, the parameter servers and the workers as real processes
+(``python -m hpc_elastic.ps ROLE ...``), with workers added and killed at any time.
+
+Two launchers: ``local`` starts plain processes on this machine, listening on 127.0.0.1; ``srun`` (inside a Slurm
+allocation, e.g. on the ``cpu`` partition) starts each process as a job step of its own
+(:func:`hpc_elastic.slurm.commands.srun_single`), listening on its node's host name (:data:`NODE_NAME`).
+
+Every server process binds a free port and writes its address to ``<run dir>/<name>.addr`` (atomically; the run
+directory must be shared by the nodes under ``srun``); the launcher reads it. The launcher also watches the workers:
+one that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards go back to
+TODO.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.files import atomic_write_bytes
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.rpc import Client
+from hpc_elastic.slurm import commands
+
+#: how long a server process may take to listen
+START_TIMEOUT_S = 120.0
+POLL_S = 0.05
+
+
+class ProcessFailed(HpcElasticError):
+    """A process of the PS job died before it was ready, or the job did not finish in time."""
+
+
+#: ``--bind`` value of a server process: the address its node's host name resolves to
+NODE_NAME = "hostname"
+
+
+class PsLauncher(StrEnum):
+    LOCAL = "local"
+    SRUN = "srun"
+
+
+def write_address(run_dir: Path, name: str, address: str) -> None:
+    atomic_write_bytes(run_dir / f"{name}.addr", address.encode())
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+
+class PsJob:
+    """``with PsJob(config, run_dir) as job: job.wait()`` — master + ``num_ps`` PS + ``num_workers`` workers."""
+
+    def __init__(
+        self,
+        config: PsJobConfig,
+        run_dir: Path,
+        *,
+        worker_delays: dict[str, float] | None = None,
+        checkpoint_dir: Path | None = None,
+        checkpoint_every: int = 0,
+        restore: bool = False,
+        worker_prefix: str = "w",
+        launcher: PsLauncher = PsLauncher.LOCAL,
+    ) -> None:
+        if restore and checkpoint_dir is None:
+            raise ValueError("restore needs a checkpoint_dir")
+        self.config = config
+        self.run_dir = run_dir
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.restore = restore
+        self.worker_prefix = worker_prefix
+        self.launcher = PsLauncher(launcher)
+        self.worker_delays = dict(worker_delays or {})
+        self.ps: list[_Proc] = []
+        self.workers: dict[str, _Proc] = {}
+        self.exited: dict[str, int] = {}
+        self.master_proc: _Proc | None = None
+        self.master: Client | None = None
+        self._next_worker = 0
+
+    # -- processes -----------------------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> _Proc:
+        log = (self.run_dir / f"{name}.log").open("ab")
+        argv = [sys.executable, "-m", "hpc_elastic.ps", *args]
+        if self.launcher is PsLauncher.SRUN:
+            argv = commands.srun_single(argv, name=name)
+        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
+        return _Proc(name, popen, log)
+
+    def _address(self, proc: _Proc) -> str:
+        path = self.run_dir / f"{proc.name}.addr"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not path.exists():
+            if proc.popen.poll() is not None:
+                raise ProcessFailed(f"{proc.name} exited with {proc.popen.returncode} before listening (see {path})")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"{proc.name} did not listen within {START_TIMEOUT_S:.0f} s")
+            time.sleep(POLL_S)
+        return path.read_text()
+
+    def _common(self) -> list[str]:
+        bind = NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"
+        return ["--config", json.dumps(self.config.to_json()), "--run-dir", str(self.run_dir), "--bind", bind]
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        config = json.dumps(self.config.to_json())
+        rd = str(self.run_dir)
+        bind = ["--bind", NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"]
+        restore = ["--restore-from", str(self.checkpoint_dir)] if self.restore else []
+        for p in range(self.config.num_ps):
+            self.ps.append(self._spawn(f"ps{p}", ["ps", *self._common(), "--index", str(p), *restore]))
+        addresses = [self._address(p) for p in self.ps]
+        args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd, *bind]
+        if self.checkpoint_dir is not None:
+            args += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(self.checkpoint_every)]
+        if self.restore:
+            args.append("--restore")
+        self.master_proc = self._spawn("master", args)
+        self.master = Client(self._address(self.master_proc))
+        for _ in range(self.config.num_workers):
+            self.add_worker()
+
+    def add_worker(self, delay: float | None = None) -> str:
+        """Start one more worker (scale out); it leases shards as soon as it is up. Returns its id."""
+        worker = f"{self.worker_prefix}{self._next_worker}"
+        self._next_worker += 1
+        assert self.master_proc is not None and self.master is not None, "start() first"
+        d = self.worker_delays.get(worker, 0.0) if delay is None else delay
+        args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d)]
+        self.workers[worker] = self._spawn(worker, args)
+        return worker
+
+    def add_ps(self) -> dict[str, Any]:
+        """Start one more PS and move the parameters onto the new set (the workers wait for the move only, not for
+        the new process to start). The master's reply: the number of PS and how long the move took."""
+        assert self.master is not None, "start() first"
+        p = len(self.ps)
+        self.ps.append(self._spawn(f"ps{p}", ["ps", *self._common(), "--index", str(p), "--num-ps", str(p + 1)]))
+        reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps]})
+        return reply
+
+    def remove_ps(self) -> dict[str, Any]:
+        """Move the parameters off the last PS, then stop it. The master's reply."""
+        assert self.master is not None, "start() first"
+        if len(self.ps) < 2:
+            raise ValueError(f"cannot remove a PS from {len(self.ps)}: a job needs at least one")
+        reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps[:-1]]})
+        last = self.ps.pop()
+        Client(self._address(last), timeout=15).call("stop")
+        last.popen.wait(timeout=60)
+        last.log.close()
+        (self.run_dir / f"{last.name}.addr").unlink()
+        return reply
+
+    def signal_worker(self, worker: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to a worker's process (SIGSTOP/SIGCONT freeze and thaw it where it is)."""
+        self.workers[worker].popen.send_signal(sig)
+
+    def kill_worker(self, worker: str, sig: signal.Signals = signal.SIGKILL) -> dict[str, Any]:
+        """Kill a worker's process (SIGKILL: a failure; SIGTERM: scale in) and report it lost to the master."""
+        proc = self.workers[worker]
+        proc.popen.send_signal(sig)
+        proc.popen.wait()
+        return self._lost(worker)
+
+    def _lost(self, worker: str) -> dict[str, Any]:
+        proc = self.workers.pop(worker)
+        self.exited[worker] = proc.popen.returncode
+        proc.log.close()
+        assert self.master is not None
+        reply, _ = self.master.call("worker_lost", {"worker": worker})
+        return reply
+
+    def checkpoint(self) -> int:
+        """Checkpoint the job now (queues, ledger and every PS's parameters); the checkpoint's sequence number."""
+        assert self.master is not None
+        reply, _ = self.master.call("checkpoint")
+        return int(reply["seq"])
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the job at once (a failure of the master and the PS, say a node lost)."""
+        procs = [*self.workers.values(), *self.ps, *([self.master_proc] if self.master_proc else [])]
+        for proc in procs:
+            proc.popen.kill()
+        for proc in procs:
+            proc.popen.wait()
+
+    def poll(self) -> None:
+        """Reap the workers that exited: a clean exit is the end of training for them; any other is a loss."""
+        for worker, proc in list(self.workers.items()):
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            if code == 0:
+                self.workers.pop(worker)
+                self.exited[worker] = 0
+                proc.log.close()
+            else:
+                self._lost(worker)
+
+    def status(self) -> dict[str, Any]:
+        assert self.master is not None
+        reply, _ = self.master.call("status")
+        return reply
+
+    def wait(self, timeout: float = 300.0) -> dict[str, Any]:
+        """Until training is finished and every worker has exited; the master's final status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.poll()
+            status = self.status()
+            if status["finished"] and not self.workers:
+                return status
+            if not self.workers and not status["finished"]:
+                raise ProcessFailed(f"no worker left and training not finished: {status['queues']}")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"training not finished within {timeout:.0f} s: {status['queues']}")
+            time.sleep(POLL_S * 4)
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            proc.popen.kill()
+        servers = ([self.master_proc] if self.master_proc else []) + self.ps
+        for proc in servers:
+            if proc.popen.poll() is None:
+                try:
+                    Client(self._address(proc), timeout=5).call("stop")
+                except HpcElasticError:
+                    proc.popen.terminate()
+        for proc in [*self.workers.values(), *servers]:
+            try:
+                proc.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+            proc.log.close()
+        self.workers.clear()
+        if self.master is not None:
+            self.master.close()
+
+    def __enter__(self) -> PsJob:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,174 @@
+"""A PS-mode worker: it leases shards from the job master, and for every mini-batch of a shard pulls the embedding
+rows and dense arrays it needs from the parameter servers, computes the gradient of Wide & Deep, and pushes it
+back (asynchronous SGD: no barrier with the other workers); then it reports the shard done."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import click
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.data import NUM_SPARSE, Batch, CriteoLike, owner
+from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes
+from hpc_elastic.ps.rpc import Client, PeerMoved
+from hpc_elastic.ps.shards import LeaseStatus, Shard
+
+#: seconds between two leases while the master has no shard to give (TODO empty, shards in DOING)
+WAIT_S = 0.05
+
+
+def forward(spec: ModelSpec, dense: dict[str, torch.Tensor], rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Logits ``(n,)`` of Wide & Deep for dense features ``x (n, 13)`` and embedding rows ``(n, 26, dim + 1)``."""
+    emb, wide_w = rows[..., : spec.dim], rows[..., spec.dim]
+    h = torch.cat([x, emb.reshape(x.shape[0], -1)], dim=1)
+    for k in range(len(spec.hidden)):
+        h = torch.relu(h @ dense[f"deep.{k}.w"] + dense[f"deep.{k}.b"])
+    deep = (h @ dense["deep.out.w"] + dense["deep.out.b"])[:, 0]
+    wide = (x @ dense["wide.dense"])[:, 0] + wide_w.sum(dim=1) + dense["wide.bias"][0]
+    return deep + wide
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    worker: str
+    shards: int
+    samples: int
+
+
+class Worker:
+    def __init__(self, worker: str, master_address: str, delay: float = 0.0) -> None:
+        self.worker = worker
+        self.delay = delay
+        self.master = Client(master_address)
+        self.ps: list[Client] = []
+        self._register()
+        self.spec = self.config.model()
+        self.data = CriteoLike(self.config.criteo())
+
+    def _register(self) -> None:
+        """(Re-)register with the master: the job's configuration and the current PS (after a re-partition)."""
+        reply, _ = self.master.call("register", {"worker": self.worker})
+        self.config = PsJobConfig.from_json(reply["config"])
+        for c in self.ps:
+            c.close()
+        self.ps = [Client(a) for a in reply["ps"]]
+        self.generation = int(reply["generation"])
+        names = list(dense_shapes(self.config.model()))
+        self.names = [[n for n in names if dense_owner(n, len(self.ps)) == p] for p in range(len(self.ps))]
+
+    def _pull(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float32], dict[str, npt.NDArray[np.float32]]]:
+        """The rows of ``ids`` (sorted, unique) and every dense array, from their PS."""
+        while True:
+            rows = np.empty((ids.size, self.spec.row_width), dtype=np.float32)
+            dense: dict[str, npt.NDArray[np.float32]] = {}
+            where = owner(ids, len(self.ps))
+            try:
+                for p, client in enumerate(self.ps):
+                    sel = where == p
+                    _, arrays = client.call(
+                        "pull", {"names": self.names[p], "generation": self.generation}, {"ids": ids[sel]}
+                    )
+                    rows[sel] = arrays["rows"]
+                    dense.update({n: arrays[f"d:{n}"] for n in self.names[p]})
+                return rows, dense
+            except PeerMoved:
+                self._register()
+
+    def _push(
+        self, ids: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], dense: dict[str, npt.NDArray[np.float32]]
+    ) -> None:
+        """Push the gradients of rows ``ids`` (sorted, unique) and of the dense arrays to their PS. A push refused
+        by a frozen PS applied nothing: what was not applied goes to the new owners after a re-registration."""
+        while True:
+            where = owner(ids, len(self.ps))
+            sent = np.zeros(ids.size, dtype=bool)
+            sent_names: set[str] = set()
+            try:
+                for p, client in enumerate(self.ps):
+                    sel = where == p
+                    names = [n for n in self.names[p] if n in dense]
+                    push = {"ids": ids[sel], "rows": grads[sel], **{f"d:{n}": dense[n] for n in names}}
+                    client.call("push", {"generation": self.generation}, push)
+                    sent |= sel
+                    sent_names.update(names)
+                return
+            except PeerMoved:
+                ids, grads = ids[~sent], grads[~sent]
+                dense = {n: g for n, g in dense.items() if n not in sent_names}
+                self._register()
+
+    def step(self, batch: Batch) -> float:
+        """One asynchronous SGD step on ``batch``; its mean loss."""
+        n = batch.label.shape[0]
+        uniq, inverse = np.unique(batch.ids, return_inverse=True)
+        rows, dense_np = self._pull(uniq)
+        dense = {name: torch.tensor(v, requires_grad=True) for name, v in dense_np.items()}
+        rows_t = torch.from_numpy(rows).requires_grad_()
+        index = torch.from_numpy(inverse.reshape(n, NUM_SPARSE).astype(np.int64))
+        logits = forward(self.spec, dense, rows_t[index], torch.from_numpy(batch.dense))
+        loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.label))
+        loss.backward()  # type: ignore[no-untyped-call]
+        assert rows_t.grad is not None
+        grads: dict[str, npt.NDArray[np.float32]] = {}
+        for name, t in dense.items():
+            assert t.grad is not None
+            grads[name] = t.grad.numpy()
+        self._push(uniq, rows_t.grad.numpy(), grads)
+        return float(loss.item())
+
+    def train_shard(self, shard: Shard) -> float:
+        """Train on every record of ``shard``; the sum of the per-sample losses."""
+        total = 0.0
+        bs = self.config.batch_size
+        for start in range(shard.start, shard.end, bs):
+            batch = self.data.records(start, min(start + bs, shard.end))
+            total += self.step(batch) * batch.label.shape[0]
+            if self.delay:
+                time.sleep(self.delay)
+        return total
+
+    def run(self) -> WorkerReport:
+        speed: float | None = None
+        shards = samples = 0
+        while True:
+            reply, _ = self.master.call("lease", {"worker": self.worker, "speed": speed})
+            status = LeaseStatus(reply["status"])
+            if status is LeaseStatus.END:
+                return WorkerReport(self.worker, shards, samples)
+            if status is LeaseStatus.WAIT:
+                time.sleep(WAIT_S)
+                continue
+            shard = Shard.from_json(reply["shard"])
+            t0 = time.perf_counter()
+            loss_sum = self.train_shard(shard)
+            speed = shard.size / max(time.perf_counter() - t0, 1e-9)
+            self.master.call(
+                "done", {"worker": self.worker, "shard_id": shard.shard_id, "loss_sum": loss_sum, "count": shard.size}
+            )
+            shards += 1
+            samples += shard.size
+
+    def close(self) -> None:
+        self.master.close()
+        for c in self.ps:
+            c.close()
+
+
+@click.command("worker")
+@click.option("--id", "worker_id", required=True)
+@click.option("--master", "master_address", required=True)
+@click.option("--delay", type=float, default=0.0, help="seconds of sleep after each mini-batch (a slow worker)")
+def worker_command(worker_id: str, master_address: str, delay: float) -> None:
+    """A worker: train on the master's shards until there are none left."""
+    torch.set_num_threads(1)
+    worker = Worker(worker_id, master_address, delay)
+    report = worker.run()
+    worker.close()
+    click.echo(json.dumps({"worker": report.worker, "shards": report.shards, "samples": report.samples}))

@@ -1,0 +1,449 @@
+"""D2 operators: accuracy against float64, bitwise invariance to the thread count and to batch neighbours, the
+scanner on the reference CNNs, a D2 training with the runtime, and CPU == CUDA bit for bit (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpc_elastic import models
+from hpc_elastic.est import d2_math
+from hpc_elastic.est.d2 import D2Status, scan_model, to_d2
+from hpc_elastic.est.d2_ops import DetConv2d, DetEmbedding, det_cross_entropy
+from hpc_elastic.est.detsum import ref_matmul_nt
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.session import Session
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().numpy().tobytes()
+
+
+# ---------------------------------------------------------------------------------------------- the math
+
+
+def max_ulps(y: torch.Tensor, ref: np.ndarray) -> float:
+    """Largest error of float32 ``y`` against the float64 ``ref``, in units of the last place of ``ref`` in float32,
+    over the normal float32 range."""
+    ref32 = ref.astype(np.float32)
+    ok = np.isfinite(ref32) & (np.abs(ref32) >= 2.0**-126)
+    spacing = np.spacing(np.abs(ref32[ok])).astype(np.float64)
+    return float(np.max(np.abs(y.numpy().astype(np.float64)[ok] - ref[ok]) / spacing))
+
+
+def sweep(low: float, high: float, n: int = 400_001) -> torch.Tensor:
+    return torch.linspace(low, high, n, dtype=torch.float32)
+
+
+def _ref_erf(x: np.ndarray) -> np.ndarray:
+    return np.array([math.erf(v) for v in x.tolist()])
+
+
+def _ref_erfc(x: np.ndarray) -> np.ndarray:
+    return np.array([math.erfc(v) for v in x.tolist()])
+
+
+MATH_CASES: list[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[np.ndarray], np.ndarray], torch.Tensor, float]]
+MATH_CASES = [
+    (d2_math.det_exp, np.exp, sweep(-87.3, 88.7), 1.0),
+    (d2_math.det_expm1, np.expm1, sweep(-20.0, 20.0), 2.0),
+    (
+        d2_math.det_log,
+        np.log,
+        torch.cat([sweep(1e-30, 1e-3), sweep(1e-3, 10.0), sweep(10.0, 1e30), torch.tensor([1e-40, 3e-45])]),
+        2.0,
+    ),
+    (d2_math.det_sigmoid, lambda v: 1.0 / (1.0 + np.exp(-v)), sweep(-20.0, 20.0), 3.0),
+    (d2_math.det_tanh, np.tanh, sweep(-12.0, 12.0), 3.0),
+    (d2_math.det_erf, _ref_erf, sweep(-6.0, 6.0, 100_001), 4.0),
+    (d2_math.det_erfc, _ref_erfc, sweep(-6.0, 9.0, 100_001), 8.0),
+]
+
+
+@pytest.mark.parametrize(("fn", "ref", "x", "bound"), MATH_CASES, ids=[c[0].__name__ for c in MATH_CASES])
+def test_transcendentals_are_within_a_few_ulps_of_float64(
+    fn: Callable[[torch.Tensor], torch.Tensor], ref: Callable[[np.ndarray], np.ndarray], x: torch.Tensor, bound: float
+) -> None:
+    with np.errstate(over="ignore"):
+        assert max_ulps(fn(x), ref(x.numpy().astype(np.float64))) <= bound
+
+
+def test_special_values() -> None:
+    x = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 100.0, -100.0])
+    assert d2_math.det_exp(x)[:4].tolist() == [1.0, 1.0, math.inf, 0.0]
+    assert d2_math.det_exp(x)[5:].tolist() == [math.inf, 0.0]
+    assert d2_math.det_log(x)[:4].tolist()[:3] == [-math.inf, -math.inf, math.inf]
+    assert torch.isnan(d2_math.det_log(torch.tensor([-1.0, -math.inf, math.nan]))).all()
+    assert d2_math.det_tanh(x)[[0, 2, 3]].tolist() == [0.0, 1.0, -1.0]
+    assert d2_math.det_sigmoid(x)[[0, 2, 3, 5, 6]].tolist() == [0.5, 1.0, 0.0, 1.0, 0.0]
+    for fn in (d2_math.det_exp, d2_math.det_log, d2_math.det_tanh, d2_math.det_erf, d2_math.det_erfc):
+        assert torch.isnan(fn(x[4:5])).all()
+
+
+def test_det_sum_follows_the_fixed_pairwise_tree() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 13, 5) * torch.logspace(-3, 3, 5)
+    got = d2_math.det_sum(x, 1)
+    ref = x.permute(0, 2, 1).numpy().copy()
+    ref = np.concatenate([ref, np.zeros((3, 5, 3), np.float32)], axis=2)  # padded to 16 with +0.0
+    while ref.shape[2] > 1:
+        half = ref.shape[2] // 2
+        ref = ref[:, :, :half] + ref[:, :, half:]
+    assert got.numpy().tobytes() == ref[:, :, 0].tobytes()
+    assert d2_math.det_sum(x, -1, keepdim=True).shape == (3, 13, 1)
+    assert d2_math.det_sum(torch.zeros(2, 0), 1).tolist() == [0.0, 0.0]
+    torch.testing.assert_close(d2_math.det_sum_dims(x, (0, 2)), x.double().sum((0, 2)).float())
+
+
+# ---------------------------------------------------------------------------------------------- the operators
+
+
+def _conv() -> nn.Module:
+    return nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=1)
+
+
+def _conv_dilated() -> nn.Module:
+    return nn.Conv2d(3, 4, (3, 2), stride=(1, 2), padding=(2, 1), dilation=2, bias=False)
+
+
+def _bn2d() -> nn.Module:
+    return nn.BatchNorm2d(3)
+
+
+def _bn1d() -> nn.Module:
+    return nn.BatchNorm1d(3, momentum=None)
+
+
+def _layernorm() -> nn.Module:
+    return nn.LayerNorm((6, 7))
+
+
+def _maxpool() -> nn.Module:
+    return nn.MaxPool2d(3, stride=2, padding=1)
+
+
+def _avgpool() -> nn.Module:
+    return nn.AdaptiveAvgPool2d((3, 7))
+
+
+def _softmax() -> nn.Module:
+    return nn.Softmax(dim=1)
+
+
+def _logsoftmax() -> nn.Module:
+    return nn.LogSoftmax(dim=-1)
+
+
+#: (factory, input shape, relative bound of forward and gradients against float64, atol)
+OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
+    (_conv, (4, 3, 9, 8)),
+    (_conv_dilated, (2, 3, 10, 9)),
+    (_bn2d, (4, 3, 6, 7)),
+    (_bn1d, (5, 3, 4)),
+    (_layernorm, (3, 2, 6, 7)),
+    (_maxpool, (2, 3, 9, 8)),
+    (_avgpool, (2, 3, 6, 7)),
+    (nn.Sigmoid, (4, 3, 6, 7)),
+    (nn.Tanh, (4, 3, 6, 7)),
+    (nn.SiLU, (4, 3, 6, 7)),
+    (nn.GELU, (4, 3, 6, 7)),
+    (lambda: nn.GELU(approximate="tanh"), (4, 3, 6, 7)),
+    (_softmax, (4, 5, 7)),
+    (_logsoftmax, (4, 5, 7)),
+    (lambda: nn.Linear(7, 4), (3, 2, 7)),
+]
+OP_IDS = [
+    "conv",
+    "conv-dilated",
+    "bn2d",
+    "bn1d-cumulative",
+    "layernorm",
+    "maxpool",
+    "avgpool",
+    "sigmoid",
+    "tanh",
+    "silu",
+    "gelu",
+    "gelu-tanh",
+    "softmax",
+    "logsoftmax",
+    "linear",
+]
+
+
+def run_op(module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> list[torch.Tensor]:
+    """Forward output, input gradient and parameter gradients (and buffers, for batch norm)."""
+    for p in module.parameters():
+        p.grad = None
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x)
+    y.backward(g.to(y.dtype))
+    assert x.grad is not None
+    grads = [p.grad for p in module.parameters()]
+    assert all(gp is not None for gp in grads)
+    return [y.detach(), x.grad, *[gp for gp in grads if gp is not None], *[b.clone() for b in module.buffers()]]
+
+
+def make_pair(factory: Callable[[], nn.Module], seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    stock = factory()
+    for p in stock.parameters():  # non-trivial affine parameters
+        with torch.no_grad():
+            p.add_(torch.randn_like(p) * 0.3)
+    det = factory()
+    det.load_state_dict(stock.state_dict())
+    to_d2(det)
+    assert scan_model(det).holds, scan_model(det).first_problem()
+    return stock, det
+
+
+def inputs(shape: tuple[int, ...], module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    x = torch.randn(shape) * 2.0
+    with torch.no_grad():
+        y = copy.deepcopy(module)(x)  # a copy: the module's running statistics must not move
+    return x, torch.randn(y.shape)
+
+
+@pytest.mark.parametrize(("factory", "shape"), OPS, ids=OP_IDS)
+def test_operator_and_gradients_match_float64(factory: Callable[[], nn.Module], shape: tuple[int, ...]) -> None:
+    stock, det = make_pair(factory)
+    x, g = inputs(shape, stock)
+    got = run_op(det, x, g)
+    ref = run_op(stock.double(), x.double(), g.double())
+    assert state_dict_keys(det) == state_dict_keys(stock)
+    for a, b in zip(got, ref, strict=True):
+        scale = max(float(b.abs().max()), 1e-6) if b.dtype.is_floating_point else 1.0
+        # float32 rounding of sums over at most a few hundred terms: well within 1e-5 of the largest value
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * scale)
+
+
+def state_dict_keys(module: nn.Module) -> list[str]:
+    return list(module.state_dict())
+
+
+@pytest.mark.parametrize(("factory", "shape"), OPS, ids=OP_IDS)
+def test_operator_bits_do_not_depend_on_the_thread_count(
+    factory: Callable[[], nn.Module], shape: tuple[int, ...]
+) -> None:
+    results = []
+    for threads in (1, 4):
+        torch.set_num_threads(threads)
+        _, det = make_pair(factory)
+        x, g = inputs(shape, det)
+        results.append([bits(t) for t in run_op(det, x, g)])
+    assert results[0] == results[1]
+
+
+PER_SAMPLE = [(f, shape) for (f, shape), name in zip(OPS, OP_IDS, strict=True) if not name.startswith("bn")]
+
+
+@pytest.mark.parametrize(("factory", "shape"), PER_SAMPLE, ids=[n for n in OP_IDS if not n.startswith("bn")])
+def test_a_samples_output_does_not_depend_on_its_batch_neighbours(
+    factory: Callable[[], nn.Module], shape: tuple[int, ...]
+) -> None:
+    _, det = make_pair(factory)
+    torch.manual_seed(2)
+    x = torch.randn(6, *shape[1:])
+    with torch.no_grad():
+        whole = det(x)
+        for i in range(6):
+            assert bits(det(x[i : i + 1])) == bits(whole[i : i + 1])
+
+
+def test_batch_norm_running_statistics_follow_torch() -> None:
+    stock, det = make_pair(_bn2d)
+    x, _ = inputs((6, 3, 5, 5), stock)
+    for _ in range(3):
+        stock(x)
+        det(x)
+    for a, b in zip(det.buffers(), stock.buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    stock.eval()
+    det.eval()
+    torch.testing.assert_close(det(x), stock(x), rtol=1e-5, atol=1e-5)
+    assert det.state_dict().keys() == stock.state_dict().keys()
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        to_d2(nn.BatchNorm1d(3))(torch.randn(1, 3))
+
+
+def test_max_pool_ties_go_to_the_first_offset() -> None:
+    pool = to_d2(nn.MaxPool2d(2))
+    x = torch.tensor([[[[-0.0, 0.0, 1.0, 1.0], [0.0, -0.0, 1.0, 1.0]]]], requires_grad=True)
+    out = pool(x)
+    assert bits(out) == bits(torch.tensor([[[[-0.0, 1.0]]]]))
+    out.backward(torch.tensor([[[[2.0, 3.0]]]]))
+    assert x.grad is not None
+    assert x.grad.tolist() == [[[[2.0, 0.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]]
+
+
+def test_embedding_gradient_adds_each_ids_rows_in_input_order() -> None:
+    torch.manual_seed(3)
+    emb = nn.Embedding(7, 5, padding_idx=2)
+    det = to_d2(nn.Embedding(7, 5, padding_idx=2))
+    det.load_state_dict(emb.state_dict())
+    assert isinstance(det, DetEmbedding)
+    ids = torch.tensor([[3, 1, 3, 2], [3, 0, 1, 3]])
+    g = torch.randn(2, 4, 5) * torch.logspace(-4, 4, 5)
+    out = det(ids)
+    assert bits(out) == bits(emb(ids))
+    out.backward(g)
+    expected = np.zeros((7, 5), np.float32)
+    flat, gn = ids.reshape(-1).tolist(), g.reshape(-1, 5).numpy()
+    for row, vec in zip(flat, gn, strict=True):  # input order, one float32 addition each
+        if row != 2:
+            expected[row] = expected[row] + vec
+    assert det.weight.grad is not None
+    assert bits(det.weight.grad) == expected.tobytes()
+    emb(ids).backward(g)
+    assert emb.weight.grad is not None
+    torch.testing.assert_close(det.weight.grad, emb.weight.grad)
+
+
+def test_cross_entropy_matches_torch_with_and_without_label_smoothing() -> None:
+    torch.manual_seed(4)
+    logits = torch.randn(9, 6) * 3.0
+    target = torch.randint(0, 6, (9,))
+    for smoothing in (0.0, 0.1):
+        a = logits.clone().requires_grad_(True)
+        b = logits.double().requires_grad_(True)
+        loss = det_cross_entropy(a, target, label_smoothing=smoothing)
+        ref = F.cross_entropy(b, target, label_smoothing=smoothing)
+        loss.backward()  # type: ignore[no-untyped-call]
+        ref.backward()  # type: ignore[no-untyped-call]
+        assert loss.shape == ()
+        torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=1e-6)
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="class indices in"):
+        det_cross_entropy(logits, torch.full((9,), -100))
+    with pytest.raises(ValueError, match=r"needs \[N, C\] logits"):
+        det_cross_entropy(logits, target[:3])
+
+
+# ---------------------------------------------------------------------------------------------- the scanner
+
+
+def test_scanner_covers_the_reference_cnns_after_conversion() -> None:
+    for factory in (models.vgg_like, models.resnet_like):
+        model = factory()[0]
+        before = dict(model.state_dict())
+        assert scan_model(model).holds_after_conversion and not scan_model(model).holds
+        report = scan_model(to_d2(model))
+        assert report.holds, report.first_problem()
+        after = model.state_dict()
+        assert before.keys() == after.keys()
+        assert all(before[k].data_ptr() == after[k].data_ptr() for k in before)
+    transformer = to_d2(models.transformer_small()[0])
+    status = {f.kind: f.status for f in scan_model(transformer).findings}
+    assert status["DetEmbedding"] is D2Status.COVERED and status["DetLayerNorm"] is D2Status.COVERED
+    assert status["MultiheadAttention"] is D2Status.NOT_COVERED
+    assert status["Dropout"] is D2Status.NOT_COVERED
+
+
+def test_unsupported_configurations_stay_not_covered() -> None:
+    cases = [
+        (nn.Conv2d(4, 4, 3, groups=2), "groups=2"),
+        (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "padding_mode='reflect'"),
+        (nn.Embedding(5, 3, max_norm=1.0), "max_norm"),
+        (nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
+        (nn.Softmax(), "dim=None"),
+        (nn.GroupNorm(2, 4), "no D2 operator"),
+        (nn.Conv1d(2, 2, 3), "Conv2d alone"),
+    ]
+    for module, reason in cases:
+        to_d2(module)
+        (finding,) = scan_model(module).findings
+        assert finding.status is D2Status.NOT_COVERED and reason in finding.note, finding
+    with pytest.raises(ValueError, match="output sizes that divide"):
+        to_d2(nn.AdaptiveAvgPool2d(3))(torch.randn(1, 2, 7, 7))
+
+
+# ---------------------------------------------------------------------------------------------- with the runtime
+
+
+def train_resnet_d2(threads: int, steps: int = 2) -> str:
+    torch.set_num_threads(threads)
+    torch.manual_seed(5)
+    model, batch = models.resnet_like()[:2]
+    data = torch.utils.data.TensorDataset(*batch(16))  # type: ignore[arg-type]
+    session = Session.local(None, num_workers=2, seed=5, level=DeterminismLevel.D2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = session.state(model, opt, data=data, batch_size=2)
+    assert any(isinstance(m, DetConv2d) for m in model.modules())
+    while state.step < steps:
+        for x, y in state.batches():
+            det_cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+        state.finish_step()
+    return state.params_sha256()
+
+
+def test_d2_training_of_the_resnet_gives_the_same_bits_at_1_and_4_threads() -> None:
+    assert train_resnet_d2(1) == train_resnet_d2(4)
+
+
+# ---------------------------------------------------------------------------------------------- CPU == CUDA
+
+
+@needs_cuda
+@pytest.mark.parametrize(("fn", "ref", "x", "bound"), MATH_CASES, ids=[c[0].__name__ for c in MATH_CASES])
+def test_cuda_math_gives_the_cpu_bits(
+    fn: Callable[[torch.Tensor], torch.Tensor], ref: Callable[[np.ndarray], np.ndarray], x: torch.Tensor, bound: float
+) -> None:
+    assert bits(fn(x.cuda())) == bits(fn(x))
+
+
+@needs_cuda
+@pytest.mark.parametrize(("factory", "shape"), OPS, ids=OP_IDS)
+def test_cuda_operator_gives_the_cpu_bits(factory: Callable[[], nn.Module], shape: tuple[int, ...]) -> None:
+    _, det = make_pair(factory)
+    x, g = inputs(shape, det)
+    _, det_gpu = make_pair(factory)
+    cpu = run_op(det, x, g)
+    gpu = run_op(det_gpu.cuda(), x.cuda(), g.cuda())
+    assert [bits(t) for t in gpu] == [bits(t) for t in cpu]
+
+
+@needs_cuda
+def test_cuda_resnet_step_gives_the_cpu_bits() -> None:
+    results = []
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(6)
+        model, batch = models.resnet_like()[:2]
+        to_d2(model)
+        x, y = batch(4)
+        assert isinstance(x, torch.Tensor)
+        model.to(device)
+        loss = det_cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()  # type: ignore[no-untyped-call]
+        results.append([bits(loss)] + [bits(p.grad) for p in model.parameters() if p.grad is not None])
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(7, 13, 45), (130, 11, 1100)])
+def test_product_is_the_fixed_order_reference_for_blocks_chunks_and_threads(m: int, n: int, k: int) -> None:
+    """Panels of 8 outputs with a partial one, k chunked (1100 > 512) with a tail, rows split over threads."""
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-3, 4, (m, k))).astype(np.float32)
+    b = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-3, 4, (n, k))).astype(np.float32)
+    ref = ref_matmul_nt(a, b).tobytes()
+    for threads in (1, 4):
+        torch.set_num_threads(threads)
+        assert d2_math.det_matmul_nt(torch.from_numpy(a), torch.from_numpy(b)).numpy().tobytes() == ref

@@ -1,0 +1,175 @@
+"""DLRover Brain's resource configuration (§4): the sample, optimize and adjust stages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc_elastic.policy.brain import (
+    Estimates,
+    Group,
+    JobLimits,
+    Partition,
+    Range,
+    ResourcePlan,
+    Role,
+    Stage,
+    StepRequest,
+    Usage,
+    adjust,
+    estimate,
+    optimize,
+    sample_plan,
+)
+
+NODE = Partition(cores_per_node=32, mem_per_node_mb=128_000, free_cores=1_000)
+LIMITS = JobLimits(c_total=200, workers=Range(1, 64), ps=Range(1, 16))
+
+
+@pytest.mark.parametrize(
+    ("w_hat", "s_total_hat", "workers", "cores", "ps"),
+    [(2.5, 5.7, 24, 3, 8), (19.4, 3.1, 8, 20, 2)],  # Table 1: W&D, xDeepFM (C_total 200, sample w = 32)
+)
+def test_optimize_reproduces_the_papers_table_1(
+    w_hat: float, s_total_hat: float, workers: int, cores: int, ps: int
+) -> None:
+    sample = sample_plan(LIMITS, NODE, mem_mb=4_000)
+    assert sample.workers == Group(1, 32, 4_000) and sample.stage is Stage.SAMPLE
+    usage = Usage(sample, (w_hat,), (1_000.0,), tuple(s_total_hat / sample.num_ps for _ in sample.ps_cores))
+    est = estimate(usage)
+    assert est.w_hat == pytest.approx(w_hat) and est.s_hat == pytest.approx(s_total_hat)
+    plan = optimize(est, LIMITS, NODE, ps_mem_mb=8_000)
+    assert (plan.workers.count, plan.workers.cores, plan.num_ps) == (workers, cores, ps)
+    assert plan.total_cores <= LIMITS.c_total  # Eq. 3
+    assert plan.workers.mem_mb == 1_250  # the largest resident set and a 25 % margin
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    w_hat=st.floats(0.1, 31.0),
+    s_hat=st.floats(0.05, 20.0),
+    c_total=st.integers(4, 600),
+    cores=st.sampled_from([4, 8, 16, 32, 64]),
+    free=st.integers(0, 800),
+    held=st.integers(0, 100),
+)
+def test_optimize_stays_inside_the_budget_the_partition_and_eq_4(
+    w_hat: float, s_hat: float, c_total: int, cores: int, free: int, held: int
+) -> None:
+    partition = Partition(cores, 256_000, free)
+    limits = JobLimits(c_total, Range(1, 1_000), Range(1, 1_000))
+    budget = min(c_total, held + free)
+    if budget < 2:
+        with pytest.raises(ValueError, match="cannot hold 1 workers and 1 PS"):
+            optimize(Estimates(w_hat, s_hat, 100), limits, partition, ps_mem_mb=100, held_cores=held)
+        return
+    plan = optimize(Estimates(w_hat, s_hat, 100), limits, partition, ps_mem_mb=100, held_cores=held)
+    assert plan.total_cores <= budget
+    assert max(plan.ps_cores) <= cores and plan.workers.cores <= cores
+    w = plan.workers.cores
+    assert w == min(math.ceil(w_hat), cores, budget - 1)
+    if plan.workers.count > 1 and w == math.ceil(w_hat):
+        # Eq. 4 up to the rounding of ŵ to w: the PS keep up with the workers but for what the rounding took
+        assert plan.workers.count * s_hat <= plan.ps_total_cores + plan.workers.count * (w - w_hat) + plan.num_ps + 1e-6
+
+
+def test_the_plan_never_exceeds_the_partitions_free_cores() -> None:
+    small = Partition(32, 128_000, free_cores=40)
+    plan = optimize(Estimates(2.5, 5.7, 1_000), LIMITS, small, ps_mem_mb=8_000)
+    assert plan.total_cores <= 40
+    with pytest.raises(ValueError, match="free"):
+        ResourcePlan(Group(30, 2, 100), (16,), 100, Stage.OPTIMIZE).check(small)
+
+
+def test_requests_are_per_role_and_size() -> None:
+    plan = ResourcePlan(Group(4, 3, 3_000), (16, 24, 16), 10_000, Stage.ADJUST)
+    assert plan.requests() == (
+        StepRequest(Role.WORKER, 4, 3, 1_000),
+        StepRequest(Role.PS, 1, 24, 417),
+        StepRequest(Role.PS, 2, 16, 625),
+    )
+
+
+def _running(plan: ResourcePlan, worker_cpu: float, ps_cpu: tuple[float, ...], **kw: bool) -> Usage:
+    n = plan.workers.count
+    return Usage(plan, (worker_cpu,) * n, (500.0,) * n, ps_cpu, **kw)
+
+
+def test_adjust_adds_workers_when_ps_cores_idle() -> None:
+    plan = ResourcePlan(Group(8, 20, 4_000), (20, 20), 8_000, Stage.OPTIMIZE)
+    usage = _running(plan, 18.0, (4.0, 4.0))  # ŝ' = 1 core per worker, s_total = 40
+    new = adjust(usage, Estimates(19.4, 3.1, 4_000), LIMITS, NODE)
+    assert new is not None and new.stage is Stage.ADJUST
+    assert new.workers.count == 40 and new.ps_cores == plan.ps_cores  # ΔN_w = min(40 / 1, ∞) - 8
+    # √K bounds the asynchronous workers: K = 400 steps -> at most 20 workers
+    bounded = adjust(usage, Estimates(19.4, 3.1, 4_000), JobLimits(200, Range(1, 64), Range(1, 16), 400), NODE)
+    assert bounded is not None and bounded.workers.count == 20
+    # and the partition's free cores bound the growth (the job holds its plan's 200 cores)
+    tight = adjust(usage, Estimates(19.4, 3.1, 4_000), LIMITS, Partition(32, 128_000, 50))
+    assert tight is not None and tight.workers.count == 10 and tight.total_cores <= 200 + 50
+
+
+def test_adjust_replaces_a_hot_ps_with_a_larger_one() -> None:
+    plan = ResourcePlan(Group(24, 3, 1_000), (16,) * 8, 8_000, Stage.OPTIMIZE)
+    ps_cpu = (15.5, 15.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0)  # two hot PS (W&D's uneven partition, Figure 6)
+    new = adjust(_running(plan, 2.4, ps_cpu), Estimates(2.5, 5.7, 1_000), LIMITS, NODE)
+    assert new is not None
+    total = sum(ps_cpu)
+    expect = [min(math.ceil(u / total * 5.7 * 24), 32) for u in ps_cpu[:2]]
+    assert list(new.ps_cores[:2]) == expect and all(c > 16 for c in expect)
+    assert new.ps_cores[2:] == (16,) * 6 and new.workers == plan.workers
+    assert "hot PS 0" in new.reasons[0]
+
+
+def test_adjust_doubles_memory_after_out_of_memory() -> None:
+    plan = ResourcePlan(Group(2, 4, 6_000), (8, 8), 50_000, Stage.OPTIMIZE)
+    w = adjust(_running(plan, 3.0, (1.0, 1.0), worker_oom=True), Estimates(3, 1, 6_000), LIMITS, NODE)
+    assert w is not None and w.workers.mem_mb == 12_000
+    ps = adjust(_running(plan, 3.0, (1.0, 1.0), ps_oom=True), Estimates(3, 1, 6_000), LIMITS, NODE)
+    assert ps is not None and ps.ps_mem_mb == 100_000
+    # a PS at a node's memory already: the paper doubles the PS instead
+    full = ResourcePlan(Group(2, 4, 6_000), (8, 8), 100_000, Stage.OPTIMIZE)
+    more = adjust(_running(full, 3.0, (1.0, 1.0), ps_oom=True), Estimates(3, 1, 6_000), LIMITS, NODE)
+    assert more is not None and more.num_ps == 4 and more.ps_mem_mb == 100_000
+
+
+def test_a_job_whose_ps_keep_up_exactly_needs_no_adjustment() -> None:
+    plan = ResourcePlan(Group(8, 20, 4_000), (20, 20), 8_000, Stage.OPTIMIZE)
+    busy = _running(plan, 19.0, (19.0, 19.0))  # ŝ' = 4.75: 40 / 4.75 = 8.4 workers, the 8 it has
+    assert adjust(busy, Estimates(19.4, 3.1, 4_000), LIMITS, NODE, hot_threshold=0.96) is None
+
+
+def test_growth_that_does_not_fit_the_partition_is_no_plan() -> None:
+    plan = ResourcePlan(Group(8, 20, 4_000), (20, 20), 8_000, Stage.OPTIMIZE)
+    usage = _running(plan, 19.0, (12.0, 12.0))  # ŝ' = 3: 13 workers would keep the PS busy
+    grown = adjust(usage, Estimates(19.4, 3.1, 4_000), LIMITS, NODE)
+    assert grown is not None and grown.workers.count == 13
+    assert adjust(usage, Estimates(19.4, 3.1, 4_000), LIMITS, Partition(32, 128_000, 19)) is None
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Range(3, 2), "range 3:2 is empty"),
+        (lambda: Range.parse("a:b"), "bad range 'a:b'"),
+        (lambda: Range.parse("0:4"), "bad range '0:4'"),
+        (lambda: Group(-1, 2, 10), "process count must be an integer >= 1, got -1"),
+        (lambda: Partition(0, 10, 10), "cores_per_node"),
+        (lambda: JobLimits(3, Range(2, 4), Range(2, 2)), "cannot hold the minimum 2 workers and 2 PS"),
+        (lambda: ResourcePlan(Group(1, 1, 1), (), 10, Stage.SAMPLE), "at least one PS"),
+        (lambda: ResourcePlan(Group(1, 64, 1), (1,), 10, Stage.SAMPLE).check(NODE), "exceeds a node"),
+        (lambda: Estimates(0.0, 1.0, 10), "w_hat must be > 0"),
+    ],
+)
+def test_bad_values_are_named(build: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()  # type: ignore[operator]
+
+
+def test_usage_readings_must_match_the_plan() -> None:
+    plan = ResourcePlan(Group(2, 4, 100), (8,), 100, Stage.SAMPLE)
+    with pytest.raises(ValueError, match="ps_cpu has 2 readings for 1 processes"):
+        Usage(plan, (1.0, 1.0), (1.0, 1.0), (1.0, 2.0))

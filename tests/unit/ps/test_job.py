@@ -1,0 +1,162 @@
+"""A PS job of real processes on localhost (master, 2 PS, workers over gRPC): the loss falls, a worker killed with
+SIGKILL mid-epoch loses no sample and counts none twice, a worker added mid-epoch gets shards.
+
+No timing decides an outcome: a worker is frozen with SIGSTOP while the test looks at what it holds, so the kill
+lands on a worker known to hold a shard, and the added worker trains while the others are frozen."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from hpc_elastic.ps import checkpoint
+from hpc_elastic.ps.__main__ import main
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.job import PsJob
+
+SMALL = {"num_ps": 2, "num_samples": 2000, "shard_size": 100, "batch_size": 50}
+
+
+def until(job: PsJob, cond: Callable[[dict[str, Any]], bool], timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = job.status()
+        if cond(status):
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"condition not reached: {job.status()}")
+
+
+def assert_exactly_once(status: dict[str, Any]) -> None:
+    assert status["finished"]
+    assert not status["failed_shards"]
+    for epoch in status["epochs"]:
+        assert epoch["complete"] and epoch["exactly_once"], epoch
+        assert (epoch["min_count"], epoch["max_count"]) == (1, 1)
+        assert sum(epoch["samples_by_worker"].values()) == SMALL["num_samples"]
+
+
+def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
+    config = PsJobConfig(num_workers=3, epochs=2, **SMALL)
+    with PsJob(config, tmp_path) as job:
+        status = job.wait()
+    assert_exactly_once(status)
+    assert status["lost"] == [] and status["requeued"] == 0
+    assert status["shards_done"] >= 2 * 20
+    assert status["loss_last"] < status["loss_first"] - 0.03, status
+
+
+def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
+    config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
+    with PsJob(config, tmp_path, worker_delays={"w0": 0.1}) as job:
+        until(job, lambda s: s["shards_done"] >= 1)  # w0 alone: it is mid-epoch
+        job.add_worker()
+        job.add_worker()
+        for _ in range(100):  # freeze w0 at a moment it holds a shard
+            job.signal_worker("w0", signal.SIGSTOP)
+            if "w0" in job.status()["doing_by_worker"]:
+                break
+            job.signal_worker("w0", signal.SIGCONT)
+            time.sleep(0.02)
+        assert job.kill_worker("w0") == {"requeued": 1}
+        status = job.wait()
+    assert_exactly_once(status)
+    assert status["lost"] == ["w0"] and status["requeued"] == 1 and status["stale_dones"] == 0
+    by_worker = status["epochs"][0]["samples_by_worker"]
+    assert by_worker["w0"] > 0 and set(by_worker) - {"w0"} <= {"w1", "w2"} and set(by_worker) != {"w0"}
+
+
+def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
+    config = PsJobConfig(num_workers=2, epochs=1, **SMALL)
+    with PsJob(config, tmp_path, worker_delays={"w0": 0.05, "w1": 0.05}) as job:
+        until(job, lambda s: s["shards_done"] >= 1)
+        for w in ("w0", "w1"):
+            job.signal_worker(w, signal.SIGSTOP)
+        added = job.add_worker()
+        assert added == "w2"
+        until(job, lambda s: s["epochs"][0]["samples_by_worker"].get("w2", 0) > 0)
+        for w in ("w0", "w1"):
+            job.signal_worker(w, signal.SIGCONT)
+        status = job.wait()
+    assert_exactly_once(status)
+    assert set(status["registered"]) == {"w0", "w1", "w2"}
+    assert status["epochs"][0]["samples_by_worker"]["w2"] > 0
+
+
+def test_workers_2_4_1_and_ps_1_2_1_within_one_epoch_keep_the_ledger(tmp_path: Path) -> None:
+    config = PsJobConfig(num_ps=1, num_workers=2, num_samples=4000, shard_size=100, batch_size=50, epochs=1)
+    delays = {f"w{k}": 0.1 for k in range(4)}
+    with PsJob(config, tmp_path, worker_delays=delays) as job:
+        until(job, lambda s: s["shards_done"] >= 2)
+        assert job.add_ps()["num_ps"] == 2  # the workers are pulling and pushing meanwhile
+        job.add_worker()
+        job.add_worker()
+        status = until(job, lambda s: s["shards_done"] >= 8)
+        assert not status["finished"]
+        assert job.remove_ps()["num_ps"] == 1
+        for w in ("w1", "w2", "w3"):  # scale in to one worker
+            job.kill_worker(w, signal.SIGTERM)
+        status = job.wait()
+    assert status["finished"] and not status["failed_shards"]
+    epoch = status["epochs"][0]
+    assert epoch["exactly_once"] and (epoch["min_count"], epoch["max_count"]) == (1, 1)
+    assert sum(epoch["samples_by_worker"].values()) == 4000
+    assert status["num_ps"] == 1 and len(status["repartition_seconds"]) == 2
+    assert sorted(status["lost"]) == ["w1", "w2", "w3"]
+
+
+def test_the_job_goes_on_from_its_checkpoint_after_everything_died(tmp_path: Path) -> None:
+    config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
+    ckpt = tmp_path / "ckpt"
+    with PsJob(config, tmp_path / "a", worker_delays={"w0": 0.05}, checkpoint_dir=ckpt) as job:
+        until(job, lambda s: s["shards_done"] >= 3)
+        seq = job.checkpoint()
+        after = job.status()["shards_done"]
+        until(job, lambda s: s["shards_done"] >= after + 2)  # progress that dies with the master
+        job.kill_all()
+    where = checkpoint.latest(ckpt)
+    assert where is not None
+    _, state = checkpoint.read_queues(where)
+    counted = sum(e.end - e.start for e in state.ledger)
+    assert 0 < counted < SMALL["num_samples"]
+    restart = replace(config, num_workers=2)
+    with PsJob(
+        restart, tmp_path / "b", checkpoint_dir=ckpt, checkpoint_every=5, restore=True, worker_prefix="r"
+    ) as job:
+        status = job.wait()
+    assert status["restored_from"] == seq
+    assert status["checkpoint_seq"] == seq + status["shards_done"] // 5  # periodic checkpoints go on numbering
+    assert_exactly_once(status)
+    by_worker = status["epochs"][0]["samples_by_worker"]
+    assert by_worker["w0"] == counted  # what the checkpoint counted stays counted; the rest was redone
+    assert set(by_worker) - {"w0"} <= {"r0", "r1"}
+
+
+@pytest.mark.parametrize(
+    ("args", "word"),
+    [
+        (["--ps", "0"], "num_ps"),
+        (["--samples", "-5"], "num_samples"),
+        (["--shard-size", "0"], "shard_size"),
+        (["--workers", "0"], "--workers"),
+        (["--lr", "-1"], "lr"),
+    ],
+)
+def test_bad_configs_are_one_line_and_exit_2(args: list[str], word: str) -> None:
+    result = CliRunner().invoke(main, ["local", *args])
+    assert result.exit_code == 2
+    assert word in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_bad_config_values_are_named() -> None:
+    with pytest.raises(ValueError, match="num_ps must be an integer >= 1, not 0"):
+        PsJobConfig(num_ps=0)
+    with pytest.raises(ValueError, match="unknown PS job settings"):
+        PsJobConfig.from_json({"num_ps": 1, "mode": "x"})

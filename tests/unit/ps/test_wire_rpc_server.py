@@ -1,0 +1,190 @@
+"""The PS message format, the gRPC transport and a parameter server's partition and Adagrad updates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpc_elastic.ps import checkpoint, rpc, wire
+from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.data import NUM_SPARSE, CriteoLike, CriteoSpec, label_entropy, owner
+from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes, init_rows
+from hpc_elastic.ps.server import ParameterServer
+from hpc_elastic.ps.shards import ShardConfig, ShardManager
+
+
+def test_messages_round_trip_header_and_arrays() -> None:
+    arrays: wire.Arrays = {
+        "ids": np.array([3, 1, 2], dtype=np.int64),
+        "rows": np.arange(12, dtype=np.float32).reshape(3, 4),
+    }
+    header, out = wire.decode(wire.encode({"op": "push", "n": [1, 2]}, arrays))
+    assert header == {"op": "push", "n": [1, 2]}
+    assert set(out) == {"ids", "rows"}
+    for k, v in arrays.items():
+        assert out[k].dtype == v.dtype and np.array_equal(out[k], v)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"XXXX\x00\x00\x00\x00",
+        wire.encode({"a": 1}, {"x": np.zeros(4, np.float32)})[:-1],
+        b"HPS1\x02\x00\x00\x00{]",
+    ],
+)
+def test_broken_messages_are_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.decode(data)
+
+
+def test_only_plain_dtypes_travel() -> None:
+    with pytest.raises(ValueError, match="object"):
+        wire.encode({}, {"x": np.array([object()])})
+
+
+def test_the_transport_calls_handlers_and_returns_refusals() -> None:
+    def double(header: dict[str, object], arrays: wire.Arrays) -> rpc.Reply:
+        if header.get("bad"):
+            raise ValueError("bad request")
+        return {"k": header["k"]}, {"y": arrays["x"] * 2}
+
+    server, port = rpc.serve({"double": double})
+    client = rpc.Client(f"127.0.0.1:{port}", timeout=10)
+    try:
+        reply, out = client.call("double", {"k": 5}, {"x": np.arange(3, dtype=np.float64)})
+        assert reply == {"k": 5} and out["y"].tolist() == [0.0, 2.0, 4.0]
+        with pytest.raises(rpc.RemoteError, match="bad request"):
+            client.call("double", {"bad": True, "k": 0})
+        with pytest.raises(rpc.RemoteError, match="unknown operation"):
+            client.call("nothing")
+        with pytest.raises(rpc.RemoteError, match="malformed double request: KeyError"):
+            client.call("double", {"k": 1})
+    finally:
+        client.close()
+        server.stop(grace=0)
+
+
+def test_the_ps_partition_covers_every_row_and_array_once() -> None:
+    config = PsJobConfig(num_ps=3, vocab=50)
+    servers = [ParameterServer(config, p, 3) for p in range(3)]
+    ids = np.concatenate([s.ids for s in servers])
+    assert np.array_equal(np.sort(ids), np.arange(NUM_SPARSE * 50))
+    names = [n for s in servers for n in s.dense]
+    assert sorted(names) == sorted(dense_shapes(ModelSpec()))
+    assert all(dense_owner(n, 3) == p for p, s in enumerate(servers) for n in s.dense)
+    assert np.array_equal(owner(ids, 3), owner(ids.copy(), 3))  # stable
+
+
+def test_a_push_applies_adagrad_to_the_rows_and_arrays_it_names() -> None:
+    config = PsJobConfig(num_ps=2, vocab=20, lr=0.1)
+    ps = ParameterServer(config, 1, 2)
+    ids = ps.ids[:3]
+    _, before = ps.pull({"names": list(ps.dense)}, {"ids": ids})
+    assert np.array_equal(before["rows"], init_rows(config.model(), ids))
+    grads = np.ones((3, config.model().row_width), dtype=np.float32)
+    dense = {f"d:{n}": np.ones_like(v) for n, v in ps.dense.items()}
+    ps.push({}, {"ids": ids, "rows": grads, **dense})
+    _, after = ps.pull({"names": list(ps.dense)}, {"ids": ids})
+    step = 0.1 / np.sqrt(0.1 + 1.0)
+    assert np.allclose(after["rows"], before["rows"] - step)
+    for n in ps.dense:
+        assert np.allclose(after[f"d:{n}"], before[f"d:{n}"] - step)
+    untouched = ps.ids[3:6]
+    assert np.array_equal(ps.pull({}, {"ids": untouched})[1]["rows"], init_rows(config.model(), untouched))
+
+
+def test_a_ps_refuses_rows_it_does_not_hold_and_unsorted_pushes() -> None:
+    config = PsJobConfig(num_ps=2, vocab=20)
+    ps = ParameterServer(config, 0, 2)
+    other = np.setdiff1d(np.arange(NUM_SPARSE * 20), ps.ids)[:2]
+    with pytest.raises(ValueError, match="not held by PS 0"):
+        ps.pull({}, {"ids": other})
+    rows = np.zeros((2, config.model().row_width), dtype=np.float32)
+    with pytest.raises(ValueError, match="sorted and unique"):
+        ps.push({}, {"ids": ps.ids[[1, 0]], "rows": rows})
+
+
+def test_the_synthetic_data_is_seeded_and_learnable() -> None:
+    data = CriteoLike(CriteoSpec(num_samples=5000, vocab=100, seed=4))
+    a, b = data.records(100, 300), CriteoLike(CriteoSpec(num_samples=5000, vocab=100, seed=4)).records(100, 300)
+    assert np.array_equal(a.dense, b.dense) and np.array_equal(a.ids, b.ids) and np.array_equal(a.label, b.label)
+    assert a.dense.shape == (200, 13) and a.ids.shape == (200, 26)
+    assert np.all((a.ids >= 0) & (a.ids < 26 * 100))
+    assert np.all(a.ids // 100 == np.arange(26))
+    assert not np.array_equal(a.label, CriteoLike(CriteoSpec(5000, 100, seed=5)).records(100, 300).label)
+    full = data.records(0, 5000)
+    # the true logits explain the labels far better than the base rate: the signal is learnable
+    p = 1.0 / (1.0 + np.exp(-data.true_logits(np.arange(5000))))
+    best = float(-np.mean(full.label * np.log(p) + (1 - full.label) * np.log(1 - p)))
+    assert 0.2 < full.label.mean() < 0.8
+    assert best < label_entropy(full) - 0.1
+    with pytest.raises(ValueError, match="outside"):
+        data.batch(np.array([5000]))
+
+
+def test_a_checkpoint_restores_onto_another_number_of_ps(tmp_path: Path) -> None:
+    two = PsJobConfig(num_ps=2, vocab=30)
+    servers = [ParameterServer(two, p, 2) for p in range(2)]
+    for ps in servers:  # move the parameters away from their initial values
+        ids = ps.ids[::3]
+        ps.push({}, {"ids": ids, "rows": np.full((ids.size, two.model().row_width), 0.5, dtype=np.float32)})
+        ps.push(
+            {},
+            {
+                "ids": ps.ids[:0],
+                "rows": np.zeros((0, 9), np.float32),
+                **{f"d:{n}": np.ones_like(v) for n, v in ps.dense.items()},
+            },
+        )
+    assert checkpoint.latest(tmp_path) is None
+    state = ShardManager(ShardConfig(num_samples=10, shard_size=5)).checkpoint()
+    where = checkpoint.write(tmp_path, 1, state, [ps.snapshot() for ps in servers])
+    assert checkpoint.latest(tmp_path) == where and checkpoint.read_queues(where) == (1, state)
+    three = PsJobConfig(num_ps=3, vocab=30)
+    restored = [ParameterServer(three, p, 3) for p in range(3)]
+    for ps in restored:
+        ps.load(checkpoint.read_partitions(where))
+    all_ids = np.arange(NUM_SPARSE * 30, dtype=np.int64)
+
+    def rows(group: list[ParameterServer], num_ps: int) -> np.ndarray:
+        out = np.zeros((all_ids.size, 9), np.float32)
+        for p, ps in enumerate(group):
+            mine = all_ids[owner(all_ids, num_ps) == p]
+            out[mine] = ps.pull({}, {"ids": mine})[1]["rows"]
+        return out
+
+    assert np.array_equal(rows(servers, 2), rows(restored, 3))
+    before = {n: v for ps in servers for n, v in ps.dense.items()}
+    after = {n: v for ps in restored for n, v in ps.dense.items()}
+    assert before.keys() == after.keys() and all(np.array_equal(before[n], after[n]) for n in before)
+    for seq in (2, 3):
+        checkpoint.write(tmp_path, seq, state, [ps.snapshot() for ps in servers])
+    assert sorted(d.name for d in tmp_path.glob("ckpt-*")) == ["ckpt-2", "ckpt-3"]
+
+
+def test_a_frozen_or_reconfigured_ps_refuses_requests_as_moved_and_loses_no_update() -> None:
+    config = PsJobConfig(num_ps=1, vocab=20, lr=0.1)
+    ps = ParameterServer(config, 0, 1)
+    ids = ps.ids[:4]
+    width = config.model().row_width
+    ps.push({}, {"ids": ids, "rows": np.ones((4, width), np.float32)})
+    frozen = ps.freeze()
+    with pytest.raises(rpc.Moved):
+        ps.push({}, {"ids": ids, "rows": np.ones((4, width), np.float32)})
+    with pytest.raises(rpc.Moved):
+        ps.pull({}, {"ids": ids})
+    fresh = ParameterServer(config, 1, 2)
+    ps.reconfigure(0, 2, 1, [frozen])
+    fresh.reconfigure(1, 2, 1, [frozen])
+    with pytest.raises(rpc.Moved, match="generation 1"):
+        ps.pull({"generation": 0}, {"ids": ps.ids[:1]})
+    got = np.zeros((4, width), np.float32)
+    for p, server in enumerate((ps, fresh)):
+        sel = owner(ids, 2) == p
+        got[sel] = server.pull({"generation": 1}, {"ids": ids[sel]})[1]["rows"]
+    assert np.array_equal(got, frozen.rows[:4])  # the one push before the freeze, and only it
+    assert ps.updates == fresh.updates == 1
