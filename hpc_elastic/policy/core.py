@@ -87,7 +87,8 @@ def _pools_of(mask: int, n_pools: int) -> tuple[int, ...]:
 
 
 def _named(cluster: ClusterState, rows: RowAllocation) -> tuple[tuple[str, int], ...]:
-    return tuple((cluster.names[node], count) for node, count in rows)
+    names = cluster.names
+    return tuple([(names[node], count) for node, count in rows])
 
 
 def _select_single_pool(gpus: IntArray, capacity: int, *, deficit: bool = False) -> tuple[BoolArray, int]:

@@ -108,9 +108,12 @@ class FreeIndex:
         free = self._free
         if free.size == 0:
             return None
-        ok = free >= gpus
-        if self._cluster.n_pools > 1:
-            ok &= self._cluster.pool == pool
+        if self._cluster.n_pools == 1:
+            # the first minimum of free - gpus >= 0: read as unsigned, a node too small (free - gpus < 0) counts
+            # above every node that fits
+            node = int((free - gpus).view(np.uint64).argmin())
+            return node if free[node] >= gpus else None
+        ok = (free >= gpus) & (self._cluster.pool == pool)
         # the first minimum of the free counts where the job fits (the others masked above any count)
         node = int(np.where(ok, free, _NO_FIT).argmin())
         return node if ok[node] else None

@@ -298,22 +298,24 @@ class _Replay:
         istate[:, _POOL] = -1
         istate[:, _MIN] = sim.min_gpus
         istate[:, _MAX] = sim.max_gpus
-        self.end = np.full(n, math.nan)
+        # per-job scalars read and written one job at a time: Python lists (cheaper to index than arrays)
+        self.end: list[float] = [math.nan] * n
         self.alloc = np.empty(n, dtype=object)
         self.alloc[:] = [()] * n
-        self.owed = np.zeros(n, dtype=np.float64)  # restore overhead owed at the next start
-        self.version = np.zeros(n, dtype=np.int64)
-        self.preempts = np.zeros(n, dtype=np.int64)
-        self.resizes = np.zeros(n, dtype=np.int64)
-        self.pend_total = np.zeros(n, dtype=np.float64)
-        self.service_total = np.zeros(n, dtype=np.float64)
+        self.owed: list[float] = [0.0] * n  # restore overhead owed at the next start
+        self.version: list[int] = [0] * n
+        self.preempts: list[int] = [0] * n
+        self.resizes: list[int] = [0] * n
+        self.pend_total: list[float] = [0.0] * n
+        self.service_total: list[float] = [0.0] * n
         self.busy = 0.0  # GPU-seconds held
         self.busy_gpus = 0
         self.preempt_cost = self.resize_cost = 0.0
         self.log: list[SimEvent] = []
         self.record = cfg.record_events
         # the cost of a checkpoint + restore per job (0 in the reference model)
-        self.stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
+        stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
+        self.stop_cost: list[float] = stop_cost.tolist()
         self.spread_slowdown = 1.0 if sim.reference else cfg.spread_slowdown
         self.node_size = sim.cluster0.node_size.tolist()  # GPUs of each pool's largest node
         self.node_pool: list[int] = sim.cluster0.pool.tolist()
@@ -451,7 +453,7 @@ class _Replay:
         self.changed = True
         self.freed += gpus
         self.completed += 1
-        self.history.append(float(self.service_total[row]))
+        self.history.append(self.service_total[row])
         if self.record:
             self.log.append(SimEvent(now, EventKind.COMPLETE, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
         if self.progress is not None and self.completed % self.report_every == 0:
@@ -540,7 +542,6 @@ class _Replay:
             "gpus": gpus,
             "submit": fg[:, _SUBMIT],
             "running": running,
-            "attained": fg[:, _ATT] + gpus * el_run,
             "run_time": el_run,
             "first_start": fg[:, _FIRST],
             "queue": ig[:, _QUEUE],
@@ -556,6 +557,7 @@ class _Replay:
         }
         # Columns only some policies read, computed on first read (the same values).
         later: dict[str, Callable[[], FloatArray]] = {
+            "attained": lambda: fg[:, _ATT] + gpus * el_run,
             "executed": lambda: exe + el_run,
             # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
             "waiting": lambda: fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
@@ -617,7 +619,7 @@ class _Replay:
         self.version[row] += 1
         self.preempts[row] += 1
         self.pending_gpus += int(gpus)
-        cost = float(self.stop_cost[row])
+        cost = self.stop_cost[row]
         self.owed[row] = cost
         self.preempt_cost += cost
         self.pending.add(row)
@@ -633,7 +635,7 @@ class _Replay:
     def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
         """The second half: the job restarts from its checkpoint on ``gpus`` GPUs (it does not wait)."""
         self.istate[row, _GPUS] = gpus
-        cost = float(self.stop_cost[row])
+        cost = self.stop_cost[row]
         self.resizes[row] += 1
         self.resize_cost += cost
         self.run_on(row, gpus, node_rows, now, overhead=cost, kind=EventKind.RESIZE)
@@ -652,7 +654,7 @@ class _Replay:
         gpus = i[_GPUS] = sum(count for _, count in node_rows)  # (an elastic job may start on more)
         if math.isnan(v[_FIRST]):
             f[_FIRST] = now
-        overhead = float(self.owed[row])
+        overhead = self.owed[row]
         self.owed[row] = 0.0
         self.run_on(row, gpus, node_rows, now, overhead=overhead, kind=EventKind.START)
 
@@ -692,7 +694,7 @@ class _Replay:
         f[_SPEED] = speed
         f[_OVERHEAD] = overhead
         version = self.version[row] = self.version[row] + 1
-        self.push(now + overhead + float(f[_REMAIN]) / speed, _COMPLETION, row, int(version))
+        self.push(now + overhead + float(f[_REMAIN]) / speed, _COMPLETION, row, version)
         if self.record:
             named = tuple((sim.cluster0.names[node], count) for node, count in node_rows)
             self.log.append(SimEvent(now, kind, int(sim.ids[row]), int(i[_QUEUE]), named))
@@ -708,9 +710,9 @@ class _Replay:
             gpus=sim.gpus,
             submit=sim.submit,
             first_start=self.fstate[:, _FIRST].copy(),
-            end=self.end,
-            queue_delay=self.pend_total,
-            preemptions=self.preempts,
+            end=np.array(self.end, dtype=np.float64),
+            queue_delay=np.array(self.pend_total, dtype=np.float64),
+            preemptions=np.array(self.preempts, dtype=np.int64),
             preemption_cost=self.preempt_cost,
             busy_gpu_seconds=self.busy,
             capacity_gpus=self.capacity,
@@ -724,7 +726,7 @@ class _Replay:
                 np.array(self.w_log, dtype=np.int64),
                 np.array(self.b_log, dtype=np.int64),
             ),
-            resizes=self.resizes,
+            resizes=np.array(self.resizes, dtype=np.int64),
             resize_cost=self.resize_cost,
             log=tuple(self.log),
             pack_limit=self.policy.options.pack_limit,
