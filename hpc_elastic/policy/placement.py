@@ -80,9 +80,8 @@ class FreeIndex:
     def pool_free(self, pool: int) -> int:
         return self._pool_free[pool]
 
-    def _move(self, node: int, new: int) -> None:
-        old = int(self._free[node])
-        pool = int(self._cluster.pool[node])
+    def _move(self, node: int, new: int, old: int) -> None:
+        pool = int(self._cluster.pool[node]) if len(self._pool_free) > 1 else 0
         self._free[node] = new
         self._pool_free[pool] += new - old
         if self._buckets is not None:
@@ -97,11 +96,12 @@ class FreeIndex:
             have = int(self._free[node])
             if count > have:
                 raise ValueError(f"node row {node} has {have} free GPUs, cannot take {count}")
-            self._move(node, have - count)
+            self._move(node, have - count, have)
 
     def release(self, allocation: Iterable[tuple[int, int]]) -> None:
         for node, count in allocation:
-            self._move(node, int(self._free[node]) + count)
+            have = int(self._free[node])
+            self._move(node, have + count, have)
 
     def _best_fit(self, pool: int, gpus: int) -> int | None:
         """The node of ``pool`` with the fewest free GPUs that still holds ``gpus`` (lowest row on ties)."""

@@ -12,10 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
 from hpc_elastic.policy.core import (
     TIME_EPS,
@@ -161,33 +160,6 @@ def _first_start_key(first_start: FloatArray) -> FloatArray:
     return first_start
 
 
-def _lexsort(keys: tuple[npt.NDArray[Any], ...], submit: FloatArray) -> IntArray:
-    """``np.lexsort((submit, *keys))``: by ``keys`` (the last most significant), ties by submission, then by row.
-    When the rows already come in submission order (the simulator's tables do), sorting by ``submit`` is the
-    identity, so it is left out: the same order, one sort key fewer."""
-    if submit.size > 1 and not bool((submit[1:] >= submit[:-1]).all()):
-        return np.lexsort((submit, *keys))
-    if len(keys) == 1:
-        return np.argsort(keys[0], kind="stable")
-    return np.lexsort(keys)
-
-
-def _dense_rank(values: FloatArray) -> tuple[IntArray, int]:
-    """The rank of every value among the distinct values (equal values share a rank), and how many distinct
-    values there are: an integer key that sorts exactly as ``values`` (no NaN)."""
-    if values.size == 0:
-        return np.zeros(0, dtype=np.int64), 0
-    by_value = np.argsort(values)
-    ordered = values[by_value]
-    step = np.empty(values.size, dtype=np.int64)
-    step[0] = 0
-    np.not_equal(ordered[1:], ordered[:-1], out=step[1:])
-    ranks = step.cumsum()
-    out = np.empty(values.size, dtype=np.int64)
-    out[by_value] = ranks
-    return out, int(ranks[-1]) + 1
-
-
 def _list_key(inp: PassInput, queue: IntArray) -> FloatArray:
     """QueueOrder.LIST: a job's place in its queue list; a job that entered its queue since the last pass (no
     place yet, or moved by this pass's demotion / promotion) is at the tail."""
@@ -330,9 +302,7 @@ class TiresiasLas(_MlfqPolicy):
         jobs = inp.jobs
         if self.options.queue_order is QueueOrder.LIST:
             return np.lexsort((jobs.submit, _list_key(inp, queue), queue))
-        # (queue, holding or not) as one key: queue x 2 + waiting
-        queue_run = queue * 2 + ~jobs.running
-        return _lexsort((_first_start_key(jobs.first_start), queue_run), jobs.submit)
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, queue))
 
 
 class TiresiasLasElastic(TiresiasLas):
@@ -378,6 +348,8 @@ class TiresiasGittins(_MlfqPolicy):
 
     def index(self, queue: IntArray, attained: FloatArray) -> FloatArray:
         """G_J of every job (0 without a history, or without a finite quantum)."""
+        if len(self.tables) == 1 and self.options.delta_mode is not DeltaMode.SUP:  # (two queues: one quantum)
+            return self.tables[0].index(attained)
         out = np.zeros(attained.shape, dtype=np.float64)
         if not len(self.distribution):
             return out
@@ -385,8 +357,6 @@ class TiresiasGittins(_MlfqPolicy):
             return gittins_index_sup(self.distribution, attained)
         if not self.tables:
             return out
-        if len(self.tables) == 1:  # (two queues: one quantum for all)
-            return self.tables[0].index(attained)
         table_of_queue = np.minimum(queue, len(self.tables) - 1)
         for q, table in enumerate(self.tables):
             rows = (table_of_queue == q).nonzero()[0]
@@ -399,11 +369,7 @@ class TiresiasGittins(_MlfqPolicy):
         gittins = self.index(queue, attained)
         if self.options.queue_order is QueueOrder.LIST:  # the public simulator: by index, then submission
             return np.lexsort((_list_key(inp, queue), jobs.submit, -gittins, queue))
-        # (queue, highest index, holding or not) as one integer key: the index by its rank among the distinct
-        # values (the same comparisons), so that the sort has two keys instead of four
-        rank, distinct = _dense_rank(-gittins)
-        key = (queue * distinct + rank) * 2 + ~jobs.running
-        return _lexsort((_first_start_key(jobs.first_start), key), jobs.submit)
+        return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, -gittins, queue))
 
 
 class _OraclePolicy(Policy):
@@ -418,7 +384,7 @@ class _OraclePolicy(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs = inp.jobs
         size = self._size(inp)
-        order = _lexsort((size,), jobs.submit)  # (NaN: unknown, after every number)
+        order = np.lexsort((jobs.submit, size))  # (NaN: unknown, after every number)
         pinned = pinned_rows(inp, self.options.min_run_time)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
         wakeup = math.inf
@@ -473,7 +439,7 @@ class Gandiva(Policy):
         jobs, now = inp.jobs, inp.now
         quantum = self.options.time_slice
         key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.current_wait)
-        order = _lexsort((key,), jobs.submit)
+        order = np.lexsort((jobs.submit, key))
         min_run = max(self.options.min_run_time, quantum)
         pinned = pinned_rows(inp, min_run)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
@@ -544,7 +510,7 @@ class SlurmBackfill(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs, now = inp.jobs, inp.now
         age = np.minimum(np.maximum(now - jobs.submit, 0.0), self.options.max_age)
-        order = _lexsort((-age,), jobs.submit)
+        order = np.lexsort((jobs.submit, -age))
         mode = PlacementMode.CONSOLIDATE
         pack_limit = self.options.pack_limit
         starts, index, rest, infeasible = nonpreemptive_walk(inp, order, skip=False, mode=mode, pack_limit=pack_limit)

@@ -614,11 +614,11 @@ class _Replay:
         self.stop(row, now)
         i = self.istate[row]
         i[_STATUS] = _PENDING
-        gpus = i[_GPUS] = self.sim.gpus[row]  # it waits for the GPUs it asked for
+        gpus = i[_GPUS] = self.base_gpus[row]  # it waits for the GPUs it asked for
         self.fstate[row, _SINCE] = now
         self.version[row] += 1
         self.preempts[row] += 1
-        self.pending_gpus += int(gpus)
+        self.pending_gpus += gpus
         cost = self.stop_cost[row]
         self.owed[row] = cost
         self.preempt_cost += cost
