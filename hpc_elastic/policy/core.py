@@ -87,7 +87,8 @@ def _pools_of(mask: int, n_pools: int) -> tuple[int, ...]:
 
 
 def _named(cluster: ClusterState, rows: RowAllocation) -> tuple[tuple[str, int], ...]:
-    return tuple((cluster.names[node], count) for node, count in rows)
+    names = cluster.names
+    return tuple([(names[node], count) for node, count in rows])
 
 
 def _select_single_pool(gpus: IntArray, capacity: int, *, deficit: bool = False) -> tuple[BoolArray, int]:
@@ -270,16 +271,18 @@ def place_starts(
     """Place the selected waiting jobs (Pseudocode 1 lines 20-22) on the GPUs ``index`` holds free; a job that
     cannot be placed (STRICT mode) waits after all."""
     jobs, cluster = inp.jobs, inp.cluster
-    need = jobs.gpus if size is None else size
-    skew = jobs.skew
+    rows = sel.start_rows
+    need = (jobs.gpus if size is None else size)[rows].tolist()
+    skew = jobs.skew[rows].tolist()
+    ids = jobs.job_ids[rows].tolist()
     starts: list[Start] = []
-    for row, p in zip(sel.start_rows, sel.start_pool, strict=True):
-        placed = index.place(p, int(need[row]), mode, float(skew[row]), pack_limit)
+    for i, (row, p) in enumerate(zip(rows, sel.start_pool, strict=True)):
+        placed = index.place(p, need[i], mode, skew[i], pack_limit)
         if placed is None:
             sel.holding[row] = False
             continue
         rows_alloc = tuple(placed)
-        starts.append(Start(row, int(jobs.job_ids[row]), rows_alloc, _named(cluster, rows_alloc)))
+        starts.append(Start(row, ids[i], rows_alloc, _named(cluster, rows_alloc)))
     return tuple(starts)
 
 
@@ -299,9 +302,16 @@ def preemptive_walk(
     if sel.start_rows:
         index = FreeIndex(inp.cluster, released(inp, sel.preempt_rows))
         starts = place_starts(inp, sel, index, mode, pack_limit)
-    preemptions = tuple(Preemption(row, int(jobs.job_ids[row])) for row in sel.preempt_rows)
+    preemptions = preemptions_of(jobs.job_ids, sel.preempt_rows)
     infeasible = tuple((~sel.feasible).nonzero()[0].tolist()) if not sel.feasible.all() else ()
     return WalkResult(starts, preemptions, sel.holding, sel.feasible, infeasible, sel.deficit)
+
+
+def preemptions_of(job_ids: IntArray, rows: list[int]) -> tuple[Preemption, ...]:
+    """Preempt these rows (whose job ids are ``job_ids[rows]``)."""
+    if not rows:
+        return ()
+    return tuple(Preemption(row, job_id) for row, job_id in zip(rows, job_ids[rows].tolist(), strict=True))
 
 
 def nonpreemptive_walk(

@@ -8,10 +8,12 @@ lends what its walk leaves idle:
    if its minimum fits what the jobs before it left; GPUs a running job holds beyond its minimum are lent, so
    they come back to the walk whenever a job it ranks higher needs them;
 2. after the walk the holders get their minimum, and the GPUs no waiting job can use (the walk would have
-   taken any waiting job that fits them) are lent out one at a time (:func:`target_sizes`), each to the holder
-   whose throughput grows the most, relatively, from one more GPU (speedup(n + 1) / speedup(n)): a job on few
-   GPUs gains the most, a job past its scaling gains nothing and gets none; among equal gains the job with the
-   least attained service first (2D-LAS's own priority, undiscretised: lending preempts nobody);
+   taken any waiting job that fits them) are lent out a step at a time (:func:`target_sizes`), each step to the
+   holder whose throughput grows the most, relatively, per GPU of the step ((speedup(n + k) / speedup(n) - 1) / k,
+   the best k for that job, :func:`_step`): a job on few GPUs gains the most, a job past its scaling gains nothing
+   and gets none, a job whose speed only rises again a few GPUs further (N ESTs on M GPUs run at ceil(N / M)
+   ESTs per GPU) gets those GPUs together; among equal gains the job with the least attained service first
+   (2D-LAS's own priority, undiscretised: lending preempts nobody);
 3. :func:`place_targets` places the jobs whose size changes: every resized job releases its GPUs first, then the
    shrunk jobs, the starts and the grown jobs are placed in that order.
 
@@ -26,7 +28,16 @@ import heapq
 
 import numpy as np
 
-from hpc_elastic.policy.core import Selection, WalkResult, _named, place_starts, preemptive_walk, released, select
+from hpc_elastic.policy.core import (
+    Selection,
+    WalkResult,
+    _named,
+    place_starts,
+    preemptions_of,
+    preemptive_walk,
+    released,
+    select,
+)
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.types import (
     LINEAR,
@@ -34,7 +45,6 @@ from hpc_elastic.policy.types import (
     IntArray,
     PassInput,
     PlacementMode,
-    Preemption,
     ScalingCurve,
     SizeChange,
     Start,
@@ -47,9 +57,18 @@ def walk_sizes(inp: PassInput) -> IntArray:
     return np.minimum(jobs.min_gpus, jobs.gpus)
 
 
-def _gain(curve: ScalingCurve, gpus: int) -> float:
-    """Relative throughput gained from one GPU more than ``gpus``."""
-    return curve.at(gpus + 1) / curve.at(gpus) - 1.0
+def _step(curve: ScalingCurve, gpus: int, most: int) -> tuple[int, float]:
+    """The next growth step of a job on ``gpus`` GPUs by at most ``most`` more: the k GPUs that add the most
+    throughput per GPU, relatively ((speedup(gpus + k) / speedup(gpus) - 1) / k), and that gain; (0, 0.0) when no
+    step adds any. Looking past one GPU matters where a curve is flat for a while and then rises again (a job
+    of N ESTs on M GPUs runs ceil(N / M) ESTs per GPU: 8 ESTs run no faster on 5 GPUs than on 4, but on 8)."""
+    base = curve.at(gpus)
+    best_k, best = 0, 0.0
+    for k in range(1, most + 1):
+        gain = (curve.at(gpus + k) / base - 1.0) / k
+        if gain > best * (1.0 + 1e-9):
+            best_k, best = k, gain
+    return best_k, best
 
 
 def target_sizes(inp: PassInput, order: IntArray, sel: Selection, size: IntArray, pinned: BoolArray | None) -> IntArray:
@@ -77,25 +96,28 @@ def target_sizes(inp: PassInput, order: IntArray, sel: Selection, size: IntArray
     left = spare.astype(np.int64).tolist()
     if not any(left):
         return target
-    scaling, attained, top = jobs.scaling, jobs.attained, jobs.max_gpus
-    heap: list[tuple[float, float, int]] = []  # (-gain, attained, row): the best next GPU first
-    for row in (movable & (top > target)).nonzero()[0].tolist():
-        gain = _gain(scaling[row] or LINEAR, int(target[row]))
-        if gain > 0.0:
-            heap.append((-gain, float(attained[row]), row))
-    heapq.heapify(heap)
+    scaling, attained, top = jobs.scaling, jobs.attained, jobs.max_gpus.tolist()
+    heap: list[tuple[float, float, int, int]] = []  # (-gain per GPU, attained, row, GPUs of the step)
+
+    def push(row: int, most: int) -> None:
+        gpus = int(target[row])
+        k, gain = _step(scaling[row] or LINEAR, gpus, min(top[row] - gpus, most))
+        if k:
+            heapq.heappush(heap, (-gain, float(attained[row]), row, k))
+
+    for row in (movable & (jobs.max_gpus > target)).nonzero()[0].tolist():
+        push(row, left[int(pool[row])])
     while heap:
-        _, att, row = heapq.heappop(heap)
+        _, _, row, k = heapq.heappop(heap)
         p = int(pool[row])
         if left[p] <= 0:
             continue
-        target[row] += 1
-        left[p] -= 1
-        gpus = int(target[row])
-        if gpus < top[row]:
-            gain = _gain(scaling[row] or LINEAR, gpus)
-            if gain > 0.0:
-                heapq.heappush(heap, (-gain, att, row))
+        if k > left[p]:  # too big a step now: the best that still fits
+            push(row, left[p])
+            continue
+        target[row] += k
+        left[p] -= k
+        push(row, left[p])
     return target
 
 
@@ -143,7 +165,7 @@ def elastic_walk(
     sel = select(inp, order, pinned, size=size)
     target = target_sizes(inp, order, sel, size, pinned)
     starts, resizes = place_targets(inp, sel, target, pinned, mode=mode, pack_limit=pack_limit)
-    preemptions = tuple(Preemption(row, int(jobs.job_ids[row])) for row in sel.preempt_rows)
+    preemptions = preemptions_of(jobs.job_ids, sel.preempt_rows)
     infeasible = tuple((~sel.feasible).nonzero()[0].tolist()) if not sel.feasible.all() else ()
     growable = bool((sel.holding & (target < jobs.max_gpus)).any())
     deficit = 0 if growable else sel.deficit

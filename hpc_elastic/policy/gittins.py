@@ -89,8 +89,11 @@ class GittinsTable:
 
     def index(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) for every a in ``attained`` (0 where no sample is larger than a: the job outlived history)."""
-        k = self.breakpoints.searchsorted(attained, side="right") - 1
-        k = np.maximum(k, 0)  # k <= size - 1 already (side='right' minus one); np.clip costs more
+        # A job that never ran (a <= 0) is on the first piece: only the others are searched for (a pass's
+        # waiting jobs are mostly such jobs, and the breakpoints many).
+        k = np.zeros(attained.shape, dtype=np.int64)
+        ran = (attained > 0.0).nonzero()[0]
+        k[ran] = self.breakpoints.searchsorted(attained[ran], side="right") - 1  # (>= 0: the first breakpoint is 0)
         c = self.within[k]
         denom = self.fixed[k] - attained * c
         out = np.zeros(attained.shape, dtype=np.float64)

@@ -29,6 +29,9 @@ DEFAULT_PACK_LIMIT = 0.5
 AlexNet (largest tensor >= ~60% of the model) from the other models (<= ~20%), and 0.5 sits between."""
 
 
+_NO_FIT = np.iinfo(np.int64).max
+
+
 class FreeIndex:
     """Free GPUs per node of one pass (mutable). Construction costs a few vectorised operations.
 
@@ -77,9 +80,8 @@ class FreeIndex:
     def pool_free(self, pool: int) -> int:
         return self._pool_free[pool]
 
-    def _move(self, node: int, new: int) -> None:
-        old = int(self._free[node])
-        pool = int(self._cluster.pool[node])
+    def _move(self, node: int, new: int, old: int) -> None:
+        pool = int(self._cluster.pool[node]) if len(self._pool_free) > 1 else 0
         self._free[node] = new
         self._pool_free[pool] += new - old
         if self._buckets is not None:
@@ -94,22 +96,27 @@ class FreeIndex:
             have = int(self._free[node])
             if count > have:
                 raise ValueError(f"node row {node} has {have} free GPUs, cannot take {count}")
-            self._move(node, have - count)
+            self._move(node, have - count, have)
 
     def release(self, allocation: Iterable[tuple[int, int]]) -> None:
         for node, count in allocation:
-            self._move(node, int(self._free[node]) + count)
+            have = int(self._free[node])
+            self._move(node, have + count, have)
 
     def _best_fit(self, pool: int, gpus: int) -> int | None:
         """The node of ``pool`` with the fewest free GPUs that still holds ``gpus`` (lowest row on ties)."""
         free = self._free
-        ok = free >= gpus
-        if self._cluster.n_pools > 1:
-            ok &= self._cluster.pool == pool
-        rows = ok.nonzero()[0]
-        if rows.size == 0:
+        if free.size == 0:
             return None
-        return int(rows[int(np.argmin(free[rows]))])
+        if self._cluster.n_pools == 1:
+            # the first minimum of free - gpus >= 0: read as unsigned, a node too small (free - gpus < 0) counts
+            # above every node that fits
+            node = int((free - gpus).view(np.uint64).argmin())
+            return node if free[node] >= gpus else None
+        ok = (free >= gpus) & (self._cluster.pool == pool)
+        # the first minimum of the free counts where the job fits (the others masked above any count)
+        node = int(np.where(ok, free, _NO_FIT).argmin())
+        return node if ok[node] else None
 
     def _switch(self, node: int) -> int:
         return int(self._cluster.switch[node])

@@ -348,6 +348,8 @@ class TiresiasGittins(_MlfqPolicy):
 
     def index(self, queue: IntArray, attained: FloatArray) -> FloatArray:
         """G_J of every job (0 without a history, or without a finite quantum)."""
+        if len(self.tables) == 1 and self.options.delta_mode is not DeltaMode.SUP:  # (two queues: one quantum)
+            return self.tables[0].index(attained)
         out = np.zeros(attained.shape, dtype=np.float64)
         if not len(self.distribution):
             return out
@@ -355,8 +357,6 @@ class TiresiasGittins(_MlfqPolicy):
             return gittins_index_sup(self.distribution, attained)
         if not self.tables:
             return out
-        if len(self.tables) == 1:  # (two queues: one quantum for all)
-            return self.tables[0].index(attained)
         table_of_queue = np.minimum(queue, len(self.tables) - 1)
         for q, table in enumerate(self.tables):
             rows = (table_of_queue == q).nonzero()[0]

@@ -399,7 +399,9 @@ class JobTable:
     def derived(cls, columns: dict[str, Any], later: dict[str, Callable[[], Any]]) -> JobTable:
         """Like :meth:`unchecked`, with the columns of ``later`` computed on first read (a pass of one policy
         reads only some of them; the simulator derives them from its state at the pass's time)."""
-        if columns.keys() | later.keys() != cls.__dataclass_fields__.keys() or columns.keys() & later.keys():
+        fields = cls.__dataclass_fields__.keys()
+        # (every column once: as many names as columns, none unknown)
+        if len(columns) + len(later) != len(fields) or not (fields >= columns.keys() and fields >= later.keys()):
             raise ValueError(f"JobTable.derived needs every column once, got {sorted(columns)} and {sorted(later)}")
         table = object.__new__(_DerivedJobTable)
         table.__dict__.update(columns)

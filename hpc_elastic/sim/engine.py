@@ -281,6 +281,7 @@ class _Replay:
         n = self.n = len(sim.jobs)
         cluster0 = sim.cluster0
         self.free = cluster0.total.copy()
+        self.free_total = int(self.free.sum())  # (kept in step with free)
         self.capacity = int(cluster0.total.sum())
         # Per-job state in two row-major tables, so that a pass gathers the active rows in two operations.
         self.fstate = fstate = np.zeros((n, _F_COLUMNS), dtype=np.float64)
@@ -297,24 +298,29 @@ class _Replay:
         istate[:, _POOL] = -1
         istate[:, _MIN] = sim.min_gpus
         istate[:, _MAX] = sim.max_gpus
-        self.end = np.full(n, math.nan)
+        # per-job scalars read and written one job at a time: Python lists (cheaper to index than arrays)
+        self.end: list[float] = [math.nan] * n
         self.alloc = np.empty(n, dtype=object)
         self.alloc[:] = [()] * n
-        self.owed = np.zeros(n, dtype=np.float64)  # restore overhead owed at the next start
-        self.version = np.zeros(n, dtype=np.int64)
-        self.preempts = np.zeros(n, dtype=np.int64)
-        self.resizes = np.zeros(n, dtype=np.int64)
-        self.pend_total = np.zeros(n, dtype=np.float64)
-        self.service_total = np.zeros(n, dtype=np.float64)
+        self.owed: list[float] = [0.0] * n  # restore overhead owed at the next start
+        self.version: list[int] = [0] * n
+        self.preempts: list[int] = [0] * n
+        self.resizes: list[int] = [0] * n
+        self.pend_total: list[float] = [0.0] * n
+        self.service_total: list[float] = [0.0] * n
         self.busy = 0.0  # GPU-seconds held
         self.busy_gpus = 0
         self.preempt_cost = self.resize_cost = 0.0
         self.log: list[SimEvent] = []
         self.record = cfg.record_events
         # the cost of a checkpoint + restore per job (0 in the reference model)
-        self.stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
+        stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
+        self.stop_cost: list[float] = stop_cost.tolist()
         self.spread_slowdown = 1.0 if sim.reference else cfg.spread_slowdown
         self.node_size = sim.cluster0.node_size.tolist()  # GPUs of each pool's largest node
+        self.node_pool: list[int] = sim.cluster0.pool.tolist()
+        self.skew: list[float] = sim.skew.tolist()
+        self.base_gpus: list[int] = sim.gpus.tolist()
 
         policy = sim.policy
         self.learn = policy.uses_history and cfg.history is None
@@ -333,7 +339,7 @@ class _Replay:
         self.departed: list[int] = []
         # A non-preemptive policy ranks new jobs last, so arrivals alone only matter if one fits the free GPUs.
         self.lazy_arrivals = not policy.preemptive
-        self.n_pending = 0
+        self.pending: set[int] = set()  # rows of the waiting jobs
         self.pending_gpus = 0  # GPUs wanted by the waiting jobs
         # an elastic policy with elastic jobs also passes when nothing waits: to grow jobs into free GPUs
         self.grows = policy.elastic and bool((sim.max_gpus > sim.min_gpus).any())
@@ -360,32 +366,33 @@ class _Replay:
 
     def run(self) -> SimResult:
         started = time.perf_counter()
-        submit = self.sim.submit
-        heap = self.heap
+        submit = [*self.sim.submit.tolist(), math.inf]  # (a sentinel after the last arrival)
+        heap, heappop = self.heap, heapq.heappop
+        t_log, w_log, b_log = self.t_log, self.w_log, self.b_log
+        pending = self.pending
         n = self.n
         while True:
-            t_arr = float(submit[self.next_arrival]) if self.next_arrival < n else math.inf
-            t_next = min(t_arr, heap[0][0]) if heap else t_arr
-            if math.isinf(t_next):
+            t_arr = submit[self.next_arrival]
+            now = min(t_arr, heap[0][0]) if heap else t_arr
+            if now == math.inf:
                 break
-            now = t_next
             self.changed = self.arrival = self.woken = self.ticked = False
-            free_total = int(self.free.sum()) if self.lazy_arrivals else 0
-            while self.next_arrival < n and submit[self.next_arrival] <= now:
+            free_total = self.free_total if self.lazy_arrivals else 0
+            while submit[self.next_arrival] <= now:
                 self.arrive(self.next_arrival, now, free_total)
                 self.next_arrival += 1
             while heap and heap[0][0] <= now:
-                _, _, kind, row, tag = heapq.heappop(heap)
+                _, _, kind, row, tag = heappop(heap)
                 self.events += 1
                 if kind == _COMPLETION:
                     self.complete(row, tag, now)
                 else:
                     self.wake(tag)
-            if self.pass_due(now):
+            if (self.changed or self.woken or self.ticked) and self.pass_due(now):
                 self.schedule(now)
-            self.t_log.append(now)
-            self.w_log.append(self.n_pending)
-            self.b_log.append(self.busy_gpus)
+            t_log.append(now)
+            w_log.append(len(pending))
+            b_log.append(self.busy_gpus)
         if self.progress is not None:
             self.progress(self.completed, n)
         return self.result(time.perf_counter() - started)
@@ -406,9 +413,9 @@ class _Replay:
                     self.tick_pending = tick
                     self.push(tick, _WAKE, -1, _TICK)
                 return False
-        if self.n_pending == 0 and not self.grows:
+        if not self.pending and not self.grows:
             return False
-        return self.policy.preemptive or bool(self.free.any())
+        return self.policy.preemptive or self.free_total > 0
 
     def push(self, at: float, kind: int, row: int, tag: int) -> None:
         self.seq += 1
@@ -421,7 +428,7 @@ class _Replay:
         self.istate[row, _STATUS] = _PENDING
         self.fstate[row, _SINCE] = self.sim.submit[row]
         self.arrived.append(row)
-        self.n_pending += 1
+        self.pending.add(row)
         gpus = int(self.sim.gpus[row])
         self.pending_gpus += gpus
         if not self.lazy_arrivals or gpus <= free_total:
@@ -434,18 +441,19 @@ class _Replay:
 
     def complete(self, row: int, version: int, now: float) -> None:
         """A running job's work is done (unless the completion event is stale: it was preempted or resized)."""
-        if version != self.version[row] or self.istate[row, _STATUS] != _RUNNING:
+        i = self.istate[row]
+        if version != self.version[row] or i[_STATUS] != _RUNNING:
             return
-        gpus = int(self.istate[row, _GPUS])
+        gpus = int(i[_GPUS])
         self.stop(row, now)
-        self.istate[row, _STATUS] = _DONE
+        i[_STATUS] = _DONE
         self.end[row] = now
         self.fstate[row, _REMAIN] = 0.0
         self.departed.append(row)
         self.changed = True
         self.freed += gpus
         self.completed += 1
-        self.history.append(float(self.service_total[row]))
+        self.history.append(self.service_total[row])
         if self.record:
             self.log.append(SimEvent(now, EventKind.COMPLETE, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
         if self.progress is not None and self.completed % self.report_every == 0:
@@ -463,21 +471,24 @@ class _Replay:
     def stop(self, row: int, now: float) -> None:
         """Account a running job's run up to ``now`` (service, and the work done past its restore overhead);
         free its GPUs."""
-        fstate = self.fstate
-        el = now - fstate[row, _SINCE]
-        gpus = int(self.istate[row, _GPUS])
-        fstate[row, _ATT] += gpus * el
-        fstate[row, _EXE] += el
-        done = max(el - fstate[row, _OVERHEAD], 0.0) * fstate[row, _SPEED]
-        fstate[row, _REMAIN] = max(fstate[row, _REMAIN] - done, 0.0)
+        f = self.fstate[row]  # (a view: one row's scalars are cheaper to reach through it)
+        v = f.tolist()
+        el = now - v[_SINCE]
+        i = self.istate[row]
+        gpus = int(i[_GPUS])
+        f[_ATT] = v[_ATT] + gpus * el
+        f[_EXE] = v[_EXE] + el
+        done = max(el - v[_OVERHEAD], 0.0) * v[_SPEED]
+        f[_REMAIN] = max(v[_REMAIN] - done, 0.0)
         self.service_total[row] += gpus * el
         self.busy += gpus * el
         self.busy_gpus -= gpus
+        self.free_total += gpus
         free = self.free
         for node, count in self.alloc[row]:
             free[node] += count
         self.alloc[row] = ()
-        self.istate[row, _POOL] = -1
+        i[_POOL] = -1
 
     # ------------------------------------------------------------------------------------------ a pass
 
@@ -491,7 +502,9 @@ class _Replay:
             self.policy = _refit(self.policy, self.observed, cfg.refit_tolerance)
             self.next_refit = max(int(self.n_observed * cfg.history_growth), self.n_observed + 1)
         if self.departed:
-            self.active = np.delete(self.active, np.searchsorted(self.active, self.departed))
+            keep = np.ones(self.active.size, dtype=np.bool_)
+            keep[self.active.searchsorted(self.departed)] = False
+            self.active = self.active[keep]
             self.departed.clear()
         if self.arrived:
             self.active = np.concatenate((self.active, np.asarray(self.arrived, dtype=np.int64)))
@@ -499,10 +512,10 @@ class _Replay:
         cluster = self.sim.cluster0.with_free(self.free.copy(), check=False)
         rows = self.active
         decision: Decision | None = None
-        if self.shortcut and self.pending_gpus <= int(self.free.sum()):
+        if self.shortcut and self.pending_gpus <= self.free_total:
             # Every waiting job may fit the free GPUs: ask the policy about the waiting jobs alone; if it starts
             # them all, a full pass would have decided exactly that (Policy.fit_shortcut).
-            waiting_rows = rows[self.istate[rows, _STATUS] == _PENDING]
+            waiting_rows = np.array(sorted(self.pending), dtype=np.int64)
             table = self.table(waiting_rows, now)
             sub = self.policy.schedule(PassInput(now, table, cluster))
             if len(sub.starts) == waiting_rows.size and not sub.preemptions:
@@ -529,7 +542,6 @@ class _Replay:
             "gpus": gpus,
             "submit": fg[:, _SUBMIT],
             "running": running,
-            "attained": fg[:, _ATT] + gpus * el_run,
             "run_time": el_run,
             "first_start": fg[:, _FIRST],
             "queue": ig[:, _QUEUE],
@@ -545,6 +557,7 @@ class _Replay:
         }
         # Columns only some policies read, computed on first read (the same values).
         later: dict[str, Callable[[], FloatArray]] = {
+            "attained": lambda: fg[:, _ATT] + gpus * el_run,
             "executed": lambda: exe + el_run,
             # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
             "waiting": lambda: fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
@@ -562,21 +575,22 @@ class _Replay:
         the preempted and shrunk jobs are those the others are placed on)."""
         if decision.positions is not None:
             self.fstate[rows, _POS] = decision.positions
+        # (a row's job id is its row in the simulator's tables)
         for change in decision.queue_changes:
-            self.change_queue(int(rows[change.row]), change.queue, change.reset, now)
+            self.change_queue(change.job_id, change.queue, change.reset, now)
             if self.record:
                 kind = EventKind.PROMOTE if change.reset else EventKind.DEMOTE
                 attained = float(table.attained[change.row])
                 self.log.append(SimEvent(now, kind, change.job_id, change.queue, attained=attained))
         for pre in decision.preemptions:
-            self.preempt(int(rows[pre.row]), now)
-        resized = [int(rows[size.row]) for size in decision.resizes]
+            self.preempt(pre.job_id, now)
+        resized = [size.job_id for size in decision.resizes]
         for row in resized:  # every resized job lets go of its GPUs before any is placed again
             self.checkpoint(row, now)
         for row, size in zip(resized, decision.resizes, strict=True):
             self.resize(row, size.gpus, size.node_rows, now)
         for start in decision.starts:
-            self.start(int(rows[start.row]), start.node_rows, now)
+            self.start(start.job_id, start.node_rows, now)
         self.wake_gen += 1  # a wake-up an earlier pass asked for no longer counts, even if this one asks none
         if decision.next_wakeup is not None:
             self.push(decision.next_wakeup, _WAKE, -1, self.wake_gen)
@@ -597,18 +611,18 @@ class _Replay:
 
     def preempt(self, row: int, now: float) -> None:
         """Checkpoint and requeue a running job: its progress is banked, it owes a restore at its next start."""
-        fstate = self.fstate
         self.stop(row, now)
-        self.istate[row, _STATUS] = _PENDING
-        self.istate[row, _GPUS] = self.sim.gpus[row]  # it waits for the GPUs it asked for
-        fstate[row, _SINCE] = now
+        i = self.istate[row]
+        i[_STATUS] = _PENDING
+        gpus = i[_GPUS] = self.base_gpus[row]  # it waits for the GPUs it asked for
+        self.fstate[row, _SINCE] = now
         self.version[row] += 1
         self.preempts[row] += 1
-        self.pending_gpus += int(self.istate[row, _GPUS])
-        cost = float(self.stop_cost[row])
+        self.pending_gpus += gpus
+        cost = self.stop_cost[row]
         self.owed[row] = cost
         self.preempt_cost += cost
-        self.n_pending += 1
+        self.pending.add(row)
         if self.record:
             self.log.append(SimEvent(now, EventKind.PREEMPT, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
 
@@ -621,32 +635,35 @@ class _Replay:
     def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
         """The second half: the job restarts from its checkpoint on ``gpus`` GPUs (it does not wait)."""
         self.istate[row, _GPUS] = gpus
-        cost = float(self.stop_cost[row])
+        cost = self.stop_cost[row]
         self.resizes[row] += 1
         self.resize_cost += cost
-        self.run_on(row, node_rows, now, cost, EventKind.RESIZE)
+        self.run_on(row, gpus, node_rows, now, overhead=cost, kind=EventKind.RESIZE)
 
     def start(self, row: int, node_rows: RowAllocation, now: float) -> None:
         """Start (or resume) a waiting job on these GPUs."""
-        fstate = self.fstate
-        if self.istate[row, _STATUS] != _PENDING:
+        f, i = self.fstate[row], self.istate[row]
+        if i[_STATUS] != _PENDING:
             raise RuntimeError(f"policy {self.policy.name} started job {row} that is not pending")
-        self.pend_total[row] += now - fstate[row, _SINCE]
-        if fstate[row, _EXE] > 0.0:  # a waiting spell after the job ran counts toward δ_J
-            fstate[row, _WAIT] += now - fstate[row, _SINCE]
-        self.n_pending -= 1
-        self.pending_gpus -= int(self.istate[row, _GPUS])
-        self.istate[row, _GPUS] = sum(count for _, count in node_rows)  # (an elastic job may start on more)
-        if math.isnan(fstate[row, _FIRST]):
-            fstate[row, _FIRST] = now
-        overhead = float(self.owed[row])
+        v = f.tolist()
+        self.pend_total[row] += now - v[_SINCE]
+        if v[_EXE] > 0.0:  # a waiting spell after the job ran counts toward δ_J
+            f[_WAIT] = v[_WAIT] + (now - v[_SINCE])
+        self.pending.discard(row)
+        self.pending_gpus -= int(i[_GPUS])
+        gpus = i[_GPUS] = sum(count for _, count in node_rows)  # (an elastic job may start on more)
+        if math.isnan(v[_FIRST]):
+            f[_FIRST] = now
+        overhead = self.owed[row]
         self.owed[row] = 0.0
-        self.run_on(row, node_rows, now, overhead, EventKind.START)
+        self.run_on(row, gpus, node_rows, now, overhead=overhead, kind=EventKind.START)
 
-    def run_on(self, row: int, node_rows: RowAllocation, now: float, overhead: float, kind: EventKind) -> None:
-        """Put a job on these GPUs from ``now``: its speed, and its completion event."""
-        sim, fstate, istate, free = self.sim, self.fstate, self.istate, self.free
-        gpus = int(istate[row, _GPUS])
+    def run_on(
+        self, row: int, gpus: int, node_rows: RowAllocation, now: float, *, overhead: float, kind: EventKind
+    ) -> None:
+        """Put a job on these ``gpus`` GPUs from ``now``: its speed, and its completion event."""
+        sim, free = self.sim, self.free
+        f, i = self.fstate[row], self.istate[row]
         for node, count in node_rows:
             if free[node] < count:
                 raise RuntimeError(
@@ -655,13 +672,14 @@ class _Replay:
                 )
             free[node] -= count
         self.busy_gpus += gpus
-        istate[row, _STATUS] = _RUNNING
-        fstate[row, _SINCE] = now
+        self.free_total -= gpus
+        i[_STATUS] = _RUNNING
+        f[_SINCE] = now
         self.alloc[row] = node_rows
-        istate[row, _POOL] = sim.cluster0.pool[node_rows[0][0]]
+        pool = i[_POOL] = self.node_pool[node_rows[0][0]]
         # spread: on more nodes than the fewest that hold its GPUs (ceil(GPUs / node size) in its pool)
-        spread = len(node_rows) > 1 and len(node_rows) > -(-gpus // self.node_size[int(istate[row, _POOL])])
-        skew = float(sim.skew[row])
+        spread = len(node_rows) > 1 and len(node_rows) > -(-gpus // self.node_size[pool])
+        skew = self.skew[row]
         skewed = not math.isnan(skew) and skew > self.cfg.skew_sensitive
         speed = 1.0 / self.spread_slowdown if (spread and skewed) else 1.0
         if self.cfg.refit_pack_limit and sim.models[row] and not math.isnan(skew):
@@ -669,17 +687,17 @@ class _Replay:
             obs[1] += speed
             obs[2] += 1.0
             self.n_observed += 1
-        base = int(sim.gpus[row])
+        base = self.base_gpus[row]
         if gpus != base:
             curve: ScalingCurve = sim.scaling[row] or LINEAR
             speed *= curve.at(gpus) / curve.at(base)
-        fstate[row, _SPEED] = speed
-        fstate[row, _OVERHEAD] = overhead
-        self.version[row] += 1
-        self.push(now + overhead + fstate[row, _REMAIN] / speed, _COMPLETION, row, int(self.version[row]))
+        f[_SPEED] = speed
+        f[_OVERHEAD] = overhead
+        version = self.version[row] = self.version[row] + 1
+        self.push(now + overhead + float(f[_REMAIN]) / speed, _COMPLETION, row, version)
         if self.record:
             named = tuple((sim.cluster0.names[node], count) for node, count in node_rows)
-            self.log.append(SimEvent(now, kind, int(sim.ids[row]), int(istate[row, _QUEUE]), named))
+            self.log.append(SimEvent(now, kind, int(sim.ids[row]), int(i[_QUEUE]), named))
 
     # ------------------------------------------------------------------------------------------ the result
 
@@ -692,9 +710,9 @@ class _Replay:
             gpus=sim.gpus,
             submit=sim.submit,
             first_start=self.fstate[:, _FIRST].copy(),
-            end=self.end,
-            queue_delay=self.pend_total,
-            preemptions=self.preempts,
+            end=np.array(self.end, dtype=np.float64),
+            queue_delay=np.array(self.pend_total, dtype=np.float64),
+            preemptions=np.array(self.preempts, dtype=np.int64),
             preemption_cost=self.preempt_cost,
             busy_gpu_seconds=self.busy,
             capacity_gpus=self.capacity,
@@ -708,7 +726,7 @@ class _Replay:
                 np.array(self.w_log, dtype=np.int64),
                 np.array(self.b_log, dtype=np.int64),
             ),
-            resizes=self.resizes,
+            resizes=np.array(self.resizes, dtype=np.int64),
             resize_cost=self.resize_cost,
             log=tuple(self.log),
             pack_limit=self.policy.options.pack_limit,

@@ -7,6 +7,11 @@ job type and scale factor k, the throughput of the job on k consolidated GPUs of
 throughput(1); :class:`ScalingCurve` caps it at k (a few consolidated measurements are above linear) and
 continues it past the last measured k with Amdahl's law.
 
+An elastic job runs N ESTs (EasyScale's elastic training threads, N = its maximum GPU count) on its M GPUs:
+each GPU runs ceil(N / M) or floor(N / M) of them one after the other and a step waits for the busiest GPU, so
+the job runs at the curve's speedup on M GPUs times (N / M) / ceil(N / M), the share of its GPUs' time that is
+busy (:func:`with_ests`): 8 ESTs run no faster on 5, 6 or 7 GPUs than on 4.
+
 Models map to the Gavel job type closest to them (:data:`GAVEL_JOB_TYPES`); a model Gavel measured on one GPU
 only (recommendation) stays rigid. A model the trace does not name (Alibaba openb pods, Philly rows) gets the
 median speedup of Gavel's distributed job types at each measured k.
@@ -22,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hpc_elastic.policy.types import ScalingCurve
+from hpc_elastic.policy.types import LINEAR, ScalingCurve
 from hpc_elastic.sim.trace import TraceJob
 
 #: Model of a trace -> Gavel job type. Tiresias's CNNs (Table 6) without a huge tensor are ResNet-50-like (the
@@ -89,11 +94,22 @@ def curve_for(model: str, curves: Mapping[str, ScalingCurve]) -> ScalingCurve | 
     return curves.get(MEDIAN)
 
 
+def with_ests(curve: ScalingCurve, ests: int) -> ScalingCurve:
+    """The speedup of a job of ``ests`` ESTs on 1..``ests`` GPUs: the ``curve``'s where M divides N, and
+    speedup(M) x (N / M) / ceil(N / M) in between (the GPUs with fewer ESTs wait for those with ceil(N / M))."""
+    if isinstance(ests, bool) or not isinstance(ests, int) or ests < 1:
+        raise ValueError(f"a job runs at least one EST, got {ests!r}")
+    counts = tuple(range(1, ests + 1))
+    speedups = tuple(curve.at(m) * (ests / m) / -(-ests // m) for m in counts)
+    return ScalingCurve(counts, speedups)
+
+
 def make_elastic(
     jobs: Sequence[TraceJob], factor: float, curves: Mapping[str, ScalingCurve] | None
 ) -> tuple[TraceJob, ...]:
-    """Every job whose scaling is known may run on [ceil(its GPUs / ``factor``), ceil(its GPUs x ``factor``)];
-    without ``curves`` every job is elastic with linear scaling (an optimistic bound)."""
+    """Every job whose scaling is known may run on [ceil(its GPUs / ``factor``), ceil(its GPUs x ``factor``)]
+    GPUs with as many ESTs as its maximum (:func:`with_ests`); without ``curves`` every job is elastic with
+    linear scaling between the counts that divide its ESTs (an optimistic bound)."""
     if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"the elastic factor must be a finite number >= 1, got {factor!r}")
     out: list[TraceJob] = []
@@ -103,5 +119,6 @@ def make_elastic(
             out.append(job)
             continue
         top = max(job.gpus, math.ceil(job.gpus * factor))
-        out.append(replace(job, min_gpus=math.ceil(job.gpus / factor), max_gpus=top, scaling=curve))
+        scaling = with_ests(curve or LINEAR, top)
+        out.append(replace(job, min_gpus=math.ceil(job.gpus / factor), max_gpus=top, scaling=scaling))
     return tuple(out)

@@ -81,6 +81,18 @@ def test_growth_stops_where_the_speedup_does() -> None:
     assert sizes(run([job], nodes)) == {1: 4}
 
 
+def test_growth_looks_past_a_flat_stretch_of_the_curve() -> None:
+    """8 ESTs run no faster on 5-7 GPUs than on 4: with 4 spare GPUs the job jumps from 4 to 8, and with 3 it
+    stays on 4 (one GPU at a time would stop at 4 either way)."""
+    ests = ScalingCurve(tuple(range(1, 9)), (1.0, 2.0, 2.0, 4.0, 4.0, 4.0, 4.0, 8.0))
+    job = JobView(1, 4, 0.0, R, allocation=(("n0", 4),), min_gpus=2, max_gpus=8, scaling=ests)
+    assert sizes(run([job], [NodeView("n0", 8, 4)])) == {1: 8}
+    assert sizes(run([job], [NodeView("n0", 7, 3)])) == {}
+    # the 3 GPUs go to a job they speed up instead
+    other = JobView(2, 1, 5.0, R, attained_service=10.0, allocation=(("n0", 1),), min_gpus=1, max_gpus=4)
+    assert sizes(run([job, other], [NodeView("n0", 8, 3)])) == {2: 4}
+
+
 def test_a_waiting_elastic_job_starts_on_its_minimum() -> None:
     nodes = [NodeView("n0", 4, 2)]
     runner = JobView(1, 2, 0.0, R, attained_service=100.0, allocation=(("n0", 2),))
