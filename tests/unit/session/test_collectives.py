@@ -79,8 +79,15 @@ def gloo_threads_after_close():
         time.sleep(0.01)
     return gloo_threads()
 
+def gloo_threads_opened():
+    # the group's threads name themselves once they run: on a loaded machine that can come a moment after init
+    deadline = time.monotonic() + 10
+    while not gloo_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return gloo_threads()
+
 coll = TorchCollective(rank=0, world_size=1)
-opened = gloo_threads()
+opened = gloo_threads_opened()
 model = torch.nn.Linear(3, 1)
 torch.optim.SGD(model.parameters(), lr=0.1)  # the first optimizer imports torch._dynamo, hence torch.distributed.nn
 coll.allgather_tensor(torch.ones(1, 3))
