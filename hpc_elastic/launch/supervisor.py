@@ -364,6 +364,10 @@ class Supervisor:
                 log.info("workers finished with exit code %d before the step of the stop", code)
                 self._stop = None
                 return Phase.DONE if code == 0 else Phase.FAILED
+            if code == 0 and ack is None:  # workers that stop acknowledge first: these ended their training
+                log.info("workers finished with exit code 0 before acknowledging the stop: the job is done")
+                self._stop = None
+                return Phase.DONE
             return Phase.STOPPED
         if self._stop_at_step is None and self.clock() - requested_at > self.config.grace_s:
             log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)

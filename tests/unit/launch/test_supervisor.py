@@ -308,6 +308,28 @@ def test_a_preemption_is_requeued_once_acknowledged_without_waiting_for_the_work
     assert not log.exists()  # the worker was stopped, not waited for
 
 
+FINISHING_WORKER = """
+import os, signal, sys, time
+os.kill(os.getppid(), signal.SIGUSR1)  # the signal comes as the training ends
+time.sleep(0.5)  # the wrapper asks for a stop; these workers have finished and exit without acknowledging it
+sys.exit(0)
+"""
+
+
+def test_workers_that_finish_before_acknowledging_a_stop_end_the_job_without_a_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    command = (sys.executable, "-c", FINISHING_WORKER)
+    monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
+    slurm = RecordingSlurm()
+    config = WrapperConfig(tmp_path / "jobs", command, kill_timeout_s=2)
+    supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
+    supervisor.prepare()
+    assert supervisor.run() == 0 and slurm.requeued == []  # done: a requeue would run a finished job again
+    request = supervisor.job_dir.read_stop()
+    assert request is not None and request.reason is StopReason.PREEMPT  # the stop was asked for
+
+
 @pytest.mark.parametrize(
     ("raw", "total"), [("4", 4), ("2(x2),1", 5), ("1(x3)", 3), ("", None), ("x", None), ("0", None)]
 )
