@@ -6,9 +6,13 @@ allocation, e.g. on the ``cpu`` partition) starts each process as a job step of 
 (:func:`hpc_elastic.slurm.commands.srun_single`), listening on its node's host name (:data:`NODE_NAME`).
 
 Every server process binds a free port and writes its address to ``<run dir>/<name>.addr`` (atomically; the run
-directory must be shared by the nodes under ``srun``); the launcher reads it. The launcher also watches the workers:
-one that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards go back to
-TODO.
+directory must be shared by the nodes under ``srun``); the launcher reads it. The launcher also watches the
+processes: a worker that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards
+go back to TODO; a parameter server that exits at all is replaced: a new PS process of the same index starts and the
+master rolls the job back onto it from the latest checkpoint (:meth:`hpc_elastic.ps.master.Master.replace_ps`), the
+workers going on without a restart. A job with a checkpoint root takes a first checkpoint as soon as it is up.
+Under ``srun`` a process is killed through Slurm (``scancel --signal=KILL <job>.<step>`` of its step); the launcher
+sees the step's ``srun`` exit either way.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from hpc_elastic.slurm import commands
 #: how long a server process may take to listen
 START_TIMEOUT_S = 120.0
 POLL_S = 0.05
+#: memory of a job step per CPU it holds, in MB (a PS-mode batch job asks for as much per CPU)
+STEP_MEM_MB_PER_CPU = 1024
 
 
 class ProcessFailed(HpcElasticError):
@@ -74,6 +80,7 @@ class PsJob:
         restore: bool = False,
         worker_prefix: str = "w",
         launcher: PsLauncher = PsLauncher.LOCAL,
+        cpus_per_process: int = 1,
     ) -> None:
         if restore and checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
@@ -84,6 +91,10 @@ class PsJob:
         self.restore = restore
         self.worker_prefix = worker_prefix
         self.launcher = PsLauncher(launcher)
+        if cpus_per_process < 1:
+            raise ValueError(f"cpus_per_process must be >= 1, not {cpus_per_process}")
+        self.cpus_per_process = cpus_per_process
+        self.replaced: list[dict[str, Any]] = []  # the master's reply to each PS replacement
         self.worker_delays = dict(worker_delays or {})
         self.ps: list[_Proc] = []
         self.workers: dict[str, _Proc] = {}
@@ -98,7 +109,8 @@ class PsJob:
         log = (self.run_dir / f"{name}.log").open("ab")
         argv = [sys.executable, "-m", "hpc_elastic.ps", *args]
         if self.launcher is PsLauncher.SRUN:
-            argv = commands.srun_single(argv, name=name)
+            cpus = self.cpus_per_process
+            argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=STEP_MEM_MB_PER_CPU * cpus)
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
         return _Proc(name, popen, log)
 
@@ -133,6 +145,8 @@ class PsJob:
             args.append("--restore")
         self.master_proc = self._spawn("master", args)
         self.master = Client(self._address(self.master_proc))
+        if self.checkpoint_dir is not None and not self.restore:
+            self.checkpoint()  # a PS lost before the first periodic checkpoint is recovered from this one
         for _ in range(self.config.num_workers):
             self.add_worker()
 
@@ -166,6 +180,24 @@ class PsJob:
         last.popen.wait(timeout=60)
         last.log.close()
         (self.run_dir / f"{last.name}.addr").unlink()
+        return reply
+
+    def kill_ps(self, index: int) -> None:
+        """SIGKILL PS ``index``'s process (a failure); :meth:`poll` then replaces it."""
+        proc = self.ps[index]
+        proc.popen.kill()
+        proc.popen.wait()
+
+    def _replace_ps(self, index: int) -> dict[str, Any]:
+        """PS ``index`` exited: start a new one of that index and have the master roll the job back onto it."""
+        old = self.ps[index]
+        old.log.close()
+        (self.run_dir / f"{old.name}.addr").unlink(missing_ok=True)
+        num_ps = str(len(self.ps))
+        self.ps[index] = self._spawn(old.name, ["ps", *self._common(), "--index", str(index), "--num-ps", num_ps])
+        assert self.master is not None
+        reply, _ = self.master.call("replace_ps", {"index": index, "address": self._address(self.ps[index])})
+        self.replaced.append(reply)
         return reply
 
     def signal_worker(self, worker: str, sig: signal.Signals) -> None:
@@ -202,7 +234,11 @@ class PsJob:
             proc.popen.wait()
 
     def poll(self) -> None:
-        """Reap the workers that exited: a clean exit is the end of training for them; any other is a loss."""
+        """Replace the PS that exited; reap the workers that exited: a clean exit is the end of training for them;
+        any other is a loss."""
+        for index, ps in enumerate(self.ps):
+            if ps.popen.poll() is not None:
+                self._replace_ps(index)
         for worker, proc in list(self.workers.items()):
             code = proc.popen.poll()
             if code is None:
