@@ -31,15 +31,13 @@ from typing import IO, Any
 
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
 from hpc_elastic.ps.rpc import Client
 from hpc_elastic.slurm import commands
 
 #: how long a server process may take to listen
 START_TIMEOUT_S = 120.0
 POLL_S = 0.05
-#: memory of a job step per CPU it holds, in MB (a PS-mode batch job asks for as much per CPU)
-STEP_MEM_MB_PER_CPU = 1024
 
 
 class ProcessFailed(HpcElasticError):

@@ -195,7 +195,9 @@ class Master:
             self.generation += 1
             for p, a in enumerate(addresses):
                 client = rpc.Client(a, timeout=PS_TIMEOUT_S)
-                client.call("reconfigure", {"index": p, "num_ps": len(addresses), "generation": self.generation}, payload)
+                client.call(
+                    "reconfigure", {"index": p, "num_ps": len(addresses), "generation": self.generation}, payload
+                )
                 client.close()
             self._close_ps()
             self.ps_addresses = addresses

@@ -19,10 +19,10 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
+from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, Batch, CriteoLike, owner
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes
-from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.ps.rpc import Client, PeerMoved, PeerUnavailable
 from hpc_elastic.ps.shards import LeaseStatus, Shard
 
