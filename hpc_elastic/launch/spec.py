@@ -228,9 +228,8 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"unknown --mode {spec.mode!r}: one of {', '.join(m.value for m in Mode)}")
     if spec.mode is Mode.PS:
         _check_ps(spec)
-    else:
-        if spec.workers_range is not None or spec.ps_range is not None or spec.ps_config is not None:
-            raise ValueError("--workers-range and --ps-range need --mode ps")
+    elif spec.workers_range is not None or spec.ps_range is not None or spec.ps_config is not None:
+        raise ValueError("--workers-range and --ps-range need --mode ps")
     if spec.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {spec.gpus}")
     check_balance(spec.balance, spec.level)

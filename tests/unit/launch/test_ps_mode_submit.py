@@ -99,7 +99,7 @@ def test_the_batch_script_starts_the_ps_wrapper_in_the_allocation() -> None:
     run = text.splitlines()[-1]
     assert run.startswith("exec /py /w/hpc-elastic-run --mode=ps --ckpt-root=/g/jobs --workers-range=2:3")
     assert "--ps-range=1:2 --cpus-per-worker=1" in run and """'--ps-config={"epochs":2}'""" in run
-    words = run.split()[3:-1] + ['--ps-config={"epochs":2}']
+    words = [*run.split()[3:-1], '--ps-config={"epochs":2}']
     config = parse_args(words)
     assert (config.workers_range, config.ps_range, config.ckpt_root) == ((2, 3), (1, 2), Path("/g/jobs"))
     assert config.job_config() == PsJobConfig(num_ps=1, num_workers=3, epochs=2)
