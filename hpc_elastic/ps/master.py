@@ -77,6 +77,8 @@ class Master:
         self.ps_replaced: list[dict[str, Any]] = []  # each replacement: index, checkpoint restored, seconds
         self._first_lease: float | None = None
         self._last_done: float | None = None
+        self.samples_accepted = 0  # samples of the shards accepted, redone ones again (a rate, not the ledger)
+        self.worker_usage: dict[str, tuple[float, float, float]] = {}  # CPU s, peak MiB, master's clock at reading
         self.losses: list[float] = []  # mean loss of each accepted shard, in the order of acceptance
         self.stopped = threading.Event()
         self._lock = threading.Lock()
@@ -106,6 +108,9 @@ class Master:
     def lease(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         speed = header.get("speed")
         with self._lock:
+            if "cpu_s" in header:
+                reading = (float(header["cpu_s"]), float(header.get("rss_mb", 0.0)), time.monotonic())
+                self.worker_usage[self._worker(header)] = reading
             lease = self.shards.lease(self._worker(header), None if speed is None else float(speed))
             if self._first_lease is None and lease.status is LeaseStatus.SHARD:
                 self._first_lease = time.monotonic()
@@ -122,6 +127,7 @@ class Master:
                 if header.get("count"):
                     self.losses.append(float(header["loss_sum"]) / int(header["count"]))
                 self.accepted += 1
+                self.samples_accepted += int(header.get("count", 0))
                 self._last_done = time.monotonic()
                 if self.checkpoint_every and self.accepted % self.checkpoint_every == 0:
                     try:
@@ -210,6 +216,22 @@ class Master:
             self.ps_replaced.append({"index": index, "checkpoint": seq, "seconds": took})
         return {"generation": self.generation, "checkpoint": seq, "seconds": took}, {}
 
+    def usage(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        """The processes' readings now: each live worker's last one (CPU s, peak MiB, when), each PS's, asked now,
+        and the samples accepted so far, with the master's clock."""
+        with self._lock:
+            workers = {w: list(u) for w, u in self.worker_usage.items() if w not in self.lost}
+            addresses = list(self.ps_addresses)
+            samples, now = self.samples_accepted, time.monotonic()
+        ps = []
+        for address in addresses:
+            client = rpc.Client(address, timeout=PS_TIMEOUT_S)
+            try:
+                ps.append(client.call("usage")[0])
+            finally:
+                client.close()
+        return {"workers": workers, "ps": ps, "samples": samples, "time": now}, {}
+
     def checkpoint_handler(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         if self.checkpoint_root is None:
             raise ValueError("this master has no checkpoint root")
@@ -292,5 +314,6 @@ class Master:
             "checkpoint": self.checkpoint_handler,
             "repartition": self.repartition,
             "replace_ps": self.replace_ps,
+            "usage": self.usage,
             "stop": self.stop,
         }

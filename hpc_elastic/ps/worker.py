@@ -25,6 +25,7 @@ from hpc_elastic.ps.data import NUM_SPARSE, Batch, CriteoLike, owner
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes
 from hpc_elastic.ps.rpc import Client, PeerMoved, PeerUnavailable
 from hpc_elastic.ps.shards import LeaseStatus, Shard
+from hpc_elastic.ps.usage import own_usage
 
 #: seconds between two leases while the master has no shard to give (TODO empty, shards in DOING)
 WAIT_S = 0.05
@@ -176,7 +177,7 @@ class Worker:
         speed: float | None = None
         shards = samples = 0
         while True:
-            reply, _ = self.master.call("lease", {"worker": self.worker, "speed": speed})
+            reply, _ = self.master.call("lease", {"worker": self.worker, "speed": speed, **own_usage()})
             status = LeaseStatus(reply["status"])
             if int(reply["rollbacks"]) > self.rollbacks:
                 self._register()
