@@ -8,7 +8,8 @@
   master's first lease to its last accepted shard (process start-up excluded), every epoch checked exactly once;
 - ``brain``: DLRover's Brain in the loop (:mod:`hpc_elastic.ps.brain_agent`: sample, optimize, adjust on a running
   job, ``--max-adjust`` steps at most, the number taken printed) against a grid search over (workers, PS, cores per
-  PS) on this machine; every process pinned to cores of its own, the job master on one, the rest the job's budget.
+  PS) on this machine; every process pinned to cores of its own while there are (``--cores`` may assume more than
+  there are: the rest run unpinned), the job master on one, the rest the job's budget.
   Each configuration's samples/s is read over ``--window`` seconds once its workers train; the goal is Brain's final
   plan at >= 0.9x the grid's best.
 
@@ -94,8 +95,8 @@ def grid_point(workers: int, num_ps: int, ps_cores: int, window: float) -> float
     return rate
 
 
-def bench_brain(window: float, max_adjust: int, out: dict[str, Any]) -> None:
-    cpus = len(os.sched_getaffinity(0))
+def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str, Any]) -> None:
+    cpus = cores or len(os.sched_getaffinity(0))
     budget = cpus - 1  # the job master's core aside
     grid = []
     for ps_cores in (1, 2):
@@ -156,6 +157,9 @@ def main() -> None:
     ap.add_argument("--only", default="dispatch,ps_add,scaling,brain", help="the sections to run")
     ap.add_argument("--window", type=float, default=3.0, help="seconds each configuration is read over (brain)")
     ap.add_argument("--max-adjust", type=int, default=4, help="Brain's adjust steps at most")
+    ap.add_argument(
+        "--cores", type=int, default=None, help="the cores Brain and the grid assume (default: this machine's)"
+    )
     args = ap.parse_args()
     out: dict[str, Any] = {"bench": "ps", "cpus": os.cpu_count()}
     only = set(args.only.split(","))
@@ -205,7 +209,7 @@ def main() -> None:
             out["scaling"].append({"workers": workers, "ps": 2, "samples_s": round(rate, 1)})
 
     if "brain" in only:
-        bench_brain(args.window, args.max_adjust, out)
+        bench_brain(args.window, args.max_adjust, args.cores, out)
     print(json.dumps(out))
 
 
