@@ -88,10 +88,9 @@ def grid_point(workers: int, num_ps: int, ps_cores: int, window: float) -> float
         PsJob(config, Path(tmp), ps_cpus=ps_cores) as job,
     ):
         agent = BrainAgent(
-            job, limits, cores=plan.total_cores, cores_per_node=os.cpu_count() or 1, mem_per_node_mb=1 << 20,
-            window_s=window,
-        )  # fmt: skip
-        _, rate = agent.measure(plan)
+            limits, cores=plan.total_cores, cores_per_node=os.cpu_count() or 1, mem_per_node_mb=1 << 20, window_s=window
+        )
+        _, rate = agent.measure(job, plan)
     return rate
 
 
@@ -109,15 +108,16 @@ def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str
                 grid.append({"workers": workers, "ps": num_ps, "ps_cores": ps_cores, "samples_s": round(rate, 1)})
     best = max(grid, key=lambda g: g["samples_s"])
     limits = JobLimits(c_total=budget, workers=Range(1, 12), ps=Range(1, 4))
-    config = PsJobConfig(num_ps=1, num_workers=0, **BRAIN_JOB)
-    with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp:
-        probe = BrainAgent(PsJob(config, Path(tmp)), limits, cores=budget, cores_per_node=cpus, mem_per_node_mb=1 << 20)
-        first = probe.initial_plan()
-        config = PsJobConfig(num_ps=first.num_ps, num_workers=0, **BRAIN_JOB)
-        with PsJob(config, Path(tmp), ps_cpus=first.ps_cores[0]) as job:
-            agent = BrainAgent(job, limits, cores=budget, cores_per_node=cpus, mem_per_node_mb=1 << 20,
-                               window_s=window, max_adjust=max_adjust)  # fmt: skip
-            steps = agent.run()
+    agent = BrainAgent(
+        limits, cores=budget, cores_per_node=cpus, mem_per_node_mb=1 << 20, window_s=window, max_adjust=max_adjust
+    )
+    first = agent.initial_plan()
+    config = PsJobConfig(num_ps=first.num_ps, num_workers=0, **BRAIN_JOB)
+    with (
+        tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp,
+        PsJob(config, Path(tmp), ps_cpus=first.ps_cores[0]) as job,
+    ):
+        steps = agent.run(job)
     for step in steps:
         print(f"brain {step.describe()}", flush=True)
     final = steps[-1].samples_s
@@ -127,24 +127,7 @@ def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str
         f" ({best['workers']} workers, {best['ps']} PS of {best['ps_cores']} cores): {ratio:.2f}x (goal >= 0.9x)",
         flush=True,
     )
-    out["brain"] = {
-        "cores": cpus,
-        "grid": grid,
-        "grid_best": best,
-        "steps": [
-            {
-                "stage": s.stage.value,
-                "workers": s.plan.workers.count,
-                "worker_cores": s.plan.workers.cores,
-                "ps_cores": list(s.plan.ps_cores),
-                "samples_s": round(s.samples_s, 1),
-                "reasons": list(s.plan.reasons),
-            }
-            for s in steps
-        ],
-        "adjust_steps": agent.adjust_steps,
-        "ratio": round(ratio, 3),
-    }
+    out["brain"] = {**agent.report(), "machine_cores": cpus, "grid": grid, "grid_best": best, "ratio": round(ratio, 3)}
 
 
 def main() -> None:

@@ -10,8 +10,13 @@ done, from which a lost parameter server is recovered in the running job.
     hpc-elastic-run --mode=ps --ckpt-root=DIR --workers-range=A:B --ps-range=C:D [--cpus-per-worker=N]
                     [--grace=S] [--ps-config=JSON]
 
-The job starts with C parameter servers and B workers; the allocation holds room for the job master, D PS and B
-workers. Exit status: 0 when training finished with every sample counted exactly once per epoch, 1 otherwise.
+The allocation holds room for the job master, D PS and B workers, N cores each. With fixed sizes (``A == B`` and
+``C == D``) the job runs C parameter servers and B workers. With a range to choose from, DLRover's Brain chooses
+(:class:`hpc_elastic.ps.brain_agent.BrainAgent`, beside the job master): it starts the job with its sample plan,
+then applies its optimize and adjust plans as new steps, never beyond the ``(B + D) · N`` cores of the allocation
+that the master does not hold, each process of at most N cores (the allocation's task size, so that a step always
+fits a node of it); its steps go into the status (``brain``). Exit status: 0 when training finished with every
+sample counted exactly once per epoch, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import json
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -29,13 +34,17 @@ from hpc_elastic.env import read_job_environment
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.jobdir import JobDir
 from hpc_elastic.launch.spec import parse_range, ps_job_config
-from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.policy.brain import JobLimits, Range
+from hpc_elastic.ps.brain_agent import BrainAgent
+from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
 from hpc_elastic.ps.job import PsJob, PsLauncher
 
 #: the PS job checkpoints parameters, queues and ledger after every this many shards done
 CHECKPOINT_EVERY = 8
 #: the wrapper waits this long for training to end (the job's time limit ends it first)
 WAIT_S = 7 * 24 * 3600.0
+#: seconds Brain lets a plan warm up, then reads it over
+BRAIN_WINDOW_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,27 @@ class PsWrapperConfig:
 
     def job_config(self) -> PsJobConfig:
         return ps_job_config(self.settings, self.ps_range[0], self.workers_range[1])
+
+    @property
+    def cores(self) -> int:
+        """The cores of the allocation beside the job master's."""
+        return (self.workers_range[1] + self.ps_range[1]) * self.cpus_per_worker
+
+    def brain(self) -> BrainAgent | None:
+        """Brain for a job with sizes to choose (a range of workers or of PS), else None."""
+        (w_lo, w_hi), (p_lo, p_hi) = self.workers_range, self.ps_range
+        if w_lo == w_hi and p_lo == p_hi:
+            return None
+        config = self.job_config()
+        steps = config.epochs * -(-config.num_samples // config.batch_size)
+        limits = JobLimits(c_total=self.cores, workers=Range(w_lo, w_hi), ps=Range(p_lo, p_hi), total_steps=steps)
+        return BrainAgent(
+            limits,
+            cores=self.cores,
+            cores_per_node=self.cpus_per_worker,
+            mem_per_node_mb=STEP_MEM_MB_PER_CPU * self.cpus_per_worker,
+            window_s=BRAIN_WINDOW_S,
+        )
 
 
 def parse_args(argv: Sequence[str]) -> PsWrapperConfig:
@@ -92,15 +122,30 @@ def run(config: PsWrapperConfig) -> int:
         raise ValueError("hpc-elastic-run --mode=ps runs inside a Slurm allocation (no SLURM_JOB_ID)")
     job_dir = JobDir.of(config.ckpt_root, job.job_name or "ps", job.job_id, job.array_task_id).prepare()
     signal.signal(signal.SIGTERM, _terminate)  # a cancel or the time limit: stop the steps on the way out
+    job_config, ps_cpus = config.job_config(), None
+    agent = config.brain()
+    if agent is not None:
+        first = agent.initial_plan()
+        job_config, ps_cpus = replace(job_config, num_ps=first.num_ps, num_workers=0), first.ps_cores[0]
     with PsJob(
-        config.job_config(),
+        job_config,
         job_dir.ps,
         checkpoint_dir=job_dir.checkpoints,
         checkpoint_every=CHECKPOINT_EVERY,
         launcher=PsLauncher.SRUN,
         cpus_per_process=config.cpus_per_worker,
+        ps_cpus=ps_cpus,
     ) as ps_job:
+        if agent is not None:
+            try:
+                agent.run(ps_job)
+            except ValueError as exc:  # a plan Brain cannot make here: train on with what runs
+                print(f"hpc-elastic-run: Brain stopped: {exc}", file=sys.stderr, flush=True)
+                if not ps_job.workers:
+                    ps_job.add_worker()
         status = ps_job.wait(timeout=WAIT_S)
+    if agent is not None:
+        status["brain"] = agent.report()
     text = json.dumps(status)
     atomic_write_bytes(job_dir.ps / "status.json", text.encode())
     print(text, flush=True)

@@ -114,11 +114,10 @@ class BrainStep:
 
 
 class BrainAgent:
-    """Drive ``job`` (started with :meth:`initial_plan`'s sizes and no worker) through sample, optimize, adjust."""
+    """Drive a job (started with :meth:`initial_plan`'s PS and no worker) through sample, optimize, adjust."""
 
     def __init__(
         self,
-        job: PsJob,
         limits: JobLimits,
         *,
         cores: int,
@@ -132,7 +131,6 @@ class BrainAgent:
                 f"bad Brain settings: cores={cores} cores_per_node={cores_per_node} window_s={window_s} "
                 f"max_adjust={max_adjust}"
             )
-        self.job = job
         self.limits = limits
         self.cores = cores
         self.cores_per_node = cores_per_node
@@ -149,35 +147,29 @@ class BrainAgent:
         """The sample stage's plan: the job starts with its PS (:meth:`run` adds the workers)."""
         return sample_plan(self.limits, self.partition(0), mem_mb=STEP_MEM_MB_PER_CPU)
 
-    def read(self) -> Reading:
-        assert self.job.master is not None, "start the job first"
-        reply, _ = self.job.master.call("usage")
+    @staticmethod
+    def read(job: PsJob) -> Reading:
+        assert job.master is not None, "start the job first"
+        reply, _ = job.master.call("usage")
         return Reading.from_reply(reply)
 
-    def measure(self, plan: ResourcePlan) -> tuple[Usage, float]:
+    def measure(self, job: PsJob, plan: ResourcePlan) -> tuple[Usage, float]:
         """Wait until every worker of ``plan`` trains (has leased), let it warm up for a window, then read it over
         one."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not set(self.job.workers) <= set(self.read().workers):
+        while not set(job.workers) <= set(self.read(job).workers):
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"the workers did not lease within {START_TIMEOUT_S:.0f} s")
-            self._sleep(0.1)
-        self._sleep(self.window_s)
-        before = self.read()
-        self._sleep(self.window_s)
-        return usage_between(before, self.read(), plan)
+            _sleep(job, 0.1)
+        _sleep(job, self.window_s)
+        before = self.read(job)
+        _sleep(job, self.window_s)
+        return usage_between(before, self.read(job), plan)
 
-    def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.job.poll()  # lost processes are handled meanwhile
-            time.sleep(0.05)
-
-    def apply(self, plan: ResourcePlan) -> None:
+    def apply(self, job: PsJob, plan: ResourcePlan) -> None:
         """Make the job's processes those of ``plan`` (see the module's docstring)."""
         if plan.total_cores > self.cores:
             raise ValueError(f"a plan of {plan.total_cores} cores exceeds the job's {self.cores}")
-        job = self.job
         w = plan.workers
         for worker, cores in list(job.worker_cores.items()):
             if cores != w.cores:
@@ -200,29 +192,51 @@ class BrainAgent:
         while len(job.workers) < w.count:
             job.add_worker(cpus=w.cores)
 
-    def run(self) -> list[BrainStep]:
-        """Sample, optimize, then adjust until Brain finds nothing to fix or ``max_adjust`` steps were applied; the
-        steps taken (``steps``). The job trains on afterwards."""
+    def run(self, job: PsJob) -> list[BrainStep]:
+        """Sample, optimize, then adjust ``job`` until Brain finds nothing to fix or ``max_adjust`` steps were
+        applied; the steps taken (``steps``). The job trains on afterwards."""
         plan = self.initial_plan()
-        self.apply(plan)
-        usage, rate = self.measure(plan)
+        self.apply(job, plan)
+        usage, rate = self.measure(job, plan)
         estimates = estimate(usage)
         self.steps.append(BrainStep(Stage.SAMPLE, plan, rate, estimates))
         held = plan.total_cores
         plan = optimize(estimates, self.limits, self.partition(held), ps_mem_mb=STEP_MEM_MB_PER_CPU, held_cores=held)
-        self.apply(plan)
-        usage, rate = self.measure(plan)
+        self.apply(job, plan)
+        usage, rate = self.measure(job, plan)
         self.steps.append(BrainStep(Stage.OPTIMIZE, plan, rate))
         for _ in range(self.max_adjust):
             found = adjust(usage, estimates, self.limits, self.partition(plan.total_cores))
             if found is None:
                 break
             plan = found
-            self.apply(plan)
-            usage, rate = self.measure(plan)
+            self.apply(job, plan)
+            usage, rate = self.measure(job, plan)
             self.steps.append(BrainStep(Stage.ADJUST, plan, rate))
         return self.steps
 
     @property
     def adjust_steps(self) -> int:
         return sum(1 for s in self.steps if s.stage is Stage.ADJUST)
+
+    def report(self) -> dict[str, Any]:
+        """The steps taken, as JSON."""
+        steps = [
+            {
+                "stage": s.stage.value,
+                "workers": s.plan.workers.count,
+                "worker_cores": s.plan.workers.cores,
+                "ps_cores": list(s.plan.ps_cores),
+                "samples_s": round(s.samples_s, 1),
+                "reasons": list(s.plan.reasons),
+            }
+            for s in self.steps
+        ]
+        return {"cores": self.cores, "steps": steps, "adjust_steps": self.adjust_steps}
+
+
+def _sleep(job: PsJob, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        job.poll()  # lost processes are handled meanwhile
+        time.sleep(0.05)

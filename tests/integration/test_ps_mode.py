@@ -27,13 +27,14 @@ SAMPLES = 2000
 NAME = "ps-mode-test"
 
 
-def submit_ps(workdir: Path, settings: dict[str, Any]) -> int:
-    """``hpc-elastic submit --mode ps`` of a job of 2 PS and 3 workers on the cpu partition; the job id."""
+def submit_ps(workdir: Path, settings: dict[str, Any], workers: str = "3:3", ps: str = "2:2") -> int:
+    """``hpc-elastic submit --mode ps`` of a job of 2 PS and 3 workers (by default) on the cpu partition; the job
+    id."""
     path = workdir / "job.json"
     path.write_text(json.dumps(settings))
     argv = [
         *(sys.executable, "-m", "hpc_elastic", "submit", str(path), f"--ckpt-root={workdir}", "--mode=ps"),
-        *("--workers-range=3:3", "--ps-range=2:2", "--partition=cpu", "--time=10", f"--job-name={NAME}"),
+        *(f"--workers-range={workers}", f"--ps-range={ps}", "--partition=cpu", "--time=10", f"--job-name={NAME}"),
     ]
     out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
     return int(out.strip())
@@ -48,12 +49,12 @@ def final_status(slurm: CliSlurm, workdir: Path, job_id: int) -> tuple[dict[str,
     return json.loads((run_dir / "status.json").read_text()), run_dir
 
 
-def assert_exactly_once(status: dict[str, Any], epochs: int) -> None:
+def assert_exactly_once(status: dict[str, Any], epochs: int, samples: int = SAMPLES) -> None:
     assert status["finished"] and not status["failed_shards"] and status["lost"] == []
     assert len(status["epochs"]) == epochs
     for epoch in status["epochs"]:
         assert epoch["exactly_once"] and (epoch["min_count"], epoch["max_count"]) == (1, 1)
-        assert sum(epoch["samples_by_worker"].values()) == SAMPLES
+        assert sum(epoch["samples_by_worker"].values()) == samples
     assert status["loss_last"] < status["loss_first"]
 
 
@@ -145,3 +146,24 @@ def test_a_ps_killed_mid_epoch_is_replaced_in_the_running_job_then_a_worker_is_l
     assert status["ps_replaced"][0]["checkpoint"] >= before["checkpoint_seq"]  # the queues of a checkpoint
     assert sorted(status["registered"]) == ["w0", "w1", "w2"]  # no worker restarted or added
     assert step_names(job_id).count("ps1") == 2  # the killed step and its replacement
+
+
+def test_with_ranges_brain_samples_optimizes_and_adjusts_inside_the_allocation(
+    slurm: CliSlurm, workdir: Path, cleanup: list[int]
+) -> None:
+    samples = 60_000
+    job_id = submit_ps(workdir, {"num_samples": samples, "shard_size": 100, "batch_size": 50}, workers="1:4", ps="1:2")
+    cleanup.append(job_id)
+    status, _ = final_status(slurm, workdir, job_id)
+    brain = status["brain"]
+    assert [s["stage"] for s in brain["steps"][:2]] == ["sample", "optimize"], brain
+    assert brain["cores"] == 6 and brain["adjust_steps"] == len(brain["steps"]) - 2
+    first = brain["steps"][0]
+    assert (first["workers"], first["ps_cores"]) == (1, [1, 1]) and first["samples_s"] > 0
+    for step in brain["steps"]:
+        assert 1 <= step["workers"] <= 4 and 1 <= len(step["ps_cores"]) <= 2
+        assert step["workers"] * step["worker_cores"] + sum(step["ps_cores"]) <= 6  # never beyond the allocation
+    lost = set(status["lost"])  # workers Brain scaled in
+    status["lost"] = []
+    assert_exactly_once(status, 1, samples)
+    assert lost <= set(status["registered"])

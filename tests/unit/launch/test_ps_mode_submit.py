@@ -127,3 +127,14 @@ def test_settings_json_round_trips_compactly(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "#SBATCH --job-name=small" in result.stdout
     assert """'--ps-config={"num_samples":300,"seed":4}'""" in result.stdout
+
+
+def test_brain_chooses_only_where_a_range_leaves_a_choice() -> None:
+    fixed = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=3:3", "--ps-range=2:2"])
+    assert fixed.brain() is None
+    ranged = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2", "--cpus-per-worker=2"])
+    agent = ranged.brain()
+    assert agent is not None and agent.cores == (4 + 2) * 2
+    first = agent.initial_plan()
+    assert first.workers.count == 1 and first.workers.cores <= 2 and max(first.ps_cores) <= 2
+    assert first.num_ps == 2 and first.total_cores <= agent.cores

@@ -41,14 +41,12 @@ def test_readings_of_another_set_of_ps_are_refused() -> None:
 
 def test_the_agent_samples_optimizes_and_adjusts_a_running_job_within_its_cores(tmp_path: Path) -> None:
     limits = JobLimits(c_total=5, workers=Range(1, 3), ps=Range(1, 2), total_steps=400)
-    config = PsJobConfig(num_ps=1, num_workers=0, num_samples=8000, shard_size=32, batch_size=32, epochs=2)
-    probe = BrainAgent(PsJob(config, tmp_path), limits, cores=5, cores_per_node=4, mem_per_node_mb=8192)
-    first = probe.initial_plan()
+    agent = BrainAgent(limits, cores=5, cores_per_node=4, mem_per_node_mb=8192, window_s=0.5, max_adjust=2)
+    first = agent.initial_plan()
     assert first.workers.count == 1 and first.total_cores <= 5
     config = PsJobConfig(num_ps=first.num_ps, num_workers=0, num_samples=8000, shard_size=32, batch_size=32, epochs=2)
     with PsJob(config, tmp_path, ps_cpus=first.ps_cores[0]) as job:
-        agent = BrainAgent(job, limits, cores=5, cores_per_node=4, mem_per_node_mb=8192, window_s=0.5, max_adjust=2)
-        steps = agent.run()
+        steps = agent.run(job)
         assert [s.stage for s in steps[:2]] == [Stage.SAMPLE, Stage.OPTIMIZE]
         assert steps[0].estimates is not None and steps[0].samples_s > 0
         for step in steps:
