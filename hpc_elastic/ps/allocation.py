@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from hpc_elastic.env import read_job_environment
+from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.jobdir import JobDir
 from hpc_elastic.launch.spec import parse_range, ps_job_config
@@ -139,7 +140,7 @@ def run(config: PsWrapperConfig) -> int:
         if agent is not None:
             try:
                 agent.run(ps_job)
-            except ValueError as exc:  # a plan Brain cannot make here: train on with what runs
+            except (ValueError, HpcElasticError) as exc:  # Brain cannot go on here: train on with what runs
                 print(f"hpc-elastic-run: Brain stopped: {exc}", file=sys.stderr, flush=True)
                 if not ps_job.workers:
                     ps_job.add_worker()

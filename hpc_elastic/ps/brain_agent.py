@@ -44,6 +44,7 @@ from hpc_elastic.policy.brain import (
 )
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU
 from hpc_elastic.ps.job import START_TIMEOUT_S, ProcessFailed, PsJob
+from hpc_elastic.ps.rpc import RemoteError
 
 #: adjust steps at most, after optimize
 DEFAULT_MAX_ADJUST = 4
@@ -149,9 +150,18 @@ class BrainAgent:
 
     @staticmethod
     def read(job: PsJob) -> Reading:
+        """The master's readings; while a PS does not answer (lost: the launcher replaces it), again."""
         assert job.master is not None, "start the job first"
-        reply, _ = job.master.call("usage")
-        return Reading.from_reply(reply)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                reply, _ = job.master.call("usage")
+            except RemoteError:
+                if time.monotonic() > deadline:
+                    raise
+                _sleep(job, 0.5)
+                continue
+            return Reading.from_reply(reply)
 
     def measure(self, job: PsJob, plan: ResourcePlan) -> tuple[Usage, float]:
         """Wait until every worker of ``plan`` trains (has leased), let it warm up for a window, then read it over

@@ -224,10 +224,12 @@ class Master:
             addresses = list(self.ps_addresses)
             samples, now = self.samples_accepted, time.monotonic()
         ps = []
-        for address in addresses:
+        for index, address in enumerate(addresses):
             client = rpc.Client(address, timeout=PS_TIMEOUT_S)
             try:
                 ps.append(client.call("usage")[0])
+            except rpc.PeerUnavailable:
+                raise ValueError(f"PS {index} did not answer (lost, or being replaced): read again later") from None
             finally:
                 client.close()
         return {"workers": workers, "ps": ps, "samples": samples, "time": now}, {}
