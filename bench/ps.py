@@ -5,11 +5,18 @@
 - ``ps_add``: a PS added to a training job (1 → 2 PS, 2 workers): the time of the whole ``add_ps`` (the new
   process starting, the workers training meanwhile) and of the re-partition alone (the workers wait for it only);
 - ``scaling``: samples/s of Wide & Deep training against the number of workers (1, 2, 4) with 2 PS, from the
-  master's first lease to its last accepted shard (process start-up excluded), every epoch checked exactly once.
+  master's first lease to its last accepted shard (process start-up excluded), every epoch checked exactly once;
+- ``brain``: DLRover's Brain in the loop (:mod:`hpc_elastic.ps.brain_agent`: sample, optimize, adjust on a running
+  job, ``--max-adjust`` steps at most, the number taken printed) against a grid search over (workers, PS, cores per
+  PS) on this machine; every process pinned to cores of its own while there are (``--cores`` may assume more than
+  there are: the rest run unpinned), the job master on one, the rest the job's budget.
+  Each configuration's samples/s is read over ``--window`` seconds once its workers train; the goal is Brain's final
+  plan at >= 0.9x the grid's best.
 
 Prints one line per measurement and, last, one JSON object. Usage::
 
     python bench/ps.py [--dispatch-shards 200000] [--samples 8192] [--workers 1,2,4] [--clients 1,4]
+                       [--only dispatch,ps_add,scaling,brain] [--window 3] [--max-adjust 4]
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpc_elastic.policy.brain import Group, JobLimits, Range, ResourcePlan, Stage
+from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.job import PsJob
 from hpc_elastic.ps.rpc import Client
@@ -65,6 +74,62 @@ def dispatch_over_grpc(address: str, clients: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+#: a job long enough to be measured while it trains (it is stopped once read)
+BRAIN_JOB = {"num_samples": 1_000_000, "shard_size": 64, "batch_size": 32}
+
+
+def grid_point(workers: int, num_ps: int, ps_cores: int, window: float) -> float:
+    """Samples/s of a job of ``workers`` workers of one core and ``num_ps`` PS of ``ps_cores`` cores."""
+    config = PsJobConfig(num_ps=num_ps, num_workers=workers, **BRAIN_JOB)
+    plan = ResourcePlan(Group(workers, 1, 1024), (ps_cores,) * num_ps, 1024, Stage.OPTIMIZE)
+    limits = JobLimits(c_total=plan.total_cores, workers=Range(1, workers), ps=Range(1, num_ps))
+    with (
+        tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp,
+        PsJob(config, Path(tmp), ps_cpus=ps_cores) as job,
+    ):
+        agent = BrainAgent(
+            limits, cores=plan.total_cores, cores_per_node=os.cpu_count() or 1, mem_per_node_mb=1 << 20, window_s=window
+        )
+        _, rate = agent.measure(job, plan)
+    return rate
+
+
+def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str, Any]) -> None:
+    cpus = cores or len(os.sched_getaffinity(0))
+    budget = cpus - 1  # the job master's core aside
+    grid = []
+    for ps_cores in (1, 2):
+        for num_ps in (1, 2, 4):
+            for workers in (1, 2, 4, 8, 12):
+                if workers + num_ps * ps_cores > budget:
+                    continue
+                rate = grid_point(workers, num_ps, ps_cores, window)
+                print(f"grid: {workers} workers, {num_ps} PS of {ps_cores} cores: {rate:,.0f} samples/s", flush=True)
+                grid.append({"workers": workers, "ps": num_ps, "ps_cores": ps_cores, "samples_s": round(rate, 1)})
+    best = max(grid, key=lambda g: g["samples_s"])
+    limits = JobLimits(c_total=budget, workers=Range(1, 12), ps=Range(1, 4))
+    agent = BrainAgent(
+        limits, cores=budget, cores_per_node=cpus, mem_per_node_mb=1 << 20, window_s=window, max_adjust=max_adjust
+    )
+    first = agent.initial_plan()
+    config = PsJobConfig(num_ps=first.num_ps, num_workers=0, **BRAIN_JOB)
+    with (
+        tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp,
+        PsJob(config, Path(tmp), ps_cpus=first.ps_cores[0]) as job,
+    ):
+        steps = agent.run(job)
+    for step in steps:
+        print(f"brain {step.describe()}", flush=True)
+    final = steps[-1].samples_s
+    ratio = final / best["samples_s"]
+    print(
+        f"brain: {final:,.0f} samples/s after {agent.adjust_steps} adjust step(s); grid best {best['samples_s']:,.0f}"
+        f" ({best['workers']} workers, {best['ps']} PS of {best['ps_cores']} cores): {ratio:.2f}x (goal >= 0.9x)",
+        flush=True,
+    )
+    out["brain"] = {**agent.report(), "machine_cores": cpus, "grid": grid, "grid_best": best, "ratio": round(ratio, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dispatch-shards", type=int, default=200_000)
@@ -72,50 +137,62 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4")
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--only", default="dispatch,ps_add,scaling,brain", help="the sections to run")
+    ap.add_argument("--window", type=float, default=3.0, help="seconds each configuration is read over (brain)")
+    ap.add_argument("--max-adjust", type=int, default=4, help="Brain's adjust steps at most")
+    ap.add_argument(
+        "--cores", type=int, default=None, help="the cores Brain and the grid assume (default: this machine's)"
+    )
     args = ap.parse_args()
     out: dict[str, Any] = {"bench": "ps", "cpus": os.cpu_count()}
+    only = set(args.only.split(","))
+    if "dispatch" in only:
+        rate = dispatch_in_process(args.dispatch_shards)
+        print(f"dispatch in process: {rate:,.0f} shards/s (lease + done)", flush=True)
+        out["dispatch_in_process_shards_s"] = round(rate)
 
-    rate = dispatch_in_process(args.dispatch_shards)
-    print(f"dispatch in process: {rate:,.0f} shards/s (lease + done)", flush=True)
-    out["dispatch_in_process_shards_s"] = round(rate)
+        with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp:
+            config = PsJobConfig(num_ps=1, num_workers=0, num_samples=args.dispatch_shards, shard_size=1)
+            job = PsJob(config, Path(tmp))
+            job.start()  # a master and one PS, no worker: the clients below are the workers
+            try:
+                assert job.master is not None
+                job.master.call("lease", {"worker": "warm-up"})  # the first lease queues the epoch's shards
+                out["dispatch_grpc_shards_s"] = {}
+                for clients in (int(c) for c in args.clients.split(",")):
+                    rate = dispatch_over_grpc(job.master.address, clients, args.dispatch_seconds)
+                    print(f"dispatch over gRPC, {clients} client(s): {rate:,.0f} shards/s", flush=True)
+                    out["dispatch_grpc_shards_s"][str(clients)] = round(rate)
+            finally:
+                job.close()
 
-    with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp:
-        config = PsJobConfig(num_ps=1, num_workers=0, num_samples=args.dispatch_shards, shard_size=1)
-        job = PsJob(config, Path(tmp))
-        job.start()  # a master and one PS, no worker: the clients below are the workers
-        try:
-            assert job.master is not None
-            job.master.call("lease", {"worker": "warm-up"})  # the first lease queues the epoch's shards
-            out["dispatch_grpc_shards_s"] = {}
-            for clients in (int(c) for c in args.clients.split(",")):
-                rate = dispatch_over_grpc(job.master.address, clients, args.dispatch_seconds)
-                print(f"dispatch over gRPC, {clients} client(s): {rate:,.0f} shards/s", flush=True)
-                out["dispatch_grpc_shards_s"][str(clients)] = round(rate)
-        finally:
-            job.close()
-
-    config = PsJobConfig(num_ps=1, num_workers=2, num_samples=args.samples, shard_size=128, batch_size=64)
-    with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp, PsJob(config, Path(tmp)) as job:
-        deadline = time.monotonic() + 300
-        while job.status()["shards_done"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        t0 = time.perf_counter()
-        reply = job.add_ps()
-        whole = time.perf_counter() - t0
-        status = job.wait()
-    assert all(e["exactly_once"] for e in status["epochs"])
-    print(f"PS added: add_ps {whole:.2f} s, of which the workers waited {reply['seconds']:.3f} s", flush=True)
-    out["ps_add"] = {"add_ps_s": round(whole, 3), "repartition_s": round(reply["seconds"], 4)}
-
-    out["scaling"] = []
-    for workers in (int(w) for w in args.workers.split(",")):
-        config = PsJobConfig(num_ps=2, num_workers=workers, num_samples=args.samples, shard_size=128, batch_size=64)
+    if "ps_add" in only:
+        config = PsJobConfig(num_ps=1, num_workers=2, num_samples=args.samples, shard_size=128, batch_size=64)
         with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp, PsJob(config, Path(tmp)) as job:
+            deadline = time.monotonic() + 300
+            while job.status()["shards_done"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            t0 = time.perf_counter()
+            reply = job.add_ps()
+            whole = time.perf_counter() - t0
             status = job.wait()
         assert all(e["exactly_once"] for e in status["epochs"])
-        rate = args.samples / status["train_seconds"]
-        print(f"training, 2 PS, {workers} worker(s): {rate:,.0f} samples/s", flush=True)
-        out["scaling"].append({"workers": workers, "ps": 2, "samples_s": round(rate, 1)})
+        print(f"PS added: add_ps {whole:.2f} s, of which the workers waited {reply['seconds']:.3f} s", flush=True)
+        out["ps_add"] = {"add_ps_s": round(whole, 3), "repartition_s": round(reply["seconds"], 4)}
+
+    if "scaling" in only:
+        out["scaling"] = []
+        for workers in (int(w) for w in args.workers.split(",")):
+            config = PsJobConfig(num_ps=2, num_workers=workers, num_samples=args.samples, shard_size=128, batch_size=64)
+            with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp, PsJob(config, Path(tmp)) as job:
+                status = job.wait()
+            assert all(e["exactly_once"] for e in status["epochs"])
+            rate = args.samples / status["train_seconds"]
+            print(f"training, 2 PS, {workers} worker(s): {rate:,.0f} samples/s", flush=True)
+            out["scaling"].append({"workers": workers, "ps": 2, "samples_s": round(rate, 1)})
+
+    if "brain" in only:
+        bench_brain(args.window, args.max_adjust, args.cores, out)
     print(json.dumps(out))
 
 

@@ -70,6 +70,7 @@ from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_
 
 CONTROL = "control"
 CHECKPOINTS = "checkpoints"
+PS = "ps"
 LOGS = "logs"
 STOP = "stop"
 ACK = "ack.json"
@@ -438,6 +439,11 @@ class JobDir:
     @property
     def control(self) -> Path:
         return self.path / CONTROL
+
+    @property
+    def ps(self) -> Path:
+        """A ps-mode job's process logs, addresses and final status (:mod:`hpc_elastic.ps.allocation`)."""
+        return self.path / PS
 
     @property
     def logs(self) -> Path:

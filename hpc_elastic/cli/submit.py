@@ -12,13 +12,13 @@ from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import read_environment
 from hpc_elastic.est.levels import DeterminismLevel
-from hpc_elastic.launch.spec import sbatch_arg
+from hpc_elastic.launch.spec import Mode, sbatch_arg
 from hpc_elastic.launch.submission import batch_script, build_spec, submit_spec
 from hpc_elastic.slurm import connect
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.argument("script", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("script", type=click.Path(path_type=Path, dir_okay=False), required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--gpus", type=int, help="GPUs now (one worker process each); 0 for a CPU job.")
 @click.option("--min-gpus", type=int, help="Fewest GPUs the scheduler may shrink the job to.")
@@ -68,9 +68,18 @@ from hpc_elastic.slurm import connect
 @click.option(
     "--max-requeues", type=int, help="Requeues at the time limit (--time), each from a checkpoint (default 0)."
 )
+@click.option(
+    "--mode",
+    metavar="|".join(m.value for m in Mode),
+    help="est: a training script on EasyScale threads (default); ps: a parameter-server job (job master, PS and "
+    "workers as job steps on a CPU partition; SCRIPT, if given, is a JSON file of its settings).",
+)
+@click.option("--workers-range", help="ps mode: fewest and most workers, A:B.")
+@click.option("--ps-range", help="ps mode: fewest and most parameter servers, C:D.")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
-def submit(script: Path, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
-    """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id."""
+def submit(script: Path | None, args: tuple[str, ...], dry_run: bool, **options: object) -> None:
+    """Submit SCRIPT (with ARGS after --) as an elastic, preemptible training job; prints the job id. With
+    --mode ps: a parameter-server job, SCRIPT optional (a JSON file of the job's settings)."""
     env = read_environment()
     extra = options.pop("extra")  # click gives a tuple of strings for a multiple option
     options["extra"] = tuple(sbatch_arg(str(arg)) for arg in cast("tuple[object, ...]", extra)) or None

@@ -9,13 +9,17 @@ from collections.abc import Sequence
 from hpc_elastic.env import read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.launch.supervisor import Supervisor, parse_wrapper_args
+from hpc_elastic.ps import allocation
 from hpc_elastic.slurm import connect
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hpc-elastic-run %(levelname)s: %(message)s")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--mode=ps"]:  # a parameter-server job (hpc-elastic submit --mode ps)
+        return allocation.main(args)
     try:
-        config = parse_wrapper_args(sys.argv[1:] if argv is None else argv)
+        config = parse_wrapper_args(args)
         job = read_job_environment()
         slurm = connect(read_environment())
         supervisor = Supervisor(config, job, slurm)

@@ -5,6 +5,7 @@ Pure: no Slurm, no clock. The script file is read by the caller and passed in as
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from hpc_elastic.balance.mode import BalanceMode, check_balance
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.ps.config import PsJobConfig
 
 DIRECTIVE = "#HPC-ELASTIC"
 MARKER = "hpc-elastic:"  # prefix of the job comment that marks a job as managed by the scheduler plugin
@@ -48,6 +50,35 @@ MAX_ARRAY_INDEX = 1000
 _SBATCH_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(?:=([^\s\"'\\`$;]+))?")
 
 
+class Mode(StrEnum):
+    """What a job runs: ``est``, a training script on EasyScale threads (data parallel, the default); ``ps``, a
+    parameter-server job (:mod:`hpc_elastic.ps`: a job master, parameter servers and workers as job steps)."""
+
+    EST = "est"
+    PS = "ps"
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ValueError(f"unknown --mode {text!r}: one of {', '.join(m.value for m in cls)}") from None
+
+
+def parse_range(text: str, option: str) -> tuple[int, int]:
+    """``A:B`` (``A <= B``, both >= 1) as a pair; ``ValueError`` naming ``option`` and the text otherwise."""
+    lo, colon, hi = text.partition(":")
+    if not colon or not lo.strip().isdigit() or not hi.strip().isdigit():
+        raise ValueError(f"bad {option} {text!r}: two whole numbers A:B, 1 <= A <= B")
+    return int(lo), int(hi)
+
+
+def _check_range(value: tuple[int, int], option: str) -> None:
+    lo, hi = value
+    if lo < 1 or lo > hi:
+        raise ValueError(f"bad {option} {lo}:{hi}: two whole numbers A:B, 1 <= A <= B")
+
+
 @dataclass(frozen=True)
 class SubmitSpec:
     """A training job: its script, its resources and its elastic range.
@@ -59,9 +90,14 @@ class SubmitSpec:
     the processes need not divide N).  ``level`` is the determinism level (D2 alone may mix GPU types).
     ``balance`` is how the processes share the work (:class:`~hpc_elastic.balance.mode.BalanceMode`; None: the
     runtime's default, EST mode where N > M at d1/d2).
+
+    ``mode`` ``ps`` submits a parameter-server job instead (no training script: ``script``, when given, is a JSON
+    file of the job's :class:`~hpc_elastic.ps.config.PsJobConfig` settings, kept as ``ps_config``): the allocation
+    holds one task for the job master, ``ps_range[1]`` for parameter servers and ``workers_range[1]`` for workers,
+    ``cpus_per_worker`` cores each; the job starts with ``ps_range[0]`` PS and ``workers_range[1]`` workers.
     """
 
-    script: Path
+    script: Path | None
     args: tuple[str, ...] = ()
     gpus: int = 1
     min_gpus: int | None = None
@@ -96,17 +132,32 @@ class SubmitSpec:
     mail_user: str | None = None
     array: str | None = None  # a job array: each task is its own job of this size (see array_indices)
     extra: tuple[str, ...] = field(default=())  # other sbatch options, ``--name[=value]`` (see check_sbatch_arg)
+    mode: Mode = Mode.EST
+    workers_range: tuple[int, int] | None = None  # ps mode: fewest and most workers
+    ps_range: tuple[int, int] | None = None  # ps mode: fewest and most parameter servers
+    ps_config: str | None = None  # ps mode: the job's settings as a JSON object (sizes of data, model, shards)
 
     def __post_init__(self) -> None:
         _check(self)
 
     @property
     def processes(self) -> int:
-        """Worker processes now: one per GPU, or ``procs`` on a CPU partition."""
+        """Worker processes now: one per GPU, or ``procs`` on a CPU partition; in ps mode the allocation's tasks
+        (the job master, the most PS, the most workers)."""
+        if self.mode is Mode.PS and self.workers_range is not None and self.ps_range is not None:
+            return 1 + self.ps_range[1] + self.workers_range[1]
         return self.gpus if self.gpus > 0 else (self.procs or self.logical_workers)
+
+    def ps_job_config(self) -> PsJobConfig:
+        """The PS job this spec starts (ps mode): its settings with the first numbers of PS and workers."""
+        if self.mode is not Mode.PS or self.workers_range is None or self.ps_range is None:
+            raise ValueError("not a ps-mode job: --mode ps with --workers-range and --ps-range")
+        return ps_job_config(self.ps_config, self.ps_range[0], self.workers_range[1])
 
     @property
     def logical_workers(self) -> int:
+        if self.mode is Mode.PS:
+            return self.processes
         if self.workers is not None:
             return self.workers
         return self.gpus if self.gpus > 0 else (self.procs or 1)
@@ -124,13 +175,61 @@ class SubmitSpec:
 
     @property
     def name(self) -> str:
-        return self.job_name or _NAME_SAFE.sub("-", self.script.stem)[:64] or "train"
+        stem = self.script.stem if self.script is not None else self.mode.value
+        return self.job_name or _NAME_SAFE.sub("-", stem)[:64] or "train"
 
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 
 
+def ps_job_config(settings: str | None, num_ps: int, num_workers: int) -> PsJobConfig:
+    """A PS job's configuration from its settings (a JSON object, or None: the defaults) and its sizes;
+    ``ValueError`` naming a bad setting."""
+    data: Any = {}
+    if settings is not None:
+        try:
+            data = json.loads(settings)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the PS job's settings are not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the PS job's settings must be a JSON object, not {settings!r}")
+    sized = sorted({"num_ps", "num_workers"} & set(data))
+    if sized:
+        raise ValueError(f"the PS job's settings may not set {', '.join(sized)}: use --ps-range / --workers-range")
+    return PsJobConfig.from_json({**data, "num_ps": num_ps, "num_workers": num_workers})
+
+
+def _check_ps(spec: SubmitSpec) -> None:
+    """A ps-mode spec: CPUs only, both ranges, none of the data-parallel options."""
+    if spec.gpus:
+        raise ValueError(f"--mode ps runs on CPUs: --gpus {spec.gpus} is refused (give --gpus 0 or none)")
+    if spec.workers_range is None or spec.ps_range is None:
+        raise ValueError("--mode ps needs --workers-range A:B and --ps-range C:D")
+    _check_range(spec.workers_range, "--workers-range")
+    _check_range(spec.ps_range, "--ps-range")
+    refused = {
+        "--procs": spec.procs,
+        "--workers": spec.workers,
+        "--level": spec.level,
+        "--balance": spec.balance,
+        "--array": spec.array,
+        "--profile": spec.profile,
+    }
+    given = [option for option, value in refused.items() if value is not None]
+    if given:
+        raise ValueError(f"{given[0]} is refused with --mode ps: its sizes are --workers-range and --ps-range")
+    if spec.backend is not Backend.TORCH or spec.args:
+        raise ValueError("--mode ps takes no --backend and no script arguments")
+    spec.ps_job_config()  # the settings' own checks
+
+
 def _check(spec: SubmitSpec) -> None:
+    if not isinstance(spec.mode, Mode):
+        raise ValueError(f"unknown --mode {spec.mode!r}: one of {', '.join(m.value for m in Mode)}")
+    if spec.mode is Mode.PS:
+        _check_ps(spec)
+    elif spec.workers_range is not None or spec.ps_range is not None or spec.ps_config is not None:
+        raise ValueError("--workers-range and --ps-range need --mode ps")
     if spec.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {spec.gpus}")
     check_balance(spec.balance, spec.level)
@@ -193,7 +292,7 @@ def _check(spec: SubmitSpec) -> None:
         check_sbatch_arg(option)
     if re.search(r"[\s\"'\\]", str(spec.ckpt_root)):
         raise ValueError(f"--ckpt-root must not contain spaces, quotes or backslashes, got {str(spec.ckpt_root)!r}")
-    for arg in (*spec.args, str(spec.script), str(spec.ckpt_root)):
+    for arg in (*spec.args, str(spec.script or ""), str(spec.ckpt_root)):
         if "\x00" in arg or "\n" in arg:
             raise ValueError(f"arguments and paths must be one line without NUL, got {arg!r}")
 
@@ -471,6 +570,9 @@ _DIRECTIVE_OPTIONS: Mapping[str, tuple[str, type]] = {
     "--array": ("array", str),
     "--sbatch-arg": ("extra", tuple),  # repeatable
     "--max-requeues": ("max_requeues", int),
+    "--mode": ("mode", str),
+    "--workers-range": ("workers_range", str),
+    "--ps-range": ("ps_range", str),
 }
 
 
@@ -561,6 +663,13 @@ def merge_layers(base: SubmitSpec, *layers: Mapping[str, Any]) -> SubmitSpec:
         values["level"] = DeterminismLevel.parse(values["level"])
     if values.get("balance") is not None:
         values["balance"] = BalanceMode.parse(values["balance"])
+    if values.get("mode") is not None:
+        values["mode"] = Mode.parse(str(values["mode"]))
+    for name, option in (("workers_range", "--workers-range"), ("ps_range", "--ps-range")):
+        if isinstance(values.get(name), str):
+            values[name] = parse_range(values[name], option)
+    if values.get("mode", base.mode) is Mode.PS and "gpus" not in values:
+        values["gpus"] = 0  # a PS job runs on CPUs; asking for GPUs explicitly is refused
     return replace(base, **values, extra=merge_extra(*extra))
 
 
@@ -705,6 +814,36 @@ def decode_marker(comment: str) -> JobMarker | None:
         profile=data.get("profile"),
         level=level,
     )
+
+
+def check_ps_fits(spec: SubmitSpec, cores: Mapping[str, tuple[int, ...]], default_partition: str | None) -> None:
+    """A ps-mode job's tasks must fit its partitions (``cores``: the cores of each node of each partition, from
+    Slurm): ``ValueError`` naming the partition when its PS alone, or the whole job, need more cores than its nodes
+    have, or one process more than a node."""
+    if spec.mode is not Mode.PS or spec.ps_range is None:
+        return
+    names = spec.partition.split(",") if spec.partition else ([default_partition] if default_partition else [])
+    unknown = [name for name in names if name not in cores]
+    if unknown or not names:
+        raise ValueError(f"no partition {unknown[0] if unknown else spec.partition!r} on this cluster")
+    nodes = [c for name in names for c in cores[name]]
+    where = ",".join(names)
+    total, per_node = sum(nodes), max(nodes, default=0)
+    shape = f"{len(nodes)} nodes x {per_node} cores" if len(set(nodes)) <= 1 else f"{len(nodes)} nodes"
+    cpus = spec.cpus_per_worker
+    if cpus > per_node:
+        raise ValueError(f"--cpus-per-worker {cpus} is more than a node of partition {where} has ({per_node})")
+    if spec.ps_range[1] * cpus > total:
+        raise ValueError(
+            f"--ps-range {spec.ps_range[0]}:{spec.ps_range[1]}: {spec.ps_range[1]} PS of {cpus} cores are more than "
+            f"partition {where}'s {total} cores ({shape})"
+        )
+    if spec.processes * cpus > total:
+        workers = spec.processes - 1 - spec.ps_range[1]
+        raise ValueError(
+            f"--workers-range/--ps-range: the job master, {spec.ps_range[1]} PS and {workers} workers of {cpus} cores"
+            f" need {spec.processes * cpus} cores; partition {where} has {total} ({shape})"
+        )
 
 
 def check_gpu_type(spec: SubmitSpec, gpu_types: Mapping[str, frozenset[str]], default_partition: str | None) -> None:

@@ -12,8 +12,10 @@ import hpc_elastic
 from hpc_elastic.env import Environment
 from hpc_elastic.launch.batch import render_batch_script
 from hpc_elastic.launch.spec import (
+    Mode,
     SubmitSpec,
     check_gpu_type,
+    check_ps_fits,
     explicit_options,
     merge_layers,
     parse_directives,
@@ -31,18 +33,27 @@ def wrapper_argv(python: str) -> list[str]:
 
 
 def build_spec(
-    script: Path, args: tuple[str, ...], options: Mapping[str, Any], env: Environment, python: str
+    script: Path | None, args: tuple[str, ...], options: Mapping[str, Any], env: Environment, python: str
 ) -> SubmitSpec:
     """The job ``script`` asks for: its ``#SBATCH`` lines, overridden by its ``#HPC-ELASTIC`` directives, overridden
     by ``options`` (unset ones are None; ``extra``: other sbatch options), on top of the defaults of this
     environment; ``--profile`` resolved to the site's full name. ``ValueError`` naming the bad value (a script line
-    by its number)."""
-    if not script.is_file():
-        raise ValueError(f"no such training script: {script}")
+    by its number). In ps mode (``options["mode"]``) ``script`` is optional: a JSON file of the PS job's settings."""
+    explicit = explicit_options(list(options.items()))
+    ps_mode = explicit.get("mode") is not None and Mode.parse(str(explicit["mode"])) is Mode.PS
+    if script is not None and not script.is_file():
+        raise ValueError(f"no such {'PS job settings file' if ps_mode else 'training script'}: {script}")
+    if ps_mode:
+        settings = script.read_text(errors="replace") if script is not None else None
+        base = SubmitSpec(script=None, args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=python)
+        spec = merge_layers(base, {**explicit, "ps_config": settings})
+        return replace(spec, job_name=spec.job_name or (script.stem if script is not None else None))
+    if script is None:
+        raise ValueError("no training script given")
     text = script.read_text(errors="replace")
     base = SubmitSpec(script=script.resolve(), args=tuple(args), ckpt_root=env.gpfs_root / "jobs", python=python)
     sbatch, sbatch_extra = parse_sbatch_lines(text)
-    layers = ({**sbatch, "extra": sbatch_extra}, parse_directives(text), explicit_options(list(options.items())))
+    layers = ({**sbatch, "extra": sbatch_extra}, parse_directives(text), explicit)
     return resolve_profile(merge_layers(base, *layers), env)
 
 
@@ -72,12 +83,21 @@ def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:
 
 def check_against_cluster(spec: SubmitSpec, slurm: SlurmClient) -> None:
     """What only the cluster can tell: ``--account`` must be an account of Slurm's accounting (sbatch itself takes
-    any account where the site does not enforce associations, and charges the user's default one), and
-    ``--gpu-type`` a type of the job's partitions (``ValueError``)."""
+    any account where the site does not enforce associations, and charges the user's default one),
+    ``--gpu-type`` a type of the job's partitions, and a ps-mode job must fit its partitions' cores
+    (``ValueError``)."""
     if spec.account is not None:
         accounts = slurm.accounts()
         if spec.account.lower() not in accounts:
             raise ValueError(f"--account {spec.account!r}: Slurm's accounting has no such account")
+    if spec.mode is Mode.PS:
+        partitions = slurm.partitions()
+        cores: dict[str, list[int]] = {p.name: [] for p in partitions}
+        for node in slurm.nodes():
+            for part in node.partitions:
+                cores.setdefault(part, []).append(node.cpus)
+        default = next((p.name for p in partitions if p.default), None)
+        check_ps_fits(spec, {name: tuple(c) for name, c in cores.items()}, default)
     if spec.gpu_type is None:
         return
     partitions = slurm.partitions()

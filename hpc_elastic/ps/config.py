@@ -11,6 +11,9 @@ from hpc_elastic.ps.data import CriteoSpec
 from hpc_elastic.ps.model import ModelSpec
 from hpc_elastic.ps.shards import ShardConfig
 
+#: memory of a PS job's process per CPU it holds, in MB: each job step asks for this much, the batch job as much
+STEP_MEM_MB_PER_CPU = 1024
+
 
 @dataclass(frozen=True)
 class PsJobConfig:

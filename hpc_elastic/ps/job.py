@@ -6,13 +6,18 @@ allocation, e.g. on the ``cpu`` partition) starts each process as a job step of 
 (:func:`hpc_elastic.slurm.commands.srun_single`), listening on its node's host name (:data:`NODE_NAME`).
 
 Every server process binds a free port and writes its address to ``<run dir>/<name>.addr`` (atomically; the run
-directory must be shared by the nodes under ``srun``); the launcher reads it. The launcher also watches the workers:
-one that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards go back to
-TODO.
+directory must be shared by the nodes under ``srun``); the launcher reads it. The launcher also watches the
+processes: a worker that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards
+go back to TODO; a parameter server that exits at all is replaced: a new PS process of the same index starts and the
+master rolls the job back onto it from the latest checkpoint (:meth:`hpc_elastic.ps.master.Master.replace_ps`), the
+workers going on without a restart. A job with a checkpoint root takes a first checkpoint as soon as it is up.
+Under ``srun`` a process is killed through Slurm (``scancel --signal=KILL <job>.<step>`` of its step); the launcher
+sees the step's ``srun`` exit either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +32,7 @@ from typing import IO, Any
 
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
 from hpc_elastic.ps.rpc import Client
 from hpc_elastic.slurm import commands
 
@@ -58,6 +63,7 @@ class _Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
+    cpus: int = 1
 
 
 class PsJob:
@@ -74,6 +80,8 @@ class PsJob:
         restore: bool = False,
         worker_prefix: str = "w",
         launcher: PsLauncher = PsLauncher.LOCAL,
+        cpus_per_process: int = 1,
+        ps_cpus: int | None = None,
     ) -> None:
         if restore and checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
@@ -84,6 +92,11 @@ class PsJob:
         self.restore = restore
         self.worker_prefix = worker_prefix
         self.launcher = PsLauncher(launcher)
+        if cpus_per_process < 1:
+            raise ValueError(f"cpus_per_process must be >= 1, not {cpus_per_process}")
+        self.cpus_per_process = cpus_per_process
+        self.ps_cpus = ps_cpus  # cores of each PS the job starts with (default: cpus_per_process)
+        self.replaced: list[dict[str, Any]] = []  # the master's reply to each PS replacement
         self.worker_delays = dict(worker_delays or {})
         self.ps: list[_Proc] = []
         self.workers: dict[str, _Proc] = {}
@@ -91,16 +104,35 @@ class PsJob:
         self.master_proc: _Proc | None = None
         self.master: Client | None = None
         self._next_worker = 0
+        self._next_ps = 0
+        # the local launcher pins each process to cores of its own while there are enough (as srun --exact does)
+        self._free_cores = sorted(os.sched_getaffinity(0)) if launcher is PsLauncher.LOCAL else []
+        self._pinned: dict[int, list[int]] = {}  # pid -> its cores
 
     # -- processes -----------------------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str]) -> _Proc:
+    def _spawn(self, name: str, args: list[str], cpus: int | None = None) -> _Proc:
+        """Start one process of ``cpus`` cores (default: ``cpus_per_process``): a step of exactly that many under
+        ``srun``; here, pinned to that many cores of its own while this machine has them free (else unpinned)."""
+        cpus = self.cpus_per_process if cpus is None else cpus
+        if cpus < 1:
+            raise ValueError(f"a process needs at least one core, not {cpus}")
         log = (self.run_dir / f"{name}.log").open("ab")
         argv = [sys.executable, "-m", "hpc_elastic.ps", *args]
         if self.launcher is PsLauncher.SRUN:
-            argv = commands.srun_single(argv, name=name)
+            argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=STEP_MEM_MB_PER_CPU * cpus)
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
-        return _Proc(name, popen, log)
+        if self.launcher is PsLauncher.LOCAL and len(self._free_cores) >= cpus:
+            cores, self._free_cores = self._free_cores[:cpus], self._free_cores[cpus:]
+            self._pinned[popen.pid] = cores
+            with contextlib.suppress(ProcessLookupError):  # it died at once: its exit is seen as any other
+                os.sched_setaffinity(popen.pid, cores)
+        return _Proc(name, popen, log, cpus)
+
+    def _release(self, proc: _Proc) -> None:
+        """The process ended: its log closed, its cores free again."""
+        proc.log.close()
+        self._free_cores = sorted(self._free_cores + self._pinned.pop(proc.popen.pid, []))
 
     def _address(self, proc: _Proc) -> str:
         path = self.run_dir / f"{proc.name}.addr"
@@ -124,7 +156,7 @@ class PsJob:
         bind = ["--bind", NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"]
         restore = ["--restore-from", str(self.checkpoint_dir)] if self.restore else []
         for p in range(self.config.num_ps):
-            self.ps.append(self._spawn(f"ps{p}", ["ps", *self._common(), "--index", str(p), *restore]))
+            self.ps.append(self._spawn_ps(p, self.config.num_ps, restore, self.ps_cpus))
         addresses = [self._address(p) for p in self.ps]
         args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd, *bind]
         if self.checkpoint_dir is not None:
@@ -133,39 +165,84 @@ class PsJob:
             args.append("--restore")
         self.master_proc = self._spawn("master", args)
         self.master = Client(self._address(self.master_proc))
+        if self.checkpoint_dir is not None and not self.restore:
+            self.checkpoint()  # a PS lost before the first periodic checkpoint is recovered from this one
         for _ in range(self.config.num_workers):
             self.add_worker()
 
-    def add_worker(self, delay: float | None = None) -> str:
-        """Start one more worker (scale out); it leases shards as soon as it is up. Returns its id."""
+    def _spawn_ps(self, index: int, num_ps: int, extra: list[str], cpus: int | None = None) -> _Proc:
+        """A new PS process (named ``ps<k>``, k counting every PS this job started) as partition ``index``."""
+        name = f"ps{self._next_ps}"
+        self._next_ps += 1
+        args = ["ps", *self._common(), "--index", str(index), "--num-ps", str(num_ps), "--name", name, *extra]
+        return self._spawn(name, args, cpus)
+
+    def add_worker(self, delay: float | None = None, cpus: int | None = None) -> str:
+        """Start one more worker (scale out) of ``cpus`` cores; it leases shards as soon as it is up. Its id."""
         worker = f"{self.worker_prefix}{self._next_worker}"
         self._next_worker += 1
         assert self.master_proc is not None and self.master is not None, "start() first"
         d = self.worker_delays.get(worker, 0.0) if delay is None else delay
         args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d)]
-        self.workers[worker] = self._spawn(worker, args)
+        self.workers[worker] = self._spawn(worker, args, cpus)
         return worker
 
-    def add_ps(self) -> dict[str, Any]:
-        """Start one more PS and move the parameters onto the new set (the workers wait for the move only, not for
-        the new process to start). The master's reply: the number of PS and how long the move took."""
+    def add_ps(self, cpus: int | None = None) -> dict[str, Any]:
+        """Start one more PS of ``cpus`` cores and move the parameters onto the new set (the workers wait for the
+        move only, not for the new process to start). The master's reply: the number of PS, how long the move took."""
         assert self.master is not None, "start() first"
         p = len(self.ps)
-        self.ps.append(self._spawn(f"ps{p}", ["ps", *self._common(), "--index", str(p), "--num-ps", str(p + 1)]))
+        self.ps.append(self._spawn_ps(p, p + 1, [], cpus))
         reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps]})
         return reply
 
-    def remove_ps(self) -> dict[str, Any]:
-        """Move the parameters off the last PS, then stop it. The master's reply."""
+    def remove_ps(self, index: int = -1) -> dict[str, Any]:
+        """Move the parameters off PS ``index`` (the last by default) onto the others, then stop it. The master's
+        reply."""
         assert self.master is not None, "start() first"
         if len(self.ps) < 2:
             raise ValueError(f"cannot remove a PS from {len(self.ps)}: a job needs at least one")
-        reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps[:-1]]})
-        last = self.ps.pop()
-        Client(self._address(last), timeout=15).call("stop")
-        last.popen.wait(timeout=60)
-        last.log.close()
-        (self.run_dir / f"{last.name}.addr").unlink()
+        gone = self.ps[index]
+        rest = [q for q in self.ps if q is not gone]
+        reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in rest]})
+        self.ps = rest
+        Client(self._address(gone), timeout=15).call("stop")
+        gone.popen.wait(timeout=60)
+        self._release(gone)
+        (self.run_dir / f"{gone.name}.addr").unlink()
+        return reply
+
+    def replace_ps(self, index: int, cpus: int) -> dict[str, Any]:
+        """Replace PS ``index`` by one of ``cpus`` cores (a hot PS by a larger one): the new PS joins, then the old
+        one leaves, each a re-partition while the workers wait. The master's reply to the second."""
+        self.add_ps(cpus)
+        return self.remove_ps(index)
+
+    @property
+    def ps_cores(self) -> tuple[int, ...]:
+        """The cores of each PS, in partition order."""
+        return tuple(p.cpus for p in self.ps)
+
+    @property
+    def worker_cores(self) -> dict[str, int]:
+        return {w: p.cpus for w, p in self.workers.items()}
+
+    def kill_ps(self, index: int) -> None:
+        """SIGKILL PS ``index``'s process (a failure); :meth:`poll` then replaces it."""
+        proc = self.ps[index]
+        proc.popen.kill()
+        proc.popen.wait()
+
+    def _replace_ps(self, index: int) -> dict[str, Any]:
+        """PS ``index`` exited: start a new one of that index and have the master roll the job back onto it."""
+        old = self.ps[index]
+        self._release(old)
+        (self.run_dir / f"{old.name}.addr").unlink(missing_ok=True)
+        args = ["ps", *self._common(), "--index", str(index), "--num-ps", str(len(self.ps)), "--name", old.name]
+        self.ps[index] = self._spawn(old.name, args, old.cpus)
+        assert self.master is not None
+        reply, _ = self.master.call("replace_ps", {"index": index, "address": self._address(self.ps[index])})
+        self.replaced.append(reply)
         return reply
 
     def signal_worker(self, worker: str, sig: signal.Signals) -> None:
@@ -182,7 +259,7 @@ class PsJob:
     def _lost(self, worker: str) -> dict[str, Any]:
         proc = self.workers.pop(worker)
         self.exited[worker] = proc.popen.returncode
-        proc.log.close()
+        self._release(proc)
         assert self.master is not None
         reply, _ = self.master.call("worker_lost", {"worker": worker})
         return reply
@@ -202,7 +279,11 @@ class PsJob:
             proc.popen.wait()
 
     def poll(self) -> None:
-        """Reap the workers that exited: a clean exit is the end of training for them; any other is a loss."""
+        """Replace the PS that exited; reap the workers that exited: a clean exit is the end of training for them;
+        any other is a loss."""
+        for index, ps in enumerate(self.ps):
+            if ps.popen.poll() is not None:
+                self._replace_ps(index)
         for worker, proc in list(self.workers.items()):
             code = proc.popen.poll()
             if code is None:
@@ -210,7 +291,7 @@ class PsJob:
             if code == 0:
                 self.workers.pop(worker)
                 self.exited[worker] = 0
-                proc.log.close()
+                self._release(proc)
             else:
                 self._lost(worker)
 
@@ -249,7 +330,7 @@ class PsJob:
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait()
-            proc.log.close()
+            self._release(proc)
         self.workers.clear()
         if self.master is not None:
             self.master.close()

@@ -7,7 +7,17 @@ With a checkpoint root it checkpoints the job (:mod:`hpc_elastic.ps.checkpoint`)
 then its own queues, so every shard counted done in the checkpoint has all of its gradients in the parameters saved
 (a worker pushes a mini-batch's gradient and waits for the PS to apply it before it reports the shard done). A
 master started with ``restore`` continues from the latest checkpoint: its queues with DOING first, its ledger; the
-parameter servers are started from the same checkpoint."""
+parameter servers are started from the same checkpoint.
+
+A parameter server lost while the job runs (killed, its node gone) is replaced without restarting the workers
+(§5.3): whoever watches the processes starts a new PS and calls ``replace_ps``. Holding its lock, the master rolls
+the *whole job* back to its latest checkpoint: every PS (the new one and the survivors) is reconfigured with the
+checkpoint's parameters under a new partition generation, and the queues and the ledger become the checkpoint's
+(DOING first). The checkpoint is one consistent cut of parameters, queues and ledger, so the ledger again counts
+exactly the shards whose gradients are all in the parameters; restoring the lost partition alone would leave its
+rows older than the dense arrays and the ledger counting shards whose updates to it are gone. Workers learn of the
+rollback at their next PS call (refused: other generation) or lease, re-register, drop the shard they were on
+without reporting it, and lease again."""
 
 from __future__ import annotations
 
@@ -20,6 +30,8 @@ from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.shards import DoneOutcome, LeaseStatus, ShardManager, ShardState
 
+#: seconds the master waits for a PS's answer (a lost PS does not answer at all)
+PS_TIMEOUT_S = 10.0
 #: shards whose losses are averaged for the loss at the start and at the end of training
 LOSS_WINDOW = 5
 
@@ -61,8 +73,12 @@ class Master:
         self._ps: list[rpc.Client] | None = None
         self.repartition_seconds: list[float] = []
         self.generation = 0  # of the PS partition: one more at each re-partition
+        self.rollbacks = 0  # rollbacks to a checkpoint after a PS was lost
+        self.ps_replaced: list[dict[str, Any]] = []  # each replacement: index, checkpoint restored, seconds
         self._first_lease: float | None = None
         self._last_done: float | None = None
+        self.samples_accepted = 0  # samples of the shards accepted, redone ones again (a rate, not the ledger)
+        self.worker_usage: dict[str, tuple[float, float, float]] = {}  # CPU s, peak MiB, master's clock at reading
         self.losses: list[float] = []  # mean loss of each accepted shard, in the order of acceptance
         self.stopped = threading.Event()
         self._lock = threading.Lock()
@@ -81,15 +97,24 @@ class Master:
             if worker not in self.registered:
                 self.registered.append(worker)
             self.shards.add_worker(worker)
-        return {"config": self.config.to_json(), "ps": self.ps_addresses, "generation": self.generation}, {}
+        reply = {
+            "config": self.config.to_json(),
+            "ps": self.ps_addresses,
+            "generation": self.generation,
+            "rollbacks": self.rollbacks,
+        }
+        return reply, {}
 
     def lease(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         speed = header.get("speed")
         with self._lock:
+            if "cpu_s" in header:
+                reading = (float(header["cpu_s"]), float(header.get("rss_mb", 0.0)), time.monotonic())
+                self.worker_usage[self._worker(header)] = reading
             lease = self.shards.lease(self._worker(header), None if speed is None else float(speed))
             if self._first_lease is None and lease.status is LeaseStatus.SHARD:
                 self._first_lease = time.monotonic()
-        reply: dict[str, Any] = {"status": lease.status.value}
+        reply: dict[str, Any] = {"status": lease.status.value, "rollbacks": self.rollbacks}
         if lease.status is LeaseStatus.SHARD and lease.shard is not None:
             reply["shard"] = lease.shard.to_json()
         return reply, {}
@@ -102,9 +127,13 @@ class Master:
                 if header.get("count"):
                     self.losses.append(float(header["loss_sum"]) / int(header["count"]))
                 self.accepted += 1
+                self.samples_accepted += int(header.get("count", 0))
                 self._last_done = time.monotonic()
                 if self.checkpoint_every and self.accepted % self.checkpoint_every == 0:
-                    self._checkpoint()
+                    try:
+                        self._checkpoint()
+                    except rpc.PeerUnavailable:  # a PS is lost: its replacement rolls back to the last checkpoint
+                        self._close_ps()
             else:
                 self.stale += 1
         return {"outcome": outcome.value}, {}
@@ -113,7 +142,7 @@ class Master:
         """Checkpoint parameters and queues at one instant (the caller holds the lock); the new sequence number."""
         assert self.checkpoint_root is not None
         if self._ps is None:
-            self._ps = [rpc.Client(a) for a in self.ps_addresses]
+            self._ps = [rpc.Client(a, timeout=PS_TIMEOUT_S) for a in self.ps_addresses]
         parts = [checkpoint.PsSnapshot.from_arrays(c.call("snapshot")[1]) for c in self._ps]
         self.seq += 1
         checkpoint.write(self.checkpoint_root, self.seq, self.shards.checkpoint(), parts)
@@ -138,13 +167,72 @@ class Master:
                 client = rpc.Client(address)
                 client.call("reconfigure", {"index": index, "num_ps": len(new), "generation": self.generation}, payload)
                 client.close()
-            for c in old + (self._ps or []):
+            for c in old:
                 c.close()
-            self._ps = None
+            self._close_ps()
             self.ps_addresses = list(new)
             took = time.monotonic() - t0
             self.repartition_seconds.append(took)
         return {"num_ps": len(new), "seconds": took}, {}
+
+    def _close_ps(self) -> None:
+        for c in self._ps or []:
+            c.close()
+        self._ps = None
+
+    def replace_ps(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        """PS ``header["index"]`` was lost and a new one listens at ``header["address"]``: roll the job back to the
+        latest checkpoint (see the module's docstring) onto the new set of PS."""
+        index, address = int(header["index"]), header.get("address")
+        if not 0 <= index < len(self.ps_addresses):
+            raise ValueError(f"no PS {index} among {len(self.ps_addresses)}")
+        if not isinstance(address, str) or not address:
+            raise ValueError(f"replace_ps needs the new PS's address, not {address!r}")
+        if self.checkpoint_root is None:
+            raise ValueError("a lost PS is recovered from a checkpoint: this master has no checkpoint root")
+        with self._lock:
+            t0 = time.monotonic()
+            where = checkpoint.latest(self.checkpoint_root)
+            if where is None:
+                raise ValueError(f"no checkpoint in {self.checkpoint_root} to recover PS {index} from")
+            seq, state = checkpoint.read_queues(where)
+            payload = checkpoint.merge(checkpoint.read_partitions(where)).to_arrays()
+            addresses = [*self.ps_addresses[:index], address, *self.ps_addresses[index + 1 :]]
+            self.generation += 1
+            for p, a in enumerate(addresses):
+                client = rpc.Client(a, timeout=PS_TIMEOUT_S)
+                client.call(
+                    "reconfigure", {"index": p, "num_ps": len(addresses), "generation": self.generation}, payload
+                )
+                client.close()
+            self._close_ps()
+            self.ps_addresses = addresses
+            workers = [w for w in self.registered if w not in self.lost]
+            self.shards = ShardManager(self.config.shards(), state)
+            for worker in workers:
+                self.shards.add_worker(worker)
+            self.rollbacks += 1
+            took = time.monotonic() - t0
+            self.ps_replaced.append({"index": index, "checkpoint": seq, "seconds": took})
+        return {"generation": self.generation, "checkpoint": seq, "seconds": took}, {}
+
+    def usage(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        """The processes' readings now: each live worker's last one (CPU s, peak MiB, when), each PS's, asked now,
+        and the samples accepted so far, with the master's clock."""
+        with self._lock:
+            workers = {w: list(u) for w, u in self.worker_usage.items() if w not in self.lost}
+            addresses = list(self.ps_addresses)
+            samples, now = self.samples_accepted, time.monotonic()
+        ps = []
+        for index, address in enumerate(addresses):
+            client = rpc.Client(address, timeout=PS_TIMEOUT_S)
+            try:
+                ps.append(client.call("usage")[0])
+            except rpc.PeerUnavailable:
+                raise ValueError(f"PS {index} did not answer (lost, or being replaced): read again later") from None
+            finally:
+                client.close()
+        return {"workers": workers, "ps": ps, "samples": samples, "time": now}, {}
 
     def checkpoint_handler(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         if self.checkpoint_root is None:
@@ -196,6 +284,8 @@ class Master:
             "checkpoint_seq": self.seq,
             "num_ps": len(self.ps_addresses),
             "repartition_seconds": self.repartition_seconds,
+            "ps_replaced": self.ps_replaced,
+            "rollbacks": self.rollbacks,
             "restored_from": self.restored_from,
             "queues": self.shards.counts(),
             "failed_shards": [s.to_json() for s in self.shards.failed],
@@ -225,5 +315,7 @@ class Master:
             "status": self.status,
             "checkpoint": self.checkpoint_handler,
             "repartition": self.repartition,
+            "replace_ps": self.replace_ps,
+            "usage": self.usage,
             "stop": self.stop,
         }

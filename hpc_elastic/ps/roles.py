@@ -52,9 +52,17 @@ def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, bind: str
     help=f"the address to listen on ({NODE_NAME!r}: this node's host name)",
 )
 @click.option("--num-ps", type=int, default=None, help="the number of PS it is one of (default: the config's)")
+@click.option("--name", default=None, help="its process name, of its address file (default: ps<index>)")
 @click.option("--restore-from", type=click.Path(path_type=Path), default=None, help="a checkpoint root")
 def ps_command(
-    *, config_json: str, index: int, run_dir: Path, bind: str, num_ps: int | None, restore_from: Path | None
+    *,
+    config_json: str,
+    index: int,
+    run_dir: Path,
+    bind: str,
+    num_ps: int | None,
+    name: str | None,
+    restore_from: Path | None,
 ) -> None:
     """A parameter server."""
     config = parse_config(config_json)
@@ -70,7 +78,7 @@ def ps_command(
         stopped.set()
         return {}, {}
 
-    _serve(f"ps{index}", {**server.handlers(), "stop": stop}, run_dir, bind, stopped)
+    _serve(name or f"ps{index}", {**server.handlers(), "stop": stop}, run_dir, bind, stopped)
 
 
 @click.command("master")

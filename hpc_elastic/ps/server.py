@@ -21,6 +21,7 @@ from hpc_elastic.ps.checkpoint import PsSnapshot
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import owner
 from hpc_elastic.ps.model import dense_owner, dense_shapes, init_dense, init_rows
+from hpc_elastic.ps.usage import own_usage
 
 #: Adagrad's initial accumulator (TensorFlow's default)
 ADAGRAD_INIT = 0.1
@@ -170,4 +171,5 @@ class ParameterServer:
             "snapshot": self.snapshot_handler,
             "freeze": self.freeze_handler,
             "reconfigure": self.reconfigure_handler,
+            "usage": lambda header, arrays: (own_usage(), {}),
         }

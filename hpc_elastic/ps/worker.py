@@ -1,6 +1,11 @@
 """A PS-mode worker: it leases shards from the job master, and for every mini-batch of a shard pulls the embedding
 rows and dense arrays it needs from the parameter servers, computes the gradient of Wide & Deep, and pushes it
-back (asynchronous SGD: no barrier with the other workers); then it reports the shard done."""
+back (asynchronous SGD: no barrier with the other workers); then it reports the shard done.
+
+A parameter server that does not answer (lost) makes the worker wait: it asks the master again for the PS until a
+replacement is in place (a new partition generation). If the master rolled the job back to a checkpoint meanwhile
+(its ``rollbacks`` count grew), the shard in hand is dropped unreported (the checkpoint's queues hold it again, and
+the gradients already pushed for it were rolled back with the parameters) and the worker leases anew."""
 
 from __future__ import annotations
 
@@ -14,14 +19,24 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
+from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, Batch, CriteoLike, owner
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes
-from hpc_elastic.ps.rpc import Client, PeerMoved
+from hpc_elastic.ps.rpc import Client, PeerMoved, PeerUnavailable
 from hpc_elastic.ps.shards import LeaseStatus, Shard
+from hpc_elastic.ps.usage import own_usage
 
 #: seconds between two leases while the master has no shard to give (TODO empty, shards in DOING)
 WAIT_S = 0.05
+#: seconds a worker waits for a PS's answer before it asks the master whether the PS was replaced
+PS_TIMEOUT_S = 10.0
+#: seconds a worker waits for a lost PS to be replaced before it gives up
+REPLACE_TIMEOUT_S = 300.0
+
+
+class RolledBack(HpcElasticError):
+    """The master rolled the job back to a checkpoint while this worker trained a shard: drop the shard."""
 
 
 def forward(spec: ModelSpec, dense: dict[str, torch.Tensor], rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -40,6 +55,7 @@ class WorkerReport:
     worker: str
     shards: int
     samples: int
+    dropped: int = 0
 
 
 class Worker:
@@ -48,6 +64,9 @@ class Worker:
         self.delay = delay
         self.master = Client(master_address)
         self.ps: list[Client] = []
+        self.rollbacks = 0
+        self.dropped = 0  # shards dropped because of a rollback
+        self._in_shard = False
         self._register()
         self.spec = self.config.model()
         self.data = CriteoLike(self.config.criteo())
@@ -58,10 +77,25 @@ class Worker:
         self.config = PsJobConfig.from_json(reply["config"])
         for c in self.ps:
             c.close()
-        self.ps = [Client(a) for a in reply["ps"]]
+        self.ps = [Client(a, timeout=PS_TIMEOUT_S) for a in reply["ps"]]
         self.generation = int(reply["generation"])
         names = list(dense_shapes(self.config.model()))
         self.names = [[n for n in names if dense_owner(n, len(self.ps)) == p] for p in range(len(self.ps))]
+        rolled_back = int(reply["rollbacks"]) > self.rollbacks
+        self.rollbacks = int(reply["rollbacks"])
+        if rolled_back and self._in_shard:
+            raise RolledBack(f"the job was rolled back to a checkpoint (rollback {self.rollbacks})")
+
+    def _await_replacement(self, deadline: float) -> None:
+        """A PS did not answer: re-register until the master serves another partition generation."""
+        generation = self.generation
+        while True:
+            self._register()
+            if self.generation != generation:
+                return
+            if time.monotonic() > deadline:
+                raise PeerUnavailable(f"no PS replaced within {REPLACE_TIMEOUT_S:.0f} s")
+            time.sleep(WAIT_S * 10)
 
     def _pull(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float32], dict[str, npt.NDArray[np.float32]]]:
         """The rows of ``ids`` (sorted, unique) and every dense array, from their PS."""
@@ -80,6 +114,8 @@ class Worker:
                 return rows, dense
             except PeerMoved:
                 self._register()
+            except PeerUnavailable:
+                self._await_replacement(time.monotonic() + REPLACE_TIMEOUT_S)
 
     def _push(
         self, ids: npt.NDArray[np.int64], grads: npt.NDArray[np.float32], dense: dict[str, npt.NDArray[np.float32]]
@@ -99,10 +135,13 @@ class Worker:
                     sent |= sel
                     sent_names.update(names)
                 return
-            except PeerMoved:
+            except (PeerMoved, PeerUnavailable) as exc:
                 ids, grads = ids[~sent], grads[~sent]
                 dense = {n: g for n, g in dense.items() if n not in sent_names}
-                self._register()
+                if isinstance(exc, PeerMoved):
+                    self._register()
+                else:
+                    self._await_replacement(time.monotonic() + REPLACE_TIMEOUT_S)
 
     def step(self, batch: Batch) -> float:
         """One asynchronous SGD step on ``batch``; its mean loss."""
@@ -138,16 +177,25 @@ class Worker:
         speed: float | None = None
         shards = samples = 0
         while True:
-            reply, _ = self.master.call("lease", {"worker": self.worker, "speed": speed})
+            reply, _ = self.master.call("lease", {"worker": self.worker, "speed": speed, **own_usage()})
             status = LeaseStatus(reply["status"])
+            if int(reply["rollbacks"]) > self.rollbacks:
+                self._register()
             if status is LeaseStatus.END:
-                return WorkerReport(self.worker, shards, samples)
+                return WorkerReport(self.worker, shards, samples, self.dropped)
             if status is LeaseStatus.WAIT:
                 time.sleep(WAIT_S)
                 continue
             shard = Shard.from_json(reply["shard"])
             t0 = time.perf_counter()
-            loss_sum = self.train_shard(shard)
+            self._in_shard = True
+            try:
+                loss_sum = self.train_shard(shard)
+            except RolledBack:
+                self.dropped += 1
+                continue
+            finally:
+                self._in_shard = False
             speed = shard.size / max(time.perf_counter() - t0, 1e-9)
             self.master.call(
                 "done", {"worker": self.worker, "shard_id": shard.shard_id, "loss_sum": loss_sum, "count": shard.size}
@@ -171,4 +219,5 @@ def worker_command(worker_id: str, master_address: str, delay: float) -> None:
     worker = Worker(worker_id, master_address, delay)
     report = worker.run()
     worker.close()
-    click.echo(json.dumps({"worker": report.worker, "shards": report.shards, "samples": report.samples}))
+    out = {"worker": report.worker, "shards": report.shards, "samples": report.samples, "dropped": report.dropped}
+    click.echo(json.dumps(out))

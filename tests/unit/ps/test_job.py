@@ -73,6 +73,35 @@ def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
     assert by_worker["w0"] > 0 and set(by_worker) - {"w0"} <= {"w1", "w2"} and set(by_worker) != {"w0"}
 
 
+def test_a_ps_killed_mid_epoch_is_replaced_without_restarting_the_workers(tmp_path: Path) -> None:
+    config = PsJobConfig(num_workers=2, epochs=2, **SMALL)
+    ckpt = tmp_path / "ckpt"
+    delays = {"w0": 0.02, "w1": 0.02}
+    with PsJob(config, tmp_path, worker_delays=delays, checkpoint_dir=ckpt, checkpoint_every=4) as job:
+        before = until(job, lambda s: s["checkpoint_seq"] >= 2 and s["shards_done"] % 4 >= 2)
+        assert not before["finished"] and before["queues"]["epoch"] == 0
+        for w in ("w0", "w1"):  # frozen mid-shard: nothing is counted between the rollback and the look at it
+            job.signal_worker(w, signal.SIGSTOP)
+        job.kill_ps(1)
+        job.poll()  # the launcher notices the dead PS: a new PS 1, and the job rolled back to the checkpoint
+        assert len(job.replaced) == 1 and job.replaced[0]["checkpoint"] >= 2
+        after = job.status()
+        assert after["rollbacks"] == 1 and after["shards_done"] >= before["shards_done"]
+        where = checkpoint.latest(ckpt)
+        assert where is not None
+        _, state = checkpoint.read_queues(where)
+        restored = sum(e.end - e.start for e in state.ledger)
+        assert sum(after["epochs"][0]["samples_by_worker"].values()) == restored  # the ledger is the checkpoint's
+        assert after["queues"]["doing"] == 0 and after["doing_by_worker"] == {}  # its DOING went back to TODO first
+        for w in ("w0", "w1"):
+            job.signal_worker(w, signal.SIGCONT)
+        status = job.wait()
+    assert_exactly_once(status)
+    assert status["lost"] == [] and sorted(status["registered"]) == ["w0", "w1"]  # the same workers went on
+    assert [r["index"] for r in status["ps_replaced"]] == [1]
+    assert status["loss_last"] < status["loss_first"]
+
+
 def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=2, epochs=1, **SMALL)
     with PsJob(config, tmp_path, worker_delays={"w0": 0.05, "w1": 0.05}) as job:
