@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
-from tests.unit.session.launch import HVD_REASON, MPI_REASON, base_env
+from tests.unit.session.launch import HVD_REASON, MPI_REASON, Run, base_env
 from tests.unit.session.lbbsp_worker import DATASET, dataset, model
 
 WORKERS = 4
@@ -44,15 +44,11 @@ def train(out: Path, backend: Backend, *args: str, job: Path | None = None) -> t
         balance=BalanceMode.LBBSP,
     )
     logs = out / f"logs-{len(list(out.glob('logs-*')))}"
-    group = start_workers(step, environ=base_env(), logs=logs)
-    try:
-        code = group.wait(240.0)
-    finally:
-        group.stop()
-    text = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob("*.log")))
+    run = Run(start_workers(step, environ=base_env(), logs=logs), logs, result)
+    code = run.wait()
+    text = "\n".join(run.outputs)
     assert code == 0, text
-    doc: dict[str, Any] = json.loads(result.read_text())
-    return doc, text
+    return run.result(), text
 
 
 def batches_by_step(out: Path) -> dict[int, list[list[int]]]:

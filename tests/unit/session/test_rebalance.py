@@ -18,7 +18,7 @@ import pytest
 from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
-from tests.unit.session.launch import base_env
+from tests.unit.session.launch import Run, base_env
 
 N = 8
 STEPS = 12  # 96 samples / (8 ESTs x 4): 3 steps per epoch, four epochs
@@ -40,15 +40,9 @@ def train(
         launcher=Launcher.LOCAL,
         balance=balance,
     )
-    group = start_workers(step, environ=base_env(), logs=out)
-    try:
-        code = group.wait(240.0)
-    finally:
-        group.stop()
-    logs = "\n".join(p.read_text(errors="replace") for p in sorted(out.glob("*.log")))
-    assert code == 0, logs
-    doc: dict[str, Any] = json.loads(result.read_text())
-    return doc
+    run = Run(start_workers(step, environ=base_env(), logs=out), out, result)
+    assert run.wait() == 0, "\n".join(run.outputs)
+    return run.result()
 
 
 @pytest.fixture(scope="module")
