@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, ack_answers, find_job_dir
-from hpc_elastic.slurm import Job, JobRef, SlurmClient, SlurmError, commands
+from hpc_elastic.slurm import Job, JobRef, JobState, SlurmClient, SlurmError, commands
 from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.store import JobRecord
@@ -54,6 +54,23 @@ def job_dir_of(roots: Sequence[Path], job: Job) -> JobDir | None:
     uid = job_uid(job)
     ref = job.ref  # an array task's directory is named by the array's id and the task's
     return find_job_dir(tuple(roots), job.name, ref.job_id, uid, ref.array_task_id) if uid is not None else None
+
+
+def capabilities(roots: Sequence[Path], jobs: Mapping[int, Job]) -> dict[int, tuple[tuple[str, float], ...]]:
+    """The observed capability per device type that each running job reports (its telemetry: mini-batches per
+    second per device, :class:`~hpc_elastic.jobdir.Progress`), read as the job's user's files only
+    (:meth:`~hpc_elastic.jobdir.JobDir.read_progress_as`) and only from the job's current incarnation (a record
+    of an earlier run may name other devices); a job without a valid report is left out."""
+    out: dict[int, tuple[tuple[str, float], ...]] = {}
+    for job_id, job in jobs.items():
+        if job.state is not JobState.RUNNING:
+            continue
+        uid = job_uid(job)
+        job_dir = job_dir_of(roots, job)
+        progress = job_dir.read_progress_as(uid) if job_dir is not None and uid is not None else None
+        if progress is not None and progress.capability and progress.restart_count == job.restart_count:
+            out[job_id] = progress.capability
+    return out
 
 
 def acknowledgements(

@@ -25,7 +25,7 @@ from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
 from hpc_elastic.slurm import Job, SlurmClient, SlurmError
 from slurm_plugin.actions import Action, ActionKind, followup_actions, plan, planned_by_job
-from slurm_plugin.apply import Applier, ApplyResult, Outcome, acknowledgements
+from slurm_plugin.apply import Applier, ApplyResult, Outcome, acknowledgements, capabilities
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
@@ -56,6 +56,8 @@ class PassReport:
     result: ApplyResult | None = None
     decision: Decision | None = None
     observation: Observation | None = None
+    #: the observed capability per device type each running job reported (job id -> sorted (type, C_i) pairs)
+    capabilities: Mapping[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -166,6 +168,7 @@ class Daemon:
                     "job %s: %s from queue %d to %d", change.job_id, change.kind.value, change.old_queue, change.queue
                 )
         acks = acknowledgements(self.config.ckpt_roots, obs.records, obs.managed, now)
+        report.capabilities = capabilities(self.config.ckpt_roots, obs.managed)
         actions: list[Action] = list(followup_actions(obs, acks, self.config))
         if not followups_only:
             actions += plan(obs, decision, self.config)
@@ -333,6 +336,7 @@ def state_document(report: PassReport) -> dict[str, Any]:
                 "in_flight": record.stop_kind,
                 "resize_to": record.resize_to or None,
                 "placement": record.placement,
+                "capability": dict(report.capabilities.get(job_id, ())),
             }
         )
     seen = {view.job_id for view in obs.jobs}
@@ -359,6 +363,7 @@ def state_document(report: PassReport) -> dict[str, Any]:
                 "in_flight": record.stop_kind,
                 "resize_to": record.resize_to or None,
                 "placement": record.placement,
+                "capability": dict(report.capabilities.get(job_id, ())),
             }
         )
     doc["actions"] = [outcome_document(report.now, outcome) for outcome in result.outcomes]
