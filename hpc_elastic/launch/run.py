@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -9,7 +10,6 @@ from collections.abc import Sequence
 from hpc_elastic.env import read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.launch.supervisor import Supervisor, parse_wrapper_args
-from hpc_elastic.ps import allocation
 from hpc_elastic.slurm import connect
 
 
@@ -17,7 +17,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hpc-elastic-run %(levelname)s: %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--mode=ps"]:  # a parameter-server job (hpc-elastic submit --mode ps)
-        return allocation.main(args)
+        # through importlib: PS mode needs grpcio (extra ps), which a training job's environment may not have
+        allocation = importlib.import_module("hpc_elastic.ps.allocation")
+        code: int = allocation.main(args)
+        return code
     try:
         config = parse_wrapper_args(args)
         job = read_job_environment()
