@@ -14,7 +14,7 @@ import importlib, sys
 for name in ("grpc", "psutil"):
     sys.modules[name] = None  # an import of it now fails, as where the extra is not installed
 for module in ("hpc_elastic.launch.run", "hpc_elastic.cli.main", "hpc_elastic.cli.submit", "hpc_elastic.session",
-               "hpc_elastic.state", "slurm_plugin.cli", "slurm_plugin.daemon"):
+               "hpc_elastic.state", "hpc_elastic.est.example", "slurm_plugin.cli", "slurm_plugin.daemon"):
     importlib.import_module(module)
 print("ok")
 """
