@@ -5,7 +5,6 @@ Pure: no Slurm, no clock. The script file is read by the caller and passed in as
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,7 @@ from hpc_elastic.balance.mode import BalanceMode, check_balance
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
-from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.config import PsJobConfig, settings_object
 
 DIRECTIVE = "#HPC-ELASTIC"
 MARKER = "hpc-elastic:"  # prefix of the job comment that marks a job as managed by the scheduler plugin
@@ -185,14 +184,7 @@ _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 def ps_job_config(settings: str | None, num_ps: int, num_workers: int) -> PsJobConfig:
     """A PS job's configuration from its settings (a JSON object, or None: the defaults) and its sizes;
     ``ValueError`` naming a bad setting."""
-    data: Any = {}
-    if settings is not None:
-        try:
-            data = json.loads(settings)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"the PS job's settings are not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"the PS job's settings must be a JSON object, not {settings!r}")
+    data = settings_object(settings, "the PS job's settings") if settings is not None else {}
     sized = sorted({"num_ps", "num_workers"} & set(data))
     if sized:
         raise ValueError(f"the PS job's settings may not set {', '.join(sized)}: use --ps-range / --workers-range")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -13,6 +14,17 @@ from hpc_elastic.ps.shards import ShardConfig
 
 #: memory of a PS job's process per CPU it holds, in MB: each job step asks for this much, the batch job as much
 STEP_MEM_MB_PER_CPU = 1024
+
+
+def settings_object(text: str, what: str) -> dict[str, Any]:
+    """``text`` as a JSON object (a PS job's settings); ``ValueError`` naming ``what`` otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a JSON object, not {text!r}")
+    return data
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,14 @@ from typing import Any
 import click
 
 from hpc_elastic.ps import checkpoint, rpc
-from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.config import PsJobConfig, settings_object
 from hpc_elastic.ps.job import NODE_NAME, PsJob, PsLauncher, write_address
 from hpc_elastic.ps.master import Master
 from hpc_elastic.ps.server import ParameterServer
 
 
 def parse_config(text: str) -> PsJobConfig:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--config is not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"--config is not a JSON object: {text!r}")
-    return PsJobConfig.from_json(data)
+    return PsJobConfig.from_json(settings_object(text, "--config"))
 
 
 def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, bind: str, stopped: threading.Event) -> None:
