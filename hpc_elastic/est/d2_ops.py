@@ -25,6 +25,7 @@ used twice (a residual block's input): two contributions, one correctly rounded,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -629,6 +630,11 @@ def conv2d_unsupported(conv: nn.Conv2d) -> str | None:
     return None
 
 
+def _as_batch(input: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``fn`` of an (N, C, H, W) batch; a (C, H, W) input goes through as a batch of one."""
+    return fn(input) if input.dim() == 4 else fn(input.unsqueeze(0)).squeeze(0)
+
+
 class DetConv2d(nn.Conv2d):
     """``nn.Conv2d`` (groups 1, zero padding) as im2col and a fixed-order product."""
 
@@ -636,12 +642,9 @@ class DetConv2d(nn.Conv2d):
         reason = conv2d_unsupported(self)
         if reason is not None:
             raise ValueError(f"DetConv2d does not support {reason}")
-        batched = input.dim() == 4
-        x = input if batched else input.unsqueeze(0)
         padding = (0, 0) if isinstance(self.padding, str) else _pair(self.padding)
         window = Window(_pair(self.kernel_size), _pair(self.stride), padding, _pair(self.dilation))
-        out = _apply(_Conv2dFn, x, self.weight, self.bias, window)
-        return out if batched else out.squeeze(0)
+        return _as_batch(input, lambda x: _apply(_Conv2dFn, x, self.weight, self.bias, window))
 
 
 class _DetBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -723,28 +726,26 @@ class DetMaxPool2d(nn.MaxPool2d):
         reason = maxpool2d_unsupported(self)
         if reason is not None:
             raise ValueError(f"DetMaxPool2d does not support {reason}")
-        batched = input.dim() == 4
-        x = input if batched else input.unsqueeze(0)
         kernel = _pair(self.kernel_size)
         stride = kernel if self.stride is None else _pair(self.stride)
-        out = _apply(_MaxPool2dFn, x, Window(kernel, stride, _pair(self.padding), _pair(self.dilation)))
-        return out if batched else out.squeeze(0)
+        window = Window(kernel, stride, _pair(self.padding), _pair(self.dilation))
+        return _as_batch(input, lambda x: _apply(_MaxPool2dFn, x, window))
 
 
 class DetAdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
     """Output sizes that divide the input's (then the windows do not overlap); other sizes raise ``ValueError``."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        batched = input.dim() == 4
-        x = input if batched else input.unsqueeze(0)
+        return _as_batch(input, self._pool)
+
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[2], x.shape[3]
         size = self.output_size if isinstance(self.output_size, tuple) else (self.output_size, self.output_size)
         oh = h if size[0] is None else int(size[0])
         ow = w if size[1] is None else int(size[1])
         if oh < 1 or ow < 1 or h % oh or w % ow:
             raise ValueError(f"DetAdaptiveAvgPool2d needs output sizes that divide the input's: {(oh, ow)} of {(h, w)}")
-        out = _apply(_AvgPoolDividingFn, x, h // oh, w // ow)
-        return out if batched else out.squeeze(0)
+        return _apply(_AvgPoolDividingFn, x, h // oh, w // ow)
 
 
 class DetSigmoid(nn.Sigmoid):
