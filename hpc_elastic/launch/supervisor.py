@@ -360,14 +360,13 @@ class Supervisor:
             return Phase.STOPPED
         if code is not None:
             self._code = code
-            if self._stop_at_step is not None and ack is None:
-                log.info("workers finished with exit code %d before the step of the stop", code)
+            # no acknowledgement: they ended before the step of a stop at a step, or, exiting 0 (workers that stop
+            # acknowledge first), they ended their training
+            if ack is None and (self._stop_at_step is not None or code == 0):
+                before = "the step of the stop" if self._stop_at_step is not None else "acknowledging the stop"
+                log.info("workers finished with exit code %d before %s", code, before)
                 self._stop = None
                 return Phase.DONE if code == 0 else Phase.FAILED
-            if code == 0 and ack is None:  # workers that stop acknowledge first: these ended their training
-                log.info("workers finished with exit code 0 before acknowledging the stop: the job is done")
-                self._stop = None
-                return Phase.DONE
             return Phase.STOPPED
         if self._stop_at_step is None and self.clock() - requested_at > self.config.grace_s:
             log.error("workers did not stop within the %.0fs grace period", self.config.grace_s)
