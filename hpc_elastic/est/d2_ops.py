@@ -630,6 +630,12 @@ def conv2d_unsupported(conv: nn.Conv2d) -> str | None:
     return None
 
 
+def _refuse(module: nn.Module, reason: str | None) -> None:
+    """``ValueError`` naming what of ``module``'s settings its D2 operator does not support (``reason``), if any."""
+    if reason is not None:
+        raise ValueError(f"{type(module).__name__} does not support {reason}")
+
+
 def _as_batch(input: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """``fn`` of an (N, C, H, W) batch; a (C, H, W) input goes through as a batch of one."""
     return fn(input) if input.dim() == 4 else fn(input.unsqueeze(0)).squeeze(0)
@@ -639,9 +645,7 @@ class DetConv2d(nn.Conv2d):
     """``nn.Conv2d`` (groups 1, zero padding) as im2col and a fixed-order product."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        reason = conv2d_unsupported(self)
-        if reason is not None:
-            raise ValueError(f"DetConv2d does not support {reason}")
+        _refuse(self, conv2d_unsupported(self))
         padding = (0, 0) if isinstance(self.padding, str) else _pair(self.padding)
         window = Window(_pair(self.kernel_size), _pair(self.stride), padding, _pair(self.dilation))
         return _as_batch(input, lambda x: _apply(_Conv2dFn, x, self.weight, self.bias, window))
@@ -707,9 +711,7 @@ def embedding_unsupported(emb: nn.Embedding) -> str | None:
 
 class DetEmbedding(nn.Embedding):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        reason = embedding_unsupported(self)
-        if reason is not None:
-            raise ValueError(f"DetEmbedding does not support {reason}")
+        _refuse(self, embedding_unsupported(self))
         return _apply(_EmbeddingFn, input, self.weight, self.padding_idx)
 
 
@@ -723,9 +725,7 @@ def maxpool2d_unsupported(pool: nn.MaxPool2d) -> str | None:
 
 class DetMaxPool2d(nn.MaxPool2d):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        reason = maxpool2d_unsupported(self)
-        if reason is not None:
-            raise ValueError(f"DetMaxPool2d does not support {reason}")
+        _refuse(self, maxpool2d_unsupported(self))
         kernel = _pair(self.kernel_size)
         stride = kernel if self.stride is None else _pair(self.stride)
         window = Window(kernel, stride, _pair(self.padding), _pair(self.dilation))
