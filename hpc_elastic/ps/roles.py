@@ -35,16 +35,20 @@ def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, bind: str
     server.stop(grace=1).wait()
 
 
-@click.command("ps")
-@click.option("--config", "config_json", required=True)
-@click.option("--index", type=int, required=True)
-@click.option("--run-dir", type=click.Path(path_type=Path), required=True)
-@click.option(
+#: the address a server role listens on (the PS and the master)
+_BIND = click.option(
     "--bind",
     default="127.0.0.1",
     show_default=True,
     help=f"the address to listen on ({NODE_NAME!r}: this node's host name)",
 )
+
+
+@click.command("ps")
+@click.option("--config", "config_json", required=True)
+@click.option("--index", type=int, required=True)
+@click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+@_BIND
 @click.option("--num-ps", type=int, default=None, help="the number of PS it is one of (default: the config's)")
 @click.option("--name", default=None, help="its process name, of its address file (default: ps<index>)")
 @click.option("--restore-from", type=click.Path(path_type=Path), default=None, help="a checkpoint root")
@@ -79,12 +83,7 @@ def ps_command(
 @click.option("--config", "config_json", required=True)
 @click.option("--ps", "ps_addresses", required=True, help="the PS addresses, comma-separated, in index order")
 @click.option("--run-dir", type=click.Path(path_type=Path), required=True)
-@click.option(
-    "--bind",
-    default="127.0.0.1",
-    show_default=True,
-    help=f"the address to listen on ({NODE_NAME!r}: this node's host name)",
-)
+@_BIND
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--checkpoint-every", type=int, default=0, help="checkpoint after every N shards done (0: on request)")
 @click.option("--restore", is_flag=True, help="continue from the latest checkpoint in --checkpoint-dir")
