@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+from dataclasses import replace
 
 import numpy as np
 
@@ -83,7 +84,8 @@ def walk_sizes(inp: PassInput) -> IntArray:
     job's GPU count."""
     jobs = inp.jobs
     size = minimum_sizes(inp)
-    elastic = (size < jobs.max_gpus).nonzero()[0].tolist()
+    # (on one GPU a job does the most work per GPU any curve allows: a speedup never exceeds the GPU count)
+    elastic = ((size > 1) & (size < jobs.max_gpus)).nonzero()[0].tolist()
     if elastic:
         scaling, top = jobs.scaling, jobs.max_gpus
         size[elastic] = [efficient_size(scaling[row] or LINEAR, int(size[row]), int(top[row])) for row in elastic]
@@ -96,14 +98,24 @@ def fill_at_minimum(
     """The walk once more with the jobs it left out at their minimum, after its holders (in ``order`` both): a
     waiting job starts, and a running job keeps running instead of being preempted, where the GPUs the holders
     leave fit its minimum; no holder is preempted or shrunk for them. Returns the selection and the sizes it
-    counted (``sel`` and ``size`` when no such job is smaller at its minimum)."""
-    left_out = ~sel.holding
+    counted (``size`` when no such job fits); its deficit is the smaller of the two walks' (either walk may
+    change once that many GPUs are freed)."""
+    jobs = inp.jobs
     smallest = minimum_sizes(inp)
-    if not (left_out & (smallest < size)).any():
+    shrinks = ~sel.holding & (smallest < size)
+    if not shrinks.any():
         return sel, size
-    size = np.where(left_out, smallest, size)
+    # GPUs the holders leave, over all pools (an upper bound of what any one pool has left)
+    left = int(inp.cluster.free.sum()) + int(jobs.gpus.dot(jobs.running))
+    kept = sel.holding if pinned is None else sel.holding & ~pinned
+    left -= int(size.dot(kept)) + (0 if pinned is None else int(jobs.gpus.dot(pinned)))
+    lack = int(smallest[shrinks].min()) - left
+    if lack > 0:  # none fits: a later pass could start one once ``lack`` GPUs are freed
+        return replace(sel, deficit=min(sel.deficit, lack)), size
+    size = np.where(~sel.holding, smallest, size)
     held = sel.holding[order]
-    return select(inp, np.concatenate((order[held], order[~held])), pinned, size=size), size
+    filled = select(inp, np.concatenate((order[held], order[~held])), pinned, size=size)
+    return replace(filled, deficit=min(sel.deficit, filled.deficit)), size
 
 
 def _step(curve: ScalingCurve, gpus: int, most: int) -> tuple[int, float]:

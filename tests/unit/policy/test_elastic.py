@@ -131,6 +131,14 @@ def test_a_job_left_out_at_its_efficient_size_starts_at_its_minimum_on_what_is_l
     assert sizes(decision) == {2: 4} and decision.preemptions == ()
 
 
+def test_a_job_too_big_even_at_its_minimum_waits_and_the_pass_says_how_many_gpus_would_start_it() -> None:
+    runner = JobView(1, 6, 0.0, R, attained_service=100.0, allocation=(("n0", 6),))
+    waiting = JobView(2, 8, 50.0, min_gpus=4, max_gpus=8, scaling=BUMP)
+    decision = run([runner, waiting], [NodeView("n0", 8, 2)])
+    assert decision.starts == () and decision.resizes == ()
+    assert decision.idle_below == 2  # on 4 GPUs (its minimum) it could start, not only on 8
+
+
 def test_a_running_job_left_out_at_its_efficient_size_shrinks_to_its_minimum_instead_of_stopping() -> None:
     low = JobView(
         1,
