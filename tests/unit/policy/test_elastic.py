@@ -1,4 +1,4 @@
-"""tiresias-las+elastic: 2D-LAS decides who runs at the jobs' minimum GPUs, spare GPUs grow elastic jobs."""
+"""tiresias-las+elastic: 2D-LAS decides who runs at the jobs' efficient sizes, spare GPUs grow elastic jobs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from hpc_elastic.policy import (
     ScalingCurve,
     make_policy,
 )
+from hpc_elastic.policy.elastic import efficient_size
 
 R = JobStatus.RUNNING
 
@@ -98,6 +99,64 @@ def test_a_waiting_elastic_job_starts_on_its_minimum() -> None:
     runner = JobView(1, 2, 0.0, R, attained_service=100.0, allocation=(("n0", 2),))
     elastic = JobView(2, 4, 50.0, min_gpus=2, max_gpus=4)
     assert sizes(run([runner, elastic], nodes)) == {2: 2}
+
+
+#: Throughput per GPU 0.575 on 4 GPUs, less on 5-7 and 0.81 on 8 (Gavel's median curve for 16 ESTs is alike).
+BUMP = ScalingCurve(tuple(range(1, 9)), (1.0, 1.8, 2.1, 2.3, 2.5, 2.7, 2.9, 6.5))
+
+
+def test_efficient_size_is_the_fewest_gpus_doing_the_most_work_each() -> None:
+    concave = ScalingCurve((1, 2, 4, 8), (1.0, 1.9, 3.5, 6.0))
+    assert efficient_size(concave, 2, 8) == 2
+    assert efficient_size(ScalingCurve(), 3, 12) == 3  # linear: every size ties, the fewest GPUs
+    assert efficient_size(BUMP, 4, 8) == 8
+    assert efficient_size(BUMP, 4, 6) == 4  # 5 and 6 GPUs do less per GPU than 4
+    assert efficient_size(BUMP, 1, 8) == 1
+    with pytest.raises(ValueError, match=r"\[4, 2\]"):
+        efficient_size(BUMP, 4, 2)
+
+
+def test_the_walk_counts_an_elastic_job_at_its_efficient_size() -> None:
+    """Halving the first job to start the second would run it at 2.3 / 6.5 of its speed on 4 of its 8 GPUs."""
+    first = JobView(1, 8, 50.0, min_gpus=4, max_gpus=8, scaling=BUMP)
+    second = JobView(2, 4, 60.0)
+    decision = run([first, second], [NodeView("n0", 8, 8)])
+    assert sizes(decision) == {1: 8}
+
+
+def test_a_job_left_out_at_its_efficient_size_starts_at_its_minimum_on_what_is_left() -> None:
+    runner = JobView(1, 4, 0.0, R, attained_service=100.0, allocation=(("n0", 4),))
+    waiting = JobView(2, 8, 50.0, min_gpus=4, max_gpus=8, scaling=BUMP)
+    decision = run([runner, waiting], [NodeView("n0", 8, 4)])
+    assert sizes(decision) == {2: 4} and decision.preemptions == ()
+
+
+def test_a_job_too_big_even_at_its_minimum_waits_and_the_pass_says_how_many_gpus_would_start_it() -> None:
+    runner = JobView(1, 6, 0.0, R, attained_service=100.0, allocation=(("n0", 6),))
+    waiting = JobView(2, 8, 50.0, min_gpus=4, max_gpus=8, scaling=BUMP)
+    decision = run([runner, waiting], [NodeView("n0", 8, 2)])
+    assert decision.starts == () and decision.resizes == ()
+    assert decision.idle_below == 2  # on 4 GPUs (its minimum) it could start, not only on 8
+
+
+def test_a_running_job_left_out_at_its_efficient_size_shrinks_to_its_minimum_instead_of_stopping() -> None:
+    low = JobView(
+        1,
+        8,
+        0.0,
+        R,
+        attained_service=9e5,
+        allocation=(("n0", 8),),
+        queue=1,
+        first_start_time=0.0,
+        min_gpus=4,
+        max_gpus=8,
+        scaling=BUMP,
+    )
+    new = JobView(2, 4, 90.0)
+    decision = run([low, new], [NodeView("n0", 8, 0)])
+    assert decision.preemptions == ()
+    assert sizes(decision) == {2: 4, 1: 4}
 
 
 def test_rigid_jobs_are_scheduled_as_by_2d_las() -> None:
