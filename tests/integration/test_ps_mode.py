@@ -167,3 +167,32 @@ def test_with_ranges_brain_samples_optimizes_and_adjusts_inside_the_allocation(
     status["lost"] = []
     assert_exactly_once(status, 1, samples)
     assert lost <= set(status["registered"])
+
+
+def test_usr1_mid_epoch_checkpoints_requeues_and_the_next_run_restores_exactly_once(
+    slurm: CliSlurm, workdir: Path, cleanup: list[int]
+) -> None:
+    epochs = 2
+    job_id = submit_ps(workdir, {"num_samples": SAMPLES, "shard_size": 50, "batch_size": 25, "epochs": epochs})
+    cleanup.append(job_id)
+    job_dir = JobDir.of(workdir, NAME, job_id)
+    wait_for(
+        "the first epoch under way",
+        lambda: (s := _master_status(job_dir.ps)) is not None and s["shards_done"] >= 8 and s["queues"]["epoch"] == 0,
+        timeout_s=300,
+        every_s=0.5,
+    )
+    # the checkpoint signal, as the daemon or a user sends it (scancel --signal=USR1 --batch)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", str(job_id)], check=True, timeout=30)
+    status, _ = final_status(slurm, workdir, job_id)
+    job = slurm.job(job_id)
+    assert job.restart_count == 1
+    ack_name = sorted(p.name for p in job_dir.control.glob("ack.json.handled-*"))
+    assert len(ack_name) == 1  # the first run's acknowledgement, set aside by the second
+    ack = json.loads((job_dir.control / ack_name[0]).read_text())
+    assert ack["reason"] == "preempt" and ack["restart_count"] == 0
+    assert status["restored_from"] == ack["step"]  # the stop's checkpoint, the last of the first run
+    assert_exactly_once(status, epochs)
+    first_run = {w: n for w, n in status["epochs"][0]["samples_by_worker"].items() if not w.startswith("r1")}
+    assert sum(first_run.values()) >= 8 * 50  # the first run's samples, still credited
+    assert sorted(status["registered"]) == ["r1w0", "r1w1", "r1w2"]
