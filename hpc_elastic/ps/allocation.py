@@ -47,7 +47,7 @@ from typing import Any
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.jobdir import Ack, StopNotice, StopReason, StopRequest
+from hpc_elastic.jobdir import Ack, ScaleReply, ScaleRequest, StopNotice, StopReason, StopRequest
 from hpc_elastic.launch.spec import parse_range, ps_job_config
 from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
 from hpc_elastic.launch.supervisor import job_dir_of, job_ref_of, term_ignored
@@ -103,6 +103,37 @@ class PsWrapperConfig:
             mem_per_node_mb=STEP_MEM_MB_PER_CPU * self.cpus_per_worker,
             window_s=BRAIN_WINDOW_S,
         )
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """What a scale request comes to: the sizes to set, or why it is refused (``refusal``; the sizes unchanged)."""
+
+    workers: int
+    ps: int
+    refusal: str | None = None
+
+
+def decide_scale(
+    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig
+) -> ScaleDecision:
+    """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): within the
+    job's ranges and the allocation's cores beside the master (:attr:`PsWrapperConfig.cores`), a new PS and every
+    worker of ``cpus_per_worker`` cores, a PS removed the last one."""
+    want_w = request.workers if request.workers is not None else workers
+    want_p = request.ps if request.ps is not None else len(ps_cores)
+    for what, value, (lo, hi) in (("workers", want_w, config.workers_range), ("ps", want_p, config.ps_range)):
+        if not lo <= value <= hi:
+            return ScaleDecision(workers, len(ps_cores), f"{what} {value} is outside the job's range {lo}:{hi}")
+    cpw = config.cpus_per_worker
+    cores = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
+    if cores > config.cores:
+        return ScaleDecision(
+            workers,
+            len(ps_cores),
+            f"{want_w} workers and {want_p} PS need {cores} cores; the allocation has {config.cores}",
+        )
+    return ScaleDecision(want_w, want_p)
 
 
 def parse_args(argv: Sequence[str]) -> PsWrapperConfig:
@@ -225,7 +256,7 @@ class PsWrapper:
         ) as ps_job:
             if agent is not None:
                 try:
-                    agent.run(ps_job)
+                    agent.run(ps_job, interrupt=self.wanted)
                 except (ValueError, HpcElasticError) as exc:  # Brain cannot go on here: train on with what runs
                     print(f"hpc-elastic-run: Brain stopped: {exc}", file=sys.stderr, flush=True)
                     if not ps_job.workers:
@@ -255,6 +286,7 @@ class PsWrapper:
                 self.stop = stop
                 return Outcome.STOPPED, self.checkpoint_for_stop(ps_job, stop[0])
             ps_job.poll()
+            self.scale(ps_job)
             status = ps_job.status()
             if status["finished"] and not ps_job.workers:
                 return Outcome.FINISHED, status
@@ -263,6 +295,33 @@ class PsWrapper:
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"training not finished within {WAIT_S:.0f} s: {status['queues']}")
             time.sleep(POLL_S)
+
+    def scale(self, ps_job: PsJob) -> ScaleReply | None:
+        """Apply a scale request of the job directory (:meth:`hpc_elastic.jobdir.JobDir.take_scale`), or refuse it
+        with the reason, and answer it in ``control/scale-reply.json``; None when there was none."""
+        try:
+            request = self.job_dir.take_scale(int(self.clock()))
+        except ValueError as exc:
+            return self._reply(ps_job, None, str(exc))
+        if request is None:
+            return None
+        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config)
+        if decision.refusal is not None:
+            return self._reply(ps_job, request.requested_at, decision.refusal)
+        apply_sizes(ps_job, decision.workers, decision.ps)
+        return self._reply(ps_job, request.requested_at, None)
+
+    def _reply(self, ps_job: PsJob, requested_at: float | None, refusal: str | None) -> ScaleReply:
+        workers, ps = len(ps_job.workers), len(ps_job.ps)
+        reason = f"refused: {refusal}" if refusal is not None else f"applied: {workers} workers, {ps} PS"
+        reply = ScaleReply(requested_at, refusal is None, reason, workers, ps, self.clock())
+        self.job_dir.reply_scale(reply)
+        print(f"hpc-elastic-run: scale request {reason}", file=sys.stderr, flush=True)
+        return reply
+
+    def wanted(self) -> bool:
+        """Whether the wrapper has something to do: a stop (``USR1``, ``control/stop``) or a scale request."""
+        return self.usr1 or self.job_dir.stop_path.exists() or self.job_dir.scale_path.exists()
 
     def take_stop(self) -> tuple[StopReason, float] | None:
         """A stop to act on: a ``control/stop`` of this run, else one after a ``USR1`` (the scheduler daemon's
@@ -349,6 +408,21 @@ class PsWrapper:
                 time.sleep(POLL_S)
         print(f"hpc-elastic-run: the job ends as Slurm decided ({reason.value})", file=sys.stderr, flush=True)
         return 0 if outcome is Outcome.STOPPED else 1
+
+
+def apply_sizes(ps_job: PsJob, workers: int, ps: int) -> None:
+    """Scale the running job to ``workers`` workers and ``ps`` PS, each change an ``srun`` step inside the
+    allocation: the newest workers leave first (SIGTERM: their shards go back to TODO), then PS are removed or added
+    (each a re-partition of the parameters while the workers wait), then workers are added, so that the cores freed
+    come before the cores taken."""
+    for worker in list(ps_job.workers)[workers:]:
+        ps_job.kill_worker(worker, signal.SIGTERM)
+    while len(ps_job.ps) > ps:
+        ps_job.remove_ps()
+    while len(ps_job.ps) < ps:
+        ps_job.add_ps()
+    while len(ps_job.workers) < workers:
+        ps_job.add_worker()
 
 
 def main(argv: Sequence[str]) -> int:
