@@ -1,0 +1,72 @@
+"""The daemon's plan for ps-mode jobs on CPU partitions: 2D-LAS on CPU-core-time, preemption only of jobs that
+attained more and only when it makes the waiting job fit, never more cores than the partition frees."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_plugin.cpu_policy import PsJobView, plan_ps_jobs
+
+
+def view(job_id: int, running: bool, cores: int, core_s: float, part: str = "cpu", **kw: object) -> PsJobView:
+    return PsJobView(job_id, part, running, cores, core_s, submitted=float(job_id), **kw)  # type: ignore[arg-type]
+
+
+def test_a_waiting_job_that_fits_takes_free_cores_and_preempts_nothing() -> None:
+    out = plan_ps_jobs([view(1, True, 8, 9000.0), view(2, False, 4, 0.0)], {"cpu": 8}, max_preempt=4)
+    assert out.preempt == () and out.fits == (2,)
+
+
+def test_the_most_attained_running_job_makes_room_for_a_less_attained_one() -> None:
+    jobs = [view(1, True, 8, 500.0), view(2, True, 6, 9000.0), view(3, False, 6, 100.0)]
+    out = plan_ps_jobs(jobs, {"cpu": 2}, max_preempt=4)
+    assert out.preempt == (2,) and out.fits == (3,)
+    assert out.reasons[2] == "9000 core-s attained on partition cpu; its 6 cores go to ps job 3 (100 core-s, 6 cores)"
+
+
+def test_no_preemption_that_would_not_make_the_job_fit_nor_of_a_job_that_attained_less() -> None:
+    # 2 free + job 2's 4 cores < 10: preempting job 2 would not start job 3; job 1 attained less than job 3
+    jobs = [view(1, True, 8, 10.0), view(2, True, 4, 9000.0), view(3, False, 10, 100.0)]
+    assert plan_ps_jobs(jobs, {"cpu": 2}, max_preempt=4).preempt == ()
+    # a job that may not be preempted yet (it ran less than min_run_time_s) is left alone
+    jobs = [view(2, True, 6, 9000.0, may_preempt=False), view(3, False, 6, 100.0)]
+    assert plan_ps_jobs(jobs, {"cpu": 2}, max_preempt=4).preempt == ()
+    # another partition's cores are not this one's
+    jobs = [view(2, True, 6, 9000.0, part="cpu2"), view(3, False, 6, 100.0)]
+    assert plan_ps_jobs(jobs, {"cpu": 2, "cpu2": 0}, max_preempt=4).preempt == ()
+    assert plan_ps_jobs([view(2, True, 6, 9000.0), view(3, False, 6, 1.0)], {"cpu": 2}, max_preempt=0).preempt == ()
+
+
+jobs_strategy = st.lists(
+    st.builds(
+        lambda running, cores, core_s, part, ok: (running, cores, core_s, part, ok),
+        st.booleans(),
+        st.integers(1, 16),
+        st.floats(0, 1e6),
+        st.sampled_from(["cpu", "cpu2"]),
+        st.booleans(),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(jobs_strategy, st.integers(0, 32), st.integers(0, 32), st.integers(0, 6))
+def test_a_plan_never_hands_out_more_cores_than_a_partition_frees(
+    specs: list[tuple[bool, int, float, str, bool]], free_cpu: int, free_cpu2: int, max_preempt: int
+) -> None:
+    jobs = [view(i + 1, r, c, s, part=p, may_preempt=ok) for i, (r, c, s, p, ok) in enumerate(specs)]
+    by_id = {j.job_id: j for j in jobs}
+    free = {"cpu": free_cpu, "cpu2": free_cpu2}
+    out = plan_ps_jobs(jobs, free, max_preempt=max_preempt)
+    assert len(out.preempt) <= max_preempt and len(set(out.preempt)) == len(out.preempt)
+    for part, cores in free.items():
+        started = sum(by_id[j].cores for j in out.fits if by_id[j].partition == part)
+        freed = sum(by_id[j].cores for j in out.preempt if by_id[j].partition == part)
+        assert started <= cores + freed
+    for victim in out.preempt:
+        assert by_id[victim].running and by_id[victim].may_preempt
+        # only for a job ahead of it in 2D-LAS order
+        assert any(by_id[j].priority < by_id[victim].priority for j in out.fits)
+    assert all(not by_id[j].running for j in out.fits)
