@@ -3,10 +3,18 @@ attained more and only when it makes the waiting job fit, never more cores than 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpc_elastic.slurm import Job, Node
+from hpc_elastic.slurm.parse import parse_sinfo_json, parse_squeue_json
+from slurm_plugin.actions import ps_plan, ps_preempt_actions
 from slurm_plugin.cpu_policy import PsJobView, plan_ps_jobs
+from slurm_plugin.observe import Selection, observe
+from tests.unit.plugin.conftest import at, config, marked, start_of
 
 
 def view(job_id: int, running: bool, cores: int, core_s: float, part: str = "cpu", **kw: object) -> PsJobView:
@@ -70,3 +78,46 @@ def test_a_plan_never_hands_out_more_cores_than_a_partition_frees(
         # only for a job ahead of it in 2D-LAS order
         assert any(by_id[j].priority < by_id[victim].priority for j in out.fits)
     assert all(not by_id[j].running for j in out.fits)
+
+
+# ------------------------------------------------------------------ observed from captured squeue/sinfo output
+
+PS_MARK = "hpc-elastic:v=1,workers=7,min=7,max=7,unit=proc,backend=torch,ps_workers=1-4,ps_servers=1-2,cpw=1"
+
+
+def cpu_jobs(slurm_data: Path) -> tuple[list[Job], list[Node]]:
+    """Jobs 26 and 28 run on the cpu partition (one core each), 27 waits; node5 has 2 of 8 cores allocated: 14
+    cores free. The three marked as ps-mode jobs; 27 asks for 16 cores (more than are free) and waits for them."""
+    jobs = parse_squeue_json((slurm_data / "squeue_pending.json").read_text())
+    nodes = parse_sinfo_json((slurm_data / "sinfo_busy.json").read_text())
+    ps_sizes = {26: {}, 28: {}, 27: {"cpus": 16, "pending_reason": "Resources"}}  # 27 waits for cores, not time
+
+    def mark(job: Job) -> Job:
+        if job.job_id in ps_sizes:
+            return replace(job, comment=PS_MARK, **ps_sizes[job.job_id])  # type: ignore[arg-type]
+        return marked(job) if job.job_id in (24, 25) else job
+
+    out = [mark(job) for job in jobs]
+    return out, nodes
+
+
+def test_the_daemon_observes_ps_jobs_on_cpu_partitions_and_preempts_for_a_waiting_one(
+    slurm_data: Path, tmp_path: Path
+) -> None:
+    jobs, nodes = cpu_jobs(slurm_data)
+    now = at(start_of(jobs, 28), 1000.0)
+    obs = observe(jobs, nodes, {}, Selection(), now=now)
+    seen = sorted((v.job_id, v.running, v.cores) for v in obs.ps_jobs)
+    assert seen == [(26, True, 1), (27, False, 16), (28, True, 1)]
+    assert obs.cpu_free == {"cpu": 14}
+    assert {v.job_id for v in obs.jobs} == {24, 25}  # the GPU jobs, as before
+    ran = {v.job_id: v.core_seconds for v in obs.ps_jobs}
+    assert ran[27] == 0.0 and ran[28] >= 1000.0  # CPU-core-time: one core for the seconds it ran
+    decision = ps_plan(obs, config(tmp_path))
+    assert sorted(decision.preempt) == [26, 28] and decision.fits == (27,)
+    actions = ps_preempt_actions(obs, decision)
+    assert sorted(a.job_id for a in actions) == [26, 28] and all(a.checkpointed for a in actions)
+    assert "cores go to ps job 27" in actions[0].reason
+    # preemption off, or jobs that ran less than min_run_time_s: nothing
+    assert ps_plan(obs, config(tmp_path, preemption={"enabled": False})).preempt == ()
+    assert ps_plan(obs, config(tmp_path, preemption={"min_run_time_s": 5000})).preempt == ()
