@@ -279,15 +279,24 @@ class PsWrapper:
         stop), or the job master's step ends under it. The outcome and the master's last status."""
         deadline = time.monotonic() + WAIT_S
         while True:
-            if ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None:
+            if _master_ended(ps_job):
                 return Outcome.LOST, {}
             stop = self.take_stop()
             if stop is not None:
                 self.stop = stop
-                return Outcome.STOPPED, self.checkpoint_for_stop(ps_job, stop[0])
-            ps_job.poll()
-            self.scale(ps_job)
-            status = ps_job.status()
+                try:
+                    return Outcome.STOPPED, self.checkpoint_for_stop(ps_job, stop[0])
+                except HpcElasticError as exc:  # no checkpoint of the stop: the next run restores an older one
+                    print(f"hpc-elastic-run: no checkpoint for the stop: {exc}", file=sys.stderr, flush=True)
+                    return Outcome.STOPPED, {}
+            try:
+                ps_job.poll()
+                self.scale(ps_job)
+                status = ps_job.status()
+            except HpcElasticError:
+                if _master_ended(ps_job):  # Slurm signalled the steps: the PS and the master went first
+                    return Outcome.LOST, {}
+                raise
             if status["finished"] and not ps_job.workers:
                 return Outcome.FINISHED, status
             if not ps_job.workers and not status["finished"]:
@@ -408,6 +417,10 @@ class PsWrapper:
                 time.sleep(POLL_S)
         print(f"hpc-elastic-run: the job ends as Slurm decided ({reason.value})", file=sys.stderr, flush=True)
         return 0 if outcome is Outcome.STOPPED else 1
+
+
+def _master_ended(ps_job: PsJob) -> bool:
+    return ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None
 
 
 def apply_sizes(ps_job: PsJob, workers: int, ps: int) -> None:

@@ -20,7 +20,7 @@ from hpc_elastic.jobdir import StopNotice, StopReason
 from hpc_elastic.ps.allocation import Outcome, PsWrapper, parse_args
 from hpc_elastic.ps.job import PsLauncher
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
-from hpc_elastic.slurm.types import JobRef
+from hpc_elastic.slurm.types import JobRef, JobState
 
 SAMPLES = 2000
 SETTINGS = {"num_samples": SAMPLES, "shard_size": 50, "batch_size": 25, "epochs": 2}
@@ -39,7 +39,8 @@ class RequeueSlurm:
     def job(self, job_id: int) -> object:
         start = datetime.fromtimestamp(self.started, tz=UTC)
         fields = {"admin_comment": self.admin_comment, "start_time": start, "time_limit_s": self.limit_s}
-        return type("Job", (), fields)()
+        running = {"state": JobState.RUNNING, "restart_count": 0, "preempt_time": None}
+        return type("Job", (), {**fields, **running})()
 
 
 def master_status(run_dir: Path) -> dict[str, Any] | None:
@@ -127,3 +128,41 @@ def test_the_reason_of_usr1_is_recorded_and_the_job_requeued(
     assert ps_wrapper.after(Outcome.STOPPED, {}) == 0
     assert slurm.requeued == [JobRef(7)]
     assert ps_wrapper.job_dir.timelimit_requeues() == timelimit_record
+
+
+def kill_master_when(run_dir: Path, shards_done: int) -> threading.Thread:
+    """A thread that SIGKILLs the job master (as Slurm's signal to the steps would end it) once it has accepted
+    ``shards_done`` shards."""
+
+    def body() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = master_status(run_dir)
+            if status is not None and status["shards_done"] >= shards_done:
+                for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+                    try:
+                        argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+                    except OSError:
+                        continue
+                    if b"master" in argv and str(run_dir).encode() in argv:
+                        os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_master_ended_under_the_wrapper_is_requeued_and_restores_the_periodic_checkpoint(tmp_path: Path) -> None:
+    slurm = RequeueSlurm()  # Slurm says: running, no preemption: a TERM of unknown cause, requeued
+    first = wrapper(tmp_path, slurm, 0)
+    kill_master_when(first.job_dir.ps, shards_done=20)
+    assert first.run() == 0
+    assert slurm.requeued == [JobRef(7)] and first.job_dir.read_ack() is None  # no checkpoint of a stop
+    second = wrapper(tmp_path, slurm, 1)
+    assert second.run() == 0
+    status = json.loads((second.job_dir.ps / "status.json").read_text())
+    assert status["restored_from"] is not None and status["restored_from"] >= 2  # a periodic one (every 8 shards)
+    for epoch in status["epochs"]:
+        assert epoch["exactly_once"] and sum(epoch["samples_by_worker"].values()) == SAMPLES
