@@ -3,18 +3,23 @@ attained more and only when it makes the waiting job fit, never more cores than 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hpc_elastic.jobdir import JobDir, StopNotice, StopReason
 from hpc_elastic.slurm import Job, Node
 from hpc_elastic.slurm.parse import parse_sinfo_json, parse_squeue_json
 from slurm_plugin.actions import ps_plan, ps_preempt_actions
 from slurm_plugin.cpu_policy import PsJobView, plan_ps_jobs
+from slurm_plugin.daemon import STATE_NAME
 from slurm_plugin.observe import Selection, observe
 from tests.unit.plugin.conftest import at, config, marked, start_of
+from tests.unit.plugin.test_daemon import FakeSlurm, make
 
 
 def view(job_id: int, running: bool, cores: int, core_s: float, part: str = "cpu", **kw: object) -> PsJobView:
@@ -121,3 +126,23 @@ def test_the_daemon_observes_ps_jobs_on_cpu_partitions_and_preempts_for_a_waitin
     # preemption off, or jobs that ran less than min_run_time_s: nothing
     assert ps_plan(obs, config(tmp_path, preemption={"enabled": False})).preempt == ()
     assert ps_plan(obs, config(tmp_path, preemption={"min_run_time_s": 5000})).preempt == ()
+
+
+def test_a_daemon_pass_preempts_the_ps_jobs_its_plan_names(slurm_data: Path, tmp_path: Path) -> None:
+    jobs, nodes = cpu_jobs(slurm_data)
+    jobs = [j for j in jobs if j.job_id in (26, 27, 28)]  # the ps jobs alone
+    for job in jobs:  # 26 and 28 are tasks of an array: their directories are named by the array's id
+        JobDir.of(tmp_path / "jobs", job.name, job.ref.job_id, job.ref.array_task_id).control.mkdir(parents=True)
+    cfg = config(tmp_path, preemption={"min_run_time_s": 30, "grace_s": 20})
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 28), 1000.0))
+    daemon.run_pass()
+    kinds = [kind for kind, _ in fake.calls]
+    assert kinds == ["update", "cancel", "update", "cancel"]  # a notice, then the checkpoint signal, per job
+    notices = [StopNotice.decode(cast(tuple[int, dict[str, str]], args)[1]["AdminComment"]) for kind, args in
+               fake.calls if kind == "update"]  # fmt: skip
+    assert [n.reason for n in notices if n is not None] == [StopReason.PREEMPT, StopReason.PREEMPT]
+    state = json.loads((tmp_path / STATE_NAME).read_text())
+    done = sorted((a["kind"], a["job_id"], a["ok"]) for a in state["recent_actions"])
+    assert done == [("preempt", 26, True), ("preempt", 28, True)]
+    assert all("cores go to ps job 27" in a["reason"] for a in state["recent_actions"])
