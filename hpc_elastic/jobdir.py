@@ -36,6 +36,17 @@ for its resizes).  A file that is empty or not (yet) valid JSON still means "sto
 The workers also stop on their own ``SIGTERM`` (Slurm's preemption signals the job's steps, not the wrapper): then
 no ``stop`` file exists and the acknowledgement says ``"reason": "sigterm"``.
 
+``scale`` (a ps-mode job's user, ``hpc-elastic scale``, atomically; read and set aside by the job's wrapper,
+:mod:`hpc_elastic.ps.allocation`)::
+
+    {"workers": <int >= 1>, "ps": <int >= 1>, "requested_at": <epoch seconds>}     (either size may be left out)
+
+The wrapper reads it only as a plain file of its own user (no link, no FIFO, at most :data:`MAX_CONTROL_BYTES`),
+checks it against the job's ranges and its allocation's cores, and answers in ``scale-reply.json`` (atomically)::
+
+    {"requested_at": <epoch seconds or null>, "applied": <bool>, "reason": "<why refused, or what was done>",
+     "workers": <int>, "ps": <int>, "written_at": <epoch seconds>}
+
 ``timelimit-requeues.json`` (the wrapper's record, written atomically)::
 
     {"restarts": [<the restart count of each incarnation requeued at its time limit>, ...]}
@@ -53,6 +64,7 @@ function, read back by ``Job.result()``.  The pickled call itself waits, before 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -74,6 +86,8 @@ PS = "ps"
 LOGS = "logs"
 STOP = "stop"
 ACK = "ack.json"
+SCALE = "scale"
+SCALE_REPLY = "scale-reply.json"
 REQUEUES = "timelimit-requeues.json"
 PROGRESS = "progress.json"
 RESULT = "result.pkl"
@@ -239,6 +253,89 @@ def parse_requeues(text: str) -> tuple[int, ...]:
     if not isinstance(restarts, list):
         raise ValueError(f"time-limit requeue record needs a list 'restarts', got {restarts!r}")
     return tuple(sorted({_count(r, "requeued restart count") for r in restarts}))
+
+
+def _size(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SCALE:
+        raise ValueError(f"{what} must be an integer in [1, {MAX_SCALE}], got {value!r}")
+    return value
+
+
+#: the most workers or PS a scale request may name (a sanity bound; the job's ranges decide)
+MAX_SCALE = 4096
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """Set a running ps-mode job's number of workers and of parameter servers (None: keep it)."""
+
+    workers: int | None
+    ps: int | None
+    requested_at: float
+
+    def __post_init__(self) -> None:
+        _size(self.workers, "scale workers")
+        _size(self.ps, "scale ps")
+        if self.workers is None and self.ps is None:
+            raise ValueError("a scale request names workers, ps or both")
+        _epoch(self.requested_at, "scale requested_at")
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {"requested_at": self.requested_at}
+        doc.update({k: v for k, v in (("workers", self.workers), ("ps", self.ps)) if v is not None})
+        return json.dumps(doc, sort_keys=True) + "\n"
+
+
+def parse_scale(text: str) -> ScaleRequest:
+    """Parse a ``scale`` file; ``ValueError`` naming what is wrong (an unknown key too)."""
+    doc = _json_object(text, "scale request")
+    unknown = sorted(set(doc) - {"workers", "ps", "requested_at"})
+    if unknown:
+        raise ValueError(f"scale request has an unknown key {unknown[0][:32]!r}")
+    at = _epoch(doc.get("requested_at"), "scale requested_at")
+    return ScaleRequest(_size(doc.get("workers"), "scale workers"), _size(doc.get("ps"), "scale ps"), at)
+
+
+@dataclass(frozen=True)
+class ScaleReply:
+    """The wrapper's answer to a scale request: applied, or refused with the reason; the sizes after it."""
+
+    requested_at: float | None
+    applied: bool
+    reason: str
+    workers: int
+    ps: int
+    written_at: float
+
+    def to_json(self) -> str:
+        doc = {
+            "requested_at": self.requested_at,
+            "applied": self.applied,
+            "reason": self.reason,
+            "workers": self.workers,
+            "ps": self.ps,
+            "written_at": self.written_at,
+        }
+        return json.dumps(doc, sort_keys=True) + "\n"
+
+
+def parse_scale_reply(text: str) -> ScaleReply:
+    """Parse ``scale-reply.json``; ``ValueError`` naming what is wrong."""
+    doc = _json_object(text, "scale reply")
+    at = doc.get("requested_at")
+    applied, reason = doc.get("applied"), doc.get("reason")
+    if not isinstance(applied, bool) or not isinstance(reason, str):
+        raise ValueError(f"scale reply needs a bool 'applied' and a str 'reason', got {applied!r}, {reason!r}")
+    return ScaleReply(
+        None if at is None else _epoch(at, "scale reply requested_at"),
+        applied,
+        reason[:500],
+        _count(doc.get("workers"), "scale reply workers"),
+        _count(doc.get("ps"), "scale reply ps"),
+        _epoch(doc.get("written_at"), "scale reply written_at"),
+    )
 
 
 def still_pending(request: StopRequest, ack: Ack | None) -> bool:
@@ -512,6 +609,43 @@ class JobDir:
     def acknowledge(self, ack: Ack) -> None:
         atomic_write_bytes(self.ack_path, ack.to_json().encode())
 
+    @property
+    def scale_path(self) -> Path:
+        return self.control / SCALE
+
+    def request_scale(self, request: ScaleRequest) -> None:
+        """Ask the job's wrapper to scale the job (``hpc-elastic scale``, as the job's user)."""
+        atomic_write_bytes(self.scale_path, request.to_json().encode(), mode=0o644)
+
+    def take_scale(self, stamp: int) -> ScaleRequest | None:
+        """The scale request, set aside (``scale.handled-<stamp>``) once read; None when there is none.
+        ``ValueError`` naming why one is refused: not a plain file of this user (a link, a FIFO, another owner's),
+        too large, or not a valid request."""
+        try:
+            data = read_owned(self.path, [CONTROL, SCALE], limit=MAX_CONTROL_BYTES, owner=os.getuid())
+        except FileNotFoundError:
+            return None
+        except (OSError, UnsafeFile) as exc:
+            self._set_aside_scale(stamp)
+            raise ValueError(f"scale request refused: {exc}") from None
+        self._set_aside_scale(stamp)
+        return parse_scale(data.decode("utf-8", errors="replace"))
+
+    def _set_aside_scale(self, stamp: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.scale_path, self.control / f"{SCALE}{HANDLED}{stamp}")
+
+    def reply_scale(self, reply: ScaleReply) -> None:
+        atomic_write_bytes(self.control / SCALE_REPLY, reply.to_json().encode(), mode=0o644)
+
+    def read_scale_reply(self) -> ScaleReply | None:
+        """The wrapper's last answer to a scale request, None when there is none or it is not valid."""
+        try:
+            text = self._read(SCALE_REPLY)
+            return parse_scale_reply(text) if text is not None else None
+        except (OSError, UnsafeFile, ValueError):
+            return None
+
     def timelimit_requeues(self) -> tuple[int, ...]:
         """The incarnations (restart counts) that were requeued at their time limit; ``()`` before the first.
         ``ValueError`` for a record that cannot be read or parsed (the caller decides what that costs)."""
@@ -528,9 +662,9 @@ class JobDir:
         return restarts
 
     def set_aside(self, stamp: int, *, keep_stop: bool = False) -> None:
-        """Rename the stop request (unless ``keep_stop``) and the acknowledgement to ``<name>.handled-<stamp>``: kept
-        for the record, never taken for those of a later run."""
-        for name in (ACK,) if keep_stop else (STOP, ACK):
+        """Rename the stop request (unless ``keep_stop``), the acknowledgement and a scale request to
+        ``<name>.handled-<stamp>``: kept for the record, never taken for those of a later run."""
+        for name in (ACK, SCALE) if keep_stop else (STOP, ACK, SCALE):
             try:
                 os.rename(self.control / name, self.control / f"{name}.handled-{stamp}")
             except FileNotFoundError:

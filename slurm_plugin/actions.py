@@ -6,13 +6,14 @@ Each action carries the reason that is logged when it is applied (or would be, w
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from hpc_elastic.policy import Decision, JobStatus, JobView
 from hpc_elastic.slurm import Job
 from hpc_elastic.slurm.parse import compress_hostlist
 from slurm_plugin.config import OrderField, PluginConfig
+from slurm_plugin.cpu_policy import CpuDecision, PsJobView, plan_ps_jobs
 from slurm_plugin.observe import Observation
 from slurm_plugin.store import JobRecord
 
@@ -161,6 +162,34 @@ def preempt_actions(obs: Observation, decision: Decision, config: PluginConfig) 
         )
         checkpointed = obs.markers.get(view.job_id) is not None
         out.append(Preempt(view.job_id, job.name, checkpointed, job.restart_count, reason))
+    return out
+
+
+def ps_plan(obs: Observation, config: PluginConfig) -> CpuDecision:
+    """The pass's plan for the ps-mode jobs on CPU partitions (:func:`slurm_plugin.cpu_policy.plan_ps_jobs`): a
+    running job may be preempted once it ran ``min_run_time_s`` since its last (re)start and preemption, with no
+    stop in flight; nothing when preemption is off."""
+    if not config.preemption.enabled:
+        return CpuDecision()
+    min_run = config.preemption.min_run_time_s
+
+    def may_preempt(view: PsJobView) -> bool:
+        record = obs.records.get(view.job_id)
+        if record is None or not view.running or record.run_exec < min_run or _busy(record):
+            return False
+        return record.last_preempt is None or obs.now - record.last_preempt >= min_run
+
+    views = [replace(v, may_preempt=may_preempt(v)) for v in obs.ps_jobs]
+    return plan_ps_jobs(views, obs.cpu_free, max_preempt=config.preemption.max_per_pass)
+
+
+def ps_preempt_actions(obs: Observation, decision: CpuDecision) -> list[Preempt]:
+    """The ps jobs the plan preempts: a checkpoint request their wrapper answers (checkpoint, acknowledge,
+    requeue: :mod:`hpc_elastic.ps.allocation`), as a GPU job's."""
+    out = []
+    for job_id in decision.preempt:
+        job = obs.managed[job_id]
+        out.append(Preempt(job_id, job.name, True, job.restart_count, f"ps job: {decision.reasons[job_id]}"))
     return out
 
 

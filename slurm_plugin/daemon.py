@@ -24,7 +24,15 @@ from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
 from hpc_elastic.slurm import Job, SlurmClient, SlurmError
-from slurm_plugin.actions import Action, ActionKind, followup_actions, plan, planned_by_job
+from slurm_plugin.actions import (
+    Action,
+    ActionKind,
+    followup_actions,
+    plan,
+    planned_by_job,
+    ps_plan,
+    ps_preempt_actions,
+)
 from slurm_plugin.apply import Applier, ApplyResult, Outcome, acknowledgements, capabilities
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.metrics import Metrics
@@ -172,6 +180,7 @@ class Daemon:
         actions: list[Action] = list(followup_actions(obs, acks, self.config))
         if not followups_only:
             actions += plan(obs, decision, self.config)
+            actions += ps_preempt_actions(obs, ps_plan(obs, self.config))
         result = self.applier.apply(actions, obs.records, obs.managed)
         self.store.save(result.records.values(), obs.forget)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)

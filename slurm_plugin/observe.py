@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from hpc_elastic.launch.spec import JobMarker, MarkerError, decode_marker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
 from hpc_elastic.slurm import Job, JobState, Node
+from slurm_plugin.cpu_policy import PsJobView
 from slurm_plugin.store import JobRecord
 
 #: A run whose start time moved by more than this (seconds) is a new run.
@@ -66,6 +67,10 @@ class Observation:
     managed: Mapping[int, Job] = field(default_factory=dict)
     #: active jobs left out of this pass, and why (an invalid marker, a field the policy refuses): never the pass
     rejected: Mapping[int, str] = field(default_factory=dict)
+    #: managed ps-mode jobs on CPU partitions (pending or running), ordered by :mod:`slurm_plugin.cpu_policy`
+    ps_jobs: tuple[PsJobView, ...] = ()
+    #: the free cores of each partition of CPU nodes (nodes that cannot take work offer none)
+    cpu_free: Mapping[str, int] = field(default_factory=dict)
 
 
 def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
@@ -129,6 +134,33 @@ def node_views(nodes: Iterable[Node]) -> tuple[NodeView, ...]:
     return tuple(out)
 
 
+def cpu_free_cores(nodes: Iterable[Node]) -> dict[str, int]:
+    """The free cores of each partition of nodes without GPUs (a node of several partitions counts in each)."""
+    free: dict[str, int] = {}
+    for node in nodes:
+        if node.gpus.total > 0:
+            continue
+        idle = max(0, node.cpus - node.cpus_allocated) if node.available else 0
+        for part in node.partitions:
+            free[part] = free.get(part, 0) + idle
+    return free
+
+
+def ps_view(job: Job, marker: JobMarker | None, record: JobRecord, *, running: bool) -> PsJobView | None:
+    """The view of a ps-mode job on a CPU partition (its marker records the ranges), else None. Its attained
+    service is CPU-core-time: the allocation's cores times the seconds it ran, over all its runs."""
+    if marker is None or marker.ps is None or job.gpu_count > 0 or job.cpus < 1:
+        return None
+    return PsJobView(
+        job_id=job.job_id,
+        partition=job.partition.split(",")[0],
+        running=running,
+        cores=job.cpus,
+        core_seconds=record.executed_time * job.cpus,
+        submitted=_submitted(job, record),
+    )
+
+
 def split_allocation(job: Job, in_use: dict[str, int]) -> tuple[tuple[str, int], ...]:
     """Per-node GPUs of a running job (squeue gives the total and the node list): evenly, within what each
     node reports in use; ``in_use`` is decremented. Raises :class:`PartialRead` when it cannot add up."""
@@ -174,7 +206,8 @@ def observe(
     now: float,
     skews: Mapping[int, float] | None = None,
 ) -> Observation:
-    """Policy views of the managed GPU jobs that are pending (not held) or running."""
+    """Policy views of the managed GPU jobs that are pending (not held) or running, and of the managed ps-mode
+    jobs on CPU partitions (:class:`~slurm_plugin.cpu_policy.PsJobView`)."""
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
     views = node_views(nodes)
@@ -194,6 +227,7 @@ def observe(
     new_records: dict[int, JobRecord] = {}
     managed: dict[int, Job] = {}
     rejected: dict[int, str] = {}
+    ps_jobs: list[PsJobView] = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         if not job.state.is_active:
             continue
@@ -214,6 +248,12 @@ def observe(
         # a requeued job may not start before its BeginTime (credential expiry): nothing to preempt for yet
         eligible = job.eligible_time is None or job.eligible_time.timestamp() <= now
         pending = job.state.is_pending and not held and eligible and job.pending_reason != "BeginTime"
+        if (running and job.start_time is not None) or pending:
+            ps = ps_view(job, marker, record, running=running)
+            if ps is not None:
+                ps_jobs.append(ps)
+                markers[job.job_id] = marker
+                continue
         if job.gpu_count < 1 or not (running or pending) or (running and job.start_time is None):
             continue
         key = job.job_id
@@ -264,7 +304,19 @@ def observe(
             forget.append(job_id)
         else:
             new_records[job_id] = replace(record, missing_since=since)
-    return Observation(now, tuple(out_views), views, slurm_jobs, markers, new_records, tuple(forget), managed, rejected)
+    return Observation(
+        now,
+        tuple(out_views),
+        views,
+        slurm_jobs,
+        markers,
+        new_records,
+        tuple(forget),
+        managed,
+        rejected,
+        tuple(ps_jobs),
+        cpu_free_cores(nodes),
+    )
 
 
 def apply_queue_changes(records: Mapping[int, JobRecord], decision: Decision, now: float) -> dict[int, JobRecord]:

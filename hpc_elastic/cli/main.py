@@ -31,6 +31,7 @@ COMMANDS = {
     "jobs": "hpc_elastic.cli.jobs:jobs",
     "profile": "hpc_elastic.cli.profile:profile",
     "queue": "hpc_elastic.cli.queue:queue",
+    "scale": "hpc_elastic.cli.scale:scale",
     "simulate": "hpc_elastic.cli.simulate:simulate",
     "submit": "hpc_elastic.cli.submit:submit",
     "verify-determinism": "hpc_elastic.cli.verify:verify_determinism",

@@ -89,6 +89,7 @@ def ps_wrapper_args(spec: SubmitSpec) -> list[str]:
         "--ps-range={}:{}".format(*spec.ps_range),
         f"--cpus-per-worker={spec.cpus_per_worker}",
         f"--grace={spec.grace_s}",
+        *([f"--max-requeues={spec.max_requeues}"] if spec.max_requeues != DEFAULT_MAX_REQUEUES else []),
         *settings,
     ]
 

@@ -679,9 +679,41 @@ class MarkerUnit(StrEnum):
 
 #: The longest marker :meth:`JobMarker.encode` can write, with room to spare; a longer comment is refused unread.
 MAX_MARKER_LENGTH = 512
-_MARKER_KEYS = ("v", "workers", "min", "max", "unit", "backend", "gpu_type", "profile", "level")
+_MARKER_KEYS = (
+    *("v", "workers", "min", "max", "unit", "backend", "gpu_type", "profile", "level"),
+    *("ps_workers", "ps_servers", "cpw"),
+)
 _REQUIRED_KEYS = frozenset(("v", "workers", "min", "max", "unit", "backend"))
 _COUNT = re.compile(r"[1-9][0-9]{0,5}")
+_RANGE = re.compile(r"([1-9][0-9]{0,5})-([1-9][0-9]{0,5})")
+
+
+@dataclass(frozen=True)
+class PsShape:
+    """A ps-mode job's sizes in its marker: the ranges of workers and of PS, and the cores of each process (the
+    allocation holds the job master, the most PS and the most workers, ``cpus_per_worker`` cores each)."""
+
+    workers: tuple[int, int]
+    ps: tuple[int, int]
+    cpus_per_worker: int
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in (("ps_workers", self.workers), ("ps_servers", self.ps)):
+            if not 1 <= lo <= hi <= MAX_ESTS:
+                raise MarkerError(f"marker {name} must be A-B with 1 <= A <= B <= {MAX_ESTS}, got {lo}-{hi}")
+        if not 1 <= self.cpus_per_worker <= MAX_ESTS:
+            raise MarkerError(f"marker cpw must be in [1, {MAX_ESTS}], got {self.cpus_per_worker}")
+
+    @property
+    def cores(self) -> int:
+        """The allocation's cores beside the job master's: the most workers and PS, each of its cores."""
+        return (self.workers[1] + self.ps[1]) * self.cpus_per_worker
+
+    def check_scale(self, workers: int | None, ps: int | None) -> None:
+        """``ValueError`` naming a size outside the job's ranges (None: unchanged)."""
+        for what, value, (lo, hi) in (("--workers", workers, self.workers), ("--ps", ps, self.ps)):
+            if value is not None and not lo <= value <= hi:
+                raise ValueError(f"{what} {value} is outside the job's range {lo}:{hi}")
 
 
 @dataclass(frozen=True)
@@ -701,6 +733,7 @@ class JobMarker:
     gpu_type: str | None = None
     profile: str | None = None
     level: DeterminismLevel | None = None
+    ps: PsShape | None = None  # a ps-mode job's ranges and cores per process
 
     def __post_init__(self) -> None:
         for name in ("workers", "min", "max"):
@@ -740,6 +773,10 @@ class JobMarker:
             items.append(("profile", self.profile))
         if self.level is not None:
             items.append(("level", self.level.value))
+        if self.ps is not None:
+            items.append(("ps_workers", "{}-{}".format(*self.ps.workers)))
+            items.append(("ps_servers", "{}-{}".format(*self.ps.ps)))
+            items.append(("cpw", str(self.ps.cpus_per_worker)))
         return MARKER + ",".join(f"{k}={v}" for k, v in items)
 
 
@@ -754,6 +791,11 @@ def marker_of(spec: SubmitSpec) -> JobMarker:
         gpu_type=spec.gpu_type,
         profile=spec.profile,
         level=spec.level,
+        ps=(
+            PsShape(spec.workers_range, spec.ps_range, spec.cpus_per_worker)
+            if spec.mode is Mode.PS and spec.workers_range is not None and spec.ps_range is not None
+            else None
+        ),
     )
 
 
@@ -796,6 +838,7 @@ def decode_marker(comment: str) -> JobMarker | None:
         level = DeterminismLevel.parse(data["level"]) if "level" in data else None
     except ValueError as exc:
         raise MarkerError(f"bad marker: {exc}") from None
+    ps = _ps_shape(data)
     return JobMarker(
         workers=int(data["workers"]),
         min=int(data["min"]),
@@ -805,7 +848,22 @@ def decode_marker(comment: str) -> JobMarker | None:
         gpu_type=data.get("gpu_type"),
         profile=data.get("profile"),
         level=level,
+        ps=ps,
     )
+
+
+def _ps_shape(data: dict[str, str]) -> PsShape | None:
+    """The ps-mode sizes of a marker's items: all three of ``ps_workers``, ``ps_servers`` and ``cpw``, or none."""
+    keys = [k for k in ("ps_workers", "ps_servers", "cpw") if k in data]
+    if not keys:
+        return None
+    if len(keys) != 3:
+        raise MarkerError("marker needs ps_workers, ps_servers and cpw together")
+    ranges = [_RANGE.fullmatch(data[k]) for k in ("ps_workers", "ps_servers")]
+    if ranges[0] is None or ranges[1] is None or not _COUNT.fullmatch(data["cpw"]):
+        raise MarkerError(f"bad marker ps sizes {data['ps_workers'][:16]!r}, {data['ps_servers'][:16]!r}")
+    workers, servers = ((int(m[1]), int(m[2])) for m in ranges if m is not None)
+    return PsShape(workers, servers, int(data["cpw"]))
 
 
 def check_ps_fits(spec: SubmitSpec, cores: Mapping[str, tuple[int, ...]], default_partition: str | None) -> None:

@@ -27,11 +27,12 @@ The job directory, its control files and their formats are :mod:`hpc_elastic.job
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,6 +98,18 @@ class WrapperConfig:
 
 
 # ------------------------------------------------------------------------------------------ pure parts
+
+
+@contextlib.contextmanager
+def term_ignored() -> Iterator[None]:
+    """``TERM`` ignored meanwhile, and by the children started meanwhile: a requeue of the wrapper's own job makes
+    Slurm signal the whole batch step (``TERM``, ``KILL`` after ``KillWait``), which must not kill the ``scontrol``
+    calls half-way."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def job_dir_of(ckpt_root: Path, job: JobEnvironment) -> JobDir:
@@ -213,9 +226,8 @@ class Supervisor:
     def _requeue_pinned(self, nodes: Sequence[Node] | None = None) -> None:
         """Requeue the job; a job pinned to a GPU type waits for that type (a node feature that selects it).
 
-        The constraint can only be set once the job is pending again, and a requeue makes Slurm signal the whole
-        batch step (TERM, KILL after KillWait): the two calls run with TERM ignored, which the ``scontrol``
-        children inherit, so the update is not killed half-way."""
+        The constraint can only be set once the job is pending again: the two calls run with TERM ignored
+        (:func:`term_ignored`), so the update is not killed half-way."""
         if self.job.job_id is None:
             return
         feature = None
@@ -226,8 +238,7 @@ class Supervisor:
                 log.warning("cannot read the node features (%s): the requeued job may start on other GPUs", exc)
             if feature is None:
                 log.warning("no node feature selects %s GPUs: the requeued job may start elsewhere", self.pinned_type)
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
+        with term_ignored():
             self.slurm.requeue([job_ref_of(self.job)])
             if feature is not None:
                 try:
@@ -235,8 +246,6 @@ class Supervisor:
                     log.info("requeued job %s: waits for %s GPUs (%s)", self.job.job_id, self.pinned_type, feature)
                 except SlurmError as exc:
                     log.warning("cannot constrain the requeued job to %s GPUs: %s", self.pinned_type, exc)
-        finally:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     def _usr1_reason(self) -> StopReason:
         """Why the checkpoint signal came: the scheduler daemon's notice in the job's ``AdminComment`` (for this

@@ -8,37 +8,57 @@ addresses in ``ps/``, the PS job's checkpoints in ``checkpoints/``, taken every 
 done, from which a lost parameter server is recovered in the running job.
 
     hpc-elastic-run --mode=ps --ckpt-root=DIR --workers-range=A:B --ps-range=C:D [--cpus-per-worker=N]
-                    [--grace=S] [--ps-config=JSON]
+                    [--grace=S] [--max-requeues=N] [--ps-config=JSON]
 
 The allocation holds room for the job master, D PS and B workers, N cores each. With fixed sizes (``A == B`` and
 ``C == D``) the job runs C parameter servers and B workers. With a range to choose from, DLRover's Brain chooses
 (:class:`hpc_elastic.ps.brain_agent.BrainAgent`, beside the job master): it starts the job with its sample plan,
 then applies its optimize and adjust plans as new steps, never beyond the ``(B + D) · N`` cores of the allocation
 that the master does not hold, each process of at most N cores (the allocation's task size, so that a step always
-fits a node of it); its steps go into the status (``brain``). Exit status: 0 when training finished with every
-sample counted exactly once per epoch, 1 otherwise.
+fits a node of it); its steps go into the status (``brain``).
+
+Stops, as a data-parallel job's (:mod:`hpc_elastic.launch.stops` decides, :class:`PsWrapper` acts): on ``USR1``
+(the scheduler daemon's checkpoint signal with its notice in the job's ``AdminComment``, the time-limit warning of
+``--signal=B:USR1@grace``, a user's ``scancel --signal=USR1 --batch``) or a ``control/stop`` request, the wrapper
+has the master checkpoint the PS parameters, its queues and the ledger as one cut, acknowledges it in
+``control/ack.json``, stops the steps and requeues the job (a time limit while ``--max-requeues`` lasts; a cancel
+or Slurm's own requeue is left to Slurm). A run that finds a checkpoint in the job directory restores it (the
+queues DOING-first, the ledger with the parameters): a requeued job goes on where it stopped, and one requeued by
+Slurm without a stop (a node lost) from its latest periodic checkpoint. ``TERM``/``INT`` to the wrapper (a cancel,
+the time limit itself) stop the steps at once. Exit status: 0 when training finished with every sample counted
+exactly once per epoch, or the job was requeued; 1 otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hpc_elastic.env import read_job_environment
+from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.jobdir import JobDir
+from hpc_elastic.jobdir import Ack, ScaleReply, ScaleRequest, StopNotice, StopReason, StopRequest
 from hpc_elastic.launch.spec import parse_range, ps_job_config
+from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
+from hpc_elastic.launch.supervisor import job_dir_of, job_ref_of, term_ignored
 from hpc_elastic.policy.brain import JobLimits, Range
+from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.job import PsJob, PsLauncher
+from hpc_elastic.ps.job import ProcessFailed, PsJob, PsLauncher
+from hpc_elastic.slurm import connect
+from hpc_elastic.slurm.client import SlurmClient
+from hpc_elastic.slurm.errors import SlurmError
 
 #: the PS job checkpoints parameters, queues and ledger after every this many shards done
 CHECKPOINT_EVERY = 8
@@ -46,6 +66,8 @@ CHECKPOINT_EVERY = 8
 WAIT_S = 7 * 24 * 3600.0
 #: seconds Brain lets a plan warm up, then reads it over
 BRAIN_WINDOW_S = 2.0
+#: seconds between two looks at the job's processes, its control files and the wrapper's signals
+POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -56,6 +78,7 @@ class PsWrapperConfig:
     cpus_per_worker: int = 1
     grace_s: float = 120.0
     settings: str | None = None
+    max_requeues: int = 0  # requeues at the time limit (``--max-requeues``)
 
     def job_config(self) -> PsJobConfig:
         return ps_job_config(self.settings, self.ps_range[0], self.workers_range[1])
@@ -82,6 +105,37 @@ class PsWrapperConfig:
         )
 
 
+@dataclass(frozen=True)
+class ScaleDecision:
+    """What a scale request comes to: the sizes to set, or why it is refused (``refusal``; the sizes unchanged)."""
+
+    workers: int
+    ps: int
+    refusal: str | None = None
+
+
+def decide_scale(
+    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig
+) -> ScaleDecision:
+    """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): within the
+    job's ranges and the allocation's cores beside the master (:attr:`PsWrapperConfig.cores`), a new PS and every
+    worker of ``cpus_per_worker`` cores, a PS removed the last one."""
+    want_w = request.workers if request.workers is not None else workers
+    want_p = request.ps if request.ps is not None else len(ps_cores)
+    for what, value, (lo, hi) in (("workers", want_w, config.workers_range), ("ps", want_p, config.ps_range)):
+        if not lo <= value <= hi:
+            return ScaleDecision(workers, len(ps_cores), f"{what} {value} is outside the job's range {lo}:{hi}")
+    cpw = config.cpus_per_worker
+    cores = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
+    if cores > config.cores:
+        return ScaleDecision(
+            workers,
+            len(ps_cores),
+            f"{want_w} workers and {want_p} PS need {cores} cores; the allocation has {config.cores}",
+        )
+    return ScaleDecision(want_w, want_p)
+
+
 def parse_args(argv: Sequence[str]) -> PsWrapperConfig:
     """The wrapper's ps-mode options (``--mode=ps`` first); ``ValueError`` naming a bad or missing one."""
     if not argv or argv[0] != "--mode=ps":
@@ -99,6 +153,8 @@ def parse_args(argv: Sequence[str]) -> PsWrapperConfig:
             values["cpus_per_worker"] = int(value)
         elif key == "--grace" and value:
             values["grace_s"] = float(value)
+        elif key == "--max-requeues" and value.isdigit():
+            values["max_requeues"] = int(value)
         elif key == "--ps-config" and value:
             values["settings"] = value
         else:
@@ -116,48 +172,277 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def run(config: PsWrapperConfig) -> int:
-    """Run the PS job in this allocation; the exit status (see the module's docstring)."""
-    job = read_job_environment()
-    if job.job_id is None:
-        raise ValueError("hpc-elastic-run --mode=ps runs inside a Slurm allocation (no SLURM_JOB_ID)")
-    job_dir = JobDir.of(config.ckpt_root, job.job_name or "ps", job.job_id, job.array_task_id).prepare()
-    signal.signal(signal.SIGTERM, _terminate)  # a cancel or the time limit: stop the steps on the way out
-    job_config, ps_cpus = config.job_config(), None
-    agent = config.brain()
-    if agent is not None:
-        first = agent.initial_plan()
-        job_config, ps_cpus = replace(job_config, num_ps=first.num_ps, num_workers=0), first.ps_cores[0]
-    with PsJob(
-        job_config,
-        job_dir.ps,
-        checkpoint_dir=job_dir.checkpoints,
-        checkpoint_every=CHECKPOINT_EVERY,
-        launcher=PsLauncher.SRUN,
-        cpus_per_process=config.cpus_per_worker,
-        ps_cpus=ps_cpus,
-    ) as ps_job:
+class Outcome(StrEnum):
+    """How the wrapper's watch over a running PS job ended."""
+
+    FINISHED = "finished"  # training ended (the master's final status)
+    STOPPED = "stopped"  # stopped for a stop request: checkpointed, the steps to be stopped, then after_stop
+    LOST = "lost"  # the job master's step ended under the wrapper (Slurm signalled the steps): ask Slurm why
+
+
+class PsWrapper:
+    """The wrapper of one incarnation of a ps-mode job. ``slurm``, ``clock`` and the launcher are injectable (the
+    tests run the processes locally)."""
+
+    def __init__(
+        self,
+        config: PsWrapperConfig,
+        job: JobEnvironment,
+        slurm: SlurmClient,
+        *,
+        launcher: PsLauncher = PsLauncher.SRUN,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if job.job_id is None:
+            raise ValueError("hpc-elastic-run --mode=ps runs inside a Slurm allocation (no SLURM_JOB_ID)")
+        self.config = config
+        self.job = job
+        self.slurm = slurm
+        self.launcher = launcher
+        self.clock = clock
+        self.job_dir = job_dir_of(config.ckpt_root, job)
+        self.usr1 = False
+        #: the stop acted on: its reason and when it was requested
+        self.stop: tuple[StopReason, float] | None = None
+
+    def _on_usr1(self, signum: int, frame: FrameType | None) -> None:
+        self.usr1 = True
+
+    def prepare(self) -> bool:
+        """Create or check the job directory, set aside a previous incarnation's stop and acknowledgement; whether
+        this run restores the job (a checkpoint of an earlier run exists)."""
+        self.job_dir.prepare()
+        self.job_dir.set_aside(int(self.clock()))
+        return ps_checkpoint.latest(self.job_dir.checkpoints) is not None
+
+    def run(self) -> int:
+        """Run the PS job in this allocation; the exit status (see the module's docstring)."""
+        restore = self.prepare()
+        previous = {
+            signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),  # a cancel, the time limit: stop the steps
+            signal.SIGINT: signal.signal(signal.SIGINT, _terminate),
+        }
+        try:
+            return self._run(restore)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _run(self, restore: bool) -> int:
+        config = self.config
+        job_config, ps_cpus = config.job_config(), None
+        agent = config.brain()
         if agent is not None:
+            first = agent.initial_plan()
+            job_config, ps_cpus = replace(job_config, num_ps=first.num_ps, num_workers=0), first.ps_cores[0]
+        restarts = self.job.restart_count
+        print(
+            f"hpc-elastic-run: ps job {self.job.job_id} restart {restarts}: "
+            + (f"restores {ps_checkpoint.latest(self.job_dir.checkpoints)}" if restore else "starts from scratch"),
+            file=sys.stderr,
+            flush=True,
+        )
+        with PsJob(
+            job_config,
+            self.job_dir.ps,
+            checkpoint_dir=self.job_dir.checkpoints,
+            checkpoint_every=CHECKPOINT_EVERY,
+            restore=restore,
+            worker_prefix="w" if restarts == 0 else f"r{restarts}w",  # ids of this incarnation, in the ledger
+            launcher=self.launcher,
+            cpus_per_process=config.cpus_per_worker,
+            ps_cpus=ps_cpus,
+        ) as ps_job:
+            if agent is not None:
+                try:
+                    agent.run(ps_job, interrupt=self.wanted)
+                except (ValueError, HpcElasticError) as exc:  # Brain cannot go on here: train on with what runs
+                    print(f"hpc-elastic-run: Brain stopped: {exc}", file=sys.stderr, flush=True)
+                    if not ps_job.workers:
+                        ps_job.add_worker()
+            outcome, status = self.watch(ps_job)
+        if outcome is Outcome.FINISHED:
+            if agent is not None:
+                status["brain"] = agent.report()
+            text = json.dumps(status)
+            atomic_write_bytes(self.job_dir.ps / "status.json", text.encode())
+            print(text, flush=True)
+            good = status["finished"] and all(e["exactly_once"] for e in status["epochs"])
+            return 0 if good else 1
+        return self.after(outcome, status)
+
+    # -- the watch ------------------------------------------------------------------------------------------------
+
+    def watch(self, ps_job: PsJob) -> tuple[Outcome, dict[str, Any]]:
+        """Watch the running job until training ends, a stop is requested (checkpointed here, before the steps
+        stop), or the job master's step ends under it. The outcome and the master's last status."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            if _master_ended(ps_job):
+                return Outcome.LOST, {}
+            stop = self.take_stop()
+            if stop is not None:
+                self.stop = stop
+                try:
+                    return Outcome.STOPPED, self.checkpoint_for_stop(ps_job, stop[0])
+                except HpcElasticError as exc:  # no checkpoint of the stop: the next run restores an older one
+                    print(f"hpc-elastic-run: no checkpoint for the stop: {exc}", file=sys.stderr, flush=True)
+                    return Outcome.STOPPED, {}
             try:
-                agent.run(ps_job)
-            except (ValueError, HpcElasticError) as exc:  # Brain cannot go on here: train on with what runs
-                print(f"hpc-elastic-run: Brain stopped: {exc}", file=sys.stderr, flush=True)
-                if not ps_job.workers:
-                    ps_job.add_worker()
-        status = ps_job.wait(timeout=WAIT_S)
-    if agent is not None:
-        status["brain"] = agent.report()
-    text = json.dumps(status)
-    atomic_write_bytes(job_dir.ps / "status.json", text.encode())
-    print(text, flush=True)
-    good = status["finished"] and all(e["exactly_once"] for e in status["epochs"])
-    return 0 if good else 1
+                ps_job.poll()
+                self.scale(ps_job)
+                status = ps_job.status()
+            except HpcElasticError:
+                if _master_ended(ps_job):  # Slurm signalled the steps: the PS and the master went first
+                    return Outcome.LOST, {}
+                raise
+            if status["finished"] and not ps_job.workers:
+                return Outcome.FINISHED, status
+            if not ps_job.workers and not status["finished"]:
+                raise ProcessFailed(f"no worker left and training not finished: {status['queues']}")
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"training not finished within {WAIT_S:.0f} s: {status['queues']}")
+            time.sleep(POLL_S)
+
+    def scale(self, ps_job: PsJob) -> ScaleReply | None:
+        """Apply a scale request of the job directory (:meth:`hpc_elastic.jobdir.JobDir.take_scale`), or refuse it
+        with the reason, and answer it in ``control/scale-reply.json``; None when there was none."""
+        try:
+            request = self.job_dir.take_scale(int(self.clock()))
+        except ValueError as exc:
+            return self._reply(ps_job, None, str(exc))
+        if request is None:
+            return None
+        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config)
+        if decision.refusal is not None:
+            return self._reply(ps_job, request.requested_at, decision.refusal)
+        apply_sizes(ps_job, decision.workers, decision.ps)
+        return self._reply(ps_job, request.requested_at, None)
+
+    def _reply(self, ps_job: PsJob, requested_at: float | None, refusal: str | None) -> ScaleReply:
+        workers, ps = len(ps_job.workers), len(ps_job.ps)
+        reason = f"refused: {refusal}" if refusal is not None else f"applied: {workers} workers, {ps} PS"
+        reply = ScaleReply(requested_at, refusal is None, reason, workers, ps, self.clock())
+        self.job_dir.reply_scale(reply)
+        print(f"hpc-elastic-run: scale request {reason}", file=sys.stderr, flush=True)
+        return reply
+
+    def wanted(self) -> bool:
+        """Whether the wrapper has something to do: a stop (``USR1``, ``control/stop``) or a scale request."""
+        return self.usr1 or self.job_dir.stop_path.exists() or self.job_dir.scale_path.exists()
+
+    def take_stop(self) -> tuple[StopReason, float] | None:
+        """A stop to act on: a ``control/stop`` of this run, else one after a ``USR1`` (the scheduler daemon's
+        checkpoint signal, the time-limit warning, a user's ``scancel --signal=USR1 --batch``), written to
+        ``control/stop`` for the record."""
+        request = self.job_dir.read_stop()
+        if request is not None:  # prepare() set aside older ones: this request is for this run
+            reason = request.reason if request.reason is not StopReason.UNKNOWN else self.usr1_reason()
+            return reason, request.requested_at if request.requested_at is not None else self.clock()
+        if not self.usr1:
+            return None
+        reason, requested_at = self.usr1_reason(), self.clock()
+        self.job_dir.request_stop(StopRequest(reason, requested_at))
+        return reason, requested_at
+
+    def usr1_reason(self) -> StopReason:
+        """Why ``USR1`` came (:func:`hpc_elastic.launch.stops.usr1_reason`): the daemon's notice for this
+        incarnation in the job's ``AdminComment``, else the time limit if near, else a preemption."""
+        notice_reason, start, limit = None, None, None
+        assert self.job.job_id is not None
+        try:
+            current = self.slurm.job(self.job.job_id)
+            notice = StopNotice.decode(current.admin_comment)
+            if notice is not None and notice.restarts == self.job.restart_count:
+                notice_reason = notice.reason
+            start, limit = current.start_time, current.time_limit_s
+        except SlurmError as exc:
+            print(f"hpc-elastic-run: cannot read the job ({exc}): USR1 taken for a preemption", file=sys.stderr)
+        now = datetime.fromtimestamp(self.clock(), tz=UTC)
+        return usr1_reason(notice_reason, start, limit, now, self.config.grace_s)
+
+    def checkpoint_for_stop(self, ps_job: PsJob, reason: StopReason) -> dict[str, Any]:
+        """Stop the workers (as a scale-in: their shards in hand go back to TODO), then checkpoint the PS parameters,
+        the master's queues and the ledger as one cut (the master holds its lock), the last of this run, and
+        acknowledge it in ``control/ack.json`` (``step``: the checkpoint's number); the master's status then."""
+        for worker in list(ps_job.workers):
+            ps_job.kill_worker(worker, signal.SIGTERM)
+        seq = ps_job.checkpoint()
+        assert self.job.job_id is not None
+        where = self.job_dir.checkpoints / f"ckpt-{seq}"
+        self.job_dir.acknowledge(Ack(self.job.job_id, self.job.restart_count, seq, where, self.clock(), reason))
+        status = ps_job.status()
+        print(
+            f"hpc-elastic-run: stop ({reason.value}): checkpoint {seq} at {status['queues']}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return status
+
+    # -- after the steps stopped ---------------------------------------------------------------------------------
+
+    def after(self, outcome: Outcome, status: dict[str, Any]) -> int:
+        """The steps have stopped: requeue the job (it restores from the checkpoint), leave it to Slurm, or wait
+        for the time limit to end it (:func:`hpc_elastic.launch.stops.after_stop`)."""
+        if outcome is Outcome.LOST:
+            current = None
+            assert self.job.job_id is not None
+            with contextlib.suppress(SlurmError):
+                current = self.slurm.job(self.job.job_id)
+            reason = sigterm_reason(current, self.job.restart_count, datetime.fromtimestamp(self.clock(), tz=UTC))
+            print(f"hpc-elastic-run: the job master's step ended; Slurm says: {reason.value}", file=sys.stderr)
+        else:
+            assert self.stop is not None
+            reason = self.stop[0]
+        try:
+            done = len(self.job_dir.timelimit_requeues())
+        except ValueError:
+            done = self.config.max_requeues  # an unreadable record: a spent budget, never a requeue loop
+        action = after_stop(reason, timelimit_requeues=done, max_requeues=self.config.max_requeues)
+        if action is Action.REQUEUE:
+            if reason is StopReason.TIMELIMIT:
+                self.job_dir.record_timelimit_requeue(self.job.restart_count)
+            try:
+                with term_ignored():  # the requeue signals the batch step: finish the call first
+                    self.slurm.requeue([job_ref_of(self.job)])
+            except SlurmError as exc:
+                print(f"hpc-elastic-run: cannot requeue ({reason.value}): {exc}", file=sys.stderr, flush=True)
+                return 1
+            print(f"hpc-elastic-run: requeued ({reason.value})", file=sys.stderr, flush=True)
+            return 0
+        if action is Action.TIMEOUT:
+            print("hpc-elastic-run: time-limit requeues spent: the job ends at its time limit", file=sys.stderr)
+            while True:  # Slurm's TERM at the limit ends the wrapper (_terminate)
+                time.sleep(POLL_S)
+        print(f"hpc-elastic-run: the job ends as Slurm decided ({reason.value})", file=sys.stderr, flush=True)
+        return 0 if outcome is Outcome.STOPPED else 1
+
+
+def _master_ended(ps_job: PsJob) -> bool:
+    return ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None
+
+
+def apply_sizes(ps_job: PsJob, workers: int, ps: int) -> None:
+    """Scale the running job to ``workers`` workers and ``ps`` PS, each change an ``srun`` step inside the
+    allocation: the newest workers leave first (SIGTERM: their shards go back to TODO), then PS are removed or added
+    (each a re-partition of the parameters while the workers wait), then workers are added, so that the cores freed
+    come before the cores taken."""
+    for worker in list(ps_job.workers)[workers:]:
+        ps_job.kill_worker(worker, signal.SIGTERM)
+    while len(ps_job.ps) > ps:
+        ps_job.remove_ps()
+    while len(ps_job.ps) < ps:
+        ps_job.add_ps()
+    while len(ps_job.workers) < workers:
+        ps_job.add_worker()
 
 
 def main(argv: Sequence[str]) -> int:
     try:
         config = parse_args(argv)
-    except ValueError as exc:
+        wrapper = PsWrapper(config, read_job_environment(), connect(read_environment()))
+    except (ValueError, HpcElasticError) as exc:
         print(f"hpc-elastic-run: error: {exc}", file=sys.stderr)
         return 2
-    return run(config)
+    return wrapper.run()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,14 @@ class BrainStep:
         )
 
 
+class Interrupted(Exception):
+    """The job's wrapper has something to do (a stop, a user's scale request): Brain hands the job back."""
+
+
+def _never() -> bool:
+    return False
+
+
 class BrainAgent:
     """Drive a job (started with :meth:`initial_plan`'s PS and no worker) through sample, optimize, adjust."""
 
@@ -139,6 +147,8 @@ class BrainAgent:
         self.window_s = window_s
         self.max_adjust = max_adjust
         self.steps: list[BrainStep] = []
+        self.interrupted = False  # whether :meth:`run` handed the job back before it was done
+        self._interrupt: Callable[[], bool] = _never
 
     def partition(self, held: int) -> Partition:
         """What Brain may grow into: the PS job's cores not held by ``held``."""
@@ -148,8 +158,16 @@ class BrainAgent:
         """The sample stage's plan: the job starts with its PS (:meth:`run` adds the workers)."""
         return sample_plan(self.limits, self.partition(0), mem_mb=STEP_MEM_MB_PER_CPU)
 
-    @staticmethod
-    def read(job: PsJob) -> Reading:
+    def _sleep(self, job: PsJob, seconds: float) -> None:
+        """Wait, handling lost processes meanwhile; :class:`Interrupted` as soon as the wrapper asks for the job."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._interrupt():
+                raise Interrupted
+            job.poll()
+            time.sleep(0.05)
+
+    def read(self, job: PsJob) -> Reading:
         """The master's readings; while a PS does not answer (lost: the launcher replaces it), again."""
         assert job.master is not None, "start the job first"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -159,7 +177,7 @@ class BrainAgent:
             except RemoteError:
                 if time.monotonic() > deadline:
                     raise
-                _sleep(job, 0.5)
+                self._sleep(job, 0.5)
                 continue
             return Reading.from_reply(reply)
 
@@ -170,10 +188,10 @@ class BrainAgent:
         while not set(job.workers) <= set(self.read(job).workers):
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"the workers did not lease within {START_TIMEOUT_S:.0f} s")
-            _sleep(job, 0.1)
-        _sleep(job, self.window_s)
+            self._sleep(job, 0.1)
+        self._sleep(job, self.window_s)
         before = self.read(job)
-        _sleep(job, self.window_s)
+        self._sleep(job, self.window_s)
         return usage_between(before, self.read(job), plan)
 
     def apply(self, job: PsJob, plan: ResourcePlan) -> None:
@@ -202,9 +220,18 @@ class BrainAgent:
         while len(job.workers) < w.count:
             job.add_worker(cpus=w.cores)
 
-    def run(self, job: PsJob) -> list[BrainStep]:
+    def run(self, job: PsJob, interrupt: Callable[[], bool] = _never) -> list[BrainStep]:
         """Sample, optimize, then adjust ``job`` until Brain finds nothing to fix or ``max_adjust`` steps were
-        applied; the steps taken (``steps``). The job trains on afterwards."""
+        applied, or ``interrupt()`` says the job's wrapper has something to do (looked at while Brain waits; then
+        Brain stops for good, ``interrupted``); the steps taken (``steps``). The job trains on afterwards."""
+        self._interrupt = interrupt
+        try:
+            return self._run(job)
+        except Interrupted:
+            self.interrupted = True
+            return self.steps
+
+    def _run(self, job: PsJob) -> list[BrainStep]:
         plan = self.initial_plan()
         self.apply(job, plan)
         usage, rate = self.measure(job, plan)
@@ -242,11 +269,9 @@ class BrainAgent:
             }
             for s in self.steps
         ]
-        return {"cores": self.cores, "steps": steps, "adjust_steps": self.adjust_steps}
-
-
-def _sleep(job: PsJob, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        job.poll()  # lost processes are handled meanwhile
-        time.sleep(0.05)
+        return {
+            "cores": self.cores,
+            "steps": steps,
+            "adjust_steps": self.adjust_steps,
+            "interrupted": self.interrupted,
+        }

@@ -151,6 +151,8 @@ class PsJob:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob("*.addr"):  # an earlier run's (a requeued job): never taken for this one's
+            stale.unlink()
         config = json.dumps(self.config.to_json())
         rd = str(self.run_dir)
         bind = ["--bind", NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"]

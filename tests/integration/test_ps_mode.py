@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpc_elastic.jobdir import JobDir
+from hpc_elastic.jobdir import JobDir, ScaleReply
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
 from hpc_elastic.slurm import CliSlurm
 from tests.integration.conftest import wait_for
@@ -167,3 +168,86 @@ def test_with_ranges_brain_samples_optimizes_and_adjusts_inside_the_allocation(
     status["lost"] = []
     assert_exactly_once(status, 1, samples)
     assert lost <= set(status["registered"])
+
+
+def test_usr1_mid_epoch_checkpoints_requeues_and_the_next_run_restores_exactly_once(
+    slurm: CliSlurm, workdir: Path, cleanup: list[int]
+) -> None:
+    epochs = 2
+    job_id = submit_ps(workdir, {"num_samples": SAMPLES, "shard_size": 50, "batch_size": 25, "epochs": epochs})
+    cleanup.append(job_id)
+    job_dir = JobDir.of(workdir, NAME, job_id)
+    wait_for(
+        "the first epoch under way",
+        lambda: (s := _master_status(job_dir.ps)) is not None and s["shards_done"] >= 8 and s["queues"]["epoch"] == 0,
+        timeout_s=300,
+        every_s=0.5,
+    )
+    # the checkpoint signal, as the daemon or a user sends it (scancel --signal=USR1 --batch)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", str(job_id)], check=True, timeout=30)
+    status, _ = final_status(slurm, workdir, job_id)
+    job = slurm.job(job_id)
+    assert job.restart_count == 1
+    ack_name = sorted(p.name for p in job_dir.control.glob("ack.json.handled-*"))
+    assert len(ack_name) == 1  # the first run's acknowledgement, set aside by the second
+    ack = json.loads((job_dir.control / ack_name[0]).read_text())
+    assert ack["reason"] == "preempt" and ack["restart_count"] == 0
+    assert status["restored_from"] == ack["step"]  # the stop's checkpoint, the last of the first run
+    assert_exactly_once(status, epochs)
+    first_run = {w: n for w, n in status["epochs"][0]["samples_by_worker"].items() if not w.startswith("r1")}
+    assert sum(first_run.values()) >= 8 * 50  # the first run's samples, still credited
+    assert sorted(status["registered"]) == ["r1w0", "r1w1", "r1w2"]
+
+
+def _scale(job_id: int, workdir: Path, workers: int | None, ps: int | None) -> subprocess.CompletedProcess[str]:
+    sizes = [*([f"--workers={workers}"] if workers else []), *([f"--ps={ps}"] if ps else [])]
+    argv = [sys.executable, "-m", "hpc_elastic", "scale", str(job_id), *sizes, f"--ckpt-root={workdir}"]
+    return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
+
+
+def _training(run_dir: Path, workers: int) -> dict[str, Any] | None:
+    """The master's status once exactly ``workers`` workers are alive and each holds a shard or has trained one."""
+    status = _master_status(run_dir)
+    if status is None or not status["epochs"]:
+        return None
+    alive = set(status["registered"]) - set(status["lost"])
+    trained = status["epochs"][0]["samples_by_worker"]
+    ok = len(alive) == workers and all(w in status["doing_by_worker"] or trained.get(w) for w in alive)
+    return status if ok else None
+
+
+def _new_reply(job_dir: JobDir, previous: ScaleReply | None) -> ScaleReply | None:
+    reply = job_dir.read_scale_reply()
+    return reply if reply is not None and reply != previous else None
+
+
+def test_hpc_elastic_scale_sets_workers_and_ps_of_the_running_job_within_one_epoch(
+    slurm: CliSlurm, workdir: Path, cleanup: list[int]
+) -> None:
+    samples = 80_000
+    job_id = submit_ps(workdir, {"num_samples": samples, "shard_size": 100, "batch_size": 50}, workers="1:4", ps="1:2")
+    cleanup.append(job_id)
+    job_dir = JobDir.of(workdir, NAME, job_id)
+    wait_for("the job training", lambda: (s := _master_status(job_dir.ps)) is not None and s["shards_done"] >= 2,
+             timeout_s=300, every_s=0.5)  # fmt: skip
+    bad = _scale(job_id, workdir, 5, None)  # beyond --workers-range: one line, exit 2, nothing written
+    assert bad.returncode == 2 and "--workers 5 is outside the job's range 1:4" in bad.stderr, bad
+    assert not job_dir.scale_path.exists()
+    during: list[dict[str, Any]] = []
+    for workers, ps in ((2, 1), (4, 2), (1, 1)):
+        previous = job_dir.read_scale_reply()
+        done = _scale(job_id, workdir, workers, ps)
+        assert done.returncode == 0, done.stderr
+        what = f"{workers} workers, {ps} PS"
+        reply = wait_for(f"the answer to {what}", partial(_new_reply, job_dir, previous), timeout_s=120)
+        assert (reply.applied, reply.workers, reply.ps) == (True, workers, ps), reply
+        status = wait_for(f"{what} training", partial(_training, job_dir.ps, workers), timeout_s=120)
+        during.append(status)
+    assert all(s["queues"]["epoch"] == 0 and not s["finished"] for s in during)  # all within the one epoch
+    assert [s["num_ps"] for s in during] == [1, 2, 1]
+    status, _ = final_status(slurm, workdir, job_id)
+    assert status["brain"]["interrupted"] is True  # the user's request took the job from Brain
+    lost = set(status["lost"])  # workers scaled in
+    status["lost"] = []
+    assert_exactly_once(status, 1, samples)
+    assert lost <= set(status["registered"]) and len(status["registered"]) - len(lost) == 1

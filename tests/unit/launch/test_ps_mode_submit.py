@@ -138,3 +138,12 @@ def test_brain_chooses_only_where_a_range_leaves_a_choice() -> None:
     first = agent.initial_plan()
     assert first.workers.count == 1 and first.workers.cores <= 2 and max(first.ps_cores) <= 2
     assert first.num_ps == 2 and first.total_cores <= agent.cores
+
+
+def test_a_ps_jobs_time_limit_requeues_and_ranges_reach_the_wrapper_and_the_marker() -> None:
+    spec = ps_spec(workers_range="1:4", ps_range="1:2", cpus_per_worker=2, max_requeues=3, partition="cpu")
+    text = render_batch_script(spec, ["/py", "/w/hpc-elastic-run"])
+    assert "#SBATCH --requeue" in text and "#SBATCH --signal=B:USR1@" in text
+    assert "ps_workers=1-4,ps_servers=1-2,cpw=2" in text  # the daemon and hpc-elastic scale read the ranges here
+    run = text.splitlines()[-1].split()[3:]
+    assert "--max-requeues=3" in run and parse_args(run).max_requeues == 3

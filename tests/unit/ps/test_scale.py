@@ -1,0 +1,208 @@
+"""Scaling a running ps-mode job through its job directory: the request (``control/scale``) as the wrapper reads it
+(hostile input refused with a reason), the wrapper's decision against the job's ranges and cores, the marker that
+records the ranges, ``hpc-elastic scale``'s checks (one line, exit 2, nothing written), and a job of local processes
+scaled by requests while Brain held it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from hpc_elastic.cli.main import cli
+from hpc_elastic.collective import Backend
+from hpc_elastic.env import JobEnvironment
+from hpc_elastic.jobdir import JobDir, ScaleReply, ScaleRequest, parse_scale
+from hpc_elastic.launch.scale import ScaleConfig, request_scale
+from hpc_elastic.launch.spec import JobMarker, MarkerError, MarkerUnit, PsShape, decode_marker
+from hpc_elastic.ps.allocation import PsWrapper, decide_scale, parse_args
+from hpc_elastic.ps.job import PsLauncher
+from hpc_elastic.slurm.types import JobState
+from tests.unit.ps.test_allocation import RequeueSlurm, master_status
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"workers": 0, "requested_at": 1}', "scale workers must be an integer in"),
+        ('{"workers": true, "requested_at": 1}', "scale workers must be an integer in"),
+        ('{"ps": -1, "requested_at": 1}', "scale ps must be an integer in"),
+        ('{"ps": 99999, "requested_at": 1}', "scale ps must be an integer in"),
+        ('{"requested_at": 1}', "names workers, ps or both"),
+        ('{"workers": 2}', "requested_at must be epoch seconds"),
+        ('{"workers": 2, "requested_at": 1, "cmd": "rm"}', "unknown key 'cmd'"),
+        ("[2]", "JSON object"),
+        ("workers=2", "not JSON"),
+    ],
+)
+def test_a_bad_scale_request_is_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_scale(text)
+
+
+def test_a_scale_request_round_trips_and_is_set_aside_once_read(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-1").prepare()
+    request = ScaleRequest(4, None, 10.0)
+    job_dir.request_scale(request)
+    assert job_dir.take_scale(11) == request
+    assert job_dir.take_scale(12) is None
+    assert (job_dir.control / "scale.handled-11").exists()
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo", "large", "garbage"])
+def test_a_hostile_scale_file_is_refused_with_the_reason_and_set_aside(tmp_path: Path, plant: str) -> None:
+    job_dir = JobDir(tmp_path / "j-1").prepare()
+    secret = tmp_path / "secret"
+    secret.write_text('{"workers": 2, "requested_at": 1}')
+    if plant == "link":
+        job_dir.scale_path.symlink_to(secret)
+    elif plant == "fifo":
+        os.mkfifo(job_dir.scale_path)
+    elif plant == "large":
+        job_dir.scale_path.write_text(" " * 10_000)
+    else:
+        job_dir.scale_path.write_text('{"workers": "all"}')
+    with pytest.raises(ValueError, match=r"refused|must be"):
+        job_dir.take_scale(5)
+    assert not job_dir.scale_path.exists() and not job_dir.scale_path.is_symlink()
+    assert job_dir.take_scale(6) is None
+
+
+def test_the_wrapper_decides_within_the_ranges_and_the_allocations_cores() -> None:
+    config = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2"])
+    assert config.cores == 6
+    decision = decide_scale(ScaleRequest(4, 2, 1.0), 2, (1,), config)
+    assert (decision.workers, decision.ps, decision.refusal) == (4, 2, None)
+    assert decide_scale(ScaleRequest(None, 1, 1.0), 3, (1, 1), config).refusal is None
+    out = decide_scale(ScaleRequest(5, None, 1.0), 2, (1,), config)
+    assert (out.workers, out.ps, out.refusal) == (2, 1, "workers 5 is outside the job's range 1:4")
+    # Brain gave the PS 2 cores each: 4 workers beside them are more than the allocation's 6
+    out = decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config)
+    assert out.refusal == "4 workers and 2 PS need 8 cores; the allocation has 6"
+
+
+def test_a_ps_jobs_marker_records_its_ranges() -> None:
+    marker = JobMarker(8, 8, 8, MarkerUnit.PROC, Backend.TORCH, ps=PsShape((1, 4), (1, 2), 2))
+    text = marker.encode()
+    assert text.endswith(",ps_workers=1-4,ps_servers=1-2,cpw=2")
+    assert decode_marker(text) == marker and marker.ps is not None and marker.ps.cores == 12
+    with pytest.raises(MarkerError, match="together"):
+        decode_marker(text.replace(",cpw=2", ""))
+    with pytest.raises(MarkerError, match="1 <= A <= B"):
+        decode_marker(text.replace("ps_workers=1-4", "ps_workers=4-1"))
+    with pytest.raises(MarkerError, match="bad marker ps sizes"):
+        decode_marker(text.replace("ps_servers=1-2", "ps_servers=x"))
+
+
+class ScaleSlurm:
+    """One job, as ``scontrol show job`` would give it."""
+
+    def __init__(self, comment: str, state: JobState = JobState.RUNNING, user_id: int | None = None) -> None:
+        self.comment, self.state = comment, state
+        self.user_id = os.getuid() if user_id is None else user_id
+
+    def job(self, job_id: int) -> object:
+        fields = {"job_id": job_id, "name": "ps", "user": "u", "user_id": self.user_id}
+        return type("Job", (), {**fields, "state": self.state, "comment": self.comment})()
+
+
+PS_MARKER = JobMarker(7, 7, 7, MarkerUnit.PROC, Backend.TORCH, ps=PsShape((1, 4), (1, 2), 1)).encode()
+
+
+@pytest.mark.parametrize(
+    ("slurm", "workers", "ps", "message"),
+    [
+        (ScaleSlurm(PS_MARKER), 5, None, "--workers 5 is outside the job's range 1:4"),
+        (ScaleSlurm(PS_MARKER), None, 3, "--ps 3 is outside the job's range 1:2"),
+        (ScaleSlurm(PS_MARKER, JobState.PENDING), 2, None, "is PENDING: only a running job scales"),
+        (ScaleSlurm(PS_MARKER, user_id=os.getuid() + 1), 2, None, "not yours"),
+        (ScaleSlurm("hpc-elastic:v=1,workers=2,min=2,max=2,unit=proc,backend=torch"), 2, None, "not a ps-mode job"),
+    ],
+)
+def test_hpc_elastic_scale_refuses_before_writing(
+    tmp_path: Path, slurm: ScaleSlurm, workers: int | None, ps: int | None, message: str
+) -> None:
+    job_dir = JobDir.of(tmp_path, "ps", 9).prepare()
+    with pytest.raises(ValueError, match=message):
+        request_scale(slurm, ScaleConfig(9, workers, ps, (tmp_path,)), uid=os.getuid(), now=1.0)  # type: ignore[arg-type]
+    assert not job_dir.scale_path.exists()
+    written = request_scale(ScaleSlurm(PS_MARKER), ScaleConfig(9, 3, 2, (tmp_path,)), uid=os.getuid(), now=1.0)  # type: ignore[arg-type]
+    assert written.take_scale(2) == ScaleRequest(3, 2, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["9"], "give --workers, --ps or both"),
+        (["9", "--workers", "0"], "--workers must be at least 1, got 0"),
+        (["9", "--ps", "-2"], "--ps must be at least 1, got -2"),
+        (["9", "--workers", "two"], "'two' is not a valid integer"),
+    ],
+)
+def test_bad_scale_values_are_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["scale", *args, f"--ckpt-root={tmp_path}"])
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+SAMPLES = 60_000
+
+
+Sizes = list[tuple[int | None, int | None]]
+
+
+def scale_when(job_dir: JobDir, steps: Sizes, replies: list[ScaleReply]) -> threading.Thread:
+    """Once the job trains, request each (workers, PS) in turn, waiting for the wrapper's answer to each and for
+    the workers it added to register."""
+
+    def body() -> None:
+        deadline = time.monotonic() + 180
+        while (s := master_status(job_dir.ps)) is None or s["shards_done"] < 4:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        for n, (workers, ps) in enumerate(steps):
+            at = 1000.0 + n
+            job_dir.request_scale(ScaleRequest(workers, ps, at))
+            while (reply := job_dir.read_scale_reply()) is None or reply.requested_at != at:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+            replies.append(reply)
+            while reply.applied and (s := master_status(job_dir.ps)) is not None:
+                if len(set(s["registered"]) - set(s["lost"])) >= reply.workers or time.monotonic() > deadline:
+                    break  # the workers added train
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_once(tmp_path: Path) -> None:
+    settings = {"num_samples": SAMPLES, "shard_size": 100, "batch_size": 50}
+    argv = ["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=1:4", "--ps-range=1:2"]
+    config = parse_args([*argv, f"--ps-config={json.dumps(settings)}"])
+    job = JobEnvironment(job_id=8, job_name="ps")
+    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL)  # type: ignore[arg-type]
+    replies: list[ScaleReply] = []
+    thread = scale_when(ps_wrapper.job_dir, [(2, 1), (4, 2), (9, None), (1, 1)], replies)
+    assert ps_wrapper.run() == 0
+    thread.join(timeout=5)
+    assert [(r.applied, r.workers, r.ps) for r in replies] == [(True, 2, 1), (True, 4, 2), (False, 4, 2), (True, 1, 1)]
+    assert replies[2].reason == "refused: workers 9 is outside the job's range 1:4"
+    status: dict[str, Any] = json.loads((ps_wrapper.job_dir.ps / "status.json").read_text())
+    assert status["brain"]["interrupted"] is True
+    assert status["finished"] and not status["failed_shards"] and len(status["epochs"]) == 1
+    epoch = status["epochs"][0]
+    assert epoch["exactly_once"] and (epoch["min_count"], epoch["max_count"]) == (1, 1)
+    assert sum(epoch["samples_by_worker"].values()) == SAMPLES
+    assert len(status["registered"]) == 4 and len(status["lost"]) == 3 and status["num_ps"] == 1
+    assert len(status["repartition_seconds"]) == 3  # PS 2 -> 1 (Brain's sample plan), 1 -> 2, 2 -> 1
+    assert all(epoch["samples_by_worker"].get(w, 0) > 0 for w in status["registered"])
