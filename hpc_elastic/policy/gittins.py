@@ -61,9 +61,13 @@ class GittinsTable:
     within_sum: FloatArray  # Σ s over those samples
     beyond: FloatArray  # number of samples with s > a + Δ
     fixed: FloatArray = field(init=False, repr=False)  # within_sum + Δ beyond: G = c / (fixed - a c)
+    first: float = field(init=False, repr=False)  # G(0, Δ): the index of every job that has not run
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "fixed", self.within_sum + self.delta * self.beyond)
+        fixed = self.within_sum + self.delta * self.beyond
+        object.__setattr__(self, "fixed", fixed)
+        c, denom = float(self.within[0]), float(fixed[0])
+        object.__setattr__(self, "first", c / denom if c > 0 and denom > 0 else 0.0)
 
     @classmethod
     def build(cls, dist: ServiceDistribution, delta: float) -> GittinsTable:
@@ -89,15 +93,17 @@ class GittinsTable:
 
     def index(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) for every a in ``attained`` (0 where no sample is larger than a: the job outlived history)."""
-        # A job that never ran (a <= 0) is on the first piece: only the others are searched for (a pass's
-        # waiting jobs are mostly such jobs, and the breakpoints many).
-        k = np.zeros(attained.shape, dtype=np.int64)
-        ran = (attained > 0.0).nonzero()[0]
-        k[ran] = self.breakpoints.searchsorted(attained[ran], side="right") - 1  # (>= 0: the first breakpoint is 0)
-        c = self.within[k]
-        denom = self.fixed[k] - attained * c
-        out = np.zeros(attained.shape, dtype=np.float64)
-        return np.divide(c, denom, out=out, where=(c > 0) & (denom > 0))
+        # A pass's waiting jobs are mostly jobs that never ran (a = 0): they all get G(0, Δ), and only the others
+        # are looked up (a <= 0 is on the first piece; the breakpoints are many).
+        out = np.full(attained.shape, self.first, dtype=np.float64)
+        rows = (attained != 0.0).nonzero()[0]
+        if rows.size:
+            a = attained[rows]
+            k = np.where(a > 0.0, self.breakpoints.searchsorted(a, side="right") - 1, 0)  # (the first is 0)
+            c = self.within[k]
+            denom = self.fixed[k] - a * c
+            out[rows] = np.divide(c, denom, out=np.zeros(a.shape, dtype=np.float64), where=(c > 0) & (denom > 0))
+        return out
 
 
 @dataclass(frozen=True, eq=False)

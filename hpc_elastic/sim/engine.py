@@ -283,21 +283,22 @@ class _Replay:
         self.free = cluster0.total.copy()
         self.free_total = int(self.free.sum())  # (kept in step with free)
         self.capacity = int(cluster0.total.sum())
-        # Per-job state in two row-major tables, so that a pass gathers the active rows in two operations.
-        self.fstate = fstate = np.zeros((n, _F_COLUMNS), dtype=np.float64)
-        self.istate = istate = np.zeros((n, _I_COLUMNS), dtype=np.int64)
-        fstate[:, _SUBMIT] = sim.submit
-        fstate[:, _SPEED] = 1.0
-        fstate[:, _FIRST] = math.nan
-        fstate[:, _SKEW] = sim.skew
-        fstate[:, _REMAIN] = sim.work
-        fstate[:, _LIMIT] = sim.time_limit
-        fstate[:, _POS] = math.nan
-        istate[:, _GPUS] = sim.gpus
-        istate[:, _MASK] = sim.pool_mask
-        istate[:, _POOL] = -1
-        istate[:, _MIN] = sim.min_gpus
-        istate[:, _MAX] = sim.max_gpus
+        # Per-job state in two column-major tables (a row per column): a pass gathers the columns its policy reads,
+        # each contiguous, for the active jobs only.
+        self.fstate = fstate = np.zeros((_F_COLUMNS, n), dtype=np.float64)
+        self.istate = istate = np.zeros((_I_COLUMNS, n), dtype=np.int64)
+        fstate[_SUBMIT] = sim.submit
+        fstate[_SPEED] = 1.0
+        fstate[_FIRST] = math.nan
+        fstate[_SKEW] = sim.skew
+        fstate[_REMAIN] = sim.work
+        fstate[_LIMIT] = sim.time_limit
+        fstate[_POS] = math.nan
+        istate[_GPUS] = sim.gpus
+        istate[_MASK] = sim.pool_mask
+        istate[_POOL] = -1
+        istate[_MIN] = sim.min_gpus
+        istate[_MAX] = sim.max_gpus
         # per-job scalars read and written one job at a time: Python lists (cheaper to index than arrays)
         self.end: list[float] = [math.nan] * n
         self.alloc = np.empty(n, dtype=object)
@@ -425,8 +426,8 @@ class _Replay:
 
     def arrive(self, row: int, now: float, free_total: int) -> None:
         """A job is submitted: it waits (from its submit time) for the next pass."""
-        self.istate[row, _STATUS] = _PENDING
-        self.fstate[row, _SINCE] = self.sim.submit[row]
+        self.istate[_STATUS, row] = _PENDING
+        self.fstate[_SINCE, row] = self.sim.submit[row]
         self.arrived.append(row)
         self.pending.add(row)
         gpus = int(self.sim.gpus[row])
@@ -441,21 +442,21 @@ class _Replay:
 
     def complete(self, row: int, version: int, now: float) -> None:
         """A running job's work is done (unless the completion event is stale: it was preempted or resized)."""
-        i = self.istate[row]
+        i = self.istate[:, row]
         if version != self.version[row] or i[_STATUS] != _RUNNING:
             return
         gpus = int(i[_GPUS])
         self.stop(row, now)
         i[_STATUS] = _DONE
         self.end[row] = now
-        self.fstate[row, _REMAIN] = 0.0
+        self.fstate[_REMAIN, row] = 0.0
         self.departed.append(row)
         self.changed = True
         self.freed += gpus
         self.completed += 1
         self.history.append(self.service_total[row])
         if self.record:
-            self.log.append(SimEvent(now, EventKind.COMPLETE, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
+            self.log.append(SimEvent(now, EventKind.COMPLETE, int(self.sim.ids[row]), int(self.istate[_QUEUE, row])))
         if self.progress is not None and self.completed % self.report_every == 0:
             self.progress(self.completed, self.n)
 
@@ -471,10 +472,10 @@ class _Replay:
     def stop(self, row: int, now: float) -> None:
         """Account a running job's run up to ``now`` (service, and the work done past its restore overhead);
         free its GPUs."""
-        f = self.fstate[row]  # (a view: one row's scalars are cheaper to reach through it)
+        f = self.fstate[:, row]  # (a view: one job's scalars are cheaper to reach through it)
         v = f.tolist()
         el = now - v[_SINCE]
-        i = self.istate[row]
+        i = self.istate[:, row]
         gpus = int(i[_GPUS])
         f[_ATT] = v[_ATT] + gpus * el
         f[_EXE] = v[_EXE] + el
@@ -529,41 +530,46 @@ class _Replay:
         self.apply(decision, rows, table, now)
 
     def table(self, rows: IntArray, now: float) -> JobTable:
-        """The policy's view of these jobs at ``now`` (a few vectorised gathers)."""
-        fg = np.take(self.fstate, rows, axis=0)
-        ig = np.take(self.istate, rows, axis=0)
-        running = ig[:, _STATUS] == _RUNNING
-        gpus = ig[:, _GPUS]
-        el = now - fg[:, _SINCE]
+        """The policy's view of these jobs at ``now``: the columns every pass reads gathered now, the others when
+        first read (one contiguous gather per column)."""
+        fstate, istate = self.fstate, self.istate
+        running = istate[_STATUS].take(rows) == _RUNNING
+        gpus = istate[_GPUS].take(rows)
+        el = now - fstate[_SINCE].take(rows)
         el_run = np.where(running, el, 0.0)
-        exe = fg[:, _EXE]
         columns = {
             "job_ids": rows,  # a job's id is its row
             "gpus": gpus,
-            "submit": fg[:, _SUBMIT],
+            "submit": fstate[_SUBMIT].take(rows),
             "running": running,
             "run_time": el_run,
-            "first_start": fg[:, _FIRST],
-            "queue": ig[:, _QUEUE],
-            "skew": fg[:, _SKEW],
-            "pool_mask": ig[:, _MASK],
-            "pool": ig[:, _POOL],
+            "pool_mask": istate[_MASK].take(rows),
             "alloc": RowSlice(self.alloc, rows),
-            "time_limit": fg[:, _LIMIT],
-            "position": fg[:, _POS],
-            "min_gpus": ig[:, _MIN],
-            "max_gpus": ig[:, _MAX],
             "scaling": RowSlice(self.sim.scaling, rows),
         }
+
+        def gather(table: FloatArray | IntArray, column: int) -> Callable[[], FloatArray | IntArray]:
+            return lambda: table[column].take(rows)
+
         # Columns only some policies read, computed on first read (the same values).
-        later: dict[str, Callable[[], FloatArray]] = {
-            "attained": lambda: fg[:, _ATT] + gpus * el_run,
-            "executed": lambda: exe + el_run,
+        later: dict[str, Callable[[], FloatArray | IntArray]] = {
+            "first_start": gather(fstate, _FIRST),
+            "queue": gather(istate, _QUEUE),
+            "skew": gather(fstate, _SKEW),
+            "pool": gather(istate, _POOL),
+            "time_limit": gather(fstate, _LIMIT),
+            "position": gather(fstate, _POS),
+            "min_gpus": gather(istate, _MIN),
+            "max_gpus": gather(istate, _MAX),
+            "attained": lambda: fstate[_ATT].take(rows) + gpus * el_run,
+            "executed": lambda: fstate[_EXE].take(rows) + el_run,
             # δ_J: waiting since the job first ran after its arrival / last promotion, all spells (§3.2.3)
-            "waiting": lambda: fg[:, _WAIT] + np.where(running | (exe <= 0.0), 0.0, el),
+            "waiting": lambda: fstate[_WAIT].take(rows) + np.where(running | (fstate[_EXE].take(rows) <= 0.0), 0.0, el),
             "current_wait": lambda: np.where(running, 0.0, el),
             "remaining": lambda: np.maximum(
-                fg[:, _REMAIN] - np.maximum(el_run - fg[:, _OVERHEAD], 0.0) * fg[:, _SPEED], 0.0
+                fstate[_REMAIN].take(rows)
+                - np.maximum(el_run - fstate[_OVERHEAD].take(rows), 0.0) * fstate[_SPEED].take(rows),
+                0.0,
             ),
         }
         return JobTable.derived(columns, later)
@@ -574,7 +580,7 @@ class _Replay:
         """Carry out a pass's decision: queue changes, preemptions, resizes, starts (in that order: the GPUs of
         the preempted and shrunk jobs are those the others are placed on)."""
         if decision.positions is not None:
-            self.fstate[rows, _POS] = decision.positions
+            self.fstate[_POS, rows] = decision.positions
         # (a row's job id is its row in the simulator's tables)
         for change in decision.queue_changes:
             self.change_queue(change.job_id, change.queue, change.reset, now)
@@ -598,24 +604,24 @@ class _Replay:
     def change_queue(self, row: int, queue: int, reset: bool, now: float) -> None:
         """Demotion, or promotion (which resets t_J, δ_J and a_J, §3.2.3)."""
         fstate = self.fstate
-        self.istate[row, _QUEUE] = queue
+        self.istate[_QUEUE, row] = queue
         if not reset:
             return
-        fstate[row, _ATT] = fstate[row, _EXE] = fstate[row, _WAIT] = 0.0
-        if self.istate[row, _STATUS] == _PENDING:
-            self.pend_total[row] += now - fstate[row, _SINCE]
-            fstate[row, _SINCE] = now
+        fstate[_ATT, row] = fstate[_EXE, row] = fstate[_WAIT, row] = 0.0
+        if self.istate[_STATUS, row] == _PENDING:
+            self.pend_total[row] += now - fstate[_SINCE, row]
+            fstate[_SINCE, row] = now
         else:  # (policies only promote waiting jobs)
-            fstate[row, _ATT] = -float(self.istate[row, _GPUS]) * (now - fstate[row, _SINCE])
-            fstate[row, _EXE] = -(now - fstate[row, _SINCE])
+            fstate[_ATT, row] = -float(self.istate[_GPUS, row]) * (now - fstate[_SINCE, row])
+            fstate[_EXE, row] = -(now - fstate[_SINCE, row])
 
     def preempt(self, row: int, now: float) -> None:
         """Checkpoint and requeue a running job: its progress is banked, it owes a restore at its next start."""
         self.stop(row, now)
-        i = self.istate[row]
+        i = self.istate[:, row]
         i[_STATUS] = _PENDING
         gpus = i[_GPUS] = self.base_gpus[row]  # it waits for the GPUs it asked for
-        self.fstate[row, _SINCE] = now
+        self.fstate[_SINCE, row] = now
         self.version[row] += 1
         self.preempts[row] += 1
         self.pending_gpus += gpus
@@ -624,17 +630,17 @@ class _Replay:
         self.preempt_cost += cost
         self.pending.add(row)
         if self.record:
-            self.log.append(SimEvent(now, EventKind.PREEMPT, int(self.sim.ids[row]), int(self.istate[row, _QUEUE])))
+            self.log.append(SimEvent(now, EventKind.PREEMPT, int(self.sim.ids[row]), int(self.istate[_QUEUE, row])))
 
     def checkpoint(self, row: int, now: float) -> None:
         """The first half of a resize: the running elastic job checkpoints and lets go of its GPUs."""
-        if self.istate[row, _STATUS] != _RUNNING:
+        if self.istate[_STATUS, row] != _RUNNING:
             raise RuntimeError(f"policy {self.policy.name} resized job {row} that is not running")
         self.stop(row, now)
 
     def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
         """The second half: the job restarts from its checkpoint on ``gpus`` GPUs (it does not wait)."""
-        self.istate[row, _GPUS] = gpus
+        self.istate[_GPUS, row] = gpus
         cost = self.stop_cost[row]
         self.resizes[row] += 1
         self.resize_cost += cost
@@ -642,7 +648,7 @@ class _Replay:
 
     def start(self, row: int, node_rows: RowAllocation, now: float) -> None:
         """Start (or resume) a waiting job on these GPUs."""
-        f, i = self.fstate[row], self.istate[row]
+        f, i = self.fstate[:, row], self.istate[:, row]
         if i[_STATUS] != _PENDING:
             raise RuntimeError(f"policy {self.policy.name} started job {row} that is not pending")
         v = f.tolist()
@@ -663,7 +669,7 @@ class _Replay:
     ) -> None:
         """Put a job on these ``gpus`` GPUs from ``now``: its speed, and its completion event."""
         sim, free = self.sim, self.free
-        f, i = self.fstate[row], self.istate[row]
+        f, i = self.fstate[:, row], self.istate[:, row]
         for node, count in node_rows:
             if free[node] < count:
                 raise RuntimeError(
@@ -709,7 +715,7 @@ class _Replay:
             names=tuple(job.name for job in sim.jobs),
             gpus=sim.gpus,
             submit=sim.submit,
-            first_start=self.fstate[:, _FIRST].copy(),
+            first_start=self.fstate[_FIRST].copy(),
             end=np.array(self.end, dtype=np.float64),
             queue_delay=np.array(self.pend_total, dtype=np.float64),
             preemptions=np.array(self.preempts, dtype=np.int64),
