@@ -1,7 +1,9 @@
 """PS mode's figures in one run:
 
-- ``dispatch``: the Data Shard Manager's lease + done rate, in the process (the pure manager) and through the job
-  master over gRPC (a ``python -m hpc_elastic.ps master`` process, one client thread per ``--clients``);
+- ``dispatch``: the Data Shard Manager's lease + done rate, in the process (the pure manager, one shard a lease)
+  and through the job master over gRPC (a ``python -m hpc_elastic.ps master`` process; ``--clients`` client
+  processes, each a worker that reports the shards of its last lease done with its next lease, holding at most
+  ``--dispatch-hold`` shards), and the ratio of the two;
 - ``ps_add``: a PS added to a training job (1 → 2 PS, 2 workers): the time of the whole ``add_ps`` (the new
   process starting, the workers training meanwhile) and of the re-partition alone (the workers wait for it only);
 - ``scaling``: samples/s of Wide & Deep training against the number of workers (1, 2, 4) with 2 PS, from the
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from hpc_elastic.policy.brain import Group, JobLimits, Range, ResourcePlan, Stage
 from hpc_elastic.ps.brain_agent import BrainAgent
@@ -43,35 +47,41 @@ def dispatch_in_process(shards: int) -> float:
     t0 = time.perf_counter()
     n = 0
     while (lease := m.lease("w")).status is LeaseStatus.SHARD:
-        assert lease.shard is not None
-        m.done("w", lease.shard.shard_id)
-        n += 1
+        for shard in lease.shards:
+            m.done("w", shard.shard_id)
+            n += 1
     return n / (time.perf_counter() - t0)
 
 
+def _dispatch_client(address: str, worker: str, start: float, stop: float) -> int:
+    """One worker's leases from ``start`` to ``stop`` (wall clock), each reporting the previous lease's shards done;
+    the shards reported done and accepted."""
+    c = Client(address)
+    timeline = c.call("register", {"worker": worker})[0]["timeline"]
+    time.sleep(max(0.0, start - time.time()))
+    done = np.zeros(0, dtype=np.int64)
+    accepted = seq = 0
+    while True:
+        seq += 1
+        header = {"worker": worker, "seq": seq, "timeline": timeline, "speed": 1e9}
+        reports = {"done": done, "loss": np.zeros(done.size), "count": np.ones(done.size, dtype=np.int64)}
+        reply, out = c.call("lease", header, reports)
+        accepted += int(reply["accepted"])
+        done = out["shards"][:, 0].copy()
+        if time.time() >= stop or reply["status"] == LeaseStatus.END.value:
+            break
+    c.close()
+    return accepted
+
+
 def dispatch_over_grpc(address: str, clients: int, seconds: float) -> float:
-    counts = [0] * clients
-    stop = time.monotonic() + seconds
-
-    def run(k: int) -> None:
-        c = Client(address)
-        w = f"b{k}"
-        c.call("register", {"worker": w})
-        while time.monotonic() < stop:
-            reply, _ = c.call("lease", {"worker": w})
-            if reply["status"] != "shard":
-                break
-            c.call("done", {"worker": w, "shard_id": reply["shard"][0], "loss_sum": 0.0, "count": 0})
-            counts[k] += 1
-        c.close()
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    """Shards leased and reported done per second by ``clients`` client processes over ``seconds``."""
+    with multiprocessing.get_context("spawn").Pool(clients) as pool:
+        pool.map(time.sleep, [0.2] * clients, chunksize=1)  # every client process started and its imports done
+        start = time.time() + 1.0  # every client registered and ready
+        args = [(address, f"b{clients}.{k}", start, start + seconds) for k in range(clients)]
+        counts = pool.starmap(_dispatch_client, args, chunksize=1)
+    return sum(counts) / seconds
 
 
 #: a job long enough to be measured while it trains (it is stopped once read)
@@ -135,6 +145,7 @@ def main() -> None:
     ap.add_argument("--dispatch-shards", type=int, default=200_000)
     ap.add_argument("--dispatch-seconds", type=float, default=3.0)
     ap.add_argument("--clients", default="1,4")
+    ap.add_argument("--dispatch-hold", type=int, default=128, help="shards a dispatch client holds at most")
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--only", default="dispatch,ps_add,scaling,brain", help="the sections to run")
@@ -147,22 +158,32 @@ def main() -> None:
     out: dict[str, Any] = {"bench": "ps", "cpus": os.cpu_count()}
     only = set(args.only.split(","))
     if "dispatch" in only:
-        rate = dispatch_in_process(args.dispatch_shards)
-        print(f"dispatch in process: {rate:,.0f} shards/s (lease + done)", flush=True)
-        out["dispatch_in_process_shards_s"] = round(rate)
+        alone = dispatch_in_process(args.dispatch_shards)
+        print(f"dispatch in process: {alone:,.0f} shards/s (lease + done)", flush=True)
+        out["dispatch_in_process_shards_s"] = round(alone)
 
         with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp:
-            config = PsJobConfig(num_ps=1, num_workers=0, num_samples=args.dispatch_shards, shard_size=1)
+            n = args.dispatch_shards  # shards of one sample, epochs enough not to run dry while measured
+            config = PsJobConfig(
+                num_ps=1, num_workers=0, num_samples=n, shard_size=1, epochs=50, max_hold=args.dispatch_hold
+            )
             job = PsJob(config, Path(tmp))
             job.start()  # a master and one PS, no worker: the clients below are the workers
             try:
                 assert job.master is not None
-                job.master.call("lease", {"worker": "warm-up"})  # the first lease queues the epoch's shards
+                job.master.call("register", {"worker": "warm-up"})
+                job.master.call("lease", {"worker": "warm-up", "seq": 1})  # the first lease queues the first epoch
                 out["dispatch_grpc_shards_s"] = {}
+                out["dispatch_grpc_ratio"] = {}
                 for clients in (int(c) for c in args.clients.split(",")):
                     rate = dispatch_over_grpc(job.master.address, clients, args.dispatch_seconds)
-                    print(f"dispatch over gRPC, {clients} client(s): {rate:,.0f} shards/s", flush=True)
+                    print(
+                        f"dispatch over gRPC, {clients} client(s), at most {args.dispatch_hold} shards held each:"
+                        f" {rate:,.0f} shards/s, {rate / alone:.2f}x the Shard Manager alone",
+                        flush=True,
+                    )
                     out["dispatch_grpc_shards_s"][str(clients)] = round(rate)
+                    out["dispatch_grpc_ratio"][str(clients)] = round(rate / alone, 3)
             finally:
                 job.close()
 

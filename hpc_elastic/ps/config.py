@@ -40,6 +40,7 @@ class PsJobConfig:
     dim: int = 8
     lr: float = 0.05
     max_retries: int = 3
+    max_hold: int = 16  # shards a worker holds at most (leased, not reported done)
 
     def __post_init__(self) -> None:
         minimum = {"num_ps": 1, "num_workers": 0, "seed": 0, "max_retries": 0}
@@ -63,6 +64,7 @@ class PsJobConfig:
             epochs=self.epochs,
             seed=self.seed,
             max_retries=self.max_retries,
+            max_hold=self.max_hold,
         )
 
     def criteo(self) -> CriteoSpec:

@@ -10,7 +10,11 @@ directory must be shared by the nodes under ``srun``); the launcher reads it. Th
 processes: a worker that exits other than cleanly (killed, crashed) is reported to the master as lost, so its shards
 go back to TODO; a parameter server that exits at all is replaced: a new PS process of the same index starts and the
 master rolls the job back onto it from the latest checkpoint (:meth:`hpc_elastic.ps.master.Master.replace_ps`), the
-workers going on without a restart. A job with a checkpoint root takes a first checkpoint as soon as it is up.
+workers going on without a restart. A job master that exits (killed, its node gone) is restarted with ``--restore``
+from the latest checkpoint (a job without a checkpoint root fails): it puts every PS back to the checkpoint's
+parameters, restores the queues DOING-first and the ledger, and writes its new address to the run directory, where
+the workers look it up once the old one stops answering; they drop what they leased or trained since the checkpoint
+and go on. A job with a checkpoint root takes a first checkpoint as soon as it is up.
 Under ``srun`` a process is killed through Slurm (``scancel --signal=KILL <job>.<step>`` of its step); the launcher
 sees the step's ``srun`` exit either way.
 """
@@ -24,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +37,7 @@ from typing import IO, Any
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.rpc import Client
+from hpc_elastic.ps.rpc import Client, PeerUnavailable
 from hpc_elastic.slurm import commands
 
 #: how long a server process may take to listen
@@ -82,9 +86,14 @@ class PsJob:
         launcher: PsLauncher = PsLauncher.LOCAL,
         cpus_per_process: int = 1,
         ps_cpus: int | None = None,
+        liveness_s: float | None = None,
     ) -> None:
         if restore and checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
+        if liveness_s is not None and not liveness_s > 0:
+            raise ValueError(f"liveness_s must be a positive number of seconds, not {liveness_s!r}")
+        self.liveness_s = liveness_s  # the master's (default: its own)
+        self.master_restarts = 0
         self.config = config
         self.run_dir = run_dir
         self.checkpoint_dir = checkpoint_dir
@@ -153,24 +162,49 @@ class PsJob:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob("*.addr"):  # an earlier run's (a requeued job): never taken for this one's
             stale.unlink()
-        config = json.dumps(self.config.to_json())
-        rd = str(self.run_dir)
-        bind = ["--bind", NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"]
         restore = ["--restore-from", str(self.checkpoint_dir)] if self.restore else []
         for p in range(self.config.num_ps):
             self.ps.append(self._spawn_ps(p, self.config.num_ps, restore, self.ps_cpus))
-        addresses = [self._address(p) for p in self.ps]
-        args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", rd, *bind]
-        if self.checkpoint_dir is not None:
-            args += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(self.checkpoint_every)]
-        if self.restore:
-            args.append("--restore")
-        self.master_proc = self._spawn("master", args)
-        self.master = Client(self._address(self.master_proc))
+        self._start_master(self.restore)
         if self.checkpoint_dir is not None and not self.restore:
             self.checkpoint()  # a PS lost before the first periodic checkpoint is recovered from this one
         for _ in range(self.config.num_workers):
             self.add_worker()
+
+    def _start_master(self, restore: bool) -> None:
+        """Start the job master on the current PS (from the latest checkpoint if ``restore``)."""
+        addresses = [self._address(p) for p in self.ps]
+        config = json.dumps(replace(self.config, num_ps=len(addresses)).to_json())
+        bind = NODE_NAME if self.launcher is PsLauncher.SRUN else "127.0.0.1"
+        args = ["master", "--config", config, "--ps", ",".join(addresses), "--run-dir", str(self.run_dir)]
+        args += ["--bind", bind]
+        if self.checkpoint_dir is not None:
+            args += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(self.checkpoint_every)]
+        if restore:
+            args.append("--restore")
+        if self.liveness_s is not None:
+            args += ["--liveness", str(self.liveness_s)]
+        self.master_proc = self._spawn("master", args)
+        if self.master is not None:
+            self.master.close()
+        self.master = Client(self._address(self.master_proc), wait_for_ready=False)
+
+    def _restart_master(self) -> None:
+        """The job master exited: a new one from the latest checkpoint, at a new address."""
+        assert self.master_proc is not None
+        if self.checkpoint_dir is None:
+            code = self.master_proc.popen.returncode
+            raise ProcessFailed(f"the job master exited with {code} and the job has no checkpoint to restore")
+        self._release(self.master_proc)
+        (self.run_dir / "master.addr").unlink(missing_ok=True)
+        self._start_master(restore=True)
+        self.master_restarts += 1
+
+    def kill_master(self) -> None:
+        """SIGKILL the job master's process (a failure); :meth:`poll` then restarts it from the checkpoint."""
+        assert self.master_proc is not None, "start() first"
+        self.master_proc.popen.kill()
+        self.master_proc.popen.wait()
 
     def _spawn_ps(self, index: int, num_ps: int, extra: list[str], cpus: int | None = None) -> _Proc:
         """A new PS process (named ``ps<k>``, k counting every PS this job started) as partition ``index``."""
@@ -185,7 +219,8 @@ class PsJob:
         self._next_worker += 1
         assert self.master_proc is not None and self.master is not None, "start() first"
         d = self.worker_delays.get(worker, 0.0) if delay is None else delay
-        args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d)]
+        args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d), "--run-dir"]
+        args.append(str(self.run_dir))
         self.workers[worker] = self._spawn(worker, args, cpus)
         return worker
 
@@ -281,8 +316,10 @@ class PsJob:
             proc.popen.wait()
 
     def poll(self) -> None:
-        """Replace the PS that exited; reap the workers that exited: a clean exit is the end of training for them;
-        any other is a loss."""
+        """Restart a job master that exited; replace the PS that exited; reap the workers that exited: a clean exit
+        is the end of training for them; any other is a loss."""
+        if self.master_proc is not None and self.master_proc.popen.poll() is not None:
+            self._restart_master()
         for index, ps in enumerate(self.ps):
             if ps.popen.poll() is not None:
                 self._replace_ps(index)
@@ -307,7 +344,11 @@ class PsJob:
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
-            status = self.status()
+            try:
+                status = self.status()
+            except PeerUnavailable:  # the master died since poll(): the next one restarts it
+                time.sleep(POLL_S)
+                continue
             if status["finished"] and not self.workers:
                 return status
             if not self.workers and not status["finished"]:

@@ -17,23 +17,44 @@ checkpoint's parameters under a new partition generation, and the queues and the
 exactly the shards whose gradients are all in the parameters; restoring the lost partition alone would leave its
 rows older than the dense arrays and the ledger counting shards whose updates to it are gone. Workers learn of the
 rollback at their next PS call (refused: other generation) or lease, re-register, drop the shard they were on
-without reporting it, and lease again."""
+without reporting it, and lease again.
+
+**One call per batch of shards.** A worker's ``lease`` carries its reports of the shards it finished since its last
+call (their ids, loss sums and sample counts as arrays) and takes back the next batch of shards, as many as bring
+what it holds up to its bound (:meth:`hpc_elastic.ps.shards.ShardManager.lease`): the reports are applied first,
+each accepted or refused as stale on its own, then the lease. A job master is thus asked once per batch, not twice
+per shard. Each report names the *timeline* the worker trained in (the master's incarnation and its rollback count):
+one of another timeline (before a rollback, or of a master that was lost and restored) is refused as stale, since
+its gradients were rolled back. A ``lease`` carries the worker's sequence number: the same one again (a retry after
+a lost reply) gets the same reply, applied once.
+
+**Liveness.** Every call of a worker (``register``, ``lease``) is a heartbeat; a worker that made none for
+``liveness_s`` seconds (a hung or frozen process, a worker on a node that died, which a launcher watching its own
+children cannot see) is declared lost, as if ``worker_lost`` had been called (a worker told that training has
+ended is not watched any more): its shards go back to TODO and every
+later call of it, its late reports included, is refused (``refused`` counts them), so nothing is counted twice.
+:meth:`Master.watch` checks every worker's last call in a thread of its own."""
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
-from hpc_elastic.ps.shards import DoneOutcome, LeaseStatus, ShardManager, ShardState
+from hpc_elastic.ps.shards import DoneOutcome, LeaseStatus, Shard, ShardManager, ShardState
 
 #: seconds the master waits for a PS's answer (a lost PS does not answer at all)
 PS_TIMEOUT_S = 10.0
 #: shards whose losses are averaged for the loss at the start and at the end of training
 LOSS_WINDOW = 5
+#: seconds without a call after which a worker is declared lost (a worker calls at least every third of it)
+LIVENESS_S = 30.0
 
 
 class Master:
@@ -44,7 +65,11 @@ class Master:
         checkpoint_root: Path | None = None,
         checkpoint_every: int = 0,
         restore: bool = False,
+        *,
+        liveness_s: float = LIVENESS_S,
     ) -> None:
+        if not liveness_s > 0:
+            raise ValueError(f"liveness_s must be a positive number of seconds, not {liveness_s!r}")
         if len(ps_addresses) != config.num_ps:
             raise ValueError(f"{len(ps_addresses)} PS addresses for num_ps={config.num_ps}")
         if checkpoint_every < 0:
@@ -70,6 +95,12 @@ class Master:
         self.requeued = 0
         self.stale = 0
         self.accepted = 0
+        self.liveness_s = liveness_s
+        self.last_call: dict[str, float] = {}  # worker -> the master's clock at its last call
+        self.expired: list[str] = []  # the workers declared lost for want of a call, in that order
+        self.refused = 0  # calls of workers declared lost
+        self.incarnation = uuid.uuid4().hex[:12]  # this master process's: a restored master is another timeline
+        self._replies: dict[str, tuple[int, rpc.Reply]] = {}  # worker -> its last lease's sequence number and reply
         self._ps: list[rpc.Client] | None = None
         self.repartition_seconds: list[float] = []
         self.generation = 0  # of the PS partition: one more at each re-partition
@@ -84,14 +115,23 @@ class Master:
         self._lock = threading.Lock()
 
     def _worker(self, header: dict[str, Any]) -> str:
+        """The calling worker's id (the caller holds the lock); a worker declared lost is refused."""
         worker = header.get("worker")
         if not isinstance(worker, str) or not worker:
             raise ValueError(f"not a worker id: {worker!r}")
         if worker in self.lost:
+            self.refused += 1
             raise ValueError(f"worker {worker} was declared lost")
         return worker
 
+    def _heard(self, header: dict[str, Any]) -> None:
+        """A worker's heartbeat: the time of its call, taken as it arrives (before it waits for the lock)."""
+        worker = header.get("worker")
+        if isinstance(worker, str):
+            self.last_call[worker] = time.monotonic()
+
     def register(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        self._heard(header)
         with self._lock:
             worker = self._worker(header)
             if worker not in self.registered:
@@ -101,42 +141,86 @@ class Master:
             "config": self.config.to_json(),
             "ps": self.ps_addresses,
             "generation": self.generation,
-            "rollbacks": self.rollbacks,
+            "timeline": self.timeline,
+            "heartbeat_s": self.liveness_s / 3,
         }
         return reply, {}
 
-    def lease(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
-        speed = header.get("speed")
-        with self._lock:
-            if "cpu_s" in header:
-                reading = (float(header["cpu_s"]), float(header.get("rss_mb", 0.0)), time.monotonic())
-                self.worker_usage[self._worker(header)] = reading
-            lease = self.shards.lease(self._worker(header), None if speed is None else float(speed))
-            if self._first_lease is None and lease.status is LeaseStatus.SHARD:
-                self._first_lease = time.monotonic()
-        reply: dict[str, Any] = {"status": lease.status.value, "rollbacks": self.rollbacks}
-        if lease.status is LeaseStatus.SHARD and lease.shard is not None:
-            reply["shard"] = lease.shard.to_json()
-        return reply, {}
+    @property
+    def timeline(self) -> str:
+        """What the parameters and the queues descend from: this process, and the rollbacks it made."""
+        return f"{self.incarnation}.{self.rollbacks}"
 
-    def done(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+    def lease(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        """Apply the worker's reports (arrays ``done``: shard ids, ``loss``: loss sums, ``count``: samples), then
+        lease it the next shards (array ``shards``, :meth:`Shard.pack`). Header: ``worker``, ``seq`` (one more at
+        each new call), ``timeline`` (the one its reports were trained in), optional ``speed`` (samples/s) and usage
+        readings (``cpu_s``, ``rss_mb``)."""
+        self._heard(header)
+        seq = int(header["seq"])
+        speed = header.get("speed")
+        done = np.asarray(arrays.get("done", np.zeros(0, np.int64)), dtype=np.int64)
+        loss = np.asarray(arrays.get("loss", np.zeros(done.size)), dtype=np.float64)
+        count = np.asarray(arrays.get("count", np.zeros(done.size, np.int64)), dtype=np.int64)
+        if not done.ndim == loss.ndim == count.ndim == 1 or not done.size == loss.size == count.size:
+            raise ValueError(f"reports of {done.shape} shards with {loss.shape} losses and {count.shape} counts")
         with self._lock:
             worker = self._worker(header)
-            outcome = self.shards.done(worker, int(header["shard_id"]))
-            if outcome is DoneOutcome.ACCEPTED:
-                if header.get("count"):
-                    self.losses.append(float(header["loss_sum"]) / int(header["count"]))
-                self.accepted += 1
-                self.samples_accepted += int(header.get("count", 0))
+            last = self._replies.get(worker)
+            if last is not None and last[0] == seq:
+                return last[1]
+            if "cpu_s" in header:
+                self.worker_usage[worker] = (float(header["cpu_s"]), float(header.get("rss_mb", 0.0)), time.monotonic())
+            accepted = stale = 0
+            current = header.get("timeline") == self.timeline
+            for sid, loss_sum, n in zip(done.tolist(), loss.tolist(), count.tolist(), strict=True):
+                if current and self.shards.done(worker, sid) is DoneOutcome.ACCEPTED:
+                    if n:
+                        self.losses.append(loss_sum / n)
+                    self.samples_accepted += n
+                    accepted += 1
+                else:
+                    stale += 1
+            self.stale += stale
+            if accepted:
+                before, self.accepted = self.accepted, self.accepted + accepted
                 self._last_done = time.monotonic()
-                if self.checkpoint_every and self.accepted % self.checkpoint_every == 0:
+                every = self.checkpoint_every
+                if every and self.accepted // every > before // every:
                     try:
                         self._checkpoint()
                     except rpc.PeerUnavailable:  # a PS is lost: its replacement rolls back to the last checkpoint
                         self._close_ps()
-            else:
-                self.stale += 1
-        return {"outcome": outcome.value}, {}
+            lease = self.shards.lease(worker, None if speed is None else float(speed))
+            if self._first_lease is None and lease.status is LeaseStatus.SHARD:
+                self._first_lease = time.monotonic()
+            if lease.status is LeaseStatus.END:  # the worker is done and exits: its silence is no loss
+                self.last_call.pop(worker, None)
+            head = {"status": lease.status.value, "timeline": self.timeline, "accepted": accepted, "stale": stale}
+            reply: rpc.Reply = (head, {"shards": Shard.pack(lease.shards)})
+            self._replies[worker] = (seq, reply)
+        return reply
+
+    def expire(self, now: float) -> list[str]:
+        """Declare lost every worker whose last call is more than ``liveness_s`` before ``now`` (the master's
+        clock): its shards go back to TODO. The workers declared lost."""
+        with self._lock:
+            silent = [w for w, t in self.last_call.items() if now - t > self.liveness_s and w not in self.lost]
+            for worker in silent:
+                self._declare_lost(worker)
+                self.expired.append(worker)
+        return silent
+
+    def watch(self) -> threading.Thread:
+        """Check the workers' heartbeats in a thread of its own until the master is stopped."""
+
+        def loop() -> None:
+            while not self.stopped.wait(self.liveness_s / 4):
+                self.expire(time.monotonic())
+
+        thread = threading.Thread(target=loop, name="liveness", daemon=True)
+        thread.start()
+        return thread
 
     def _checkpoint(self) -> int:
         """Checkpoint parameters and queues at one instant (the caller holds the lock); the new sequence number."""
@@ -196,17 +280,8 @@ class Master:
             if where is None:
                 raise ValueError(f"no checkpoint in {self.checkpoint_root} to recover PS {index} from")
             seq, state = checkpoint.read_queues(where)
-            payload = checkpoint.merge(checkpoint.read_partitions(where)).to_arrays()
             addresses = [*self.ps_addresses[:index], address, *self.ps_addresses[index + 1 :]]
-            self.generation += 1
-            for p, a in enumerate(addresses):
-                client = rpc.Client(a, timeout=PS_TIMEOUT_S)
-                client.call(
-                    "reconfigure", {"index": p, "num_ps": len(addresses), "generation": self.generation}, payload
-                )
-                client.close()
-            self._close_ps()
-            self.ps_addresses = addresses
+            self._load_ps(addresses, where)
             workers = [w for w in self.registered if w not in self.lost]
             self.shards = ShardManager(self.config.shards(), state)
             for worker in workers:
@@ -215,6 +290,35 @@ class Master:
             took = time.monotonic() - t0
             self.ps_replaced.append({"index": index, "checkpoint": seq, "seconds": took})
         return {"generation": self.generation, "checkpoint": seq, "seconds": took}, {}
+
+    def _load_ps(self, addresses: list[str], where: Path) -> None:
+        """Reconfigure the PS at ``addresses`` with the parameters of the checkpoint in ``where``, under a partition
+        generation newer than any of theirs (the caller holds the lock, or serves nobody yet)."""
+        payload = checkpoint.merge(checkpoint.read_partitions(where)).to_arrays()
+        clients = [rpc.Client(a, timeout=PS_TIMEOUT_S) for a in addresses]
+        try:
+            newest = max(int(c.call("usage")[0]["generation"]) for c in clients)
+            self.generation = max(self.generation, newest) + 1
+            for p, client in enumerate(clients):
+                client.call(
+                    "reconfigure", {"index": p, "num_ps": len(addresses), "generation": self.generation}, payload
+                )
+        finally:
+            for c in clients:
+                c.close()
+        self._close_ps()
+        self.ps_addresses = list(addresses)
+
+    def restore_ps(self) -> None:
+        """A master restored from a checkpoint (``restore``) puts the PS back to its parameters too: the queues and
+        the ledger it restored count exactly the shards whose gradients those parameters hold. (The PS may have
+        trained on since, when the master was lost while they ran.)"""
+        if self.restored_from is None or self.checkpoint_root is None:
+            raise ValueError("only a master restored from a checkpoint restores its PS")
+        with self._lock:
+            where = checkpoint.latest(self.checkpoint_root)
+            assert where is not None
+            self._load_ps(self.ps_addresses, where)
 
     def usage(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         """The processes' readings now: each live worker's last one (CPU s, peak MiB, when), each PS's, asked now,
@@ -240,21 +344,23 @@ class Master:
         with self._lock:
             return {"seq": self._checkpoint()}, {}
 
-    def fail(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
-        with self._lock:
-            outcome = self.shards.fail(self._worker(header), int(header["shard_id"]))
-        return {"outcome": outcome.value}, {}
-
     def worker_lost(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         """A worker is gone (dead or scaled in): its DOING shards go back to TODO; it may not lease again."""
         worker = header.get("worker")
         if not isinstance(worker, str):
             raise ValueError(f"not a worker id: {worker!r}")
         with self._lock:
-            self.lost.add(worker)
-            back = self.shards.remove_worker(worker)
-            self.requeued += len(back)
-        return {"requeued": len(back)}, {}
+            back = self._declare_lost(worker)
+        return {"requeued": back}, {}
+
+    def _declare_lost(self, worker: str) -> int:
+        """``worker`` may not call again; its DOING shards go back to TODO (the caller holds the lock). How many."""
+        self.lost.add(worker)
+        self.last_call.pop(worker, None)
+        self._replies.pop(worker, None)
+        back = len(self.shards.remove_worker(worker))
+        self.requeued += back
+        return back
 
     def status(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         with self._lock:
@@ -292,6 +398,8 @@ class Master:
             "doing_by_worker": doing,
             "registered": self.registered,
             "lost": sorted(self.lost),
+            "expired": self.expired,
+            "refused": self.refused,
             "requeued": self.requeued,
             "stale_dones": self.stale,
             "shards_done": len(self.losses),
@@ -309,8 +417,6 @@ class Master:
         return {
             "register": self.register,
             "lease": self.lease,
-            "done": self.done,
-            "fail": self.fail,
             "worker_lost": self.worker_lost,
             "status": self.status,
             "checkpoint": self.checkpoint_handler,

@@ -17,7 +17,7 @@ import click
 from hpc_elastic.ps import checkpoint, rpc
 from hpc_elastic.ps.config import PsJobConfig, settings_object
 from hpc_elastic.ps.job import NODE_NAME, PsJob, PsLauncher, write_address
-from hpc_elastic.ps.master import Master
+from hpc_elastic.ps.master import LIVENESS_S, Master
 from hpc_elastic.ps.server import ParameterServer
 
 
@@ -86,7 +86,18 @@ def ps_command(
 @_BIND
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--checkpoint-every", type=int, default=0, help="checkpoint after every N shards done (0: on request)")
-@click.option("--restore", is_flag=True, help="continue from the latest checkpoint in --checkpoint-dir")
+@click.option(
+    "--restore",
+    is_flag=True,
+    help="continue from the latest checkpoint in --checkpoint-dir, the PS put back to its parameters",
+)
+@click.option(
+    "--liveness",
+    type=float,
+    default=LIVENESS_S,
+    show_default=True,
+    help="seconds without a call after which a worker is declared lost",
+)
 def master_command(
     *,
     config_json: str,
@@ -96,9 +107,14 @@ def master_command(
     checkpoint_dir: Path | None,
     checkpoint_every: int,
     restore: bool,
+    liveness: float,
 ) -> None:
     """The job master (Data Shard Manager)."""
-    master = Master(parse_config(config_json), ps_addresses.split(","), checkpoint_dir, checkpoint_every, restore)
+    config = parse_config(config_json)
+    master = Master(config, ps_addresses.split(","), checkpoint_dir, checkpoint_every, restore, liveness_s=liveness)
+    if restore:
+        master.restore_ps()
+    master.watch()
     _serve("master", master.handlers(), run_dir, bind, master.stopped)
 
 

@@ -82,11 +82,14 @@ def serve(
 
 
 class Client:
-    """Calls to one peer at ``address`` (``host:port``)."""
+    """Calls to one peer at ``address`` (``host:port``). A call waits for the peer to be reachable (up to
+    ``timeout``) unless ``wait_for_ready`` is false: then a peer that refuses the connection (its process gone) fails
+    the call at once with :class:`PeerUnavailable`."""
 
-    def __init__(self, address: str, timeout: float = 60.0) -> None:
+    def __init__(self, address: str, timeout: float = 60.0, wait_for_ready: bool = True) -> None:
         self.address = address
         self.timeout = timeout
+        self.wait_for_ready = wait_for_ready
         self._channel = grpc.insecure_channel(address, options=OPTIONS)
         self._call = self._channel.unary_unary(METHOD)
 
@@ -95,7 +98,7 @@ class Client:
     ) -> tuple[dict[str, Any], wire.Arrays]:
         request = wire.encode({**(header or {}), "op": op}, arrays)
         try:
-            data: bytes = self._call(request, timeout=self.timeout, wait_for_ready=True)
+            data: bytes = self._call(request, timeout=self.timeout, wait_for_ready=self.wait_for_ready)
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             if code in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}:

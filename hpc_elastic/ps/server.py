@@ -171,5 +171,5 @@ class ParameterServer:
             "snapshot": self.snapshot_handler,
             "freeze": self.freeze_handler,
             "reconfigure": self.reconfigure_handler,
-            "usage": lambda header, arrays: (own_usage(), {}),
+            "usage": lambda header, arrays: ({**own_usage(), "generation": self.generation}, {}),
         }

@@ -5,19 +5,27 @@ handlers; whatever it measures (a worker's speed) it passes in as numbers.
 
 **Shards.** The dataset's records ``0 .. num_samples-1`` are cut into many small index shards (record ranges
 ``[start, end)`` of ``shard_size`` records, not sized by the number of workers). Each epoch the shards are put
-into the TODO queue in an order shuffled by ``(seed, epoch)``. :meth:`ShardManager.lease` moves the head of TODO to
-DOING under the worker's id; :meth:`ShardManager.done` removes it from DOING and records its samples in the
-ledger; :meth:`ShardManager.fail` and :meth:`ShardManager.remove_worker` (a lost worker: all of its DOING shards)
-put it back at the head of TODO with one more attempt counted; a shard that has been attempted more than
-``max_retries`` times without success is set aside in ``failed`` (reported, not retried forever). The next epoch's
-shards are queued when TODO runs dry, so fast workers go on while the last shards of an epoch are still in DOING.
+into the TODO queue in an order shuffled by ``(seed, epoch)``. :meth:`ShardManager.lease` moves shards from the head
+of TODO to DOING under the worker's id, several at a time (below); :meth:`ShardManager.done` removes one from DOING
+and records its samples in the ledger; :meth:`ShardManager.fail` and :meth:`ShardManager.remove_worker` (a lost
+worker: all of its DOING shards) put it back at the head of TODO with one more attempt counted; a shard that has
+been attempted more than ``max_retries`` times without success is set aside in ``failed`` (reported, not retried
+forever). The next epoch's shards are queued when TODO runs dry, so fast workers go on while the last shards of an
+epoch are still in DOING.
 
-**Stragglers (§5.4).** Workers pass their measured speed (samples per second) with each lease. A worker whose speed
-is below ``straggler_ratio`` times the median speed of the workers that reported one gets a *smaller* shard: the
-head shard is split at ``ceil(size * speed / median)`` records (at least ``min_split``); the worker leases the
-front part and the rest goes back to the head of TODO as a shard of its own. A straggler thus holds less work at
-a time (a lost straggler costs less to redo and the end of an epoch does not wait on it) and, taking smaller
-pieces at its slower pace, gets fewer of the dataset's samples; a normal worker gets whole shards.
+**Batches of shards, bounded.** A lease hands a worker as many shards as bring what it holds in DOING up to
+``hold_seconds`` of work at the speed it reported (records), never more than ``max_hold`` shards, and always one
+shard to a worker that holds none (a worker that reported no speed yet gets one shard at a time). So a worker holds
+a bounded amount of work whatever it asks, a slower worker holds less, and the master is asked once per batch, not
+once per shard. Shards leased and not yet started are DOING like the one in training: a lost worker's all go back.
+
+**Stragglers (§5.4).** Workers pass their measured speed (samples per second) with each lease; besides the bound
+above, a worker whose speed is below ``straggler_ratio`` times the median speed of the workers that reported one
+gets a *smaller* shard: the head shard is split at ``ceil(size * speed / median)`` records (at least
+``min_split``); the worker leases the front part and the rest goes back to the head of TODO as a shard of its own. A
+straggler thus holds less work at a time (a lost straggler costs less to redo and the end of an epoch does not wait
+on it) and, taking smaller pieces at its slower pace, gets fewer of the dataset's samples; a normal worker gets whole
+shards.
 
 **Exactly once.** Under asynchronous SGD there is no global step at which "the model has seen sample i" could be
 checked bit for bit: workers push gradients whenever they like and the PS apply them in arrival order. What this
@@ -58,7 +66,8 @@ class ShardConfig:
 
     ``num_samples`` records, ``shard_size`` records per shard (the last one may be shorter), ``epochs`` passes,
     ``seed`` for the per-epoch shuffle of the shard order, ``max_retries`` further attempts of a shard after its
-    first one fails, ``straggler_ratio`` (0 < r <= 1) and ``min_split`` for the smaller shards of stragglers."""
+    first one fails, ``straggler_ratio`` (0 < r <= 1) and ``min_split`` for the smaller shards of stragglers;
+    ``hold_seconds`` of work at its speed and at most ``max_hold`` shards: what one worker holds at a time."""
 
     num_samples: int
     shard_size: int
@@ -67,6 +76,8 @@ class ShardConfig:
     max_retries: int = 3
     straggler_ratio: float = 0.5
     min_split: int = 1
+    max_hold: int = 16
+    hold_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         _check_int("num_samples", self.num_samples, 1)
@@ -75,6 +86,11 @@ class ShardConfig:
         _check_int("seed", self.seed, 0)
         _check_int("max_retries", self.max_retries, 0)
         _check_int("min_split", self.min_split, 1)
+        _check_int("max_hold", self.max_hold, 1)
+        if not (isinstance(self.hold_seconds, int | float) and math.isfinite(self.hold_seconds)) or not (
+            self.hold_seconds > 0
+        ):
+            raise ValueError(f"hold_seconds must be a positive number, not {self.hold_seconds!r}")
         if not 0.0 < self.straggler_ratio <= 1.0:
             raise ValueError(f"straggler_ratio must be in (0, 1], not {self.straggler_ratio!r}")
 
@@ -106,6 +122,18 @@ class Shard:
             raise ValueError(f"not a shard: {data!r}")
         return cls(*data)
 
+    @staticmethod
+    def pack(shards: Iterable[Shard]) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Shards as one ``(n, 5)`` int64 array (how a lease travels)."""
+        rows = [(s.shard_id, s.epoch, s.start, s.end, s.attempts) for s in shards]
+        return np.array(rows, dtype=np.int64).reshape(len(rows), 5)
+
+    @classmethod
+    def unpack(cls, rows: np.ndarray[Any, np.dtype[Any]]) -> list[Shard]:
+        if rows.ndim != 2 or rows.shape[1] != 5 or rows.dtype != np.int64:
+            raise ValueError(f"not an array of shards: {rows.dtype} {rows.shape}")
+        return [cls(*r) for r in rows.tolist()]
+
 
 class DoneOutcome(StrEnum):
     """What the manager made of a ``done`` report."""
@@ -115,17 +143,17 @@ class DoneOutcome(StrEnum):
 
 
 class LeaseStatus(StrEnum):
-    """Why :meth:`ShardManager.lease` gave no shard, or that it gave one."""
+    """Why :meth:`ShardManager.lease` gave no shard, or that it gave some."""
 
     SHARD = "shard"
-    WAIT = "wait"  # TODO is empty but shards are in DOING: one may come back if its worker is lost
+    WAIT = "wait"  # none now: TODO is empty but shards are in DOING (one may come back), or the worker holds its bound
     END = "end"  # every epoch is finished
 
 
 @dataclass(frozen=True)
 class Lease:
     status: LeaseStatus
-    shard: Shard | None = None
+    shards: tuple[Shard, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,6 +254,7 @@ class ShardManager:
         self._epoch = -1
         self._next_id = 0
         self._speeds: dict[str, float] = {}
+        self._held: dict[str, tuple[int, int]] = {}  # worker -> (shards, records) it holds in DOING
         self.ledger = SampleLedger(config.num_samples)
         if state is not None:
             self._restore(state)
@@ -240,6 +269,7 @@ class ShardManager:
         """A worker lost or scaled in: its DOING shards go back to the head of TODO (one attempt more each; set
         aside in ``failed`` past the retry cap). Returns the shards requeued."""
         self._speeds.pop(worker, None)
+        self._held.pop(worker, None)
         mine = [sid for sid, (w, _) in self._doing.items() if w == worker]
         requeued: list[Shard] = []
         for sid in reversed(mine):
@@ -255,24 +285,51 @@ class ShardManager:
 
     # -- the protocol --------------------------------------------------------------------------------------------
 
+    def bound(self, worker: str) -> int:
+        """The records ``worker`` may hold: ``hold_seconds`` at its reported speed (0 before it reported one: then
+        it gets one shard at a time)."""
+        speed = self._speeds.get(worker)
+        return 0 if speed is None else int(speed * self.config.hold_seconds)
+
+    def held(self, worker: str) -> tuple[int, int]:
+        """The shards and the records ``worker`` holds in DOING."""
+        return self._held.get(worker, (0, 0))
+
     def lease(self, worker: str, speed: float | None = None) -> Lease:
-        """The next shard for ``worker`` (reporting ``speed`` samples/s when it knows it)."""
+        """The next shards for ``worker`` (reporting ``speed`` samples/s when it knows it), up to its bound."""
         if speed is not None:
             if not math.isfinite(speed) or speed <= 0:
                 raise ValueError(f"speed must be a positive number, not {speed!r}")
             self._speeds[worker] = speed
-        if not self._todo:
-            self._queue_next_epoch()
-        if not self._todo:
-            return Lease(LeaseStatus.WAIT) if self._doing else Lease(LeaseStatus.END)
-        shard = self._todo.popleft()
-        size = self._share(worker, shard.size)
-        if size < shard.size:
-            rest = Shard(self._new_id(), shard.epoch, shard.start + size, shard.end, shard.attempts)
-            shard = replace(shard, end=shard.start + size)
-            self._todo.appendleft(rest)
-        self._doing[shard.shard_id] = (worker, shard)
-        return Lease(LeaseStatus.SHARD, shard)
+        bound = self.bound(worker)
+        count, records = self.held(worker)
+        out: list[Shard] = []
+        while count < self.config.max_hold:
+            if not self._todo:
+                self._queue_next_epoch()
+                if not self._todo:
+                    break
+            head = self._todo[0]
+            size = self._share(worker, head.size)
+            if count and records + size > bound:
+                break
+            shard = self._todo.popleft()
+            if size < shard.size:
+                rest = Shard(self._new_id(), shard.epoch, shard.start + size, shard.end, shard.attempts)
+                shard = replace(shard, end=shard.start + size)
+                self._todo.appendleft(rest)
+            self._doing[shard.shard_id] = (worker, shard)
+            out.append(shard)
+            count, records = count + 1, records + size
+        if out:
+            self._held[worker] = (count, records)
+            return Lease(LeaseStatus.SHARD, tuple(out))
+        return Lease(LeaseStatus.WAIT) if self._doing else Lease(LeaseStatus.END)
+
+    def _release(self, worker: str, shard: Shard) -> None:
+        count, records = self._held.pop(worker, (1, shard.size))
+        if count > 1:
+            self._held[worker] = (count - 1, records - shard.size)
 
     def done(self, worker: str, shard_id: int) -> DoneOutcome:
         held = self._doing.get(shard_id)
@@ -280,6 +337,7 @@ class ShardManager:
             return DoneOutcome.STALE
         del self._doing[shard_id]
         shard = held[1]
+        self._release(worker, shard)
         self.ledger.record(LedgerEntry(shard.epoch, shard.start, shard.end, worker))
         return DoneOutcome.ACCEPTED
 
@@ -289,6 +347,7 @@ class ShardManager:
         if held is None or held[0] != worker:
             return DoneOutcome.STALE
         del self._doing[shard_id]
+        self._release(worker, held[1])
         self._requeue(held[1])
         return DoneOutcome.ACCEPTED
 

@@ -1,17 +1,24 @@
-"""A PS-mode worker: it leases shards from the job master, and for every mini-batch of a shard pulls the embedding
-rows and dense arrays it needs from the parameter servers, computes the gradient of Wide & Deep, and pushes it
-back (asynchronous SGD: no barrier with the other workers); then it reports the shard done.
+"""A PS-mode worker: it leases shards from the job master, a batch at a time into a small local queue, and for every
+mini-batch of a shard pulls the embedding rows and dense arrays it needs from the parameter servers, computes the
+gradient of Wide & Deep, and pushes it back (asynchronous SGD: no barrier with the other workers). It reports the
+shards it finished with its next lease, which it makes when its queue is empty, or between mini-batches when it has
+not called the master for the master's heartbeat interval (so a worker on a long shard is not taken for lost).
 
 A parameter server that does not answer (lost) makes the worker wait: it asks the master again for the PS until a
-replacement is in place (a new partition generation). If the master rolled the job back to a checkpoint meanwhile
-(its ``rollbacks`` count grew), the shard in hand is dropped unreported (the checkpoint's queues hold it again, and
-the gradients already pushed for it were rolled back with the parameters) and the worker leases anew."""
+replacement is in place (a new partition generation). If the master's *timeline* changed meanwhile (it rolled the
+job back to a checkpoint, or it was lost itself and restored from one), the shard in hand, the shards queued and
+the reports not yet sent are dropped (the checkpoint's queues hold them again, and the gradients already pushed for
+them were rolled back with the parameters) and the worker leases anew. A job master that does not answer is looked
+up again in the run directory (``master.addr``), where a restored master writes its address."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -23,7 +30,7 @@ from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, Batch, CriteoLike, owner
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes
-from hpc_elastic.ps.rpc import Client, PeerMoved, PeerUnavailable
+from hpc_elastic.ps.rpc import Client, PeerMoved, PeerUnavailable, Reply
 from hpc_elastic.ps.shards import LeaseStatus, Shard
 from hpc_elastic.ps.usage import own_usage
 
@@ -31,12 +38,12 @@ from hpc_elastic.ps.usage import own_usage
 WAIT_S = 0.05
 #: seconds a worker waits for a PS's answer before it asks the master whether the PS was replaced
 PS_TIMEOUT_S = 10.0
-#: seconds a worker waits for a lost PS to be replaced before it gives up
+#: seconds a worker waits for a lost PS or job master to be replaced before it gives up
 REPLACE_TIMEOUT_S = 300.0
 
 
 class RolledBack(HpcElasticError):
-    """The master rolled the job back to a checkpoint while this worker trained a shard: drop the shard."""
+    """The master's timeline changed while this worker trained a shard: drop the shard and the queued ones."""
 
 
 def forward(spec: ModelSpec, dense: dict[str, torch.Tensor], rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -59,32 +66,71 @@ class WorkerReport:
 
 
 class Worker:
-    def __init__(self, worker: str, master_address: str, delay: float = 0.0) -> None:
+    def __init__(self, worker: str, master_address: str, delay: float = 0.0, run_dir: Path | None = None) -> None:
         self.worker = worker
         self.delay = delay
-        self.master = Client(master_address)
+        self.run_dir = run_dir
+        self.master = Client(master_address, wait_for_ready=False)
         self.ps: list[Client] = []
-        self.rollbacks = 0
-        self.dropped = 0  # shards dropped because of a rollback
+        self.timeline: str | None = None
+        self.dropped = 0  # shards dropped because the master's timeline changed
+        self.queue: deque[Shard] = deque()  # leased, not started
+        self.reports: list[tuple[int, float, int]] = []  # (shard id, loss sum, samples) finished, not yet reported
+        self.speed: float | None = None
+        self.seq = 0
+        self._last_call = time.monotonic()
         self._in_shard = False
         self._register()
         self.spec = self.config.model()
         self.data = CriteoLike(self.config.criteo())
 
+    def _call_master(self, op: str, header: dict[str, Any], arrays: dict[str, Any] | None = None) -> Reply:
+        """Call the job master; one that does not answer is looked up again in the run directory until a master
+        answers (the same, or a restored one at its new address)."""
+        deadline = time.monotonic() + REPLACE_TIMEOUT_S
+        while True:
+            try:
+                reply = self.master.call(op, header, arrays)
+                self._last_call = time.monotonic()
+                return reply
+            except PeerUnavailable:
+                if self.run_dir is None or time.monotonic() > deadline:
+                    raise
+            time.sleep(WAIT_S * 4)
+            try:
+                address = (self.run_dir / "master.addr").read_text()
+            except FileNotFoundError:
+                continue
+            if address != self.master.address:
+                self.master.close()
+                self.master = Client(address, wait_for_ready=False)
+
     def _register(self) -> None:
         """(Re-)register with the master: the job's configuration and the current PS (after a re-partition)."""
-        reply, _ = self.master.call("register", {"worker": self.worker})
+        reply, _ = self._call_master("register", {"worker": self.worker})
         self.config = PsJobConfig.from_json(reply["config"])
         for c in self.ps:
             c.close()
         self.ps = [Client(a, timeout=PS_TIMEOUT_S) for a in reply["ps"]]
         self.generation = int(reply["generation"])
+        self.heartbeat_s = float(reply["heartbeat_s"])
         names = list(dense_shapes(self.config.model()))
         self.names = [[n for n in names if dense_owner(n, len(self.ps)) == p] for p in range(len(self.ps))]
-        rolled_back = int(reply["rollbacks"]) > self.rollbacks
-        self.rollbacks = int(reply["rollbacks"])
-        if rolled_back and self._in_shard:
-            raise RolledBack(f"the job was rolled back to a checkpoint (rollback {self.rollbacks})")
+        if self._follow(str(reply["timeline"])) and self._in_shard:
+            raise RolledBack(f"the job master went back to a checkpoint (timeline {self.timeline})")
+
+    def _follow(self, timeline: str) -> bool:
+        """The master's timeline is ``timeline``: if it changed, drop what was leased or trained in the old one
+        (and say so)."""
+        if timeline == self.timeline:
+            return False
+        moved = self.timeline is not None
+        self.timeline = timeline
+        if moved:
+            self.dropped += len(self.queue) + len(self.reports)
+            self.queue.clear()
+            self.reports.clear()
+        return moved
 
     def _await_replacement(self, deadline: float) -> None:
         """A PS did not answer: re-register until the master serves another partition generation."""
@@ -171,22 +217,39 @@ class Worker:
             total += self.step(batch) * batch.label.shape[0]
             if self.delay:
                 time.sleep(self.delay)
+            if time.monotonic() - self._last_call > self.heartbeat_s:
+                self.lease()
         return total
 
+    def lease(self) -> LeaseStatus:
+        """One call to the master: report the shards finished, queue the shards leased."""
+        self.seq += 1
+        reports = self.reports
+        header = {"worker": self.worker, "seq": self.seq, "timeline": self.timeline, "speed": self.speed}
+        arrays = {
+            "done": np.array([r[0] for r in reports], dtype=np.int64),
+            "loss": np.array([r[1] for r in reports], dtype=np.float64),
+            "count": np.array([r[2] for r in reports], dtype=np.int64),
+        }
+        reply, out = self._call_master("lease", {**header, **own_usage()}, arrays)
+        self.reports = []
+        moved = self._follow(str(reply["timeline"]))  # what was sent was trained in an older one: refused as stale
+        self.queue.extend(Shard.unpack(out["shards"]))
+        if moved and self._in_shard:
+            raise RolledBack(f"the job master went back to a checkpoint (timeline {self.timeline})")
+        return LeaseStatus(reply["status"])
+
     def run(self) -> WorkerReport:
-        speed: float | None = None
         shards = samples = 0
         while True:
-            reply, _ = self.master.call("lease", {"worker": self.worker, "speed": speed, **own_usage()})
-            status = LeaseStatus(reply["status"])
-            if int(reply["rollbacks"]) > self.rollbacks:
-                self._register()
-            if status is LeaseStatus.END:
-                return WorkerReport(self.worker, shards, samples, self.dropped)
-            if status is LeaseStatus.WAIT:
-                time.sleep(WAIT_S)
-                continue
-            shard = Shard.from_json(reply["shard"])
+            if not self.queue:
+                status = self.lease()
+                if status is LeaseStatus.END and not self.queue:
+                    return WorkerReport(self.worker, shards, samples, self.dropped)
+                if not self.queue:
+                    time.sleep(WAIT_S)
+                    continue
+            shard = self.queue.popleft()
             t0 = time.perf_counter()
             self._in_shard = True
             try:
@@ -196,10 +259,8 @@ class Worker:
                 continue
             finally:
                 self._in_shard = False
-            speed = shard.size / max(time.perf_counter() - t0, 1e-9)
-            self.master.call(
-                "done", {"worker": self.worker, "shard_id": shard.shard_id, "loss_sum": loss_sum, "count": shard.size}
-            )
+            self.speed = shard.size / max(time.perf_counter() - t0, 1e-9)
+            self.reports.append((shard.shard_id, loss_sum, shard.size))
             shards += 1
             samples += shard.size
 
@@ -213,10 +274,16 @@ class Worker:
 @click.option("--id", "worker_id", required=True)
 @click.option("--master", "master_address", required=True)
 @click.option("--delay", type=float, default=0.0, help="seconds of sleep after each mini-batch (a slow worker)")
-def worker_command(worker_id: str, master_address: str, delay: float) -> None:
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="where a restored job master writes its address (master.addr): looked up when the master does not answer",
+)
+def worker_command(worker_id: str, master_address: str, delay: float, run_dir: Path | None) -> None:
     """A worker: train on the master's shards until there are none left."""
     torch.set_num_threads(1)
-    worker = Worker(worker_id, master_address, delay)
+    worker = Worker(worker_id, master_address, delay, run_dir)
     report = worker.run()
     worker.close()
     out = {"worker": report.worker, "shards": report.shards, "samples": report.samples, "dropped": report.dropped}

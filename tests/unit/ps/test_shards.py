@@ -22,9 +22,16 @@ from hpc_elastic.ps.shards import (
 
 def drain(m: ShardManager, worker: str = "w") -> None:
     while (lease := m.lease(worker)).status is LeaseStatus.SHARD:
-        assert lease.shard is not None
-        assert m.done(worker, lease.shard.shard_id) is DoneOutcome.ACCEPTED
+        for shard in lease.shards:
+            assert m.done(worker, shard.shard_id) is DoneOutcome.ACCEPTED
     assert lease.status is LeaseStatus.END
+
+
+def one(m: ShardManager, worker: str, speed: float | None = None) -> Shard:
+    """The one shard a lease gives ``worker`` (a worker without a speed, or a straggler)."""
+    lease = m.lease(worker, speed)
+    assert lease.status is LeaseStatus.SHARD and len(lease.shards) == 1, lease
+    return lease.shards[0]
 
 
 def test_one_worker_trains_every_sample_once_per_epoch() -> None:
@@ -42,9 +49,9 @@ def test_the_shuffle_is_seeded_per_epoch() -> None:
         m = ShardManager(ShardConfig(num_samples=200, shard_size=10, epochs=2, seed=seed))
         out = []
         while (lease := m.lease("w")).status is LeaseStatus.SHARD:
-            assert lease.shard is not None
-            out.append((lease.shard.epoch, lease.shard.start))
-            m.done("w", lease.shard.shard_id)
+            (shard,) = lease.shards
+            out.append((shard.epoch, shard.start))
+            m.done("w", shard.shard_id)
         return out
 
     a = order(1)
@@ -57,13 +64,12 @@ def test_the_shuffle_is_seeded_per_epoch() -> None:
 
 def test_a_lost_workers_shards_go_back_first_and_a_zombie_done_is_stale() -> None:
     m = ShardManager(ShardConfig(num_samples=50, shard_size=10))
-    a = m.lease("a").shard
-    b = m.lease("b").shard
-    assert a is not None and b is not None
+    a = one(m, "a")
+    one(m, "b")
     assert m.remove_worker("a") == [Shard(a.shard_id, 0, a.start, a.end, 1)]
     assert m.done("a", a.shard_id) is DoneOutcome.STALE
-    again = m.lease("c").shard
-    assert again is not None and (again.start, again.end, again.attempts) == (a.start, a.end, 1)
+    again = one(m, "c")
+    assert (again.start, again.end, again.attempts) == (a.start, a.end, 1)
     assert m.ledger.counts(0).sum() == 0
     m.done("c", again.shard_id)
     assert m.ledger.trained_by(0, a.start) == ["c"]
@@ -72,8 +78,7 @@ def test_a_lost_workers_shards_go_back_first_and_a_zombie_done_is_stale() -> Non
 def test_a_shard_failing_too_often_is_set_aside_not_retried_forever() -> None:
     m = ShardManager(ShardConfig(num_samples=10, shard_size=10, max_retries=2))
     for attempt in range(3):
-        lease = m.lease(f"w{attempt}")
-        assert lease.shard is not None and lease.shard.attempts == attempt
+        assert one(m, f"w{attempt}").attempts == attempt
         m.remove_worker(f"w{attempt}")
     assert m.lease("w").status is LeaseStatus.END
     assert [s.attempts for s in m.failed] == [3]
@@ -82,38 +87,81 @@ def test_a_shard_failing_too_often_is_set_aside_not_retried_forever() -> None:
 
 def test_wait_while_the_last_shards_are_held() -> None:
     m = ShardManager(ShardConfig(num_samples=10, shard_size=10))
-    shard = m.lease("a").shard
-    assert shard is not None
+    shard = one(m, "a")
     assert m.lease("b").status is LeaseStatus.WAIT
     m.fail("a", shard.shard_id)
-    assert m.lease("b").shard == Shard(shard.shard_id, 0, 0, 10, 1)
+    assert m.lease("b").shards == (Shard(shard.shard_id, 0, 0, 10, 1),)
 
 
 def test_a_straggler_gets_smaller_shards_and_the_rest_is_served_next() -> None:
-    m = ShardManager(ShardConfig(num_samples=400, shard_size=100, straggler_ratio=0.5, min_split=5))
-    fast = m.lease("fast", speed=1000.0).shard
-    m.lease("mid", speed=900.0)
-    slow = m.lease("slow", speed=100.0).shard
-    assert fast is not None and fast.size == 100
-    assert slow is not None and slow.size == 12  # ceil(100 * 100 / 900)
-    rest = m.lease("fast").shard
-    assert rest is not None and (rest.start, rest.end) == (slow.end, slow.start + 100)
-    assert m.lease("mid").shard is not None
+    m = ShardManager(ShardConfig(num_samples=400, shard_size=100, straggler_ratio=0.5, min_split=5, hold_seconds=0.01))
+    fast = one(m, "fast", speed=1000.0)  # a bound of 10 records: one shard at a time
+    one(m, "mid", speed=900.0)
+    slow = one(m, "slow", speed=100.0)
+    assert fast.size == 100
+    assert slow.size == 12  # ceil(100 * 100 / 900)
+    m.done("fast", fast.shard_id)
+    rest = one(m, "fast")
+    assert (rest.start, rest.end) == (slow.end, slow.start + 100)
 
 
 def test_restore_serves_the_doing_shards_first_and_keeps_the_ledger() -> None:
     cfg = ShardConfig(num_samples=100, shard_size=10, epochs=2, seed=3)
     m = ShardManager(cfg)
-    first = m.lease("a").shard
-    assert first is not None
+    first = one(m, "a")
     m.done("a", first.shard_id)
-    held = [m.lease("b").shard, m.lease("c").shard]
+    held = [one(m, "b"), one(m, "c")]
     state = m.checkpoint()
     restored = ShardManager(cfg, ShardState.from_json(json.loads(json.dumps(state.to_json()))))
     assert restored.checkpoint() != state  # DOING folded into TODO
-    assert [restored.lease("d").shard, restored.lease("d").shard] == held
-    assert restored.ledger.entries == m.ledger.entries
-    assert restored.done("b", held[0].shard_id if held[0] else -1) is DoneOutcome.STALE
+    again = one(restored, "d")
+    restored.done("d", again.shard_id)
+    assert [again, one(restored, "d")] == held
+    assert restored.ledger.entries[:-1] == m.ledger.entries
+    assert restored.done("b", held[0].shard_id) is DoneOutcome.STALE
+
+
+def test_a_lease_never_exceeds_the_bound_and_slower_workers_hold_less() -> None:
+    config = ShardConfig(num_samples=10_000, shard_size=10, max_hold=8, hold_seconds=0.5, straggler_ratio=1e-9)
+    m = ShardManager(config)
+    assert len(m.lease("new").shards) == 1  # no speed yet: one shard at a time
+    fast = m.lease("fast", speed=1e6).shards
+    assert len(fast) == 8  # at most max_hold shards
+    mid = m.lease("mid", speed=100.0).shards
+    assert sum(s.size for s in mid) == 50 and len(mid) == 5  # 0.5 s at 100 samples/s
+    assert m.lease("mid", speed=100.0).status is LeaseStatus.WAIT  # it holds its bound
+    m.done("mid", mid[0].shard_id)
+    assert len(m.lease("mid", speed=100.0).shards) == 1  # room for one more
+    slow = m.lease("slow", speed=30.0).shards
+    assert len(slow) == 1 and slow[0].size == 10  # one shard, whatever the bound: a worker holding none gets one
+    for worker in ("fast", "mid", "slow", "new"):
+        count, records = m.held(worker)
+        assert count <= config.max_hold and (count == 1 or records <= m.bound(worker))
+
+
+def test_a_worker_killed_with_leased_unstarted_shards_gives_them_all_back_first() -> None:
+    m = ShardManager(ShardConfig(num_samples=200, shard_size=10, max_hold=4))
+    held = m.lease("a", speed=1e6).shards
+    assert len(held) == 4
+    m.done("a", held[0].shard_id)  # it trained one; the other three were leased, not started
+    back = m.remove_worker("a")
+    assert [(s.start, s.end) for s in back] == [(s.start, s.end) for s in held[1:]]
+    again = m.lease("b", speed=1e6).shards
+    assert again[:3] == tuple(back)
+    assert m.held("a") == (0, 0) and m.held("b") == (4, 40)
+    for shard in again:
+        m.done("b", shard.shard_id)
+    drain(m, "b")
+    assert m.ledger.exactly_once(0) and m.ledger.workers(0)["a"] == 10
+
+
+def test_shards_pack_into_one_array_and_back() -> None:
+    shards = [Shard(3, 0, 10, 20, 0), Shard(9, 1, 0, 5, 2)]
+    packed = Shard.pack(shards)
+    assert packed.shape == (2, 5) and Shard.unpack(packed) == shards
+    assert Shard.unpack(Shard.pack([])) == []
+    with pytest.raises(ValueError, match="not an array of shards"):
+        Shard.unpack(packed[:, :4])
 
 
 @pytest.mark.parametrize(
@@ -124,6 +172,8 @@ def test_restore_serves_the_doing_shards_first_and_keeps_the_ledger() -> None:
         ({"num_samples": 10, "shard_size": 1, "epochs": 0}, "epochs"),
         ({"num_samples": 10, "shard_size": 1, "max_retries": -2}, "max_retries"),
         ({"num_samples": 10, "shard_size": 1, "straggler_ratio": 0.0}, "straggler_ratio"),
+        ({"num_samples": 10, "shard_size": 1, "max_hold": 0}, "max_hold"),
+        ({"num_samples": 10, "shard_size": 1, "hold_seconds": -1.0}, "hold_seconds"),
     ],
 )
 def test_bad_configs_name_the_value(kwargs: dict[str, int | float], word: str) -> None:
@@ -137,13 +187,23 @@ def test_a_bad_speed_is_refused() -> None:
 
 
 class Cluster(RuleBasedStateMachine):
-    """Random leases, dones, failures, workers added and lost (with and without speeds) and master restarts; at
-    the end every worker drains the queues. Whatever the sequence, each epoch's samples are counted exactly once
-    (no retry cap is reached: max_retries is large), and no sample is ever counted twice on the way."""
+    """Random leases of batches of shards, dones, failures, workers added and lost (scale-in, or killed holding
+    leased shards it had not started) with and without speeds, and master restarts; at the end every worker drains
+    the queues. Whatever the sequence, each epoch's samples are counted exactly once (no retry cap is reached:
+    max_retries is large), no sample is ever counted twice on the way, and no lease exceeds a worker's bound."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.config = ShardConfig(num_samples=97, shard_size=8, epochs=2, seed=5, max_retries=10_000, min_split=1)
+        self.config = ShardConfig(
+            num_samples=97,
+            shard_size=8,
+            epochs=2,
+            seed=5,
+            max_retries=10_000,
+            min_split=1,
+            max_hold=3,
+            hold_seconds=0.05,
+        )
         self.manager = ShardManager(self.config)
         self.workers = ["w0"]
         self.held: dict[str, list[int]] = {"w0": []}
@@ -152,9 +212,13 @@ class Cluster(RuleBasedStateMachine):
     @rule(k=st.integers(0, 7), speed=st.one_of(st.none(), st.floats(1.0, 1000.0)))
     def lease(self, k: int, speed: float | None) -> None:
         w = self.workers[k % len(self.workers)]
+        before = self.manager.held(w)
         lease = self.manager.lease(w, speed)
-        if lease.shard is not None:
-            self.held[w].append(lease.shard.shard_id)
+        self.held[w].extend(s.shard_id for s in lease.shards)
+        count, records = self.manager.held(w)
+        assert (count, records) == (before[0] + len(lease.shards), before[1] + sum(s.size for s in lease.shards))
+        assert count <= self.config.max_hold
+        assert not lease.shards or count == 1 or records <= self.manager.bound(w)  # a speed lowered leases nothing
 
     @rule(k=st.integers(0, 7), j=st.integers(0, 7))
     def done(self, k: int, j: int) -> None:
