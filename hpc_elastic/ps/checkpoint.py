@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,9 @@ def merge(parts: list[PsSnapshot]) -> PsSnapshot:
     )
 
 
-def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot]) -> Path:
-    """Write checkpoint ``seq``; return its directory. The previous ones but the newest :data:`KEEP` go."""
+def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot], losses: Sequence[float] = ()) -> Path:
+    """Write checkpoint ``seq``; return its directory. The previous ones but the newest :data:`KEEP` go.
+    ``losses``: the mean loss of each shard the ledger counts, in order (the job's loss curve survives a restore)."""
     root.mkdir(parents=True, exist_ok=True)
     where = root / f"ckpt-{seq}"
     where.mkdir(exist_ok=True)
@@ -97,7 +99,7 @@ def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot]
         buf = io.BytesIO()
         np.savez(buf, **part.to_arrays())  # type: ignore[arg-type]
         atomic_write_bytes(where / f"ps{p}.npz", buf.getvalue())
-    doc = {"seq": seq, "num_ps": len(partitions), "queues": queues.to_json()}
+    doc = {"seq": seq, "num_ps": len(partitions), "queues": queues.to_json(), "losses": [float(x) for x in losses]}
     atomic_write_bytes(where / "queues.json", json.dumps(doc).encode())
     atomic_write_bytes(root / LATEST, str(seq).encode())
     for old in sorted(root.glob("ckpt-*"), key=lambda d: _seq(d.name)):
@@ -126,6 +128,12 @@ def read_queues(where: Path) -> tuple[int, ShardState]:
     """The sequence number and the queues of the checkpoint in ``where``."""
     doc = json.loads((where / "queues.json").read_text())
     return int(doc["seq"]), ShardState.from_json(doc["queues"])
+
+
+def read_losses(where: Path) -> list[float]:
+    """The per-shard mean losses the checkpoint in ``where`` holds (none in a checkpoint written without them)."""
+    doc = json.loads((where / "queues.json").read_text())
+    return [float(x) for x in doc.get("losses", [])]
 
 
 def read_partitions(where: Path) -> list[PsSnapshot]:

@@ -83,11 +83,13 @@ class Master:
         self.seq = 0
         self.restored_from: int | None = None
         state: ShardState | None = None
+        losses: list[float] = []
         if restore and checkpoint_root is not None:
             where = checkpoint.latest(checkpoint_root)
             if where is None:
                 raise ValueError(f"no checkpoint to restore in {checkpoint_root}")
             self.seq, state = checkpoint.read_queues(where)
+            losses = checkpoint.read_losses(where)
             self.restored_from = self.seq
         self.shards = ShardManager(config.shards(), state)
         self.lost: set[str] = set()
@@ -110,7 +112,7 @@ class Master:
         self._last_done: float | None = None
         self.samples_accepted = 0  # samples of the shards accepted, redone ones again (a rate, not the ledger)
         self.worker_usage: dict[str, tuple[float, float, float]] = {}  # CPU s, peak MiB, master's clock at reading
-        self.losses: list[float] = []  # mean loss of each accepted shard, in the order of acceptance
+        self.losses = losses  # mean loss of each accepted shard, in the order of acceptance (restored with the ledger)
         self.stopped = threading.Event()
         self._lock = threading.Lock()
 
@@ -229,7 +231,7 @@ class Master:
             self._ps = [rpc.Client(a, timeout=PS_TIMEOUT_S) for a in self.ps_addresses]
         parts = [checkpoint.PsSnapshot.from_arrays(c.call("snapshot")[1]) for c in self._ps]
         self.seq += 1
-        checkpoint.write(self.checkpoint_root, self.seq, self.shards.checkpoint(), parts)
+        checkpoint.write(self.checkpoint_root, self.seq, self.shards.checkpoint(), parts, self.losses)
         return self.seq
 
     def repartition(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
@@ -284,6 +286,7 @@ class Master:
             self._load_ps(addresses, where)
             workers = [w for w in self.registered if w not in self.lost]
             self.shards = ShardManager(self.config.shards(), state)
+            self.losses = checkpoint.read_losses(where)  # those of the shards the restored ledger counts
             for worker in workers:
                 self.shards.add_worker(worker)
             self.rollbacks += 1

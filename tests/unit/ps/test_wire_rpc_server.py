@@ -10,6 +10,7 @@ import pytest
 from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, CriteoLike, CriteoSpec, label_entropy, owner
+from hpc_elastic.ps.master import Master
 from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes, init_rows
 from hpc_elastic.ps.server import ParameterServer
 from hpc_elastic.ps.shards import ShardConfig, ShardManager
@@ -188,3 +189,15 @@ def test_a_frozen_or_reconfigured_ps_refuses_requests_as_moved_and_loses_no_upda
         got[sel] = server.pull({"generation": 1}, {"ids": ids[sel]})[1]["rows"]
     assert np.array_equal(got, frozen.rows[:4])  # the one push before the freeze, and only it
     assert ps.updates == fresh.updates == 1
+
+
+def test_a_restored_master_keeps_the_loss_curve_of_the_shards_its_ledger_counts(tmp_path: Path) -> None:
+    config = PsJobConfig(num_ps=1, num_samples=10, shard_size=5)
+    state = ShardManager(config.shards()).checkpoint()
+    snapshot = ParameterServer(config, 0, 1).snapshot()
+    checkpoint.write(tmp_path, 1, state, [snapshot], losses=[0.9, 0.7])
+    assert checkpoint.read_losses(checkpoint.latest(tmp_path) or tmp_path) == [0.9, 0.7]
+    master = Master(config, ["127.0.0.1:1"], checkpoint_root=tmp_path, restore=True)
+    # the loss at the start of training is the first run's, not that of the run after a requeue
+    assert master.restored_from == 1 and master.losses == [0.9, 0.7]
+    assert master.summary()["loss_first"] == 0.9
