@@ -173,8 +173,9 @@ def test_with_ranges_brain_samples_optimizes_and_adjusts_inside_the_allocation(
 def test_usr1_mid_epoch_checkpoints_requeues_and_the_next_run_restores_exactly_once(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
-    epochs = 2
-    job_id = submit_ps(workdir, {"num_samples": SAMPLES, "shard_size": 50, "batch_size": 25, "epochs": epochs})
+    # long enough (about 20 s of training here) for the signal to come mid-epoch: 2,000 samples take under a second
+    epochs, samples = 2, 60_000
+    job_id = submit_ps(workdir, {"num_samples": samples, "shard_size": 50, "batch_size": 25, "epochs": epochs})
     cleanup.append(job_id)
     job_dir = JobDir.of(workdir, NAME, job_id)
     wait_for(
@@ -193,7 +194,7 @@ def test_usr1_mid_epoch_checkpoints_requeues_and_the_next_run_restores_exactly_o
     ack = json.loads((job_dir.control / ack_name[0]).read_text())
     assert ack["reason"] == "preempt" and ack["restart_count"] == 0
     assert status["restored_from"] == ack["step"]  # the stop's checkpoint, the last of the first run
-    assert_exactly_once(status, epochs)
+    assert_exactly_once(status, epochs, samples)
     first_run = {w: n for w, n in status["epochs"][0]["samples_by_worker"].items() if not w.startswith("r1")}
     assert sum(first_run.values()) >= 8 * 50  # the first run's samples, still credited
     assert sorted(status["registered"]) == ["r1w0", "r1w1", "r1w2"]
