@@ -116,6 +116,7 @@ def render_batch_script(spec: SubmitSpec, wrapper: Sequence[str]) -> str:
         *(f"#SBATCH {option}" for option in sbatch_directives(spec)),
         "",
         "set -euo pipefail",
+        "trap '' USR1  # Slurm's warning, until the wrapper takes it (it holds one that comes after its start)",
         about,
         "exec " + " ".join(shlex.quote(word) for word in run),
         "",

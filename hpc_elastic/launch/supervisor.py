@@ -100,6 +100,17 @@ class WrapperConfig:
 # ------------------------------------------------------------------------------------------ pure parts
 
 
+def take_usr1(handler: Callable[[int, FrameType | None], None]) -> Any:
+    """Install ``handler`` for ``USR1`` and let a held one reach it; the previous handler. Slurm's time-limit
+    warning (``--signal=B:USR1@grace``) comes at the first limit check once the grace is reached, which may be
+    within a second of a run's start (a short limit, a long grace, a requeued run): ``wrappers/hpc-elastic-run``
+    blocks ``USR1`` before anything else, so that one that comes before the handler is held pending, neither lost
+    nor fatal, and delivered here."""
+    previous = signal.signal(signal.SIGUSR1, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    return previous
+
+
 @contextlib.contextmanager
 def term_ignored() -> Iterator[None]:
     """``TERM`` ignored meanwhile, and by the children started meanwhile: a requeue of the wrapper's own job makes
@@ -303,9 +314,9 @@ class Supervisor:
         self._ntasks = ntasks
         self._started_at = self.clock()
         previous = {
-            signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_fatal),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_fatal),
+            signal.SIGUSR1: take_usr1(self._on_usr1),
         }
         phases: dict[Phase, Callable[[], Phase]] = {
             Phase.START: self._start,

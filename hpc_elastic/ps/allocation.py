@@ -50,7 +50,7 @@ from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.jobdir import Ack, ScaleReply, ScaleRequest, StopNotice, StopReason, StopRequest
 from hpc_elastic.launch.spec import parse_range, ps_job_config
 from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
-from hpc_elastic.launch.supervisor import job_dir_of, job_ref_of, term_ignored
+from hpc_elastic.launch.supervisor import job_dir_of, job_ref_of, take_usr1, term_ignored
 from hpc_elastic.policy.brain import JobLimits, Range
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
@@ -219,9 +219,9 @@ class PsWrapper:
         """Run the PS job in this allocation; the exit status (see the module's docstring)."""
         restore = self.prepare()
         previous = {
-            signal.SIGUSR1: signal.signal(signal.SIGUSR1, self._on_usr1),
             signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),  # a cancel, the time limit: stop the steps
             signal.SIGINT: signal.signal(signal.SIGINT, _terminate),
+            signal.SIGUSR1: take_usr1(self._on_usr1),
         }
         try:
             return self._run(restore)
