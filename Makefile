@@ -31,9 +31,10 @@ demo:
 	awk -F'|' '{ printf "  %-48s %8s\n", $$1, $$2 }' $(TIMINGS); \
 	exit $$status
 
-# pytest exits 5 when nothing is collected; that is not a failure of the suite.
+# Two lanes at once (scripts/test-lanes): the integration tests beside the unit tests. pytest exits 5 when nothing
+# is collected; that is not a failure of the suite.
 test: lint cluster
-	HPC_ELASTIC_REQUIRE_CLUSTER=1 HPC_ELASTIC_REQUIRE_HOROVOD=1 $(PY) -m pytest || [ $$? -eq 5 ]
+	HPC_ELASTIC_REQUIRE_CLUSTER=1 HPC_ELASTIC_REQUIRE_HOROVOD=1 scripts/test-lanes $(PY)
 
 unit: setup
 	$(PY) -m pytest -m "not integration" || [ $$? -eq 5 ]
