@@ -222,10 +222,12 @@ def _new_reply(job_dir: JobDir, previous: ScaleReply | None) -> ScaleReply | Non
     return reply if reply is not None and reply != previous else None
 
 
+@pytest.mark.timeout(600)
 def test_hpc_elastic_scale_sets_workers_and_ps_of_the_running_job_within_one_epoch(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
-    samples = 80_000
+    # an epoch long enough for three requests (80,000 samples train in about 14 s with batched leases)
+    samples = 250_000
     job_id = submit_ps(workdir, {"num_samples": samples, "shard_size": 100, "batch_size": 50}, workers="1:4", ps="1:2")
     cleanup.append(job_id)
     job_dir = JobDir.of(workdir, NAME, job_id)
