@@ -286,7 +286,6 @@ class Master:
             self._load_ps(addresses, where)
             workers = [w for w in self.registered if w not in self.lost]
             self.shards = ShardManager(self.config.shards(), state)
-            self.losses = checkpoint.read_losses(where)  # those of the shards the restored ledger counts
             for worker in workers:
                 self.shards.add_worker(worker)
             self.rollbacks += 1

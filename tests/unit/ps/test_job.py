@@ -79,7 +79,9 @@ def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
 
 
 def test_a_ps_killed_mid_epoch_is_replaced_without_restarting_the_workers(tmp_path: Path) -> None:
-    config = PsJobConfig(num_workers=2, epochs=2, **SMALL)
+    # a hold of 2 shards: with the default (16, about a second of work) two workers lease the whole epoch at once
+    # and report it in one go, so no checkpoint would fall mid-epoch
+    config = PsJobConfig(num_workers=2, epochs=2, max_hold=2, **SMALL)
     ckpt = tmp_path / "ckpt"
     delays = {"w0": 0.02, "w1": 0.02}
     with PsJob(config, tmp_path, worker_delays=delays, checkpoint_dir=ckpt, checkpoint_every=4) as job:
