@@ -71,6 +71,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -626,14 +627,10 @@ class JobDir:
         except FileNotFoundError:
             return None
         except (OSError, UnsafeFile) as exc:
-            self._set_aside_scale(stamp)
+            self._set_aside((SCALE,), stamp)
             raise ValueError(f"scale request refused: {exc}") from None
-        self._set_aside_scale(stamp)
+        self._set_aside((SCALE,), stamp)
         return parse_scale(data.decode("utf-8", errors="replace"))
-
-    def _set_aside_scale(self, stamp: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(self.scale_path, self.control / f"{SCALE}{HANDLED}{stamp}")
 
     def reply_scale(self, reply: ScaleReply) -> None:
         atomic_write_bytes(self.control / SCALE_REPLY, reply.to_json().encode(), mode=0o644)
@@ -664,11 +661,12 @@ class JobDir:
     def set_aside(self, stamp: int, *, keep_stop: bool = False) -> None:
         """Rename the stop request (unless ``keep_stop``), the acknowledgement and a scale request to
         ``<name>.handled-<stamp>``: kept for the record, never taken for those of a later run."""
-        for name in (ACK, SCALE) if keep_stop else (STOP, ACK, SCALE):
-            try:
-                os.rename(self.control / name, self.control / f"{name}.handled-{stamp}")
-            except FileNotFoundError:
-                continue
+        self._set_aside((ACK, SCALE) if keep_stop else (STOP, ACK, SCALE), stamp)
+
+    def _set_aside(self, names: Sequence[str], stamp: int) -> None:
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.control / name, self.control / f"{name}{HANDLED}{stamp}")
 
     def record_progress(self, progress: Progress) -> None:
         atomic_write_bytes(self.progress_path, progress.to_json().encode())
