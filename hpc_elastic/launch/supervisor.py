@@ -111,6 +111,34 @@ def take_usr1(handler: Callable[[int, FrameType | None], None]) -> Any:
     return previous
 
 
+def usr1_reason_now(slurm: SlurmClient, job: JobEnvironment, now: float, grace_s: float) -> StopReason:
+    """Why the checkpoint signal came (:func:`.stops.usr1_reason`), from Slurm's view of the job at ``now``: the
+    scheduler daemon's notice in its ``AdminComment`` (for this incarnation), else a time limit if it is within
+    grace + slack, else a preemption."""
+    notice_reason, start, limit = None, None, None
+    if job.job_id is not None:
+        try:
+            current = slurm.job(job.job_id)
+            notice = StopNotice.decode(current.admin_comment)
+            if notice is not None and notice.restarts == job.restart_count:
+                notice_reason = notice.reason
+            start, limit = current.start_time, current.time_limit_s
+        except SlurmError as exc:
+            log.warning("cannot read the job from Slurm (%s); treating USR1 as a preemption", exc)
+    return usr1_reason(notice_reason, start, limit, datetime.fromtimestamp(now, tz=UTC), grace_s)
+
+
+def sigterm_reason_now(slurm: SlurmClient, job: JobEnvironment, now: float) -> StopReason:
+    """Why the workers (or the steps) got ``SIGTERM``, from Slurm's view of the job (:func:`.stops.sigterm_reason`)."""
+    current = None
+    if job.job_id is not None:
+        try:
+            current = slurm.job(job.job_id)
+        except SlurmError as exc:
+            log.warning("cannot read the job from Slurm (%s): SIGTERM of unknown cause", exc)
+    return sigterm_reason(current, job.restart_count, datetime.fromtimestamp(now, tz=UTC))
+
+
 @contextlib.contextmanager
 def term_ignored() -> Iterator[None]:
     """``TERM`` ignored meanwhile, and by the children started meanwhile: a requeue of the wrapper's own job makes
@@ -259,30 +287,10 @@ class Supervisor:
                     log.warning("cannot constrain the requeued job to %s GPUs: %s", self.pinned_type, exc)
 
     def _usr1_reason(self) -> StopReason:
-        """Why the checkpoint signal came: the scheduler daemon's notice in the job's ``AdminComment`` (for this
-        incarnation), else a time limit if it is within grace + slack, else a preemption."""
-        notice_reason, start, limit = None, None, None
-        if self.job.job_id is not None:
-            try:
-                current = self.slurm.job(self.job.job_id)
-                notice = StopNotice.decode(current.admin_comment)
-                if notice is not None and notice.restarts == self.job.restart_count:
-                    notice_reason = notice.reason
-                start, limit = current.start_time, current.time_limit_s
-            except SlurmError as exc:
-                log.warning("cannot read the job from Slurm (%s); treating USR1 as a preemption", exc)
-        now = datetime.fromtimestamp(self.clock(), tz=UTC)
-        return usr1_reason(notice_reason, start, limit, now, self.config.grace_s)
+        return usr1_reason_now(self.slurm, self.job, self.clock(), self.config.grace_s)
 
     def _sigterm_reason(self) -> StopReason:
-        """Why the workers got ``SIGTERM``, from Slurm's view of the job (:func:`.stops.sigterm_reason`)."""
-        current = None
-        if self.job.job_id is not None:
-            try:
-                current = self.slurm.job(self.job.job_id)
-            except SlurmError as exc:
-                log.warning("cannot read the job from Slurm (%s): SIGTERM of unknown cause", exc)
-        return sigterm_reason(current, self.job.restart_count, datetime.fromtimestamp(self.clock(), tz=UTC))
+        return sigterm_reason_now(self.slurm, self.job, self.clock())
 
     def step(self, ntasks: int, attempt: int) -> WorkerStep:
         """The worker step of this incarnation: ``ntasks`` processes, the job's N ESTs."""

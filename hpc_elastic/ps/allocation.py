@@ -31,14 +31,12 @@ exactly once per epoch, or the job was requeued; 1 otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
@@ -47,10 +45,17 @@ from typing import Any
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.jobdir import Ack, ScaleReply, ScaleRequest, StopNotice, StopReason, StopRequest
+from hpc_elastic.jobdir import Ack, ScaleReply, ScaleRequest, StopReason, StopRequest
 from hpc_elastic.launch.spec import parse_range, ps_job_config
-from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
-from hpc_elastic.launch.supervisor import job_dir_of, job_ref_of, take_usr1, term_ignored
+from hpc_elastic.launch.stops import Action, after_stop
+from hpc_elastic.launch.supervisor import (
+    job_dir_of,
+    job_ref_of,
+    sigterm_reason_now,
+    take_usr1,
+    term_ignored,
+    usr1_reason_now,
+)
 from hpc_elastic.policy.brain import JobLimits, Range
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
@@ -347,20 +352,7 @@ class PsWrapper:
         return reason, requested_at
 
     def usr1_reason(self) -> StopReason:
-        """Why ``USR1`` came (:func:`hpc_elastic.launch.stops.usr1_reason`): the daemon's notice for this
-        incarnation in the job's ``AdminComment``, else the time limit if near, else a preemption."""
-        notice_reason, start, limit = None, None, None
-        assert self.job.job_id is not None
-        try:
-            current = self.slurm.job(self.job.job_id)
-            notice = StopNotice.decode(current.admin_comment)
-            if notice is not None and notice.restarts == self.job.restart_count:
-                notice_reason = notice.reason
-            start, limit = current.start_time, current.time_limit_s
-        except SlurmError as exc:
-            print(f"hpc-elastic-run: cannot read the job ({exc}): USR1 taken for a preemption", file=sys.stderr)
-        now = datetime.fromtimestamp(self.clock(), tz=UTC)
-        return usr1_reason(notice_reason, start, limit, now, self.config.grace_s)
+        return usr1_reason_now(self.slurm, self.job, self.clock(), self.config.grace_s)
 
     def checkpoint_for_stop(self, ps_job: PsJob, reason: StopReason) -> dict[str, Any]:
         """Stop the workers (as a scale-in: their shards in hand go back to TODO), then checkpoint the PS parameters,
@@ -386,11 +378,7 @@ class PsWrapper:
         """The steps have stopped: requeue the job (it restores from the checkpoint), leave it to Slurm, or wait
         for the time limit to end it (:func:`hpc_elastic.launch.stops.after_stop`)."""
         if outcome is Outcome.LOST:
-            current = None
-            assert self.job.job_id is not None
-            with contextlib.suppress(SlurmError):
-                current = self.slurm.job(self.job.job_id)
-            reason = sigterm_reason(current, self.job.restart_count, datetime.fromtimestamp(self.clock(), tz=UTC))
+            reason = sigterm_reason_now(self.slurm, self.job, self.clock())
             print(f"hpc-elastic-run: the job master's step ended; Slurm says: {reason.value}", file=sys.stderr)
         else:
             assert self.stop is not None
