@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import pytest
 
@@ -35,13 +36,39 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 90.0, 
         time.sleep(every_s)
 
 
-TEST_ROOT_NAME = "tests"  # every test job writes its output under <gpfs_root>/tests/
+TEST_ROOT_NAME = "tests"  # every test job writes its output under <gpfs_root>/tests/<lane>/
 SESSION_WAIT_S = 1800.0
+#: The lane a test session runs (``scripts/test-lanes`` sets it). Two lanes share the cluster at once: ``cpu`` runs
+#: the tests marked ``cpu_lane`` (their jobs use the ``cpu`` partition's nodes only), ``gpu`` every other test but
+#: the ``disruptive`` ones. A session without a lane runs any test and has the cluster to itself.
+LANE_ENV = "HPC_ELASTIC_TEST_LANE"
+LANES = ("cpu", "gpu")
 
 
-def _stale_test_jobs(test_root: Path) -> list[int]:
-    """Jobs whose standard output lies under ``test_root``: left by an earlier test session that was killed
-    before its fixtures could cancel them (slurmctld keeps them across a cluster restart)."""
+def session_lane() -> str | None:
+    lane = os.environ.get(LANE_ENV) or None
+    if lane is not None and lane not in LANES:
+        raise pytest.UsageError(f"{LANE_ENV} must be one of {', '.join(LANES)}, got {lane!r}")
+    return lane
+
+
+def lane_of(node: pytest.Item | pytest.Collector) -> str:
+    """The lane of a test (or of a module's tests): ``cpu`` when marked ``cpu_lane``, else ``gpu``."""
+    return "cpu" if node.get_closest_marker("cpu_lane") is not None else "gpu"
+
+
+def root_of(node: pytest.Item | pytest.Collector) -> Path:
+    """Where the jobs of a test (or of a module's fixtures) write: ``<gpfs_root>/tests/<its lane>/``."""
+    root = read_environment().gpfs_root / TEST_ROOT_NAME / lane_of(node)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def jobs_writing_under(root: Path) -> list[int]:
+    """Jobs whose standard output lies under ``root``: at a session's start, those left by an earlier test session
+    that was killed before its fixtures could cancel them (slurmctld keeps them across a cluster restart); after a
+    refused submission with ``--ckpt-root=root``, a job it should not have submitted (another lane's jobs write
+    elsewhere)."""
     out = subprocess.run(
         ["squeue", "--noheader", "--Format=JobID:20,STDOUT:1000"],
         check=True,
@@ -52,37 +79,59 @@ def _stale_test_jobs(test_root: Path) -> list[int]:
     stale = []
     for line in out.splitlines():
         fields = line.split(None, 1)
-        if len(fields) == 2 and Path(fields[1].strip()).is_relative_to(test_root):
+        if len(fields) == 2 and Path(fields[1].strip()).is_relative_to(root):
             stale.append(int(fields[0].split("_")[0]))
     return sorted(set(stale))
 
 
+def _take(lock: IO[str], how: int) -> None:
+    deadline = time.monotonic() + SESSION_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"another test session held {lock.name} for {SESSION_WAIT_S:.0f}s")
+            time.sleep(2.0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cluster_to_ourselves() -> Iterator[None]:
-    """One test session at a time on the dev cluster, starting from a cluster without stale test jobs.
+    """One test session at a time on the dev cluster, or one per lane, starting without stale test jobs.
 
     Tests count GPUs: a second session on the same cluster (or a blocker left running by a killed one) starves
-    the first. The lock is a ``flock`` on the shared filesystem; it goes with the process that holds it."""
+    the first. The locks are ``flock``s on the shared filesystem; they go with the process that holds them. A
+    session without a lane holds ``.session.lock`` alone; a lane's session shares it with the other lane's and
+    holds ``.lane-<lane>.lock`` alone. Each cancels the stale jobs under the part of the test root it holds."""
+    lane = session_lane()
     test_root = read_environment().gpfs_root / TEST_ROOT_NAME
     test_root.mkdir(parents=True, exist_ok=True)
-    with (test_root / ".session.lock").open("a") as lock:
-        deadline = time.monotonic() + SESSION_WAIT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"another test session held {lock.name} for {SESSION_WAIT_S:.0f}s")
-                time.sleep(2.0)
+    with contextlib.ExitStack() as held:
+        _take(held.enter_context((test_root / ".session.lock").open("a")), fcntl.LOCK_SH if lane else fcntl.LOCK_EX)
+        if lane is not None:
+            _take(held.enter_context((test_root / f".lane-{lane}.lock").open("a")), fcntl.LOCK_EX)
+        root = test_root / lane if lane is not None else test_root
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            stale = _stale_test_jobs(test_root)
+            stale = jobs_writing_under(root)
             if stale:
                 subprocess.run(["scancel", *map(str, stale)], check=False, timeout=20)
                 deadline = time.monotonic() + 120.0
-                while _stale_test_jobs(test_root) and time.monotonic() < deadline:
+                while jobs_writing_under(root) and time.monotonic() < deadline:
                     time.sleep(1.0)
         yield
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A lane's session runs only its own tests: another lane's would share nodes with it, a disruptive one would
+    stop Slurm under both. Checked before any fixture of the test is set up."""
+    lane = session_lane()
+    if lane is None:
+        return
+    if item.get_closest_marker("disruptive") is not None:
+        pytest.fail(f"a disruptive test runs only in a session without a lane (unset {LANE_ENV})")
+    if lane_of(item) != lane:
+        pytest.fail(f"a {lane_of(item)}-lane test in the {lane} lane's session")
 
 
 @pytest.fixture(scope="session")
@@ -100,9 +149,15 @@ def slurm(cluster_to_ourselves: None) -> CliSlurm:
 
 
 @pytest.fixture
-def workdir() -> Path:
+def lane_root(request: pytest.FixtureRequest) -> Path:
+    """The test's part of the test root on the shared filesystem (:func:`root_of`)."""
+    return root_of(request.node)
+
+
+@pytest.fixture
+def workdir(lane_root: Path) -> Path:
     """A fresh directory on the shared filesystem (the GPFS stand-in), visible to every node."""
-    path = read_environment().gpfs_root / "tests" / uuid.uuid4().hex[:12]
+    path = lane_root / uuid.uuid4().hex[:12]
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -70,6 +70,7 @@ def test_submit_a_training_function_watch_it_and_get_its_result(
     assert (final["state"], final["step"], final["finished"]) == ("COMPLETED", 150, True)
 
 
+@pytest.mark.cpu_lane
 def test_cancel_a_running_function(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     job = hpc_elastic.submit(
         train_linear,
@@ -89,6 +90,7 @@ def test_cancel_a_running_function(slurm: CliSlurm, workdir: Path, submitted: li
         job.result()
 
 
+@pytest.mark.cpu_lane
 def test_an_exception_of_the_function_comes_back_from_result(
     slurm: CliSlurm, workdir: Path, submitted: list[int]
 ) -> None:

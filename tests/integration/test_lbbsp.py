@@ -33,7 +33,7 @@ from hpc_elastic.slurm import CliSlurm
 from tests.conftest import REPO
 from tests.integration.conftest import hpc_submit, processes_with, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_lane]
 EXAMPLE = REPO / "hpc_elastic" / "est" / "example.py"
 COMMON = ("--gpus=0", "--procs=4", "--workers=8", "--partition=cpu")
 ARGS = ("--steps=60", "--dataset-size=1024", "--batch-size=32", "--loader-workers=0")

@@ -27,11 +27,10 @@ from typing import Any
 
 import pytest
 
-from hpc_elastic.env import read_environment
 from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
 from slurm_plugin.scenario import TRAINER, DaemonProcess
 from tests.conftest import DATA
-from tests.integration.conftest import hpc_submit, wait_for
+from tests.integration.conftest import hpc_submit, root_of, wait_for
 from tests.integration.plugin_helpers import MARK, ended, job_of, run_once, running, write_config
 
 pytestmark = pytest.mark.integration
@@ -103,9 +102,9 @@ class ElasticRun:
 
 
 @pytest.fixture(scope="module")
-def elastic_run(slurm: CliSlurm) -> Iterator[ElasticRun]:
+def elastic_run(slurm: CliSlurm, request: pytest.FixtureRequest) -> Iterator[ElasticRun]:
     prefix = f"ite{uuid.uuid4().hex[:6]}"
-    workdir = read_environment().gpfs_root / "tests" / prefix
+    workdir = root_of(request.node) / prefix
     workdir.mkdir(parents=True)
     config = write_config(
         workdir,

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_elastic.env import read_environment
 from hpc_elastic.slurm import CliSlurm
 from slurm_plugin.scenario import MixConfig, MixResult, end_order, run_mix
+from tests.integration.conftest import root_of
 
 pytestmark = pytest.mark.integration
 MIX = MixConfig()
 
 
 @pytest.fixture(scope="module")
-def runs(slurm: CliSlurm) -> tuple[MixResult, MixResult]:
-    root = read_environment().gpfs_root / "tests" / "mix"
+def runs(slurm: CliSlurm, request: pytest.FixtureRequest) -> tuple[MixResult, MixResult]:
+    root = root_of(request.node) / "mix"
     root.mkdir(parents=True, exist_ok=True)
     with_plugin = run_mix(slurm, root, MIX, plugin=True, restart_daemon=True)
     plain = run_mix(slurm, root, MIX, plugin=False)

@@ -13,7 +13,7 @@ from hpc_elastic.profile import list_profiles
 from hpc_elastic.slurm import CliSlurm, JobState
 from tests.integration.conftest import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_lane]
 TINY = "tests.unit.profile.tiny_models:tiny"
 
 

@@ -22,7 +22,7 @@ from hpc_elastic.slurm import CliSlurm
 from tests.integration.conftest import wait_for
 from tests.integration.plugin_helpers import ended
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_lane]
 
 SAMPLES = 2000
 NAME = "ps-mode-test"

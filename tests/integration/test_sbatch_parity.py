@@ -15,7 +15,7 @@ import pytest
 
 from hpc_elastic.slurm import CliSlurm, Job
 from tests.conftest import DATA
-from tests.integration.conftest import hpc_submit, wait_for
+from tests.integration.conftest import hpc_submit, jobs_writing_under, wait_for
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
@@ -90,15 +90,15 @@ def submit_cli(*options: str) -> subprocess.CompletedProcess[str]:
         (("--array=0-1", "--gpus=1", "--max-gpus=2"), "hpc-elastic: error: --array needs a fixed size"),
     ],
 )
+@pytest.mark.cpu_lane
 def test_bad_input_is_one_line_exit_2_and_submits_nothing(
     slurm: CliSlurm, workdir: Path, options: tuple[str, ...], message: str
 ) -> None:
-    before = {j.job_id for j in slurm.jobs()}
     out = submit_cli(f"--ckpt-root={workdir}", "--gpus=0", "--partition=cpu", *options)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith(message), out.stderr
     assert out.stdout == ""
-    assert {j.job_id for j in slurm.jobs()} == before
+    assert jobs_writing_under(workdir) == []
 
 
 def array_task(slurm: CliSlurm, array_id: int, task: int) -> Job | None:
@@ -110,6 +110,7 @@ def restarts(slurm: CliSlurm, array_id: int, task: int) -> int | None:
     return None if job is None else job.restart_count
 
 
+@pytest.mark.cpu_lane
 def test_array_tasks_have_their_own_job_directories_and_a_requeued_task_resumes(
     slurm: CliSlurm, workdir: Path, submitted: list[int]
 ) -> None:

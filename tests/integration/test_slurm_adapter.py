@@ -80,6 +80,7 @@ def _pending_cpu_job(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> in
     return waiter
 
 
+@pytest.mark.cpu_lane
 def test_site_factor_priority_hold_release(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     job_id = _pending_cpu_job(slurm, workdir, submitted)
     slurm.set_site_factor(job_id, 321)
@@ -99,6 +100,7 @@ def test_site_factor_priority_hold_release(slurm: CliSlurm, workdir: Path, submi
     assert slurm.job(job_id).priority == 4242
 
 
+@pytest.mark.cpu_lane
 def test_signal_reaches_the_batch_script(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     flag = workdir / "usr1"
     ready = workdir / "ready"
@@ -117,6 +119,7 @@ for i in $(seq 1 300); do sleep 1; done
     assert slurm.job(job_id).state is JobState.RUNNING  # a signal is not a cancel
 
 
+@pytest.mark.cpu_lane
 def test_requeue_runs_the_job_again(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     log = workdir / "starts"
     job_id = slurm.submit(
@@ -157,6 +160,7 @@ def test_shrink_running_two_node_gpu_job(slurm: CliSlurm, workdir: Path, submitt
     assert after.gpus.as_dict() == {"v100": 1}
 
 
+@pytest.mark.cpu_lane
 def test_finished_jobs_in_sacct(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     start = datetime.now(UTC) - timedelta(minutes=5)
     job_id = slurm.submit(
@@ -175,6 +179,7 @@ def test_finished_jobs_in_sacct(slurm: CliSlurm, workdir: Path, submitted: list[
     assert job.partition == "cpu" and job.end_time is not None and job.start_time is not None
 
 
+@pytest.mark.cpu_lane
 def test_unknown_job_is_job_not_found(slurm: CliSlurm) -> None:
     unknown = 987654
     with pytest.raises(JobNotFound):

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.checkpoint import CheckpointStore
-from hpc_elastic.env import read_environment
 from hpc_elastic.jobdir import JobDir
 from hpc_elastic.slurm import CliSlurm, JobState
 from tests.integration.conftest import hpc_submit, processes_with, wait_for
@@ -36,8 +35,8 @@ RESTORED = re.compile(r"restored from \S+ at step (\d+)")  # a first run says "r
 
 
 @pytest.fixture
-def workdir() -> Path:
-    path = read_environment().gpfs_root / "tests" / f"stops-{uuid.uuid4().hex[:8]}"
+def workdir(lane_root: Path) -> Path:
+    path = lane_root / f"stops-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True)
     return path
 
@@ -94,6 +93,7 @@ def test_slurms_preemption_checkpoints_on_sigterm_requeues_and_ends_bitwise(
     assert_bitwise(workdir, out, steps)
 
 
+@pytest.mark.cpu_lane
 @pytest.mark.timeout(900)
 def test_the_time_limit_checkpoints_and_requeues_within_max_requeues_until_done(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
@@ -116,6 +116,7 @@ def test_the_time_limit_checkpoints_and_requeues_within_max_requeues_until_done(
     assert_bitwise(workdir, out, steps)
 
 
+@pytest.mark.cpu_lane
 @pytest.mark.timeout(600)
 def test_a_spent_requeue_budget_ends_the_job_at_its_time_limit(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
@@ -134,6 +135,7 @@ def test_a_spent_requeue_budget_ends_the_job_at_its_time_limit(
     assert JobDir(job_dir).timelimit_requeues() == (0,)
 
 
+@pytest.mark.cpu_lane
 @pytest.mark.timeout(300)
 def test_scancel_ends_the_job_cancelled_without_a_requeue_or_a_process_left(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
@@ -159,6 +161,7 @@ def set_node(node: str, state: str) -> None:
     subprocess.run([*argv, "reason=hpc-elastic-test"] if state == "down" else argv, check=True, timeout=30)
 
 
+@pytest.mark.cpu_lane
 @pytest.mark.timeout(600)
 def test_a_node_failure_is_requeued_by_slurm_and_resumes_bitwise(
     slurm: CliSlurm, workdir: Path, cleanup: list[int]

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_elastic.slurm import CliSlurm, JobState
 from tests.conftest import DATA, require_horovod
-from tests.integration.conftest import hpc_submit, processes_with, wait_for
+from tests.integration.conftest import hpc_submit, jobs_writing_under, processes_with, wait_for
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
@@ -49,6 +49,7 @@ def test_preempt_checkpoints_requeues_and_resumes(slurm: CliSlurm, workdir: Path
     assert int((job_dir / "done").read_text()) == 150
 
 
+@pytest.mark.cpu_lane
 def test_time_limit_checkpoints_and_ends_timeout_without_requeues(
     slurm: CliSlurm, workdir: Path, submitted: list[int]
 ) -> None:
@@ -83,6 +84,7 @@ def test_time_limit_checkpoints_and_ends_timeout_without_requeues(
     assert "time-limit requeue(s) are spent" in (workdir / f"it-tl-{job_id}.out").read_text()
 
 
+@pytest.mark.cpu_lane
 def test_cancel_leaves_no_process_behind(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     job_id = hpc_submit(
         workdir,
@@ -104,6 +106,7 @@ def test_cancel_leaves_no_process_behind(slurm: CliSlurm, workdir: Path, submitt
     assert not (job_dir / "control" / "ack.json").exists()
 
 
+@pytest.mark.cpu_lane
 def test_mpi_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     pytest.importorskip("mpi4py", reason="mpi4py is not installed")
     job_id = hpc_submit(
@@ -121,6 +124,7 @@ def test_mpi_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: 
     assert wait_for("the MPI result", lambda: result.exists() and result.read_text()) == "size=3 sum=3 env_rank=0\n"
 
 
+@pytest.mark.cpu_lane
 def test_horovod_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitted: list[int]) -> None:
     require_horovod()
     job_id = hpc_submit(
@@ -138,10 +142,19 @@ def test_horovod_backend_under_srun_pmix(slurm: CliSlurm, workdir: Path, submitt
     assert wait_for("the Horovod result", lambda: result.exists() and result.read_text()) == "size=2 sum=1\n"
 
 
+@pytest.mark.cpu_lane
 def test_bad_input_is_one_line_and_submits_nothing(slurm: CliSlurm, workdir: Path) -> None:
-    before = {j.job_id for j in slurm.jobs()}
     out = subprocess.run(
-        [sys.executable, "-m", "hpc_elastic", "submit", str(STEPPER), "--gpus=4", "--max-gpus=2"],
+        [
+            sys.executable,
+            "-m",
+            "hpc_elastic",
+            "submit",
+            str(STEPPER),
+            f"--ckpt-root={workdir}",
+            "--gpus=4",
+            "--max-gpus=2",
+        ],
         check=False,
         capture_output=True,
         text=True,
@@ -150,4 +163,4 @@ def test_bad_input_is_one_line_and_submits_nothing(slurm: CliSlurm, workdir: Pat
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["hpc-elastic: error: --gpus (4) is above --max-gpus (2)"]
-    assert {j.job_id for j in slurm.jobs()} == before
+    assert jobs_writing_under(workdir) == []

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from hpc_elastic.env import read_environment
 from hpc_elastic.slurm import CliSlurm, SlurmError
 from tests.conftest import REPO
-from tests.integration.conftest import hpc_submit, processes_with, wait_for
+from tests.integration.conftest import hpc_submit, processes_with, root_of, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_lane]
 TRAIN = REPO / "wrappers" / "examples" / "train_mlp.py"
 STEPS = 40
 # Two worker processes (M=2) for four logical workers (N=4) on the CPU partition; every run has the same M.
@@ -40,9 +39,9 @@ def steps_done(trace: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm: CliSlurm) -> Iterator[Path]:
+def reference(slurm: CliSlurm, request: pytest.FixtureRequest) -> Iterator[Path]:
     """The uninterrupted run, submitted once for the module; the path of its result file."""
-    workdir = read_environment().gpfs_root / "tests" / uuid.uuid4().hex[:12]
+    workdir = root_of(request.node) / uuid.uuid4().hex[:12]
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / "result.json"
     job_id = hpc_submit(
