@@ -273,7 +273,9 @@ class Simulator:
                 if missing or job.scaling.base_type not in dict(job.scaling.capability):
                     raise ValueError(f"job {job.name}: no capability for GPU type(s) {sorted(missing)}")
             if job.elastic and job.min_gpus is not None and job.max_gpus is not None:
-                cap = max(int(pool_cap[p]) for p in range(self.cluster0.n_pools) if masks[row] >> p & 1)
+                allowed = [int(pool_cap[p]) for p in range(self.cluster0.n_pools) if masks[row] >> p & 1]
+                # (a job with a profile per GPU type may run on several types at once)
+                cap = sum(allowed) if isinstance(job.scaling, EstProfile) else max(allowed)
                 self.min_gpus[row] = min(job.min_gpus, job.gpus)
                 self.max_gpus[row] = max(min(job.max_gpus, cap), job.gpus)
 
