@@ -13,8 +13,9 @@ decides who waits, EasyScale how many GPUs of which types the elastic jobs get);
 3. the GPUs left free go to elastic jobs by Role 2's proposals (:func:`~hpc_elastic.policy.easyscale.propose`:
    k more GPUs of one type with the estimated Eq. 1d speedup), greedily by speedup per GPU, a tie to the proposal
    with more GPUs (the ranking of :func:`~hpc_elastic.policy.easyscale.accept_proposals`); a granted job proposes
-   again from its new plan. ``easyscale-homo`` only lets a job's plan use one type (its proposals stay in the type
-   it holds), ``easyscale-heter`` several;
+   again from its new plan. ``easyscale-homo`` only lets a job's plan use one type (a proposal of k GPUs of another
+   type than it holds moves it there, releasing its GPUs, when its plan on them alone is faster), ``easyscale-heter``
+   several;
 4. Role 3's fallback: a job whose last scale-out was observed to run slower than before
    (:func:`~hpc_elastic.policy.easyscale.keep_scale_out`) goes back to the GPUs it had before it and proposes no
    scale-out beyond them until a later scale-out is observed to pay.
@@ -31,13 +32,14 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
-from hpc_elastic.policy.easyscale import Proposal, best_plan, keep_scale_out, proposal_rank, propose
+from hpc_elastic.policy.easyscale import Proposal, best_plan, keep_scale_out, proposal_rank
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.policies import PolicyOptions, TiresiasLas
 from hpc_elastic.policy.types import (
@@ -50,6 +52,8 @@ from hpc_elastic.policy.types import (
     Start,
 )
 
+#: relative tolerance when comparing throughputs
+_REL = 1e-9
 #: Role 3: a scale-out is kept unless the observed throughput after it is this much (relative) below before.
 FALLBACK_TOLERANCE = 0.02
 
@@ -108,23 +112,82 @@ def _best(gpus: tuple[tuple[str, int], ...], capability: tuple[tuple[str, float]
 
 
 @functools.lru_cache(maxsize=65536)
-def _best_proposal(
+def _best_scale_out(  # noqa: PLR0917 - the cache keys on every argument
     current: tuple[tuple[str, int], ...],
     free: tuple[tuple[str, int], ...],
     capability: tuple[tuple[str, float], ...],
     ests: int,
-    max_gpus: int,
+    bounds: tuple[int, int],
+    mixed: bool,
 ) -> Proposal | None:
-    """Role 2 for a job (id 0: cached for every job alike): its best scale-out proposal on these free GPUs (the
-    first in the inter-job ranking)."""
-    proposals = propose(0, dict(current), dict(free), dict(capability), ests, max_gpus=max_gpus, limit=1)
-    return proposals[0] if proposals else None
+    """Role 2 for a job on ``current`` GPUs: its best scale-out proposal in the inter-job ranking (job id 0: cached
+    for every job alike), or None. A proposal is k more GPUs of one type ``t``; the job's plan is then Role 1's
+    top-1 plan on its GPUs and those (``mixed``), or on its GPUs of ``t`` alone (plans on one type), on the fewest
+    GPUs that reach its throughput: the GPUs the plan leaves out are released (with plans on one type, a job moves to
+    a faster type so). An increment is proposed only when its plan uses all of the k GPUs, is faster than the job
+    now and than every smaller increment of ``t``, and runs on ``bounds`` = [min, max] GPUs."""
+    base = _best(current, capability, ests)
+    have = dict(current)
+    low, top = bounds
+    cap = dict(capability)
+    best: Proposal | None = None
+    for gpu_type, n in free:
+        previous = base
+        for k in range(1, n + 1):
+            grown = dict(have) if mixed else {}
+            grown[gpu_type] = have.get(gpu_type, 0) + k
+            if grown[gpu_type] > top:  # (the plan uses them all)
+                break
+            plan = best_plan(grown, cap, ests)
+            if plan is None or plan.count(gpu_type) < grown[gpu_type] or not low <= plan.total_gpus <= top:
+                continue
+            if plan.throughput <= previous * (1 + _REL):
+                continue
+            previous = plan.throughput
+            found = Proposal(0, gpu_type, k, plan, plan.throughput / base if base > 0 else math.inf)
+            if best is None or proposal_rank(found) < proposal_rank(best):
+                best = found
+    return best
 
 
 @functools.lru_cache(maxsize=4096)
 def _plain(types: tuple[str, ...], ests: int) -> EstProfile:
     """The profile an elastic job without one is planned with: capability 1 on every type."""
     return est_profile(dict.fromkeys(types, 1.0), ests, types[0])
+
+
+@functools.lru_cache(maxsize=65536)
+def _best_homogeneous_proposal(  # noqa: PLR0917 - the cache keys on every argument
+    current: tuple[tuple[str, int], ...],
+    free: tuple[tuple[str, int], ...],
+    capability: tuple[tuple[str, float], ...],
+    ests: int,
+    max_gpus: int,
+    min_gpus: int,
+) -> Proposal | None:
+    """Role 2 with plans on one type (``easyscale-homo``): k more GPUs of a type ``t``, the job's plan then on its
+    GPUs of ``t`` alone (those of another type it held are released: with a type faster than its own it moves);
+    each increment faster than the job now and than every smaller one of ``t``, at least ``min_gpus`` and at most
+    ``max_gpus`` GPUs. The best in the inter-job ranking (id 0: cached for every job alike), or None."""
+    base = _best(current, capability, ests)
+    have = dict(current)
+    best: Proposal | None = None
+    for gpu_type, n in free:
+        previous = base
+        for k in range(1, n + 1):
+            total = have.get(gpu_type, 0) + k
+            if total > max_gpus:
+                break
+            plan = best_plan({gpu_type: total}, dict(capability), ests)
+            if total < min_gpus or plan is None or plan.total_gpus < total:
+                continue
+            if plan.throughput <= previous * (1 + _REL):
+                continue
+            previous = plan.throughput
+            found = Proposal(0, gpu_type, k, plan, plan.throughput / base if base > 0 else math.inf)
+            if best is None or proposal_rank(found) < proposal_rank(best):
+                best = found
+    return best
 
 
 def _profile(curve: ScalingCurve | None, types: tuple[str, ...], ests: int, elastic: bool) -> EstProfile | None:
@@ -214,7 +277,7 @@ def easyscale_walk(
             take[row, p] += extra
             left[p] -= extra
     # 3. the free GPUs by Role 2's proposals, greedily by speedup per GPU
-    _grant(inp, take=take, left=left, holding=holding, profiles=profiles, cap=cap, mixed=mixed)
+    _grant(inp, take=take, left=left, holding=holding, profiles=profiles, cap=cap, low=low, mixed=mixed)
     target = take.sum(axis=1)
     return _place(inp, held=held, take=take, holding=holding, target=target, pinned=pinned, pack_limit=pack_limit)
 
@@ -227,6 +290,7 @@ def _grant(
     holding: BoolArray,
     profiles: list[EstProfile | None],
     cap: list[int],
+    low: list[int],
     mixed: bool,
 ) -> None:
     """Step 3: one grant at a time to the best proposal of all jobs (a granted job proposes again from its new
@@ -241,16 +305,11 @@ def _grant(
         if prof is None:
             return
         counts = take[row].tolist()
-        held = int(sum(counts))
-        if held >= cap[row]:
-            return
-        mine = [p for p in range(len(types)) if counts[p] > 0]
-        usable = range(len(types)) if mixed or not mine else mine  # -homo: the type it holds only
-        free = tuple((types[p], min(left[p], cap[row] - held)) for p in usable if left[p] > 0)
+        current = tuple((types[p], counts[p]) for p in range(len(types)) if counts[p] > 0)
+        free = tuple((types[p], min(left[p], cap[row])) for p in range(len(types)) if left[p] > 0)
         if not free:
             return
-        current = tuple((types[p], counts[p]) for p in mine)
-        best = _best_proposal(current, free, prof.capability, prof.ests, cap[row])
+        best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), mixed)
         if best is not None and best.speedup > 1.0:
             best = replace(best, job_id=int(jobs.job_ids[row]))
             heapq.heappush(heap, (proposal_rank(best), row, best))
@@ -265,8 +324,10 @@ def _grant(
         if best.count > left[p]:
             push(row)  # stale: what is left of its type shrank since it was formed
             continue
-        take[row, p] += best.count
-        left[p] -= best.count
+        plan = dict(best.plan.gpus)  # the job runs its plan: the GPUs it leaves out go back
+        for q, gpu_type in enumerate(types):
+            left[q] += int(take[row, q]) - plan.get(gpu_type, 0)
+            take[row, q] = plan.get(gpu_type, 0)
         if any(left):
             push(row)
 
