@@ -24,7 +24,13 @@ from hpc_elastic.policy.policies import DEFAULT_TIME_SLICE
 from hpc_elastic.sim.cluster import NodeSpec, load_cluster_file, parse_cluster_spec
 from hpc_elastic.sim.engine import DEFAULT_BANDWIDTH, SimConfig, SimModel, SimResult, Simulator
 from hpc_elastic.sim.metrics import summarize
-from hpc_elastic.sim.scaling import load_gavel_curves, make_elastic
+from hpc_elastic.sim.scaling import (
+    GAVEL_GPU_TYPES,
+    load_gavel_capabilities,
+    load_gavel_curves,
+    make_elastic,
+    make_heterogeneous,
+)
 from hpc_elastic.sim.synth import load_sizes
 from hpc_elastic.sim.trace import TraceFormat, load_trace
 
@@ -163,6 +169,12 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
     "--throughputs", type=click.Path(path_type=Path), help="Gavel's throughputs JSON: speedups of elastic jobs."
 )
 @click.option(
+    "--requested-type",
+    metavar="TYPE",
+    help="Heterogeneous cluster: jobs ask for their GPUs of TYPE and run at Gavel's speed per GPU type (with "
+    "--elastic and --throughputs; --cluster-file types among k80, p100, v100).",
+)
+@click.option(
     "--min-history",
     type=int,
     default=DEFAULT_MIN_HISTORY,
@@ -193,6 +205,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     sim_model: str,
     elastic_factor: float | None,
     throughputs: Path | None,
+    requested_type: str | None,
     min_history: int,
 ) -> None:
     """Replay a job trace on a simulated GPU cluster and compare scheduling policies."""
@@ -201,7 +214,16 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     jobs = trace.jobs
     if throughputs is not None and elastic_factor is None:
         raise ValueError("--throughputs gives the speedups of elastic jobs: it needs --elastic")
-    if elastic_factor is not None:
+    if requested_type is not None and (throughputs is None or elastic_factor is None):
+        raise ValueError(
+            "--requested-type runs jobs at Gavel's speeds per GPU type: it needs --elastic and --throughputs"
+        )
+    if requested_type is not None and requested_type not in GAVEL_GPU_TYPES:
+        raise ValueError(f"--requested-type must be one of {', '.join(GAVEL_GPU_TYPES)}, got {requested_type!r}")
+    if elastic_factor is not None and requested_type is not None and throughputs is not None:
+        capabilities = load_gavel_capabilities(throughputs)
+        jobs = make_heterogeneous(jobs, elastic_factor, load_gavel_curves(throughputs), capabilities, requested_type)
+    elif elastic_factor is not None:
         curves = load_gavel_curves(throughputs) if throughputs is not None else None
         jobs = make_elastic(jobs, elastic_factor, curves)
     history = ServiceDistribution.from_samples(load_sizes(history_path)) if history_path else None

@@ -314,6 +314,12 @@ class Grant:
     speedup: float
 
 
+def proposal_rank(p: Proposal) -> tuple[float, int, int, str]:
+    """The inter-job scheduler's order of proposals (a sort key, smallest first): the highest speedup per GPU,
+    a tie to more GPUs, then by job and type."""
+    return (-p.speedup_per_gpu, -p.count, p.job_id, p.gpu_type)
+
+
 def accept_proposals(proposals: Iterable[Proposal], free: Mapping[str, int]) -> list[Grant]:
     """The inter-job scheduler (§3.4): accept proposals greedily by speedup per GPU, a tie to the one with more
     GPUs, while the GPUs of its type are free; at most one proposal per job per pass (the job's plan changes with
@@ -322,7 +328,7 @@ def accept_proposals(proposals: Iterable[Proposal], free: Mapping[str, int]) -> 
     left = dict(free)
     granted: set[int] = set()
     grants: list[Grant] = []
-    ranked = sorted(proposals, key=lambda p: (-p.speedup_per_gpu, -p.count, p.job_id, p.gpu_type))
+    ranked = sorted(proposals, key=proposal_rank)
     for p in ranked:
         if p.job_id in granted or p.speedup <= 1.0 or left.get(p.gpu_type, 0) < p.count:
             continue

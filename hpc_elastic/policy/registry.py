@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hpc_elastic.policy.hetero import EasyScaleHeter, EasyScaleHomo
 from hpc_elastic.policy.policies import BUILTIN_POLICIES, Policy, PolicyOptions
 
 PolicyFactory = Callable[[PolicyOptions], Policy]
 
-_BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in BUILTIN_POLICIES}
+_CLASSES: tuple[type[Policy], ...] = (*BUILTIN_POLICIES, EasyScaleHomo, EasyScaleHeter)
+_BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in _CLASSES}
 
 #: The built-in policy names, in the order the issue lists them.
 POLICY_NAMES: tuple[str, ...] = tuple(_BUILTIN)

@@ -25,7 +25,11 @@ Two models of the cluster (:class:`SimModel`):
   its approximation of the index (:attr:`DeltaMode.REFERENCE`).
 
 In both, attained service a_J accrues at the job's current GPUs x wall time on GPUs, overheads included; an
-elastic job on n GPUs progresses at ``scaling(n) / scaling(gpus)`` times its speed on its trace size.
+elastic job on n GPUs progresses at ``scaling(n) / scaling(gpus)`` times its speed on its trace size. A job whose
+scaling is an :class:`~hpc_elastic.policy.hetero.EstProfile` (capability per GPU type, heterogeneous clusters)
+progresses at Eq. 1d's throughput of the plan it runs on the GPUs it holds per type, relative to that on its
+requested GPUs of its requested type (so its trace duration stays its work); after a scale-out the replay records
+the observed speeds before and after in its profile (:class:`~hpc_elastic.policy.hetero.ScaleOut`, for Role 3).
 Optionally (``refit_pack_limit``) PACKLIMIT is refitted during the replay from the observed (placement, speed)
 pairs of the jobs started so far with :func:`hpc_elastic.policy.placement.fit_pack_limit` (§3.3.2,
 "Determining PACKLIMIT"), as the paper does periodically from job history.
@@ -46,6 +50,7 @@ from enum import StrEnum
 import numpy as np
 
 from hpc_elastic.policy.gittins import ServiceDistribution
+from hpc_elastic.policy.hetero import EstProfile, ScaleOut
 from hpc_elastic.policy.placement import PlacementSample, fit_pack_limit
 from hpc_elastic.policy.policies import DeltaMode, Policy, QueueOrder
 from hpc_elastic.policy.types import (
@@ -262,8 +267,15 @@ class Simulator:
         self.scaling = np.empty(len(keep), dtype=object)
         self.scaling[:] = [job.scaling for job in keep]
         for row, job in enumerate(keep):
+            if isinstance(job.scaling, EstProfile):
+                missing = {self.cluster0.pool_names[p] for p in range(self.cluster0.n_pools) if masks[row] >> p & 1}
+                missing -= {t for t, _ in job.scaling.capability}
+                if missing or job.scaling.base_type not in dict(job.scaling.capability):
+                    raise ValueError(f"job {job.name}: no capability for GPU type(s) {sorted(missing)}")
             if job.elastic and job.min_gpus is not None and job.max_gpus is not None:
-                cap = max(int(pool_cap[p]) for p in range(self.cluster0.n_pools) if masks[row] >> p & 1)
+                allowed = [int(pool_cap[p]) for p in range(self.cluster0.n_pools) if masks[row] >> p & 1]
+                # (a job with a profile per GPU type may run on several types at once)
+                cap = sum(allowed) if isinstance(job.scaling, EstProfile) else max(allowed)
                 self.min_gpus[row] = min(job.min_gpus, job.gpus)
                 self.max_gpus[row] = max(min(job.max_gpus, cap), job.gpus)
 
@@ -307,6 +319,8 @@ class _Replay:
         self.version: list[int] = [0] * n
         self.preempts: list[int] = [0] * n
         self.resizes: list[int] = [0] * n
+        # speed and GPUs per type of a job just checkpointed for a resize (jobs with an EstProfile)
+        self.before: dict[int, tuple[float, tuple[tuple[str, int], ...]]] = {}
         self.pend_total: list[float] = [0.0] * n
         self.service_total: list[float] = [0.0] * n
         self.busy = 0.0  # GPU-seconds held
@@ -636,6 +650,8 @@ class _Replay:
         """The first half of a resize: the running elastic job checkpoints and lets go of its GPUs."""
         if self.istate[_STATUS, row] != _RUNNING:
             raise RuntimeError(f"policy {self.policy.name} resized job {row} that is not running")
+        if isinstance(self.sim.scaling[row], EstProfile):
+            self.before[row] = (float(self.fstate[_SPEED, row]), self.per_type(self.alloc[row]))
         self.stop(row, now)
 
     def resize(self, row: int, gpus: int, node_rows: RowAllocation, now: float) -> None:
@@ -645,6 +661,19 @@ class _Replay:
         self.resizes[row] += 1
         self.resize_cost += cost
         self.run_on(row, gpus, node_rows, now, overhead=cost, kind=EventKind.RESIZE)
+        before = self.before.pop(row, None)
+        profile = self.sim.scaling[row]
+        if before is not None and isinstance(profile, EstProfile) and gpus > sum(n for _, n in before[1]):
+            observed = ScaleOut(before[0], float(self.fstate[_SPEED, row]), before[1])
+            self.sim.scaling[row] = replace(profile, scale_out=observed)
+
+    def per_type(self, node_rows: RowAllocation) -> tuple[tuple[str, int], ...]:
+        """GPUs per type of an allocation, sorted by type."""
+        names, pools = self.sim.cluster0.pool_names, self.node_pool
+        counts: dict[str, int] = {}
+        for node, count in node_rows:
+            counts[names[pools[node]]] = counts.get(names[pools[node]], 0) + count
+        return tuple(sorted(counts.items()))
 
     def start(self, row: int, node_rows: RowAllocation, now: float) -> None:
         """Start (or resume) a waiting job on these GPUs."""
@@ -694,8 +723,10 @@ class _Replay:
             obs[2] += 1.0
             self.n_observed += 1
         base = self.base_gpus[row]
-        if gpus != base:
-            curve: ScalingCurve = sim.scaling[row] or LINEAR
+        curve: ScalingCurve = sim.scaling[row] or LINEAR
+        if isinstance(curve, EstProfile):  # Eq. 1d of its plan on its GPUs per type, relative to its request
+            speed *= curve.throughput(dict(self.per_type(node_rows))) / curve.throughput({curve.base_type: base})
+        elif gpus != base:
             speed *= curve.at(gpus) / curve.at(base)
         f[_SPEED] = speed
         f[_OVERHEAD] = overhead

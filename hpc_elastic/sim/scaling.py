@@ -15,6 +15,11 @@ busy (:func:`with_ests`): 8 ESTs run no faster on 5, 6 or 7 GPUs than on 4.
 Models map to the Gavel job type closest to them (:data:`GAVEL_JOB_TYPES`); a model Gavel measured on one GPU
 only (recommendation) stays rigid. A model the trace does not name (Alibaba openb pods, Philly rows) gets the
 median speedup of Gavel's distributed job types at each measured k.
+
+Heterogeneous clusters (:func:`make_heterogeneous`): a job's capability ``C_i`` per GPU type (k80, p100, v100) is
+its Gavel job type's throughput alone on one GPU of the type (:func:`load_gavel_capabilities`; the same model ->
+job type mapping, the median job type's speeds for the models Gavel lacks), and the simulator runs it at Eq. 1d's
+throughput of its plan (EasyScale §3.4) relative to its requested GPUs of its requested type.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from hpc_elastic.policy.hetero import est_profile
 from hpc_elastic.policy.types import LINEAR, ScalingCurve
 from hpc_elastic.sim.trace import TraceJob
 
@@ -121,4 +127,66 @@ def make_elastic(
         top = max(job.gpus, math.ceil(job.gpus * factor))
         scaling = with_ests(curve or LINEAR, top)
         out.append(replace(job, min_gpus=math.ceil(job.gpus / factor), max_gpus=top, scaling=scaling))
+    return tuple(out)
+
+
+#: The GPU types of Gavel's throughput table.
+GAVEL_GPU_TYPES: tuple[str, ...] = ("k80", "p100", "v100")
+
+
+def load_gavel_capabilities(path: str | Path) -> dict[str, dict[str, float]]:
+    """Gavel job type -> GPU type -> iterations per second of the job alone on one GPU of the type (its ``null``
+    entry at scale factor 1: EasyScale's ``C_i`` with one EST per iteration), for the job types measured on every
+    type of :data:`GAVEL_GPU_TYPES`; plus :data:`MEDIAN`: per type, v100's median speed times the median over job
+    types of the type's speed relative to v100."""
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc}") from None
+    by_job: dict[str, dict[str, float]] = {}
+    for gpu_type in GAVEL_GPU_TYPES:
+        table = data.get(gpu_type) if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            raise ValueError(f"{file}: no throughputs for GPU type {gpu_type!r}")
+        for key, value in table.items():
+            try:
+                job_type, scale = ast.literal_eval(key)
+                throughput = float(value["null"])
+            except (ValueError, SyntaxError, TypeError, KeyError):
+                raise ValueError(f"{file}: unexpected entry {key!r} for {gpu_type}") from None
+            if int(scale) == 1 and throughput > 0 and math.isfinite(throughput):
+                by_job.setdefault(str(job_type), {})[gpu_type] = throughput
+    out = {job: caps for job, caps in by_job.items() if len(caps) == len(GAVEL_GPU_TYPES)}
+    if not out:
+        raise ValueError(f"{file}: no job type measured on every one of {', '.join(GAVEL_GPU_TYPES)}")
+    v100 = statistics.median(caps["v100"] for caps in out.values())
+    ratios = {t: statistics.median(caps[t] / caps["v100"] for caps in out.values()) for t in GAVEL_GPU_TYPES}
+    out[MEDIAN] = {t: v100 * ratio for t, ratio in ratios.items()}
+    return out
+
+
+def capability_for(model: str, capabilities: Mapping[str, Mapping[str, float]]) -> Mapping[str, float]:
+    """The capability per GPU type of a trace's model: its Gavel job type's (:data:`GAVEL_JOB_TYPES`), else the
+    median's."""
+    job_type = GAVEL_JOB_TYPES.get(model.strip().lower(), MEDIAN)
+    return capabilities.get(job_type) or capabilities[MEDIAN]
+
+
+def make_heterogeneous(
+    jobs: Sequence[TraceJob],
+    factor: float,
+    curves: Mapping[str, ScalingCurve],
+    capabilities: Mapping[str, Mapping[str, float]],
+    base_type: str,
+) -> tuple[TraceJob, ...]:
+    """The jobs of :func:`make_elastic` (the same GPU ranges; a model Gavel measured on one GPU only stays rigid)
+    with the speed model of heterogeneous clusters: an :class:`~hpc_elastic.policy.hetero.EstProfile` of its
+    capability per GPU type (:func:`capability_for`), as many ESTs as its maximum, requested on ``base_type`` (its
+    trace duration is its work on its requested GPUs of that type)."""
+    out: list[TraceJob] = []
+    for job in make_elastic(jobs, factor, curves):
+        top = job.max_gpus if job.max_gpus is not None else job.gpus
+        profile = est_profile(capability_for(job.model, capabilities), top, base_type)
+        out.append(replace(job, scaling=profile))
     return tuple(out)

@@ -67,6 +67,8 @@ def test_registry_has_every_policy() -> None:
         "tiresias-las",
         "tiresias-gittins",
         "tiresias-las+elastic",
+        "easyscale-homo",
+        "easyscale-heter",
     )
     for name in POLICY_NAMES:
         assert make_policy(name).name == name

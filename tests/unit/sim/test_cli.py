@@ -69,6 +69,33 @@ def test_reference_model_and_elastic_jobs(runner: CliRunner, tmp_path: Path) -> 
     assert metrics["tiresias-las+elastic"]["finished"] == 25
 
 
+def test_heterogeneous_cluster_with_speeds_per_type(runner: CliRunner, tmp_path: Path) -> None:
+    speeds = {"v100": 1.0, "p100": 0.6, "k80": 0.3}
+    table = {
+        t: {
+            "('ResNet-50 (batch size 64)', 1)": {"null": 10.0 * f},
+            "('ResNet-50 (batch size 64)', 2)": {"null": 18.0 * f},
+            "('Recommendation (batch size 2048)', 1)": {"null": 5.0 * f},
+        }
+        for t, f in speeds.items()
+    }
+    path = tmp_path / "throughputs.json"
+    path.write_text(json.dumps(table))
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("name,gpus,gpu_type\nv0,4,v100\nk0,4,k80\n")
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster-file", str(nodes)]
+    args += ["--elastic", "2", "--throughputs", str(path), "--requested-type", "v100", "--json"]
+    result = runner.invoke(cli, [*args, "--policy", "easyscale-heter", "--policy", "easyscale-homo"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)
+    assert metrics["easyscale-heter"]["finished"] == metrics["easyscale-homo"]["finished"] == 25
+    assert metrics["easyscale-heter"]["resizes"] > 0
+    wrong = runner.invoke(cli, [*args[:-3], "--requested-type", "t4"])
+    assert wrong.exit_code == 2 and "'t4'" in wrong.stderr
+    alone = runner.invoke(cli, [*args[:7], "--requested-type", "v100"])
+    assert alone.exit_code == 2 and "needs --elastic and --throughputs" in alone.stderr
+
+
 def test_repeated_policy_and_knobs_and_plot(runner: CliRunner, tmp_path: Path) -> None:
     png = tmp_path / "cdf.png"
     args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "1x4"]

@@ -1,0 +1,422 @@
+"""EasyScale's inter-job scheduler on heterogeneous GPUs: ``easyscale-homo`` and ``easyscale-heter`` (§3.4, §5.2).
+
+Tiresias' discretised 2D-LAS decides who runs (so the pair composes as ``tiresias-las+easyscale``: Tiresias
+decides who waits, EasyScale how many GPUs of which types the elastic jobs get); EasyScale decides the rest:
+
+1. the 2D-LAS order walks the jobs at their *minimum* (gang) allocation, counted per GPU type: a rigid job's GPUs
+   in one type, an elastic job's minimum in one type (the fastest type with room for a waiting job; the types it
+   holds for a running one). Jobs whose minimum does not fit what the jobs before them left wait (a running job is
+   preempted: the order's decision, as in ``tiresias-las``);
+2. a running elastic job keeps the GPUs it holds beyond its minimum where the minimums leave them (a resize costs
+   a checkpoint and a restore), in the same order; GPUs it borrowed come back whenever a job ranked higher needs
+   them for its minimum. A running rigid job keeps exactly its GPUs: never shrunk, grown or moved;
+3. the GPUs left free go to elastic jobs by Role 2's proposals (:func:`_best_scale_out`: k more GPUs of one type
+   with the estimated Eq. 1d speedup, as :func:`~hpc_elastic.policy.easyscale.propose` forms them), greedily by
+   speedup per GPU, a tie to the proposal with more GPUs (the ranking of
+   :func:`~hpc_elastic.policy.easyscale.accept_proposals`); a granted job runs Role 1's top-1 plan on the fewest of
+   its GPUs, releases the others, and proposes again from its new plan. ``easyscale-homo`` only lets a job's plan
+   use one type (a proposal of k GPUs of another type than it holds moves it there when its plan on them alone is
+   faster), ``easyscale-heter`` several;
+4. Role 3's fallback: a job whose last scale-out was observed to run slower than before
+   (:func:`~hpc_elastic.policy.easyscale.keep_scale_out`) goes back to the GPUs it had before it and proposes no
+   scale-out beyond them until a later scale-out is observed to pay.
+
+A job's speed model travels in its ``JobTable.scaling`` column as an :class:`EstProfile` (a :class:`ScalingCurve`
+whose homogeneous curve is Eq. 1d on its requested type, so the other policies read it as before) with its
+capability ``C_i`` per GPU type, its ESTs (maxP) and the observation of its last scale-out. An elastic job without
+one is planned as maxP = its maximum ESTs of capability 1 on every type (its curve is not read).
+
+Pure: plain values in, a :class:`~hpc_elastic.policy.types.Decision` out; no clock, command or file.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
+from hpc_elastic.policy.easyscale import Proposal, best_plan, keep_scale_out, proposal_rank
+from hpc_elastic.policy.placement import FreeIndex
+from hpc_elastic.policy.policies import PolicyOptions, TiresiasLas
+from hpc_elastic.policy.types import (
+    BoolArray,
+    IntArray,
+    PassInput,
+    PlacementMode,
+    ScalingCurve,
+    SizeChange,
+    Start,
+)
+
+#: relative tolerance when comparing throughputs
+_REL = 1e-9
+#: Role 3: a scale-out is kept unless the observed throughput after it is this much (relative) below before.
+FALLBACK_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleOut:
+    """What a job observed about its last scale-out: its throughput on its GPUs before and after (the same unit,
+    e.g. relative to its requested GPUs), and the GPUs per type it had before."""
+
+    before: float
+    after: float
+    previous: tuple[tuple[str, int], ...]
+
+    @property
+    def worse(self) -> bool:
+        """Role 3's check: the new GPUs made the job slower (:func:`keep_scale_out`)."""
+        return not keep_scale_out(self.before, self.after, FALLBACK_TOLERANCE)
+
+    @property
+    def previous_gpus(self) -> int:
+        return sum(n for _, n in self.previous)
+
+
+@dataclass(frozen=True, slots=True)
+class EstProfile(ScalingCurve):
+    """A job of ``ests`` ESTs (maxP) with capability ``C_i`` per GPU type (mini-batches of one EST per second on
+    one GPU of the type), asking for its GPUs in ``base_type``. Its :class:`ScalingCurve` part is Eq. 1d on
+    1..maxP GPUs of ``base_type`` relative to one (:func:`est_profile` builds it so)."""
+
+    capability: tuple[tuple[str, float], ...] = ()
+    ests: int = 1
+    base_type: str = ""
+    scale_out: ScaleOut | None = None
+
+    def throughput(self, gpus: Mapping[str, int]) -> float:
+        """Eq. 1d of Role 1's top-1 plan on these GPUs per type (0.0 when none has a capability here)."""
+        return _best(tuple(sorted((t, n) for t, n in gpus.items() if n > 0)), self.capability, self.ests)
+
+
+def est_profile(capability: Mapping[str, float], ests: int, base_type: str) -> EstProfile:
+    """The profile of a job of ``ests`` ESTs with these capabilities, requested on ``base_type``."""
+    if base_type not in capability:
+        raise ValueError(f"no capability for the requested GPU type {base_type!r}")
+    cap = tuple(sorted((t, float(c)) for t, c in capability.items()))
+    one = _best(((base_type, 1),), cap, ests)
+    counts = tuple(range(1, ests + 1))
+    speedup = tuple(_best(((base_type, m),), cap, ests) / one for m in counts)
+    return EstProfile(counts, speedup, capability=cap, ests=ests, base_type=base_type)
+
+
+@functools.lru_cache(maxsize=65536)
+def _best(gpus: tuple[tuple[str, int], ...], capability: tuple[tuple[str, float], ...], ests: int) -> float:
+    """Eq. 1d of the top-1 plan (Role 1) on these GPUs: cached, the simulator asks it at every start."""
+    plan = best_plan(dict(gpus), dict(capability), ests)
+    return plan.throughput if plan is not None else 0.0
+
+
+@functools.lru_cache(maxsize=65536)
+def _best_scale_out(  # noqa: PLR0917 - the cache keys on every argument
+    current: tuple[tuple[str, int], ...],
+    free: tuple[tuple[str, int], ...],
+    capability: tuple[tuple[str, float], ...],
+    ests: int,
+    bounds: tuple[int, int],
+    mixed: bool,
+) -> Proposal | None:
+    """Role 2 for a job on ``current`` GPUs: its best scale-out proposal in the inter-job ranking (job id 0: cached
+    for every job alike), or None. A proposal is k more GPUs of one type ``t``; the job's plan is then Role 1's
+    top-1 plan on its GPUs and those (``mixed``), or on its GPUs of ``t`` alone (plans on one type), on the fewest
+    GPUs that reach its throughput: the GPUs the plan leaves out are released (with plans on one type, a job moves to
+    a faster type so). An increment is proposed only when its plan uses all of the k GPUs, is faster than the job
+    now and than every smaller increment of ``t``, and runs on ``bounds`` = [min, max] GPUs."""
+    base = _best(current, capability, ests)
+    have = dict(current)
+    low, top = bounds
+    cap = dict(capability)
+    best: Proposal | None = None
+    for gpu_type, n in free:
+        previous = base
+        for k in range(1, n + 1):
+            grown = dict(have) if mixed else {}
+            grown[gpu_type] = have.get(gpu_type, 0) + k
+            if grown[gpu_type] > top:  # (the plan uses them all)
+                break
+            plan = best_plan(grown, cap, ests)
+            if plan is None or plan.count(gpu_type) < grown[gpu_type] or not low <= plan.total_gpus <= top:
+                continue
+            if plan.throughput <= previous * (1 + _REL):
+                continue
+            previous = plan.throughput
+            found = Proposal(0, gpu_type, k, plan, plan.throughput / base if base > 0 else math.inf)
+            if best is None or proposal_rank(found) < proposal_rank(best):
+                best = found
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain(types: tuple[str, ...], ests: int) -> EstProfile:
+    """The profile an elastic job without one is planned with: capability 1 on every type."""
+    return est_profile(dict.fromkeys(types, 1.0), ests, types[0])
+
+
+@functools.lru_cache(maxsize=65536)
+def _best_homogeneous_proposal(  # noqa: PLR0917 - the cache keys on every argument
+    current: tuple[tuple[str, int], ...],
+    free: tuple[tuple[str, int], ...],
+    capability: tuple[tuple[str, float], ...],
+    ests: int,
+    max_gpus: int,
+    min_gpus: int,
+) -> Proposal | None:
+    """Role 2 with plans on one type (``easyscale-homo``): k more GPUs of a type ``t``, the job's plan then on its
+    GPUs of ``t`` alone (those of another type it held are released: with a type faster than its own it moves);
+    each increment faster than the job now and than every smaller one of ``t``, at least ``min_gpus`` and at most
+    ``max_gpus`` GPUs. The best in the inter-job ranking (id 0: cached for every job alike), or None."""
+    base = _best(current, capability, ests)
+    have = dict(current)
+    best: Proposal | None = None
+    for gpu_type, n in free:
+        previous = base
+        for k in range(1, n + 1):
+            total = have.get(gpu_type, 0) + k
+            if total > max_gpus:
+                break
+            plan = best_plan({gpu_type: total}, dict(capability), ests)
+            if total < min_gpus or plan is None or plan.total_gpus < total:
+                continue
+            if plan.throughput <= previous * (1 + _REL):
+                continue
+            previous = plan.throughput
+            found = Proposal(0, gpu_type, k, plan, plan.throughput / base if base > 0 else math.inf)
+            if best is None or proposal_rank(found) < proposal_rank(best):
+                best = found
+    return best
+
+
+def _profile(curve: ScalingCurve | None, types: tuple[str, ...], ests: int, elastic: bool) -> EstProfile | None:
+    if isinstance(curve, EstProfile):
+        return curve
+    return _plain(types, ests) if elastic else None
+
+
+def easyscale_walk(
+    inp: PassInput, order: IntArray, pinned: BoolArray | None, *, mixed: bool, pack_limit: float
+) -> WalkResult:
+    """Steps 1-4 of the module doc: who holds GPUs, how many of each type, and where."""
+    jobs, cluster = inp.jobs, inp.cluster
+    n, n_pools = len(jobs), cluster.n_pools
+    types = cluster.pool_names
+    node_pool = cluster.pool.tolist()
+    running = jobs.running.tolist()
+    gpus = jobs.gpus.tolist()
+    low = np.minimum(jobs.min_gpus, jobs.gpus).tolist()
+    top = np.maximum(jobs.max_gpus, jobs.gpus).tolist()
+    masks = jobs.pool_mask.tolist()
+    scaling = jobs.scaling
+    held = np.zeros((n, n_pools), dtype=np.int64)
+    for row in np.flatnonzero(jobs.running).tolist():
+        for node, count in jobs.alloc[row]:
+            held[row, node_pool[node]] += count
+    capacity = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64) + held.sum(axis=0)
+    left = capacity.tolist()
+    take = np.zeros((n, n_pools), dtype=np.int64)
+    holding = np.zeros(n, dtype=np.bool_)
+    profiles = [_profile(scaling[row], types, top[row], low[row] < top[row]) for row in range(n)]
+
+    def speed_of(row: int, pool: int) -> float:
+        prof = profiles[row]
+        return dict(prof.capability).get(types[pool], 0.0) if prof is not None else 1.0
+
+    if pinned is not None:  # jobs within their minimum run time keep their GPUs
+        for row in np.flatnonzero(pinned).tolist():
+            take[row] = held[row]
+            holding[row] = True
+            left = [a - b for a, b in zip(left, held[row].tolist(), strict=True)]
+    # 1. the order at every job's minimum
+    for row in order.tolist():
+        if holding[row]:
+            continue
+        elastic = low[row] < top[row]
+        if running[row]:
+            have = held[row].tolist()
+            if not elastic:  # a rigid job keeps exactly its GPUs or waits
+                if all(h <= a for h, a in zip(have, left, strict=True)):
+                    take[row] = held[row]
+                    left = [a - h for a, h in zip(left, have, strict=True)]
+                    holding[row] = True
+                continue
+            need = low[row]  # its minimum out of the types it holds, the fastest first
+            part = [0] * n_pools
+            for p in sorted(range(n_pools), key=lambda p: (-speed_of(row, p), p)):
+                k = min(have[p], left[p], need)
+                part[p] = k
+                need -= k
+            if need == 0:
+                take[row] = part
+                left = [a - k for a, k in zip(left, part, strict=True)]
+                holding[row] = True
+            continue
+        size = low[row] if elastic else gpus[row]
+        fits = [p for p in range(n_pools) if masks[row] >> p & 1 and left[p] >= size]
+        if fits:
+            p = max(fits, key=lambda p: (speed_of(row, p), left[p], -p))
+            take[row, p] = size
+            left[p] -= size
+            holding[row] = True
+    # 2. running elastic holders keep what they hold beyond their minimum where it is left (Role 3: not beyond the
+    #    GPUs they had before a scale-out that did not pay)
+    cap = list(top)
+    for row in order.tolist():
+        if not (holding[row] and running[row] and low[row] < top[row]) or (pinned is not None and pinned[row]):
+            continue
+        keep = held[row].tolist()
+        prof = profiles[row]
+        if prof is not None and prof.scale_out is not None and prof.scale_out.worse:
+            before = dict(prof.scale_out.previous)
+            keep = [min(k, before.get(t, 0)) for k, t in zip(keep, types, strict=True)]
+            cap[row] = prof.scale_out.previous_gpus
+        for p in range(n_pools):
+            extra = min(max(keep[p] - int(take[row, p]), 0), left[p])
+            take[row, p] += extra
+            left[p] -= extra
+    # 3. the free GPUs by Role 2's proposals, greedily by speedup per GPU
+    _grant(inp, take=take, left=left, holding=holding, profiles=profiles, cap=cap, low=low, mixed=mixed)
+    target = take.sum(axis=1)
+    return _place(inp, held=held, take=take, holding=holding, target=target, pinned=pinned, pack_limit=pack_limit)
+
+
+def _grant(
+    inp: PassInput,
+    *,
+    take: IntArray,
+    left: list[int],
+    holding: BoolArray,
+    profiles: list[EstProfile | None],
+    cap: list[int],
+    low: list[int],
+    mixed: bool,
+) -> None:
+    """Step 3: one grant at a time to the best proposal of all jobs (a granted job proposes again from its new
+    plan; a proposal that no longer fits is formed again on what is left)."""
+    types = inp.cluster.pool_names
+    jobs = inp.jobs
+    elastic = (np.minimum(jobs.min_gpus, jobs.gpus) < np.maximum(jobs.max_gpus, jobs.gpus)) & holding
+    heap: list[tuple[tuple[float, int, int, str], int, Proposal]] = []
+
+    def push(row: int) -> None:
+        prof = profiles[row]
+        if prof is None:
+            return
+        counts = take[row].tolist()
+        current = tuple((types[p], counts[p]) for p in range(len(types)) if counts[p] > 0)
+        free = tuple((types[p], min(left[p], cap[row])) for p in range(len(types)) if left[p] > 0)
+        if not free:
+            return
+        best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), mixed)
+        if best is not None and best.speedup > 1.0:
+            best = replace(best, job_id=int(jobs.job_ids[row]))
+            heapq.heappush(heap, (proposal_rank(best), row, best))
+
+    if not any(left):
+        return
+    for row in np.flatnonzero(elastic).tolist():
+        push(row)
+    while heap:
+        _, row, best = heapq.heappop(heap)
+        p = types.index(best.gpu_type)
+        if best.count > left[p]:
+            push(row)  # stale: what is left of its type shrank since it was formed
+            continue
+        plan = dict(best.plan.gpus)  # the job runs its plan: the GPUs it leaves out go back
+        for q, gpu_type in enumerate(types):
+            left[q] += int(take[row, q]) - plan.get(gpu_type, 0)
+            take[row, q] = plan.get(gpu_type, 0)
+        if any(left):
+            push(row)
+
+
+def _place(
+    inp: PassInput,
+    *,
+    held: IntArray,
+    take: IntArray,
+    holding: BoolArray,
+    target: IntArray,
+    pinned: BoolArray | None,
+    pack_limit: float,
+) -> WalkResult:
+    """Step 4: preempt the running jobs left out, place the shrunk jobs, the starts, then the grown jobs (every
+    resized job lets go of its GPUs first), each type of a job's plan on its own nodes."""
+    jobs, cluster = inp.jobs, inp.cluster
+    running = jobs.running
+    preempt = (running & ~holding).nonzero()[0].tolist()
+    changed = running & holding & (take != held).any(axis=1)
+    if pinned is not None:
+        changed &= ~pinned
+    moving = changed.nonzero()[0].tolist()
+    starts: list[Start] = []
+    resizes: list[SizeChange] = []
+    index = FreeIndex(cluster, released(inp, preempt + moving))
+    skew = jobs.skew
+
+    def place(row: int) -> tuple[tuple[int, int], ...]:
+        rows: list[tuple[int, int]] = []
+        for p, count in enumerate(take[row].tolist()):
+            if count:
+                placed = index.place(p, count, PlacementMode.SKEW_AWARE, float(skew[row]), pack_limit)
+                if placed is None:  # (counted fits always place outside STRICT mode)
+                    raise RuntimeError(f"job {int(jobs.job_ids[row])}: cannot place {count} GPUs")
+                rows.extend(placed)
+        return tuple(rows)
+
+    grow: list[int] = []
+    for row in moving:
+        if target[row] < jobs.gpus[row]:
+            alloc = place(row)
+            resizes.append(SizeChange(row, int(jobs.job_ids[row]), int(target[row]), alloc, _named(cluster, alloc)))
+        else:
+            grow.append(row)
+    for row in (~running & holding).nonzero()[0].tolist():
+        alloc = place(row)
+        starts.append(Start(row, int(jobs.job_ids[row]), alloc, _named(cluster, alloc)))
+    for row in grow:
+        alloc = place(row)
+        resizes.append(SizeChange(row, int(jobs.job_ids[row]), int(target[row]), alloc, _named(cluster, alloc)))
+    capacity = np.bincount(cluster.pool, weights=cluster.total, minlength=cluster.n_pools)
+    size = np.where(jobs.min_gpus < jobs.max_gpus, np.minimum(jobs.min_gpus, jobs.gpus), jobs.gpus)
+    feasible = np.zeros(len(jobs), dtype=np.bool_)
+    for p in range(cluster.n_pools):
+        feasible |= ((jobs.pool_mask >> p) & 1).astype(np.bool_) & (size <= capacity[p])
+    infeasible = tuple((~feasible).nonzero()[0].tolist()) if not feasible.all() else ()
+    return WalkResult(
+        tuple(starts),
+        preemptions_of(jobs.job_ids, preempt),
+        holding,
+        feasible,
+        infeasible,
+        0,
+        tuple(resizes),
+        np.where(holding, target, 0),
+    )
+
+
+class EasyScaleHomo(TiresiasLas):
+    """Discretised 2D-LAS decides who runs at its minimum; EasyScale's proposals share out the free GPUs, each
+    job's plan on one GPU type (EasyScale_homo, §5.2)."""
+
+    name = "easyscale-homo"
+    elastic = True
+    #: whether a job's plan may use several GPU types
+    mixed = False
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.fit_shortcut = False  # running elastic jobs are resized by every pass
+
+    def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
+        return easyscale_walk(inp, order, pinned, mixed=self.mixed, pack_limit=self.options.pack_limit)
+
+
+class EasyScaleHeter(EasyScaleHomo):
+    """As :class:`EasyScaleHomo`, a job's plan on several GPU types at once (EasyScale_heter, §5.2)."""
+
+    name = "easyscale-heter"
+    mixed = True

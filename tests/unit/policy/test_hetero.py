@@ -1,0 +1,151 @@
+"""easyscale-homo / easyscale-heter: 2D-LAS at the minimum, free GPUs by Role 2's proposals, Role 3's fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_elastic.policy import ClusterState, Decision, JobStatus, JobTable, JobView, NodeView, PassInput, make_policy
+from hpc_elastic.policy.easyscale import evaluate
+from hpc_elastic.policy.hetero import EstProfile, ScaleOut, est_profile
+from hpc_elastic.sim.cluster import NodeSpec
+from hpc_elastic.sim.engine import SimConfig, Simulator
+from hpc_elastic.sim.trace import TraceJob
+
+R = JobStatus.RUNNING
+CAP = {"v100": 3.0, "k80": 1.0}
+
+
+def run(name: str, jobs: list[JobView], nodes: list[NodeView]) -> Decision:
+    cluster = ClusterState.from_nodes(nodes)
+    return make_policy(name).schedule(PassInput(100.0, JobTable.from_views(jobs, cluster), cluster))
+
+
+def gpus_after(decision: Decision) -> dict[int, dict[str, int]]:
+    """GPUs per node of every job the decision starts or resizes."""
+    out = {s.job_id: dict(s.allocation) for s in decision.starts}
+    out.update({r.job_id: dict(r.allocation) for r in decision.resizes})
+    return out
+
+
+def elastic(job_id: int, held: tuple[tuple[str, int], ...], ests: int, profile: EstProfile | None = None) -> JobView:
+    gpus = sum(n for _, n in held)
+    return JobView(
+        job_id,
+        gpus,
+        0.0,
+        R,
+        attained_service=10.0,
+        allocation=held,
+        min_gpus=1,
+        max_gpus=ests,
+        scaling=profile or est_profile(CAP, ests, "v100"),
+    )
+
+
+def test_free_gpus_go_by_speedup_per_gpu() -> None:
+    # A: 4 ESTs on 2 GPUs; a third GPU still leaves 2 ESTs on one of them (no gain), two more double it (0.5 per
+    # GPU). B: 3 ESTs on 2 GPUs; one more GPU doubles it (1.0 per GPU): B gets a GPU first, then none fits A.
+    nodes = [NodeView("v0", 4, 0, "v100"), NodeView("v1", 2, 2, "v100")]
+    a = elastic(1, (("v0", 2),), 4)
+    b = elastic(2, (("v0", 2),), 3)
+    decision = run("easyscale-heter", [a, b], nodes)
+    assert not decision.preemptions
+    assert {r.job_id: r.gpus for r in decision.resizes} == {2: 3}
+    # with 4 free GPUs both grow: B by one (1.0 per GPU), A by two (0.5 per GPU)
+    nodes = [NodeView("v0", 4, 0, "v100"), NodeView("v1", 4, 4, "v100")]
+    decision = run("easyscale-heter", [a, b], nodes)
+    assert {r.job_id: r.gpus for r in decision.resizes} == {1: 4, 2: 3}
+
+
+def test_a_gang_job_is_never_shrunk_or_moved() -> None:
+    nodes = [NodeView("v0", 4, 0, "v100"), NodeView("k0", 4, 2, "k80")]
+    rigid = JobView(1, 2, 0.0, R, attained_service=5.0, allocation=(("v0", 2),))
+    grown = elastic(2, (("v0", 2),), 8)
+    other = JobView(4, 2, 0.0, R, attained_service=5.0, allocation=(("k0", 2),))
+    arrival = JobView(3, 1, 90.0, min_gpus=1, max_gpus=4, scaling=est_profile(CAP, 4, "v100"))
+    for name in ("easyscale-homo", "easyscale-heter"):
+        decision = run(name, [rigid, grown, arrival, other], nodes)
+        assert 1 not in {r.job_id for r in decision.resizes} | {p.job_id for p in decision.preemptions}
+        assert 3 in {s.job_id for s in decision.starts}
+
+
+def test_homo_never_mixes_types_and_heter_does_when_it_pays() -> None:
+    nodes = [NodeView("v0", 2, 0, "v100"), NodeView("k0", 4, 4, "k80")]
+    job = elastic(1, (("v0", 2),), 8)
+    assert not run("easyscale-homo", [job], nodes).resizes
+    decision = run("easyscale-heter", [job], nodes)
+    (resize,) = decision.resizes
+    assert dict(resize.allocation)["v0"] == 2 and dict(resize.allocation)["k0"] >= 1
+    # 8 ESTs on 2 v100 (4 each): 8 / (4 / 3) = 6 mini-batches/s; with 2 k80 of 1 EST each: 8 / 1 = 8
+    assert job.scaling is not None and isinstance(job.scaling, EstProfile)
+    assert job.scaling.throughput({"v100": 2, "k80": 2}) == pytest.approx(8.0)
+    # a type too slow to help is not mixed in (one EST on it would be the slowest of the step)
+    slow = elastic(1, (("v0", 2),), 8, est_profile({"v100": 3.0, "k80": 0.1}, 8, "v100"))
+    assert not run("easyscale-heter", [slow], nodes).resizes
+
+
+def test_homo_grows_in_the_type_it_holds() -> None:
+    nodes = [NodeView("v0", 4, 2, "v100"), NodeView("k0", 4, 4, "k80")]
+    decision = run("easyscale-homo", [elastic(1, (("v0", 2),), 8)], nodes)
+    assert gpus_after(decision) == {1: {"v0": 4}}
+
+
+def test_fallback_after_a_scale_out_that_ran_slower() -> None:
+    nodes = [NodeView("v0", 4, 0, "v100"), NodeView("v1", 4, 4, "v100")]
+    profile = est_profile(CAP, 8, "v100")
+    worse = profile.__class__(
+        profile.gpus,
+        profile.speedup,
+        capability=profile.capability,
+        ests=8,
+        base_type="v100",
+        scale_out=ScaleOut(before=2.0, after=1.5, previous=(("v100", 2),)),
+    )
+    decision = run("easyscale-heter", [elastic(1, (("v0", 4),), 8, worse)], nodes)
+    assert {r.job_id: r.gpus for r in decision.resizes} == {1: 2}  # back to its GPUs before, not grown again
+    better = ScaleOut(before=2.0, after=3.9, previous=(("v100", 2),))
+    kept = profile.__class__(
+        profile.gpus, profile.speedup, capability=profile.capability, ests=8, base_type="v100", scale_out=better
+    )
+    decision = run("easyscale-heter", [elastic(1, (("v0", 4),), 8, kept)], nodes)
+    assert {r.job_id: r.gpus for r in decision.resizes} == {1: 8}  # it paid: the job grows on
+
+
+def test_engine_speed_of_a_mixed_job_is_eq_1d() -> None:
+    # 4 ESTs, C = 2 on v100 and 1 on k80, requested on 1 v100: 4 ESTs there take 4 / 2 = 2 s a step (2 /s).
+    # heter starts it on 1 v100 + 2 k80 (+2 k80: speedup 2, 0.5 per GPU; +1 k80: 1.33): A = 2 on the v100, 1 on
+    # each k80, f = max(2 / 2, 1 / 1) = 1 s, 4 mini-batches/s: twice as fast, 100 s of work end at 50 s.
+    capability = {"v100": 2.0, "k80": 1.0}
+    plan = evaluate({"v100": 1, "k80": 2}, {"v100": 2, "k80": 1}, capability, 4)
+    assert plan.overload == 1.0 and plan.waste == 0.0 and plan.throughput == 4.0
+    assert evaluate({"v100": 1}, {"v100": 4}, capability, 4).throughput == 2.0
+    nodes = (NodeSpec("v0", 1, "v100"), NodeSpec("k0", 2, "k80"))
+    job = TraceJob("j", 0.0, 1, 100.0, min_gpus=1, max_gpus=4, scaling=est_profile(capability, 4, "v100"))
+    heter = Simulator([job], nodes, make_policy("easyscale-heter"), SimConfig(record_events=True)).run()
+    assert heter.end.tolist() == [pytest.approx(50.0)]
+    assert {name for e in heter.log if e.allocation for name, _ in e.allocation} == {"v0", "k0"}
+    homo = Simulator([job], nodes, make_policy("easyscale-homo"), SimConfig()).run()
+    assert homo.end.tolist() == [pytest.approx(100.0)]  # stays on its v100 (1 GPU of a type held, none free)
+    # a rigid job on another type than it asked for runs at that type's capability: 100 s of v100 work on k80
+    rigid = TraceJob("r", 0.0, 2, 100.0, scaling=est_profile(capability, 2, "v100"))
+    on_k80 = Simulator([rigid], (NodeSpec("k0", 2, "k80"),), make_policy("fifo"), SimConfig()).run()
+    assert on_k80.end.tolist() == [pytest.approx(200.0)]
+
+
+def test_engine_records_the_scale_out_for_role_3() -> None:
+    capability = {"v100": 1.0}
+    nodes = (NodeSpec("v0", 4, "v100"),)
+    first = TraceJob("a", 0.0, 2, 50.0)
+    job = TraceJob("b", 1.0, 2, 1000.0, min_gpus=1, max_gpus=4, scaling=est_profile(capability, 4, "v100"))
+    sim = Simulator([first, job], nodes, make_policy("easyscale-heter"), SimConfig())
+    result = sim.run()
+    assert int(result.resizes[1]) >= 1
+    profile = sim.scaling[1]
+    assert isinstance(profile, EstProfile) and profile.scale_out is not None
+    assert profile.scale_out.after > profile.scale_out.before and not profile.scale_out.worse
+
+
+def test_simulator_refuses_a_profile_without_the_cluster_types() -> None:
+    job = TraceJob("j", 0.0, 1, 10.0, scaling=est_profile({"v100": 1.0}, 1, "v100"))
+    with pytest.raises(ValueError, match="k80"):
+        Simulator([job], (NodeSpec("k0", 2, "k80"),), make_policy("fifo"))
