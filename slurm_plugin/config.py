@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
+from hpc_elastic.policy.registry import DAEMON_POLICY_NAMES
 
 DEFAULT_CKPT_ROOT = "/tmp/hpc-elastic/gpfs/jobs"  # noqa: S108 - the dev cluster's GPFS stand-in
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -157,8 +158,13 @@ class PluginConfig(_Section):
     @field_validator("policy")
     @classmethod
     def _policy(cls, value: str) -> str:
+        if value in POLICY_NAMES and value not in DAEMON_POLICY_NAMES:
+            raise ValueError(
+                f"policy {value!r} plans GPUs per type, which the daemon does not apply yet"
+                " (hpc-elastic simulate runs it)"
+            )
         if value not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {value!r}; choose from {', '.join(POLICY_NAMES)}")
+            raise ValueError(f"unknown policy {value!r}; choose from {', '.join(DAEMON_POLICY_NAMES)}")
         return value
 
     @field_validator("job_name_pattern")

@@ -404,6 +404,7 @@ class EasyScaleHomo(TiresiasLas):
 
     name = "easyscale-homo"
     elastic = True
+    plans_per_type = True
     #: whether a job's plan may use several GPU types
     mixed = False
 

@@ -14,6 +14,8 @@ _BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in _CLASSES}
 
 #: The built-in policy names, in the order the issue lists them.
 POLICY_NAMES: tuple[str, ...] = tuple(_BUILTIN)
+#: Those the Slurm daemon can carry out: not the policies that plan GPUs per type (``Policy.plans_per_type``).
+DAEMON_POLICY_NAMES: tuple[str, ...] = tuple(cls.name for cls in _CLASSES if not cls.plans_per_type)
 
 
 def policy_names(extra: dict[str, PolicyFactory] | None = None) -> tuple[str, ...]:

@@ -193,6 +193,8 @@ class SimResult:
     #: PACKLIMIT in force at the end of the replay (differs from the policy's knob after a refit).
     pack_limit: float = math.nan
     model: SimModel = SimModel.REALISTIC
+    #: per job (trace order), the last scale-out observed of a job with a profile per GPU type (Role 3's input)
+    scale_outs: tuple[ScaleOut | None, ...] = ()
 
     @property
     def jct(self) -> FloatArray:
@@ -290,6 +292,8 @@ class _Replay:
         self.sim = sim
         self.cfg = cfg = sim.config
         self.progress = progress
+        # each job's speed model; a profile per GPU type learns its scale-outs during this replay only
+        self.scaling = sim.scaling.copy()
         n = self.n = len(sim.jobs)
         cluster0 = sim.cluster0
         self.free = cluster0.total.copy()
@@ -559,7 +563,7 @@ class _Replay:
             "run_time": el_run,
             "pool_mask": istate[_MASK].take(rows),
             "alloc": RowSlice(self.alloc, rows),
-            "scaling": RowSlice(self.sim.scaling, rows),
+            "scaling": RowSlice(self.scaling, rows),
         }
 
         def gather(table: FloatArray | IntArray, column: int) -> Callable[[], FloatArray | IntArray]:
@@ -650,7 +654,7 @@ class _Replay:
         """The first half of a resize: the running elastic job checkpoints and lets go of its GPUs."""
         if self.istate[_STATUS, row] != _RUNNING:
             raise RuntimeError(f"policy {self.policy.name} resized job {row} that is not running")
-        if isinstance(self.sim.scaling[row], EstProfile):
+        if isinstance(self.scaling[row], EstProfile):
             self.before[row] = (float(self.fstate[_SPEED, row]), self.per_type(self.alloc[row]))
         self.stop(row, now)
 
@@ -662,10 +666,10 @@ class _Replay:
         self.resize_cost += cost
         self.run_on(row, gpus, node_rows, now, overhead=cost, kind=EventKind.RESIZE)
         before = self.before.pop(row, None)
-        profile = self.sim.scaling[row]
+        profile = self.scaling[row]
         if before is not None and isinstance(profile, EstProfile) and gpus > sum(n for _, n in before[1]):
             observed = ScaleOut(before[0], float(self.fstate[_SPEED, row]), before[1])
-            self.sim.scaling[row] = replace(profile, scale_out=observed)
+            self.scaling[row] = replace(profile, scale_out=observed)
 
     def per_type(self, node_rows: RowAllocation) -> tuple[tuple[str, int], ...]:
         """GPUs per type of an allocation, sorted by type."""
@@ -723,7 +727,7 @@ class _Replay:
             obs[2] += 1.0
             self.n_observed += 1
         base = self.base_gpus[row]
-        curve: ScalingCurve = sim.scaling[row] or LINEAR
+        curve: ScalingCurve = self.scaling[row] or LINEAR
         if isinstance(curve, EstProfile):  # Eq. 1d of its plan on its GPUs per type, relative to its request
             speed *= curve.throughput(dict(self.per_type(node_rows))) / curve.throughput({curve.base_type: base})
         elif gpus != base:
@@ -768,6 +772,7 @@ class _Replay:
             log=tuple(self.log),
             pack_limit=self.policy.options.pack_limit,
             model=sim.config.model,
+            scale_outs=tuple(s.scale_out if isinstance(s, EstProfile) else None for s in self.scaling),
         )
 
 

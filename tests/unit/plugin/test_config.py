@@ -47,6 +47,14 @@ def test_every_problem_is_one_line(tmp_path: Path) -> None:
     assert "state_dir: directory '/nonexistent/hpc-elastic' does not exist" in text
 
 
+@pytest.mark.parametrize("policy", ["easyscale-homo", "easyscale-heter"])
+def test_a_policy_planning_gpus_per_type_is_refused_by_the_daemon(policy: str) -> None:
+    # the simulator runs it; the daemon applies GPU counts only
+    with pytest.raises(ConfigError, match=f"policy '{policy}' plans GPUs per type, which the daemon does not apply"):
+        parse_config({"state_dir": "/tmp", "policy": policy})
+    assert parse_config({"state_dir": "/tmp", "policy": "tiresias-las+elastic"}).policy == "tiresias-las+elastic"
+
+
 def test_missing_state_dir_key_and_relative_paths() -> None:
     with pytest.raises(ConfigError, match="missing required key 'state_dir'"):
         parse_config({})
