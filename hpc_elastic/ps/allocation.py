@@ -17,6 +17,11 @@ then applies its optimize and adjust plans as new steps, never beyond the ``(B +
 that the master does not hold, each process of at most N cores (the allocation's task size, so that a step always
 fits a node of it); its steps go into the status (``brain``).
 
+Out of memory: a process whose step ended other than cleanly is looked up in Slurm's accounting
+(:meth:`PsWrapper.step_end`); one Slurm ended for its memory comes back as a new step with the memory of Brain's
+adjust (:meth:`PsWrapper.memory_after_oom`: twice what it had, within the allocation's memory on a node); each such
+end goes into the status (``oom``).
+
 Stops, as a data-parallel job's (:mod:`hpc_elastic.launch.stops` decides, :class:`PsWrapper` acts): on ``USR1``
 (the scheduler daemon's checkpoint signal with its notice in the job's ``AdminComment``, the time-limit warning of
 ``--signal=B:USR1@grace``, a user's ``scancel --signal=USR1 --batch``) or a ``control/stop`` request, the wrapper
