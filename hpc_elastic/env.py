@@ -116,6 +116,7 @@ class JobEnvironment:
     gpus_per_task: int = 0  # the job's --gpus-per-task (SLURM_GPUS_PER_TASK, e.g. "a100:1")
     allocated_tasks: int | None = None  # tasks of the allocation now (SLURM_TASKS_PER_NODE), None outside one
     cpus_on_node: int | None = None
+    mem_on_node_mb: int | None = None  # the allocation's memory on this node (SLURM_MEM_PER_NODE, or per CPU x CPUs)
     job_dir: Path | None = None
     workers: int | None = None
     backend: Backend = Backend.TORCH
@@ -127,6 +128,16 @@ class JobEnvironment:
     local_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+
+
+def _mem_on_node_mb(env: Mapping[str, str]) -> int | None:
+    """The allocation's memory on this node in MB: ``SLURM_MEM_PER_NODE``, or ``SLURM_MEM_PER_CPU`` times
+    ``SLURM_CPUS_ON_NODE``; None when Slurm set neither."""
+    per_node = _int(env, "SLURM_MEM_PER_NODE")
+    if per_node is not None:
+        return per_node
+    per_cpu, cpus = _int(env, "SLURM_MEM_PER_CPU"), _int(env, "SLURM_CPUS_ON_NODE")
+    return per_cpu * cpus if per_cpu is not None and cpus is not None else None
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
@@ -236,6 +247,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         gpus_per_task=_gpus_per_task(env.get("SLURM_GPUS_PER_TASK", "")),
         allocated_tasks=tasks_per_node_total(env.get("SLURM_TASKS_PER_NODE", "")),
         cpus_on_node=_int(env, "SLURM_CPUS_ON_NODE"),
+        mem_on_node_mb=_mem_on_node_mb(env),
         job_dir=Path(job_dir) if job_dir else None,
         workers=workers,
         backend=backend,

@@ -361,28 +361,9 @@ def adjust(
     available = held + partition.free_cores
     workers = plan.workers
     if usage.worker_oom:
-        mem = workers.mem_mb * 2
-        if mem > partition.mem_per_node_mb:
-            raise ValueError(
-                f"a worker needs more than {workers.mem_mb} MiB and a node has {partition.mem_per_node_mb}"
-            )
-        return _adjusted(
-            plan, f"worker out of memory: {workers.mem_mb} -> {mem} MiB", workers=replace(workers, mem_mb=mem)
-        )
+        return out_of_memory(plan, Role.WORKER, workers.mem_mb, limits, partition)
     if usage.ps_oom:
-        mem = plan.ps_mem_mb * 2
-        if mem <= partition.mem_per_node_mb:
-            return _adjusted(plan, f"PS out of memory: {plan.ps_mem_mb} -> {mem} MiB", ps_mem_mb=mem)
-        count = min(plan.num_ps * 2, limits.ps.high)
-        if count == plan.num_ps:
-            raise ValueError(
-                f"a PS needs more than {plan.ps_mem_mb} MiB, a node has {partition.mem_per_node_mb}, and the job may "
-                f"not have more than {limits.ps.high} PS"
-            )
-        added = plan.ps_cores + (min(plan.ps_cores),) * (count - plan.num_ps)
-        if sum(added) + workers.total_cores > available:
-            return None
-        return _adjusted(plan, f"PS out of memory at a node's memory: {plan.num_ps} -> {count} PS", ps_cores=added)
+        return out_of_memory(plan, Role.PS, plan.ps_mem_mb, limits, partition)
     s_total_used = sum(usage.ps_cpu)
     hot = [j for j, used in enumerate(usage.ps_cpu) if used >= hot_threshold * plan.ps_cores[j]]
     if hot:
@@ -414,6 +395,37 @@ def adjust(
         "workers",
         workers=replace(workers, count=workers.count + delta),
     )
+
+
+def out_of_memory(
+    plan: ResourcePlan, role: Role, mem_mb: int, limits: JobLimits, partition: Partition
+) -> ResourcePlan | None:
+    """§4.2 Adjust for a process of ``role`` that ran out of ``mem_mb`` MiB under ``plan``: its role's processes get
+    twice that memory (never less than the plan gives them already). A PS that cannot get it on a node is doubled in
+    number (as the paper does) when the job's PS range and the partition allow, else None; a worker that cannot get
+    it: ``ValueError`` (no plan runs it)."""
+    _count("mem_mb", mem_mb, 1)
+    doubled = mem_mb * 2
+    if role is Role.WORKER:
+        if doubled > partition.mem_per_node_mb:
+            raise ValueError(f"a worker needs more than {mem_mb} MiB and a node has {partition.mem_per_node_mb}")
+        mem = max(doubled, plan.workers.mem_mb)
+        return _adjusted(
+            plan, f"worker out of memory: {mem_mb} -> {mem} MiB", workers=replace(plan.workers, mem_mb=mem)
+        )
+    if doubled <= partition.mem_per_node_mb:
+        mem = max(doubled, plan.ps_mem_mb)
+        return _adjusted(plan, f"PS out of memory: {mem_mb} -> {mem} MiB", ps_mem_mb=mem)
+    count = min(plan.num_ps * 2, limits.ps.high)
+    if count == plan.num_ps:
+        raise ValueError(
+            f"a PS needs more than {mem_mb} MiB, a node has {partition.mem_per_node_mb}, and the job may "
+            f"not have more than {limits.ps.high} PS"
+        )
+    added = plan.ps_cores + (min(plan.ps_cores),) * (count - plan.num_ps)
+    if sum(added) + plan.workers.total_cores > plan.total_cores + partition.free_cores:
+        return None
+    return _adjusted(plan, f"PS out of memory at a node's memory: {plan.num_ps} -> {count} PS", ps_cores=added)
 
 
 def _adjusted(

@@ -17,6 +17,11 @@ then applies its optimize and adjust plans as new steps, never beyond the ``(B +
 that the master does not hold, each process of at most N cores (the allocation's task size, so that a step always
 fits a node of it); its steps go into the status (``brain``).
 
+Out of memory: a process whose step ended other than cleanly is looked up in Slurm's accounting
+(:meth:`PsWrapper.step_end`); one Slurm ended for its memory comes back as a new step with the memory of Brain's
+adjust (:meth:`PsWrapper.memory_after_oom`: twice what it had, within the allocation's memory on a node); each such
+end goes into the status (``oom``).
+
 Stops, as a data-parallel job's (:mod:`hpc_elastic.launch.stops` decides, :class:`PsWrapper` acts): on ``USR1``
 (the scheduler daemon's checkpoint signal with its notice in the job's ``AdminComment``, the time-limit warning of
 ``--signal=B:USR1@grace``, a user's ``scancel --signal=USR1 --batch``) or a ``control/stop`` request, the wrapper
@@ -56,14 +61,15 @@ from hpc_elastic.launch.supervisor import (
     term_ignored,
     usr1_reason_now,
 )
-from hpc_elastic.policy.brain import JobLimits, Range
+from hpc_elastic.policy.brain import Group, JobLimits, Partition, Range, ResourcePlan, Role, Stage, out_of_memory
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.job import ProcessFailed, PsJob, PsLauncher
+from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher
 from hpc_elastic.slurm import connect
 from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
+from hpc_elastic.slurm.types import Step
 
 #: the PS job checkpoints parameters, queues and ledger after every this many shards done
 CHECKPOINT_EVERY = 8
@@ -73,6 +79,8 @@ WAIT_S = 7 * 24 * 3600.0
 BRAIN_WINDOW_S = 2.0
 #: seconds between two looks at the job's processes, its control files and the wrapper's signals
 POLL_S = 0.2
+#: seconds Slurm's accounting may take to record how a step ended
+STEP_END_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,7 @@ class PsWrapper:
         *,
         launcher: PsLauncher = PsLauncher.SRUN,
         clock: Callable[[], float] = time.time,
+        steps: Callable[[int], list[Step]] | None = None,
     ) -> None:
         if job.job_id is None:
             raise ValueError("hpc-elastic-run --mode=ps runs inside a Slurm allocation (no SLURM_JOB_ID)")
@@ -206,6 +215,8 @@ class PsWrapper:
         self.launcher = launcher
         self.clock = clock
         self.job_dir = job_dir_of(config.ckpt_root, job)
+        self.steps = steps  # a job's steps from Slurm's accounting: how a process's step ended (out of memory?)
+        self.ps_job: PsJob | None = None
         self.usr1 = False
         #: the stop acted on: its reason and when it was requested
         self.stop: tuple[StopReason, float] | None = None
@@ -248,7 +259,7 @@ class PsWrapper:
             file=sys.stderr,
             flush=True,
         )
-        with PsJob(
+        ps_job = PsJob(
             job_config,
             self.job_dir.ps,
             checkpoint_dir=self.job_dir.checkpoints,
@@ -258,7 +269,11 @@ class PsWrapper:
             launcher=self.launcher,
             cpus_per_process=config.cpus_per_worker,
             ps_cpus=ps_cpus,
-        ) as ps_job:
+            step_end=self.step_end if self.steps is not None else None,
+            memory_after_oom=self.memory_after_oom,
+        )
+        self.ps_job = ps_job
+        with ps_job:
             if agent is not None:
                 try:
                     agent.run(ps_job, interrupt=self.wanted)
@@ -270,12 +285,58 @@ class PsWrapper:
         if outcome is Outcome.FINISHED:
             if agent is not None:
                 status["brain"] = agent.report()
+            status["oom"] = [record.to_json() for record in ps_job.oom]
             text = json.dumps(status)
             atomic_write_bytes(self.job_dir.ps / "status.json", text.encode())
             print(text, flush=True)
             good = status["finished"] and all(e["exactly_once"] for e in status["epochs"])
             return 0 if good else 1
         return self.after(outcome, status)
+
+    # -- out of memory ----------------------------------------------------------------------------------------------
+
+    def step_end(self, name: str) -> Step | None:
+        """How the latest step named ``name`` (a process of the PS job) ended, from Slurm's accounting, which may
+        take a moment to record it; None when it does not say within :data:`STEP_END_WAIT_S`."""
+        assert self.steps is not None and self.job.job_id is not None
+        deadline = time.monotonic() + STEP_END_WAIT_S
+        while True:
+            try:
+                found = [s for s in self.steps(self.job.job_id) if s.name == name and s.number is not None]
+            except SlurmError as exc:
+                print(f"hpc-elastic-run: cannot read the steps: {exc}", file=sys.stderr, flush=True)
+                found = []
+            if found:
+                last = max(found, key=lambda s: s.number or 0)
+                if not last.state.is_active:
+                    return last
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+
+    def memory_after_oom(self, end: OutOfMemory) -> int:
+        """Brain's adjust for a process that ran out of memory (:func:`hpc_elastic.policy.brain.out_of_memory`):
+        the memory it comes back with, within the allocation's memory on a node. ``ValueError`` when there is none
+        (a worker that cannot get twice its memory; a PS whose fix would be more PS, which this job does not add)."""
+        assert self.ps_job is not None
+        job, config = self.ps_job, self.config
+        worker_mem = max(job.worker_mem_mb.values(), default=STEP_MEM_MB_PER_CPU * config.cpus_per_worker)
+        workers = Group(
+            len(job.workers) + (end.role is Role.WORKER),
+            max(job.worker_cores.values(), default=config.cpus_per_worker),
+            end.mem_mb if end.role is Role.WORKER else worker_mem,
+        )
+        ps_mem = end.mem_mb if end.role is Role.PS else max(job.ps_mem_mb)
+        plan = ResourcePlan(workers, job.ps_cores, ps_mem, Stage.ADJUST)
+        limits = JobLimits(config.cores, Range(*config.workers_range), Range(*config.ps_range))
+        node_mb = self.job.mem_on_node_mb or STEP_MEM_MB_PER_CPU * config.cpus_per_worker
+        new = out_of_memory(plan, end.role, end.mem_mb, limits, Partition(config.cpus_per_worker, node_mb, 0))
+        if new is None or new.num_ps != plan.num_ps:
+            raise ValueError(
+                f"{end.process} needs more than {end.mem_mb} MiB and a node of the allocation has {node_mb}"
+            )
+        print(f"hpc-elastic-run: Brain: {'; '.join(new.reasons)}", file=sys.stderr, flush=True)
+        return new.workers.mem_mb if end.role is Role.WORKER else new.ps_mem_mb
 
     # -- the watch ------------------------------------------------------------------------------------------------
 
@@ -429,7 +490,8 @@ def apply_sizes(ps_job: PsJob, workers: int, ps: int) -> None:
 def main(argv: Sequence[str]) -> int:
     try:
         config = parse_args(argv)
-        wrapper = PsWrapper(config, read_job_environment(), connect(read_environment()))
+        slurm = connect(read_environment())
+        wrapper = PsWrapper(config, read_job_environment(), slurm, steps=slurm.steps)
     except (ValueError, HpcElasticError) as exc:
         print(f"hpc-elastic-run: error: {exc}", file=sys.stderr)
         return 2

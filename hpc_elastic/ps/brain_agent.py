@@ -18,8 +18,10 @@ scaled in (SIGTERM: their shards go back to TODO), PS of sizes the plan drops re
 re-partition while the workers wait; a hot PS is thus replaced by a larger one), workers added; every process of
 its plan's cores (an ``srun --exact`` step of them, or pinned to cores of its own here). No plan exceeds ``cores``,
 the cores the PS job may use (the allocation's, less the job master's): Brain is given the cores not held as the
-partition's free ones. Memory per process follows the cores (``STEP_MEM_MB_PER_CPU`` per core); out-of-memory
-processes are not detected yet, so Brain's memory doubling is never asked for.
+partition's free ones. Memory per process follows the cores (``STEP_MEM_MB_PER_CPU`` per core), at least what an
+out-of-memory end gave its role: a process whose step Slurm ended for its memory comes back with twice it
+(:func:`~hpc_elastic.policy.brain.out_of_memory`, asked by the job's launcher whenever it polls, see
+:mod:`hpc_elastic.ps.allocation`).
 """
 
 from __future__ import annotations

@@ -41,9 +41,12 @@ class PsJobConfig:
     lr: float = 0.05
     max_retries: int = 3
     max_hold: int = 16  # shards a worker holds at most (leased, not reported done)
+    # MiB a worker adds to its resident set once it finished its first shard (a worker whose embedding cache grows
+    # as it trains): the knob that makes a worker outgrow its step's memory, to exercise the out-of-memory path
+    worker_ballast_mb: int = 0
 
     def __post_init__(self) -> None:
-        minimum = {"num_ps": 1, "num_workers": 0, "seed": 0, "max_retries": 0}
+        minimum = {"num_ps": 1, "num_workers": 0, "seed": 0, "max_retries": 0, "worker_ballast_mb": 0}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "lr":

@@ -17,6 +17,14 @@ the workers look it up once the old one stops answering; they drop what they lea
 and go on. A job with a checkpoint root takes a first checkpoint as soon as it is up.
 Under ``srun`` a process is killed through Slurm (``scancel --signal=KILL <job>.<step>`` of its step); the launcher
 sees the step's ``srun`` exit either way.
+
+Out of memory: each process's step asks for its memory (``--mem``; ``STEP_MEM_MB_PER_CPU`` per core unless told
+otherwise), and Slurm kills a step that goes over it (the cgroup's OOM killer, or ``jobacct_gather/linux`` with
+``OverMemoryKill``). Given ``step_end`` (how a process's step ended, from Slurm's accounting), the launcher tells a
+process that ended out of memory (:attr:`hpc_elastic.slurm.types.Step.out_of_memory`) from one that crashed, and
+asks ``memory_after_oom`` (Brain's decision) for the memory it comes back with: a worker is reported lost (its shards
+go back to TODO) and a new worker of that memory starts; a PS is replaced, as any lost PS, by one of that memory.
+Each such end is kept in ``oom`` (for the job's status).
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
@@ -36,9 +45,11 @@ from typing import IO, Any
 
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
+from hpc_elastic.policy.brain import Role
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
 from hpc_elastic.slurm import commands
+from hpc_elastic.slurm.types import Step
 
 #: how long a server process may take to listen
 START_TIMEOUT_S = 120.0
@@ -68,6 +79,33 @@ class _Proc:
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
     cpus: int = 1
+    mem_mb: int = STEP_MEM_MB_PER_CPU
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """A process whose step Slurm ended for its memory: its step had ``mem_mb`` MiB, its resident set reached
+    ``max_rss_mb`` (None when Slurm's accounting does not say)."""
+
+    process: str
+    role: Role
+    mem_mb: int
+    max_rss_mb: float | None
+
+
+@dataclass(frozen=True)
+class OomRecord:
+    """An out-of-memory end and what followed: the memory its replacement got and the replacement's name, or why
+    there was none (``refused``)."""
+
+    end: OutOfMemory
+    new_mem_mb: int | None
+    replaced_by: str | None
+    refused: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self.end), "new_mem_mb": self.new_mem_mb, "replaced_by": self.replaced_by,
+                "refused": self.refused}  # fmt: skip
 
 
 class PsJob:
@@ -87,6 +125,8 @@ class PsJob:
         cpus_per_process: int = 1,
         ps_cpus: int | None = None,
         liveness_s: float | None = None,
+        step_end: Callable[[str], Step | None] | None = None,
+        memory_after_oom: Callable[[OutOfMemory], int] | None = None,
     ) -> None:
         if restore and checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
@@ -117,26 +157,32 @@ class PsJob:
         # the local launcher pins each process to cores of its own while there are enough (as srun --exact does)
         self._free_cores = sorted(os.sched_getaffinity(0)) if launcher is PsLauncher.LOCAL else []
         self._pinned: dict[int, list[int]] = {}  # pid -> its cores
+        self.step_end = step_end  # how a process's step ended (Slurm's accounting), by the process's name
+        self.memory_after_oom = memory_after_oom
+        self.oom: list[OomRecord] = []
+        self.mem_floor: dict[Role, int] = {}  # after an out-of-memory end: the least memory of a new process of a role
 
     # -- processes -----------------------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str], cpus: int | None = None) -> _Proc:
-        """Start one process of ``cpus`` cores (default: ``cpus_per_process``): a step of exactly that many under
-        ``srun``; here, pinned to that many cores of its own while this machine has them free (else unpinned)."""
+    def _spawn(self, name: str, args: list[str], cpus: int | None = None, mem_mb: int | None = None) -> _Proc:
+        """Start one process of ``cpus`` cores (default: ``cpus_per_process``) and ``mem_mb`` MiB (default:
+        ``STEP_MEM_MB_PER_CPU`` per core): a step of exactly that many under ``srun``; here, pinned to that many
+        cores of its own while this machine has them free (else unpinned; the memory is Slurm's to enforce)."""
         cpus = self.cpus_per_process if cpus is None else cpus
-        if cpus < 1:
-            raise ValueError(f"a process needs at least one core, not {cpus}")
+        mem_mb = STEP_MEM_MB_PER_CPU * cpus if mem_mb is None else mem_mb
+        if cpus < 1 or mem_mb < 1:
+            raise ValueError(f"a process needs at least one core and 1 MiB, not {cpus} cores and {mem_mb} MiB")
         log = (self.run_dir / f"{name}.log").open("ab")
         argv = [sys.executable, "-m", "hpc_elastic.ps", *args]
         if self.launcher is PsLauncher.SRUN:
-            argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=STEP_MEM_MB_PER_CPU * cpus)
+            argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=mem_mb)
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
         if self.launcher is PsLauncher.LOCAL and len(self._free_cores) >= cpus:
             cores, self._free_cores = self._free_cores[:cpus], self._free_cores[cpus:]
             self._pinned[popen.pid] = cores
             with contextlib.suppress(ProcessLookupError):  # it died at once: its exit is seen as any other
                 os.sched_setaffinity(popen.pid, cores)
-        return _Proc(name, popen, log, cpus)
+        return _Proc(name, popen, log, cpus, mem_mb)
 
     def _release(self, proc: _Proc) -> None:
         """The process ended: its log closed, its cores free again."""
@@ -206,30 +252,39 @@ class PsJob:
         self.master_proc.popen.kill()
         self.master_proc.popen.wait()
 
-    def _spawn_ps(self, index: int, num_ps: int, extra: list[str], cpus: int | None = None) -> _Proc:
+    def _memory(self, role: Role, cpus: int | None, mem_mb: int | None) -> int:
+        """A new process's memory: ``mem_mb``, else ``STEP_MEM_MB_PER_CPU`` per core, at least its role's floor."""
+        if mem_mb is not None:
+            return mem_mb
+        return max(STEP_MEM_MB_PER_CPU * (self.cpus_per_process if cpus is None else cpus), self.mem_floor.get(role, 0))
+
+    def _spawn_ps(
+        self, index: int, num_ps: int, extra: list[str], cpus: int | None = None, mem_mb: int | None = None
+    ) -> _Proc:
         """A new PS process (named ``ps<k>``, k counting every PS this job started) as partition ``index``."""
         name = f"ps{self._next_ps}"
         self._next_ps += 1
         args = ["ps", *self._common(), "--index", str(index), "--num-ps", str(num_ps), "--name", name, *extra]
-        return self._spawn(name, args, cpus)
+        return self._spawn(name, args, cpus, mem_mb)
 
-    def add_worker(self, delay: float | None = None, cpus: int | None = None) -> str:
-        """Start one more worker (scale out) of ``cpus`` cores; it leases shards as soon as it is up. Its id."""
+    def add_worker(self, delay: float | None = None, cpus: int | None = None, mem_mb: int | None = None) -> str:
+        """Start one more worker (scale out) of ``cpus`` cores and ``mem_mb`` MiB; it leases shards as soon as it is
+        up. Its id."""
         worker = f"{self.worker_prefix}{self._next_worker}"
         self._next_worker += 1
         assert self.master_proc is not None and self.master is not None, "start() first"
         d = self.worker_delays.get(worker, 0.0) if delay is None else delay
         args = ["worker", "--id", worker, "--master", self.master.address, "--delay", str(d), "--run-dir"]
         args.append(str(self.run_dir))
-        self.workers[worker] = self._spawn(worker, args, cpus)
+        self.workers[worker] = self._spawn(worker, args, cpus, self._memory(Role.WORKER, cpus, mem_mb))
         return worker
 
-    def add_ps(self, cpus: int | None = None) -> dict[str, Any]:
+    def add_ps(self, cpus: int | None = None, mem_mb: int | None = None) -> dict[str, Any]:
         """Start one more PS of ``cpus`` cores and move the parameters onto the new set (the workers wait for the
         move only, not for the new process to start). The master's reply: the number of PS, how long the move took."""
         assert self.master is not None, "start() first"
         p = len(self.ps)
-        self.ps.append(self._spawn_ps(p, p + 1, [], cpus))
+        self.ps.append(self._spawn_ps(p, p + 1, [], cpus, self._memory(Role.PS, cpus, mem_mb)))
         reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps]})
         return reply
 
@@ -264,19 +319,29 @@ class PsJob:
     def worker_cores(self) -> dict[str, int]:
         return {w: p.cpus for w, p in self.workers.items()}
 
+    @property
+    def ps_mem_mb(self) -> tuple[int, ...]:
+        """The memory of each PS's step, in partition order."""
+        return tuple(p.mem_mb for p in self.ps)
+
+    @property
+    def worker_mem_mb(self) -> dict[str, int]:
+        return {w: p.mem_mb for w, p in self.workers.items()}
+
     def kill_ps(self, index: int) -> None:
         """SIGKILL PS ``index``'s process (a failure); :meth:`poll` then replaces it."""
         proc = self.ps[index]
         proc.popen.kill()
         proc.popen.wait()
 
-    def _replace_ps(self, index: int) -> dict[str, Any]:
-        """PS ``index`` exited: start a new one of that index and have the master roll the job back onto it."""
+    def _replace_ps(self, index: int, mem_mb: int | None = None) -> dict[str, Any]:
+        """PS ``index`` exited: start a new one of that index (of ``mem_mb`` MiB, default its own) and have the
+        master roll the job back onto it."""
         old = self.ps[index]
         self._release(old)
         (self.run_dir / f"{old.name}.addr").unlink(missing_ok=True)
         args = ["ps", *self._common(), "--index", str(index), "--num-ps", str(len(self.ps)), "--name", old.name]
-        self.ps[index] = self._spawn(old.name, args, old.cpus)
+        self.ps[index] = self._spawn(old.name, args, old.cpus, old.mem_mb if mem_mb is None else mem_mb)
         assert self.master is not None
         reply, _ = self.master.call("replace_ps", {"index": index, "address": self._address(self.ps[index])})
         self.replaced.append(reply)
@@ -322,7 +387,11 @@ class PsJob:
             self._restart_master()
         for index, ps in enumerate(self.ps):
             if ps.popen.poll() is not None:
-                self._replace_ps(index)
+                end = self._out_of_memory(ps, Role.PS)
+                mem, refused = self._memory_after(end) if end is not None else (None, None)
+                self._replace_ps(index, mem)  # a refused PS comes back as it was: the parameters need it
+                if end is not None:
+                    self._record(OomRecord(end, mem, ps.name, refused))
         for worker, proc in list(self.workers.items()):
             code = proc.popen.poll()
             if code is None:
@@ -331,8 +400,42 @@ class PsJob:
                 self.workers.pop(worker)
                 self.exited[worker] = 0
                 self._release(proc)
-            else:
-                self._lost(worker)
+                continue
+            end = self._out_of_memory(proc, Role.WORKER)
+            self._lost(worker)
+            if end is not None:
+                mem, refused = self._memory_after(end)
+                new = self.add_worker(cpus=proc.cpus, mem_mb=mem) if mem is not None else None
+                self._record(OomRecord(end, mem, new, refused))
+
+    def _out_of_memory(self, proc: _Proc, role: Role) -> OutOfMemory | None:
+        """How ``proc``'s step ended, if Slurm ended it for its memory; None otherwise or without ``step_end``."""
+        step = self.step_end(proc.name) if self.step_end is not None else None
+        if step is None or not step.out_of_memory:
+            return None
+        return OutOfMemory(proc.name, role, proc.mem_mb, step.max_rss_mb)
+
+    def _memory_after(self, end: OutOfMemory) -> tuple[int | None, str | None]:
+        """The memory the process comes back with (``memory_after_oom``), or None and why not."""
+        if self.memory_after_oom is None:
+            return None, "no memory decision given"
+        try:
+            return self.memory_after_oom(end), None
+        except ValueError as exc:
+            return None, str(exc)
+
+    def _record(self, record: OomRecord) -> None:
+        self.oom.append(record)
+        if record.new_mem_mb is not None:
+            role = record.end.role
+            self.mem_floor[role] = max(self.mem_floor.get(role, 0), record.new_mem_mb)
+        end = record.end
+        then = f"{record.replaced_by} with {record.new_mem_mb} MiB" if record.new_mem_mb else f"({record.refused})"
+        print(
+            f"hpc-elastic ps: {end.process} ({end.role.value}) out of memory at {end.mem_mb} MiB: {then}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def status(self) -> dict[str, Any]:
         assert self.master is not None

@@ -80,6 +80,7 @@ class Worker:
         self.seq = 0
         self._last_call = time.monotonic()
         self._in_shard = False
+        self.ballast = bytearray()  # ``worker_ballast_mb``, taken after the first shard
         self._register()
         self.spec = self.config.model()
         self.data = CriteoLike(self.config.criteo())
@@ -263,11 +264,21 @@ class Worker:
             self.reports.append((shard.shard_id, loss_sum, shard.size))
             shards += 1
             samples += shard.size
+            if shards == 1 and self.config.worker_ballast_mb:
+                self.ballast = grow_resident(self.config.worker_ballast_mb)
 
     def close(self) -> None:
         self.master.close()
         for c in self.ps:
             c.close()
+
+
+def grow_resident(mb: int) -> bytearray:
+    """``mb`` MiB written page by page, so that they count in the resident set."""
+    ballast = bytearray(mb * 2**20)
+    for page in range(0, len(ballast), 4096):
+        ballast[page] = 1
+    return ballast
 
 
 @click.command("worker")

@@ -18,7 +18,7 @@ from hpc_elastic.slurm.errors import (
     SlurmUnavailable,
 )
 from hpc_elastic.slurm.runner import RetryPolicy, Runner
-from hpc_elastic.slurm.types import GpuCounts, Job, JobRef, JobState, Node, NodeState, Partition, PartitionState
+from hpc_elastic.slurm.types import GpuCounts, Job, JobRef, JobState, Node, NodeState, Partition, PartitionState, Step
 
 __all__ = [
     "CliSlurm",
@@ -41,5 +41,6 @@ __all__ = [
     "SlurmError",
     "SlurmParseError",
     "SlurmUnavailable",
+    "Step",
     "connect",
 ]

@@ -20,7 +20,7 @@ from hpc_elastic.slurm import commands, parse
 from hpc_elastic.slurm.commands import JobAction
 from hpc_elastic.slurm.errors import JobNotFound, SlurmCommandError
 from hpc_elastic.slurm.runner import RetryPolicy, Runner
-from hpc_elastic.slurm.types import Job, JobRef, Node, Partition
+from hpc_elastic.slurm.types import Job, JobRef, Node, Partition, Step
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,10 @@ class CliSlurm:
             commands.sacct_json(start, end, ids), commands.sacct_text(start, end, ids)
         )
         return parse.parse_sacct_json(out) if is_json else parse.parse_sacct_text(out)
+
+    def steps(self, job_id: int) -> list[Step]:
+        """The steps of a job from accounting (``sacct``): ended ones with how they ended, running ones."""
+        return parse.parse_sacct_steps(self.runner.run(commands.sacct_steps(job_id)).stdout)
 
     # ---------------------------------------------------------------------------------------- writes
 

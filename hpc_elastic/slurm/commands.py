@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from hpc_elastic.slurm.parse import FIELD_SEPARATOR, SACCT_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
+from hpc_elastic.slurm.parse import FIELD_SEPARATOR, SACCT_STEP_FIELDS, SACCT_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
 from hpc_elastic.slurm.types import JobRef
 
 
@@ -172,6 +172,18 @@ def sacct_text(start: datetime, end: datetime | None = None, job_ids: Iterable[i
         "--allocations",
         f"--format={','.join(SACCT_TEXT_FIELDS)}",
         *_sacct_window(start, end, job_ids),
+    ]
+
+
+def sacct_steps(job_id: int) -> list[str]:
+    """The steps of one job from accounting (:data:`~hpc_elastic.slurm.parse.SACCT_STEP_FIELDS`)."""
+    (ident,) = job_id_list([job_id])
+    return [
+        "sacct",
+        "--parsable2",
+        "--noheader",
+        f"--format={','.join(SACCT_STEP_FIELDS)}",
+        f"--jobs={ident}",
     ]
 
 

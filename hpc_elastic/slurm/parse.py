@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from hpc_elastic.slurm.errors import SlurmParseError
-from hpc_elastic.slurm.types import GpuCounts, Job, JobState, Node, NodeState, Partition, PartitionState
+from hpc_elastic.slurm.types import GpuCounts, Job, JobState, Node, NodeState, Partition, PartitionState, Step
 
 # Slurm's NO_VAL / INFINITE sentinels (32 and 64 bit) mean "unset" / "unlimited".
 T = TypeVar("T")
@@ -556,6 +556,54 @@ def _job_from_sacct(raw: Mapping[str, Any]) -> Job:
 
 
 # ------------------------------------------------------------------------------------------------ text
+
+#: ``sacct --format`` of :func:`parse_sacct_steps` (text: 22.05's ``--json`` reports a failed step's exit code as 0)
+SACCT_STEP_FIELDS: tuple[str, ...] = ("JobID", "JobName", "State", "ExitCode", "MaxRSS", "AllocTRES")
+
+
+def parse_sacct_steps(text: str) -> list[Step]:
+    """The steps in ``sacct --parsable2 --noheader --format=<SACCT_STEP_FIELDS> --jobs=ID`` (the job's own line,
+    ``JobID`` without a dot, skipped): ``MaxRSS`` such as ``423076K``, the step's memory from ``AllocTRES``."""
+    steps: list[Step] = []
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) != len(SACCT_STEP_FIELDS):
+            raise SlurmParseError(
+                f"sacct line {line_number}: expected {len(SACCT_STEP_FIELDS)} fields, got {len(values)}"
+            )
+        job_text, name, state, exit_code, max_rss, alloc = values
+        job, dot, step_id = job_text.partition(".")
+        if not dot:
+            continue
+        job_id = number(job.partition("+")[0])
+        if job_id is None or not step_id:
+            raise SlurmParseError(f"sacct line {line_number}: bad step id {job_text!r}")
+        code, signal = _exit_code(exit_code)
+        mem = parse_tres(alloc).get("mem")
+        steps.append(
+            Step(
+                job_id=job_id,
+                step_id=step_id,
+                name=name,
+                state=job_state(state),
+                exit_code=code,
+                signal=signal or None,
+                mem_mb=memory_mb(mem) if mem else None,
+                max_rss_mb=size_mib(max_rss),
+            )
+        )
+    return steps
+
+
+def size_mib(text: str) -> float | None:
+    """``423076K``, ``12M``, ``1.5G`` or a number of bytes → MiB (None when empty or not a size)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([KMGTP]?)\s*", text, flags=re.IGNORECASE)
+    if not match:
+        return None
+    scale = {"": 2.0**-20, "K": 2.0**-10, "M": 1.0, "G": 2.0**10, "T": 2.0**20, "P": 2.0**30}
+    return float(match.group(1)) * scale[match.group(2).upper()]
 
 
 def parse_key_values(line: str) -> dict[str, str]:

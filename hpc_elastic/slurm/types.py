@@ -284,6 +284,43 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One job step as ``sacct`` reports it: ``step_id`` ``"0"``, ``"1"``, ... or ``"batch"``/``"extern"``; its
+    memory (``mem_mb``, what it was allocated) and its largest resident set (``max_rss_mb``, from the accounting
+    gather plugin; None without one)."""
+
+    job_id: int
+    step_id: str
+    name: str
+    state: JobState
+    exit_code: int | None = None
+    signal: int | None = None
+    mem_mb: int | None = None
+    max_rss_mb: float | None = None
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Whether Slurm ended the step for its memory: the state ``OUT_OF_MEMORY`` (the cgroup's OOM killer), or a
+        step killed (``SIGKILL``) whose resident set had passed its memory (``JobAcctGatherParams=OverMemoryKill``
+        of ``jobacct_gather/linux``, which Slurm 22.05 records as ``CANCELLED`` with signal 9: the poll that killed
+        it is the one whose reading exceeded the limit). A step killed otherwise (``scancel --signal=KILL``) stays
+        under its memory."""
+        if self.state is JobState.OUT_OF_MEMORY:
+            return True
+        return (
+            self.signal == 9
+            and self.mem_mb is not None
+            and self.max_rss_mb is not None
+            and self.max_rss_mb > self.mem_mb
+        )
+
+    @property
+    def number(self) -> int | None:
+        """The step's number, None for the batch and extern steps."""
+        return int(self.step_id) if self.step_id.isdigit() else None
+
+
+@dataclass(frozen=True)
 class Node:
     """One compute node (``sinfo --json``)."""
 

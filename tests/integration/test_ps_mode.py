@@ -3,7 +3,8 @@ wrapper runs the job master, 2 parameter servers and 3 workers, each as its own 
 asynchronously to the end with every sample counted exactly once per epoch; a parameter server killed with SIGKILL
 mid-epoch (``scancel --signal=KILL`` of its step) is replaced inside the running job from the latest checkpoint,
 the same workers going on; a worker's step killed the same way afterwards is a lost worker whose shards go back to
-TODO."""
+TODO; a worker that outgrows its step's memory (the ``worker_ballast_mb`` knob) is killed by Slurm, told from a
+crash by its step's accounting, and comes back as a new step with twice the memory (Brain's adjust)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ SAMPLES = 2000
 NAME = "ps-mode-test"
 
 
-def submit_ps(workdir: Path, settings: dict[str, Any], workers: str = "3:3", ps: str = "2:2") -> int:
+def submit_ps(
+    workdir: Path, settings: dict[str, Any], workers: str = "3:3", ps: str = "2:2", extra: tuple[str, ...] = ()
+) -> int:
     """``hpc-elastic submit --mode ps`` of a job of 2 PS and 3 workers (by default) on the cpu partition; the job
     id."""
     path = workdir / "job.json"
@@ -36,6 +39,7 @@ def submit_ps(workdir: Path, settings: dict[str, Any], workers: str = "3:3", ps:
     argv = [
         *(sys.executable, "-m", "hpc_elastic", "submit", str(path), f"--ckpt-root={workdir}", "--mode=ps"),
         *(f"--workers-range={workers}", f"--ps-range={ps}", "--partition=cpu", "--time=10", f"--job-name={NAME}"),
+        *extra,
     ]
     out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
     return int(out.strip())
@@ -254,3 +258,29 @@ def test_hpc_elastic_scale_sets_workers_and_ps_of_the_running_job_within_one_epo
     status["lost"] = []
     assert_exactly_once(status, 1, samples)
     assert lost <= set(status["registered"]) and len(status["registered"]) - len(lost) == 1
+
+
+def test_a_worker_out_of_memory_comes_back_as_a_new_step_with_twice_the_memory(
+    slurm: CliSlurm, workdir: Path, cleanup: list[int]
+) -> None:
+    # each worker's step asks for 1024 MiB (one core); a worker takes 1200 MiB more after its first shard, so Slurm
+    # (jobacct_gather/linux with OverMemoryKill) kills it; the allocation has 2560 MiB per core: room for 2048
+    samples = 60_000
+    settings = {"num_samples": samples, "shard_size": 500, "batch_size": 100, "epochs": 1, "worker_ballast_mb": 1200}
+    job_id = submit_ps(workdir, settings, workers="2:2", ps="1:1", extra=("--mem-per-cpu=2560",))
+    cleanup.append(job_id)
+    status, _ = final_status(slurm, workdir, job_id)
+    ooms = status["oom"]
+    assert ooms, status
+    for record in ooms:
+        assert record["role"] == "worker" and record["mem_mb"] == 1024 and record["new_mem_mb"] == 2048
+        assert record["max_rss_mb"] > 1024 and record["replaced_by"] in status["registered"]
+    lost = set(status["lost"])  # the workers Slurm killed: their shards went back to TODO
+    assert lost == {record["process"] for record in ooms}
+    status["lost"] = []
+    assert_exactly_once(status, 1, samples)
+    steps = {step.name: step for step in slurm.steps(job_id)}
+    for record in ooms:
+        killed, replacement = steps[record["process"]], steps[record["replaced_by"]]
+        assert killed.out_of_memory and killed.mem_mb == 1024
+        assert replacement.mem_mb == 2048 and not replacement.out_of_memory

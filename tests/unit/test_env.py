@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_elastic.env import DEFAULT_GPFS_ROOT, child_environment, read_environment
+from hpc_elastic.env import DEFAULT_GPFS_ROOT, child_environment, read_environment, read_job_environment
 
 
 def test_defaults_and_overrides() -> None:
@@ -37,3 +37,12 @@ def test_bad_values(key: str, value: str, message: str) -> None:
 
 def test_child_environment() -> None:
     assert child_environment({"TZ": "UTC"}, {"A": "1", "TZ": "x"}) == {"A": "1", "TZ": "UTC"}
+
+
+def test_the_allocations_memory_on_the_node() -> None:
+    assert read_job_environment({"SLURM_MEM_PER_NODE": "8000"}).mem_on_node_mb == 8000
+    per_cpu = {"SLURM_MEM_PER_CPU": "2560", "SLURM_CPUS_ON_NODE": "4"}
+    assert read_job_environment(per_cpu).mem_on_node_mb == 10240
+    assert read_job_environment({"SLURM_MEM_PER_CPU": "2560"}).mem_on_node_mb is None
+    with pytest.raises(ValueError, match="SLURM_MEM_PER_NODE must be an integer"):
+        read_job_environment({"SLURM_MEM_PER_NODE": "lots"})

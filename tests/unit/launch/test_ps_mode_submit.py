@@ -52,6 +52,7 @@ def test_bad_ps_settings_file_is_named(tmp_path: Path) -> None:
     settings = tmp_path / "job.json"
     for text, message in (
         ('{"num_samples": -3}', "num_samples must be an integer >= 1, not -3"),
+        ('{"worker_ballast_mb": -1}', "worker_ballast_mb must be an integer >= 0, not -1"),
         ('{"num_ps": 2}', "may not set num_ps: use --ps-range"),
         ("[1]", "must be a JSON object"),
         ('{"colour": 1}', "unknown PS job settings: ['colour']"),

@@ -22,6 +22,7 @@ from hpc_elastic.policy.brain import (
     adjust,
     estimate,
     optimize,
+    out_of_memory,
     sample_plan,
 )
 
@@ -134,6 +135,27 @@ def test_adjust_doubles_memory_after_out_of_memory() -> None:
     full = ResourcePlan(Group(2, 4, 6_000), (8, 8), 100_000, Stage.OPTIMIZE)
     more = adjust(_running(full, 3.0, (1.0, 1.0), ps_oom=True), Estimates(3, 1, 6_000), LIMITS, NODE)
     assert more is not None and more.num_ps == 4 and more.ps_mem_mb == 100_000
+
+
+def test_out_of_memory_doubles_the_memory_the_process_died_with() -> None:
+    plan = ResourcePlan(Group(2, 4, 6_000), (8, 8), 50_000, Stage.ADJUST)
+    w = out_of_memory(plan, Role.WORKER, 6_000, LIMITS, NODE)
+    assert (
+        w is not None and w.workers == Group(2, 4, 12_000) and w.reasons == ("worker out of memory: 6000 -> 12000 MiB",)
+    )
+    # a worker started before the group's memory doubled dies with less: never below what the plan gives already
+    later = out_of_memory(w, Role.WORKER, 3_000, LIMITS, NODE)
+    assert later is not None and later.workers.mem_mb == 12_000
+    with pytest.raises(ValueError, match="a worker needs more than 70000 MiB and a node has 128000"):
+        out_of_memory(plan, Role.WORKER, 70_000, LIMITS, NODE)
+    ps = out_of_memory(plan, Role.PS, 50_000, LIMITS, NODE)
+    assert ps is not None and ps.ps_mem_mb == 100_000 and ps.ps_cores == (8, 8)
+    # twice a node's memory: twice the PS, if the partition has their cores
+    more = out_of_memory(plan, Role.PS, 100_000, LIMITS, NODE)
+    assert more is not None and more.num_ps == 4
+    assert out_of_memory(plan, Role.PS, 100_000, LIMITS, Partition(32, 128_000, 0)) is None
+    with pytest.raises(ValueError, match="mem_mb must be an integer >= 1"):
+        out_of_memory(plan, Role.WORKER, 0, LIMITS, NODE)
 
 
 def test_a_job_whose_ps_keep_up_exactly_needs_no_adjustment() -> None:

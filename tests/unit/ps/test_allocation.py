@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ import pytest
 
 from hpc_elastic.env import JobEnvironment
 from hpc_elastic.jobdir import StopNotice, StopReason
+from hpc_elastic.policy.brain import Role
+from hpc_elastic.ps import allocation
 from hpc_elastic.ps.allocation import Outcome, PsWrapper, parse_args
-from hpc_elastic.ps.job import PsLauncher
+from hpc_elastic.ps.job import OutOfMemory, PsJob, PsLauncher
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
-from hpc_elastic.slurm.types import JobRef, JobState
+from hpc_elastic.slurm.types import JobRef, JobState, Step
 
 SAMPLES = 2000
 SETTINGS = {"num_samples": SAMPLES, "shard_size": 50, "batch_size": 25, "epochs": 2}
@@ -166,3 +169,80 @@ def test_a_master_ended_under_the_wrapper_is_requeued_and_restores_the_periodic_
     assert status["restored_from"] is not None and status["restored_from"] >= 2  # a periodic one (every 8 shards)
     for epoch in status["epochs"]:
         assert epoch["exactly_once"] and sum(epoch["samples_by_worker"].values()) == SAMPLES
+
+
+def test_a_worker_out_of_memory_comes_back_with_brains_doubled_memory(tmp_path: Path) -> None:
+    """The wrapper reads how a lost worker's step ended from Slurm's accounting (here w0's: killed over its memory,
+    as jobacct_gather's OverMemoryKill leaves it) and Brain doubles its memory within the allocation's on a node."""
+    killed = Step(7, "4", "w0", JobState.CANCELLED, 0, 9, mem_mb=1024, max_rss_mb=1400.0)
+    asked: list[int] = []
+
+    def steps(job_id: int) -> list[Step]:
+        asked.append(job_id)
+        return [Step(7, "0", "master", JobState.RUNNING), killed]
+
+    argv = ["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=2:2", "--ps-range=1:1"]
+    config = parse_args([*argv, f"--ps-config={json.dumps(SETTINGS)}"])
+    job = JobEnvironment(job_id=7, job_name="ps", mem_on_node_mb=4096)
+    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL, steps=steps)  # type: ignore[arg-type]
+
+    def kill_w0() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = master_status(ps_wrapper.job_dir.ps)
+            ps_job = ps_wrapper.ps_job
+            if status is not None and status["shards_done"] >= 3 and ps_job is not None and "w0" in ps_job.workers:
+                ps_job.workers["w0"].popen.kill()
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_w0, daemon=True).start()
+    assert ps_wrapper.run() == 0
+    status = json.loads((ps_wrapper.job_dir.ps / "status.json").read_text())
+    assert status["oom"] == [
+        {
+            "process": "w0",
+            "role": "worker",
+            "mem_mb": 1024,
+            "max_rss_mb": 1400.0,
+            "new_mem_mb": 2048,
+            "replaced_by": "w2",
+            "refused": None,
+        }
+    ]
+    assert status["lost"] == ["w0"] and "w2" in status["registered"] and asked == [7]
+    assert all(epoch["exactly_once"] for epoch in status["epochs"])
+
+
+def test_brain_refuses_more_memory_than_a_node_of_the_allocation_has(tmp_path: Path) -> None:
+    argv = ["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=2:2", "--ps-range=1:1"]
+    config = parse_args([*argv, f"--ps-config={json.dumps(SETTINGS)}"])
+    job = JobEnvironment(job_id=7, job_name="ps", mem_on_node_mb=1500)
+    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL)  # type: ignore[arg-type]
+    with PsJob(replace(config.job_config(), num_workers=1), ps_wrapper.job_dir.ps) as ps_job:
+        ps_wrapper.ps_job = ps_job
+        with pytest.raises(ValueError, match="a worker needs more than 1024 MiB and a node has 1500"):
+            ps_wrapper.memory_after_oom(OutOfMemory("w0", Role.WORKER, 1024, 1100.0))
+        assert ps_wrapper.memory_after_oom(OutOfMemory("ps0", Role.PS, 512, 600.0)) == 1024
+
+
+def test_step_end_waits_for_accounting_and_takes_the_latest_step_of_a_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(allocation, "STEP_END_WAIT_S", 0.6)
+    answers = [
+        [Step(7, "1", "ps0", JobState.CANCELLED, 0, 9), Step(7, "5", "ps0", JobState.RUNNING)],
+        [Step(7, "1", "ps0", JobState.CANCELLED, 0, 9), Step(7, "5", "ps0", JobState.OUT_OF_MEMORY)],
+    ]
+    argv = ["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=2:2", "--ps-range=1:1"]
+    job = JobEnvironment(job_id=7, job_name="ps")
+    ps_wrapper = PsWrapper(
+        parse_args(argv),
+        job,
+        RequeueSlurm(),  # type: ignore[arg-type]
+        launcher=PsLauncher.LOCAL,
+        steps=lambda _: answers.pop(0) if answers else [],
+    )
+    end = ps_wrapper.step_end("ps0")
+    assert end is not None and end.step_id == "5" and end.out_of_memory
+    assert ps_wrapper.step_end("ps0") is None  # accounting never says

@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from hpc_elastic.policy.brain import Role
 from hpc_elastic.ps import checkpoint
 from hpc_elastic.ps.__main__ import main
 from hpc_elastic.ps.config import PsJobConfig
-from hpc_elastic.ps.job import PsJob
+from hpc_elastic.ps.job import OutOfMemory, PsJob
+from hpc_elastic.slurm.types import JobState, Step
 
 SMALL = {"num_ps": 2, "num_samples": 2000, "shard_size": 100, "batch_size": 50}
 
@@ -248,3 +250,55 @@ def test_bad_config_values_are_named() -> None:
         PsJobConfig(num_ps=0)
     with pytest.raises(ValueError, match="unknown PS job settings"):
         PsJobConfig.from_json({"num_ps": 1, "mode": "x"})
+
+
+def test_a_worker_whose_step_ended_out_of_memory_comes_back_with_the_memory_decided(tmp_path: Path) -> None:
+    # Slurm's accounting, as a step killed over its memory reads (see tests/unit/slurm): w0's only; w1's a crash
+    ends = {
+        "w0": Step(7, "3", "w0", JobState.CANCELLED, 0, 9, mem_mb=1024, max_rss_mb=1500.0),
+        "w1": Step(7, "4", "w1", JobState.FAILED, 1, None, mem_mb=1024, max_rss_mb=300.0),
+    }
+    asked: list[OutOfMemory] = []
+
+    def double(end: OutOfMemory) -> int:
+        asked.append(end)
+        return end.mem_mb * 2
+
+    config = PsJobConfig(num_workers=2, epochs=1, **SMALL)
+    job = PsJob(config, tmp_path, worker_delays={"w0": 0.05, "w1": 0.05}, step_end=ends.get, memory_after_oom=double)
+    with job:
+        until(job, lambda s: s["shards_done"] >= 2)
+        for worker in ("w0", "w1"):
+            job.signal_worker(worker, signal.SIGKILL)
+            job.workers[worker].popen.wait()
+        job.poll()
+        assert asked == [OutOfMemory("w0", Role.WORKER, 1024, 1500.0)]
+        assert job.worker_mem_mb == {"w2": 2048}  # w0 came back as w2 with twice the memory; w1 is only lost
+        assert job.mem_floor == {Role.WORKER: 2048}
+        status = job.wait()
+    assert_exactly_once(status)
+    assert status["lost"] == ["w0", "w1"] and "w2" in status["registered"]
+    (record,) = job.oom
+    assert record.to_json() == {
+        "process": "w0",
+        "role": "worker",
+        "mem_mb": 1024,
+        "max_rss_mb": 1500.0,
+        "new_mem_mb": 2048,
+        "replaced_by": "w2",
+        "refused": None,
+    }
+
+
+def test_an_out_of_memory_end_without_a_memory_decision_is_a_lost_worker(tmp_path: Path) -> None:
+    ends = {"w0": Step(7, "3", "w0", JobState.OUT_OF_MEMORY, 0, None, mem_mb=1024)}
+    with PsJob(PsJobConfig(num_workers=2, epochs=1, **SMALL), tmp_path, step_end=ends.get) as job:
+        until(job, lambda s: s["shards_done"] >= 1)
+        job.signal_worker("w0", signal.SIGKILL)
+        job.workers["w0"].popen.wait()
+        job.poll()
+        assert list(job.workers) == ["w1"]
+        status = job.wait()
+    assert_exactly_once(status)
+    (record,) = job.oom
+    assert record.new_mem_mb is None and record.replaced_by is None and record.refused == "no memory decision given"

@@ -171,3 +171,11 @@ def test_cancel_names_an_array_task_as_array_underscore_task(slurm_data: Path) -
     with pytest.raises(JobNotFound, match="510_7"):
         cli.cancel([JobRef(510, 7)])
     assert fake.calls[-1][0][0] == "squeue"
+
+
+def test_steps_read_from_sacct_text() -> None:
+    fixture = Path(__file__).parents[2] / "fixtures" / "sacct_steps_oom_22.05.txt"
+    cli, fake = make({"sacct --parsable2": fixture.read_text()})
+    steps = cli.steps(1600)
+    assert [s.name for s in steps if s.out_of_memory] == ["w0"]
+    assert fake.calls[0][0][-1] == "--jobs=1600"

@@ -141,3 +141,15 @@ def test_array_tasks_are_addressed_as_array_underscore_task() -> None:
     ]
     with pytest.raises(ValueError, match="array task id must be a non-negative integer"):
         JobRef(510, -1)
+
+
+def test_sacct_steps_of_one_job() -> None:
+    assert commands.sacct_steps(42) == [
+        "sacct",
+        "--parsable2",
+        "--noheader",
+        "--format=JobID,JobName,State,ExitCode,MaxRSS,AllocTRES",
+        "--jobs=42",
+    ]
+    with pytest.raises(ValueError, match="positive integer, got 0"):
+        commands.sacct_steps(0)

@@ -273,3 +273,38 @@ def test_squeue_of_a_job_array_pending_then_running(slurm_data: Path) -> None:
         tasks = sorted((j.array_task_id, j.job_id) for j in jobs if j.array_job_id == 510)
         assert tasks == [(0, 511), (1, 512), (2, 513), (3, 510)]
         assert {str(j.ref) for j in jobs if j.array_job_id == 510} == {"510_0", "510_1", "510_2", "510_3"}
+
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+
+
+def test_sacct_steps_tell_a_step_killed_over_its_memory_from_one_killed_or_crashed() -> None:
+    # captured on the dev cluster (jobacct_gather/linux, OverMemoryKill): step 0 took 400 MiB of its 200, step 1 was
+    # killed with scancel --signal=KILL, step 2 exited 3, step 3 finished
+    steps = parse.parse_sacct_steps((FIXTURES / "sacct_steps_oom_22.05.txt").read_text())
+    by_id = {s.step_id: s for s in steps}
+    assert list(by_id) == ["batch", "0", "1", "2", "3"]  # the job's own line skipped
+    oom, killed, crashed, done = by_id["0"], by_id["1"], by_id["2"], by_id["3"]
+    assert oom.name == "w0" and oom.state is JobState.CANCELLED and oom.signal == 9
+    assert oom.mem_mb == 200 and oom.max_rss_mb == pytest.approx(423076 / 1024)
+    assert oom.out_of_memory and oom.number == 0
+    assert killed.signal == 9 and killed.mem_mb == 200 and not killed.out_of_memory
+    assert crashed.state is JobState.FAILED and crashed.exit_code == 3 and crashed.max_rss_mb is None
+    assert not crashed.out_of_memory and not done.out_of_memory and done.state is JobState.COMPLETED
+    assert by_id["batch"].number is None and by_id["batch"].mem_mb == 1000
+
+
+def test_sacct_steps_out_of_memory_state_and_bad_lines() -> None:
+    (step,) = parse.parse_sacct_steps("12.4|w3|OUT_OF_MEMORY|0:125||cpu=1,mem=1G,node=1\n")
+    assert step.out_of_memory and step.mem_mb == 1024 and step.max_rss_mb is None and step.job_id == 12
+    with pytest.raises(SlurmParseError, match="expected 6 fields"):
+        parse.parse_sacct_steps("12.4|w3|COMPLETED\n")
+    with pytest.raises(SlurmParseError, match="bad step id"):
+        parse.parse_sacct_steps("x.4|w3|COMPLETED|0:0||\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"), [("423076K", 423076 / 1024), ("12M", 12.0), ("1.5G", 1536.0), ("1048576", 1.0), ("", None)]
+)
+def test_size_mib(text: str, mib: float | None) -> None:
+    assert parse.size_mib(text) == (pytest.approx(mib) if mib is not None else None)
