@@ -125,6 +125,18 @@ def _patches(xp: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
     return xp.as_strided(size, (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, 1))
 
 
+def _columns(x: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
+    """The patches as columns, [kh*kw*C, N*Ho*Wo] (rows (i, j, c), columns (n, y, x)), gathered from the zero-padded
+    [N, C, H, W] image: a window row's values lie W apart there, so the gather copies runs along x."""
+    ph, pw = window.padding
+    xq = F.pad(x, (pw, pw, ph, ph)).contiguous()
+    n, c = x.shape[0], x.shape[1]
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    s_n, s_c, s_h, s_w = xq.stride()
+    size = (kh, kw, c, n, out[0], out[1])
+    return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw)).reshape(kh * kw * c, -1)
+
+
 def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> tuple[list[int], int, int]:
     """The kernel offsets that reach the input positions ``phase + stride * t`` (those with ``phase + padding -
     i * dilation`` a multiple of the stride), from the last to the first, and the output position each reaches from
@@ -191,23 +203,20 @@ class _Conv2dFn(torch.autograd.Function):
         n, _, h, w = x.shape
         o = weight.shape[0]
         ho, wo = window.output(h, w)
-        xp = _padded_nhwc(x, window.padding)
-        rows = _patches(xp, window, (ho, wo)).reshape(n * ho * wo, -1)
+        rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo)).reshape(n * ho * wo, -1)
         w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
         out = det_matmul_nt(rows, w_rows).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
         out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
-        ctx.save_for_backward(xp, weight)
+        ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         ctx.window = window
-        ctx.size = (h, w)
         return _fresh(out)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
-        xp, weight = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         window = ctx.window
-        h, w = ctx.size
-        n, c = xp.shape[0], xp.shape[3]
+        n, c, h, w = x.shape
         o, _, kh, kw = weight.shape
         ho, wo = grad_out.shape[2], grad_out.shape[3]
         gx = gw = gb = None
@@ -216,9 +225,8 @@ class _Conv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             cols_g = grad_out.permute(1, 0, 2, 3).reshape(o, n * ho * wo)  # [O, N*L]
             if ctx.needs_input_grad[1]:
-                patches = _patches(xp, window, (ho, wo))
-                cols = patches.permute(3, 4, 5, 0, 1, 2).reshape(kh * kw * c, -1)  # [(i, j, c), N*L]
-                gw = det_matmul_nt(cols_g, cols).reshape(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
+                gw = det_matmul_nt(cols_g, _columns(x, window, (ho, wo))).reshape(o, kh, kw, c)
+                gw = gw.permute(0, 3, 1, 2).contiguous()
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 gb = det_sum(cols_g, 1)
         return gx, gw, gb, None
