@@ -700,7 +700,7 @@ static inline __attribute__((always_inline)) void finish4(const lanes_t *acc, fl
 /* k is walked in chunks of K_CHUNK (the lanes' state kept between chunks), and the rows of b in panels of N_PANEL,
    so that a panel's chunk stays in L2 while every row of a passes it, the rows' chunks in L1. */
 #define K_CHUNK 512
-#define N_PANEL 128
+#define N_PANEL 64
 
 /* R x C outputs (R <= MR, C <= NR) over k in [k0, k1), k0 a multiple of 8: their lanes start at +0 (first) or from
    state, accumulate a[r, k] * b[c, k] in increasing k, and end reduced into out (last) or back in state.  The inner
