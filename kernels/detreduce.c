@@ -684,11 +684,17 @@ static inline __attribute__((target("avx2,fma"))) void fma_vector(lanes_t *acc, 
    ...) of A and B in one vector, of C and D in another, then the pairs' pairs of all four, then the halves:
    res[v] = ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) of output v, every element one IEEE addition of the definition's two
    operands (an addition commutes, so the shuffles' operand order does not matter). */
+#if defined(__clang__)
+#define EVEN_LANES(x, y) __builtin_shufflevector((x), (y), 0, 2, 8, 10, 4, 6, 12, 14)
+#define ODD_LANES(x, y) __builtin_shufflevector((x), (y), 1, 3, 9, 11, 5, 7, 13, 15)
+#else
+#define EVEN_LANES(x, y) __builtin_shuffle((x), (y), (lane_index_t){0, 2, 8, 10, 4, 6, 12, 14})
+#define ODD_LANES(x, y) __builtin_shuffle((x), (y), (lane_index_t){1, 3, 9, 11, 5, 7, 13, 15})
+#endif
 static inline __attribute__((always_inline)) void finish4(const lanes_t *acc, float *res) {
-    const lane_index_t even = {0, 2, 8, 10, 4, 6, 12, 14}, odd = {1, 3, 9, 11, 5, 7, 13, 15};
-    const lanes_t ab = __builtin_shuffle(acc[0], acc[1], even) + __builtin_shuffle(acc[0], acc[1], odd);
-    const lanes_t cd = __builtin_shuffle(acc[2], acc[3], even) + __builtin_shuffle(acc[2], acc[3], odd);
-    const lanes_t r = __builtin_shuffle(ab, cd, even) + __builtin_shuffle(ab, cd, odd);
+    const lanes_t ab = EVEN_LANES(acc[0], acc[1]) + ODD_LANES(acc[0], acc[1]);
+    const lanes_t cd = EVEN_LANES(acc[2], acc[3]) + ODD_LANES(acc[2], acc[3]);
+    const lanes_t r = EVEN_LANES(ab, cd) + ODD_LANES(ab, cd);
     for (int v = 0; v < 4; ++v) res[v] = r[v] + r[v + 4];
 }
 
