@@ -9,9 +9,10 @@ sees one), times interleaved repetitions of
   the same bits on every device),
 
 and reports the median step times (wall clock, and the process's CPU time: on a shared machine the CPU time of a
-one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock.  The two start from the same
-weights and the same batch; their losses agree to float32 rounding (printed).  Prints one line per measurement
-and, last, one JSON object.  Usage::
+one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock, with the machine's load
+average before and after (other jobs on a shared machine slow both paths, not always alike).  The two start from
+the same weights and the same batch; their losses agree to float32 rounding (printed).  Prints one line per
+measurement and, last, one JSON object.  Usage::
 
     python bench/d2.py [--batch 32] [--reps 5] [--threads N]
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -102,6 +104,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results = []
+    load_before = os.getloadavg()[0]
     for device in devices:
         for name in MODELS:
             r = measure(name, device, args.batch, args.reps)
@@ -111,7 +114,10 @@ def main() -> None:
                 f"d2 {r['d2_s'] * 1e3:8.1f} ms, ratio {r['ratio']:.2f}; process CPU time ratio {r['cpu_ratio']:.2f} "
                 f"(loss {r['loss_stock']:.6f} / {r['loss_d2']:.6f})"
             )
-    print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__, "results": results}))
+    load_after = os.getloadavg()[0]
+    print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
+    summary = {"threads": torch.get_num_threads(), "torch": torch.__version__, "load": [load_before, load_after]}
+    print(json.dumps({**summary, "results": results}))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@
    tests/unit/kernels/test_clones.py builds the file once per instruction set with DETREDUCE_NO_CLONES and
    checks it. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && !defined(DETREDUCE_NO_CLONES)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CLONES
 #endif
@@ -642,108 +642,227 @@ static PyObject *py_owner_sum(PyObject *self, PyObject *args) {
 
 /* ---------------------------------------------------------------- D2: deterministic matmul */
 
-/* Eight float32 lanes as a GCC/Clang vector: + and * act lane by lane, each a separately rounded IEEE operation
-   (no contraction: -ffp-contract=off), so a vector step is exactly the eight scalar steps it stands for. */
+/* Eight float32 lanes as a GCC/Clang vector: + acts lane by lane, each a separately rounded IEEE addition (no
+   contraction: -ffp-contract=off). */
 typedef float lanes_t __attribute__((vector_size(DOT_LANES * sizeof(float))));
+typedef int lane_index_t __attribute__((vector_size(DOT_LANES * sizeof(int))));
 
 /* unaligned load and store (macros: a vector-valued function would change the ABI between the clones) */
 #define LOAD_LANES(dst, p) memcpy(&(dst), (p), sizeof(lanes_t))
 #define STORE_LANES(p, src) memcpy((p), &(src), sizeof(lanes_t))
 
-/* b [n, k] repacked as panels of DOT_LANES columns: panel q holds b[q*8 + v, kk] at [q][kk][v] (columns past n are
-   zero and never stored).  A panel row is then one vector over eight outputs. */
-static void pack_panels(const float *bp, float *panels, Py_ssize_t n, Py_ssize_t k) {
-    const Py_ssize_t np_ = (n + DOT_LANES - 1) / DOT_LANES;
-    memset(panels, 0, (size_t)(np_ * k * DOT_LANES) * sizeof(float));
-    for (Py_ssize_t j = 0; j < n; ++j) {
-        float *dst = panels + (j / DOT_LANES) * k * DOT_LANES + j % DOT_LANES;
-        const float *src = bp + j * k;
-        for (Py_ssize_t kk = 0; kk < k; ++kk) dst[kk * DOT_LANES] = src[kk];
-    }
+/* acc = fma(x, y, acc) lane by lane.  fmaf is one correctly rounded operation (the exact x * y + acc, rounded once),
+   as exactly defined as a multiply or an add.  Two builds of the product: one for CPUs with AVX2 and FMA (the vector
+   FMA instruction, through its intrinsic: the compiler's vectoriser does not reliably turn eight fmaf calls into it
+   inside the blocked loop), one for every other CPU (the C library's fmaf, which glibc rounds correctly; slow
+   without an FMA unit, the same bits).  Written out, never left to the compiler's contraction (-ffp-contract=off).
+   Arguments by address: a vector passed by value would change the ABI between the builds. */
+#define FMA_LANES(acc, x, y)                                                                                          \
+    do {                                                                                                              \
+        for (int v_ = 0; v_ < DOT_LANES; ++v_) (acc)[v_] = __builtin_fmaf((x)[v_], (y)[v_], (acc)[v_]);              \
+    } while (0)
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_X86_FMA 1
+static inline __attribute__((target("avx2,fma"))) void fma_vector(lanes_t *acc, const lanes_t *x, const lanes_t *y) {
+    *acc = (lanes_t)_mm256_fmadd_ps((__m256)*x, (__m256)*y, (__m256)*acc);
+}
+#define FMA_STEP(acc, x, y)                                                                                           \
+    do {                                                                                                              \
+        if (use_fma) {                                                                                                \
+            fma_vector(&(acc), &(x), &(y));                                                                           \
+        } else {                                                                                                      \
+            FMA_LANES(acc, x, y);                                                                                     \
+        }                                                                                                             \
+    } while (0)
+#else
+#define FMA_STEP(acc, x, y) FMA_LANES(acc, x, y)
+#endif
+
+/* The lanes of four outputs A, B, C, D reduced by the definition's tree, all four at once: pairs (l0+l1, l2+l3,
+   ...) of A and B in one vector, of C and D in another, then the pairs' pairs of all four, then the halves:
+   res[v] = ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) of output v, every element one IEEE addition of the definition's two
+   operands (an addition commutes, so the shuffles' operand order does not matter). */
+#if defined(__clang__)
+#define EVEN_LANES(x, y) __builtin_shufflevector((x), (y), 0, 2, 8, 10, 4, 6, 12, 14)
+#define ODD_LANES(x, y) __builtin_shufflevector((x), (y), 1, 3, 9, 11, 5, 7, 13, 15)
+#else
+#define EVEN_LANES(x, y) __builtin_shuffle((x), (y), (lane_index_t){0, 2, 8, 10, 4, 6, 12, 14})
+#define ODD_LANES(x, y) __builtin_shuffle((x), (y), (lane_index_t){1, 3, 9, 11, 5, 7, 13, 15})
+#endif
+static inline __attribute__((always_inline)) void finish4(const lanes_t *acc, float *res) {
+    const lanes_t ab = EVEN_LANES(acc[0], acc[1]) + ODD_LANES(acc[0], acc[1]);
+    const lanes_t cd = EVEN_LANES(acc[2], acc[3]) + ODD_LANES(acc[2], acc[3]);
+    const lanes_t r = EVEN_LANES(ab, cd) + ODD_LANES(ab, cd);
+    for (int v = 0; v < 4; ++v) res[v] = r[v] + r[v + 4];
 }
 
-/* Eight outputs out[i, q*8 .. q*8+7] at once, vectorised over the outputs: acc[l] holds lane l (k mod 8 = l) of
-   each of them and accumulates a[i, k] * b[j, k] in increasing k, separately rounded multiply and add; the lanes
-   are then added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).  Every output sees exactly the operations of the
-   definition (the products commute), so the bits depend neither on this arrangement nor on the split of k into
-   consecutive chunks (k0 is a multiple of 8, so lane kk - kb is lane kk mod 8). */
-static inline __attribute__((always_inline)) void panel_accumulate(lanes_t *state, const float *ar, const float *panel,
-                                                                   Py_ssize_t k0, Py_ssize_t k1) {
-    lanes_t acc[DOT_LANES];
-    for (int l = 0; l < DOT_LANES; ++l) acc[l] = state[l];
+/* A block of MR x NR outputs per inner step: MR rows of a against NR rows of b, each output one vector whose lane l
+   holds the definition's lane l (k mod 8 = l), so a step of eight k is one vector FMA per output, with MR + NR
+   loads for MR * NR FMAs (3 x 4: 12 accumulators and 3 operands in the 16 vector registers of AVX2). */
+#define MR 3
+#define NR 4
+/* k is walked in chunks of K_CHUNK (the lanes' state kept between chunks), and the rows of b in panels of N_PANEL,
+   so that a panel's chunk stays in L2 while every row of a passes it, the rows' chunks in L1. */
+#define K_CHUNK 512
+#define N_PANEL 64
+
+/* R x C outputs (R <= MR, C <= NR) over k in [k0, k1), k0 a multiple of 8: their lanes start at +0 (first) or from
+   state, accumulate a[r, k] * b[c, k] in increasing k, and end reduced into out (last) or back in state.  The inner
+   step always runs MR x NR (a block at the edge repeats its first row or column, whose extra results are dropped),
+   so the accumulators stay in registers.  Each output sees exactly the operations of the definition, whatever the
+   block, the chunks or the panels.  The tail k1 - kb < 8 takes one more vector step on copies padded with a = +0
+   and b = -0: the padded lanes add the exact product -0, and x + (-0) = x for every x (also -0, which a lane holds
+   after an underflowing product), so they keep their bits. */
+static inline __attribute__((always_inline)) void block_kernel(const float *a, const float *b, Py_ssize_t k,
+                                                               Py_ssize_t k0, Py_ssize_t k1, int R, int C,
+                                                               lanes_t *state, Py_ssize_t n, int first, int last,
+                                                               float *out, const int use_fma) {
+    (void)use_fma;
+    const float *ar[MR], *bc[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) ar[r] = a + (r < R ? r : 0) * k;
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; ++c) bc[c] = b + (c < C ? c : 0) * k;
+    lanes_t acc[MR][NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < NR; ++c) {
+            acc[r][c] = (lanes_t){0};
+            if (!first && r < R && c < C) acc[r][c] = state[r * n + c];
+        }
+    }
     const Py_ssize_t kb = k0 + (k1 - k0) / DOT_LANES * DOT_LANES;
     for (Py_ssize_t kk = k0; kk < kb; kk += DOT_LANES) {
-#pragma GCC unroll 8
-        for (int l = 0; l < DOT_LANES; ++l) {
-            const float x = ar[kk + l];
-            const lanes_t xs = {x, x, x, x, x, x, x, x};
+        lanes_t x[MR];
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) LOAD_LANES(x[r], ar[r] + kk);
+#pragma GCC unroll 4
+        for (int c = 0; c < NR; ++c) {
             lanes_t y;
-            LOAD_LANES(y, panel + (kk + l) * DOT_LANES);
-            lanes_t p = xs * y;
-            acc[l] = acc[l] + p;
+            LOAD_LANES(y, bc[c] + kk);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) FMA_STEP(acc[r][c], x[r], y);
         }
     }
-    for (Py_ssize_t kk = kb; kk < k1; ++kk) {
-        const float x = ar[kk];
-        const lanes_t xs = {x, x, x, x, x, x, x, x};
-        lanes_t y;
-        LOAD_LANES(y, panel + kk * DOT_LANES);
-        lanes_t p = xs * y;
-        acc[kk - kb] = acc[kk - kb] + p;
+    if (kb < k1) {
+        float xt[MR][DOT_LANES], yt[NR][DOT_LANES];
+        for (int r = 0; r < MR; ++r) {
+            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) xt[r][v] = kb + v < k1 ? ar[r][kb + v] : 0.0f;
+        }
+        for (int c = 0; c < NR; ++c) {
+            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) yt[c][v] = kb + v < k1 ? bc[c][kb + v] : -0.0f;
+        }
+        lanes_t x[MR];
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) LOAD_LANES(x[r], xt[r]);
+#pragma GCC unroll 4
+        for (int c = 0; c < NR; ++c) {
+            lanes_t y;
+            LOAD_LANES(y, yt[c]);
+#pragma GCC unroll 4
+            for (int r = 0; r < MR; ++r) FMA_STEP(acc[r][c], x[r], y);
+        }
     }
-    for (int l = 0; l < DOT_LANES; ++l) state[l] = acc[l];
-}
-
-static inline __attribute__((always_inline)) void panel_finish(const lanes_t *acc, float *dst, Py_ssize_t count,
-                                                               Py_ssize_t stride) {
-    lanes_t s01 = acc[0] + acc[1], s23 = acc[2] + acc[3];
-    lanes_t s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
-    lanes_t s03 = s01 + s23, s47 = s45 + s67;
-    lanes_t r = s03 + s47;
-    if (count == DOT_LANES && stride == 1) {
-        STORE_LANES(dst, r);
+    if (last) {
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+            float res[NR];
+            finish4(acc[r], res);
+            if (r < R) {
+                for (int c = 0; c < C; ++c) out[r * n + c] = res[c];
+            }
+        }
     } else {
-        for (Py_ssize_t v = 0; v < count; ++v) dst[v * stride] = r[v];
-    }
-}
-
-/* k is walked in chunks of K_CHUNK for a block of ROW_BLOCK rows of a, so that the chunk of a panel stays in L1
-   while those rows use it (a long k would otherwise stream the whole panel from memory for every row). */
-#define K_CHUNK 512
-#define ROW_BLOCK 64
-
-/* The products of the m rows of ap [m, k] with the n rows packed into panels; the product of row r and packed row c
-   goes to op[r * s_row + c * s_col] (out or its transpose: a product does not depend on which operand is packed). */
-CLONES
-static void matmul_panels(const float *ap, const float *panels, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
-                          Py_ssize_t s_row, Py_ssize_t s_col) {
-    const Py_ssize_t np_ = (n + DOT_LANES - 1) / DOT_LANES;
-    const Py_ssize_t panel_size = k * DOT_LANES;
-    lanes_t state[ROW_BLOCK][DOT_LANES];
-    for (Py_ssize_t i0 = 0; i0 < m; i0 += ROW_BLOCK) {
-        const Py_ssize_t rows = m - i0 < ROW_BLOCK ? m - i0 : ROW_BLOCK;
-        for (Py_ssize_t q = 0; q < np_; ++q) {
-            const Py_ssize_t count = n - q * DOT_LANES < DOT_LANES ? n - q * DOT_LANES : DOT_LANES;
-            const float *panel = panels + q * panel_size;
-            for (Py_ssize_t r = 0; r < rows; ++r) {
-                for (int l = 0; l < DOT_LANES; ++l) state[r][l] = (lanes_t){0};
-            }
-            for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
-                const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
-                for (Py_ssize_t r = 0; r < rows; ++r) panel_accumulate(state[r], ap + (i0 + r) * k, panel, k0, k1);
-            }
-            for (Py_ssize_t r = 0; r < rows; ++r) {
-                panel_finish(state[r], op + (i0 + r) * s_row + q * DOT_LANES * s_col, count, s_col);
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+            for (int c = 0; c < NR; ++c) {
+                if (r < R && c < C) state[r * n + c] = acc[r][c];
             }
         }
     }
+}
+
+/* out [m, n] = the products of the rows of ap [m, k] with those of bp [n, k]; state holds m * n lane vectors when
+   k > K_CHUNK (NULL otherwise). */
+static inline __attribute__((always_inline)) void matmul_blocked(const float *ap, const float *bp, float *op,
+                                                                 Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                                                                 lanes_t *state, const int use_fma) {
+    if (k <= K_CHUNK) {
+        /* one chunk: no state; the full blocks (all but the edges) with every flag a constant */
+        for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
+            const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
+            for (Py_ssize_t i0 = 0; i0 < m; i0 += MR) {
+                const int R = m - i0 < MR ? (int)(m - i0) : MR;
+                for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
+                    const int C = p1 - j0 < NR ? (int)(p1 - j0) : NR;
+                    const float *a = ap + i0 * k, *b = bp + j0 * k;
+                    float *o = op + i0 * n + j0;
+                    if (R == MR && C == NR) {
+                        block_kernel(a, b, k, 0, k, MR, NR, NULL, n, 1, 1, o, use_fma);
+                    } else {
+                        block_kernel(a, b, k, 0, k, R, C, NULL, n, 1, 1, o, use_fma);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
+        const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
+        const int first = k0 == 0, last = k1 == k;
+        for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
+            const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
+            for (Py_ssize_t i0 = 0; i0 < m; i0 += MR) {
+                const int R = m - i0 < MR ? (int)(m - i0) : MR;
+                for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
+                    const int C = p1 - j0 < NR ? (int)(p1 - j0) : NR;
+                    block_kernel(ap + i0 * k, bp + j0 * k, k, k0, k1, R, C, state + i0 * n + j0, n, first, last,
+                                 op + i0 * n + j0, use_fma);
+                }
+            }
+        }
+    }
+}
+
+static void matmul_generic(const float *ap, const float *bp, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                           lanes_t *state) {
+    matmul_blocked(ap, bp, op, m, n, k, state, 0);
+}
+
+#ifdef HAVE_X86_FMA
+__attribute__((target("avx2,fma"))) static void matmul_fma(const float *ap, const float *bp, float *op, Py_ssize_t m,
+                                                             Py_ssize_t n, Py_ssize_t k, lanes_t *state) {
+    matmul_blocked(ap, bp, op, m, n, k, state, 1);
+}
+#endif
+
+/* The FMA build where the CPU runs it (the loader's choice, as for the clones), or, in a build with the clones off
+   (tests/unit/kernels/test_clones.py), where the build's instruction set has FMA: both builds give the same bits. */
+static void matmul_dispatch(const float *ap, const float *bp, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
+                            lanes_t *state) {
+#if defined(HAVE_X86_FMA) && defined(DETREDUCE_NO_CLONES) && defined(__FMA__) && defined(__AVX2__)
+    matmul_fma(ap, bp, op, m, n, k, state);
+#elif defined(HAVE_X86_FMA) && !defined(DETREDUCE_NO_CLONES)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        matmul_fma(ap, bp, op, m, n, k, state);
+    } else {
+        matmul_generic(ap, bp, op, m, n, k, state);
+    }
+#else
+    matmul_generic(ap, bp, op, m, n, k, state);
+#endif
 }
 
 static const char matmul_doc[] =
     "matmul_nt(a, b, out, m, n, k)\n"
     "out[i, j] = sum_k a[i, k] * b[j, k] in float32 with a fixed order: lane l = k mod 8 accumulates its\n"
-    "terms in increasing k (separately rounded multiply and add), then the lanes are added as\n"
-    "((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).  Same bits on any IEEE-754 machine and in the CUDA twin.";
+    "terms in increasing k, each step one fused multiply-add acc = fma(a[i, k], b[j, k], acc) (one rounding),\n"
+    "then the lanes are added as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).  Same bits on any IEEE-754 machine and in\n"
+    "the CUDA twin.";
 
 static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     (void)self;
@@ -769,31 +888,22 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     const float *ap = (const float *)a.view.buf;
     const float *bp = (const float *)b.view.buf;
     float *op = (float *)o.view.buf;
-    /* the smaller operand is packed (a copy of it in panels), the rows of the other stream past it */
-    const int swap = m < n;
-    const Py_ssize_t packed = swap ? m : n;
-    float *panels = NULL;
-    if (m > 0 && n > 0 && k > 0) {
-        panels = (float *)malloc((size_t)((packed + DOT_LANES - 1) / DOT_LANES * k * DOT_LANES) * sizeof(float));
-        if (panels == NULL) {
+    lanes_t *state = NULL;
+    if (k > K_CHUNK && m > 0 && n > 0) {
+        state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
+        if (state == NULL) {
             release(&a); release(&b); release(&o);
             return PyErr_NoMemory();
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    if (panels != NULL) {
-        if (swap) {
-            pack_panels(ap, panels, m, k);
-            matmul_panels(bp, panels, op, n, m, k, 1, n);
-        } else {
-            pack_panels(bp, panels, n, k);
-            matmul_panels(ap, panels, op, m, n, k, n, 1);
-        }
+    if (k > 0) {
+        matmul_dispatch(ap, bp, op, m, n, k, state);
     } else {
         for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
     }
     Py_END_ALLOW_THREADS
-    free(panels);
+    free(state);
     release(&a); release(&b); release(&o);
     Py_RETURN_NONE;
 }

@@ -185,7 +185,8 @@ __global__ void finalize_kernel(const long long* v, const uint8_t* gtops, float*
   out[i] = f;
 }
 
-// out[i, j] = sum_k a[i, k] * b[j, k], lanes k mod 8, then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+// out[i, j] = sum_k a[i, k] * b[j, k], lanes k mod 8 (acc = fma(a, b, acc), one rounding: __fmaf_rn, written out; the
+// build's --fmad=false only forbids the compiler's own contraction), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
 __global__ void matmul_nt_kernel(const float* a, const float* b, float* out, long long m, long long n, long long k) {
   long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= m * n) return;
@@ -198,9 +199,9 @@ __global__ void matmul_nt_kernel(const float* a, const float* b, float* out, lon
   long long kk = 0;
   for (; kk + LANES <= k; kk += LANES) {
 #pragma unroll
-    for (int l = 0; l < LANES; ++l) acc[l] = __fadd_rn(acc[l], __fmul_rn(ar[kk + l], br[kk + l]));
+    for (int l = 0; l < LANES; ++l) acc[l] = __fmaf_rn(ar[kk + l], br[kk + l], acc[l]);
   }
-  for (int l = 0; kk < k; ++kk, ++l) acc[l] = __fadd_rn(acc[l], __fmul_rn(ar[kk], br[kk]));
+  for (int l = 0; kk < k; ++kk, ++l) acc[l] = __fmaf_rn(ar[kk], br[kk], acc[l]);
   float s01 = __fadd_rn(acc[0], acc[1]), s23 = __fadd_rn(acc[2], acc[3]);
   float s45 = __fadd_rn(acc[4], acc[5]), s67 = __fadd_rn(acc[6], acc[7]);
   out[idx] = __fadd_rn(__fadd_rn(s01, s23), __fadd_rn(s45, s67));

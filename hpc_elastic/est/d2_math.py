@@ -13,7 +13,8 @@ everything here is built from
   relatives, nor a division by a Python number, which CUDA turns into a multiplication by the reciprocal);
   constants are float32 numbers, so multiplying by one is one rounding on every device;
 - :func:`det_matmul_nt`, the fixed-order 8-lane dot products of ``kernels/detreduce.c`` and its CUDA twin
-  ``kernels/detreduce_cuda.cu``;
+  ``kernels/detreduce_cuda.cu`` (each lane step one fused multiply-add, written out: a single correctly rounded
+  operation like the others, never the compiler's contraction);
 - :func:`det_sum`, a reduction whose tree is fixed by the length alone: the dimension is padded with +0.0 to a
   power of two and halved by element-wise additions (log2(n) kernels, the same tree on any device and with any
   number of threads).

@@ -7,8 +7,9 @@ products of :func:`~hpc_elastic.est.d2_math.det_matmul_nt` and the fixed-tree re
 broadcast's backward sums with ``torch.sum`` and ``index_select``'s scatters with atomics on CUDA.
 
 - Conv2d: channels-last im2col (a strided view of the padded image gathered into patch rows: pure data movement)
-  and one product; backward: the weight gradient and the patches' gradient are products, and col2im adds the
-  kernel offsets' shifted slices in a fixed order (``F.fold`` is not used);
+  and one product; backward: the weight gradient is a product, the input's gradient the transposed convolution
+  (per phase of the stride, im2col of the padded output gradient and one product with the kernel offsets that reach
+  the phase; no ``F.fold``, no scatter-add);
 - BatchNorm1d/2d/3d (batch statistics by fixed trees, running statistics by torch's formula with the unbiased
   variance), LayerNorm;
 - Embedding: forward gathers; backward sorts the ids stably and adds the r-th occurrence of every id in round r
@@ -124,9 +125,72 @@ def _patches(xp: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
     return xp.as_strided(size, (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, 1))
 
 
+def _columns(x: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
+    """The patches as columns, [kh*kw*C, N*Ho*Wo] (rows (i, j, c), columns (n, y, x)), gathered from the zero-padded
+    [N, C, H, W] image: a window row's values lie W apart there, so the gather copies runs along x."""
+    ph, pw = window.padding
+    xq = F.pad(x, (pw, pw, ph, ph)).contiguous()
+    n, c = x.shape[0], x.shape[1]
+    (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
+    s_n, s_c, s_h, s_w = xq.stride()
+    size = (kh, kw, c, n, out[0], out[1])
+    return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw)).reshape(kh * kw * c, -1)
+
+
+def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> tuple[list[int], int, int]:
+    """The kernel offsets that reach the input positions ``phase + stride * t`` (those with ``phase + padding -
+    i * dilation`` a multiple of the stride), from the last to the first, and the output position each reaches from
+    ``t = 0``, ``(phase + padding - i * dilation) / stride``: the first one's and the step between them (increasing)."""
+    taps = [i for i in reversed(range(kernel)) if (phase + padding - i * dilation) % stride == 0]
+    first = (phase + padding - taps[0] * dilation) // stride if taps else 0
+    step = dilation * (taps[0] - taps[1]) // stride if len(taps) > 1 else 1
+    return taps, first, step
+
+
+def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair) -> torch.Tensor:
+    """The gradient of a convolution's input [N, C, H, W]: the transposed convolution, one product per phase of the
+    stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's rows are the windows of
+    the zero-padded output gradient over the kernel offsets that reach it (channels last, columns (i, j, o), offsets
+    from the last to the first), its weight the same offsets' [C, (i, j, o)]: every input value one fixed-order dot
+    product, no col2im and no product with the zeros a stride would put between the output gradient's values."""
+    n, o, ho, wo = grad_out.shape
+    c = weight.shape[1]
+    h, w = size
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    g = grad_out.permute(0, 2, 3, 1)
+    strided = sh > 1 or sw > 1
+    gx = grad_out.new_zeros((n, h, w, c)) if strided else grad_out.new_empty((0,))
+    for py in range(min(sh, h)):
+        taps_i, first_i, step_i = _taps(py, kh, sh, ph, dh)
+        th = len(range(py, h, sh))
+        for px in range(min(sw, w)):
+            taps_j, first_j, step_j = _taps(px, kw, sw, pw, dw)
+            tw = len(range(px, w, sw))
+            if not taps_i or not taps_j:
+                continue  # no window reaches these positions: their gradient is 0
+            last_i, last_j = first_i + step_i * (len(taps_i) - 1), first_j + step_j * (len(taps_j) - 1)
+            top, left = max(0, -first_i), max(0, -first_j)
+            bottom, right = max(0, th + last_i - ho), max(0, tw + last_j - wo)
+            gp = F.pad(g, (0, 0, left, right, top, bottom)).contiguous()
+            s_n, s_h, s_w, _ = gp.stride()
+            rows = gp.as_strided(
+                (n, th, tw, len(taps_i), len(taps_j), o),
+                (s_n, s_h, s_w, s_h * step_i, s_w * step_j, 1),
+                (first_i + top) * s_h + (first_j + left) * s_w,
+            ).reshape(n * th * tw, -1)
+            sub = weight[:, :, taps_i][:, :, :, taps_j].permute(1, 2, 3, 0).reshape(c, -1)  # [C, (i, j, o)]
+            part = det_matmul_nt(rows, sub).reshape(n, th, tw, c)
+            if strided:
+                gx[:, py::sh, px::sw, :] = part
+            else:
+                gx = part
+    return gx.permute(0, 3, 1, 2).contiguous()
+
+
 class _Conv2dFn(torch.autograd.Function):
     """Channels-last im2col: the rows of the product are the patches [N*Ho*Wo, kh*kw*C] (one gather), the weight is
-    [O, kh*kw*C]; each output is one fixed-order dot product over (i, j, c)."""
+    [O, kh*kw*C]; each output is one fixed-order dot product over (i, j, c).  The input's gradient is the transposed
+    convolution (:func:`_input_grad`), formed the same way."""
 
     @staticmethod
     def forward(
@@ -155,26 +219,14 @@ class _Conv2dFn(torch.autograd.Function):
         n, c, h, w = x.shape
         o, _, kh, kw = weight.shape
         ho, wo = grad_out.shape[2], grad_out.shape[3]
-        rows_g = grad_out.permute(0, 2, 3, 1).reshape(n * ho * wo, o)  # [N*L, O]
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            w_cols = weight.permute(2, 3, 1, 0).reshape(kh * kw * c, o)  # [(i, j, c), O]
-            parts = det_matmul_nt(rows_g, w_cols).reshape(n, ho, wo, kh, kw, c)
-            (ph, pw), (sh, sw), (dh, dw) = window.padding, window.stride, window.dilation
-            gxp = parts.new_zeros((n, h + 2 * ph, w + 2 * pw, c))
-            for i in range(kh):  # col2im: each kernel offset's slice added in a fixed order
-                for j in range(kw):
-                    r0, c0 = i * dh, j * dw
-                    gxp[:, r0 : r0 + sh * (ho - 1) + 1 : sh, c0 : c0 + sw * (wo - 1) + 1 : sw, :].add_(
-                        parts[:, :, :, i, j]
-                    )
-            gx = gxp[:, ph : ph + h, pw : pw + w, :].permute(0, 3, 1, 2).contiguous()
+            gx = _input_grad(grad_out, weight, window, (h, w))
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            cols_g = rows_g.t().contiguous()  # [O, N*L]
+            cols_g = grad_out.permute(1, 0, 2, 3).reshape(o, n * ho * wo)  # [O, N*L]
             if ctx.needs_input_grad[1]:
-                patches = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
-                cols = patches.permute(3, 4, 5, 0, 1, 2).reshape(kh * kw * c, -1)  # [(i, j, c), N*L]
-                gw = det_matmul_nt(cols_g, cols).reshape(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
+                gw = det_matmul_nt(cols_g, _columns(x, window, (ho, wo))).reshape(o, kh, kw, c)
+                gw = gw.permute(0, 3, 1, 2).contiguous()
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 gb = det_sum(cols_g, 1)
         return gx, gw, gb, None

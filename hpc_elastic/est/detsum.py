@@ -252,8 +252,34 @@ def reference_allreduce(
     return out
 
 
+def fma32(a: F32, b: F32, c: F32) -> F32:
+    """float32 fused multiply-add, element-wise: ``a * b + c`` computed exactly and rounded once to the nearest
+    float32 (C's ``fmaf``, CUDA's ``__fmaf_rn``).
+
+    NumPy has no fma, so it is emulated exactly: the product of two float32 is exact in float64 (48 significant
+    bits), the float64 sum ``s = p + c`` is made *round to odd* (TwoSum gives the exact error; an inexact ``s`` with
+    an even last bit moves one ulp toward the exact sum), and a value rounded to odd with at least two more bits than
+    the target rounds to nearest as the exact value would (Boldo and Melquiond, "Emulation of FMA and correctly
+    rounded sums: proved algorithms using rounding to odd", IEEE TC 2008): 53 >= 24 + 2, and float64's exponent range
+    holds every such sum exactly up to its 53rd bit.  NaN and infinities pass through as float64 arithmetic gives
+    them."""
+    p = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c64 = np.asarray(c, np.float64)
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)  # TwoSum: p + c = s + err exactly (s finite)
+    with np.errstate(invalid="ignore"):
+        fix = np.isfinite(s) & (err != 0) & ((s.view(np.int64) & 1) == 0)
+    s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    with np.errstate(over="ignore"):
+        out: F32 = s.astype(np.float32)
+    return out
+
+
 def ref_matmul_nt(a: F32, b: F32) -> F32:
-    """NumPy twin of ``_detreduce.matmul_nt``: ``a @ b.T`` with the fixed 8-lane summation order."""
+    """NumPy twin of ``_detreduce.matmul_nt``: ``a @ b.T`` with the fixed 8-lane order, lane ``l = k mod 8``
+    accumulating ``fma(a[i, k], b[j, k], acc)`` in increasing ``k`` from +0, then
+    ``((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))``."""
     a = np.ascontiguousarray(a, dtype=np.float32)
     b = np.ascontiguousarray(b, dtype=np.float32)
     m, k = a.shape
@@ -263,7 +289,7 @@ def ref_matmul_nt(a: F32, b: F32) -> F32:
     acc = np.zeros((DOT_LANES, m, n), dtype=np.float32)
     for kk in range(k):
         lane = kk % DOT_LANES
-        acc[lane] = acc[lane] + (a[:, kk][:, None] * b[:, kk][None, :])
+        acc[lane] = fma32(a[:, kk][:, None], b[:, kk][None, :], acc[lane])
     s01, s23 = acc[0] + acc[1], acc[2] + acc[3]
     s45, s67 = acc[4] + acc[5], acc[6] + acc[7]
     out: F32 = ((s01 + s23) + (s45 + s67)).astype(np.float32)

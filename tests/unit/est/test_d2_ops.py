@@ -123,6 +123,16 @@ def _conv_dilated() -> nn.Module:
     return nn.Conv2d(3, 4, (3, 2), stride=(1, 2), padding=(2, 1), dilation=2, bias=False)
 
 
+def _conv_wide_padding() -> nn.Module:
+    """Padding beyond the kernel's reach (the transposed convolution crops) and input rows no window reaches."""
+    return nn.Conv2d(3, 4, (3, 1), stride=(2, 3), padding=(3, 2))
+
+
+def _conv_channels() -> nn.Module:
+    """Whole 8-lane steps in both products (kh * kw * C and kh * kw * O multiples of 8)."""
+    return nn.Conv2d(8, 16, 3, padding=1)
+
+
 def _bn2d() -> nn.Module:
     return nn.BatchNorm2d(3)
 
@@ -155,6 +165,8 @@ def _logsoftmax() -> nn.Module:
 OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_conv, (4, 3, 9, 8)),
     (_conv_dilated, (2, 3, 10, 9)),
+    (_conv_wide_padding, (2, 3, 8, 10)),
+    (_conv_channels, (2, 8, 6, 5)),
     (_bn2d, (4, 3, 6, 7)),
     (_bn1d, (5, 3, 4)),
     (_layernorm, (3, 2, 6, 7)),
@@ -172,6 +184,8 @@ OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
 OP_IDS = [
     "conv",
     "conv-dilated",
+    "conv-wide-padding",
+    "conv-channels",
     "bn2d",
     "bn1d-cumulative",
     "layernorm",

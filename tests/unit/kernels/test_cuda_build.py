@@ -1,6 +1,7 @@
 """The CUDA twin (kernels/detreduce_cuda.cu) compiles, with the flags hpc_elastic.est.gpu builds it with, into
-device code that keeps the CPU kernels' arithmetic: every float operation rounds to nearest (``.rn``), none is
-fused (no ``fma``) and none flushes subnormals (no ``.ftz``).
+device code that keeps the CPU kernels' arithmetic: every float operation rounds to nearest (``.rn``), none
+flushes subnormals (no ``.ftz``), and the only fused multiply-adds are the D2 product's own (``fma.rn.f32`` in
+``matmul_nt_kernel``, whose definition has one per step): the compiler contracts nothing.
 
 Needs only ``nvcc`` (no GPU): the PTX is generated for sm_90 (H100) against torch's headers.  Running the kernels
 and comparing their bits with the CPU's is tests/unit/kernels/test_detreduce.py's CUDA test, on a GPU.
@@ -60,10 +61,31 @@ def test_every_kernel_is_compiled(ptx: str) -> None:
         assert any(name in e for e in entries), f"{name} missing from the PTX entries {entries}"
 
 
-def test_float_arithmetic_is_unfused_round_to_nearest_without_flush_to_zero(ptx: str) -> None:
-    ops = re.findall(r"^\s*((?:add|sub|mul|div|fma|cvt)\.[a-z0-9.]*f(?:32|64)[a-z0-9.]*)", ptx, re.MULTILINE)
+def _float_ops(text: str) -> list[str]:
+    return re.findall(r"^\s*((?:add|sub|mul|div|fma|cvt)\.[a-z0-9.]*f(?:32|64)[a-z0-9.]*)", text, re.MULTILINE)
+
+
+def _entry_bodies(ptx: str) -> dict[str, str]:
+    """Each kernel's PTX, by its (mangled) entry name."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"\.entry\s+(\S+)\(", ptx)]
+    ends = [s for s, _ in starts[1:]] + [len(ptx)]
+    return {name: ptx[s:e] for (s, name), e in zip(starts, ends, strict=True)}
+
+
+def test_only_the_product_fuses_and_only_as_its_definition_says(ptx: str) -> None:
+    bodies = _entry_bodies(ptx)
+    for name, body in bodies.items():
+        fused = [op for op in _float_ops(body) if op.startswith("fma")]
+        if "matmul_nt_kernel" in name:
+            assert fused and set(fused) == {"fma.rn.f32"}, f"{name}: {sorted(set(fused))}"
+            assert not [op for op in _float_ops(body) if op.startswith("mul")], "the product's steps are fmas"
+        else:
+            assert not fused, f"{name}: fused multiply-adds would change the bits"
+
+
+def test_float_arithmetic_rounds_to_nearest_without_flush_to_zero(ptx: str) -> None:
+    ops = _float_ops(ptx)
     assert ops, "no float arithmetic found in the PTX"
-    assert not [op for op in ops if op.startswith("fma")], "fused multiply-adds would change the bits"
     assert not [op for op in ops if ".ftz" in op], "flush to zero would change the bits of subnormals"
     # every rounding operation rounds to nearest; only the exact widening conversion has no rounding mode
     assert all(".rn" in op or op == "cvt.f64.f32" for op in ops), sorted(set(ops))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -333,3 +334,52 @@ def test_owner_sum_rejects_mismatched_sizes() -> None:
             kern.owner_sum(np.zeros(15, np.float32), acc, np.zeros(1, np.uint8), chunk=64, width=30)
         with pytest.raises(ValueError, match="size mismatch"):  # one top bin per chunk
             kern.owner_sum(np.zeros(20, np.float32), acc, np.zeros(2, np.uint8), chunk=64, width=30)
+
+
+def _round_to_f32(x: Fraction) -> np.float32:
+    """The float32 nearest to the exact ``x`` (ties to even), found among the neighbours of a near guess."""
+    guess = np.float32(float(x))
+    cands = [guess, np.nextafter(guess, np.float32(np.inf)), np.nextafter(guess, np.float32(-np.inf))]
+    finite = [c for c in cands if np.isfinite(c)]
+    best = min(abs(Fraction(float(c)) - x) for c in finite)
+    ties = [c for c in finite if abs(Fraction(float(c)) - x) == best]
+    return min(ties, key=lambda c: int(np.array(c, np.float32).view(np.int32)) & 1)
+
+
+def test_fma32_is_the_correctly_rounded_fused_multiply_add() -> None:
+    """The NumPy emulation of float32 fma against exact rational arithmetic: random operands over a wide range,
+    products cancelled by the addend, addends just below half an ulp of the product, underflowing products."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    a = (rng.standard_normal(n) * np.exp2(rng.integers(-80, 60, n))).astype(np.float32)
+    b = (rng.standard_normal(n) * np.exp2(rng.integers(-80, 60, n))).astype(np.float32)
+    c = (rng.standard_normal(n) * np.exp2(rng.integers(-150, 100, n))).astype(np.float32)
+    c[:500] = -(a[:500] * b[:500])  # cancellation: the result is the product's rounding error
+    c[500:1000] = (a[500:1000] * b[500:1000]) * np.float32(2.0**-25)  # near the halfway points
+    a[1000:1100], b[1000:1100], c[1000:1100] = np.float32(1e-30), np.float32(-1e-20), np.float32(0.0)  # -> -0.0
+    got = d.fma32(a, b, c)
+    want = np.array(
+        [
+            _round_to_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+            for x, y, z in zip(a, b, c, strict=True)
+        ],
+        np.float32,
+    )
+    want[1000:1100] = np.float32(-0.0)  # an exact nonzero result keeps its sign when it rounds to zero
+    assert same(got, want)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(7, 9, 27), (3, 4, 16), (6, 131, 45), (5, 6, 1030), (4, 3, 2048), (1, 1, 513)],
+)
+def test_matmul_nt_blocks_chunks_and_tails_match_reference_bitwise(m: int, n: int, k: int) -> None:
+    """Full and edge blocks of outputs, a panel edge (n > 128), one chunk of k with an 8-lane tail, several chunks;
+    operands whose products underflow (lanes that hold -0.0) and overflow-free wide exponents."""
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-75, 40, (m, k)))).astype(np.float32)
+    b = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-75, 40, (n, k)))).astype(np.float32)
+    b[:, ::3] = -np.abs(b[:, ::3])
+    out = np.empty((m, n), np.float32)
+    C.matmul_nt(a, b, out)
+    assert same(out, d.ref_matmul_nt(a, b))
