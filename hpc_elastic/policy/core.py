@@ -43,6 +43,9 @@ TIME_EPS = 1e-6
 #: ``idle_below`` when no job is left out: no amount of freed GPUs changes the next pass.
 NEVER = 2**62
 
+#: Passes over at most this many jobs (on one pool) walk in plain Python: cheaper than numpy's calls there.
+SMALL_PASS = 16
+
 
 @dataclass(frozen=True, slots=True)
 class WalkResult:
@@ -170,6 +173,8 @@ def select(
     held = jobs.gpus
     need = held if size is None else size
     n = len(jobs)
+    if n_pools == 1 and n <= SMALL_PASS:
+        return _select_small(inp, order, pinned, need, deficit=deficit)
     if n_pools == 1 and n and need.max() <= cluster.capacity[0] and jobs.pool_mask.min() > 0:
         feasible = np.ones(n, dtype=np.bool_)  # every job fits the one pool
         candidates = order
@@ -201,6 +206,52 @@ def select(
         start_rows, start_pool = _select_pools(inp, candidates, need, left.tolist(), holding)
     preempt_rows = (running & ~holding).nonzero()[0].tolist()
     return Selection(holding, feasible, start_rows, start_pool, preempt_rows, lack)
+
+
+def _select_small(
+    inp: PassInput, order: IntArray, pinned: BoolArray | None, need: IntArray, *, deficit: bool
+) -> Selection:
+    """:func:`select` on one pool for a few jobs, in plain Python (the same selection and deficit as the
+    vectorised walk: half of a simulated trace's passes hold one job, where numpy's per-call cost dominates)."""
+    jobs, cluster = inp.jobs, inp.cluster
+    n = len(jobs)
+    cap = int(cluster.capacity[0])
+    need_l: list[int] = need.tolist()
+    run_l: list[bool] = jobs.running.tolist()
+    held_l: list[int] = jobs.gpus.tolist()
+    mask_l: list[int] = jobs.pool_mask.tolist()
+    pin_l: list[bool] = [False] * n if pinned is None else pinned.tolist()
+    feasible_l = [run or (g <= cap and m != 0) for g, m, run in zip(need_l, mask_l, run_l, strict=True)]
+    left = int(cluster.free.sum())
+    for row in range(n):
+        if run_l[row] and not pin_l[row]:
+            left += held_l[row]
+    holding_l = list(pin_l)
+    lack = NEVER
+    seen = False
+    start_rows: list[int] = []
+    for row in order.tolist():
+        if not feasible_l[row] or pin_l[row]:
+            continue
+        seen = True
+        g = need_l[row]
+        if g <= left:
+            left -= g
+            holding_l[row] = True
+            if not run_l[row]:
+                start_rows.append(row)
+        elif deficit:
+            lack = min(lack, g - left)
+    if not seen:
+        lack = NEVER
+    elif not deficit:
+        lack = 0
+    elif lack != NEVER:
+        lack = max(lack, 1)
+    preempt_rows = [row for row in range(n) if run_l[row] and not holding_l[row]]
+    holding = np.array(holding_l, dtype=np.bool_) if n else np.zeros(0, dtype=np.bool_)
+    feasible = np.array(feasible_l, dtype=np.bool_) if n else np.zeros(0, dtype=np.bool_)
+    return Selection(holding, feasible, start_rows, [0] * len(start_rows), preempt_rows, lack)
 
 
 def _select_pools(
@@ -272,9 +323,10 @@ def place_starts(
     cannot be placed (STRICT mode) waits after all."""
     jobs, cluster = inp.jobs, inp.cluster
     rows = sel.start_rows
-    need = (jobs.gpus if size is None else size)[rows].tolist()
-    skew = jobs.skew[rows].tolist()
-    ids = jobs.job_ids[rows].tolist()
+    sizes, skews, job_ids = jobs.gpus if size is None else size, jobs.skew, jobs.job_ids
+    need = [sizes.item(row) for row in rows]
+    skew = [skews.item(row) for row in rows]
+    ids = [job_ids.item(row) for row in rows]
     starts: list[Start] = []
     for i, (row, p) in enumerate(zip(rows, sel.start_pool, strict=True)):
         placed = index.place(p, need[i], mode, skew[i], pack_limit)

@@ -94,10 +94,18 @@ class GittinsTable:
     def index(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) for every a in ``attained`` (0 where no sample is larger than a: the job outlived history)."""
         # A pass's waiting jobs are mostly jobs that never ran (a = 0): they all get G(0, Δ), and only the others
-        # are looked up (a <= 0 is on the first piece; the breakpoints are many).
+        # are looked up (a <= 0 is on the first piece; the breakpoints are many). When most jobs ran (a busy
+        # cluster's passes hold mostly running jobs), every job is looked up: a = 0 gives G(0, Δ) there too.
+        ran = attained != 0.0
+        n_ran = int(np.count_nonzero(ran))
+        if 2 * n_ran > attained.size:
+            k = np.maximum(self.breakpoints.searchsorted(attained, side="right") - 1, 0)  # (a < 0: the first)
+            c = self.within[k]
+            denom = self.fixed[k] - attained * c
+            return np.divide(c, denom, out=np.zeros(attained.shape, dtype=np.float64), where=(c > 0) & (denom > 0))
         out = np.full(attained.shape, self.first, dtype=np.float64)
-        rows = (attained != 0.0).nonzero()[0]
-        if rows.size:
+        if n_ran:
+            rows = ran.nonzero()[0]
             a = attained[rows]
             k = np.where(a > 0.0, self.breakpoints.searchsorted(a, side="right") - 1, 0)  # (the first is 0)
             c = self.within[k]

@@ -75,6 +75,7 @@ DEFAULT_BANDWIDTH = 1.2e9
 _PENDING, _RUNNING, _DONE = 1, 2, 3
 _COMPLETION, _WAKE = 1, 2
 _TICK = -1
+_PURGE_AT = 4096  # stale completion events the heap may hold before they leave it
 # columns of the per-job state tables
 _SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT, _POS = range(12)
 _F_COLUMNS = 12
@@ -369,6 +370,11 @@ class _Replay:
         self.freed = 0
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
+        # Completion events made stale by a preemption or resize: counted while in the heap; moved out of it by
+        # _purge into the sorted times of `ghosts` (instants with no effect, still replayed and counted).
+        self.stale = 0
+        self.ghosts: list[float] = [math.inf]
+        self.next_ghost = 0
         self.wake_gen = 0
         self.tick_pending = math.inf
         self.next_arrival = 0
@@ -392,7 +398,8 @@ class _Replay:
         n = self.n
         while True:
             t_arr = submit[self.next_arrival]
-            now = min(t_arr, heap[0][0]) if heap else t_arr
+            ghosts = self.ghosts
+            now = min(t_arr, heap[0][0], ghosts[self.next_ghost]) if heap else min(t_arr, ghosts[self.next_ghost])
             if now == math.inf:
                 break
             self.changed = self.arrival = self.woken = self.ticked = False
@@ -407,6 +414,9 @@ class _Replay:
                     self.complete(row, tag, now)
                 else:
                     self.wake(tag)
+            while ghosts[self.next_ghost] <= now:  # stale completions: nothing to do but count them
+                self.next_ghost += 1
+                self.events += 1
             if (self.changed or self.woken or self.ticked) and self.pass_due(now):
                 self.schedule(now)
             t_log.append(now)
@@ -439,6 +449,28 @@ class _Replay:
     def push(self, at: float, kind: int, row: int, tag: int) -> None:
         self.seq += 1
         heapq.heappush(self.heap, (at, self.seq, kind, row, tag))
+
+    def drop_completion(self) -> None:
+        """A running job's pending completion event went stale (preempted, resized). Once the stale events
+        outnumber the others, they leave the heap (every pop costs log of its size): their times become ghosts,
+        instants replayed in order with nothing to do, as their stale events would have been."""
+        self.stale += 1
+        if self.stale < _PURGE_AT or 2 * self.stale < len(self.heap):
+            return
+        version, status = self.version, self.istate[_STATUS]
+        live: list[tuple[float, int, int, int, int]] = []
+        dead: list[float] = []
+        for entry in self.heap:
+            _, _, kind, row, tag = entry
+            if kind == _COMPLETION and (tag != version[row] or status[row] != _RUNNING):
+                dead.append(entry[0])
+            else:
+                live.append(entry)
+        heapq.heapify(live)
+        self.heap[:] = live
+        dead.extend(self.ghosts[self.next_ghost :])  # (ends with the sentinel ∞)
+        dead.sort()
+        self.ghosts, self.next_ghost, self.stale = dead, 0, 0
 
     # ------------------------------------------------------------------------------------------ events
 
@@ -647,6 +679,7 @@ class _Replay:
         self.owed[row] = cost
         self.preempt_cost += cost
         self.pending.add(row)
+        self.drop_completion()
         if self.record:
             self.log.append(SimEvent(now, EventKind.PREEMPT, int(self.sim.ids[row]), int(self.istate[_QUEUE, row])))
 
@@ -670,6 +703,7 @@ class _Replay:
         if before is not None and isinstance(profile, EstProfile) and gpus > sum(n for _, n in before[1]):
             observed = ScaleOut(before[0], float(self.fstate[_SPEED, row]), before[1])
             self.scaling[row] = replace(profile, scale_out=observed)
+        self.drop_completion()
 
     def per_type(self, node_rows: RowAllocation) -> tuple[tuple[str, int], ...]:
         """GPUs per type of an allocation, sorted by type."""

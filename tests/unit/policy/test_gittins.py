@@ -115,3 +115,18 @@ def test_reference_index_is_the_public_simulators(samples: list[int], delta: int
     table = ReferenceIndex.build(ServiceDistribution.from_samples(samples), float(delta))
     got = table.index(np.array(attained, dtype=np.float64))
     assert got.tolist() == [reference_index(samples, a, delta) for a in attained]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    samples=st.lists(st.integers(1, 5000), min_size=1, max_size=40),
+    delta=st.integers(1, 3000),
+    attained=st.lists(st.sampled_from([0.0, -1e-9, 0.5, 17.0, 999.5, 3000.0, 4999.0, 6000.0]), max_size=12),
+)
+def test_index_of_mostly_run_jobs_is_each_jobs_own(samples: list[int], delta: int, attained: list[float]) -> None:
+    """A pass whose jobs mostly ran looks every job up at once: the same index, to the bit, as a pass whose
+    jobs mostly never ran (which looks up only the others)."""
+    table = GittinsTable.build(ServiceDistribution.from_samples(samples), float(delta))
+    got = table.index(np.array(attained, dtype=np.float64))
+    among_new = [float(table.index(np.array([0.0, 0.0, a]))[2]) for a in attained]
+    assert got.tolist() == among_new
