@@ -42,7 +42,7 @@ import numpy as np
 from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
 from hpc_elastic.policy.easyscale import Proposal, best_plan, keep_scale_out, proposal_rank
 from hpc_elastic.policy.placement import FreeIndex
-from hpc_elastic.policy.policies import PolicyOptions, TiresiasLas
+from hpc_elastic.policy.policies import TiresiasLas
 from hpc_elastic.policy.types import (
     BoolArray,
     IntArray,
@@ -408,11 +408,10 @@ class EasyScaleHomo(TiresiasLas):
     #: whether a job's plan may use several GPU types
     mixed = False
 
-    def __init__(self, options: PolicyOptions | None = None) -> None:
-        super().__init__(options)
-        self.fit_shortcut = False  # running elastic jobs are resized by every pass
-
     def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
+        jobs = inp.jobs
+        if np.array_equal(jobs.min_gpus, jobs.gpus) and np.array_equal(jobs.max_gpus, jobs.gpus):
+            return super()._walk(inp, order, pinned)  # no elastic job in this pass: 2D-LAS's own walk
         return easyscale_walk(inp, order, pinned, mixed=self.mixed, pack_limit=self.options.pack_limit)
 
 
