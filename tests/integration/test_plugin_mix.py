@@ -15,7 +15,8 @@ from hpc_elastic.slurm import CliSlurm
 from slurm_plugin.scenario import MixConfig, MixResult, end_order, run_mix
 from tests.integration.conftest import root_of
 
-pytestmark = pytest.mark.integration
+# The first test's setup runs both mixes (a few minutes each on a loaded machine): a hang guard, not a timing.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 MIX = MixConfig()
 
 
