@@ -84,20 +84,20 @@ def test_summarize_repeats() -> None:
         summarize_repeats([])
 
 
-def test_measured_gamma_is_monotone_within_noise() -> None:
-    """Batch sizes 64x apart on a tiny model, measured interleaved: Γ must grow, allowing for a noisy, shared CPU."""
+def test_a_real_measurement_gives_one_consistent_point_per_batch_size() -> None:
+    """Real steps of a tiny model, interleaved over batch sizes: one point per size with consistent statistics.
+    Whether Γ grows is a property of the machine's timing, not asserted here (see the fake-clock tests below and
+    the pure tests of ``monotone_violations`` / ``fit_gamma`` above)."""
     module, sample_batch = tiny()[:2]
     runner = StepRunner(LoadedModel("t:tiny", "tiny", module, sample_batch, None), torch.device("cpu"), seed=0)
     runner.step(*runner.batch(1))
     runner.snapshot()
     assert measure_point(runner, 2, warmup=0, iters=1, repeats=1, meter=None).batch_size == 2
     points = measure_curve(runner, [1, 64, 4096, 32768], warmup=1, iters=2, repeats=5, meter=None)
+    assert [p.batch_size for p in points] == [1, 64, 4096, 32768]
     for measured in points:
-        assert measured.step_time_min_s <= measured.step_time_s <= measured.step_time_max_s
+        assert 0 < measured.step_time_min_s <= measured.step_time_s <= measured.step_time_max_s
         assert measured.samples_per_s == pytest.approx(measured.batch_size / measured.step_time_s)
-    pairs = [(p.batch_size, p.step_time_s) for p in points]
-    assert monotone_violations(pairs, relative_tolerance=0.5) == []
-    assert fit_gamma(pairs).per_sample_s > 0
 
 
 class FakeClock:
