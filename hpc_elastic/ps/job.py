@@ -184,10 +184,13 @@ class PsJob:
 
     # -- processes -----------------------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str], cpus: int | None = None, mem_mb: int | None = None) -> _Proc:
+    def _spawn(
+        self, name: str, args: list[str], cpus: int | None = None, mem_mb: int | None = None, *, pin: bool = True
+    ) -> _Proc:
         """Start one process of ``cpus`` cores (default: ``cpus_per_process``) and ``mem_mb`` MiB (default:
         ``STEP_MEM_MB_PER_CPU`` per core): a step of exactly that many under ``srun``; here, pinned to that many
-        cores of its own while this machine has them free (else unpinned; the memory is Slurm's to enforce)."""
+        cores of its own while this machine has them free (else, or not to ``pin``, unpinned; the memory is
+        Slurm's to enforce)."""
         cpus = self.cpus_per_process if cpus is None else cpus
         mem_mb = STEP_MEM_MB_PER_CPU * cpus if mem_mb is None else mem_mb
         if cpus < 1 or mem_mb < 1:
@@ -205,7 +208,7 @@ class PsJob:
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
         if node is not None:
             self._held[popen.pid] = (node, cpus)
-        if self.launcher is PsLauncher.LOCAL and len(self._free_cores) >= cpus:
+        if self.launcher is PsLauncher.LOCAL and pin and len(self._free_cores) >= cpus:
             cores, self._free_cores = self._free_cores[:cpus], self._free_cores[cpus:]
             self._pinned[popen.pid] = cores
             with contextlib.suppress(ProcessLookupError):  # it died at once: its exit is seen as any other
@@ -266,7 +269,8 @@ class PsJob:
             args.append("--restore")
         if self.liveness_s is not None:
             args += ["--liveness", str(self.liveness_s)]
-        self.master_proc = self._spawn("master", args)
+        # here the job master runs beside the others, unpinned: the cores are the PS's and the workers'
+        self.master_proc = self._spawn("master", args, pin=False)
         if self.master is not None:
             self.master.close()
         self.master = Client(self._address(self.master_proc), wait_for_ready=False)
