@@ -70,7 +70,7 @@ from hpc_elastic.policy.brain import Group, JobLimits, Partition, Range, Resourc
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher
+from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher, StepNotPlaced
 from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm import connect
 from hpc_elastic.slurm.client import SlurmClient
@@ -413,7 +413,10 @@ class PsWrapper:
         decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config)
         if decision.refusal is not None:
             return self._reply(ps_job, request.requested_at, decision.refusal)
-        apply_sizes(ps_job, decision.workers, decision.ps)
+        try:
+            apply_sizes(ps_job, decision.workers, decision.ps)
+        except StepNotPlaced as exc:  # a new step fits no node of the allocation: the job goes on as it is now
+            return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
 
     def _reply(self, ps_job: PsJob, requested_at: float | None, refusal: str | None) -> ScaleReply:
