@@ -11,6 +11,7 @@ size, and a plan whose steps fit no node of the allocation is refused with the r
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from functools import partial
@@ -325,7 +326,7 @@ def test_brain_replaces_a_hot_ps_by_a_step_larger_than_the_task_size_inside_the_
     for refused in brain["refused"]:  # a PS that would not fit beside the one it replaces: refused, never pending
         assert "fits no node" in refused["reason"] or "rolled back" in refused["reason"], refused
     largest = max(max(s["ps_cores"]) for s in brain["steps"])
-    ps_steps = [cpus for name, cpus in step_cpus(job_id) if name.startswith("ps")]
+    ps_steps = [cpus for name, cpus in step_cpus(job_id) if re.fullmatch(r"ps\d+", name)]
     assert max(ps_steps) == largest > 1, ps_steps  # Slurm ran the larger PS as a step of that many CPUs
     assert len(ps_steps) >= 2  # the first PS and its replacement(s)
     lost = set(status["lost"])  # workers Brain scaled in
