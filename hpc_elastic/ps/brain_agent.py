@@ -20,11 +20,10 @@ its plan's cores (an ``srun --exact`` step of them, or pinned to cores of its ow
 also fit the allocation's nodes (:meth:`BrainAgent.refusal`: the new steps placed beside those the plan keeps);
 one that does not is refused with the reason (``refused`` in the report) and the job trains on with the plan it has;
 a step Slurm still does not start (:class:`~hpc_elastic.ps.job.StepNotPlaced`) rolls the job back to the plan it had.
-No plan exceeds ``cores``,
-the cores the PS job may use (the allocation's, less the job master's): Brain is given the cores not held as the
-partition's free ones. Memory per process follows the cores (``STEP_MEM_MB_PER_CPU`` per core), at least what an
-out-of-memory end gave its role: a process whose step Slurm ended for its memory comes back with twice it
-(:func:`~hpc_elastic.policy.brain.out_of_memory`, asked by the job's launcher whenever it polls, see
+No plan exceeds ``cores``, the cores the PS job may use (the allocation's, less the job master's): Brain is given
+the cores not held as the partition's free ones. Memory per process follows the cores (``STEP_MEM_MB_PER_CPU`` per
+core), at least what an out-of-memory end gave its role: a process whose step Slurm ended for its memory comes back
+with twice it (:func:`~hpc_elastic.policy.brain.out_of_memory`, asked by the job's launcher whenever it polls, see
 :mod:`hpc_elastic.ps.allocation`).
 """
 
