@@ -163,7 +163,8 @@ def changes(plan: ResourcePlan, worker_cores: Mapping[str, int], ps_cores: tuple
         else:
             drop.append(index)
     kept = drop[0] if drop and len(drop) == len(ps_cores) else None
-    return Changes(tuple(stop), tuple(drop), tuple(want), max(w.count - len(staying), 0), kept)
+    add = tuple(sorted(want, reverse=True))  # the largest first, as the books place them
+    return Changes(tuple(stop), tuple(drop), add, max(w.count - len(staying), 0), kept)
 
 
 class Interrupted(Exception):
@@ -262,8 +263,15 @@ class BrainAgent:
         for proc in gone:
             if proc.node is not None:
                 held[proc.node] -= proc.cpus
-        sizes = [*change.add_ps, *[plan.workers.cores] * change.add_workers]
-        return job.nodes.refusal(sizes, held)
+        # in the order apply() goes: the new PS beside a PS kept for the parameters, then, that one gone, the workers
+        held, reason = job.nodes.placed(change.add_ps, held)
+        if reason is not None:
+            return reason
+        if change.kept_ps is not None:
+            kept = job.ps[change.kept_ps]
+            if kept.node is not None:
+                held[kept.node] -= kept.cpus
+        return job.nodes.refusal([plan.workers.cores] * change.add_workers, held)
 
     def apply(self, job: PsJob, plan: ResourcePlan) -> None:
         """Make the job's processes those of ``plan`` (see the module's docstring)."""

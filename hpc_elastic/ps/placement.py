@@ -66,18 +66,24 @@ class Nodes:
         fitting = [(left, k, node) for k, (node, left) in enumerate(self.free(held).items()) if left >= cpus]
         return min(fitting)[2] if fitting else None
 
-    def refusal(self, sizes: Sequence[int], held: Mapping[str, int]) -> str | None:
-        """Why new steps of ``sizes`` cores cannot all start beside the running ones (``held``), placed largest
-        first by :meth:`place`; None when they fit."""
+    def placed(self, sizes: Sequence[int], held: Mapping[str, int]) -> tuple[dict[str, int], str | None]:
+        """New steps of ``sizes`` cores placed beside the running ones (``held``), largest first, each by
+        :meth:`place`: the cores held per node afterwards, and why one of them fits no node (None when all fit;
+        the books then hold those placed before it)."""
         taken = dict(held)
         for cpus in sorted(sizes, reverse=True):
             node = self.place(cpus, taken)
             if node is None:
                 free = self.free(taken)
                 shares = ", ".join(f"{name} {left}" for name, left in free.items())
-                return (
+                return taken, (
                     f"a step of {cpus} cores fits no node of the allocation (free cores per node: {shares}; new "
                     f"steps of {sorted(sizes, reverse=True)} cores)"
                 )
             taken[node] = taken.get(node, 0) + cpus
-        return None
+        return taken, None
+
+    def refusal(self, sizes: Sequence[int], held: Mapping[str, int]) -> str | None:
+        """Why new steps of ``sizes`` cores cannot all start beside the running ones (``held``); None when they
+        fit (:meth:`placed`)."""
+        return self.placed(sizes, held)[1]

@@ -5,13 +5,17 @@ master, not the task size)."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from hpc_elastic.env import per_node_counts, read_job_environment
-from hpc_elastic.policy.brain import Group, ResourcePlan, Stage
+from hpc_elastic.policy.brain import Group, JobLimits, Range, ResourcePlan, Stage
 from hpc_elastic.ps.allocation import parse_args
-from hpc_elastic.ps.brain_agent import Changes, changes
+from hpc_elastic.ps.brain_agent import BrainAgent, Changes, changes
 from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.job import PsJob, PsLauncher, _Proc
 from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm import commands
 
@@ -103,3 +107,43 @@ def test_the_hot_threshold_is_a_setting_of_the_job() -> None:
     for bad in (0, 1.5, "x", True):
         with pytest.raises(ValueError, match="hot_threshold must be a number in"):
             PsJobConfig.from_json({"hot_threshold": bad})
+
+
+def _placed_job(tmp_path: Path, nodes: Nodes, procs: dict[str, tuple[int, str]]) -> PsJob:
+    """A PS job under the srun launcher whose steps (name -> cores, node) are on the books, without processes."""
+    job = PsJob(PsJobConfig(num_ps=1, num_workers=0), tmp_path, launcher=PsLauncher.SRUN, nodes=nodes)
+    for name, (cpus, node) in procs.items():
+        popen = subprocess.Popen(["true"])
+        popen.wait()
+        proc = _Proc(name, popen, (tmp_path / f"{name}.log").open("ab"), cpus, 1024 * cpus, node)
+        job._held[popen.pid] = (node, cpus)
+        if name == "master":
+            job.master_proc = proc
+        elif name.startswith("ps"):
+            job.ps.append(proc)
+        else:
+            job.workers[name] = proc
+    return job
+
+
+def test_brain_checks_a_plan_against_the_nodes_in_the_order_it_applies_it(tmp_path: Path) -> None:
+    # the sample (1 worker of 4 cores, 2 PS of 1) on a node of 7 with the master: optimize's 4 workers of 1 core and
+    # 1 PS of 2 fit, since one old PS stays only while the new one takes the parameters, before the workers come
+    job = _placed_job(tmp_path, Nodes.of(["node5"], [7]), {"master": (1, "node5"), "ps0": (1, "node5"),
+                                                            "ps1": (1, "node5"), "w0": (4, "node5")})  # fmt: skip
+    agent = BrainAgent(JobLimits(6, Range(1, 4), Range(1, 2)), cores=6, cores_per_node=6, mem_per_node_mb=6144)
+    assert agent.refusal(job, _plan(4, 1, (2,))) is None
+    _close(job)
+    # a whole node of 8: a hot single PS of 2 cores beside 2 workers and the master may become one of 3 (1 + 2 + 2 + 3),
+    # not one of 4: refused with the reason
+    job = _placed_job(tmp_path, Nodes.of(["node5"], [8]), {"master": (1, "node5"), "ps2": (2, "node5"),
+                                                            "w0": (1, "node5"), "w1": (1, "node5")})  # fmt: skip
+    assert agent.refusal(job, _plan(2, 1, (3,))) is None
+    reason = agent.refusal(job, _plan(2, 1, (4,)))
+    assert reason is not None and "a step of 4 cores fits no node" in reason and "node5 3" in reason
+    _close(job)
+
+
+def _close(job: PsJob) -> None:
+    for proc in [*job.ps, *job.workers.values(), *([job.master_proc] if job.master_proc else [])]:
+        proc.log.close()
