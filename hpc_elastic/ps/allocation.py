@@ -146,23 +146,24 @@ class ScaleDecision:
 
 
 def decide_scale(
-    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig
+    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig, cores: int
 ) -> ScaleDecision:
     """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): within the
-    job's ranges and the allocation's cores beside the master (:attr:`PsWrapperConfig.cores`), a new PS and every
-    worker of ``cpus_per_worker`` cores, a PS removed the last one."""
+    job's ranges and the allocation's ``cores`` beside the master (:meth:`PsWrapper.allocation_cores`), a new PS and
+    every worker of ``cpus_per_worker`` cores, a PS removed the last one. Whether the new steps fit a node is the
+    launcher's to tell (:class:`hpc_elastic.ps.job.StepNotPlaced`)."""
     want_w = request.workers if request.workers is not None else workers
     want_p = request.ps if request.ps is not None else len(ps_cores)
     for what, value, (lo, hi) in (("workers", want_w, config.workers_range), ("ps", want_p, config.ps_range)):
         if not lo <= value <= hi:
             return ScaleDecision(workers, len(ps_cores), f"{what} {value} is outside the job's range {lo}:{hi}")
     cpw = config.cpus_per_worker
-    cores = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
-    if cores > config.cores:
+    need = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
+    if need > cores:
         return ScaleDecision(
             workers,
             len(ps_cores),
-            f"{want_w} workers and {want_p} PS need {cores} cores; the allocation has {config.cores}",
+            f"{want_w} workers and {want_p} PS need {need} cores; the allocation has {cores}",
         )
     return ScaleDecision(want_w, want_p)
 
@@ -410,7 +411,8 @@ class PsWrapper:
             return self._reply(ps_job, None, str(exc))
         if request is None:
             return None
-        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config)
+        cores = self.allocation_cores(ps_job)
+        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config, cores)
         if decision.refusal is not None:
             return self._reply(ps_job, request.requested_at, decision.refusal)
         try:
@@ -418,6 +420,13 @@ class PsWrapper:
         except StepNotPlaced as exc:  # a new step fits no node of the allocation: the job goes on as it is now
             return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
+
+    def allocation_cores(self, ps_job: PsJob) -> int:
+        """The allocation's cores beside the job master's task: of its nodes (``srun``), else
+        :attr:`PsWrapperConfig.cores`."""
+        if ps_job.nodes is None:
+            return self.config.cores
+        return ps_job.nodes.total - self.config.cpus_per_worker
 
     def _reply(self, ps_job: PsJob, requested_at: float | None, refusal: str | None) -> ScaleReply:
         workers, ps = len(ps_job.workers), len(ps_job.ps)

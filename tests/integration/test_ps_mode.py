@@ -234,8 +234,11 @@ def test_hpc_elastic_scale_sets_workers_and_ps_of_the_running_job_within_one_epo
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
     # an epoch long enough for three requests (80,000 samples train in about 14 s with batched leases)
+    # a whole node (--exclusive): Brain's optimize may give the PS more than the task size of one core (2 here), so
+    # 4 workers and 2 PS need more than the 6 tasks beside the master
     samples = 250_000
-    job_id = submit_ps(workdir, {"num_samples": samples, "shard_size": 100, "batch_size": 50}, workers="1:4", ps="1:2")
+    settings = {"num_samples": samples, "shard_size": 100, "batch_size": 50}
+    job_id = submit_ps(workdir, settings, workers="1:4", ps="1:2", extra=("--exclusive", "--mem=12000"))
     cleanup.append(job_id)
     job_dir = JobDir.of(workdir, NAME, job_id)
     wait_for("the job training", lambda: (s := _master_status(job_dir.ps)) is not None and s["shards_done"] >= 2,
