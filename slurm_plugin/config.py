@@ -160,10 +160,10 @@ class PluginConfig(_Section):
     def _policy(cls, value: str) -> str:
         if value in POLICY_NAMES and value not in DAEMON_POLICY_NAMES:
             raise ValueError(
-                f"policy {value!r} plans GPUs per type, which the daemon does not apply yet"
-                " (hpc-elastic simulate runs it)"
+                f"policy {value!r} plans a job's GPUs on several types at once, which the daemon cannot apply"
+                " (hpc-elastic simulate runs it; the daemon's EasyScale is tiresias-las+easyscale)"
             )
-        if value not in POLICY_NAMES:
+        if value not in DAEMON_POLICY_NAMES:
             raise ValueError(f"unknown policy {value!r}; choose from {', '.join(DAEMON_POLICY_NAMES)}")
         return value
 

@@ -23,10 +23,13 @@ from typing import IO, Any
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
-from hpc_elastic.slurm import Job, SlurmClient, SlurmError
+from hpc_elastic.policy.hetero import EstProfile, ScaleOut, TiresiasLasEasyScale
+from hpc_elastic.policy.types import ScalingCurve
+from hpc_elastic.slurm import Job, Node, SlurmClient, SlurmError
 from slurm_plugin.actions import (
     Action,
     ActionKind,
+    Resize,
     followup_actions,
     plan,
     planned_by_job,
@@ -35,6 +38,7 @@ from slurm_plugin.actions import (
 )
 from slurm_plugin.apply import Applier, ApplyResult, Outcome, acknowledgements, capabilities
 from slurm_plugin.config import PluginConfig
+from slurm_plugin.easyscale import Capability, ScaleOutWatch, job_profile, observed_scale_out, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
 from slurm_plugin.store import JobRecord, Store
@@ -127,6 +131,10 @@ class Daemon:
         self._signature: frozenset[tuple[int, str, int]] | None = None
         self._recent: list[dict[str, Any]] | None = None
         self._rejected: dict[int, str] = {}  # the disqualified jobs already logged, and why
+        #: ``tiresias-las+easyscale``'s Role 3, kept while the daemon runs: the grows it carried out, and what the
+        #: grown jobs observed since
+        self._grows: dict[int, ScaleOutWatch] = {}
+        self._scale_outs: dict[int, ScaleOut] = {}
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -156,8 +164,10 @@ class Daemon:
             raise
         records = self.store.load()
         skews = self._skews(jobs)
+        report.capabilities = capabilities(self.config.ckpt_roots, self._managed(jobs))
+        profiles = self._profiles(jobs, nodes, report.capabilities)
         try:
-            obs = observe(jobs, nodes, records, self.selection, now=now, skews=skews)
+            obs = observe(jobs, nodes, records, self.selection, now=now, skews=skews, profiles=profiles)
             cluster = ClusterState.from_nodes(list(obs.nodes))
             table = JobTable.from_views(list(obs.jobs), cluster)
         except (PartialRead, ValueError) as exc:
@@ -176,15 +186,59 @@ class Daemon:
                     "job %s: %s from queue %d to %d", change.job_id, change.kind.value, change.old_queue, change.queue
                 )
         acks = acknowledgements(self.config.ckpt_roots, obs.records, obs.managed, now)
-        report.capabilities = capabilities(self.config.ckpt_roots, obs.managed)
         actions: list[Action] = list(followup_actions(obs, acks, self.config))
         if not followups_only:
             actions += plan(obs, decision, self.config)
             actions += ps_preempt_actions(obs, ps_plan(obs, self.config))
         result = self.applier.apply(actions, obs.records, obs.managed)
+        if profiles is not None:
+            self._watch_grows(result, profiles, obs.managed)
         self.store.save(result.records.values(), obs.forget)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report
+
+    def _managed(self, jobs: list[Job]) -> dict[int, Job]:
+        return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
+
+    def _profiles(
+        self, jobs: list[Job], nodes: list[Node], observed: Mapping[int, Capability]
+    ) -> dict[int, ScalingCurve] | None:
+        """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i
+        corrected by what each job observed, and Role 3's observation of the last grow the daemon carried out
+        (:mod:`slurm_plugin.easyscale`)."""
+        if not isinstance(self.policy, TiresiasLasEasyScale):
+            return None
+        types = tuple(sorted({t for node in nodes for t, count in node.gpus.by_type if t and count > 0}))
+        out: dict[int, ScalingCurve] = {}
+        if not types:
+            return out
+        for job in jobs:
+            managed, marker, _ = self.selection.judge(job)
+            if not (job.state.is_active and managed and marker is not None and marker.elastic):
+                continue
+            seen = observed.get(job.job_id, ())
+            profile = job_profile(marker, job, types, seen)
+            watch = self._grows.get(job.job_id)
+            if watch is not None:
+                scale_out = observed_scale_out(watch, profile, job, reported=bool(seen))
+                if scale_out is not None:
+                    self._scale_outs[job.job_id] = scale_out
+            out[job.job_id] = replace(profile, scale_out=self._scale_outs.get(job.job_id))
+        live = {job.job_id for job in jobs if job.state.is_active}
+        self._grows = {k: v for k, v in self._grows.items() if k in live}
+        self._scale_outs = {k: v for k, v in self._scale_outs.items() if k in live}
+        return out
+
+    def _watch_grows(self, result: ApplyResult, profiles: Mapping[int, ScalingCurve], jobs: Mapping[int, Job]) -> None:
+        """Remember each grow carried out this pass (Role 3: the job's throughput before it)."""
+        for outcome in result.outcomes:
+            action = outcome.action
+            if not (outcome.ok and isinstance(action, Resize) and action.new_gpus > action.old_gpus):
+                continue
+            profile, job = profiles.get(action.job_id), jobs.get(action.job_id)
+            if isinstance(profile, EstProfile) and job is not None:
+                self._grows[action.job_id] = watch_grow(profile, job)
+                self._scale_outs.pop(action.job_id, None)
 
     def _log_rejections(self, rejected: Mapping[int, str]) -> None:
         """Log each disqualified job once (again only if the reason changes); forget those no longer listed."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from hpc_elastic.launch.spec import JobMarker, MarkerError, decode_marker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
+from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.slurm import Job, JobState, Node
 from slurm_plugin.cpu_policy import PsJobView
 from slurm_plugin.store import JobRecord
@@ -205,9 +206,13 @@ def observe(
     *,
     now: float,
     skews: Mapping[int, float] | None = None,
+    profiles: Mapping[int, ScalingCurve] | None = None,
 ) -> Observation:
     """Policy views of the managed GPU jobs that are pending (not held) or running, and of the managed ps-mode
-    jobs on CPU partitions (:class:`~slurm_plugin.cpu_policy.PsJobView`)."""
+    jobs on CPU partitions (:class:`~slurm_plugin.cpu_policy.PsJobView`). ``profiles``: the elastic jobs' speed
+    models (``tiresias-las+easyscale``); with them a running job may use only the GPU types it holds, as a resize
+    keeps a job's type (Slurm 22.05 does not change a pending job's GPU type: a new typed ``TresPerJob`` leaves the
+    old type's TRES next to the new one)."""
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
     views = node_views(nodes)
@@ -261,6 +266,8 @@ def observe(
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
         gpus = record.resize_set if pending and record.resize_set else job.gpu_count
         allocation = split_allocation(job, in_use) if running else ()  # PartialRead: the whole pass waits
+        allowed = _gpu_types(job, marker, frozen_types)
+        held_types = frozenset(t for t, count in job.gpus.by_type if t and count > 0)
         try:
             view = JobView(
                 job_id=key,
@@ -275,11 +282,12 @@ def observe(
                 first_start_time=record.first_start,
                 queue=record.queue,
                 skew=skews.get(job.job_id),
-                gpu_types=_gpu_types(job, marker, frozen_types),
+                gpu_types=held_types if profiles is not None and running and held_types else allowed,
                 allocation=allocation,
                 time_limit=float(job.time_limit_s) if job.time_limit_s else None,
                 min_gpus=elastic.min if elastic else None,
                 max_gpus=elastic.max if elastic else None,
+                scaling=(profiles or {}).get(key),
             )
         except ValueError as exc:  # one job's odd fields keep that job, not the cluster, out of the pass
             rejected[key] = str(exc)

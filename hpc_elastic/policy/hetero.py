@@ -198,9 +198,17 @@ def _profile(curve: ScalingCurve | None, types: tuple[str, ...], ests: int, elas
 
 
 def easyscale_walk(
-    inp: PassInput, order: IntArray, pinned: BoolArray | None, *, mixed: bool, pack_limit: float
+    inp: PassInput,
+    order: IntArray,
+    pinned: BoolArray | None,
+    *,
+    mixed: bool,
+    pack_limit: float,
+    own_types: bool = False,
 ) -> WalkResult:
-    """Steps 1-4 of the module doc: who holds GPUs, how many of each type, and where."""
+    """Steps 1-4 of the module doc: who holds GPUs, how many of each type, and where. ``own_types``: proposals
+    only of the GPU types each job may run on (its ``JobTable.pool_mask``); else of any type (the simulator's
+    EasyScale, whose jobs name a type for their speeds only)."""
     jobs, cluster = inp.jobs, inp.cluster
     n, n_pools = len(jobs), cluster.n_pools
     types = cluster.pool_names
@@ -278,7 +286,17 @@ def easyscale_walk(
             take[row, p] += extra
             left[p] -= extra
     # 3. the free GPUs by Role 2's proposals, greedily by speedup per GPU
-    _grant(inp, take=take, left=left, holding=holding, profiles=profiles, cap=cap, low=low, mixed=mixed)
+    _grant(
+        inp,
+        take=take,
+        left=left,
+        holding=holding,
+        profiles=profiles,
+        cap=cap,
+        low=low,
+        mixed=mixed,
+        own_types=own_types,
+    )
     target = take.sum(axis=1)
     return _place(inp, held=held, take=take, holding=holding, target=target, pinned=pinned, pack_limit=pack_limit)
 
@@ -293,6 +311,7 @@ def _grant(
     cap: list[int],
     low: list[int],
     mixed: bool,
+    own_types: bool,
 ) -> None:
     """Step 3: one grant at a time to the best proposal of all jobs (a granted job proposes again from its new
     plan; a proposal that no longer fits is formed again on what is left)."""
@@ -300,6 +319,7 @@ def _grant(
     jobs = inp.jobs
     elastic = (np.minimum(jobs.min_gpus, jobs.gpus) < np.maximum(jobs.max_gpus, jobs.gpus)) & holding
     heap: list[tuple[tuple[float, int, int, str], int, Proposal]] = []
+    masks = jobs.pool_mask.tolist()
 
     def push(row: int) -> None:
         prof = profiles[row]
@@ -307,7 +327,8 @@ def _grant(
             return
         counts = take[row].tolist()
         current = tuple((types[p], counts[p]) for p in range(len(types)) if counts[p] > 0)
-        free = tuple((types[p], min(left[p], cap[row])) for p in range(len(types)) if left[p] > 0)
+        mask = int(masks[row]) if own_types else -1  # the types the job may run on, or any
+        free = tuple((types[p], min(left[p], cap[row])) for p in range(len(types)) if left[p] > 0 and mask >> p & 1)
         if not free:
             return
         best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), mixed)
@@ -407,12 +428,16 @@ class EasyScaleHomo(TiresiasLas):
     plans_per_type = True
     #: whether a job's plan may use several GPU types
     mixed = False
+    #: whether proposals are only of the types a job may run on (its pool mask)
+    own_types = False
 
     def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
         jobs = inp.jobs
         if np.array_equal(jobs.min_gpus, jobs.gpus) and np.array_equal(jobs.max_gpus, jobs.gpus):
             return super()._walk(inp, order, pinned)  # no elastic job in this pass: 2D-LAS's own walk
-        return easyscale_walk(inp, order, pinned, mixed=self.mixed, pack_limit=self.options.pack_limit)
+        return easyscale_walk(
+            inp, order, pinned, mixed=self.mixed, pack_limit=self.options.pack_limit, own_types=self.own_types
+        )
 
 
 class EasyScaleHeter(EasyScaleHomo):
@@ -420,3 +445,16 @@ class EasyScaleHeter(EasyScaleHomo):
 
     name = "easyscale-heter"
     mixed = True
+
+
+class TiresiasLasEasyScale(EasyScaleHomo):
+    """``tiresias-las+easyscale``, the Slurm daemon's EasyScale: as :class:`EasyScaleHomo` (2D-LAS decides who
+    runs at its minimum, Role 2's proposals share out the free GPUs by speedup per GPU, Role 3 falls back), each
+    job's plan on one GPU type at a time, which the daemon carries out as a resize that may change the job's type
+    (checkpoint, requeue, new task count and GPU type). Plans across types need one job on several types whose
+    per-type GPU counts change across a requeue, which Slurm 22.05 does not do (the README's "EasyScale on
+    heterogeneous clusters"): ``easyscale-heter`` stays the simulator's."""
+
+    name = "tiresias-las+easyscale"
+    plans_per_type = False
+    own_types = True

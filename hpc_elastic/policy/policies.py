@@ -127,8 +127,9 @@ class Policy(ABC):
     uses_history: ClassVar[bool] = False
     #: whether the policy resizes elastic jobs (``Decision.resizes``), also when no job waits.
     elastic: ClassVar[bool] = False
-    #: whether its decisions choose a job's GPUs per type (EasyScale's plans, also moving a job to another type):
-    #: the Slurm daemon applies GPU counts only, so it refuses such a policy (:data:`~.registry.DAEMON_POLICY_NAMES`).
+    #: whether its decisions choose a job's GPUs on several types at once (EasyScale's heterogeneous plans, or a
+    #: move to another type): the Slurm daemon keeps a job on one type, so it refuses such a policy
+    #: (:data:`~.registry.DAEMON_POLICY_NAMES`).
     plans_per_type: ClassVar[bool] = False
     #: True when, if every waiting job fits the free GPUs, a pass over the waiting jobs alone that starts them
     #: all places them exactly where a pass over all jobs would, and that pass would decide nothing else (no

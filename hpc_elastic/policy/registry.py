@@ -4,22 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hpc_elastic.policy.hetero import EasyScaleHeter, EasyScaleHomo
+from hpc_elastic.policy.hetero import EasyScaleHeter, EasyScaleHomo, TiresiasLasEasyScale
 from hpc_elastic.policy.policies import BUILTIN_POLICIES, Policy, PolicyOptions
 
 PolicyFactory = Callable[[PolicyOptions], Policy]
 
 _CLASSES: tuple[type[Policy], ...] = (*BUILTIN_POLICIES, EasyScaleHomo, EasyScaleHeter)
-_BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in _CLASSES}
+#: policies for the Slurm daemon only: ``tiresias-las+easyscale`` is ``easyscale-homo`` under the daemon's name
+#: (the simulator runs it as ``easyscale-homo``)
+_DAEMON_ONLY: tuple[type[Policy], ...] = (TiresiasLasEasyScale,)
+_BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in (*_CLASSES, *_DAEMON_ONLY)}
 
-#: The built-in policy names, in the order the issue lists them.
-POLICY_NAMES: tuple[str, ...] = tuple(_BUILTIN)
-#: Those the Slurm daemon can carry out: not the policies that plan GPUs per type (``Policy.plans_per_type``).
-DAEMON_POLICY_NAMES: tuple[str, ...] = tuple(cls.name for cls in _CLASSES if not cls.plans_per_type)
+#: The built-in policy names (the simulator's), in the order the issue lists them.
+POLICY_NAMES: tuple[str, ...] = tuple(cls.name for cls in _CLASSES)
+#: Those the Slurm daemon can carry out: not the policies that plan a job's GPUs on several types at once
+#: (``Policy.plans_per_type``), and EasyScale with one type per job's plan.
+DAEMON_POLICY_NAMES: tuple[str, ...] = tuple(cls.name for cls in (*_CLASSES, *_DAEMON_ONLY) if not cls.plans_per_type)
 
 
 def policy_names(extra: dict[str, PolicyFactory] | None = None) -> tuple[str, ...]:
-    """Built-in names plus those in ``extra``."""
+    """Built-in names (the simulator's) plus those in ``extra``."""
     return POLICY_NAMES + tuple(name for name in (extra or {}) if name not in _BUILTIN)
 
 

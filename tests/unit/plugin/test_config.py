@@ -49,10 +49,12 @@ def test_every_problem_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("policy", ["easyscale-homo", "easyscale-heter"])
 def test_a_policy_planning_gpus_per_type_is_refused_by_the_daemon(policy: str) -> None:
-    # the simulator runs it; the daemon applies GPU counts only
-    with pytest.raises(ConfigError, match=f"policy '{policy}' plans GPUs per type, which the daemon does not apply"):
+    # the simulator runs it; the daemon keeps each job on one type, and runs EasyScale as tiresias-las+easyscale
+    with pytest.raises(ConfigError, match=f"policy '{policy}' plans a job's GPUs on several types at once") as err:
         parse_config({"state_dir": "/tmp", "policy": policy})
-    assert parse_config({"state_dir": "/tmp", "policy": "tiresias-las+elastic"}).policy == "tiresias-las+elastic"
+    assert "tiresias-las+easyscale" in str(err.value)
+    for accepted in ("tiresias-las+elastic", "tiresias-las+easyscale"):
+        assert parse_config({"state_dir": "/tmp", "policy": accepted}).policy == accepted
 
 
 def test_missing_state_dir_key_and_relative_paths() -> None:

@@ -153,3 +153,26 @@ def test_simulator_refuses_a_profile_without_the_cluster_types() -> None:
     job = TraceJob("j", 0.0, 1, 10.0, scaling=est_profile({"v100": 1.0}, 1, "v100"))
     with pytest.raises(ValueError, match="k80"):
         Simulator([job], (NodeSpec("k0", 2, "k80"),), make_policy("fifo"))
+
+
+def test_the_daemons_easyscale_proposes_only_types_a_job_may_run_on() -> None:
+    # 8 ESTs on 2 v100 (4 each: 8 / (4 / 1) = 2 per s); on 4 idle a100 of C = 3 (2 each): 8 / (2 / 3) = 12
+    nodes = [NodeView("v0", 2, 0, "v100"), NodeView("a0", 4, 4, "a100")]
+    profile = est_profile({"v100": 1.0, "a100": 3.0}, 8, "v100")
+    anywhere = elastic(1, (("v0", 2),), 8, profile)
+    assert gpus_after(run("easyscale-homo", [anywhere], nodes)) == {1: {"a0": 4}}  # the simulator's: it moves
+    assert gpus_after(run("tiresias-las+easyscale", [anywhere], nodes)) == {1: {"a0": 4}}
+    pinned = JobView(
+        1,
+        2,
+        0.0,
+        R,
+        attained_service=10.0,
+        allocation=(("v0", 2),),
+        min_gpus=1,
+        max_gpus=8,
+        gpu_types=frozenset({"v100"}),
+        scaling=profile,
+    )
+    assert not run("tiresias-las+easyscale", [pinned], nodes).resizes  # the daemon's: only v100, none idle
+    assert gpus_after(run("easyscale-homo", [pinned], nodes)) == {1: {"a0": 4}}  # the simulator's ignores it
