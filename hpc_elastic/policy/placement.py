@@ -31,16 +31,22 @@ AlexNet (largest tensor >= ~60% of the model) from the other models (<= ~20%), a
 
 _NO_FIT = np.iinfo(np.int64).max
 
+#: Single-node fits a :class:`FreeIndex` scans with numpy before it builds its free-GPU buckets and looks there (a
+#: pass that places many jobs, e.g. a time-slicing rotation, pays the buckets once and then a short Python loop
+#: per job; a pass that places a few pays a few scans).
+_SCANNED_FITS = 4
+
 
 class FreeIndex:
     """Free GPUs per node of one pass (mutable). Construction costs a few vectorised operations.
 
-    A single-node best fit is a vectorised scan (ties: lowest node row). Jobs that need several nodes use free-GPU
-    buckets per pool (nodes bucketed by free count, in row order), built on first need, so a placement then costs
-    O(GPUs per node) plus the nodes it touches.
+    A single-node best fit is a vectorised scan (ties: lowest node row), or, once the buckets exist, the lowest row
+    of the first non-empty bucket at or above the job's GPUs (the same node). Jobs that need several nodes use
+    free-GPU buckets per pool (nodes bucketed by free count, in row order), built on first need (or after
+    :data:`_SCANNED_FITS` scans), so a placement then costs O(GPUs per node) plus the nodes it touches.
     """
 
-    __slots__ = ("_buckets", "_cluster", "_free", "_pool_free", "_switched")
+    __slots__ = ("_buckets", "_cluster", "_free", "_pool_free", "_scans", "_switched")
 
     def __init__(self, cluster: ClusterState, extra_free: dict[int, int] | None = None) -> None:
         self._cluster = cluster
@@ -56,6 +62,7 @@ class FreeIndex:
             self._pool_free = np.bincount(cluster.pool, weights=free, minlength=cluster.n_pools).astype(int).tolist()
         self._buckets: list[list[dict[int, None]]] | None = None
         self._switched: bool | None = None
+        self._scans = 0
 
     def _bucketed(self) -> list[list[dict[int, None]]]:
         if self._buckets is None:
@@ -105,6 +112,18 @@ class FreeIndex:
 
     def _best_fit(self, pool: int, gpus: int) -> int | None:
         """The node of ``pool`` with the fewest free GPUs that still holds ``gpus`` (lowest row on ties)."""
+        if gpus > 0:  # (every node with a free GPU is in a bucket)
+            if self._buckets is None:
+                self._scans += 1
+                if self._scans > _SCANNED_FITS:
+                    self._bucketed()
+            if self._buckets is not None:
+                buckets = self._buckets[pool]
+                for k in range(gpus, len(buckets)):
+                    nodes = buckets[k]
+                    if nodes:
+                        return min(nodes)
+                return None
         free = self._free
         if free.size == 0:
             return None
