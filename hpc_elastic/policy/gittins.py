@@ -62,10 +62,16 @@ class GittinsTable:
     beyond: FloatArray  # number of samples with s > a + Δ
     fixed: FloatArray = field(init=False, repr=False)  # within_sum + Δ beyond: G = c / (fixed - a c)
     first: float = field(init=False, repr=False)  # G(0, Δ): the index of every job that has not run
+    # c and ``fixed`` at ``breakpoints.searchsorted(a, side="right")``: piece k at k + 1, and the first piece also
+    # at 0 (a < 0: a job promoted while it ran), so a lookup is one search and two gathers
+    _within_at: FloatArray = field(init=False, repr=False)
+    _fixed_at: FloatArray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         fixed = self.within_sum + self.delta * self.beyond
         object.__setattr__(self, "fixed", fixed)
+        object.__setattr__(self, "_within_at", np.concatenate((self.within[:1], self.within)))
+        object.__setattr__(self, "_fixed_at", np.concatenate((fixed[:1], fixed)))
         c, denom = float(self.within[0]), float(fixed[0])
         object.__setattr__(self, "first", c / denom if c > 0 and denom > 0 else 0.0)
 
@@ -99,19 +105,20 @@ class GittinsTable:
         ran = attained != 0.0
         n_ran = int(np.count_nonzero(ran))
         if 2 * n_ran > attained.size:
-            k = np.maximum(self.breakpoints.searchsorted(attained, side="right") - 1, 0)  # (a < 0: the first)
-            c = self.within[k]
-            denom = self.fixed[k] - attained * c
-            return np.divide(c, denom, out=np.zeros(attained.shape, dtype=np.float64), where=(c > 0) & (denom > 0))
+            return self._lookup(attained)
         out = np.full(attained.shape, self.first, dtype=np.float64)
         if n_ran:
             rows = ran.nonzero()[0]
-            a = attained[rows]
-            k = np.where(a > 0.0, self.breakpoints.searchsorted(a, side="right") - 1, 0)  # (the first is 0)
-            c = self.within[k]
-            denom = self.fixed[k] - a * c
-            out[rows] = np.divide(c, denom, out=np.zeros(a.shape, dtype=np.float64), where=(c > 0) & (denom > 0))
+            out[rows] = self._lookup(attained[rows])
         return out
+
+    def _lookup(self, attained: FloatArray) -> FloatArray:
+        """G(a, Δ) = c / (fixed - a c) on a's piece; 0 where that is not positive (c = 0: no sample left within
+        Δ, which gives 0 either way since fixed - a c = fixed >= 0 there)."""
+        k = self.breakpoints.searchsorted(attained, side="right")
+        c = self._within_at.take(k)
+        denom = self._fixed_at.take(k) - attained * c
+        return np.divide(c, denom, out=np.zeros(attained.shape, dtype=np.float64), where=denom > 0.0)
 
 
 @dataclass(frozen=True, eq=False)

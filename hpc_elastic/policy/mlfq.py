@@ -114,7 +114,7 @@ def mlfq_wakeup(
         # crossing time of every holder (∞ for the last queue, whose Q^hi is ∞)
         per = jobs.gpus if gpus is None else np.maximum(gpus, 1)  # (a job that waits has no GPUs after the pass)
         cross = (config.upper(leaves) - attained) / per
-        best = now + float(np.min(cross, where=holding, initial=math.inf))
+        best = now + float(np.min(cross[holding], initial=math.inf))  # (a masked min costs twice this)
     if not math.isinf(config.promote_knob):
         low = waiting & (queue > 0)
         if low.any():

@@ -31,16 +31,23 @@ AlexNet (largest tensor >= ~60% of the model) from the other models (<= ~20%), a
 
 _NO_FIT = np.iinfo(np.int64).max
 
+#: Single-node fits a :class:`FreeIndex` scans with numpy before it builds its sets of nodes per free count and
+#: looks there (a pass that places many jobs, e.g. a time-slicing rotation, pays the sets once and then a short
+#: Python loop per job; a pass that places a few pays a few scans).
+_SCANNED_FITS = 4
+
 
 class FreeIndex:
     """Free GPUs per node of one pass (mutable). Construction costs a few vectorised operations.
 
-    A single-node best fit is a vectorised scan (ties: lowest node row). Jobs that need several nodes use free-GPU
-    buckets per pool (nodes bucketed by free count, in row order), built on first need, so a placement then costs
-    O(GPUs per node) plus the nodes it touches.
+    A single-node best fit is a vectorised scan (ties: lowest node row), or, after :data:`_SCANNED_FITS` scans, the
+    lowest row of the first non-empty set of nodes with a free count at or above the job's GPUs (the same node).
+    Jobs that need several nodes use free-GPU buckets per pool (nodes bucketed by free count, in row order), built
+    on first need, so a placement then costs O(GPUs per node) plus the nodes it touches. (The buckets' order is
+    part of the placement: it must not depend on when single-node fits built the sets, hence two structures.)
     """
 
-    __slots__ = ("_buckets", "_cluster", "_free", "_pool_free", "_switched")
+    __slots__ = ("_buckets", "_cluster", "_fits", "_free", "_pool_free", "_scans", "_switched")
 
     def __init__(self, cluster: ClusterState, extra_free: dict[int, int] | None = None) -> None:
         self._cluster = cluster
@@ -56,6 +63,20 @@ class FreeIndex:
             self._pool_free = np.bincount(cluster.pool, weights=free, minlength=cluster.n_pools).astype(int).tolist()
         self._buckets: list[list[dict[int, None]]] | None = None
         self._switched: bool | None = None
+        self._fits: list[list[set[int]]] | None = None
+        self._scans = 0
+
+    def _fit_sets(self) -> list[list[set[int]]]:
+        """Per pool and free count, the nodes with that many free GPUs (> 0), for single-node best fits."""
+        if self._fits is None:
+            cluster = self._cluster
+            max_size = int(cluster.total.max()) if cluster.total.size else 0
+            fits: list[list[set[int]]] = [[set() for _ in range(max_size + 1)] for _ in range(cluster.n_pools)]
+            rows = (self._free > 0).nonzero()[0]
+            for node, k, p in zip(rows.tolist(), self._free[rows].tolist(), cluster.pool[rows].tolist(), strict=True):
+                fits[p][k].add(node)
+            self._fits = fits
+        return self._fits
 
     def _bucketed(self) -> list[list[dict[int, None]]]:
         if self._buckets is None:
@@ -90,6 +111,12 @@ class FreeIndex:
                 del buckets[old][node]
             if new > 0:
                 buckets[new][node] = None
+        if self._fits is not None:
+            fits = self._fits[pool]
+            if old > 0:
+                fits[old].discard(node)
+            if new > 0:
+                fits[new].add(node)
 
     def take(self, allocation: Iterable[tuple[int, int]]) -> None:
         for node, count in allocation:
@@ -105,6 +132,18 @@ class FreeIndex:
 
     def _best_fit(self, pool: int, gpus: int) -> int | None:
         """The node of ``pool`` with the fewest free GPUs that still holds ``gpus`` (lowest row on ties)."""
+        if gpus > 0:  # (every node with a free GPU is in a set)
+            if self._fits is None:
+                self._scans += 1
+                if self._scans > _SCANNED_FITS:
+                    self._fit_sets()
+            if self._fits is not None:
+                sets = self._fits[pool]
+                for k in range(gpus, len(sets)):
+                    nodes = sets[k]
+                    if nodes:
+                        return min(nodes)
+                return None
         free = self._free
         if free.size == 0:
             return None

@@ -258,7 +258,8 @@ class _MlfqPolicy(Policy):
         queue, promoted = mlfq_update(self.mlfq, jobs)
         # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
         attained = jobs.attained if promoted is None else np.where(promoted, 0.0, jobs.attained)
-        order = self._order(inp, queue, attained)
+        # (a pass over one job has one order: half of a simulated trace's passes, an arrival that fits the free GPUs)
+        order = self._order(inp, queue, attained) if len(jobs) > 1 else np.zeros(len(jobs), dtype=np.int64)
         pinned = pinned_rows(inp, self.options.min_run_time)
         walk = self._walk(inp, order, pinned)
         waiting = _waiting_after(inp, walk)
@@ -442,8 +443,11 @@ class Gandiva(Policy):
     def schedule(self, inp: PassInput) -> Decision:
         jobs, now = inp.jobs, inp.now
         quantum = self.options.time_slice
-        key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.current_wait)
-        order = np.lexsort((jobs.submit, key))
+        if len(jobs) > 1:
+            key = np.where(jobs.running, now - jobs.run_time + quantum, now - jobs.current_wait)
+            order = np.lexsort((jobs.submit, key))
+        else:
+            order = np.zeros(len(jobs), dtype=np.int64)  # (one job: one order)
         min_run = max(self.options.min_run_time, quantum)
         pinned = pinned_rows(inp, min_run)
         walk = preemptive_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)

@@ -526,7 +526,7 @@ class _Replay:
         v = f.tolist()
         el = now - v[_SINCE]
         i = self.istate[:, row]
-        gpus = int(i[_GPUS])
+        gpus = i.item(_GPUS)
         f[_ATT] = v[_ATT] + gpus * el
         f[_EXE] = v[_EXE] + el
         done = max(el - v[_OVERHEAD], 0.0) * v[_SPEED]
@@ -537,7 +537,7 @@ class _Replay:
         self.free_total += gpus
         free = self.free
         for node, count in self.alloc[row]:
-            free[node] += count
+            free[node] = free.item(node) + count
         self.alloc[row] = ()
         i[_POOL] = -1
 
@@ -560,7 +560,7 @@ class _Replay:
         if self.arrived:
             self.active = np.concatenate((self.active, np.asarray(self.arrived, dtype=np.int64)))
             self.arrived.clear()
-        cluster = self.sim.cluster0.with_free(self.free.copy(), check=False)
+        cluster = self.sim.cluster0.with_free(self.free, check=False)  # (read only, and only during the pass)
         rows = self.active
         decision: Decision | None = None
         if self.shortcut and self.pending_gpus <= self.free_total:
@@ -716,15 +716,17 @@ class _Replay:
     def start(self, row: int, node_rows: RowAllocation, now: float) -> None:
         """Start (or resume) a waiting job on these GPUs."""
         f, i = self.fstate[:, row], self.istate[:, row]
-        if i[_STATUS] != _PENDING:
-            raise RuntimeError(f"policy {self.policy.name} started job {row} that is not pending")
         v = f.tolist()
+        status, gpus = i.item(_STATUS), i.item(_GPUS)
+        if status != _PENDING:
+            raise RuntimeError(f"policy {self.policy.name} started job {row} that is not pending")
         self.pend_total[row] += now - v[_SINCE]
         if v[_EXE] > 0.0:  # a waiting spell after the job ran counts toward δ_J
             f[_WAIT] = v[_WAIT] + (now - v[_SINCE])
         self.pending.discard(row)
-        self.pending_gpus -= int(i[_GPUS])
-        gpus = i[_GPUS] = sum(count for _, count in node_rows)  # (an elastic job may start on more)
+        self.pending_gpus -= gpus
+        # (an elastic job may start on more)
+        gpus = node_rows[0][1] if len(node_rows) == 1 else sum(count for _, count in node_rows)
         if math.isnan(v[_FIRST]):
             f[_FIRST] = now
         overhead = self.owed[row]
@@ -738,18 +740,18 @@ class _Replay:
         sim, free = self.sim, self.free
         f, i = self.fstate[:, row], self.istate[:, row]
         for node, count in node_rows:
-            if free[node] < count:
+            have = free.item(node)
+            if have < count:
                 raise RuntimeError(
                     f"policy {self.policy.name} placed job {row} on {sim.cluster0.names[node]} "
-                    f"which has {int(free[node])} free GPUs, not {count}"
+                    f"which has {have} free GPUs, not {count}"
                 )
-            free[node] -= count
+            free[node] = have - count
         self.busy_gpus += gpus
         self.free_total -= gpus
-        i[_STATUS] = _RUNNING
-        f[_SINCE] = now
+        pool = self.node_pool[node_rows[0][0]]
+        i[_GPUS], i[_STATUS], i[_POOL] = gpus, _RUNNING, pool
         self.alloc[row] = node_rows
-        pool = i[_POOL] = self.node_pool[node_rows[0][0]]
         # spread: on more nodes than the fewest that hold its GPUs (ceil(GPUs / node size) in its pool)
         spread = len(node_rows) > 1 and len(node_rows) > -(-gpus // self.node_size[pool])
         skew = self.skew[row]
@@ -766,13 +768,12 @@ class _Replay:
             speed *= curve.throughput(dict(self.per_type(node_rows))) / curve.throughput({curve.base_type: base})
         elif gpus != base:
             speed *= curve.at(gpus) / curve.at(base)
-        f[_SPEED] = speed
-        f[_OVERHEAD] = overhead
+        f[_SINCE], f[_SPEED], f[_OVERHEAD] = now, speed, overhead
         version = self.version[row] = self.version[row] + 1
-        self.push(now + overhead + float(f[_REMAIN]) / speed, _COMPLETION, row, version)
+        self.push(now + overhead + f.item(_REMAIN) / speed, _COMPLETION, row, version)
         if self.record:
             named = tuple((sim.cluster0.names[node], count) for node, count in node_rows)
-            self.log.append(SimEvent(now, kind, int(sim.ids[row]), int(i[_QUEUE]), named))
+            self.log.append(SimEvent(now, kind, int(sim.ids[row]), i.item(_QUEUE), named))
 
     # ------------------------------------------------------------------------------------------ the result
 

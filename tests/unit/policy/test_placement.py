@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -118,3 +119,30 @@ def test_consolidation_prefers_one_switch() -> None:
     # no single switch can hold 12 GPUs: fall back to the whole pool
     idx = FreeIndex(ClusterState.from_nodes(nodes))
     assert nodes_of(idx.place(0, 12, PlacementMode.CONSOLIDATE, math.nan, 0.5)) == [0, 1, 2]
+
+
+def test_best_fit_from_the_fit_sets_places_as_the_scan_does() -> None:
+    """After a few single-node fits a FreeIndex looks them up in its sets of nodes per free count: every placement
+    (single- and multi-node, every mode, with releases in between) is the one an index that always scans makes,
+    including the order in which multi-node placements visit the free-GPU buckets."""
+    rng = random.Random(7)
+    placed = 0
+    for trial in range(200):
+        types = ["a", "b"] if trial % 2 else [""]
+        sizes = [rng.choice([4, 8]) for _ in range(rng.randint(1, 30))]
+        nodes = [NodeView(f"n{i}", t, rng.randint(0, t), rng.choice(types)) for i, t in enumerate(sizes)]
+        cluster = ClusterState.from_nodes(nodes)
+        scanning, indexed = FreeIndex(cluster), FreeIndex(cluster)
+        scanning._scans = -(10**9)  # never reaches the sets
+        for _ in range(40):
+            pool, gpus = rng.randrange(cluster.n_pools), rng.randint(1, 12)
+            mode = rng.choice(list(PlacementMode))
+            skew = rng.choice([math.nan, 0.1, 0.9])
+            expected = scanning.place(pool, gpus, mode, skew, 0.5)
+            assert indexed.place(pool, gpus, mode, skew, 0.5) == expected
+            placed += expected is not None
+            node = rng.randrange(len(nodes))
+            if rng.random() < 0.3 and scanning.free_of(node) < int(cluster.total[node]):
+                scanning.release([(node, 1)])
+                indexed.release([(node, 1)])
+    assert placed > 1000
