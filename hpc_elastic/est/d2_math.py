@@ -94,36 +94,54 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="d2-matmul")
 
 
-def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32, 2-D).
+def _geometry(t: torch.Tensor, row_dims: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``t``'s storage as a flat float32 array and the geometry that names ``t`` in it as a matrix (its first
+    ``row_dims`` dimensions the rows), for ``matmul_nt_view``: the kernel reads the view in place."""
+    flat = t.as_strided((t.untyped_storage().nbytes() // 4,), (1,), 0)
+    sizes, strides = list(t.shape), list(t.stride())
+    geometry = np.array([t.storage_offset(), row_dims, t.dim() - row_dims, *sizes, *strides], dtype=np.int64)
+    return flat.numpy(), geometry
+
+
+def det_matmul_nt(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
+    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32), where ``a`` is ``[*rows, *k]`` with
+    its first ``a_rows`` dimensions the rows (row-major), and ``b`` likewise: a 2-D matrix by default, or any view
+    (a convolution's patches as a strided view of its padded image), which the CPU kernel reads in place, chunk by
+    chunk, instead of gathering it first (the same operations per output: only where the operands are read from
+    changes).
 
     On the CPU the rows of ``a`` are split over ``torch.get_num_threads()`` threads (the C kernel releases the GIL);
     every output is formed whole by one call, so the bits do not depend on the split."""
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"det_matmul_nt needs [m, k] and [n, k] matrices, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not (0 < a_rows < a.dim() and 0 < b_rows < b.dim()) or a.shape[a_rows:].numel() != b.shape[b_rows:].numel():
+        raise ValueError(
+            f"det_matmul_nt needs [*rows, *k] operands with the same k, got {tuple(a.shape)} (rows: {a_rows} dims) "
+            f"and {tuple(b.shape)} (rows: {b_rows} dims)"
+        )
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"operands on different devices: {a.device} and {b.device}")
-    a = a.detach().contiguous()
-    b = b.detach().contiguous()
+    m, n, k = a.shape[:a_rows].numel(), b.shape[:b_rows].numel(), a.shape[a_rows:].numel()
+    a, b = a.detach(), b.detach()
     if a.device.type == "cuda":
-        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a, b)
+        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a.reshape(m, k).contiguous(), b.reshape(n, k).contiguous())
         return out_gpu
     if a.device.type != "cpu":
         raise ValueError(f"no D2 kernel for device {a.device}")
-    m, n, k = a.shape[0], b.shape[0], a.shape[1]
     out = torch.empty((m, n), dtype=torch.float32)
-    an: np.ndarray[Any, Any] = a.numpy()
-    bn: np.ndarray[Any, Any] = b.numpy()
+    an, ag = _geometry(a, a_rows)
+    bn, bg = _geometry(b, b_rows)
     on: np.ndarray[Any, Any] = out.numpy()
     kernels = cpu_kernels()
     threads = min(torch.get_num_threads(), m)
     if threads < 2 or m * n * k < PARALLEL_MIN_WORK:
-        kernels.matmul_nt(an, bn, on)
+        kernels.matmul_nt_view(an, ag, bn, bg, on, rows=(0, m))
         return out
     bounds = [m * t // threads for t in range(threads + 1)]
-    jobs = [_pool(threads).submit(kernels.matmul_nt, an[lo:hi], bn, on[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    jobs = [
+        _pool(threads).submit(kernels.matmul_nt_view, an, ag, bn, bg, on[lo:hi], rows=(lo, hi))
+        for lo, hi in itertools.pairwise(bounds)
+    ]
     for job in jobs:
         job.result()
     return out

@@ -6,10 +6,11 @@ products of :func:`~hpc_elastic.est.d2_math.det_matmul_nt` and the fixed-tree re
 :func:`~hpc_elastic.est.d2_math.det_sum`).  Autograd's own backward of composed torch ops is never used: a
 broadcast's backward sums with ``torch.sum`` and ``index_select``'s scatters with atomics on CUDA.
 
-- Conv2d: channels-last im2col (a strided view of the padded image gathered into patch rows: pure data movement)
-  and one product; backward: the weight gradient is a product, the input's gradient the transposed convolution
-  (per phase of the stride, im2col of the padded output gradient and one product with the kernel offsets that reach
-  the phase; no ``F.fold``, no scatter-add);
+- Conv2d: an implicit GEMM, one product whose rows are the patches, a strided view of the padded channels-last
+  image that the kernel reads in place (no gathered im2col matrix); backward: the weight gradient is a product
+  with the patch columns (a view of the padded image), the input's gradient the transposed convolution (per phase
+  of the stride, a product with the windows of the padded output gradient, also read in place, and the kernel
+  offsets that reach the phase; no ``F.fold``, no scatter-add);
 - BatchNorm1d/2d/3d (batch statistics by fixed trees, running statistics by torch's formula with the unbiased
   variance), LayerNorm;
 - Embedding: forward gathers; backward sorts the ids stably and adds the r-th occurrence of every id in round r
@@ -126,15 +127,15 @@ def _patches(xp: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
 
 
 def _columns(x: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
-    """The patches as columns, [kh*kw*C, N*Ho*Wo] (rows (i, j, c), columns (n, y, x)), gathered from the zero-padded
-    [N, C, H, W] image: a window row's values lie W apart there, so the gather copies runs along x."""
+    """The patches as columns, the [kh, kw, C, N, Ho, Wo] view (rows (i, j, c), columns (n, y, x)) of the
+    zero-padded [N, C, H, W] image: a window row's values lie W apart there, so the product reads runs along x."""
     ph, pw = window.padding
     xq = F.pad(x, (pw, pw, ph, ph)).contiguous()
     n, c = x.shape[0], x.shape[1]
     (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
     s_n, s_c, s_h, s_w = xq.stride()
     size = (kh, kw, c, n, out[0], out[1])
-    return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw)).reshape(kh * kw * c, -1)
+    return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw))
 
 
 def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> tuple[list[int], int, int]:
@@ -177,9 +178,9 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
                 (n, th, tw, len(taps_i), len(taps_j), o),
                 (s_n, s_h, s_w, s_h * step_i, s_w * step_j, 1),
                 (first_i + top) * s_h + (first_j + left) * s_w,
-            ).reshape(n * th * tw, -1)
+            )
             sub = weight[:, :, taps_i][:, :, :, taps_j].permute(1, 2, 3, 0).reshape(c, -1)  # [C, (i, j, o)]
-            part = det_matmul_nt(rows, sub).reshape(n, th, tw, c)
+            part = det_matmul_nt(rows, sub, a_rows=3).reshape(n, th, tw, c)
             if strided:
                 gx[:, py::sh, px::sw, :] = part
             else:
@@ -188,8 +189,9 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
 
 
 class _Conv2dFn(torch.autograd.Function):
-    """Channels-last im2col: the rows of the product are the patches [N*Ho*Wo, kh*kw*C] (one gather), the weight is
-    [O, kh*kw*C]; each output is one fixed-order dot product over (i, j, c).  The input's gradient is the transposed
+    """Implicit GEMM: the rows of the product are the patches [N*Ho*Wo, kh*kw*C], read in place from the padded
+    channels-last image (a strided view, no gather), the weight is [O, kh*kw*C]; each output is one fixed-order dot
+    product over (i, j, c).  The input's gradient is the transposed
     convolution (:func:`_input_grad`), formed the same way."""
 
     @staticmethod
@@ -203,9 +205,9 @@ class _Conv2dFn(torch.autograd.Function):
         n, _, h, w = x.shape
         o = weight.shape[0]
         ho, wo = window.output(h, w)
-        rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo)).reshape(n * ho * wo, -1)
+        rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
         w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
-        out = det_matmul_nt(rows, w_rows).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
+        out = det_matmul_nt(rows, w_rows, a_rows=3).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
         out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
@@ -223,12 +225,12 @@ class _Conv2dFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = _input_grad(grad_out, weight, window, (h, w))
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            cols_g = grad_out.permute(1, 0, 2, 3).reshape(o, n * ho * wo)  # [O, N*L]
+            cols_g = grad_out.permute(1, 0, 2, 3)  # [O, (n, y, x)]
             if ctx.needs_input_grad[1]:
-                gw = det_matmul_nt(cols_g, _columns(x, window, (ho, wo))).reshape(o, kh, kw, c)
+                gw = det_matmul_nt(cols_g, _columns(x, window, (ho, wo)), b_rows=3).reshape(o, kh, kw, c)
                 gw = gw.permute(0, 3, 1, 2).contiguous()
             if ctx.has_bias and ctx.needs_input_grad[2]:
-                gb = det_sum(cols_g, 1)
+                gb = det_sum(cols_g.reshape(o, n * ho * wo), 1)
         return gx, gw, gb, None
 
 
@@ -694,7 +696,8 @@ def _as_batch(input: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -
 
 
 class DetConv2d(nn.Conv2d):
-    """``nn.Conv2d`` (groups 1, zero padding) as im2col and a fixed-order product."""
+    """``nn.Conv2d`` (groups 1, zero padding) as an implicit GEMM: a fixed-order product over patches read in
+    place."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         _refuse(self, conv2d_unsupported(self))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpc_elastic import models
-from hpc_elastic.est import d2_math
+from hpc_elastic.est import d2_math, d2_ops
 from hpc_elastic.est.d2 import D2Status, scan_model, to_d2
 from hpc_elastic.est.d2_ops import DetConv2d, DetEmbedding, det_cross_entropy
 from hpc_elastic.est.detsum import ref_matmul_nt
@@ -461,3 +461,42 @@ def test_product_is_the_fixed_order_reference_for_blocks_chunks_and_threads(m: i
     for threads in (1, 4):
         torch.set_num_threads(threads)
         assert d2_math.det_matmul_nt(torch.from_numpy(a), torch.from_numpy(b)).numpy().tobytes() == ref
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_convolution_products_read_in_place_give_the_gathered_products_bits(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every product of a convolution's forward and backward (patch rows, the transposed convolution's windows per
+    phase, patch columns) reads its operands in place from the padded images: each gives the bits of gathering
+    those operands into matrices first and multiplying them, on random shapes, strides, paddings and dilations, at
+    1 and 3 threads."""
+    checked: list[tuple[int, int]] = []
+    in_place = d2_math.det_matmul_nt
+
+    def both(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
+        out = in_place(a, b, a_rows=a_rows, b_rows=b_rows)
+        k = a.shape[a_rows:].numel()
+        gathered = in_place(a.reshape(-1, k).contiguous(), b.reshape(-1, k).contiguous())
+        assert bits(out) == bits(gathered)
+        checked.append((a_rows, b_rows))
+        return out
+
+    monkeypatch.setattr(d2_ops, "det_matmul_nt", both)
+    rng = np.random.default_rng(seed)
+    n, c, o = int(rng.integers(1, 4)), int(rng.integers(1, 20)), int(rng.integers(1, 70))
+    kernel = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+    conv = nn.Conv2d(
+        c,
+        o,
+        kernel,
+        stride=(int(rng.integers(1, 3)), int(rng.integers(1, 3))),
+        padding=(int(rng.integers(0, 3)), int(rng.integers(0, 3))),
+        dilation=(int(rng.integers(1, 3)), int(rng.integers(1, 3))),
+    )
+    det = to_d2(copy.deepcopy(conv))
+    x = torch.randn(n, c, int(rng.integers(6, 14)), int(rng.integers(6, 14)), requires_grad=True)
+    for threads in (1, 3):
+        torch.set_num_threads(threads)
+        det(x).square().sum().backward()
+    assert (3, 1) in checked and (1, 3) in checked  # the forward's and the weight gradient's products in place
