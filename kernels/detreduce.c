@@ -1115,6 +1115,260 @@ static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- D2: batch norm in fewer passes */
+
+/* The fixed tree of det_sum (hpc_elastic/est/d2_math.py) over buf[0, len): padded with +0.0 to a power of two p,
+   then halved, buf[i] = buf[i] + buf[i + p/2] for i < p/2, until one value is left.  buf holds p floats. */
+static float tree_sum(float *buf, Py_ssize_t len) {
+    Py_ssize_t p = 1;
+    while (p < len) p *= 2;
+    for (Py_ssize_t i = len; i < p; ++i) buf[i] = 0.0f;
+    for (Py_ssize_t h = p / 2; h >= 1; h /= 2) {
+        for (Py_ssize_t i = 0; i < h; ++i) buf[i] = buf[i] + buf[i + h];
+    }
+    return buf[0];
+}
+
+/* What a batch norm sums: x, (x - mean)^2 (each operation rounded), or x * y. */
+enum { TERM_X, TERM_SQUARED_DEVIATION, TERM_PRODUCT };
+
+/* det_sum_dims over the inner dimensions (sizes[0..nd), row-major, the last one reduced first, as det_sum_dims
+   does) of one contiguous block of a sample's channel: the term of every element, a tree over the last dimension
+   for each row, then over the previous dimension of those results, and so on.  buf holds the largest dimension's
+   power of two, work the block's row count. */
+static float block_sum(const float *x, const float *y, float mean, int term, const Py_ssize_t *sizes, int nd,
+                       float *buf, float *work) {
+    if (nd == 0) {
+        const float d = x[0] - mean;
+        return term == TERM_X ? x[0] : (term == TERM_PRODUCT ? x[0] * y[0] : d * d);
+    }
+    const Py_ssize_t len = sizes[nd - 1];
+    Py_ssize_t rows = 1;
+    for (int d = 0; d < nd - 1; ++d) rows *= sizes[d];
+    for (Py_ssize_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * len;
+        if (term == TERM_X) {
+            memcpy(buf, xr, (size_t)len * sizeof(float));
+        } else if (term == TERM_PRODUCT) {
+            const float *yr = y + r * len;
+            for (Py_ssize_t i = 0; i < len; ++i) buf[i] = xr[i] * yr[i];
+        } else {
+            for (Py_ssize_t i = 0; i < len; ++i) {
+                const float d = xr[i] - mean;
+                buf[i] = d * d;
+            }
+        }
+        work[r] = tree_sum(buf, len);
+    }
+    for (int d = nd - 2; d >= 0; --d) {
+        const Py_ssize_t size = sizes[d];
+        rows /= size;
+        for (Py_ssize_t r = 0; r < rows; ++r) {
+            memcpy(buf, work + r * size, (size_t)size * sizeof(float));
+            work[r] = tree_sum(buf, size);  /* r <= r * size: row r is read before work[r] is written */
+        }
+    }
+    return work[0];
+}
+
+/* det_sum_dims over a channel of x [n, channels, block] (the batch dimension last): block_sum of every sample,
+   then the tree over the samples (in vals). */
+static float channel_sum(const float *x, const float *y, float mean, int term, Py_ssize_t n, Py_ssize_t channels,
+                         Py_ssize_t c, const Py_ssize_t *sizes, int nd, Py_ssize_t block, float *buf, float *work,
+                         float *vals) {
+    for (Py_ssize_t s = 0; s < n; ++s) {
+        const Py_ssize_t at = (s * channels + c) * block;
+        vals[s] = block_sum(x + at, y ? y + at : NULL, mean, term, sizes, nd, buf, work);
+    }
+    return tree_sum(vals, n);
+}
+
+typedef struct {
+    Py_ssize_t n, channels, block;
+    int nd;
+    Py_ssize_t sizes[MAX_DIMS];
+    float *buf, *work, *vals;
+} bn_shape_t;
+
+/* Reads the inner sizes and allocates the trees' buffers; 0, or -1 with a Python error. */
+static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf_t *sizes) {
+    sh->n = n;
+    sh->channels = channels;
+    sh->nd = (int)count(sizes);
+    sh->block = 1;
+    sh->buf = sh->work = sh->vals = NULL;
+    if (n < 1 || channels < 0 || sh->nd > MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "batch norm needs n >= 1, channels >= 0 and at most %d inner dimensions",
+                     MAX_DIMS);
+        return -1;
+    }
+    Py_ssize_t widest = n;
+    for (int d = 0; d < sh->nd; ++d) {
+        sh->sizes[d] = (Py_ssize_t)((const int64_t *)sizes->view.buf)[d];
+        if (sh->sizes[d] < 1) {
+            PyErr_SetString(PyExc_ValueError, "batch norm's inner sizes must be >= 1");
+            return -1;
+        }
+        sh->block *= sh->sizes[d];
+        widest = sh->sizes[d] > widest ? sh->sizes[d] : widest;
+    }
+    Py_ssize_t p = 1;
+    while (p < widest) p *= 2;
+    sh->buf = (float *)malloc((size_t)p * sizeof(float));
+    sh->work = (float *)malloc((size_t)sh->block * sizeof(float));
+    sh->vals = (float *)malloc((size_t)(n > 1 ? p : 1) * sizeof(float));
+    if (!sh->buf || !sh->work || !sh->vals) {
+        free(sh->buf); free(sh->work); free(sh->vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void bn_free(bn_shape_t *sh) {
+    free(sh->buf); free(sh->work); free(sh->vals);
+}
+
+static const char bn_forward_doc[] =
+    "batch_norm_forward(x, y, xhat, mean, sq, invstd, weight, bias, n, channels, sizes, eps)\n"
+    "Batch norm's training forward on a contiguous x [n, channels, *sizes], the operations of d2_ops'\n"
+    "definition in three passes per channel: mean = det_sum_dims(x) / count, sq = det_sum_dims((x - mean)^2),\n"
+    "invstd = 1 / sqrt(sq / count + eps), xhat = (x - mean) * invstd, y = xhat * weight + bias (each operation\n"
+    "rounded; weight and bias empty when absent).";
+
+static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ox, *oy, *oh, *om, *oq, *oi, *ow, *ob, *os;
+    Py_ssize_t n, channels;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnnOd", &ox, &oy, &oh, &om, &oq, &oi, &ow, &ob, &n, &channels, &os, &eps)) {
+        return NULL;
+    }
+    buf_t bx, by, bh, bm, bq, bi, bw, bb, bs;
+    buf_t *held[9] = {&bx, &by, &bh, &bm, &bq, &bi, &bw, &bb, &bs};
+    int got = 0;
+    if (acquire(ox, &bx, 'f', 0, "x") == 0 && ++got && acquire(oy, &by, 'f', 1, "y") == 0 && ++got &&
+        acquire(oh, &bh, 'f', 1, "xhat") == 0 && ++got && acquire(om, &bm, 'f', 1, "mean") == 0 && ++got &&
+        acquire(oq, &bq, 'f', 1, "sq") == 0 && ++got && acquire(oi, &bi, 'f', 1, "invstd") == 0 && ++got &&
+        acquire(ow, &bw, 'f', 0, "weight") == 0 && ++got && acquire(ob, &bb, 'f', 0, "bias") == 0 && ++got &&
+        acquire(os, &bs, 'q', 0, "sizes") == 0 && ++got) {
+    }
+    bn_shape_t sh;
+    int rc = -1;
+    if (got == 9 && bn_shape(&sh, n, channels, &bs) == 0) {
+        const Py_ssize_t total = n * channels * sh.block;
+        const int has_w = count(&bw) != 0, has_b = count(&bb) != 0;
+        if (count(&bx) != total || count(&by) != total || count(&bh) != total || count(&bm) != channels ||
+            count(&bq) != channels || count(&bi) != channels || (has_w && count(&bw) != channels) ||
+            (has_b && count(&bb) != channels)) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: x, y, xhat [n, channels, *sizes]; mean, sq, invstd, "
+                                              "weight, bias [channels] (weight, bias or empty)");
+        } else {
+            const float *x = (const float *)bx.view.buf, *w = (const float *)bw.view.buf;
+            const float *b = (const float *)bb.view.buf;
+            float *y = (float *)by.view.buf, *xh = (float *)bh.view.buf, *mean = (float *)bm.view.buf;
+            float *sq = (float *)bq.view.buf, *inv = (float *)bi.view.buf;
+            const float cnt = (float)(n * sh.block), e = (float)eps;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < channels; ++c) {
+                const float s = channel_sum(x, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block,
+                                            sh.buf, sh.work, sh.vals);
+                const float mu = s / cnt;
+                const float q = channel_sum(x, NULL, mu, TERM_SQUARED_DEVIATION, n, channels, c, sh.sizes, sh.nd,
+                                            sh.block, sh.buf, sh.work, sh.vals);
+                const float is = 1.0f / sqrtf(q / cnt + e);
+                mean[c] = mu;
+                sq[c] = q;
+                inv[c] = is;
+                for (Py_ssize_t t = 0; t < n; ++t) {
+                    const Py_ssize_t at = (t * channels + c) * sh.block;
+                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
+                        const float d = x[i] - mu;
+                        const float h = d * is;
+                        float v = h;
+                        if (has_w) v = v * w[c];
+                        if (has_b) v = v + b[c];
+                        xh[i] = h;
+                        y[i] = v;
+                    }
+                }
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+        bn_free(&sh);
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static const char bn_backward_doc[] =
+    "batch_norm_backward(g, xhat, invstd, weight, gx, gw, gb, n, channels, sizes)\n"
+    "Batch norm's training backward on contiguous g, xhat [n, channels, *sizes], d2_ops' operations in two\n"
+    "passes per channel: gb = det_sum_dims(g), gw = det_sum_dims(g * xhat), and (gx not empty)\n"
+    "gx = ((g * weight - gb * weight / count) - xhat * (gw * weight / count)) * invstd (weight empty: absent).";
+
+static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *oh, *oi, *ow, *ox, *ogw, *ogb, *os;
+    Py_ssize_t n, channels;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnO", &og, &oh, &oi, &ow, &ox, &ogw, &ogb, &n, &channels, &os)) {
+        return NULL;
+    }
+    buf_t bg, bh, bi, bw, bx, bgw, bgb, bs;
+    buf_t *held[8] = {&bg, &bh, &bi, &bw, &bx, &bgw, &bgb, &bs};
+    int got = 0;
+    if (acquire(og, &bg, 'f', 0, "g") == 0 && ++got && acquire(oh, &bh, 'f', 0, "xhat") == 0 && ++got &&
+        acquire(oi, &bi, 'f', 0, "invstd") == 0 && ++got && acquire(ow, &bw, 'f', 0, "weight") == 0 && ++got &&
+        acquire(ox, &bx, 'f', 1, "gx") == 0 && ++got && acquire(ogw, &bgw, 'f', 1, "gw") == 0 && ++got &&
+        acquire(ogb, &bgb, 'f', 1, "gb") == 0 && ++got && acquire(os, &bs, 'q', 0, "sizes") == 0 && ++got) {
+    }
+    bn_shape_t sh;
+    int rc = -1;
+    if (got == 8 && bn_shape(&sh, n, channels, &bs) == 0) {
+        const Py_ssize_t total = n * channels * sh.block;
+        const int has_w = count(&bw) != 0, want_gx = count(&bx) != 0;
+        if (count(&bg) != total || count(&bh) != total || count(&bi) != channels || count(&bgw) != channels ||
+            count(&bgb) != channels || (has_w && count(&bw) != channels) || (want_gx && count(&bx) != total)) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: g, xhat, gx [n, channels, *sizes] (gx or empty); "
+                                              "invstd, weight, gw, gb [channels] (weight or empty)");
+        } else {
+            const float *g = (const float *)bg.view.buf, *xh = (const float *)bh.view.buf;
+            const float *inv = (const float *)bi.view.buf, *w = (const float *)bw.view.buf;
+            float *gx = (float *)bx.view.buf, *gw = (float *)bgw.view.buf, *gb = (float *)bgb.view.buf;
+            const float cnt = (float)(n * sh.block);
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < channels; ++c) {
+                const float sg = channel_sum(g, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block,
+                                             sh.buf, sh.work, sh.vals);
+                const float sgx = channel_sum(g, xh, 0.0f, TERM_PRODUCT, n, channels, c, sh.sizes, sh.nd, sh.block,
+                                              sh.buf, sh.work, sh.vals);
+                gb[c] = sg;
+                gw[c] = sgx;
+                if (!want_gx) continue;
+                const float mg = (has_w ? sg * w[c] : sg) / cnt;
+                const float mgx = (has_w ? sgx * w[c] : sgx) / cnt;
+                for (Py_ssize_t t = 0; t < n; ++t) {
+                    const Py_ssize_t at = (t * channels + c) * sh.block;
+                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
+                        float v = has_w ? g[i] * w[c] : g[i];
+                        v = v - mg;
+                        v = v - xh[i] * mgx;
+                        gx[i] = v * inv[c];
+                    }
+                }
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+        bn_free(&sh);
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1126,6 +1380,8 @@ static PyMethodDef methods[] = {
     {"owner_sum", py_owner_sum, METH_VARARGS, owner_sum_doc},
     {"matmul_nt", py_matmul_nt, METH_VARARGS, matmul_doc},
     {"matmul_nt_view", py_matmul_nt_view, METH_VARARGS, matmul_view_doc},
+    {"batch_norm_forward", py_batch_norm_forward, METH_VARARGS, bn_forward_doc},
+    {"batch_norm_backward", py_batch_norm_backward, METH_VARARGS, bn_backward_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,11 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpc_elastic.est.d2_math import (
+    batch_norm_train,
+    batch_norm_train_backward,
     det_erfc,
     det_exp,
     det_log,
     det_matmul_nt,
     det_sigmoid,
+    det_sqrt,
     det_sum,
     det_sum_dims,
     det_tanh,
@@ -260,44 +263,21 @@ class _BatchNormTrainFn(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        dims = _channel_dims(x)
         count = x.numel() // x.shape[1]
         if count < 2:
             raise ValueError(
                 f"batch norm needs more than 1 value per channel when training, got input {tuple(x.shape)}"
             )
-        mean = div_count(det_sum_dims(x, dims), count)
-        d = x - _bcast(mean, x)
-        sq = det_sum_dims(d * d, dims)
-        invstd = reciprocal(torch.sqrt(div_count(sq, count) + f32(eps)))
-        y = d * _bcast(invstd, x)
-        xhat = y
-        if weight is not None:
-            y = y * _bcast(weight, x)
-        if bias is not None:
-            y = y + _bcast(bias, x)
+        y, xhat, mean, sq, invstd = batch_norm_train(x, weight, bias, eps)
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.has_bias = bias is not None
-        ctx.count = count
         ctx.mark_non_differentiable(mean, sq)
         return y, mean, sq
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor, _gm: torch.Tensor | None, _gv: torch.Tensor | None) -> Grads:
         xhat, invstd, weight = ctx.saved_tensors
-        dims = _channel_dims(xhat)
-        gb = det_sum_dims(grad_out, dims)
-        gw = det_sum_dims(grad_out * xhat, dims)
-        gx = None
-        if ctx.needs_input_grad[0]:
-            gxhat, sum_g, sum_gx = grad_out, gb, gw
-            if weight is not None:
-                gxhat = grad_out * _bcast(weight, xhat)
-                sum_g = gb * weight
-                sum_gx = gw * weight
-            gx = gxhat - _bcast(div_count(sum_g, ctx.count), xhat)
-            gx = gx - xhat * _bcast(div_count(sum_gx, ctx.count), xhat)
-            gx = gx * _bcast(invstd, xhat)
+        gx, gw, gb = batch_norm_train_backward(grad_out, xhat, invstd, weight, ctx.needs_input_grad[0])
         return (
             gx,
             gw if weight is not None and ctx.needs_input_grad[1] else None,
@@ -318,7 +298,7 @@ class _BatchNormEvalFn(torch.autograd.Function):
         stats: tuple[torch.Tensor, torch.Tensor, float],
     ) -> torch.Tensor:
         running_mean, running_var, eps = stats
-        invstd = reciprocal(torch.sqrt(running_var + f32(eps)))
+        invstd = reciprocal(det_sqrt(running_var + f32(eps)))
         xhat = (x - _bcast(running_mean, x)) * _bcast(invstd, x)
         y = xhat
         if weight is not None:
@@ -355,7 +335,7 @@ class _LayerNormFn(torch.autograd.Function):
         mean = div_count(det_sum_dims(x, inner, keepdim=True), size)
         d = x - mean
         var = div_count(det_sum_dims(d * d, inner, keepdim=True), size)
-        invstd = reciprocal(torch.sqrt(var + f32(eps)))
+        invstd = reciprocal(det_sqrt(var + f32(eps)))
         y = d * invstd
         xhat = y
         if weight is not None:

@@ -500,3 +500,43 @@ def test_convolution_products_read_in_place_give_the_gathered_products_bits(
         torch.set_num_threads(threads)
         det(x).square().sum().backward()
     assert (3, 1) in checked and (1, 3) in checked  # the forward's and the weight gradient's products in place
+
+
+@pytest.mark.parametrize(
+    ("shape", "affine"),
+    [((6, 3), True), ((5, 4, 7), False), ((3, 5, 6, 7), True), ((4, 3, 8, 8), True), ((2, 3, 3, 5, 4), False)],
+)
+def test_batch_norm_kernel_gives_the_definitions_bits(shape: tuple[int, ...], affine: bool) -> None:
+    """The C batch norm (three passes forward, two backward) against its definition in torch operations (the CUDA
+    path): the same bits for every output, trees padded to a power of two over every dimension, signed zeros and
+    values spread over many binades included, with and without weight and bias."""
+    gen = torch.Generator().manual_seed(len(shape) * 10 + shape[-1])
+    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())
+    x.view(-1)[::5] = -0.0
+    g = torch.randn(shape, generator=gen)
+    g.view(-1)[::3] = -0.0
+    c = shape[1]
+    weight = torch.randn(c, generator=gen) if affine else None
+    bias = torch.randn(c, generator=gen) if affine else None
+    got = d2_math.batch_norm_train(x, weight, bias, 1e-5)
+    want = d2_math.batch_norm_train_torch(x, weight, bias, 1e-5)
+    for name, a, b in zip(got._fields, got, want, strict=True):
+        assert bits(a) == bits(b), name
+    for want_gx in (True, False):
+        got_b = d2_math.batch_norm_train_backward(g, want.xhat, want.invstd, weight, want_gx)
+        want_b = d2_math.batch_norm_train_backward_torch(g, want.xhat, want.invstd, weight, want_gx)
+        assert (got_b[0] is None) == (not want_gx)
+        assert [None if t is None else bits(t) for t in got_b] == [None if t is None else bits(t) for t in want_b]
+
+
+def test_det_sqrt_is_correctly_rounded() -> None:
+    """Against NumPy's float32 square root (IEEE's correctly rounded one) over a sweep of binades, the input where
+    torch's float32 sqrt on this project's CPU is 1 ulp off, zeros, infinity and a negative number."""
+    special = np.array([1.041375994682312, 0.0, -0.0, np.inf, -1.0, 2.0**-149, 3.4e38], np.float32)
+    x = np.concatenate([special, (np.random.default_rng(2).random(200_000) * np.exp2(np.arange(200_000) % 80 - 40))])
+    x = x.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = np.sqrt(x)
+    got = d2_math.det_sqrt(torch.from_numpy(x)).numpy()
+    assert np.isnan(got[4]) and np.isnan(want[4])  # a NaN (its sign bit is not defined the same way everywhere)
+    assert np.delete(got, 4).tobytes() == np.delete(want, 4).tobytes()
