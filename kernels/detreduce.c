@@ -804,6 +804,17 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
         return o->base + o->offset + r0 * o->rstride[0] + k0;
     }
     *ld = k1 - k0;
+    if (o->nr == 1 && o->nc == 1 && o->rstride[0] == 1) {
+        /* a transposed matrix (consecutive rows adjacent in memory): walked along k outside, the rows inside, so
+           that a column's reads share cache lines */
+        const float *src = o->base + o->offset + r0;
+        const Py_ssize_t step = o->cstride[0], rows = r1 - r0;
+        for (Py_ssize_t kk = k0; kk < k1; ++kk) {
+            const float *s = src + kk * step;
+            for (Py_ssize_t r = 0; r < rows; ++r) buf[r * (k1 - k0) + (kk - k0)] = s[r];
+        }
+        return buf;
+    }
     for (Py_ssize_t r = r0; r < r1; ++r) pack_row(o, r, k0, k1, buf + (r - r0) * (k1 - k0));
     return buf;
 }

@@ -103,13 +103,12 @@ class _LinearFn(torch.autograd.Function):
         g2 = grad_out.reshape(-1, weight.shape[0]).contiguous()
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = det_matmul_nt(g2, weight.t().contiguous()).reshape(*ctx.lead, weight.shape[1])
-        gt = g2.t().contiguous() if (ctx.needs_input_grad[1] or ctx.has_bias) else None
-        if ctx.needs_input_grad[1] and gt is not None:
-            gw = det_matmul_nt(gt, x2.t().contiguous())
-        if ctx.has_bias and ctx.needs_input_grad[2] and gt is not None:
+            gx = det_matmul_nt(g2, weight.t()).reshape(*ctx.lead, weight.shape[1])  # the transposes read in place
+        if ctx.needs_input_grad[1]:
+            gw = det_matmul_nt(g2.t(), x2.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
             ones = torch.ones((1, g2.shape[0]), dtype=torch.float32, device=g2.device)
-            gb = det_matmul_nt(ones, gt).reshape(weight.shape[0])
+            gb = det_matmul_nt(ones, g2.t()).reshape(weight.shape[0])
         return gx, gw, gb
 
 
