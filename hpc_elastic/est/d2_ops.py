@@ -114,9 +114,24 @@ class _LinearFn(torch.autograd.Function):
 
 def _padded_nhwc(x: torch.Tensor, padding: Pair) -> torch.Tensor:
     """[N, C, H, W] -> zero-padded, contiguous [N, H + 2ph, W + 2pw, C] (channels last: a patch's channels are
-    contiguous, so gathering patches and scattering their gradients move whole rows)."""
+    contiguous, so a patch row is read as runs of whole pixels)."""
     ph, pw = padding
-    return F.pad(x.permute(0, 2, 3, 1), (0, 0, pw, pw, ph, ph)).contiguous()
+    return _pad_nhwc(x, (ph, ph, pw, pw))
+
+
+def _pad_nhwc(x: torch.Tensor, pads: tuple[int, int, int, int]) -> torch.Tensor:
+    """[N, C, H, W] -> contiguous [N, top + H + bottom, left + W + right, C] with +0.0 around: the image copied
+    into the interior of an uninitialised tensor and only the border zeroed (``F.pad`` of the permuted image and
+    ``contiguous`` copied it twice, 2.6x slower here)."""
+    top, bottom, left, right = pads
+    n, c, h, w = x.shape
+    out = x.new_empty((n, top + h + bottom, left + w + right, c))
+    out[:, top : top + h, left : left + w].copy_(x.permute(0, 2, 3, 1))
+    out[:, :top].zero_()
+    out[:, top + h :].zero_()
+    out[:, top : top + h, :left].zero_()
+    out[:, top : top + h, left + w :].zero_()
+    return out
 
 
 def _patches(xp: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
@@ -160,7 +175,6 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
     c = weight.shape[1]
     h, w = size
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
-    g = grad_out.permute(0, 2, 3, 1)
     strided = sh > 1 or sw > 1
     gx = grad_out.new_zeros((n, h, w, c)) if strided else grad_out.new_empty((0,))
     for py in range(min(sh, h)):
@@ -174,7 +188,7 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
             last_i, last_j = first_i + step_i * (len(taps_i) - 1), first_j + step_j * (len(taps_j) - 1)
             top, left = max(0, -first_i), max(0, -first_j)
             bottom, right = max(0, th + last_i - ho), max(0, tw + last_j - wo)
-            gp = F.pad(g, (0, 0, left, right, top, bottom)).contiguous()
+            gp = _pad_nhwc(grad_out, (top, bottom, left, right))
             s_n, s_h, s_w, _ = gp.stride()
             rows = gp.as_strided(
                 (n, th, tw, len(taps_i), len(taps_j), o),
