@@ -176,7 +176,7 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
     h, w = size
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
     strided = sh > 1 or sw > 1
-    gx = grad_out.new_zeros((n, h, w, c)) if strided else grad_out.new_empty((0,))
+    gx = grad_out.new_zeros((n, c, h, w)) if strided else grad_out.new_empty((0,))
     for py in range(min(sh, h)):
         taps_i, first_i, step_i = _taps(py, kh, sh, ph, dh)
         th = len(range(py, h, sh))
@@ -196,12 +196,14 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
                 (first_i + top) * s_h + (first_j + left) * s_w,
             )
             sub = weight[:, :, taps_i][:, :, :, taps_j].permute(1, 2, 3, 0).reshape(c, -1)  # [C, (i, j, o)]
-            part = det_matmul_nt(rows, sub, a_rows=3).reshape(n, th, tw, c)
+            # [C, N*th*tw]: the weight as the rows, so that a channel's values come out as whole planes (an FMA's
+            # product commutes: each output sees the same operations as with the operands the other way round)
+            part = det_matmul_nt(sub, rows, b_rows=3).reshape(c, n, th, tw).permute(1, 0, 2, 3)
             if strided:
-                gx[:, py::sh, px::sw, :] = part
+                gx[:, :, py::sh, px::sw] = part
             else:
-                gx = part
-    return gx.permute(0, 3, 1, 2).contiguous()
+                gx = part.contiguous()
+    return gx
 
 
 class _Conv2dFn(torch.autograd.Function):
@@ -223,7 +225,9 @@ class _Conv2dFn(torch.autograd.Function):
         ho, wo = window.output(h, w)
         rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
         w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
-        out = det_matmul_nt(rows, w_rows, a_rows=3).reshape(n, ho, wo, o).permute(0, 3, 1, 2)
+        # [O, N*Ho*Wo]: the weight as the rows, so that the output's planes come out whole (the FMA's product
+        # commutes: each output sees the same operations as with the patches as the rows)
+        out = det_matmul_nt(w_rows, rows, b_rows=3).reshape(o, n, ho, wo).permute(1, 0, 2, 3)
         out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
