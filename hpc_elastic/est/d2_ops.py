@@ -6,7 +6,7 @@ products of :func:`~hpc_elastic.est.d2_math.det_matmul_nt` and the fixed-tree re
 :func:`~hpc_elastic.est.d2_math.det_sum`).  Autograd's own backward of composed torch ops is never used: a
 broadcast's backward sums with ``torch.sum`` and ``index_select``'s scatters with atomics on CUDA.
 
-- Conv2d: an implicit GEMM, one product whose rows are the patches, a strided view of the padded channels-last
+- Conv2d: an implicit GEMM, one product of the weight with the patches, a strided view of the padded channels-last
   image that the kernel reads in place (no gathered im2col matrix); backward: the weight gradient is a product
   with the patch columns (a view of the padded image), the input's gradient the transposed convolution (per phase
   of the stride, a product with the windows of the padded output gradient, also read in place, and the kernel
@@ -167,10 +167,11 @@ def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> 
 
 def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair) -> torch.Tensor:
     """The gradient of a convolution's input [N, C, H, W]: the transposed convolution, one product per phase of the
-    stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's rows are the windows of
-    the zero-padded output gradient over the kernel offsets that reach it (channels last, columns (i, j, o), offsets
-    from the last to the first), its weight the same offsets' [C, (i, j, o)]: every input value one fixed-order dot
-    product, no col2im and no product with the zeros a stride would put between the output gradient's values."""
+    stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's product is the weight of
+    the kernel offsets that reach it, [C, (i, j, o)] (offsets from the last to the first), against the windows of the
+    zero-padded channels-last output gradient over those offsets (a view read in place): every input value one
+    fixed-order dot product, no col2im and no product with the zeros a stride would put between the output
+    gradient's values."""
     n, o, ho, wo = grad_out.shape
     c = weight.shape[1]
     h, w = size
@@ -207,10 +208,9 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
 
 
 class _Conv2dFn(torch.autograd.Function):
-    """Implicit GEMM: the rows of the product are the patches [N*Ho*Wo, kh*kw*C], read in place from the padded
-    channels-last image (a strided view, no gather), the weight is [O, kh*kw*C]; each output is one fixed-order dot
-    product over (i, j, c).  The input's gradient is the transposed
-    convolution (:func:`_input_grad`), formed the same way."""
+    """Implicit GEMM: the weight [O, kh*kw*C] against the patches [N*Ho*Wo, kh*kw*C], read in place from the padded
+    channels-last image (a strided view, no gather); each output is one fixed-order dot product over (i, j, c).  The
+    input's gradient is the transposed convolution (:func:`_input_grad`), formed the same way."""
 
     @staticmethod
     def forward(
