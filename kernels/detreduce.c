@@ -708,23 +708,135 @@ static inline __attribute__((always_inline)) void finish4(const lanes_t *acc, fl
 #define K_CHUNK 512
 #define N_PANEL 64
 
-/* R x C outputs (R <= MR, C <= NR) over k in [k0, k1), k0 a multiple of 8: their lanes start at +0 (first) or from
-   state, accumulate a[r, k] * b[c, k] in increasing k, and end reduced into out (last) or back in state.  The inner
-   step always runs MR x NR (a block at the edge repeats its first row or column, whose extra results are dropped),
-   so the accumulators stay in registers.  Each output sees exactly the operations of the definition, whatever the
-   block, the chunks or the panels.  The tail k1 - kb < 8 takes one more vector step on copies padded with a = +0
-   and b = -0: the padded lanes add the exact product -0, and x + (-0) = x for every x (also -0, which a lane holds
-   after an underflowing product), so they keep their bits. */
-static inline __attribute__((always_inline)) void block_kernel(const float *a, const float *b, Py_ssize_t k,
-                                                               Py_ssize_t k0, Py_ssize_t k1, int R, int C,
+/* A matrix operand of the product, [rows, k], read in place: element (r, c) lies at base[offset + sum_d idx_d *
+   stride_d], r decomposed row-major over the row dimensions and c over the column dimensions (at most MAX_DIMS
+   each).  A convolution's patch rows are such a view of its padded image: the product reads them from the image,
+   chunk by chunk, instead of a gathered [rows, k] copy.  Dense: one row dimension and one column dimension of
+   stride 1, read directly (ld = its row stride); any other operand is packed, a tile of rows times a chunk of k,
+   into a small buffer that stays in cache, and the blocks read the buffer.  Packing moves values, so every output
+   still sees exactly the operations of the definition. */
+#define MAX_DIMS 6
+typedef struct {
+    const float *base;
+    Py_ssize_t offset;
+    int nr, nc;
+    Py_ssize_t rsize[MAX_DIMS], rstride[MAX_DIMS], csize[MAX_DIMS], cstride[MAX_DIMS];
+    int dense;
+} operand_t;
+
+/* Drops dimensions of size 1 and merges neighbours that walk memory as one (stride[d] = size[d+1] * stride[d+1]),
+   so that a patch row's runs are as long as the image allows. */
+static int coalesce(Py_ssize_t *size, Py_ssize_t *stride, int nd) {
+    int out = 0;
+    for (int d = 0; d < nd; ++d) {
+        if (size[d] == 1) continue;
+        if (out > 0 && stride[out - 1] == size[d] * stride[d]) {
+            size[out - 1] *= size[d];
+            stride[out - 1] = stride[d];
+        } else {
+            size[out] = size[d];
+            stride[out] = stride[d];
+            ++out;
+        }
+    }
+    if (out == 0) {
+        size[0] = 1;
+        stride[0] = 1;
+        out = 1;
+    }
+    return out;
+}
+
+static void operand_finish(operand_t *o) {
+    o->nr = coalesce(o->rsize, o->rstride, o->nr);
+    o->nc = coalesce(o->csize, o->cstride, o->nc);
+    o->dense = o->nr == 1 && o->nc == 1 && o->cstride[0] == 1;
+}
+
+/* the offset of row r */
+static inline Py_ssize_t row_offset(const operand_t *o, Py_ssize_t r) {
+    Py_ssize_t off = o->offset;
+    for (int d = o->nr - 1; d >= 0; --d) {
+        off += (r % o->rsize[d]) * o->rstride[d];
+        r /= o->rsize[d];
+    }
+    return off;
+}
+
+/* dst[0 .. k1 - k0) = row r's columns [k0, k1), run by run along the last column dimension */
+static void pack_row(const operand_t *o, Py_ssize_t r, Py_ssize_t k0, Py_ssize_t k1, float *restrict dst) {
+    const float *src = o->base + row_offset(o, r);
+    const int last = o->nc - 1;
+    Py_ssize_t idx[MAX_DIMS];
+    Py_ssize_t rem = k0;
+    for (int d = last; d >= 0; --d) {
+        idx[d] = rem % o->csize[d];
+        rem /= o->csize[d];
+    }
+    const Py_ssize_t step = o->cstride[last];
+    for (Py_ssize_t kk = k0; kk < k1;) {
+        Py_ssize_t off = 0;
+        for (int d = 0; d < o->nc; ++d) off += idx[d] * o->cstride[d];
+        Py_ssize_t run = o->csize[last] - idx[last];
+        if (run > k1 - kk) run = k1 - kk;
+        const float *s = src + off;
+        if (step == 1) {
+            memcpy(dst, s, (size_t)run * sizeof(float));
+        } else {
+            for (Py_ssize_t t = 0; t < run; ++t) dst[t] = s[t * step];
+        }
+        dst += run;
+        kk += run;
+        idx[last] += run;
+        for (int d = last; d > 0 && idx[d] == o->csize[d]; --d) {
+            idx[d] = 0;
+            ++idx[d - 1];
+        }
+    }
+}
+
+/* Rows [r0, r1) and columns [k0, k1) of an operand: a pointer to row r0's column k0 and the distance between rows,
+   in place for a dense operand, else packed into buf (ld = k1 - k0). */
+static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k0, Py_ssize_t k1,
+                            float *buf, Py_ssize_t *ld) {
+    if (o->dense) {
+        *ld = o->rstride[0];
+        return o->base + o->offset + r0 * o->rstride[0] + k0;
+    }
+    *ld = k1 - k0;
+    if (o->nr == 1 && o->nc == 1 && o->rstride[0] == 1) {
+        /* a transposed matrix (consecutive rows adjacent in memory): walked along k outside, the rows inside, so
+           that a column's reads share cache lines */
+        const float *src = o->base + o->offset + r0;
+        const Py_ssize_t step = o->cstride[0], rows = r1 - r0;
+        for (Py_ssize_t kk = k0; kk < k1; ++kk) {
+            const float *s = src + kk * step;
+            for (Py_ssize_t r = 0; r < rows; ++r) buf[r * (k1 - k0) + (kk - k0)] = s[r];
+        }
+        return buf;
+    }
+    for (Py_ssize_t r = r0; r < r1; ++r) pack_row(o, r, k0, k1, buf + (r - r0) * (k1 - k0));
+    return buf;
+}
+
+/* R x C outputs (R <= MR, C <= NR) over kc values of k from a chunk's start (a multiple of 8 in k): rows of a lda
+   apart, of b ldb apart.  Their lanes start at +0 (first) or from state, accumulate a[r, k] * b[c, k] in increasing
+   k, and end reduced into out (last) or back in state.  The inner step always runs MR x NR (a block at the edge
+   repeats its first row or column, whose extra results are dropped), so the accumulators stay in registers.  Each
+   output sees exactly the operations of the definition, whatever the block, the chunks, the panels or where the
+   operands were read from.  The tail kc - kb < 8 takes one more vector step on copies padded with a = +0 and
+   b = -0: the padded lanes add the exact product -0, and x + (-0) = x for every x (also -0, which a lane holds after
+   an underflowing product), so they keep their bits. */
+static inline __attribute__((always_inline)) void block_kernel(const float *a, Py_ssize_t lda, const float *b,
+                                                               Py_ssize_t ldb, Py_ssize_t kc, int R, int C,
                                                                lanes_t *state, Py_ssize_t n, int first, int last,
                                                                float *out, const int use_fma) {
     (void)use_fma;
     const float *ar[MR], *bc[NR];
 #pragma GCC unroll 4
-    for (int r = 0; r < MR; ++r) ar[r] = a + (r < R ? r : 0) * k;
+    for (int r = 0; r < MR; ++r) ar[r] = a + (r < R ? r : 0) * lda;
 #pragma GCC unroll 4
-    for (int c = 0; c < NR; ++c) bc[c] = b + (c < C ? c : 0) * k;
+    for (int c = 0; c < NR; ++c) bc[c] = b + (c < C ? c : 0) * ldb;
     lanes_t acc[MR][NR];
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r) {
@@ -734,8 +846,8 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, c
             if (!first && r < R && c < C) acc[r][c] = state[r * n + c];
         }
     }
-    const Py_ssize_t kb = k0 + (k1 - k0) / DOT_LANES * DOT_LANES;
-    for (Py_ssize_t kk = k0; kk < kb; kk += DOT_LANES) {
+    const Py_ssize_t kb = kc / DOT_LANES * DOT_LANES;
+    for (Py_ssize_t kk = 0; kk < kb; kk += DOT_LANES) {
         lanes_t x[MR];
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r) LOAD_LANES(x[r], ar[r] + kk);
@@ -747,13 +859,13 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, c
             for (int r = 0; r < MR; ++r) FMA_STEP(acc[r][c], x[r], y);
         }
     }
-    if (kb < k1) {
+    if (kb < kc) {
         float xt[MR][DOT_LANES], yt[NR][DOT_LANES];
         for (int r = 0; r < MR; ++r) {
-            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) xt[r][v] = kb + v < k1 ? ar[r][kb + v] : 0.0f;
+            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) xt[r][v] = kb + v < kc ? ar[r][kb + v] : 0.0f;
         }
         for (int c = 0; c < NR; ++c) {
-            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) yt[c][v] = kb + v < k1 ? bc[c][kb + v] : -0.0f;
+            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) yt[c][v] = kb + v < kc ? bc[c][kb + v] : -0.0f;
         }
         lanes_t x[MR];
 #pragma GCC unroll 4
@@ -786,75 +898,114 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, c
     }
 }
 
-/* out [m, n] = the products of the rows of ap [m, k] with those of bp [n, k]; state holds m * n lane vectors when
-   k > K_CHUNK (NULL otherwise). */
-static inline __attribute__((always_inline)) void matmul_blocked(const float *ap, const float *bp, float *op,
-                                                                 Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
-                                                                 lanes_t *state, const int use_fma) {
-    if (k <= K_CHUNK) {
-        /* one chunk: no state; the full blocks (all but the edges) with every flag a constant */
-        for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
-            const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
-            for (Py_ssize_t i0 = 0; i0 < m; i0 += MR) {
-                const int R = m - i0 < MR ? (int)(m - i0) : MR;
-                for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
-                    const int C = p1 - j0 < NR ? (int)(p1 - j0) : NR;
-                    const float *a = ap + i0 * k, *b = bp + j0 * k;
-                    float *o = op + i0 * n + j0;
-                    if (R == MR && C == NR) {
-                        block_kernel(a, b, k, 0, k, MR, NR, NULL, n, 1, 1, o, use_fma);
-                    } else {
-                        block_kernel(a, b, k, 0, k, R, C, NULL, n, 1, 1, o, use_fma);
-                    }
-                }
-            }
-        }
-        return;
-    }
+/* Rows of a in tiles of M_TILE (a packed tile of M_TILE x K_CHUNK floats stays in L2 next to b's panel). */
+#define M_TILE 48
+
+/* The working memory of one product: b's packed panel, a's packed tile, and the lanes' state between chunks. */
+typedef struct {
+    float *apack, *bpack;
+    lanes_t *state;
+} scratch_t;
+
+/* out [r1 - r0, n] = the products of rows [r0, r1) of a with the n rows of b over k; scratch.state holds
+   (r1 - r0) * n lane vectors when k > K_CHUNK.  Loops: chunks of k, panels of b (packed once per chunk when b is not
+   dense), tiles of a's rows (packed likewise), blocks. */
+static inline __attribute__((always_inline)) void matmul_blocked(const operand_t *A, const operand_t *B, float *op,
+                                                                 Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
+                                                                 Py_ssize_t k, const scratch_t *sc,
+                                                                 const int use_fma) {
+    const Py_ssize_t m = r1 - r0;
     for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
         const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
         const int first = k0 == 0, last = k1 == k;
         for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
             const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
-            for (Py_ssize_t i0 = 0; i0 < m; i0 += MR) {
-                const int R = m - i0 < MR ? (int)(m - i0) : MR;
-                for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
-                    const int C = p1 - j0 < NR ? (int)(p1 - j0) : NR;
-                    block_kernel(ap + i0 * k, bp + j0 * k, k, k0, k1, R, C, state + i0 * n + j0, n, first, last,
-                                 op + i0 * n + j0, use_fma);
+            Py_ssize_t ldb;
+            const float *bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
+            for (Py_ssize_t t0 = 0; t0 < m; t0 += M_TILE) {
+                const Py_ssize_t t1 = m - t0 < M_TILE ? m : t0 + M_TILE;
+                Py_ssize_t lda;
+                const float *ap = tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                for (Py_ssize_t i0 = t0; i0 < t1; i0 += MR) {
+                    const int R = t1 - i0 < MR ? (int)(t1 - i0) : MR;
+                    for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
+                        const int C = p1 - j0 < NR ? (int)(p1 - j0) : NR;
+                        const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
+                        float *o = op + i0 * n + j0;
+                        lanes_t *st = sc->state ? sc->state + i0 * n + j0 : NULL;
+                        if (R == MR && C == NR && first && last) {
+                            /* the common case with every flag a constant */
+                            block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, use_fma);
+                        } else {
+                            block_kernel(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o, use_fma);
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-static void matmul_generic(const float *ap, const float *bp, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
-                           lanes_t *state) {
-    matmul_blocked(ap, bp, op, m, n, k, state, 0);
+static void matmul_generic(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
+                           Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
+    matmul_blocked(A, B, op, r0, r1, n, k, sc, 0);
 }
 
 #ifdef HAVE_X86_FMA
-__attribute__((target("avx2,fma"))) static void matmul_fma(const float *ap, const float *bp, float *op, Py_ssize_t m,
-                                                             Py_ssize_t n, Py_ssize_t k, lanes_t *state) {
-    matmul_blocked(ap, bp, op, m, n, k, state, 1);
+__attribute__((target("avx2,fma"))) static void matmul_fma(const operand_t *A, const operand_t *B, float *op,
+                                                             Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n, Py_ssize_t k,
+                                                             const scratch_t *sc) {
+    matmul_blocked(A, B, op, r0, r1, n, k, sc, 1);
 }
 #endif
 
 /* The FMA build where the CPU runs it (the loader's choice, as for the clones), or, in a build with the clones off
    (tests/unit/kernels/test_clones.py), where the build's instruction set has FMA: both builds give the same bits. */
-static void matmul_dispatch(const float *ap, const float *bp, float *op, Py_ssize_t m, Py_ssize_t n, Py_ssize_t k,
-                            lanes_t *state) {
+static void matmul_dispatch(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
+                            Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
 #if defined(HAVE_X86_FMA) && defined(DETREDUCE_NO_CLONES) && defined(__FMA__) && defined(__AVX2__)
-    matmul_fma(ap, bp, op, m, n, k, state);
+    matmul_fma(A, B, op, r0, r1, n, k, sc);
 #elif defined(HAVE_X86_FMA) && !defined(DETREDUCE_NO_CLONES)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        matmul_fma(ap, bp, op, m, n, k, state);
+        matmul_fma(A, B, op, r0, r1, n, k, sc);
     } else {
-        matmul_generic(ap, bp, op, m, n, k, state);
+        matmul_generic(A, B, op, r0, r1, n, k, sc);
     }
 #else
-    matmul_generic(ap, bp, op, m, n, k, state);
+    matmul_generic(A, B, op, r0, r1, n, k, sc);
 #endif
+}
+
+/* Runs the product of rows [r0, r1) of A with B into out (released GIL), with its scratch; 0, or -1 with a Python
+   error set. */
+static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
+                      Py_ssize_t k) {
+    const Py_ssize_t m = r1 - r0;
+    scratch_t sc = {NULL, NULL, NULL};
+    int failed = 0;
+    if (m > 0 && n > 0 && k > 0) {
+        const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
+        if (!A->dense) failed |= (sc.apack = (float *)malloc((size_t)(M_TILE * kc) * sizeof(float))) == NULL;
+        if (!B->dense) failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
+        if (k > K_CHUNK) {
+            sc.state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
+            failed |= sc.state == NULL;
+        }
+    }
+    if (failed) {
+        free(sc.apack); free(sc.bpack); free(sc.state);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (k > 0) {
+        matmul_dispatch(A, B, op, r0, r1, n, k, &sc);
+    } else {
+        for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
+    }
+    Py_END_ALLOW_THREADS
+    free(sc.apack); free(sc.bpack); free(sc.state);
+    return 0;
 }
 
 static const char matmul_doc[] =
@@ -885,26 +1036,347 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
         release(&a); release(&b); release(&o);
         return NULL;
     }
-    const float *ap = (const float *)a.view.buf;
-    const float *bp = (const float *)b.view.buf;
-    float *op = (float *)o.view.buf;
-    lanes_t *state = NULL;
-    if (k > K_CHUNK && m > 0 && n > 0) {
-        state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
-        if (state == NULL) {
-            release(&a); release(&b); release(&o);
-            return PyErr_NoMemory();
+    const operand_t A = {(const float *)a.view.buf, 0, 1, 1, {m}, {k}, {k}, {1}, 1};
+    const operand_t B = {(const float *)b.view.buf, 0, 1, 1, {n}, {k}, {k}, {1}, 1};
+    int rc = run_matmul(&A, &B, (float *)o.view.buf, 0, m, n, k);
+    release(&a); release(&b); release(&o);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Reads an operand's geometry from desc = [offset, row dims, column dims, sizes..., strides...] (rows' dimensions
+   first, then the columns'), checking that every element it names lies inside the buffer; its row and column counts
+   go to *rows and *cols.  0, or -1 with ValueError. */
+static int parse_operand(const buf_t *data, const buf_t *desc, const char *name, operand_t *o, Py_ssize_t *rows,
+                         Py_ssize_t *cols) {
+    const int64_t *d = (const int64_t *)desc->view.buf;
+    const Py_ssize_t len = count(desc);
+    if (len < 3 || d[1] < 1 || d[2] < 1 || d[1] > MAX_DIMS || d[2] > MAX_DIMS || len != 3 + 2 * (d[1] + d[2])) {
+        PyErr_Format(PyExc_ValueError, "%s: bad geometry (%zd values; 1 to %d row and column dimensions)", name, len,
+                     MAX_DIMS);
+        return -1;
+    }
+    o->base = (const float *)data->view.buf;
+    o->offset = (Py_ssize_t)d[0];
+    o->nr = (int)d[1];
+    o->nc = (int)d[2];
+    const int nd = o->nr + o->nc;
+    Py_ssize_t reach = o->offset, elems = 1;
+    *rows = 1;
+    *cols = 1;
+    for (int i = 0; i < nd; ++i) {
+        const Py_ssize_t size = (Py_ssize_t)d[3 + i], stride = (Py_ssize_t)d[3 + nd + i];
+        if (size < 0 || stride < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: sizes and strides must be >= 0", name);
+            return -1;
+        }
+        if (i < o->nr) {
+            o->rsize[i] = size;
+            o->rstride[i] = stride;
+            *rows *= size;
+        } else {
+            o->csize[i - o->nr] = size;
+            o->cstride[i - o->nr] = stride;
+            *cols *= size;
+        }
+        elems *= size;
+        reach += size > 0 ? (size - 1) * stride : 0;
+    }
+    if (o->offset < 0 || (elems > 0 && reach >= count(data))) {
+        PyErr_Format(PyExc_ValueError, "%s: the view reaches element %zd of a buffer of %zd", name, reach, count(data));
+        return -1;
+    }
+    operand_finish(o);
+    return 0;
+}
+
+static const char matmul_view_doc[] =
+    "matmul_nt_view(a, a_geometry, b, b_geometry, out, r0, r1)\n"
+    "matmul_nt of two strided views, read in place: rows [r0, r1) of a against every row of b into out\n"
+    "[r1 - r0, n].  A geometry is an int64 array [offset, row dims, column dims, sizes..., strides...] (row\n"
+    "dimensions first, row-major) into a flat float32 buffer; the same operations per output as matmul_nt.";
+
+static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oa, *oga, *ob, *ogb, *oo;
+    Py_ssize_t r0, r1;
+    if (!PyArg_ParseTuple(args, "OOOOOnn", &oa, &oga, &ob, &ogb, &oo, &r0, &r1)) {
+        return NULL;
+    }
+    buf_t a, ga, b, gb, o;
+    if (acquire(oa, &a, 'f', 0, "a") != 0) return NULL;
+    if (acquire(oga, &ga, 'q', 0, "a_geometry") != 0) { release(&a); return NULL; }
+    if (acquire(ob, &b, 'f', 0, "b") != 0) { release(&a); release(&ga); return NULL; }
+    if (acquire(ogb, &gb, 'q', 0, "b_geometry") != 0) { release(&a); release(&ga); release(&b); return NULL; }
+    if (acquire(oo, &o, 'f', 1, "out") != 0) { release(&a); release(&ga); release(&b); release(&gb); return NULL; }
+    operand_t A, B;
+    Py_ssize_t m, ka, n, kb;
+    int rc = -1;
+    if (parse_operand(&a, &ga, "a", &A, &m, &ka) == 0 && parse_operand(&b, &gb, "b", &B, &n, &kb) == 0) {
+        if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || count(&o) != (r1 - r0) * n) {
+            PyErr_Format(PyExc_ValueError,
+                         "size mismatch: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements", m, ka, n, kb,
+                         r0, r1, count(&o));
+        } else {
+            rc = run_matmul(&A, &B, (float *)o.view.buf, r0, r1, n, ka);
         }
     }
-    Py_BEGIN_ALLOW_THREADS
-    if (k > 0) {
-        matmul_dispatch(ap, bp, op, m, n, k, state);
-    } else {
-        for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
+    release(&a); release(&ga); release(&b); release(&gb); release(&o);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- D2: batch norm in fewer passes */
+
+/* The fixed tree of det_sum (hpc_elastic/est/d2_math.py) over buf[0, len): padded with +0.0 to a power of two p,
+   then halved, buf[i] = buf[i] + buf[i + p/2] for i < p/2, until one value is left.  buf holds p floats. */
+static float tree_sum(float *buf, Py_ssize_t len) {
+    Py_ssize_t p = 1;
+    while (p < len) p *= 2;
+    for (Py_ssize_t i = len; i < p; ++i) buf[i] = 0.0f;
+    for (Py_ssize_t h = p / 2; h >= 1; h /= 2) {
+        for (Py_ssize_t i = 0; i < h; ++i) buf[i] = buf[i] + buf[i + h];
     }
-    Py_END_ALLOW_THREADS
-    free(state);
-    release(&a); release(&b); release(&o);
+    return buf[0];
+}
+
+/* What a batch norm sums: x, (x - mean)^2 (each operation rounded), or x * y. */
+enum { TERM_X, TERM_SQUARED_DEVIATION, TERM_PRODUCT };
+
+/* det_sum_dims over the inner dimensions (sizes[0..nd), row-major, the last one reduced first, as det_sum_dims
+   does) of one contiguous block of a sample's channel: the term of every element, a tree over the last dimension
+   for each row, then over the previous dimension of those results, and so on.  buf holds the largest dimension's
+   power of two, work the block's row count. */
+static float block_sum(const float *x, const float *y, float mean, int term, const Py_ssize_t *sizes, int nd,
+                       float *buf, float *work) {
+    if (nd == 0) {
+        const float d = x[0] - mean;
+        return term == TERM_X ? x[0] : (term == TERM_PRODUCT ? x[0] * y[0] : d * d);
+    }
+    const Py_ssize_t len = sizes[nd - 1];
+    Py_ssize_t rows = 1;
+    for (int d = 0; d < nd - 1; ++d) rows *= sizes[d];
+    for (Py_ssize_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * len;
+        if (term == TERM_X) {
+            memcpy(buf, xr, (size_t)len * sizeof(float));
+        } else if (term == TERM_PRODUCT) {
+            const float *yr = y + r * len;
+            for (Py_ssize_t i = 0; i < len; ++i) buf[i] = xr[i] * yr[i];
+        } else {
+            for (Py_ssize_t i = 0; i < len; ++i) {
+                const float d = xr[i] - mean;
+                buf[i] = d * d;
+            }
+        }
+        work[r] = tree_sum(buf, len);
+    }
+    for (int d = nd - 2; d >= 0; --d) {
+        const Py_ssize_t size = sizes[d];
+        rows /= size;
+        for (Py_ssize_t r = 0; r < rows; ++r) {
+            memcpy(buf, work + r * size, (size_t)size * sizeof(float));
+            work[r] = tree_sum(buf, size);  /* r <= r * size: row r is read before work[r] is written */
+        }
+    }
+    return work[0];
+}
+
+/* det_sum_dims over a channel of x [n, channels, block] (the batch dimension last): block_sum of every sample,
+   then the tree over the samples (in vals). */
+static float channel_sum(const float *x, const float *y, float mean, int term, Py_ssize_t n, Py_ssize_t channels,
+                         Py_ssize_t c, const Py_ssize_t *sizes, int nd, Py_ssize_t block, float *buf, float *work,
+                         float *vals) {
+    for (Py_ssize_t s = 0; s < n; ++s) {
+        const Py_ssize_t at = (s * channels + c) * block;
+        vals[s] = block_sum(x + at, y ? y + at : NULL, mean, term, sizes, nd, buf, work);
+    }
+    return tree_sum(vals, n);
+}
+
+typedef struct {
+    Py_ssize_t n, channels, block;
+    int nd;
+    Py_ssize_t sizes[MAX_DIMS];
+    float *buf, *work, *vals;
+} bn_shape_t;
+
+/* Reads the inner sizes and allocates the trees' buffers; 0, or -1 with a Python error. */
+static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf_t *sizes) {
+    sh->n = n;
+    sh->channels = channels;
+    sh->nd = (int)count(sizes);
+    sh->block = 1;
+    sh->buf = sh->work = sh->vals = NULL;
+    if (n < 1 || channels < 0 || sh->nd > MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "batch norm needs n >= 1, channels >= 0 and at most %d inner dimensions",
+                     MAX_DIMS);
+        return -1;
+    }
+    Py_ssize_t widest = n;
+    for (int d = 0; d < sh->nd; ++d) {
+        sh->sizes[d] = (Py_ssize_t)((const int64_t *)sizes->view.buf)[d];
+        if (sh->sizes[d] < 1) {
+            PyErr_SetString(PyExc_ValueError, "batch norm's inner sizes must be >= 1");
+            return -1;
+        }
+        sh->block *= sh->sizes[d];
+        widest = sh->sizes[d] > widest ? sh->sizes[d] : widest;
+    }
+    Py_ssize_t p = 1;
+    while (p < widest) p *= 2;
+    sh->buf = (float *)malloc((size_t)p * sizeof(float));
+    sh->work = (float *)malloc((size_t)sh->block * sizeof(float));
+    sh->vals = (float *)malloc((size_t)(n > 1 ? p : 1) * sizeof(float));
+    if (!sh->buf || !sh->work || !sh->vals) {
+        free(sh->buf); free(sh->work); free(sh->vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void bn_free(bn_shape_t *sh) {
+    free(sh->buf); free(sh->work); free(sh->vals);
+}
+
+static const char bn_forward_doc[] =
+    "batch_norm_forward(x, y, xhat, mean, sq, invstd, weight, bias, n, channels, sizes, eps)\n"
+    "Batch norm's training forward on a contiguous x [n, channels, *sizes], the operations of d2_ops'\n"
+    "definition in three passes per channel: mean = det_sum_dims(x) / count, sq = det_sum_dims((x - mean)^2),\n"
+    "invstd = 1 / sqrt(sq / count + eps), xhat = (x - mean) * invstd, y = xhat * weight + bias (each operation\n"
+    "rounded; weight and bias empty when absent).";
+
+static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ox, *oy, *oh, *om, *oq, *oi, *ow, *ob, *os;
+    Py_ssize_t n, channels;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnnOd", &ox, &oy, &oh, &om, &oq, &oi, &ow, &ob, &n, &channels, &os, &eps)) {
+        return NULL;
+    }
+    buf_t bx, by, bh, bm, bq, bi, bw, bb, bs;
+    buf_t *held[9] = {&bx, &by, &bh, &bm, &bq, &bi, &bw, &bb, &bs};
+    int got = 0;
+    if (acquire(ox, &bx, 'f', 0, "x") == 0 && ++got && acquire(oy, &by, 'f', 1, "y") == 0 && ++got &&
+        acquire(oh, &bh, 'f', 1, "xhat") == 0 && ++got && acquire(om, &bm, 'f', 1, "mean") == 0 && ++got &&
+        acquire(oq, &bq, 'f', 1, "sq") == 0 && ++got && acquire(oi, &bi, 'f', 1, "invstd") == 0 && ++got &&
+        acquire(ow, &bw, 'f', 0, "weight") == 0 && ++got && acquire(ob, &bb, 'f', 0, "bias") == 0 && ++got &&
+        acquire(os, &bs, 'q', 0, "sizes") == 0 && ++got) {
+    }
+    bn_shape_t sh;
+    int rc = -1;
+    if (got == 9 && bn_shape(&sh, n, channels, &bs) == 0) {
+        const Py_ssize_t total = n * channels * sh.block;
+        const int has_w = count(&bw) != 0, has_b = count(&bb) != 0;
+        if (count(&bx) != total || count(&by) != total || count(&bh) != total || count(&bm) != channels ||
+            count(&bq) != channels || count(&bi) != channels || (has_w && count(&bw) != channels) ||
+            (has_b && count(&bb) != channels)) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: x, y, xhat [n, channels, *sizes]; mean, sq, invstd, "
+                                              "weight, bias [channels] (weight, bias or empty)");
+        } else {
+            const float *x = (const float *)bx.view.buf, *w = (const float *)bw.view.buf;
+            const float *b = (const float *)bb.view.buf;
+            float *y = (float *)by.view.buf, *xh = (float *)bh.view.buf, *mean = (float *)bm.view.buf;
+            float *sq = (float *)bq.view.buf, *inv = (float *)bi.view.buf;
+            const float cnt = (float)(n * sh.block), e = (float)eps;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < channels; ++c) {
+                const float s = channel_sum(x, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block,
+                                            sh.buf, sh.work, sh.vals);
+                const float mu = s / cnt;
+                const float q = channel_sum(x, NULL, mu, TERM_SQUARED_DEVIATION, n, channels, c, sh.sizes, sh.nd,
+                                            sh.block, sh.buf, sh.work, sh.vals);
+                const float is = 1.0f / sqrtf(q / cnt + e);
+                mean[c] = mu;
+                sq[c] = q;
+                inv[c] = is;
+                for (Py_ssize_t t = 0; t < n; ++t) {
+                    const Py_ssize_t at = (t * channels + c) * sh.block;
+                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
+                        const float d = x[i] - mu;
+                        const float h = d * is;
+                        float v = h;
+                        if (has_w) v = v * w[c];
+                        if (has_b) v = v + b[c];
+                        xh[i] = h;
+                        y[i] = v;
+                    }
+                }
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+        bn_free(&sh);
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static const char bn_backward_doc[] =
+    "batch_norm_backward(g, xhat, invstd, weight, gx, gw, gb, n, channels, sizes)\n"
+    "Batch norm's training backward on contiguous g, xhat [n, channels, *sizes], d2_ops' operations in two\n"
+    "passes per channel: gb = det_sum_dims(g), gw = det_sum_dims(g * xhat), and (gx not empty)\n"
+    "gx = ((g * weight - gb * weight / count) - xhat * (gw * weight / count)) * invstd (weight empty: absent).";
+
+static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *oh, *oi, *ow, *ox, *ogw, *ogb, *os;
+    Py_ssize_t n, channels;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnO", &og, &oh, &oi, &ow, &ox, &ogw, &ogb, &n, &channels, &os)) {
+        return NULL;
+    }
+    buf_t bg, bh, bi, bw, bx, bgw, bgb, bs;
+    buf_t *held[8] = {&bg, &bh, &bi, &bw, &bx, &bgw, &bgb, &bs};
+    int got = 0;
+    if (acquire(og, &bg, 'f', 0, "g") == 0 && ++got && acquire(oh, &bh, 'f', 0, "xhat") == 0 && ++got &&
+        acquire(oi, &bi, 'f', 0, "invstd") == 0 && ++got && acquire(ow, &bw, 'f', 0, "weight") == 0 && ++got &&
+        acquire(ox, &bx, 'f', 1, "gx") == 0 && ++got && acquire(ogw, &bgw, 'f', 1, "gw") == 0 && ++got &&
+        acquire(ogb, &bgb, 'f', 1, "gb") == 0 && ++got && acquire(os, &bs, 'q', 0, "sizes") == 0 && ++got) {
+    }
+    bn_shape_t sh;
+    int rc = -1;
+    if (got == 8 && bn_shape(&sh, n, channels, &bs) == 0) {
+        const Py_ssize_t total = n * channels * sh.block;
+        const int has_w = count(&bw) != 0, want_gx = count(&bx) != 0;
+        if (count(&bg) != total || count(&bh) != total || count(&bi) != channels || count(&bgw) != channels ||
+            count(&bgb) != channels || (has_w && count(&bw) != channels) || (want_gx && count(&bx) != total)) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: g, xhat, gx [n, channels, *sizes] (gx or empty); "
+                                              "invstd, weight, gw, gb [channels] (weight or empty)");
+        } else {
+            const float *g = (const float *)bg.view.buf, *xh = (const float *)bh.view.buf;
+            const float *inv = (const float *)bi.view.buf, *w = (const float *)bw.view.buf;
+            float *gx = (float *)bx.view.buf, *gw = (float *)bgw.view.buf, *gb = (float *)bgb.view.buf;
+            const float cnt = (float)(n * sh.block);
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < channels; ++c) {
+                const float sg = channel_sum(g, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block,
+                                             sh.buf, sh.work, sh.vals);
+                const float sgx = channel_sum(g, xh, 0.0f, TERM_PRODUCT, n, channels, c, sh.sizes, sh.nd, sh.block,
+                                              sh.buf, sh.work, sh.vals);
+                gb[c] = sg;
+                gw[c] = sgx;
+                if (!want_gx) continue;
+                const float mg = (has_w ? sg * w[c] : sg) / cnt;
+                const float mgx = (has_w ? sgx * w[c] : sgx) / cnt;
+                for (Py_ssize_t t = 0; t < n; ++t) {
+                    const Py_ssize_t at = (t * channels + c) * sh.block;
+                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
+                        float v = has_w ? g[i] * w[c] : g[i];
+                        v = v - mg;
+                        v = v - xh[i] * mgx;
+                        gx[i] = v * inv[c];
+                    }
+                }
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+        bn_free(&sh);
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -918,6 +1390,9 @@ static PyMethodDef methods[] = {
     {"finalize", py_finalize, METH_VARARGS, finalize_doc},
     {"owner_sum", py_owner_sum, METH_VARARGS, owner_sum_doc},
     {"matmul_nt", py_matmul_nt, METH_VARARGS, matmul_doc},
+    {"matmul_nt_view", py_matmul_nt_view, METH_VARARGS, matmul_view_doc},
+    {"batch_norm_forward", py_batch_norm_forward, METH_VARARGS, bn_forward_doc},
+    {"batch_norm_backward", py_batch_norm_backward, METH_VARARGS, bn_backward_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,8 +6,9 @@ Between two IEEE-754 machines the results of a float32 program differ only throu
 reduction, (2) contraction of a multiply and an add into one FMA, (3) transcendental functions (libm and CUDA's
 math library round differently), (4) tie-breaking and (5) atomics.  A *single* IEEE operation (``+ - * /``,
 ``sqrt``, comparisons, min/max, copies, gathers without accumulation, exact integer work on the bits) is correctly
-rounded everywhere, and torch's eager element-wise kernels run one such operation per element and per call.  So
-everything here is built from
+rounded everywhere, and torch's eager element-wise kernels run one such operation per element and per call,
+with one exception found on this project's CPU: torch's float32 ``sqrt`` there is not correctly rounded, so the
+square root is taken in float64 and rounded (:func:`det_sqrt`).  So everything here is built from
 
 - such single-operation torch calls (never ``alpha=``, ``addcmul``, ``lerp``, ``rsqrt``, ``torch.exp`` and its
   relatives, nor a division by a Python number, which CUDA turns into a multiplication by the reciprocal);
@@ -35,12 +36,13 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from hpc_elastic.est.detsum import cpu_kernels
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.detsum import c_extension, cpu_kernels
 from hpc_elastic.est.gpu import cuda_extension
 
 
@@ -94,36 +96,54 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="d2-matmul")
 
 
-def det_matmul_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32, 2-D).
+def _geometry(t: torch.Tensor, row_dims: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``t``'s storage as a flat float32 array and the geometry that names ``t`` in it as a matrix (its first
+    ``row_dims`` dimensions the rows), for ``matmul_nt_view``: the kernel reads the view in place."""
+    flat = t.as_strided((t.untyped_storage().nbytes() // 4,), (1,), 0)
+    sizes, strides = list(t.shape), list(t.stride())
+    geometry = np.array([t.storage_offset(), row_dims, t.dim() - row_dims, *sizes, *strides], dtype=np.int64)
+    return flat.numpy(), geometry
+
+
+def det_matmul_nt(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
+    """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32), where ``a`` is ``[*rows, *k]`` with
+    its first ``a_rows`` dimensions the rows (row-major), and ``b`` likewise: a 2-D matrix by default, or any view
+    (a convolution's patches as a strided view of its padded image), which the CPU kernel reads in place, chunk by
+    chunk, instead of gathering it first (the same operations per output: only where the operands are read from
+    changes).
 
     On the CPU the rows of ``a`` are split over ``torch.get_num_threads()`` threads (the C kernel releases the GIL);
     every output is formed whole by one call, so the bits do not depend on the split."""
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"det_matmul_nt needs [m, k] and [n, k] matrices, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not (0 < a_rows < a.dim() and 0 < b_rows < b.dim()) or a.shape[a_rows:].numel() != b.shape[b_rows:].numel():
+        raise ValueError(
+            f"det_matmul_nt needs [*rows, *k] operands with the same k, got {tuple(a.shape)} (rows: {a_rows} dims) "
+            f"and {tuple(b.shape)} (rows: {b_rows} dims)"
+        )
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"operands on different devices: {a.device} and {b.device}")
-    a = a.detach().contiguous()
-    b = b.detach().contiguous()
+    m, n, k = a.shape[:a_rows].numel(), b.shape[:b_rows].numel(), a.shape[a_rows:].numel()
+    a, b = a.detach(), b.detach()
     if a.device.type == "cuda":
-        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a, b)
+        out_gpu: torch.Tensor = cuda_extension().matmul_nt(a.reshape(m, k).contiguous(), b.reshape(n, k).contiguous())
         return out_gpu
     if a.device.type != "cpu":
         raise ValueError(f"no D2 kernel for device {a.device}")
-    m, n, k = a.shape[0], b.shape[0], a.shape[1]
     out = torch.empty((m, n), dtype=torch.float32)
-    an: np.ndarray[Any, Any] = a.numpy()
-    bn: np.ndarray[Any, Any] = b.numpy()
+    an, ag = _geometry(a, a_rows)
+    bn, bg = _geometry(b, b_rows)
     on: np.ndarray[Any, Any] = out.numpy()
     kernels = cpu_kernels()
     threads = min(torch.get_num_threads(), m)
     if threads < 2 or m * n * k < PARALLEL_MIN_WORK:
-        kernels.matmul_nt(an, bn, on)
+        kernels.matmul_nt_view(an, ag, bn, bg, on, rows=(0, m))
         return out
     bounds = [m * t // threads for t in range(threads + 1)]
-    jobs = [_pool(threads).submit(kernels.matmul_nt, an[lo:hi], bn, on[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    jobs = [
+        _pool(threads).submit(kernels.matmul_nt_view, an, ag, bn, bg, on[lo:hi], rows=(lo, hi))
+        for lo, hi in itertools.pairwise(bounds)
+    ]
     for job in jobs:
         job.result()
     return out
@@ -157,10 +177,131 @@ def det_sum_dims(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = False) 
     return x
 
 
+def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-channel [C] vector shaped [1, C, 1, ...] against an [N, C, ...] input."""
+    return v.reshape(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _channel_dims(x: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions a batch norm reduces: all but the channels (1)."""
+    return (0, *range(2, x.dim()))
+
+
+@lru_cache(maxsize=1)
+def _c_batch_norm() -> Any:
+    """The C extension, whose batch norm kernels run the operations below in fewer passes; None if not built."""
+    try:
+        return c_extension()
+    except HpcElasticError:
+        return None
+
+
+def _empty_if_none(v: torch.Tensor | None) -> np.ndarray[Any, Any]:
+    return np.empty(0, np.float32) if v is None else v.detach().contiguous().numpy()
+
+
+class BatchNormForward(NamedTuple):
+    y: torch.Tensor
+    xhat: torch.Tensor
+    mean: torch.Tensor
+    sq: torch.Tensor
+    invstd: torch.Tensor
+
+
+def batch_norm_train_torch(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> BatchNormForward:
+    """Batch norm's training forward over [N, C, ...] by its definition: ``mean = det_sum_dims(x) / count``,
+    ``sq = det_sum_dims((x - mean)^2)``, ``invstd = 1 / sqrt(sq / count + eps)``, ``xhat = (x - mean) * invstd``,
+    ``y = xhat * weight + bias``, every operation one rounding (the CUDA path, and the reference of the C kernel)."""
+    dims = _channel_dims(x)
+    count = x.numel() // x.shape[1]
+    mean = div_count(det_sum_dims(x, dims), count)
+    d = x - _bcast(mean, x)
+    sq = det_sum_dims(d * d, dims)
+    invstd = reciprocal(det_sqrt(div_count(sq, count) + f32(eps)))
+    xhat = d * _bcast(invstd, x)
+    y = xhat
+    if weight is not None:
+        y = y * _bcast(weight, x)
+    if bias is not None:
+        y = y + _bcast(bias, x)
+    return BatchNormForward(y, xhat, mean, sq, invstd)
+
+
+def batch_norm_train(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> BatchNormForward:
+    """:func:`batch_norm_train_torch`'s operations; on the CPU by the C kernel in three passes per channel (the same
+    trees, the same operations per element: the same bits)."""
+    ext = _c_batch_norm()
+    if x.device.type != "cpu" or ext is None:
+        return batch_norm_train_torch(x, weight, bias, eps)
+    xc = x.detach().contiguous()
+    n, c = xc.shape[0], xc.shape[1]
+    y, xhat = torch.empty_like(xc), torch.empty_like(xc)
+    mean, sq, invstd = (torch.empty(c, dtype=torch.float32) for _ in range(3))
+    sizes = np.array(xc.shape[2:], np.int64)
+    ext.batch_norm_forward(
+        xc.numpy(), y.numpy(), xhat.numpy(), mean.numpy(), sq.numpy(), invstd.numpy(),
+        _empty_if_none(weight), _empty_if_none(bias), n, c, sizes, f32(eps),
+    )  # fmt: skip
+    return BatchNormForward(y, xhat, mean, sq, invstd)
+
+
+def batch_norm_train_backward_torch(
+    g: torch.Tensor, xhat: torch.Tensor, invstd: torch.Tensor, weight: torch.Tensor | None, want_gx: bool
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(gx, gw, gb) of :func:`batch_norm_train_torch` by its definition: ``gb = det_sum_dims(g)``,
+    ``gw = det_sum_dims(g * xhat)``, ``gx = ((g w - gb w / count) - xhat (gw w / count)) invstd``."""
+    dims = _channel_dims(xhat)
+    count = xhat.numel() // xhat.shape[1]
+    gb = det_sum_dims(g, dims)
+    gw = det_sum_dims(g * xhat, dims)
+    if not want_gx:
+        return None, gw, gb
+    gxhat, sum_g, sum_gx = g, gb, gw
+    if weight is not None:
+        gxhat = g * _bcast(weight, xhat)
+        sum_g = gb * weight
+        sum_gx = gw * weight
+    gx = gxhat - _bcast(div_count(sum_g, count), xhat)
+    gx = gx - xhat * _bcast(div_count(sum_gx, count), xhat)
+    return gx * _bcast(invstd, xhat), gw, gb
+
+
+def batch_norm_train_backward(
+    g: torch.Tensor, xhat: torch.Tensor, invstd: torch.Tensor, weight: torch.Tensor | None, want_gx: bool
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """:func:`batch_norm_train_backward_torch`'s operations; on the CPU by the C kernel in two passes per
+    channel."""
+    ext = _c_batch_norm()
+    if g.device.type != "cpu" or ext is None:
+        return batch_norm_train_backward_torch(g, xhat, invstd, weight, want_gx)
+    gc = g.detach().contiguous()
+    n, c = gc.shape[0], gc.shape[1]
+    gx = torch.empty_like(gc) if want_gx else torch.empty(0)
+    gw, gb = torch.empty(c, dtype=torch.float32), torch.empty(c, dtype=torch.float32)
+    sizes = np.array(gc.shape[2:], np.int64)
+    ext.batch_norm_backward(
+        gc.numpy(), xhat.detach().contiguous().numpy(), invstd.detach().contiguous().numpy(),
+        _empty_if_none(weight), gx.numpy(), gw.numpy(), gb.numpy(), n, c, sizes,
+    )  # fmt: skip
+    return (gx if want_gx else None), gw, gb
+
+
 def div_count(x: torch.Tensor, n: int) -> torch.Tensor:
     """``x / n`` as a correctly rounded tensor-by-tensor division (a division by a Python number may become a
     multiplication by its reciprocal on CUDA)."""
     return torch.div(x, torch.full_like(x, float(n)))
+
+
+def det_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 square root: taken in float64 (correctly rounded on every device) and rounded
+    to float32, which is the correctly rounded float32 result (53 >= 2 * 24 + 2 bits: the double rounding is
+    innocuous).  torch's float32 ``sqrt`` on the CPU is not: it is 1 ulp off for some inputs (for 1.041376 it gives
+    1.0204782, the correctly rounded root is 1.0204784), where CUDA's and C's ``sqrtf`` are exact."""
+    return torch.sqrt(x.double()).float()
 
 
 def reciprocal(x: torch.Tensor) -> torch.Tensor:

@@ -296,6 +296,20 @@ def ref_matmul_nt(a: F32, b: F32) -> F32:
     return out
 
 
+def view_matrix(data: F32, geometry: I64) -> F32:
+    """The [rows, cols] matrix that a geometry ``[offset, row dims, column dims, sizes..., strides...]`` (in
+    elements; row dimensions first, each group row-major) names in the flat float32 array ``data``, as a copy: the
+    operand ``matmul_nt_view`` reads in place."""
+    offset, nr, nc = (int(v) for v in geometry[:3])
+    nd = nr + nc
+    sizes = [int(v) for v in geometry[3 : 3 + nd]]
+    strides = [int(v) * data.itemsize for v in geometry[3 + nd : 3 + 2 * nd]]
+    view = np.lib.stride_tricks.as_strided(data[offset:], shape=sizes, strides=strides, writeable=False)
+    rows, cols = int(np.prod(sizes[:nr], dtype=np.int64)), int(np.prod(sizes[nr:], dtype=np.int64))
+    out: F32 = np.ascontiguousarray(view).reshape(rows, cols)
+    return out
+
+
 # --------------------------------------------------------------------------- kernel dispatch
 
 
@@ -321,6 +335,10 @@ class Kernels(Protocol):
     def owner_sum(self, rows: F32, acc: I64, tops: U8, *, chunk: int, width: int) -> None: ...
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None: ...
+
+    def matmul_nt_view(
+        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, rows: tuple[int, int]
+    ) -> None: ...
 
 
 class ReferenceKernels:
@@ -352,6 +370,11 @@ class ReferenceKernels:
 
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None:
         out[...] = ref_matmul_nt(a, b)
+
+    def matmul_nt_view(
+        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, rows: tuple[int, int]
+    ) -> None:
+        out[...] = ref_matmul_nt(view_matrix(a, a_geometry)[rows[0] : rows[1]], view_matrix(b, b_geometry))
 
 
 class CKernels:
@@ -390,6 +413,13 @@ class CKernels:
         if b.shape[1] != k or out.shape != (m, n):
             raise ValueError(f"shapes do not fit a @ b.T: a {a.shape}, b {b.shape}, out {out.shape}")
         self._m.matmul_nt(a, b, out, m, n, k)
+
+    def matmul_nt_view(
+        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, rows: tuple[int, int]
+    ) -> None:
+        """Rows ``rows[0]`` to ``rows[1]`` of the product of two strided views into ``out`` (see
+        :func:`view_matrix` for the geometry)."""
+        self._m.matmul_nt_view(a, a_geometry, b, b_geometry, out, rows[0], rows[1])
 
 
 def c_extension() -> ModuleType:

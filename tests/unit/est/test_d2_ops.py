@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpc_elastic import models
-from hpc_elastic.est import d2_math
+from hpc_elastic.est import d2_math, d2_ops
 from hpc_elastic.est.d2 import D2Status, scan_model, to_d2
 from hpc_elastic.est.d2_ops import DetConv2d, DetEmbedding, det_cross_entropy
 from hpc_elastic.est.detsum import ref_matmul_nt
@@ -461,3 +461,83 @@ def test_product_is_the_fixed_order_reference_for_blocks_chunks_and_threads(m: i
     for threads in (1, 4):
         torch.set_num_threads(threads)
         assert d2_math.det_matmul_nt(torch.from_numpy(a), torch.from_numpy(b)).numpy().tobytes() == ref
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_convolution_products_read_in_place_give_the_gathered_products_bits(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every product of a convolution's forward and backward (patch rows, the transposed convolution's windows per
+    phase, patch columns) reads its operands in place from the padded images: each gives the bits of gathering
+    those operands into matrices first and multiplying them, on random shapes, strides, paddings and dilations, at
+    1 and 3 threads."""
+    checked: list[tuple[int, int]] = []
+    in_place = d2_math.det_matmul_nt
+
+    def both(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
+        out = in_place(a, b, a_rows=a_rows, b_rows=b_rows)
+        k = a.shape[a_rows:].numel()
+        gathered = in_place(a.reshape(-1, k).contiguous(), b.reshape(-1, k).contiguous())
+        assert bits(out) == bits(gathered)
+        checked.append((a_rows, b_rows))
+        return out
+
+    monkeypatch.setattr(d2_ops, "det_matmul_nt", both)
+    rng = np.random.default_rng(seed)
+    n, c, o = int(rng.integers(1, 4)), int(rng.integers(1, 20)), int(rng.integers(1, 70))
+    kernel = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+    conv = nn.Conv2d(
+        c,
+        o,
+        kernel,
+        stride=(int(rng.integers(1, 3)), int(rng.integers(1, 3))),
+        padding=(int(rng.integers(0, 3)), int(rng.integers(0, 3))),
+        dilation=(int(rng.integers(1, 3)), int(rng.integers(1, 3))),
+    )
+    det = to_d2(copy.deepcopy(conv))
+    x = torch.randn(n, c, int(rng.integers(6, 14)), int(rng.integers(6, 14)), requires_grad=True)
+    for threads in (1, 3):
+        torch.set_num_threads(threads)
+        det(x).square().sum().backward()
+    # the forward's, the input gradient's and the weight gradient's products, each with its view as the second operand
+    assert len(checked) >= 6 and set(checked) == {(1, 3)}
+
+
+@pytest.mark.parametrize(
+    ("shape", "affine"),
+    [((6, 3), True), ((5, 4, 7), False), ((3, 5, 6, 7), True), ((4, 3, 8, 8), True), ((2, 3, 3, 5, 4), False)],
+)
+def test_batch_norm_kernel_gives_the_definitions_bits(shape: tuple[int, ...], affine: bool) -> None:
+    """The C batch norm (three passes forward, two backward) against its definition in torch operations (the CUDA
+    path): the same bits for every output, trees padded to a power of two over every dimension, signed zeros and
+    values spread over many binades included, with and without weight and bias."""
+    gen = torch.Generator().manual_seed(len(shape) * 10 + shape[-1])
+    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())
+    x.view(-1)[::5] = -0.0
+    g = torch.randn(shape, generator=gen)
+    g.view(-1)[::3] = -0.0
+    c = shape[1]
+    weight = torch.randn(c, generator=gen) if affine else None
+    bias = torch.randn(c, generator=gen) if affine else None
+    got = d2_math.batch_norm_train(x, weight, bias, 1e-5)
+    want = d2_math.batch_norm_train_torch(x, weight, bias, 1e-5)
+    for name, a, b in zip(got._fields, got, want, strict=True):
+        assert bits(a) == bits(b), name
+    for want_gx in (True, False):
+        got_b = d2_math.batch_norm_train_backward(g, want.xhat, want.invstd, weight, want_gx)
+        want_b = d2_math.batch_norm_train_backward_torch(g, want.xhat, want.invstd, weight, want_gx)
+        assert (got_b[0] is None) == (not want_gx)
+        assert [None if t is None else bits(t) for t in got_b] == [None if t is None else bits(t) for t in want_b]
+
+
+def test_det_sqrt_is_correctly_rounded() -> None:
+    """Against NumPy's float32 square root (IEEE's correctly rounded one) over a sweep of binades, the input where
+    torch's float32 sqrt on this project's CPU is 1 ulp off, zeros, infinity and a negative number."""
+    special = np.array([1.041375994682312, 0.0, -0.0, np.inf, -1.0, 2.0**-149, 3.4e38], np.float32)
+    x = np.concatenate([special, (np.random.default_rng(2).random(200_000) * np.exp2(np.arange(200_000) % 80 - 40))])
+    x = x.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = np.sqrt(x)
+    got = d2_math.det_sqrt(torch.from_numpy(x)).numpy()
+    assert np.isnan(got[4]) and np.isnan(want[4])  # a NaN (its sign bit is not defined the same way everywhere)
+    assert np.delete(got, 4).tobytes() == np.delete(want, 4).tobytes()

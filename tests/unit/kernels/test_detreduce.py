@@ -383,3 +383,61 @@ def test_matmul_nt_blocks_chunks_and_tails_match_reference_bitwise(m: int, n: in
     out = np.empty((m, n), np.float32)
     C.matmul_nt(a, b, out)
     assert same(out, d.ref_matmul_nt(a, b))
+
+
+def _geometry(offset: int, rows: list[tuple[int, int]], cols: list[tuple[int, int]]) -> np.ndarray:
+    sizes = [s for s, _ in rows + cols]
+    strides = [t for _, t in rows + cols]
+    return np.array([offset, len(rows), len(cols), *sizes, *strides], np.int64)
+
+
+@pytest.mark.parametrize(
+    ("a_rows", "a_cols", "b_rows", "b_cols", "span"),
+    [
+        # patch rows of a padded channels-last image [2, 7, 6, 5] (3x3 windows, stride 2, dilation 1)
+        ([(2, 210), (3, 60), (2, 10)], [(3, 30), (3, 5), (5, 1)], [(4, 45)], [(45, 1)], (0, 12)),
+        # the same against strided weight rows; only rows [5, 11) of a
+        ([(2, 210), (3, 60), (2, 10)], [(3, 30), (3, 5), (5, 1)], [(6, 1)], [(45, 6)], (5, 11)),
+        # patch columns of a padded [3, 4, 9, 9] image (k = 3 * 7 * 7 = 147, runs along x), both operands views
+        ([(5, 1)], [(3, 5), (49, 15)], [(2, 9), (2, 1), (4, 81)], [(3, 324), (7, 9), (7, 1)], (0, 5)),
+        # k = 1200 > one chunk, with x strided by 2 (no contiguous run), and a panel edge (n = 70 > 64)
+        ([(3, 1)], [(1200, 3)], [(70, 2)], [(2, 1800), (600, 3)], (0, 3)),
+        # a dense operand given as a view with an offset, k = 520: one chunk and an 8-lane tail
+        ([(50, 520)], [(520, 1)], [(7, 3)], [(4, 1), (130, 21)], (1, 50)),
+    ],
+)
+def test_matmul_nt_view_reads_strided_operands_like_their_copies(
+    a_rows: list[tuple[int, int]],
+    a_cols: list[tuple[int, int]],
+    b_rows: list[tuple[int, int]],
+    b_cols: list[tuple[int, int]],
+    span: tuple[int, int],
+) -> None:
+    """Operands read in place (packed tile by tile, chunk by chunk) give the bits of the product of their gathered
+    copies: the reference's and the dense kernel's."""
+    rng = np.random.default_rng(len(a_cols) * 100 + span[1])
+    data_a = (rng.standard_normal(40_000) * np.exp2(rng.integers(-60, 30, 40_000))).astype(np.float32)
+    data_b = rng.standard_normal(40_000).astype(np.float32)
+    data_b[::7] = np.float32(-0.0)
+    ga, gb = _geometry(3, a_rows, a_cols), _geometry(11, b_rows, b_cols)
+    a, b = d.view_matrix(data_a, ga), d.view_matrix(data_b, gb)
+    r0, r1 = span
+    out = np.full((r1 - r0, b.shape[0]), np.nan, np.float32)
+    C.matmul_nt_view(data_a, ga, data_b, gb, out, rows=span)
+    dense = np.empty((a.shape[0], b.shape[0]), np.float32)
+    C.matmul_nt(a, b, dense)
+    assert same(out, d.ref_matmul_nt(a[r0:r1], b))
+    assert same(out, dense[r0:r1])
+
+
+def test_matmul_nt_view_refuses_views_outside_the_buffer_and_mismatched_sizes() -> None:
+    m = d.c_extension()
+    data = np.zeros(100, np.float32)
+    out = np.zeros((2, 2), np.float32)
+    inside = _geometry(0, [(2, 10)], [(10, 1)])
+    with pytest.raises(ValueError, match="reaches element 100"):
+        m.matmul_nt_view(data, _geometry(1, [(2, 90)], [(10, 1)]), data, inside, out, 0, 2)
+    with pytest.raises(ValueError, match="size mismatch"):
+        m.matmul_nt_view(data, inside, data, _geometry(0, [(2, 9)], [(9, 1)]), out, 0, 2)
+    with pytest.raises(ValueError, match="bad geometry"):
+        m.matmul_nt_view(data, np.array([0, 1, 1, 2], np.int64), data, inside, out, 0, 2)
