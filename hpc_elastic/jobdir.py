@@ -243,8 +243,16 @@ def parse_ack(text: str) -> Ack:
         doc["step"],
         Path(doc["checkpoint"]),
         _epoch(doc["written_at"], "ack"),
-        None if reason is None else _reason(reason),
+        None if reason is None else _ack_reason(reason),
     )
+
+
+def _ack_reason(value: Any) -> StopReason:
+    """An acknowledgement's reason: a request's, or ``unknown`` from a rank 0 that stopped because another rank saw
+    the stop file first (the group stops together, :meth:`hpc_elastic.session.Session.should_stop`)."""
+    if value == StopReason.UNKNOWN.value:
+        return StopReason.UNKNOWN
+    return _reason(value)
 
 
 def parse_requeues(text: str) -> tuple[int, ...]:

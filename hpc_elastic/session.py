@@ -390,6 +390,8 @@ class Session:
         local = self._read_stop()
         if self.comm.collective.allreduce_max_int(0 if local is None else 1) == 0:
             return False
+        if local is None:  # another rank saw the file first: it is there now, read it for its reason
+            local = self._read_stop()
         self._stop = local if local is not None else StopRequest(StopReason.UNKNOWN, None)
         return True
 

@@ -312,3 +312,13 @@ def test_an_ack_may_name_the_stop_it_answers() -> None:
     assert "reason" not in json.loads(silent.to_json()) and parse_ack(silent.to_json()).reason is None
     with pytest.raises(ValueError, match="stop reason must be one of"):
         parse_ack(said.to_json().replace("sigterm", "nap"))
+
+
+def test_an_ack_of_a_rank_0_that_stopped_on_the_other_ranks_word_is_read(tmp_path: Path) -> None:
+    """Rank 0 acknowledges with reason ``unknown`` when another rank saw the stop file first; the wrapper must still
+    read that acknowledgement (refusing it made a resize end the job as if training had finished)."""
+    job_dir = JobDir(tmp_path / "job")
+    job_dir.prepare()
+    ack = Ack(7, 0, 3, tmp_path / "ckpt", 100.0, StopReason.UNKNOWN)
+    job_dir.acknowledge(ack)
+    assert job_dir.read_ack() == parse_ack(ack.to_json()) == ack

@@ -77,6 +77,28 @@ def test_should_stop_is_agreed_even_by_ranks_that_do_not_see_the_file(tmp_path: 
     assert run_ranks(2, body) == [(True, StopReason.UNKNOWN), (True, StopReason.PREEMPT)]
 
 
+def test_a_rank_that_looked_before_the_file_was_written_reads_its_reason_once_the_group_stops(tmp_path: Path) -> None:
+    """Rank 0 looks before the stop file exists, rank 1 after: both stop, and rank 0 (which acknowledges) takes the
+    reason from the file that is there by then, not ``unknown``."""
+    shared = tmp_path / "job"
+    write_stop(shared, "resize")
+
+    def body(coll: ThreadCollective) -> StopReason | None:
+        session = session_for(coll, shared)
+        if coll.rank == 0:
+            real, looked = session._read_stop, []
+
+            def first_look_too_early() -> StopRequest | None:
+                looked.append(True)
+                return None if len(looked) == 1 else real()
+
+            session._read_stop = first_look_too_early  # type: ignore[method-assign]
+        assert session.should_stop()
+        return session.stop_request.reason if session.stop_request else None
+
+    assert run_ranks(2, body) == [StopReason.RESIZE, StopReason.RESIZE]
+
+
 def test_should_stop_checks_every_kth_call(tmp_path: Path) -> None:
     session = Session.local(tmp_path, stop_check_every=3)
     assert session.should_stop() is False  # call 1 looks: no file yet
