@@ -379,7 +379,7 @@ def test_the_daemon_preempts_a_ps_job_with_more_core_time_for_one_that_does_not_
     )
     first_run = slurm.job(job_a)
     assert first_run.cpus == 12 and first_run.restart_count == 0
-    settings_b = {"num_samples": SAMPLES, "shard_size": 100, "batch_size": 50, "epochs": 1}
+    settings_b = {"num_samples": SAMPLES, "shard_size": 100, "batch_size": 50, "epochs": 2}
     job_b = submit_ps(workdir, settings_b, "1:1", "1:1", ("--cpus-per-worker=2",), name_b)
     cleanup.append(job_b)
     waiting = wait_for("B waiting for cores", partial(_pending_for_resources, slurm, job_b))
@@ -400,7 +400,7 @@ def test_the_daemon_preempts_a_ps_job_with_more_core_time_for_one_that_does_not_
     assert started_b.start_time is not None
     assert started_b.start_time.timestamp() >= int(preempt["time"])  # B started after the preemption
     status_b, _ = final_status(slurm, workdir, job_b, name_b)
-    assert_exactly_once(status_b, 1)
+    assert_exactly_once(status_b, 2)
     assert status_b["restored_from"] is None and slurm.job(job_b).restart_count == 0
 
     status_a, _ = final_status(slurm, workdir, job_a, name_a)
