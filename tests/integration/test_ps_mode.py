@@ -4,13 +4,16 @@ asynchronously to the end with every sample counted exactly once per epoch; a pa
 mid-epoch (``scancel --signal=KILL`` of its step) is replaced inside the running job from the latest checkpoint,
 the same workers going on; a worker's step killed the same way afterwards is a lost worker whose shards go back to
 TODO; a worker that outgrows its step's memory (the ``worker_ballast_mb`` knob) is killed by Slurm, told from a
-crash by its step's accounting, and comes back as a new step with twice the memory (Brain's adjust)."""
+crash by its step's accounting, and comes back as a new step with twice the memory (Brain's adjust); and the daemon
+(``hpc-elastic-sched``) preempts a ps job that attained more CPU-core-time for one that does not fit the partition's
+free cores, the preempted job checkpointing, requeueing and finishing from its checkpoint."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import uuid
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,10 @@ import pytest
 
 from hpc_elastic.jobdir import JobDir, ScaleReply
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
-from hpc_elastic.slurm import CliSlurm
+from hpc_elastic.slurm import CliSlurm, Job
+from slurm_plugin.store import Store
 from tests.integration.conftest import wait_for
-from tests.integration.plugin_helpers import ended
+from tests.integration.plugin_helpers import ended, run_once, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_lane]
 
@@ -30,25 +34,30 @@ NAME = "ps-mode-test"
 
 
 def submit_ps(
-    workdir: Path, settings: dict[str, Any], workers: str = "3:3", ps: str = "2:2", extra: tuple[str, ...] = ()
+    workdir: Path,
+    settings: dict[str, Any],
+    workers: str = "3:3",
+    ps: str = "2:2",
+    extra: tuple[str, ...] = (),
+    name: str = NAME,
 ) -> int:
     """``hpc-elastic submit --mode ps`` of a job of 2 PS and 3 workers (by default) on the cpu partition; the job
     id."""
-    path = workdir / "job.json"
+    path = workdir / f"{name}.json"
     path.write_text(json.dumps(settings))
     argv = [
         *(sys.executable, "-m", "hpc_elastic", "submit", str(path), f"--ckpt-root={workdir}", "--mode=ps"),
-        *(f"--workers-range={workers}", f"--ps-range={ps}", "--partition=cpu", "--time=10", f"--job-name={NAME}"),
+        *(f"--workers-range={workers}", f"--ps-range={ps}", "--partition=cpu", "--time=10", f"--job-name={name}"),
         *extra,
     ]
     out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
     return int(out.strip())
 
 
-def final_status(slurm: CliSlurm, workdir: Path, job_id: int) -> tuple[dict[str, Any], Path]:
+def final_status(slurm: CliSlurm, workdir: Path, job_id: int, name: str = NAME) -> tuple[dict[str, Any], Path]:
     job = wait_for("the PS job to end", lambda: ended(slurm, job_id), timeout_s=500, every_s=2.0)
-    run_dir = JobDir.of(workdir, NAME, job_id).ps
-    output = workdir / f"{NAME}-{job_id}.out"
+    run_dir = JobDir.of(workdir, name, job_id).ps
+    output = workdir / f"{name}-{job_id}.out"
     log = output.read_text() if output.exists() else ""
     assert job.state.value == "COMPLETED", log
     return json.loads((run_dir / "status.json").read_text()), run_dir
@@ -287,3 +296,75 @@ def test_a_worker_out_of_memory_comes_back_as_a_new_step_with_twice_the_memory(
         killed, replacement = steps[record["process"]], steps[record["replaced_by"]]
         assert killed.out_of_memory and killed.mem_mb == 1024
         assert replacement.mem_mb == 2048 and not replacement.out_of_memory
+
+
+def _pending_for_resources(slurm: CliSlurm, job_id: int) -> Job | None:
+    job = slurm.job(job_id)
+    return job if job.state.is_pending and job.pending_reason == "Resources" else None
+
+
+def _started(slurm: CliSlurm, job_id: int) -> Job | None:
+    job = slurm.job(job_id)
+    return job if job.start_time is not None and not job.state.is_pending else None
+
+
+@pytest.mark.timeout(600)
+def test_the_daemon_preempts_a_ps_job_with_more_core_time_for_one_that_does_not_fit(
+    slurm: CliSlurm, workdir: Path, cleanup: list[int]
+) -> None:
+    # the cpu partition: node5-6, 8 CPUs each. A: the master, 1 PS and 2 workers of 3 cores (12 of the 16); B: the
+    # master, 1 PS and 1 worker of 2 cores (6, more than the 4 left free). The daemon manages only these two jobs.
+    prefix = f"itps{uuid.uuid4().hex[:6]}"
+    config = write_config(workdir, prefix, "[preemption]\nmin_run_time_s = 0\ngrace_s = 60\nrequeue_wait_s = 20\n")
+    name_a, name_b = f"{prefix}-a", f"{prefix}-b"
+    epochs, samples = 2, 60_000
+    settings_a = {"num_samples": samples, "shard_size": 50, "batch_size": 25, "epochs": epochs}
+    job_a = submit_ps(workdir, settings_a, "2:2", "1:1", ("--cpus-per-worker=3",), name_a)
+    cleanup.append(job_a)
+    dir_a = JobDir.of(workdir, name_a, job_a)
+    wait_for(
+        "A training in its first epoch",
+        lambda: (s := _master_status(dir_a.ps)) is not None and s["shards_done"] >= 8 and s["queues"]["epoch"] == 0,
+        timeout_s=300,
+        every_s=0.5,
+    )
+    first_run = slurm.job(job_a)
+    assert first_run.cpus == 12 and first_run.restart_count == 0
+    settings_b = {"num_samples": SAMPLES, "shard_size": 100, "batch_size": 50, "epochs": 2}
+    job_b = submit_ps(workdir, settings_b, "1:1", "1:1", ("--cpus-per-worker=2",), name_b)
+    cleanup.append(job_b)
+    waiting = wait_for("B waiting for cores", partial(_pending_for_resources, slurm, job_b))
+    assert waiting.state.is_pending
+
+    doc = run_once(config)  # the pass, then follow-up passes until A's checkpoint and requeue are done
+    preempts = [a for a in doc["recent_actions"] if a["kind"] == "preempt"]
+    assert [a["job_id"] for a in preempts] == [job_a], doc["recent_actions"]
+    preempt = preempts[0]
+    assert preempt["ok"] and "checkpoint requested" in preempt["detail"], preempt
+    assert preempt["reason"].startswith("ps job: ") and f"go to ps job {job_b} (0 core-s, 6 cores)" in preempt["reason"]
+    assert "its 12 cores" in preempt["reason"] and "on partition cpu" in preempt["reason"]
+    record = Store(config.parent / "state", read_only=True).load()[job_a]
+    assert record.preemptions == 1 and record.executed_time > 0
+    assert slurm.job(job_a).restart_count == 1  # requeued (by its wrapper after the acknowledgement)
+
+    started_b = wait_for("B to start", partial(_started, slurm, job_b))
+    assert started_b.start_time is not None
+    assert started_b.start_time.timestamp() >= int(preempt["time"])  # B started after the preemption
+    status_b, _ = final_status(slurm, workdir, job_b, name_b)
+    assert_exactly_once(status_b, 2)
+    assert status_b["restored_from"] is None and slurm.job(job_b).restart_count == 0
+
+    status_a, _ = final_status(slurm, workdir, job_a, name_a)
+    second_run = slurm.job(job_a)
+    assert second_run.restart_count == 1
+    assert second_run.start_time is not None and second_run.start_time >= started_b.start_time
+    handled = sorted(dir_a.control.glob("ack.json.handled-*"))
+    assert len(handled) == 1  # the first run's acknowledgement, set aside by the second
+    ack = json.loads(handled[0].read_text())
+    assert ack["reason"] == "preempt" and ack["restart_count"] == 0 and ack["job_id"] == job_a
+    assert preempt["time"] <= ack["written_at"]  # the checkpoint answered the daemon's request
+    assert status_a["restored_from"] == ack["step"]  # restored from the stop's checkpoint, DOING first
+    assert_exactly_once(status_a, epochs, samples)
+    first = {w: n for w, n in status_a["epochs"][0]["samples_by_worker"].items() if not w.startswith("r1")}
+    assert sum(first.values()) >= 8 * 50  # the first run's samples, still credited
+    assert sorted(status_a["registered"]) == ["r1w0", "r1w1"]
