@@ -30,6 +30,19 @@ def write_config(workdir: Path, prefix: str, extra: str, *, top: str = "") -> Pa
     return path
 
 
+def write_resize_config(workdir: Path, prefix: str, *, grace_s: int, policy: str | None = None) -> Path:
+    """:func:`write_config` for the resize stories: one MLFQ queue, no preemption, resizes on, passes every 2 s;
+    ``policy``: the daemon's policy when not the default."""
+    top = (f'policy = "{policy}"\n' if policy else "") + "interval_s = 2\nevent_poll_s = 1\nstop_poll_s = 1\n"
+    return write_config(
+        workdir,
+        prefix,
+        "[tiresias]\nthresholds = [1e9]\n[preemption]\nenabled = false\nmin_run_time_s = 0\n"
+        f"grace_s = {grace_s}\nrequeue_wait_s = 5\n[resize]\nenabled = true\n",
+        top=top,
+    )
+
+
 def run_once(config: Path, *flags: str) -> dict[str, Any]:
     """``hpc-elastic-sched --once``; the state document it wrote ({} when it wrote none)."""
     proc = subprocess.run(

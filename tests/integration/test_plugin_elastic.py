@@ -31,7 +31,7 @@ from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
 from slurm_plugin.scenario import TRAINER, DaemonProcess
 from tests.conftest import DATA
 from tests.integration.conftest import hpc_submit, root_of, wait_for
-from tests.integration.plugin_helpers import MARK, ended, job_of, run_once, running, write_config
+from tests.integration.plugin_helpers import MARK, ended, job_of, run_once, running, write_config, write_resize_config
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
@@ -106,13 +106,7 @@ def elastic_run(slurm: CliSlurm, request: pytest.FixtureRequest) -> Iterator[Ela
     prefix = f"ite{uuid.uuid4().hex[:6]}"
     workdir = root_of(request.node) / prefix
     workdir.mkdir(parents=True)
-    config = write_config(
-        workdir,
-        prefix,
-        "[tiresias]\nthresholds = [1e9]\n[preemption]\nenabled = false\nmin_run_time_s = 0\ngrace_s = 90\n"
-        "requeue_wait_s = 5\n[resize]\nenabled = true\n",
-        top="interval_s = 2\nevent_poll_s = 1\nstop_poll_s = 1\n",
-    )
+    config = write_resize_config(workdir, prefix, grace_s=90)
     daemon = DaemonProcess(config, workdir / "daemon.log")
     ids: list[int] = []
     result_path = workdir / "elastic.result.json"

@@ -23,7 +23,7 @@ import pytest
 from hpc_elastic.slurm import CliSlurm, JobState
 from slurm_plugin.scenario import DaemonProcess
 from tests.integration.conftest import hpc_submit, wait_for
-from tests.integration.plugin_helpers import ended, running, write_config
+from tests.integration.plugin_helpers import ended, running, write_resize_config
 from tests.integration.test_runtime_story import DATA_ARGS, EXAMPLE, SHA, STEPPER, _filler, reference_sha, said
 
 pytestmark = pytest.mark.integration
@@ -48,13 +48,7 @@ def test_easyscale_grows_an_n8_job_into_idle_gpus_and_shrinks_it_for_a_gang_job_
     prefix = f"ith{uuid.uuid4().hex[:6]}"
     workdir = lane_root / prefix
     workdir.mkdir(parents=True)
-    config = write_config(
-        workdir,
-        prefix,
-        "[tiresias]\nthresholds = [1e9]\n[preemption]\nenabled = false\nmin_run_time_s = 0\ngrace_s = 120\n"
-        "requeue_wait_s = 5\n[resize]\nenabled = true\n",
-        top='policy = "tiresias-las+easyscale"\ninterval_s = 2\nevent_poll_s = 1\nstop_poll_s = 1\n',
-    )
+    config = write_resize_config(workdir, prefix, grace_s=120, policy="tiresias-las+easyscale")
     daemon = DaemonProcess(config, workdir / "daemon.log")
     try:
         filler = _filler(slurm, workdir, f"{prefix}-filler", "--partition=gpu-v100", "--nodelist=node4", "--gres=gpu:4")

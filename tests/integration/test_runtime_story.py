@@ -34,7 +34,7 @@ from hpc_elastic.slurm import CliSlurm, JobState
 from slurm_plugin.scenario import DaemonProcess
 from tests.conftest import DATA, REPO, require_horovod
 from tests.integration.conftest import hpc_submit, jobs_writing_under, processes_with, wait_for
-from tests.integration.plugin_helpers import ended, job_of, running, write_config
+from tests.integration.plugin_helpers import ended, job_of, running, write_resize_config
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "hpc_elastic" / "est" / "example.py"
@@ -96,13 +96,7 @@ def test_n8_grows_to_5_is_killed_shrinks_to_2_and_ends_with_the_bits_of_one_proc
     prefix = f"itr{backend[0]}{uuid.uuid4().hex[:5]}"
     workdir = lane_root / prefix
     workdir.mkdir(parents=True)
-    config = write_config(
-        workdir,
-        prefix,
-        "[tiresias]\nthresholds = [1e9]\n[preemption]\nenabled = false\nmin_run_time_s = 0\ngrace_s = 120\n"
-        "requeue_wait_s = 5\n[resize]\nenabled = true\n",
-        top="interval_s = 2\nevent_poll_s = 1\nstop_poll_s = 1\n",
-    )
+    config = write_resize_config(workdir, prefix, grace_s=120)
     daemon = DaemonProcess(config, workdir / "daemon.log")
     try:
         filler = _filler(slurm, workdir, f"{prefix}-filler", "--partition=gpu-a100", "--nodes=1", "--gres=gpu:a100:3")
