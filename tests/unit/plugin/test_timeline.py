@@ -1,0 +1,86 @@
+"""The GPUs-over-time timeline of make demo's second act, from samples of Slurm's job records."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_elastic.slurm import JobState
+from hpc_elastic.slurm.parse import parse_squeue_json
+from slurm_plugin.timeline import Holding, Sample, gpu_types, holdings, resize_actions, restarts
+from tests.conftest import DATA
+
+SLURM_DATA = DATA / "slurm-22.05"
+
+R, P, C, D = JobState.RUNNING, JobState.PENDING, JobState.COMPLETING, JobState.COMPLETED
+
+
+def s(t: float, job: int, state: JobState, restarts_: int, **gpus: int) -> Sample:
+    return Sample(t, job, state, restarts_, tuple(sorted(gpus.items())))
+
+
+def test_a_job_holds_its_allocation_only_while_running_and_each_change_starts_a_holding() -> None:
+    samples = [
+        s(0, 7, P, 0, v100=2),
+        s(1, 7, R, 0, v100=2),
+        s(2, 7, R, 0, v100=2),
+        s(3, 7, C, 0, v100=2),  # requeued: still completing on its old GPUs
+        s(4, 7, P, 1, v100=4),  # pending at its new size
+        s(5, 7, R, 1, v100=4),
+        s(6, 7, R, 1, a100=2, v100=3),
+        s(7, 7, D, 1, a100=2, v100=3),
+    ]
+    series = holdings(reversed(samples))  # any order: sorted by time
+    assert series == {
+        7: [
+            Holding(0, ()),
+            Holding(1, (("v100", 2),)),
+            Holding(3, ()),
+            Holding(5, (("v100", 4),)),
+            Holding(6, (("a100", 2), ("v100", 3))),
+            Holding(7, ()),
+        ]
+    }
+    assert [h.count("v100") for h in series[7]] == [0, 2, 0, 4, 3, 0]
+    assert [h.count("a100") for h in series[7]] == [0, 0, 0, 0, 2, 0]
+    assert gpu_types(series) == ["a100", "v100"]
+    assert restarts(samples) == {7: [(4, 1)]}
+
+
+def test_restarts_are_counted_per_job_from_its_first_sample() -> None:
+    samples = [s(0, 1, R, 3), s(0, 2, R, 0), s(1, 1, R, 3), s(2, 2, P, 1), s(3, 2, P, 1), s(4, 2, R, 2)]
+    assert restarts(samples) == {2: [(2, 1), (4, 2)]}
+
+
+def test_samples_round_trip_through_the_report_and_bad_ones_are_refused() -> None:
+    sample = s(1.5, 9, R, 2, v100=4)
+    assert Sample.from_dict(sample.to_dict()) == sample
+    with pytest.raises(ValueError, match="gpus"):
+        Sample.from_dict({**sample.to_dict(), "gpus": {"v100": -1}})
+    with pytest.raises(ValueError):
+        Sample.from_dict({**sample.to_dict(), "state": "NOT_A_STATE"})
+
+
+def test_samples_of_jobs_parsed_from_squeue_keep_their_gpus_by_type() -> None:
+    # squeue --json on the dev cluster: a job spanning node1 (2 a100) and node3 (3 v100), requeued twice, and a
+    # 1-GPU v100 job
+    jobs = {j.job_id: j for j in parse_squeue_json((SLURM_DATA / "squeue_cross_type_running.json").read_text())}
+    samples = [Sample.of(10.0, jobs[12]), Sample.of(10.0, jobs[10])]
+    assert (samples[0].state, samples[0].restart_count) == (JobState.RUNNING, 2)
+    assert holdings(samples) == {
+        12: [Holding(10.0, (("a100", 2), ("v100", 3)))],
+        10: [Holding(10.0, (("v100", 1),))],
+    }
+    assert gpu_types(holdings(samples)) == ["a100", "v100"]
+
+
+def test_resize_actions_are_the_daemons_resizes_of_the_given_jobs_in_time_order() -> None:
+    actions = [
+        {"kind": "order", "job_id": 5, "time": 1.0, "ok": True, "detail": "", "reason": ""},
+        {"kind": "resize", "job_id": 5, "time": 9.0, "ok": True, "detail": "4 -> 2", "reason": "shrink: x"},
+        {"kind": "resize", "job_id": 5, "time": 3.0, "ok": True, "detail": "2 -> 4", "reason": "grow into: y"},
+        {"kind": "resize", "job_id": 6, "time": 4.0, "ok": False, "detail": "", "reason": "grow"},
+        {"kind": "resize", "job_id": 5, "ok": True},  # no time: skipped
+    ]
+    got = resize_actions(actions, [5])
+    assert [(a.t, a.detail, a.reason) for a in got] == [(3.0, "2 -> 4", "grow into: y"), (9.0, "4 -> 2", "shrink: x")]
+    assert [a.job_id for a in resize_actions(actions)] == [5, 6, 5]
