@@ -158,14 +158,18 @@ def act1(root: Path) -> bool:
 
 def grow_plot(result: GrowResult, path: Path) -> None:
     """Step plot of the GPUs of each type held by the elastic and the gang job over time, one panel each; the
-    daemon's resize decisions (dashed) and Slurm's requeues of the elastic job (dotted) marked on both."""
+    daemon's resize decisions (dashed) and Slurm's requeues of the elastic job (dotted) marked on both; below, the
+    elastic job's training loss over steps."""
     plt = pyplot()
     series = holdings(result.samples)
     types = gpu_types(series) or [""]
     t0 = result.t0
     end = max((s.t for s in result.samples), default=t0) - t0
     jobs = [(result.elastic_id, "elastic job (N = 8 ESTs)"), (result.gang_id, "gang job (rigid)")]
-    fig, axes = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    fig = plt.figure(figsize=(8, 7.5))
+    grid = fig.add_gridspec(3, 1, height_ratios=[1, 1, 1.1], hspace=0.45)
+    first = fig.add_subplot(grid[0])
+    axes = [first, fig.add_subplot(grid[1], sharex=first)]
     top = 1
     for ax, (job_id, title) in zip(axes, jobs, strict=True):
         hs: list[Holding] = series.get(job_id, [])
@@ -193,8 +197,13 @@ def grow_plot(result: GrowResult, path: Path) -> None:
         ax.set_yticks(range(top + 1))
         ax.legend(loc="upper right", fontsize=8, title="GPU type", title_fontsize=8)
     axes[1].set_xlabel("seconds since the act began (dashed: the daemon's resize; dotted: Slurm's requeue)")
+    loss = fig.add_subplot(grid[2])
+    if result.loss:
+        loss.plot([step for step, _ in result.loss], [value for _, value in result.loss], color="tab:green")
+    loss.set_title("elastic job: training loss (mean over its 8 ESTs) after each step", fontsize=10, loc="left")
+    loss.set_xlabel("step")
+    loss.set_ylabel("loss")
     fig.suptitle("EasyScale in hpc-elastic-sched (tiresias-las+easyscale), measured on the dev cluster")
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

@@ -38,7 +38,7 @@ from hpc_elastic.jobdir import output_path
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
 from hpc_elastic.slurm import Job, JobState, SlurmClient, SlurmError
 from slurm_plugin.scenario import DaemonProcess, ScenarioError
-from slurm_plugin.timeline import Sample
+from slurm_plugin.timeline import LossRecord, Sample, loss_by_step, parse_loss_line
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "hpc_elastic" / "est" / "example.py"
@@ -142,6 +142,7 @@ class GrowResult:
     reference_sha: str = ""
     starts: list[str] = field(default_factory=list)  # the elastic job's "rank 0 of M" lines
     phases: list[tuple[str, float]] = field(default_factory=list)  # (what, seconds since t0) as each was reached
+    loss: list[tuple[int, float]] = field(default_factory=list)  # the elastic job's training loss after each step
 
     @property
     def identical(self) -> bool:
@@ -161,6 +162,7 @@ class GrowResult:
             "identical": self.identical,
             "starts": self.starts,
             "phases": [list(p) for p in self.phases],
+            "loss": [list(p) for p in self.loss],
         }
 
 
@@ -227,6 +229,15 @@ def _submit(workdir: Path, *options: str, args: Sequence[str]) -> int:
     return int(out.stdout.strip())
 
 
+def read_loss_log(directory: Path) -> list[LossRecord]:
+    """The records of the example's ``--loss-log`` directory (files ``loss-<requeues>-<rank>.jsonl``)."""
+    records: list[LossRecord] = []
+    for path in sorted(directory.glob("loss-*-*.jsonl")):
+        restart, rank = (int(part) for part in path.stem.split("-")[1:3])
+        records.extend(parse_loss_line(restart, rank, line) for line in path.read_text().splitlines() if line.strip())
+    return records
+
+
 def _said(path: Path, text: str) -> bool:
     try:
         return text in path.read_text()
@@ -275,7 +286,12 @@ def run_grow_story(
             f"--workers={cfg.workers}",
             *cfg.type_options(),
             f"--job-name={el_name}",
-            args=(*cfg.model_args, f"--ckpt-every={cfg.ckpt_every}", f"--step-delay={cfg.step_delay_s}"),
+            args=(
+                *cfg.model_args,
+                f"--ckpt-every={cfg.ckpt_every}",
+                f"--step-delay={cfg.step_delay_s}",
+                f"--loss-log={workdir / 'loss'}",
+            ),
         )
         watch.ids.append(elastic)
         out = output_path(workdir, el_name, elastic)
@@ -316,6 +332,10 @@ def run_grow_story(
     if len(shas) != 1:
         raise ScenarioError(f"the elastic job printed {len(shas)} final parameter shas (see {out})")
     result.elastic_sha = shas[0]
+    try:
+        result.loss = loss_by_step(read_loss_log(workdir / "loss"), cfg.workers)
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"the elastic job's loss log: {exc}") from None
     say("the uninterrupted reference run: 1 process, same N, outside Slurm")
     result.reference_sha = reference_params_sha(
         workdir / "reference", (sys.executable, str(EXAMPLE), *cfg.model_args), workers=cfg.workers

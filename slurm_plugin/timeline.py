@@ -4,12 +4,14 @@ The grow-and-shrink story (:mod:`slurm_plugin.grow_story`) polls ``squeue`` whil
 :class:`Sample` per job and poll; :func:`holdings` turns them into step series (the GPUs of each type a job held
 from one change to the next), :func:`restarts` into the moments Slurm requeued a job (a resize: checkpoint,
 requeue, new size, restart; EasyScale §3.4's scale-out and scale-in as the daemon carries them out on Slurm), and
-:func:`resize_actions` picks the daemon's resize decisions out of its recorded actions. A job holds GPUs while
+:func:`resize_actions` picks the daemon's resize decisions out of its recorded actions, and :func:`loss_by_step` adds
+up the training loss the job's processes logged. A job holds GPUs while
 Slurm shows it RUNNING: a requeued job passes through COMPLETING with its old allocation, and pending it holds none.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,3 +136,46 @@ def resize_actions(actions: Iterable[Mapping[str, Any]], job_ids: Iterable[int] 
             )
         )
     return sorted(out, key=lambda r: (r.t, r.job_id))
+
+
+@dataclass(frozen=True)
+class LossRecord:
+    """One process's line of the example's ``--loss-log``: after ``step``, the sum of its ESTs' losses and how
+    many ESTs it ran, in incarnation ``restart`` (Slurm's requeue count), as rank ``rank`` of ``world_size``."""
+
+    restart: int
+    rank: int
+    step: int
+    loss_sum: float
+    ests: int
+    world_size: int
+
+
+def parse_loss_line(restart: int, rank: int, line: str) -> LossRecord:
+    """A ``--loss-log`` line; ``ValueError`` naming what is wrong."""
+    doc = json.loads(line)
+    if not isinstance(doc, dict):
+        raise ValueError(f"loss record must be an object, got {line!r}")
+    try:
+        return LossRecord(
+            restart, rank, int(doc["step"]), float(doc["loss_sum"]), int(doc["ests"]), int(doc["world_size"])
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"loss record needs step, loss_sum, ests and world_size, got {line!r}") from None
+
+
+def loss_by_step(records: Iterable[LossRecord], workers: int) -> list[tuple[int, float]]:
+    """The training loss after each step: the mean over the N = ``workers`` ESTs, from the records of the newest
+    incarnation that has every process's record of that step (a step redone after a restart counts once; the
+    last record of a process for a step wins). Steps no incarnation covers whole are left out."""
+    by_step: dict[int, dict[int, dict[int, LossRecord]]] = {}
+    for r in records:
+        by_step.setdefault(r.step, {}).setdefault(r.restart, {})[r.rank] = r
+    out = []
+    for step in sorted(by_step):
+        for restart in sorted(by_step[step], reverse=True):
+            ranks = by_step[step][restart]
+            if sum(r.ests for r in ranks.values()) == workers:
+                out.append((step, sum(ranks[k].loss_sum for k in sorted(ranks)) / workers))
+                break
+    return out

@@ -6,7 +6,17 @@ import pytest
 
 from hpc_elastic.slurm import JobState
 from hpc_elastic.slurm.parse import parse_squeue_json
-from slurm_plugin.timeline import Holding, Sample, gpu_types, holdings, resize_actions, restarts
+from slurm_plugin.timeline import (
+    Holding,
+    LossRecord,
+    Sample,
+    gpu_types,
+    holdings,
+    loss_by_step,
+    parse_loss_line,
+    resize_actions,
+    restarts,
+)
 from tests.conftest import DATA
 
 SLURM_DATA = DATA / "slurm-22.05"
@@ -84,3 +94,31 @@ def test_resize_actions_are_the_daemons_resizes_of_the_given_jobs_in_time_order(
     got = resize_actions(actions, [5])
     assert [(a.t, a.detail, a.reason) for a in got] == [(3.0, "2 -> 4", "grow into: y"), (9.0, "4 -> 2", "shrink: x")]
     assert [a.job_id for a in resize_actions(actions)] == [5, 6, 5]
+
+
+def rec(restart: int, rank: int, step: int, loss_sum: float, ests: int) -> LossRecord:
+    return LossRecord(restart, rank, step, loss_sum, ests, 0)
+
+
+def test_the_loss_of_a_step_is_the_mean_over_the_n_ests_of_the_newest_whole_incarnation() -> None:
+    records = [
+        # incarnation 0 on 2 processes (4 ESTs each): steps 1-3; it stopped after step 3 for a resize
+        *(rec(0, r, step, loss, 4) for step, loss in ((1, 8.0), (2, 6.0), (3, 4.0)) for r in (0, 1)),
+        # incarnation 1 on 4 processes (2 ESTs each) from step 4; rank 3 had not logged step 5 when it stopped
+        *(rec(1, r, 4, 1.0, 2) for r in range(4)),
+        *(rec(1, r, 5, 1.0, 2) for r in range(3)),
+        # incarnation 2 redid step 5 (a restart from the step-4 checkpoint) on 1 process with all 8 ESTs
+        rec(2, 0, 5, 2.0, 8),
+        rec(2, 0, 5, 1.6, 8),  # its own redo of the same step: the last line wins
+    ]
+    assert loss_by_step(records, workers=8) == [(1, 2.0), (2, 1.5), (3, 1.0), (4, 0.5), (5, 0.2)]
+    assert loss_by_step(records[:7], workers=8) == [(1, 2.0), (2, 1.5), (3, 1.0)]  # step 4 not whole yet
+
+
+def test_a_loss_line_is_parsed_or_refused_with_what_is_wrong() -> None:
+    line = '{"step": 3, "loss_sum": 2.5, "ests": 4, "world_size": 2}'
+    assert parse_loss_line(1, 0, line) == LossRecord(1, 0, 3, 2.5, 4, 2)
+    with pytest.raises(ValueError, match="loss record needs"):
+        parse_loss_line(0, 0, '{"step": 3}')
+    with pytest.raises(ValueError, match="must be an object"):
+        parse_loss_line(0, 0, "[1, 2]")
