@@ -167,19 +167,23 @@ def grow_plot(result: GrowResult, path: Path) -> None:
     end = max((s.t for s in result.samples), default=t0) - t0
     jobs = [(result.elastic_id, "elastic job (N = 8 ESTs)"), (result.gang_id, "gang job (rigid)")]
     fig = plt.figure(figsize=(8, 7.5))
-    grid = fig.add_gridspec(3, 1, height_ratios=[1, 1, 1.1], hspace=0.45)
+    grid = fig.add_gridspec(3, 1, height_ratios=[1, 1, 1.1], hspace=0.6)
     first = fig.add_subplot(grid[0])
     axes = [first, fig.add_subplot(grid[1], sharex=first)]
     top = 1
     for ax, (job_id, title) in zip(axes, jobs, strict=True):
         hs: list[Holding] = series.get(job_id, [])
-        for gpu_type in types:
-            xs = [h.t - t0 for h in hs] + [end]
+        xs = [h.t - t0 for h in hs] + [end]
+        for color, gpu_type in enumerate(types):
             ys = [h.count(gpu_type) for h in hs]
             if not any(ys):
                 continue
             top = max(top, *ys)
-            ax.step(xs, [*ys, ys[-1]], where="post", label=gpu_type or "gpu", linewidth=2)
+            ax.step(xs, [*ys, ys[-1]], where="post", label=gpu_type or "gpu", linewidth=2, color=f"C{color}")
+        totals = [sum(n for _, n in h.gpus) for h in hs]
+        if len({name for h in hs for name, _ in h.gpus}) > 1:  # a plan across types: its total too
+            top = max(top, *totals)
+            ax.step(xs, [*totals, totals[-1]], where="post", label="total", color="black", linewidth=1)
         ax.set_title(f"{title}: job {job_id}", fontsize=10, loc="left")
         ax.set_ylabel("GPUs held")
     for action in resize_actions(result.daemon_actions, [result.elastic_id]):
