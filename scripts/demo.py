@@ -191,7 +191,7 @@ def grow_plot(result: GrowResult, path: Path) -> None:
         for ax in axes:
             ax.axvline(action.t - t0, color="tab:red", linestyle="--", linewidth=1)
         axes[0].annotate(
-            f"daemon: {word}", (action.t - t0, top + 0.3), color="tab:red", fontsize=8, ha="left", va="bottom"
+            f"daemon: {word}", (action.t - t0, 0.15), color="tab:red", fontsize=8, rotation=90, ha="right", va="bottom"
         )
     for t, _count in restarts(result.samples).get(result.elastic_id, []):
         for ax in axes:
@@ -203,10 +203,10 @@ def grow_plot(result: GrowResult, path: Path) -> None:
     axes[1].set_xlabel("seconds since the act began (dashed: the daemon's resize; dotted: Slurm's requeue)")
     loss = fig.add_subplot(grid[2])
     if result.loss:
-        loss.plot([step for step, _ in result.loss], [value for _, value in result.loss], color="tab:green")
+        loss.semilogy([step for step, _ in result.loss], [value for _, value in result.loss], color="tab:green")
     loss.set_title("elastic job: training loss (mean over its 8 ESTs) after each step", fontsize=10, loc="left")
     loss.set_xlabel("step")
-    loss.set_ylabel("loss")
+    loss.set_ylabel("loss (log scale)")
     fig.suptitle("EasyScale in hpc-elastic-sched (tiresias-las+easyscale), measured on the dev cluster")
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -217,8 +217,9 @@ def act2(root: Path) -> bool:
     slurm = connect(read_environment())
     say("== act 2: an elastic N=8 job under tiresias-las+easyscale grows onto idle GPUs, shrinks for a gang job")
     result = run_grow_story(slurm, root, GrowConfig(), say=say)
-    for action in resize_actions(result.daemon_actions, [result.elastic_id]):
-        say(f"daemon: resize job {action.job_id}: {action.detail} ({action.reason})")
+    for action in result.daemon_actions:
+        if action.get("kind") in ("resize", "size", "preempt", "requeue"):
+            say(f"daemon: {action['kind']} job {action['job_id']}: {action['detail']} ({action['reason']})")
     GROW_REPORT.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     grow_plot(result, GROW_PLOT)
     before = 0.0

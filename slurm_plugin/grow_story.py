@@ -114,7 +114,9 @@ class GrowConfig:
     step_delay_s: float = 0.25
     ckpt_every: int = 10
     gang_gpus: int = 2
-    gang_steps: int = 20
+    #: the gang job runs about as long as the elastic job's rest on its minimum (~30 s here)
+    gang_steps: int = 40
+    gang_step_delay_s: float = 0.5
     grace_s: int = 120
     timeout_s: float = 600.0
 
@@ -314,7 +316,13 @@ def run_grow_story(
             f"--gpus={cfg.gang_gpus}",
             *cfg.type_options(),
             f"--job-name={prefix}-gang",
-            args=("--model=mlp", f"--steps={cfg.gang_steps}", "--dataset-size=192", "--loader-workers=1"),
+            args=(
+                "--model=mlp",
+                f"--steps={cfg.gang_steps}",
+                f"--step-delay={cfg.gang_step_delay_s}",
+                "--dataset-size=192",
+                "--loader-workers=1",
+            ),
         )
         watch.ids.append(gang)
         say(f"submitted a rigid gang job {gang} on {cfg.gang_gpus} GPUs")
