@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hpc_elastic.slurm import JobState
 from hpc_elastic.slurm.parse import parse_squeue_json
+from slurm_plugin.grow_story import read_loss_log
 from slurm_plugin.timeline import (
     Holding,
     LossRecord,
@@ -20,6 +23,7 @@ from slurm_plugin.timeline import (
 from tests.conftest import DATA
 
 SLURM_DATA = DATA / "slurm-22.05"
+DEMO_DATA = DATA / "demo"
 
 R, P, C, D = JobState.RUNNING, JobState.PENDING, JobState.COMPLETING, JobState.COMPLETED
 
@@ -122,3 +126,32 @@ def test_a_loss_line_is_parsed_or_refused_with_what_is_wrong() -> None:
         parse_loss_line(0, 0, '{"step": 3}')
     with pytest.raises(ValueError, match="must be an object"):
         parse_loss_line(0, 0, "[1, 2]")
+
+
+def test_the_timeline_of_a_captured_run_of_make_demos_second_act() -> None:
+    # demo-grow-report.json and the elastic job's --loss-log of one run on the dev cluster: the job grew 2 -> 4
+    # v100, shrank to 2 for a short gang job, which ended before the job restarted, and the daemon grew it again
+    doc = json.loads((DEMO_DATA / "grow-report.json").read_text())
+    samples = [Sample.from_dict(d) for d in doc["samples"]]
+    elastic, gang = doc["elastic_id"], doc["gang_id"]
+    series = holdings(samples)
+    assert gpu_types(series) == ["v100"]
+    assert [h.count("v100") for h in series[elastic]] == [0, 2, 0, 4, 0, 2, 0, 4, 0]
+    assert [h.count("v100") for h in series[gang]] == [0, 2, 0]
+    requeues = restarts(samples)[elastic]
+    assert [n for _, n in requeues] == [1, 2, 3]
+    decided = resize_actions(doc["daemon_actions"], [elastic])
+    assert [a.reason.split(":")[0] for a in decided] == [
+        "grow into GPUs no waiting job can use",
+        "shrink",
+        "grow into GPUs no waiting job can use",
+    ]
+    # each decision comes before the requeue it caused, and that requeue before the next decision
+    moments = sorted([(a.t, "decided") for a in decided] + [(t, "requeued") for t, _ in requeues])
+    assert [what for _, what in moments] == ["decided", "requeued"] * 3
+    # the gang job held its GPUs between the shrink's requeue and the second grow
+    gang_start = next(h.t for h in series[gang] if h.gpus)
+    assert requeues[1][0] <= gang_start <= decided[2].t
+    loss = loss_by_step(read_loss_log(DEMO_DATA / "loss"), workers=8)
+    assert [step for step, _ in loss] == list(range(1, 81))
+    assert loss[-1][1] < loss[0][1] / 10
