@@ -203,10 +203,10 @@ def grow_plot(result: GrowResult, path: Path) -> None:
     axes[1].set_xlabel("seconds since the act began (dashed: the daemon's resize; dotted: Slurm's requeue)")
     loss = fig.add_subplot(grid[2])
     if result.loss:
-        loss.semilogy([step for step, _ in result.loss], [value for _, value in result.loss], color="tab:green")
+        loss.plot([step for step, _ in result.loss], [value for _, value in result.loss], color="tab:green")
     loss.set_title("elastic job: training loss (mean over its 8 ESTs) after each step", fontsize=10, loc="left")
     loss.set_xlabel("step")
-    loss.set_ylabel("loss (log scale)")
+    loss.set_ylabel("loss")
     fig.suptitle("EasyScale in hpc-elastic-sched (tiresias-las+easyscale), measured on the dev cluster")
     fig.savefig(path, dpi=100)
     plt.close(fig)
