@@ -1,4 +1,6 @@
-"""The demo behind ``make demo``: the issue-4 story on the local Slurm cluster (slurm_plugin.scenario).
+"""The demo behind ``make demo``: two stories of the scheduler on the local Slurm cluster, one act each.
+
+Act 1 (slurm_plugin.scenario): Tiresias' preemption.
 
 1. Starts hpc-elastic-sched (scoped to the demo's jobs), submits a long 2-GPU training job and then two short
    1-GPU ones through ``hpc-elastic submit`` (wrappers/examples/train_mlp.py, a real training loop). Two v100 GPUs
