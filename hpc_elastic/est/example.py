@@ -10,9 +10,11 @@ Options: ``--steps`` (global steps of the whole run, across restarts), ``--model
 ``--hidden``, ``--lr``, ``--seed``, ``--ckpt-every`` (periodic commits), ``--step-delay`` (seconds after each step:
 tests and demos), ``--slow-rank``/``--slow-ms`` (a sleep inside each EST of one rank: a straggler for demos of
 ``--balance est``).  The job's balance mode (``hpc-elastic submit --balance``) is the runtime's: in EST mode a line
-``balance est: ...`` is logged (rank 0) whenever ESTs move.  It commits its final state, prints
-``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (rank 0, with the balance mode, the final EST placement
-and the moves), and on a stop request checkpoints, acknowledges and exits 0.
+``balance est: ...`` is logged (rank 0) whenever ESTs move.  ``--loss-log DIR``: each process appends, after every
+step, the sum of its ESTs' losses and their count to ``DIR/loss-<requeues>-<rank>.jsonl`` (the mean over the N ESTs
+is the sum over the processes of one step divided by N: ``make demo`` plots it).  It commits its final state,
+prints ``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (rank 0, with the balance mode, the final EST
+placement and the moves), and on a stop request checkpoints, acknowledges and exits 0.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import random
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,6 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep after each step")
     p.add_argument("--slow-rank", type=int, default=-1, help="the rank whose ESTs each sleep --slow-ms")
     p.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds of sleep inside each EST of --slow-rank")
+    p.add_argument("--loss-log", type=Path, default=None, help="directory for each process's losses per step")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "dataset_size", "hidden"):
         if getattr(args, name) < 1:
@@ -119,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             f"level {session.level.value}; balance {session.balance.value}; restored from {where}",
             flush=True,
         )
+    if args.loss_log is not None:
+        args.loss_log.mkdir(parents=True, exist_ok=True)
     stopped = False
     while state.step < args.steps:
         if session.should_stop():
@@ -128,11 +134,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stop ({reason}) at step {state.step}: checkpoint {path}", flush=True)
             stopped = True
             break
+        loss_sum, ests = 0.0, 0
         for x, y in state.batches():
-            F.cross_entropy(model(x.to(session.device)), y.to(session.device)).backward()  # type: ignore[no-untyped-call]
+            loss = F.cross_entropy(model(x.to(session.device)), y.to(session.device))
+            loss.backward()  # type: ignore[no-untyped-call]
+            if args.loss_log is not None:
+                loss_sum, ests = loss_sum + float(loss.detach()), ests + 1
             if session.rank == args.slow_rank:
                 time.sleep(args.slow_ms / 1000.0)
         state.finish_step()
+        if args.loss_log is not None:
+            record = {"step": state.step, "loss_sum": loss_sum, "ests": ests, "world_size": session.world_size}
+            with open(args.loss_log / f"loss-{session.restart_count}-{session.rank}.jsonl", "a") as log:
+                log.write(json.dumps(record) + "\n")
         if args.ckpt_every and state.step % args.ckpt_every == 0 and state.step < args.steps:
             state.commit()
         if args.step_delay:

@@ -12,35 +12,14 @@ from typing import Any
 
 from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
 
+# the resize stories' daemon configuration is the library's (make demo's second act writes it too)
+from slurm_plugin.grow_story import write_config, write_resize_config
+
+__all__ = ["MARK", "ended", "job_of", "run_once", "running", "write_config", "write_resize_config"]
+
 #: The job comment ``hpc-elastic submit`` writes, for plain ``sbatch`` jobs that the daemon must manage
 #: (4 logical workers, not elastic, no job directory: preempted without a checkpoint).
 MARK = "hpc-elastic:v=1,workers=4,min=4,max=4,unit=gpu,backend=torch,gpu_type=a100"
-
-
-def write_config(workdir: Path, prefix: str, extra: str, *, top: str = "") -> Path:
-    """A daemon configuration that manages only the jobs named ``<prefix>-...`` (state under ``workdir``);
-    ``top``: more top-level keys, ``extra``: more sections (TOML text)."""
-    state = workdir / "state"
-    state.mkdir(exist_ok=True)
-    path = workdir / "sched.toml"
-    path.write_text(
-        f'state_dir = "{state}"\njob_name_pattern = "^{prefix}-"\nckpt_roots = ["{workdir}"]\n{top}'
-        f"[metrics]\nenabled = false\n{extra}"
-    )
-    return path
-
-
-def write_resize_config(workdir: Path, prefix: str, *, grace_s: int, policy: str | None = None) -> Path:
-    """:func:`write_config` for the resize stories: one MLFQ queue, no preemption, resizes on, passes every 2 s;
-    ``policy``: the daemon's policy when not the default."""
-    top = (f'policy = "{policy}"\n' if policy else "") + "interval_s = 2\nevent_poll_s = 1\nstop_poll_s = 1\n"
-    return write_config(
-        workdir,
-        prefix,
-        "[tiresias]\nthresholds = [1e9]\n[preemption]\nenabled = false\nmin_run_time_s = 0\n"
-        f"grace_s = {grace_s}\nrequeue_wait_s = 5\n[resize]\nenabled = true\n",
-        top=top,
-    )
 
 
 def run_once(config: Path, *flags: str) -> dict[str, Any]:

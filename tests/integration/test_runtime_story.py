@@ -26,11 +26,10 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.checkpoint import CheckpointStore
-from hpc_elastic.est.checkpoint import fingerprint
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.spec import decode_marker
-from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
 from hpc_elastic.slurm import CliSlurm, JobState
+from slurm_plugin.grow_story import reference_params_sha
 from slurm_plugin.scenario import DaemonProcess
 from tests.conftest import DATA, REPO, require_horovod
 from tests.integration.conftest import hpc_submit, jobs_writing_under, processes_with, wait_for
@@ -67,19 +66,7 @@ def reference_sha(workdir: Path, *args: str, workers: int = N, level: Determinis
 
 def _run_reference(workdir: Path, *args: str, workers: int, level: DeterminismLevel | None) -> str:
     job_dir = workdir / f"reference-{uuid.uuid4().hex[:6]}"
-    step = WorkerStep(
-        command=(sys.executable, str(EXAMPLE), *args),
-        ntasks=1,
-        num_ests=workers,
-        job_dir=job_dir,
-        launcher=Launcher.LOCAL,
-        level=level,
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPC_ELASTIC_"))}
-    assert start_workers(step, environ=env, logs=job_dir / "logs").wait(300) == 0
-    ckpt = CheckpointStore(job_dir / "checkpoints").latest()
-    assert ckpt is not None
-    return fingerprint(ckpt).params_sha256
+    return reference_params_sha(job_dir, (sys.executable, str(EXAMPLE), *args), workers=workers, level=level)
 
 
 def said(out: Path, text: str) -> int:

@@ -1,0 +1,352 @@
+"""EasyScale's grow-and-shrink story on a real Slurm cluster, with the daemon under ``tiresias-las+easyscale``.
+
+Used by ``make demo``'s second act (``scripts/demo.py``); the daemon configuration of the resize stories
+(:func:`write_resize_config`) and the uninterrupted reference run (:func:`reference_params_sha`) are shared with the
+integration tests. The story: a plain filler job, which the daemon does not manage, holds some GPUs; the bundled
+example (``hpc_elastic/est/example.py``, the Linear/ReLU model D2 covers) with N logical workers (ESTs) is submitted
+through ``hpc-elastic submit``, elastic between a minimum and a maximum of GPUs. Once it trains, the daemon starts:
+with idle GPUs and nothing waiting, EasyScale's proposals (§3.4, Role 2) grow it; then a rigid gang job arrives and
+2D-LAS, counting the elastic job at its minimum, lets it in: the elastic job shrinks. Both run to their end, and the
+elastic job's final parameters are compared with those of one uninterrupted 1-process run of the same N.
+
+The story polls Slurm every second while it runs; each poll's view of the jobs is kept (:mod:`slurm_plugin.timeline`)
+so that the GPUs of each type each job held can be drawn over time, whatever the daemon decided (one type or
+several). The daemon runs as a separate process scoped to the story's jobs by ``job_name_pattern``: other people's
+jobs on the cluster are left alone, and the story cancels its own jobs when it ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hpc_elastic.checkpoint import CheckpointStore
+from hpc_elastic.est.checkpoint import fingerprint
+from hpc_elastic.est.levels import DeterminismLevel
+from hpc_elastic.jobdir import output_path
+from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
+from hpc_elastic.slurm import Job, JobState, SlurmClient, SlurmError
+from slurm_plugin.scenario import DaemonProcess, ScenarioError
+from slurm_plugin.timeline import LossRecord, Sample, loss_by_step, parse_loss_line
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "hpc_elastic" / "est" / "example.py"
+SHA = re.compile(r"final-params-sha256 ([0-9a-f]{64})")
+T = TypeVar("T")
+
+
+def write_config(workdir: Path, prefix: str, extra: str, *, top: str = "") -> Path:
+    """A daemon configuration that manages only the jobs named ``<prefix>-...`` (state under ``workdir``);
+    ``top``: more top-level keys, ``extra``: more sections (TOML text)."""
+    state = workdir / "state"
+    state.mkdir(exist_ok=True)
+    path = workdir / "sched.toml"
+    path.write_text(
+        f'state_dir = "{state}"\njob_name_pattern = "^{prefix}-"\nckpt_roots = ["{workdir}"]\n{top}'
+        f"[metrics]\nenabled = false\n{extra}"
+    )
+    return path
+
+
+def write_resize_config(workdir: Path, prefix: str, *, grace_s: int, policy: str | None = None) -> Path:
+    """:func:`write_config` for the resize stories: one MLFQ queue, no preemption, resizes on, passes every 2 s;
+    ``policy``: the daemon's policy when not the default."""
+    top = (f'policy = "{policy}"\n' if policy else "") + "interval_s = 2\nevent_poll_s = 1\nstop_poll_s = 1\n"
+    return write_config(
+        workdir,
+        prefix,
+        "[tiresias]\nthresholds = [1e9]\n[preemption]\nenabled = false\nmin_run_time_s = 0\n"
+        f"grace_s = {grace_s}\nrequeue_wait_s = 5\n[resize]\nenabled = true\n",
+        top=top,
+    )
+
+
+def reference_params_sha(
+    job_dir: Path,
+    command: Sequence[str],
+    *,
+    workers: int,
+    level: DeterminismLevel | None = None,
+    timeout_s: float = 300,
+) -> str:
+    """The uninterrupted run: ``command`` (a training script that commits its final state) on one local process
+    with ``workers`` ESTs in ``job_dir``, outside Slurm; the sha256 of its final parameters (the same bits on any
+    number of processes: the runtime's promise)."""
+    step = WorkerStep(
+        command=tuple(command), ntasks=1, num_ests=workers, job_dir=job_dir, launcher=Launcher.LOCAL, level=level
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPC_ELASTIC_"))}
+    code = start_workers(step, environ=env, logs=job_dir / "logs").wait(timeout_s)
+    if code != 0:
+        raise ScenarioError(f"the reference run in {job_dir} failed (exit {code})")
+    ckpt = CheckpointStore(job_dir / "checkpoints").latest()
+    if ckpt is None:
+        raise ScenarioError(f"the reference run in {job_dir} committed no checkpoint")
+    return fingerprint(ckpt).params_sha256
+
+
+@dataclass(frozen=True)
+class GrowConfig:
+    """The story's cluster layout and jobs. Defaults: the v100 partition (node3-4), a filler on node4's 4 GPUs, an
+    N = 8 job elastic between 2 and 4 GPUs, a 2-GPU gang job (the layout of the daemon's EasyScale integration
+    test)."""
+
+    partition: str = "gpu-v100"
+    gpu_type: str | None = "v100"  # None: the job may get any type the partition has
+    #: the filler's sbatch options (a plain job the daemon does not manage)
+    filler: tuple[str, ...] = ("--partition=gpu-v100", "--nodelist=node4", "--gres=gpu:4")
+    workers: int = 8
+    gpus: int = 2
+    min_gpus: int = 2
+    max_gpus: int = 4
+    steps: int = 80
+    step_delay_s: float = 0.25
+    ckpt_every: int = 10
+    gang_gpus: int = 2
+    #: the gang job held its 2 GPUs 41 s in a run here (load 5-6): long enough for the shrunk job to train on 2
+    gang_steps: int = 40
+    gang_step_delay_s: float = 0.5
+    grace_s: int = 120
+    timeout_s: float = 600.0
+
+    @property
+    def model_args(self) -> tuple[str, ...]:
+        """The example's arguments that fix its result (the reference run gets the same)."""
+        return ("--model=mlp", f"--steps={self.steps}", "--dataset-size=192", "--loader-workers=1")
+
+    def type_options(self) -> tuple[str, ...]:
+        return (f"--partition={self.partition}",) + ((f"--gpu-type={self.gpu_type}",) if self.gpu_type else ())
+
+
+@dataclass
+class GrowResult:
+    """What the story saw: its job ids, every poll's samples, the daemon's actions, the two shas, its workdir."""
+
+    workdir: str
+    elastic_id: int = 0
+    gang_id: int = 0
+    filler_id: int = 0
+    t0: float = 0.0
+    samples: list[Sample] = field(default_factory=list)
+    daemon_actions: list[dict[str, Any]] = field(default_factory=list)
+    elastic_sha: str = ""
+    reference_sha: str = ""
+    starts: list[str] = field(default_factory=list)  # the elastic job's "rank 0 of M" lines
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (what, seconds since t0) as each was reached
+    loss: list[tuple[int, float]] = field(default_factory=list)  # the elastic job's training loss after each step
+
+    @property
+    def identical(self) -> bool:
+        return bool(self.elastic_sha) and self.elastic_sha == self.reference_sha
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workdir": self.workdir,
+            "elastic_id": self.elastic_id,
+            "gang_id": self.gang_id,
+            "filler_id": self.filler_id,
+            "t0": self.t0,
+            "samples": [s.to_dict() for s in self.samples],
+            "daemon_actions": self.daemon_actions,
+            "elastic_sha": self.elastic_sha,
+            "reference_sha": self.reference_sha,
+            "identical": self.identical,
+            "starts": self.starts,
+            "phases": [list(p) for p in self.phases],
+            "loss": [list(p) for p in self.loss],
+        }
+
+
+class _Watch:
+    """Polls Slurm for the story's jobs; every poll is kept as samples; waits fail with :class:`ScenarioError`."""
+
+    def __init__(self, slurm: SlurmClient, result: GrowResult, deadline: float, daemon: DaemonProcess) -> None:
+        self.slurm, self.result, self.deadline, self.daemon = slurm, result, deadline, daemon
+        self.ids: list[int] = []
+        self.last: dict[int, Job] = {}
+
+    def poll(self) -> None:
+        with contextlib.suppress(SlurmError):
+            now = time.time()
+            for job in self.slurm.jobs(self.ids) if self.ids else []:
+                self.last[job.job_id] = job
+                self.result.samples.append(Sample.of(now, job))
+
+    def until(self, what: str, probe: Callable[[], T | None], say: Callable[[str], None]) -> T:
+        while True:
+            self.poll()
+            value = probe()
+            if value:
+                self.result.phases.append((what, time.time() - self.result.t0))
+                say(f"{what} ({time.time() - self.result.t0:.0f} s)")
+                return value
+            if self.daemon.proc is not None and not self.daemon.alive:
+                raise ScenarioError(f"the daemon exited (log {self.daemon.log})")
+            for job_id, job in self.last.items():
+                if job_id != self.result.filler_id and not job.state.is_active and job.state is not JobState.COMPLETED:
+                    raise ScenarioError(f"job {job_id} ended {job.state.value} (workdir {self.result.workdir})")
+            if time.monotonic() > self.deadline:
+                raise ScenarioError(f"timed out waiting for {what} (workdir {self.result.workdir})")
+            time.sleep(1.0)
+
+    def running(self, job_id: int, restarts: int | None = None, gpus: int | None = None) -> Job | None:
+        job = self.last.get(job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            return None
+        if (restarts is not None and job.restart_count != restarts) or (gpus is not None and job.gpu_count != gpus):
+            return None
+        return job
+
+    def completed(self, job_id: int) -> Job | None:
+        job = self.last.get(job_id)
+        return job if job is not None and job.state is JobState.COMPLETED else None
+
+
+def _submit(workdir: Path, *options: str, args: Sequence[str]) -> int:
+    argv = [
+        sys.executable,
+        "-m",
+        "hpc_elastic",
+        "submit",
+        str(EXAMPLE),
+        f"--ckpt-root={workdir}",
+        *options,
+        "--",
+        *args,
+    ]
+    out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60, cwd=REPO)
+    if out.returncode != 0:
+        raise ScenarioError(f"hpc-elastic submit failed: {out.stderr.strip() or out.stdout.strip()}")
+    return int(out.stdout.strip())
+
+
+def read_loss_log(directory: Path) -> list[LossRecord]:
+    """The records of the example's ``--loss-log`` directory (files ``loss-<requeues>-<rank>.jsonl``)."""
+    records: list[LossRecord] = []
+    for path in sorted(directory.glob("loss-*-*.jsonl")):
+        restart, rank = (int(part) for part in path.stem.split("-")[1:3])
+        records.extend(parse_loss_line(restart, rank, line) for line in path.read_text().splitlines() if line.strip())
+    return records
+
+
+def _said(path: Path, text: str) -> bool:
+    try:
+        return text in path.read_text()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        daemon.kill(signal.SIGTERM)
+        with contextlib.suppress(SlurmError):
+            active = [j.job_id for j in slurm.jobs(ids) if j.state.is_active] if ids else []
+            if active:
+                slurm.cancel(active)
+
+
+def run_grow_story(
+    slurm: SlurmClient, root: Path, cfg: GrowConfig = GrowConfig(), *, say: Callable[[str], None] = lambda _: None
+) -> GrowResult:
+    """Run the story once under ``root/<prefix>``; :class:`ScenarioError` when it could not run to its end."""
+    prefix = f"grow{uuid.uuid4().hex[:6]}"
+    workdir = root / prefix
+    workdir.mkdir(parents=True)
+    result = GrowResult(workdir=str(workdir), t0=time.time())
+    config = write_resize_config(workdir, prefix, grace_s=cfg.grace_s, policy="tiresias-las+easyscale")
+    daemon = DaemonProcess(config, workdir / "daemon.log")
+    watch = _Watch(slurm, result, time.monotonic() + cfg.timeout_s, daemon)
+    with _cleanup(slurm, watch.ids, daemon):
+        name = f"{prefix}-filler"
+        result.filler_id = slurm.submit(
+            script_text="#!/bin/bash\nsleep 3600\n",
+            options=[f"--job-name={name}", f"--output={workdir}/{name}-%j.out", *cfg.filler],
+        )
+        watch.ids.append(result.filler_id)
+        say(f"filler job {result.filler_id} ({' '.join(cfg.filler)}), not managed by the daemon")
+        watch.until("the filler runs", lambda: watch.running(result.filler_id), say)
+        el_name = f"{prefix}-el"
+        result.elastic_id = elastic = _submit(
+            workdir,
+            f"--gpus={cfg.gpus}",
+            f"--min-gpus={cfg.min_gpus}",
+            f"--max-gpus={cfg.max_gpus}",
+            f"--workers={cfg.workers}",
+            *cfg.type_options(),
+            f"--job-name={el_name}",
+            args=(
+                *cfg.model_args,
+                f"--ckpt-every={cfg.ckpt_every}",
+                f"--step-delay={cfg.step_delay_s}",
+                f"--loss-log={workdir / 'loss'}",
+            ),
+        )
+        watch.ids.append(elastic)
+        out = output_path(workdir, el_name, elastic)
+        say(
+            f"submitted the elastic job {elastic}: N={cfg.workers} ESTs on {cfg.gpus} GPUs, "
+            f"elastic in [{cfg.min_gpus}, {cfg.max_gpus}]"
+        )
+        watch.until(f"it trains on {cfg.gpus} processes", lambda: _said(out, f"rank 0 of {cfg.gpus} "), say)
+        daemon.start()
+        say(f"daemon started: policy tiresias-las+easyscale, scoped to ^{prefix}- (log {daemon.log})")
+        grown = watch.until(
+            "the daemon grew it (requeued, running again)", lambda: watch.running(elastic, restarts=1), say
+        )
+        say(f"elastic job now on {grown.gpus} GPUs")
+        watch.until(
+            f"it trains on {grown.gpu_count} processes", lambda: _said(out, f"rank 0 of {grown.gpu_count} "), say
+        )
+        result.gang_id = gang = _submit(
+            workdir,
+            f"--gpus={cfg.gang_gpus}",
+            *cfg.type_options(),
+            f"--job-name={prefix}-gang",
+            args=(
+                "--model=mlp",
+                f"--steps={cfg.gang_steps}",
+                f"--step-delay={cfg.gang_step_delay_s}",
+                "--dataset-size=192",
+                "--loader-workers=1",
+            ),
+        )
+        watch.ids.append(gang)
+        say(f"submitted a rigid gang job {gang} on {cfg.gang_gpus} GPUs")
+        shrunk = watch.until(
+            "the daemon shrank the elastic job for it", lambda: watch.running(elastic, restarts=2), say
+        )
+        say(f"elastic job now on {shrunk.gpus} GPUs")
+        watch.until("both jobs completed", lambda: watch.completed(elastic) and watch.completed(gang), say)
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads((workdir / "state" / "state.json").read_text())
+            result.daemon_actions = [a for a in doc.get("recent_actions", []) if isinstance(a, dict)]
+    text = out.read_text()
+    result.starts = [line.split(" (")[0] for line in text.splitlines() if line.startswith("rank 0 of ")]
+    shas = SHA.findall(text)
+    if len(shas) != 1:
+        raise ScenarioError(f"the elastic job printed {len(shas)} final parameter shas (see {out})")
+    result.elastic_sha = shas[0]
+    try:
+        result.loss = loss_by_step(read_loss_log(workdir / "loss"), cfg.workers)
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"the elastic job's loss log: {exc}") from None
+    say("the uninterrupted reference run: 1 process, same N, outside Slurm")
+    result.reference_sha = reference_params_sha(
+        workdir / "reference", (sys.executable, str(EXAMPLE), *cfg.model_args), workers=cfg.workers
+    )
+    result.phases.append(("the reference run ended", time.time() - result.t0))
+    return result
