@@ -7,13 +7,20 @@ hours without an unbounded backlog over the trace). Prints wall time, events/s a
 one JSON object on the last line.
 
 Default: every policy (``--policies`` takes a comma-separated subset). Wall time and process CPU time are printed
-side by side: on a shared machine the CPU time is the steadier figure (and both are pessimistic there).
+side by side: on a shared machine the CPU time is the steadier figure (and both are pessimistic there). The load
+average is printed before and after, and per policy the seconds spent in Python's garbage collector and the peak
+resident memory of the process so far: the replays run one after the other in this process, and these show
+whether an earlier replay's objects or memory weigh on a later one (in the measurements of the README they do not:
+a policy takes the same CPU time alone and after the others).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -26,6 +33,24 @@ from hpc_elastic.sim.synth import load_sizes, synthesize
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_PER_POLICY_S = 30
+
+
+class GcTimer:
+    """CPU seconds spent in the garbage collector while installed (a ``gc.callbacks`` hook)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._since = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._since
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -48,26 +73,33 @@ def main() -> None:
     gen_s = time.perf_counter() - t0
     print(
         f"{args.jobs:,} jobs on {gpus:,} GPUs ({args.cluster}), nominal load {args.load:g}; "
-        f"trace built in {gen_s:.1f} s"
+        f"trace built in {gen_s:.1f} s; load average {load_average()}"
     )
     print(
-        f"  {'policy':18s} {'wall s':>8s} {'cpu s':>8s} {'events':>9s} {'events/s':>9s} {'passes':>8s} "
-        f"{'shortcut':>8s} {'avg JCT s':>10s} {'preempt':>8s}"
+        f"  {'policy':18s} {'wall s':>8s} {'cpu s':>8s} {'gc s':>6s} {'rss MB':>7s} {'events':>9s} {'events/s':>9s} "
+        f"{'passes':>8s} {'shortcut':>8s} {'avg JCT s':>10s} {'preempt':>8s}"
     )
+    load_before = os.getloadavg()
     out: dict[str, dict[str, float]] = {}
     total = total_cpu = 0.0
     for name in names:
+        gc_timer = GcTimer()
+        gc.callbacks.append(gc_timer)
         t = time.perf_counter()
         c = time.process_time()
         result = Simulator(jobs, nodes, make_policy(name), SimConfig()).run()
         wall = time.perf_counter() - t
         cpu = time.process_time() - c
+        gc.callbacks.remove(gc_timer)
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (kilobytes on Linux)
         total += wall
         total_cpu += cpu
         m = summarize(result)
         out[name] = {
             "wall_s": round(wall, 2),
             "cpu_s": round(cpu, 2),
+            "gc_s": round(gc_timer.seconds, 2),
+            "max_rss_mb": round(rss_mb, 1),
             "events": result.events,
             "events_per_s": round(result.events / wall, 1),
             "passes": result.passes,
@@ -78,13 +110,14 @@ def main() -> None:
             "finished": m["finished"],
         }
         print(
-            f"  {name:18s} {wall:8.1f} {cpu:8.1f} {result.events:9d} {result.events / wall:9.0f} {result.passes:8d} "
+            f"  {name:18s} {wall:8.1f} {cpu:8.1f} {gc_timer.seconds:6.2f} {rss_mb:7.0f} {result.events:9d} "
+            f"{result.events / wall:9.0f} {result.passes:8d} "
             f"{result.shortcut_passes:8d} "
             f"{m['avg_jct']:10.0f} {m['preemptions']:8.0f}",
             flush=True,
         )
     slowest = max(out, key=lambda k: out[k]["wall_s"])
-    print(f"  total wall {total:.1f} s, cpu {total_cpu:.1f} s for {len(names)} policies")
+    print(f"  total wall {total:.1f} s, cpu {total_cpu:.1f} s for {len(names)} policies; load average {load_average()}")
     print(
         f"  slowest replay: {slowest} {out[slowest]['wall_s']:.1f} s "
         f"(goal: each policy's 80k-job replay under {GOAL_PER_POLICY_S} s)"
@@ -99,6 +132,8 @@ def main() -> None:
                 "load": args.load,
                 "total_wall_s": round(total, 2),
                 "total_cpu_s": round(total_cpu, 2),
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
                 "goal_per_policy_s": GOAL_PER_POLICY_S,
                 "slowest_policy": slowest,
                 "slowest_wall_s": out[slowest]["wall_s"],

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpc_elastic.policy.types import FloatArray
+from hpc_elastic.policy.types import FloatArray, IntArray
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,10 +66,15 @@ class GittinsTable:
     # at 0 (a < 0: a job promoted while it ran), so a lookup is one search and two gathers
     _within_at: FloatArray = field(init=False, repr=False)
     _fixed_at: FloatArray = field(init=False, repr=False)
+    # The breakpoints' bits read as integers (None if one is negative): for floats >= 0 they order as the floats,
+    # and a search over integers costs less than one over floats (which must place NaN).
+    _bits: IntArray | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         fixed = self.within_sum + self.delta * self.beyond
         object.__setattr__(self, "fixed", fixed)
+        nonnegative = not (self.breakpoints < 0.0).any()
+        object.__setattr__(self, "_bits", (self.breakpoints + 0.0).view(np.int64) if nonnegative else None)
         object.__setattr__(self, "_within_at", np.concatenate((self.within[:1], self.within)))
         object.__setattr__(self, "_fixed_at", np.concatenate((fixed[:1], fixed)))
         c, denom = float(self.within[0]), float(fixed[0])
@@ -115,7 +120,13 @@ class GittinsTable:
     def _lookup(self, attained: FloatArray) -> FloatArray:
         """G(a, Δ) = c / (fixed - a c) on a's piece; 0 where that is not positive (c = 0: no sample left within
         Δ, which gives 0 either way since fixed - a c = fixed >= 0 there)."""
-        k = self.breakpoints.searchsorted(attained, side="right")
+        if self._bits is not None and attained.dtype == np.float64:
+            # The same piece: a >= 0 orders as its bits; a < 0 (and -0.0) has negative bits and falls before every
+            # breakpoint, at 0, which holds the first piece as 1 does (where a float search puts -0.0). (A NaN a
+            # gives a NaN denominator, hence 0, whatever its piece.)
+            k = self._bits.searchsorted(attained.view(np.int64), side="right")
+        else:
+            k = self.breakpoints.searchsorted(attained, side="right")
         c = self._within_at.take(k)
         denom = self._fixed_at.take(k) - attained * c
         return np.divide(c, denom, out=np.zeros(attained.shape, dtype=np.float64), where=denom > 0.0)

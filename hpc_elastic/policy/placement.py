@@ -169,10 +169,8 @@ class FreeIndex:
     def _size_of_pool(self, pool: int) -> int:
         return int(self._cluster.node_size[pool])
 
-    def _choose(self, pool: int, gpus: int, consolidate: bool) -> list[tuple[int, int]] | None:
-        single = self._best_fit(pool, gpus)
-        if single is not None:
-            return [(single, gpus)]
+    def _several(self, pool: int, gpus: int, consolidate: bool) -> list[tuple[int, int]] | None:
+        """GPUs on several nodes (no single node holds ``gpus``)."""
         buckets = self._bucketed()[pool]
         chosen: list[tuple[int, int]] = []
         need = gpus
@@ -204,11 +202,19 @@ class FreeIndex:
 
         ``skew`` NaN means unknown, hence not skewed (SKEW_AWARE spreads it).
         """
-        if mode is PlacementMode.SKEW_AWARE:
-            consolidate = not math.isnan(skew) and skew > pack_limit
+        if mode is PlacementMode.STRICT:
+            chosen = self._strict(pool, gpus)
         else:
-            consolidate = mode is not PlacementMode.SPREAD
-        chosen = self._strict(pool, gpus) if mode is PlacementMode.STRICT else self._choose(pool, gpus, consolidate)
+            single = self._best_fit(pool, gpus)
+            if single is not None:  # (the best single node first, whatever the mode)
+                have = self._free.item(single)
+                self._move(single, have - gpus, have)
+                return [(single, gpus)]
+            if mode is PlacementMode.SKEW_AWARE:
+                consolidate = not math.isnan(skew) and skew > pack_limit
+            else:
+                consolidate = mode is not PlacementMode.SPREAD
+            chosen = self._several(pool, gpus, consolidate)
         if chosen is None:
             return None
         self.take(chosen)

@@ -130,3 +130,34 @@ def test_index_of_mostly_run_jobs_is_each_jobs_own(samples: list[int], delta: in
     got = table.index(np.array(attained, dtype=np.float64))
     among_new = [float(table.index(np.array([0.0, 0.0, a]))[2]) for a in attained]
     assert got.tolist() == among_new
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    samples=st.lists(st.floats(0.001, 1e7), min_size=1, max_size=40),
+    delta=st.floats(0.5, 5000.0),
+    attained=st.lists(
+        st.one_of(
+            st.floats(-1e4, 2e7, allow_nan=False),
+            st.sampled_from([0.0, -0.0, -1e-300, 5e-324]),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    at_breakpoints=st.booleans(),
+)
+def test_lookup_finds_the_piece_a_float_search_finds(
+    samples: list[float], delta: float, attained: list[float], at_breakpoints: bool
+) -> None:
+    """The lookup searches the breakpoints' bits as integers: the same piece, hence the same index to the bit, as
+    a search over the floats (negative a_J, -0.0 and a_J on a breakpoint included)."""
+    table = GittinsTable.build(ServiceDistribution.from_samples(samples), delta)
+    a = np.array(attained, dtype=np.float64)
+    if at_breakpoints:
+        a = np.concatenate((a, table.breakpoints, np.nextafter(table.breakpoints, -math.inf)))
+    k = table.breakpoints.searchsorted(a, side="right")
+    c = np.concatenate((table.within[:1], table.within))[k]
+    denom = np.concatenate((table.fixed[:1], table.fixed))[k] - a * c
+    want = np.divide(c, denom, out=np.zeros(a.shape), where=denom > 0.0)
+    got = table.index(a)
+    assert got.tobytes() == want.tobytes()
