@@ -13,9 +13,14 @@ done, from which a lost parameter server is recovered in the running job.
 The allocation holds room for the job master, D PS and B workers, N cores each. With fixed sizes (``A == B`` and
 ``C == D``) the job runs C parameter servers and B workers. With a range to choose from, DLRover's Brain chooses
 (:class:`hpc_elastic.ps.brain_agent.BrainAgent`, beside the job master): it starts the job with its sample plan,
-then applies its optimize and adjust plans as new steps, never beyond the ``(B + D) · N`` cores of the allocation
-that the master does not hold, each process of at most N cores (the allocation's task size, so that a step always
-fits a node of it); its steps go into the status (``brain``).
+then applies its optimize and adjust plans as new steps. Its budget ``C_total`` is the ``(B + D) · N`` cores asked
+for; its partition is the allocation: the cores the master does not hold (an allocation of whole nodes, say with
+``--exclusive``, holds more than the budget: Brain's adjust may grow into them, as the paper lets it), and ``C_max``
+the largest share of a node beside the master, so that a hot PS may be replaced by a step of more than N cores.
+Each step goes on a node of the allocation where it fits (:mod:`hpc_elastic.ps.placement`, from
+``SLURM_JOB_NODELIST`` and ``SLURM_JOB_CPUS_PER_NODE``); a plan whose steps fit no node is refused with the reason,
+and a step Slurm does not start within a bound rolls the plan back (:class:`hpc_elastic.ps.brain_agent.BrainAgent`).
+Brain's steps and refusals go into the status (``brain``).
 
 Out of memory: a process whose step ended other than cleanly is looked up in Slurm's accounting
 (:meth:`PsWrapper.step_end`); one Slurm ended for its memory comes back as a new step with the memory of Brain's
@@ -65,10 +70,12 @@ from hpc_elastic.policy.brain import Group, JobLimits, Partition, Range, Resourc
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher
+from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher, StepNotPlaced
+from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm import connect
 from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
+from hpc_elastic.slurm.parse import expand_hostlist
 from hpc_elastic.slurm.types import Step
 
 #: the PS job checkpoints parameters, queues and ledger after every this many shards done
@@ -101,20 +108,31 @@ class PsWrapperConfig:
         """The cores of the allocation beside the job master's."""
         return (self.workers_range[1] + self.ps_range[1]) * self.cpus_per_worker
 
-    def brain(self) -> BrainAgent | None:
-        """Brain for a job with sizes to choose (a range of workers or of PS), else None."""
+    def brain(self, nodes: Nodes | None = None) -> BrainAgent | None:
+        """Brain for a job with sizes to choose (a range of workers or of PS), else None. Its budget is the cores
+        asked for (:attr:`cores`); given the allocation's ``nodes``, it may use their cores beside the job master's
+        task and a process may have the largest share of a node beside it; without them (local processes), the
+        budget and processes of at most the task size."""
         (w_lo, w_hi), (p_lo, p_hi) = self.workers_range, self.ps_range
         if w_lo == w_hi and p_lo == p_hi:
             return None
         config = self.job_config()
         steps = config.epochs * -(-config.num_samples // config.batch_size)
         limits = JobLimits(c_total=self.cores, workers=Range(w_lo, w_hi), ps=Range(p_lo, p_hi), total_steps=steps)
+        cores, c_max = self.cores, self.cpus_per_worker
+        if nodes is not None:
+            master = nodes.place(self.cpus_per_worker, {})
+            if master is None:
+                raise ValueError(f"no node of the allocation {nodes.cpus} holds the job master's task")
+            beside = {master: self.cpus_per_worker}
+            cores, c_max = nodes.total - self.cpus_per_worker, nodes.largest_free(beside)
         return BrainAgent(
             limits,
-            cores=self.cores,
-            cores_per_node=self.cpus_per_worker,
-            mem_per_node_mb=STEP_MEM_MB_PER_CPU * self.cpus_per_worker,
+            cores=cores,
+            cores_per_node=c_max,
+            mem_per_node_mb=STEP_MEM_MB_PER_CPU * c_max,
             window_s=BRAIN_WINDOW_S,
+            hot_threshold=config.hot_threshold,
         )
 
 
@@ -128,23 +146,24 @@ class ScaleDecision:
 
 
 def decide_scale(
-    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig
+    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig, cores: int
 ) -> ScaleDecision:
     """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): within the
-    job's ranges and the allocation's cores beside the master (:attr:`PsWrapperConfig.cores`), a new PS and every
-    worker of ``cpus_per_worker`` cores, a PS removed the last one."""
+    job's ranges and the allocation's ``cores`` beside the master (:meth:`PsWrapper.allocation_cores`), a new PS and
+    every worker of ``cpus_per_worker`` cores, a PS removed the last one. Whether the new steps fit a node is the
+    launcher's to tell (:class:`hpc_elastic.ps.job.StepNotPlaced`)."""
     want_w = request.workers if request.workers is not None else workers
     want_p = request.ps if request.ps is not None else len(ps_cores)
     for what, value, (lo, hi) in (("workers", want_w, config.workers_range), ("ps", want_p, config.ps_range)):
         if not lo <= value <= hi:
             return ScaleDecision(workers, len(ps_cores), f"{what} {value} is outside the job's range {lo}:{hi}")
     cpw = config.cpus_per_worker
-    cores = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
-    if cores > config.cores:
+    need = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
+    if need > cores:
         return ScaleDecision(
             workers,
             len(ps_cores),
-            f"{want_w} workers and {want_p} PS need {cores} cores; the allocation has {config.cores}",
+            f"{want_w} workers and {want_p} PS need {need} cores; the allocation has {cores}",
         )
     return ScaleDecision(want_w, want_p)
 
@@ -245,10 +264,21 @@ class PsWrapper:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def nodes(self) -> Nodes | None:
+        """The allocation's nodes and CPUs on each, where the steps are placed (``srun``); None for local processes.
+        ``ValueError`` when Slurm's environment does not tell them."""
+        if self.launcher is not PsLauncher.SRUN:
+            return None
+        names, counts = expand_hostlist(self.job.node_list), self.job.cpus_per_node
+        if not names or not counts:
+            raise ValueError("SLURM_JOB_NODELIST and SLURM_JOB_CPUS_PER_NODE must tell the allocation's nodes")
+        return Nodes.of(names, counts)
+
     def _run(self, restore: bool) -> int:
         config = self.config
         job_config, ps_cpus = config.job_config(), None
-        agent = config.brain()
+        nodes = self.nodes()
+        agent = config.brain(nodes)
         if agent is not None:
             first = agent.initial_plan()
             job_config, ps_cpus = replace(job_config, num_ps=first.num_ps, num_workers=0), first.ps_cores[0]
@@ -271,6 +301,7 @@ class PsWrapper:
             ps_cpus=ps_cpus,
             step_end=self.step_end if self.steps is not None else None,
             memory_after_oom=self.memory_after_oom,
+            nodes=nodes,
         )
         self.ps_job = ps_job
         with ps_job:
@@ -380,11 +411,22 @@ class PsWrapper:
             return self._reply(ps_job, None, str(exc))
         if request is None:
             return None
-        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config)
+        cores = self.allocation_cores(ps_job)
+        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config, cores)
         if decision.refusal is not None:
             return self._reply(ps_job, request.requested_at, decision.refusal)
-        apply_sizes(ps_job, decision.workers, decision.ps)
+        try:
+            apply_sizes(ps_job, decision.workers, decision.ps)
+        except StepNotPlaced as exc:  # a new step fits no node of the allocation: the job goes on as it is now
+            return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
+
+    def allocation_cores(self, ps_job: PsJob) -> int:
+        """The allocation's cores beside the job master's task: of its nodes (``srun``), else
+        :attr:`PsWrapperConfig.cores`."""
+        if ps_job.nodes is None:
+            return self.config.cores
+        return ps_job.nodes.total - self.config.cpus_per_worker
 
     def _reply(self, ps_job: PsJob, requested_at: float | None, refusal: str | None) -> ScaleReply:
         workers, ps = len(ps_job.workers), len(ps_job.ps)

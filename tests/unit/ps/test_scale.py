@@ -77,14 +77,16 @@ def test_a_hostile_scale_file_is_refused_with_the_reason_and_set_aside(tmp_path:
 def test_the_wrapper_decides_within_the_ranges_and_the_allocations_cores() -> None:
     config = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2"])
     assert config.cores == 6
-    decision = decide_scale(ScaleRequest(4, 2, 1.0), 2, (1,), config)
+    decision = decide_scale(ScaleRequest(4, 2, 1.0), 2, (1,), config, config.cores)
     assert (decision.workers, decision.ps, decision.refusal) == (4, 2, None)
-    assert decide_scale(ScaleRequest(None, 1, 1.0), 3, (1, 1), config).refusal is None
-    out = decide_scale(ScaleRequest(5, None, 1.0), 2, (1,), config)
+    assert decide_scale(ScaleRequest(None, 1, 1.0), 3, (1, 1), config, config.cores).refusal is None
+    out = decide_scale(ScaleRequest(5, None, 1.0), 2, (1,), config, config.cores)
     assert (out.workers, out.ps, out.refusal) == (2, 1, "workers 5 is outside the job's range 1:4")
     # Brain gave the PS 2 cores each: 4 workers beside them are more than the allocation's 6
-    out = decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config)
+    out = decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config, config.cores)
     assert out.refusal == "4 workers and 2 PS need 8 cores; the allocation has 6"
+    # an allocation of whole nodes (8 cores beside the master) has room for them
+    assert decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config, 8).refusal is None
 
 
 def test_a_ps_jobs_marker_records_its_ranges() -> None:
