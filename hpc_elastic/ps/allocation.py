@@ -148,22 +148,23 @@ class ScaleDecision:
 def decide_scale(
     request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig, cores: int
 ) -> ScaleDecision:
-    """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): within the
-    job's ranges and the allocation's ``cores`` beside the master (:meth:`PsWrapper.allocation_cores`), a new PS and
-    every worker of ``cpus_per_worker`` cores, a PS removed the last one. Whether the new steps fit a node is the
-    launcher's to tell (:class:`hpc_elastic.ps.job.StepNotPlaced`)."""
+    """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): the counts
+    asked for (the running ones where the request leaves one out), within the job's ranges; the job it asks for is
+    the user's shape, every process of the job's task size (``cpus_per_worker``: :func:`apply_sizes` replaces the
+    processes Brain gave another size), at most the allocation's ``cores`` beside the master
+    (:meth:`PsWrapper.allocation_cores`). Whether its steps fit the nodes is :meth:`PsWrapper.scale`'s check."""
     want_w = request.workers if request.workers is not None else workers
     want_p = request.ps if request.ps is not None else len(ps_cores)
     for what, value, (lo, hi) in (("workers", want_w, config.workers_range), ("ps", want_p, config.ps_range)):
         if not lo <= value <= hi:
             return ScaleDecision(workers, len(ps_cores), f"{what} {value} is outside the job's range {lo}:{hi}")
-    cpw = config.cpus_per_worker
-    need = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
+    need = (want_w + want_p) * config.cpus_per_worker
     if need > cores:
         return ScaleDecision(
             workers,
             len(ps_cores),
-            f"{want_w} workers and {want_p} PS need {need} cores; the allocation has {cores}",
+            f"{want_w} workers and {want_p} PS of {config.cpus_per_worker} cores need {need} cores; the allocation "
+            f"has {cores}",
         )
     return ScaleDecision(want_w, want_p)
 
@@ -413,13 +414,25 @@ class PsWrapper:
             return None
         cores = self.allocation_cores(ps_job)
         decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config, cores)
-        if decision.refusal is not None:
+        if decision.refusal is None:
+            decision = replace(decision, refusal=self.node_refusal(ps_job, decision))
+        if decision.refusal is not None:  # refused before any step is stopped or started
             return self._reply(ps_job, request.requested_at, decision.refusal)
         try:
-            apply_sizes(ps_job, decision.workers, decision.ps)
+            apply_sizes(ps_job, decision.workers, decision.ps, self.config.cpus_per_worker)
         except StepNotPlaced as exc:  # a new step fits no node of the allocation: the job goes on as it is now
             return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
+
+    def node_refusal(self, ps_job: PsJob, decision: ScaleDecision) -> str | None:
+        """Why the job a scale decision asks for (its processes of the task size) fits no node of the allocation
+        beside the job master's step (:meth:`hpc_elastic.ps.placement.Nodes.refusal`); None when it fits, or for
+        local processes."""
+        master = ps_job.master_proc
+        if ps_job.nodes is None or master is None or master.node is None:
+            return None
+        sizes = [self.config.cpus_per_worker] * (decision.workers + decision.ps)
+        return ps_job.nodes.refusal(sizes, {master.node: master.cpus})
 
     def allocation_cores(self, ps_job: PsJob) -> int:
         """The allocation's cores beside the job master's task: of its nodes (``srun``), else
@@ -514,19 +527,25 @@ def _master_ended(ps_job: PsJob) -> bool:
     return ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None
 
 
-def apply_sizes(ps_job: PsJob, workers: int, ps: int) -> None:
-    """Scale the running job to ``workers`` workers and ``ps`` PS, each change an ``srun`` step inside the
-    allocation: the newest workers leave first (SIGTERM: their shards go back to TODO), then PS are removed or added
-    (each a re-partition of the parameters while the workers wait), then workers are added, so that the cores freed
-    come before the cores taken."""
-    for worker in list(ps_job.workers)[workers:]:
+def apply_sizes(ps_job: PsJob, workers: int, ps: int, cpus: int) -> None:
+    """Scale the running job to ``workers`` workers and ``ps`` PS of ``cpus`` cores each (the job's task size: a
+    user's request takes the job from Brain, whose plans may have given processes other sizes), each change an
+    ``srun`` step inside the allocation, the cores freed before the cores taken: the workers not kept leave
+    (SIGTERM: their shards go back to TODO; kept are the oldest of the task size), PS are removed (those of another
+    size first), a PS of another size is replaced by one of the task size, PS are added (each a re-partition of the
+    parameters while the workers wait), then workers are added (DLRover's worker and PS elasticity, paper §5.3)."""
+    keep = [w for w, c in ps_job.worker_cores.items() if c == cpus][:workers]
+    for worker in [w for w in ps_job.workers if w not in keep][::-1]:  # the newest first
         ps_job.kill_worker(worker, signal.SIGTERM)
     while len(ps_job.ps) > ps:
-        ps_job.remove_ps()
+        other = [i for i, c in enumerate(ps_job.ps_cores) if c != cpus]
+        ps_job.remove_ps(other[-1] if other else -1)
+    while other := [i for i, c in enumerate(ps_job.ps_cores) if c != cpus]:
+        ps_job.replace_ps(other[0], cpus)
     while len(ps_job.ps) < ps:
-        ps_job.add_ps()
+        ps_job.add_ps(cpus)
     while len(ps_job.workers) < workers:
-        ps_job.add_worker()
+        ps_job.add_worker(cpus=cpus)
 
 
 def main(argv: Sequence[str]) -> int:

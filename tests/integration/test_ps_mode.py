@@ -243,8 +243,9 @@ def test_hpc_elastic_scale_sets_workers_and_ps_of_the_running_job_within_one_epo
     slurm: CliSlurm, workdir: Path, cleanup: list[int]
 ) -> None:
     # an epoch long enough for three requests (80,000 samples train in about 14 s with batched leases)
-    # a whole node (--exclusive): Brain's optimize may give the PS more than the task size of one core (2 here), so
-    # 4 workers and 2 PS need more than the 6 tasks beside the master
+    # a whole node (--exclusive): Brain's plans may give a process more than the task size of one core (its sample
+    # plan ran one worker of 4 cores here); a user's request gives the job processes of the task size, Brain's
+    # replaced, so 4 workers and 2 PS take 6 of the 7 cores beside the master
     samples = 250_000
     settings = {"num_samples": samples, "shard_size": 100, "batch_size": 50}
     job_id = submit_ps(workdir, settings, workers="1:4", ps="1:2", extra=("--exclusive", "--mem=12000"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -21,8 +22,9 @@ from hpc_elastic.env import JobEnvironment
 from hpc_elastic.jobdir import JobDir, ScaleReply, ScaleRequest, parse_scale
 from hpc_elastic.launch.scale import ScaleConfig, request_scale
 from hpc_elastic.launch.spec import JobMarker, MarkerError, MarkerUnit, PsShape, decode_marker
-from hpc_elastic.ps.allocation import PsWrapper, decide_scale, parse_args
-from hpc_elastic.ps.job import PsLauncher
+from hpc_elastic.ps.allocation import PsWrapper, apply_sizes, decide_scale, parse_args
+from hpc_elastic.ps.job import PsLauncher, StepNotPlaced
+from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm.types import JobState
 from tests.unit.ps.test_allocation import RequeueSlurm, master_status
 
@@ -82,11 +84,90 @@ def test_the_wrapper_decides_within_the_ranges_and_the_allocations_cores() -> No
     assert decide_scale(ScaleRequest(None, 1, 1.0), 3, (1, 1), config, config.cores).refusal is None
     out = decide_scale(ScaleRequest(5, None, 1.0), 2, (1,), config, config.cores)
     assert (out.workers, out.ps, out.refusal) == (2, 1, "workers 5 is outside the job's range 1:4")
-    # Brain gave the PS 2 cores each: 4 workers beside them are more than the allocation's 6
-    out = decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config, config.cores)
-    assert out.refusal == "4 workers and 2 PS need 8 cores; the allocation has 6"
-    # an allocation of whole nodes (8 cores beside the master) has room for them
-    assert decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config, 8).refusal is None
+    # Brain gave the PS 2 cores each: the request asks for processes of the task size, 4 + 2 of 1 core
+    assert decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config, config.cores).refusal is None
+    wide = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2", "--cpus-per-worker=2"])
+    out = decide_scale(ScaleRequest(4, 2, 1.0), 1, (2,), wide, 10)
+    assert out.refusal == "4 workers and 2 PS of 2 cores need 12 cores; the allocation has 10"
+    assert (out.workers, out.ps) == (1, 1)  # the sizes unchanged
+
+
+class BookedJob:
+    """The parts of :class:`hpc_elastic.ps.job.PsJob` that :func:`apply_sizes` uses, with the srun launcher's books:
+    every step placed on a node of ``nodes`` beside the job master's (``StepNotPlaced`` when it fits none)."""
+
+    def __init__(self, nodes: Nodes, workers: dict[str, int], ps: list[int]) -> None:
+        self.nodes = nodes
+        self.held: dict[str, tuple[str, int]] = {"master": self._place(1, {})}
+        self.workers: dict[str, int] = {}
+        self.ps: list[str] = []
+        self._n = 0
+        for worker, cpus in workers.items():
+            self.workers[worker] = cpus
+            self.held[worker] = self._place(cpus)
+        for cpus in ps:
+            self.add_ps(cpus)
+
+    def _by_node(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for node, cpus in self.held.values():
+            out[node] = out.get(node, 0) + cpus
+        return out
+
+    def _place(self, cpus: int, held: dict[str, int] | None = None) -> tuple[str, int]:
+        node = self.nodes.place(cpus, self._by_node() if held is None else held)
+        if node is None:
+            raise StepNotPlaced(f"a step of {cpus} cores fits no node")
+        return node, cpus
+
+    @property
+    def worker_cores(self) -> dict[str, int]:
+        return dict(self.workers)
+
+    @property
+    def ps_cores(self) -> tuple[int, ...]:
+        return tuple(self.held[p][1] for p in self.ps)
+
+    def kill_worker(self, worker: str, sig: signal.Signals) -> None:
+        assert sig is signal.SIGTERM
+        del self.workers[worker], self.held[worker]
+
+    def add_worker(self, cpus: int) -> None:
+        worker = f"w{len(self.held) + self._n}"
+        self._n += 1
+        self.held[worker] = self._place(cpus)
+        self.workers[worker] = cpus
+
+    def add_ps(self, cpus: int) -> None:
+        name = f"ps{self._n}"
+        self._n += 1
+        self.held[name] = self._place(cpus)
+        self.ps.append(name)
+
+    def remove_ps(self, index: int = -1) -> None:
+        assert len(self.ps) > 1
+        del self.held[self.ps.pop(index)]
+
+    def replace_ps(self, index: int, cpus: int) -> None:
+        self.add_ps(cpus)
+        self.remove_ps(index)
+
+
+def test_a_request_gives_the_job_the_task_size_in_place_of_brains_sizes() -> None:
+    # an --exclusive job of one 8-CPU node, tasks of 1 core: Brain's sample plan ran one worker of 4 cores; the user
+    # asks for 2 workers and 1 PS, then 4 and 2 (1 + 4 + 2 = 7 cores of the task size): each fits the node's books
+    config = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2"])
+    job = BookedJob(Nodes.of(["node5"], [8]), {"w0": 4}, [1, 1])
+    for workers, ps in ((2, 1), (4, 2), (1, 1)):
+        decision = decide_scale(ScaleRequest(workers, ps, 1.0), len(job.workers), job.ps_cores, config, 7)
+        assert decision.refusal is None and job.nodes.refusal([1] * (workers + ps), {"node5": 1}) is None
+        apply_sizes(job, decision.workers, decision.ps, config.cpus_per_worker)  # type: ignore[arg-type]
+        assert sorted(job.worker_cores.values()) == [1] * workers and job.ps_cores == (1,) * ps
+    assert "w0" not in job.workers  # Brain's worker of 4 cores left for one of the task size
+    # Brain's PS of 3 cores beside 2 workers of 1: a request for 2 PS replaces it, the parameters moved twice
+    job = BookedJob(Nodes.of(["node5"], [8]), {"w0": 1, "w1": 1}, [3])
+    apply_sizes(job, 2, 2, 1)  # type: ignore[arg-type]
+    assert job.ps_cores == (1, 1) and job.worker_cores == {"w0": 1, "w1": 1}  # the workers of the task size stay
 
 
 def test_a_ps_jobs_marker_records_its_ranges() -> None:
