@@ -314,6 +314,8 @@ class PsWrapper:
                     if not ps_job.workers:
                         ps_job.add_worker()
             outcome, status = self.watch(ps_job)
+            if outcome is Outcome.FINISHED:  # while the PS still run
+                status["held_out"] = ps_job.held_out()
         if outcome is Outcome.FINISHED:
             if agent is not None:
                 status["brain"] = agent.report()

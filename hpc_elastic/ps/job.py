@@ -491,8 +491,16 @@ class PsJob:
         reply, _ = self.master.call("status")
         return reply
 
+    def held_out(self) -> dict[str, Any]:
+        """The model's mean log loss on records no worker trains on, now and initially
+        (:meth:`hpc_elastic.ps.master.Master.held_out`)."""
+        assert self.master is not None
+        reply, _ = self.master.call("held_out")
+        return reply
+
     def wait(self, timeout: float = 300.0) -> dict[str, Any]:
-        """Until training is finished and every worker has exited; the master's final status."""
+        """Until training is finished and every worker has exited; the master's final status, with the trained
+        model's held-out loss (``held_out``)."""
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
@@ -502,7 +510,7 @@ class PsJob:
                 time.sleep(POLL_S)
                 continue
             if status["finished"] and not self.workers:
-                return status
+                return {**status, "held_out": self.held_out()}
             if not self.workers and not status["finished"]:
                 raise ProcessFailed(f"no worker left and training not finished: {status['queues']}")
             if time.monotonic() > deadline:

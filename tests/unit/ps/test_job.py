@@ -47,6 +47,13 @@ def assert_exactly_once(status: dict[str, Any]) -> None:
         assert sum(epoch["samples_by_worker"].values()) == SMALL["num_samples"]
 
 
+def assert_learned(status: dict[str, Any]) -> None:
+    """The trained model's loss on records no worker trained on is below the untrained model's (the per-shard
+    training losses of asynchronous SGD, on shards of any size, are not a sound measure)."""
+    held = status["held_out"]
+    assert held["samples"] == 5000 and held["final"] < held["initial"] - 0.02, held
+
+
 def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=3, epochs=2, **SMALL)
     with PsJob(config, tmp_path) as job:
@@ -54,7 +61,7 @@ def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
     assert_exactly_once(status)
     assert status["lost"] == [] and status["requeued"] == 0
     assert status["shards_done"] >= 2 * 20
-    assert status["loss_last"] < status["loss_first"] - 0.03, status
+    assert_learned(status)
 
 
 def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
@@ -108,7 +115,7 @@ def test_a_ps_killed_mid_epoch_is_replaced_without_restarting_the_workers(tmp_pa
     assert_exactly_once(status)
     assert status["lost"] == [] and sorted(status["registered"]) == ["w0", "w1"]  # the same workers went on
     assert [r["index"] for r in status["ps_replaced"]] == [1]
-    assert status["loss_last"] < status["loss_first"]
+    assert_learned(status)
 
 
 def test_a_frozen_worker_is_declared_lost_by_its_silence_and_its_late_report_refused(tmp_path: Path) -> None:
@@ -160,7 +167,7 @@ def test_a_job_master_killed_mid_epoch_is_restarted_from_its_checkpoint(tmp_path
         status = job.wait()
     assert_exactly_once(status)
     assert status["lost"] == [] and sorted(status["registered"]) == ["w0", "w1"]  # the same workers went on
-    assert status["loss_last"] < status["loss_first"]
+    assert_learned(status)
 
 
 def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:
