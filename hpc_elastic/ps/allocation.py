@@ -226,6 +226,7 @@ class PsWrapper:
         launcher: PsLauncher = PsLauncher.SRUN,
         clock: Callable[[], float] = time.time,
         steps: Callable[[int], list[Step]] | None = None,
+        liveness_s: float | None = None,
     ) -> None:
         if job.job_id is None:
             raise ValueError("hpc-elastic-run --mode=ps runs inside a Slurm allocation (no SLURM_JOB_ID)")
@@ -236,6 +237,7 @@ class PsWrapper:
         self.clock = clock
         self.job_dir = job_dir_of(config.ckpt_root, job)
         self.steps = steps  # a job's steps from Slurm's accounting: how a process's step ended (out of memory?)
+        self.liveness_s = liveness_s  # the job master's worker liveness timeout (default: the master's own)
         self.ps_job: PsJob | None = None
         self.usr1 = False
         #: the stop acted on: its reason and when it was requested
@@ -303,6 +305,7 @@ class PsWrapper:
             step_end=self.step_end if self.steps is not None else None,
             memory_after_oom=self.memory_after_oom,
             nodes=nodes,
+            liveness_s=self.liveness_s,
         )
         self.ps_job = ps_job
         with ps_job:

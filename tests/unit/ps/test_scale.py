@@ -273,7 +273,9 @@ def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_on
     argv = ["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=1:4", "--ps-range=1:2"]
     config = parse_args([*argv, f"--ps-config={json.dumps(settings)}"])
     job = JobEnvironment(job_id=8, job_name="ps")
-    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL)  # type: ignore[arg-type]
+    # the workers lost here are those the requests scale in; the liveness timeout (its own test: test_job.py) is
+    # set beyond what a loaded machine's pauses reach, so that none is declared lost for want of a call
+    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL, liveness_s=600.0)  # type: ignore[arg-type]
     replies: list[ScaleReply] = []
     thread = scale_when(ps_wrapper.job_dir, [(2, 1), (4, 2), (9, None), (1, 1)], replies)
     assert ps_wrapper.run() == 0
@@ -287,5 +289,6 @@ def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_on
     assert epoch["exactly_once"] and (epoch["min_count"], epoch["max_count"]) == (1, 1)
     assert sum(epoch["samples_by_worker"].values()) == SAMPLES
     assert len(status["registered"]) == 4 and len(status["lost"]) == 3 and status["num_ps"] == 1
+    assert status["expired"] == []  # lost by the requests' scale-in, none for want of a call
     assert len(status["repartition_seconds"]) == 3  # PS 2 -> 1 (Brain's sample plan), 1 -> 2, 2 -> 1
     assert all(epoch["samples_by_worker"].get(w, 0) > 0 for w in status["registered"])
