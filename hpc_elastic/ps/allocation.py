@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
@@ -430,14 +430,16 @@ class PsWrapper:
         return self._reply(ps_job, request.requested_at, None)
 
     def node_refusal(self, ps_job: PsJob, decision: ScaleDecision) -> str | None:
-        """Why the job a scale decision asks for (its processes of the task size) fits no node of the allocation
-        beside the job master's step (:meth:`hpc_elastic.ps.placement.Nodes.refusal`); None when it fits, or for
-        local processes."""
-        master = ps_job.master_proc
-        if ps_job.nodes is None or master is None or master.node is None:
+        """Why applying a scale decision would start a step that fits no node of the allocation: :func:`apply_sizes`
+        tried on the job's :class:`Books` first; None when every step fits, or for local processes."""
+        books = Books.of(ps_job)
+        if books is None:
             return None
-        sizes = [self.config.cpus_per_worker] * (decision.workers + decision.ps)
-        return ps_job.nodes.refusal(sizes, {master.node: master.cpus})
+        try:
+            apply_sizes(books, decision.workers, decision.ps, self.config.cpus_per_worker)
+        except StepNotPlaced as exc:
+            return str(exc)
+        return None
 
     def allocation_cores(self, ps_job: PsJob) -> int:
         """The allocation's cores beside the job master's task: of its nodes (``srun``), else
@@ -532,25 +534,117 @@ def _master_ended(ps_job: PsJob) -> bool:
     return ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None
 
 
-def apply_sizes(ps_job: PsJob, workers: int, ps: int, cpus: int) -> None:
+class Scalable(Protocol):
+    """What :func:`apply_sizes` changes: a running :class:`hpc_elastic.ps.job.PsJob`, or :class:`Books` of one."""
+
+    @property
+    def worker_cores(self) -> dict[str, int]: ...
+
+    @property
+    def ps_cores(self) -> tuple[int, ...]: ...
+
+    def kill_worker(self, worker: str, sig: signal.Signals = ...) -> object: ...
+
+    def remove_ps(self, index: int = ...) -> object: ...
+
+    def replace_ps(self, index: int, cpus: int) -> object: ...
+
+    def add_ps(self, cpus: int | None = ..., mem_mb: int | None = ...) -> object: ...
+
+    def add_worker(self, delay: float | None = ..., cpus: int | None = ..., mem_mb: int | None = ...) -> object: ...
+
+
+def apply_sizes(job: Scalable, workers: int, ps: int, cpus: int) -> None:
     """Scale the running job to ``workers`` workers and ``ps`` PS of ``cpus`` cores each (the job's task size: a
     user's request takes the job from Brain, whose plans may have given processes other sizes), each change an
     ``srun`` step inside the allocation, the cores freed before the cores taken: the workers not kept leave
     (SIGTERM: their shards go back to TODO; kept are the oldest of the task size), PS are removed (those of another
     size first), a PS of another size is replaced by one of the task size, PS are added (each a re-partition of the
     parameters while the workers wait), then workers are added (DLRover's worker and PS elasticity, paper §5.3)."""
-    keep = [w for w, c in ps_job.worker_cores.items() if c == cpus][:workers]
-    for worker in [w for w in ps_job.workers if w not in keep][::-1]:  # the newest first
-        ps_job.kill_worker(worker, signal.SIGTERM)
-    while len(ps_job.ps) > ps:
-        other = [i for i, c in enumerate(ps_job.ps_cores) if c != cpus]
-        ps_job.remove_ps(other[-1] if other else -1)
-    while other := [i for i, c in enumerate(ps_job.ps_cores) if c != cpus]:
-        ps_job.replace_ps(other[0], cpus)
-    while len(ps_job.ps) < ps:
-        ps_job.add_ps(cpus)
-    while len(ps_job.workers) < workers:
-        ps_job.add_worker(cpus=cpus)
+    keep = [w for w, c in job.worker_cores.items() if c == cpus][:workers]
+    for worker in [w for w in job.worker_cores if w not in keep][::-1]:  # the newest first
+        job.kill_worker(worker, signal.SIGTERM)
+    while len(job.ps_cores) > ps:
+        other = [i for i, c in enumerate(job.ps_cores) if c != cpus]
+        job.remove_ps(other[-1] if other else -1)
+    while other := [i for i, c in enumerate(job.ps_cores) if c != cpus]:
+        job.replace_ps(other[0], cpus)
+    while len(job.ps_cores) < ps:
+        job.add_ps(cpus)
+    while len(job.worker_cores) < workers:
+        job.add_worker(cpus=cpus)
+
+
+class Books:
+    """The srun launcher's books of a running job (the node and cores of each step, placed as
+    :meth:`hpc_elastic.ps.job.PsJob` places them), on which :func:`apply_sizes` is tried first: every step it would
+    start, in its order, beside those it would have stopped by then. Pure: no process is touched."""
+
+    def __init__(self, nodes: Nodes, master: tuple[str, int], workers: dict[str, tuple[str, int]],
+                 ps: list[tuple[str, int]]) -> None:  # fmt: skip
+        self.nodes = nodes
+        self._steps: dict[str, tuple[str, int]] = {"master": master, **workers}
+        self._workers = list(workers)
+        self._ps: list[str] = []
+        self._n = 0
+        for node, cores in ps:
+            self._ps.append(self._name("ps"))
+            self._steps[self._ps[-1]] = (node, cores)
+
+    @classmethod
+    def of(cls, job: PsJob) -> Books | None:
+        """The books of ``job``'s placed steps; None for local processes."""
+        steps = [job.master_proc, *job.workers.values(), *job.ps]
+        if job.nodes is None or any(p is None or p.node is None for p in steps):
+            return None
+        assert job.master_proc is not None and job.master_proc.node is not None
+        placed = {w: (p.node, p.cpus) for w, p in job.workers.items() if p.node is not None}
+        return cls(job.nodes, (job.master_proc.node, job.master_proc.cpus), placed,
+                   [(p.node, p.cpus) for p in job.ps if p.node is not None])  # fmt: skip
+
+    def _name(self, kind: str) -> str:
+        self._n += 1
+        return f"new-{kind}{self._n}"
+
+    def _place(self, name: str, what: str, cpus: int) -> None:
+        held: dict[str, int] = {}
+        for on, cores in self._steps.values():
+            held[on] = held.get(on, 0) + cores
+        node = self.nodes.place(cpus, held)
+        if node is None:
+            raise StepNotPlaced(f"a new {what}: {self.nodes.refusal([cpus], held)}")
+        self._steps[name] = (node, cpus)
+
+    @property
+    def worker_cores(self) -> dict[str, int]:
+        return {w: self._steps[w][1] for w in self._workers}
+
+    @property
+    def ps_cores(self) -> tuple[int, ...]:
+        return tuple(self._steps[p][1] for p in self._ps)
+
+    def kill_worker(self, worker: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        self._workers.remove(worker)
+        del self._steps[worker]
+
+    def remove_ps(self, index: int = -1) -> None:
+        del self._steps[self._ps.pop(index)]
+
+    def replace_ps(self, index: int, cpus: int) -> None:
+        self.add_ps(cpus)
+        self.remove_ps(index)
+
+    def add_ps(self, cpus: int | None = None, mem_mb: int | None = None) -> None:
+        assert cpus is not None
+        name = self._name("ps")
+        self._place(name, "PS", cpus)
+        self._ps.append(name)
+
+    def add_worker(self, delay: float | None = None, cpus: int | None = None, mem_mb: int | None = None) -> None:
+        assert cpus is not None
+        name = self._name("w")
+        self._place(name, "worker", cpus)
+        self._workers.append(name)
 
 
 def main(argv: Sequence[str]) -> int:
