@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from hpc_elastic.env import JobEnvironment
 from hpc_elastic.jobdir import JobDir, ScaleReply, ScaleRequest, parse_scale
 from hpc_elastic.launch.scale import ScaleConfig, request_scale
 from hpc_elastic.launch.spec import JobMarker, MarkerError, MarkerUnit, PsShape, decode_marker
-from hpc_elastic.ps.allocation import PsWrapper, apply_sizes, decide_scale, parse_args
+from hpc_elastic.ps.allocation import Books, PsWrapper, apply_sizes, decide_scale, parse_args
 from hpc_elastic.ps.job import PsLauncher, StepNotPlaced
 from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm.types import JobState
@@ -92,82 +92,66 @@ def test_the_wrapper_decides_within_the_ranges_and_the_allocations_cores() -> No
     assert (out.workers, out.ps) == (1, 1)  # the sizes unchanged
 
 
-class BookedJob:
-    """The parts of :class:`hpc_elastic.ps.job.PsJob` that :func:`apply_sizes` uses, with the srun launcher's books:
-    every step placed on a node of ``nodes`` beside the job master's (``StepNotPlaced`` when it fits none)."""
-
-    def __init__(self, nodes: Nodes, workers: dict[str, int], ps: list[int]) -> None:
-        self.nodes = nodes
-        self.held: dict[str, tuple[str, int]] = {"master": self._place(1, {})}
-        self.workers: dict[str, int] = {}
-        self.ps: list[str] = []
-        self._n = 0
-        for worker, cpus in workers.items():
-            self.workers[worker] = cpus
-            self.held[worker] = self._place(cpus)
-        for cpus in ps:
-            self.add_ps(cpus)
-
-    def _by_node(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for node, cpus in self.held.values():
-            out[node] = out.get(node, 0) + cpus
-        return out
-
-    def _place(self, cpus: int, held: dict[str, int] | None = None) -> tuple[str, int]:
-        node = self.nodes.place(cpus, self._by_node() if held is None else held)
-        if node is None:
-            raise StepNotPlaced(f"a step of {cpus} cores fits no node")
-        return node, cpus
-
-    @property
-    def worker_cores(self) -> dict[str, int]:
-        return dict(self.workers)
-
-    @property
-    def ps_cores(self) -> tuple[int, ...]:
-        return tuple(self.held[p][1] for p in self.ps)
-
-    def kill_worker(self, worker: str, sig: signal.Signals) -> None:
-        assert sig is signal.SIGTERM
-        del self.workers[worker], self.held[worker]
-
-    def add_worker(self, cpus: int) -> None:
-        worker = f"w{len(self.held) + self._n}"
-        self._n += 1
-        self.held[worker] = self._place(cpus)
-        self.workers[worker] = cpus
-
-    def add_ps(self, cpus: int) -> None:
-        name = f"ps{self._n}"
-        self._n += 1
-        self.held[name] = self._place(cpus)
-        self.ps.append(name)
-
-    def remove_ps(self, index: int = -1) -> None:
-        assert len(self.ps) > 1
-        del self.held[self.ps.pop(index)]
-
-    def replace_ps(self, index: int, cpus: int) -> None:
-        self.add_ps(cpus)
-        self.remove_ps(index)
+@dataclass(frozen=True)
+class Proc:
+    node: str
+    cpus: int
 
 
 def test_a_request_gives_the_job_the_task_size_in_place_of_brains_sizes() -> None:
-    # an --exclusive job of one 8-CPU node, tasks of 1 core: Brain's sample plan ran one worker of 4 cores; the user
-    # asks for 2 workers and 1 PS, then 4 and 2 (1 + 4 + 2 = 7 cores of the task size): each fits the node's books
+    # an --exclusive job of one 8-CPU node, tasks of 1 core: Brain's sample plan ran one worker of 4 cores and 2 PS;
+    # the user asks for 2 workers and 1 PS, then 4 and 2 (1 + 4 + 2 = 7 cores of the task size): every step fits
     config = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2"])
-    job = BookedJob(Nodes.of(["node5"], [8]), {"w0": 4}, [1, 1])
+    node = Nodes.of(["node5"], [8])
+    books = Books(node, ("node5", 1), {"w0": ("node5", 4)}, [("node5", 1), ("node5", 1)])
     for workers, ps in ((2, 1), (4, 2), (1, 1)):
-        decision = decide_scale(ScaleRequest(workers, ps, 1.0), len(job.workers), job.ps_cores, config, 7)
-        assert decision.refusal is None and job.nodes.refusal([1] * (workers + ps), {"node5": 1}) is None
-        apply_sizes(job, decision.workers, decision.ps, config.cpus_per_worker)  # type: ignore[arg-type]
-        assert sorted(job.worker_cores.values()) == [1] * workers and job.ps_cores == (1,) * ps
-    assert "w0" not in job.workers  # Brain's worker of 4 cores left for one of the task size
-    # Brain's PS of 3 cores beside 2 workers of 1: a request for 2 PS replaces it, the parameters moved twice
-    job = BookedJob(Nodes.of(["node5"], [8]), {"w0": 1, "w1": 1}, [3])
-    apply_sizes(job, 2, 2, 1)  # type: ignore[arg-type]
-    assert job.ps_cores == (1, 1) and job.worker_cores == {"w0": 1, "w1": 1}  # the workers of the task size stay
+        decision = decide_scale(ScaleRequest(workers, ps, 1.0), len(books.worker_cores), books.ps_cores, config, 7)
+        assert decision.refusal is None
+        apply_sizes(books, decision.workers, decision.ps, config.cpus_per_worker)
+        assert sorted(books.worker_cores.values()) == [1] * workers and books.ps_cores == (1,) * ps
+    assert "w0" not in books.worker_cores  # Brain's worker of 4 cores left for one of the task size
+    # Brain's PS of 3 cores beside 2 workers of 1: a request for 2 PS replaces it; the workers of the task size stay
+    books = Books(node, ("node5", 1), {"w0": ("node5", 1), "w1": ("node5", 1)}, [("node5", 3)])
+    apply_sizes(books, 2, 2, 1)
+    assert books.ps_cores == (1, 1) and books.worker_cores == {"w0": 1, "w1": 1}
+    # kept counting Brain's worker at its 4 cores (as the dev cluster's job did), 4 workers and 2 PS overfill the node
+    books = Books(node, ("node5", 1), {"w0": ("node5", 4), "w1": ("node5", 1)}, [("node5", 1)])
+    with pytest.raises(StepNotPlaced, match="a new worker: a step of 1 cores fits no node"):
+        for _ in range(2):
+            books.add_worker(cpus=1)
+        books.add_ps(1)
+    # a job of just the tasks asked for (7 = master + 4 + 2): a PS of 2 cores has no room for its replacement
+    # beside the 4 workers it keeps; refused before any step stops or starts
+    tight = Nodes.of(["node5"], [7])
+    books = Books(tight, ("node5", 1), {f"w{k}": ("node5", 1) for k in range(4)}, [("node5", 2)])
+    with pytest.raises(StepNotPlaced, match="a new PS: a step of 1 cores fits no node"):
+        apply_sizes(books, 4, 2, 1)
+
+
+def test_the_wrapper_refuses_a_request_whose_steps_fit_no_node_before_touching_the_job(tmp_path: Path) -> None:
+    config = parse_args(["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=1:4", "--ps-range=1:2"])
+    wrapper = PsWrapper(config, JobEnvironment(job_id=8, job_name="ps"), RequeueSlurm())  # type: ignore[arg-type]
+    wrapper.job_dir.prepare()
+    touched: list[str] = []
+
+    class Job:  # a PsJob under srun whose steps are those of the tight allocation above
+        def __init__(self) -> None:
+            self.nodes = Nodes.of(["node5"], [7])
+            self.master_proc = Proc("node5", 1)
+            self.workers = {f"w{k}": Proc("node5", 1) for k in range(4)}
+            self.ps = [Proc("node5", 2)]
+            self.worker_cores = dict.fromkeys(self.workers, 1)
+            self.ps_cores = (2,)
+
+        def __getattr__(self, name: str) -> Any:
+            touched.append(name)
+            raise AssertionError(f"the job was touched: {name}")
+
+    wrapper.job_dir.request_scale(ScaleRequest(4, 2, 5.0))
+    reply = wrapper.scale(Job())  # type: ignore[arg-type]
+    assert reply is not None and not reply.applied and touched == []
+    assert reply.reason.startswith("refused: a new PS: a step of 1 cores fits no node of the allocation"), reply
+    assert (reply.workers, reply.ps) == (4, 1)
 
 
 def test_a_ps_jobs_marker_records_its_ranges() -> None:
@@ -242,7 +226,7 @@ Sizes = list[tuple[int | None, int | None]]
 
 def scale_when(job_dir: JobDir, steps: Sizes, replies: list[ScaleReply]) -> threading.Thread:
     """Once the job trains, request each (workers, PS) in turn, waiting for the wrapper's answer to each and for
-    the workers it added to register."""
+    the workers it added to have a shard counted."""
 
     def body() -> None:
         deadline = time.monotonic() + 180
@@ -259,8 +243,12 @@ def scale_when(job_dir: JobDir, steps: Sizes, replies: list[ScaleReply]) -> thre
                 time.sleep(0.05)
             replies.append(reply)
             while reply.applied and (s := master_status(job_dir.ps)) is not None:
-                if len(set(s["registered"]) - set(s["lost"])) >= reply.workers or time.monotonic() > deadline:
-                    break  # the workers added train
+                live = set(s["registered"]) - set(s["lost"])
+                trained = s["epochs"][0]["samples_by_worker"]
+                if len(live) >= reply.workers and all(trained.get(w, 0) > 0 for w in live):
+                    break  # the workers added train (a shard of theirs counted) before the next request
+                if time.monotonic() > deadline:
+                    break
                 time.sleep(0.05)
 
     thread = threading.Thread(target=body, daemon=True)
