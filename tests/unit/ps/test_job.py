@@ -145,7 +145,7 @@ def test_a_frozen_worker_is_declared_lost_by_its_silence_and_its_late_report_ref
 def test_a_job_master_killed_mid_epoch_is_restarted_from_its_checkpoint(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=2, epochs=2, **SMALL)
     ckpt = tmp_path / "ckpt"
-    delays = {"w0": 0.02, "w1": 0.02}
+    delays = {"w0": 0.1, "w1": 0.1}  # an epoch of about 2 s: the kill comes in epoch 0 (about 0.4 s in)
     with PsJob(config, tmp_path, worker_delays=delays, checkpoint_dir=ckpt, checkpoint_every=4) as job:
         before = until(job, lambda s: s["checkpoint_seq"] >= 2)
         assert not before["epochs"][0]["complete"]  # mid-epoch 0

@@ -218,7 +218,7 @@ def test_bad_scale_values_are_one_line_and_exit_2(tmp_path: Path, args: list[str
     assert list(tmp_path.iterdir()) == []
 
 
-SAMPLES = 60_000
+SAMPLES = 150_000  # one epoch outlasting the four requests, each waiting for its workers to train a shard
 
 
 Sizes = list[tuple[int | None, int | None]]
