@@ -425,7 +425,7 @@ class PsWrapper:
             return self._reply(ps_job, request.requested_at, decision.refusal)
         try:
             apply_sizes(ps_job, decision.workers, decision.ps, self.config.cpus_per_worker)
-        except StepNotPlaced as exc:  # a new step fits no node of the allocation: the job goes on as it is now
+        except StepNotPlaced as exc:  # a PS step Slurm did not start within the bound: the job goes on from here
             return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
 
