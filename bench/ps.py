@@ -8,12 +8,12 @@
   process starting, the workers training meanwhile) and of the re-partition alone (the workers wait for it only);
 - ``scaling``: samples/s of Wide & Deep training against the number of workers (1, 2, 4) with 2 PS, from the
   master's first lease to its last accepted shard (process start-up excluded), every epoch checked exactly once;
-- ``brain``: DLRover's Brain in the loop (:mod:`hpc_elastic.ps.brain_agent`: sample, optimize, adjust on a running
-  job, ``--max-adjust`` steps at most, the number taken printed) against a grid search over (workers, PS, cores per
-  PS) on this machine; every process pinned to cores of its own while there are (``--cores`` may assume more than
-  there are: the rest run unpinned), the job master on one, the rest the job's budget.
-  Each configuration's samples/s is read over ``--window`` seconds once its workers train; the goal is Brain's final
-  plan at >= 0.9x the grid's best.
+- ``brain``: DLRover's Brain in the loop (:mod:`hpc_elastic.ps.brain_agent`: from a cold start, sample, optimize,
+  adjust on a running job, ``--max-adjust`` steps at most, each step and the number taken printed) against a grid
+  search over (workers, cores per worker, PS, cores per PS) within the job's budget: this machine's cores
+  (``os.sched_getaffinity``; ``--cores`` may assume more than there are, the rest then run unpinned), every worker
+  and PS pinned to cores of its own, the job master beside them unpinned. Each configuration's samples/s is read over
+  ``--window`` seconds once its workers train; the goal is Brain's final plan at >= 0.9x the grid's best.
 
 Prints one line per measurement and, last, one JSON object. Usage::
 
@@ -88,17 +88,23 @@ def dispatch_over_grpc(address: str, clients: int, seconds: float) -> float:
 BRAIN_JOB = {"num_samples": 1_000_000, "shard_size": 64, "batch_size": 32}
 
 
-def grid_point(workers: int, num_ps: int, ps_cores: int, window: float) -> float:
-    """Samples/s of a job of ``workers`` workers of one core and ``num_ps`` PS of ``ps_cores`` cores."""
-    config = PsJobConfig(num_ps=num_ps, num_workers=workers, **BRAIN_JOB)
-    plan = ResourcePlan(Group(workers, 1, 1024), (ps_cores,) * num_ps, 1024, Stage.OPTIMIZE)
-    limits = JobLimits(c_total=plan.total_cores, workers=Range(1, workers), ps=Range(1, num_ps))
+#: the grid's sizes: workers, cores per worker, PS, cores per PS (the points within the budget)
+GRID_WORKERS, GRID_WORKER_CORES, GRID_PS, GRID_PS_CORES = (1, 2, 4, 8, 12), (1, 2, 4), (1, 2, 4), (1, 2, 4)
+
+
+def grid_point(workers: int, worker_cores: int, num_ps: int, ps_cores: int, window: float) -> float:
+    """Samples/s of a job of ``workers`` workers of ``worker_cores`` cores and ``num_ps`` PS of ``ps_cores`` cores."""
+    config = PsJobConfig(num_ps=num_ps, num_workers=0, **BRAIN_JOB)
+    plan = ResourcePlan(Group(workers, worker_cores, 1024), (ps_cores,) * num_ps, 1024, Stage.OPTIMIZE)
+    limits = JobLimits(c_total=max(plan.total_cores, 2), workers=Range(1, workers), ps=Range(1, num_ps))
     with (
         tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp,
         PsJob(config, Path(tmp), ps_cpus=ps_cores) as job,
     ):
+        for _ in range(workers):
+            job.add_worker(cpus=worker_cores)
         agent = BrainAgent(
-            limits, cores=plan.total_cores, cores_per_node=os.cpu_count() or 1, mem_per_node_mb=1 << 20, window_s=window
+            limits, cores=limits.c_total, cores_per_node=os.cpu_count() or 1, mem_per_node_mb=1 << 20, window_s=window
         )
         _, rate = agent.measure(job, plan)
     return rate
@@ -106,16 +112,22 @@ def grid_point(workers: int, num_ps: int, ps_cores: int, window: float) -> float
 
 def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str, Any]) -> None:
     cpus = cores or len(os.sched_getaffinity(0))
-    budget = cpus - 1  # the job master's core aside
+    budget = cpus  # the workers' and the PS's; the job master runs beside them
     grid = []
-    for ps_cores in (1, 2):
-        for num_ps in (1, 2, 4):
-            for workers in (1, 2, 4, 8, 12):
-                if workers + num_ps * ps_cores > budget:
-                    continue
-                rate = grid_point(workers, num_ps, ps_cores, window)
-                print(f"grid: {workers} workers, {num_ps} PS of {ps_cores} cores: {rate:,.0f} samples/s", flush=True)
-                grid.append({"workers": workers, "ps": num_ps, "ps_cores": ps_cores, "samples_s": round(rate, 1)})
+    for ps_cores in GRID_PS_CORES:
+        for num_ps in GRID_PS:
+            for worker_cores in GRID_WORKER_CORES:
+                for workers in GRID_WORKERS:
+                    if workers * worker_cores + num_ps * ps_cores > budget:
+                        continue
+                    rate = grid_point(workers, worker_cores, num_ps, ps_cores, window)
+                    print(
+                        f"grid: {workers} workers of {worker_cores} cores, {num_ps} PS of {ps_cores} cores: "
+                        f"{rate:,.0f} samples/s",
+                        flush=True,
+                    )
+                    grid.append({"workers": workers, "worker_cores": worker_cores, "ps": num_ps,
+                                 "ps_cores": ps_cores, "samples_s": round(rate, 1)})  # fmt: skip
     best = max(grid, key=lambda g: g["samples_s"])
     limits = JobLimits(c_total=budget, workers=Range(1, 12), ps=Range(1, 4))
     agent = BrainAgent(
@@ -130,14 +142,17 @@ def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str
         steps = agent.run(job)
     for step in steps:
         print(f"brain {step.describe()}", flush=True)
+    for refusal in agent.refused:
+        print(f"brain refused ({refusal.stage.value}): {refusal.reason}", flush=True)
     final = steps[-1].samples_s
     ratio = final / best["samples_s"]
     print(
-        f"brain: {final:,.0f} samples/s after {agent.adjust_steps} adjust step(s); grid best {best['samples_s']:,.0f}"
-        f" ({best['workers']} workers, {best['ps']} PS of {best['ps_cores']} cores): {ratio:.2f}x (goal >= 0.9x)",
+        f"brain: {final:,.0f} samples/s after {agent.adjust_steps} adjust step(s) (at most {max_adjust}); grid best "
+        f"{best['samples_s']:,.0f} ({best['workers']} workers of {best['worker_cores']} cores, {best['ps']} PS of "
+        f"{best['ps_cores']} cores, {len(grid)} points): {ratio:.2f}x (goal >= 0.9x)",
         flush=True,
     )
-    out["brain"] = {**agent.report(), "machine_cores": cpus, "grid": grid, "grid_best": best, "ratio": round(ratio, 3)}
+    out["brain"] = {**agent.report(), "budget_cores": cpus, "grid": grid, "grid_best": best, "ratio": round(ratio, 3)}
 
 
 def main() -> None:
@@ -152,7 +167,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=3.0, help="seconds each configuration is read over (brain)")
     ap.add_argument("--max-adjust", type=int, default=4, help="Brain's adjust steps at most")
     ap.add_argument(
-        "--cores", type=int, default=None, help="the cores Brain and the grid assume (default: this machine's)"
+        "--cores", type=int, default=None, help="the cores Brain and the grid share (default: this machine's, affinity)"
     )
     args = ap.parse_args()
     out: dict[str, Any] = {"bench": "ps", "cpus": os.cpu_count()}

@@ -116,6 +116,7 @@ class JobEnvironment:
     gpus_per_task: int = 0  # the job's --gpus-per-task (SLURM_GPUS_PER_TASK, e.g. "a100:1")
     allocated_tasks: int | None = None  # tasks of the allocation now (SLURM_TASKS_PER_NODE), None outside one
     cpus_on_node: int | None = None
+    cpus_per_node: tuple[int, ...] = ()  # the allocation's CPUs on each node of node_list (SLURM_JOB_CPUS_PER_NODE)
     mem_on_node_mb: int | None = None  # the allocation's memory on this node (SLURM_MEM_PER_NODE, or per CPU x CPUs)
     job_dir: Path | None = None
     workers: int | None = None
@@ -166,6 +167,18 @@ def _gpus_per_task(raw: str) -> int:
         if count.isdigit():
             total += int(count)
     return total
+
+
+def per_node_counts(raw: str) -> tuple[int, ...]:
+    """``SLURM_JOB_CPUS_PER_NODE`` (``8``, ``4(x2),3``) as one count per node, in node-list order; ``()`` when it
+    is absent or unreadable."""
+    counts: list[int] = []
+    for item in raw.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if match is None:
+            return ()
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return tuple(counts)
 
 
 def tasks_per_node_total(raw: str) -> int | None:
@@ -247,6 +260,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         gpus_per_task=_gpus_per_task(env.get("SLURM_GPUS_PER_TASK", "")),
         allocated_tasks=tasks_per_node_total(env.get("SLURM_TASKS_PER_NODE", "")),
         cpus_on_node=_int(env, "SLURM_CPUS_ON_NODE"),
+        cpus_per_node=per_node_counts(env.get("SLURM_JOB_CPUS_PER_NODE", "")),
         mem_on_node_mb=_mem_on_node_mb(env),
         job_dir=Path(job_dir) if job_dir else None,
         workers=workers,

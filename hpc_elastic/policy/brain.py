@@ -15,7 +15,8 @@ Stages (§4.2), each a function from observations to a :class:`ResourcePlan`:
 - :func:`optimize`: Eq. 10-11 from the sample's :class:`Usage` (:func:`estimate`);
 - :func:`adjust`: the running job's problems: an out-of-memory worker or PS gets twice the memory (a PS that
   cannot get more memory on a node is doubled in number, as the paper does); a hot PS is replaced by a larger one,
-  ``s = min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)``; idle PS cores get more workers, ``ΔN_w = min(s_total / ŝ, √K) − N_w``.
+  ``s = min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)``, at least one core more than it had; idle PS cores get more
+  workers, ``ΔN_w = min(s_total / ŝ, √K) − N_w``.
 
 The paper leaves ``K`` undefined; we read it as the job's total number of steps, the bound ``√K`` on the number of
 asynchronous workers under which asynchronous SGD keeps its linear speedup (Lian et al., NeurIPS 2015).
@@ -280,6 +281,8 @@ def sample_plan(
         ps_cores -= 1
     while n_w * worker_cores + n_ps * ps_cores > budget and worker_cores > 1:
         worker_cores -= 1
+    while n_w * worker_cores + n_ps * ps_cores > budget and n_ps > limits.ps.low:  # a budget of a few cores
+        n_ps -= 1
     plan = ResourcePlan(
         Group(n_w, worker_cores, mem_mb),
         (ps_cores,) * n_ps,
@@ -351,7 +354,8 @@ def adjust(
 
     In order: an out-of-memory worker (twice the memory); an out-of-memory PS (twice the memory, or twice the PS when
     a node cannot hold that); hot PS, using ``hot_threshold`` of their cores (each replaced by a PS of
-    ``min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)`` cores, ``ŝ`` from the sample); idle PS cores
+    ``min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)`` cores, ``ŝ`` from the sample, and at least one core more than it has
+    while a node holds that: a PS at its threshold is saturated, its reading below its need); idle PS cores
     (``ΔN_w = min(s_total / ŝ', √K) − N_w`` more workers, ``ŝ' = ŝ_total / N_w`` re-measured). The job holds its
     plan's cores; the partition's free cores bound any growth, and a growth that does not fit is no plan."""
     if isinstance(hot_threshold, bool) or not isinstance(hot_threshold, int | float) or not 0 < hot_threshold <= 1:
@@ -370,7 +374,8 @@ def adjust(
         cores = list(plan.ps_cores)
         for j in hot:
             need = usage.ps_cpu[j] / max(s_total_used, 1e-9) * estimates.s_hat * workers.count
-            cores[j] = max(cores[j], min(math.ceil(need - 1e-9), partition.cores_per_node))
+            # at least one core more: a PS at its threshold is saturated, so its reading is below what it would use
+            cores[j] = max(cores[j], min(max(math.ceil(need - 1e-9), cores[j] + 1), partition.cores_per_node))
         if tuple(cores) == plan.ps_cores or sum(cores) + workers.total_cores > available:
             return None
         return _adjusted(

@@ -13,9 +13,14 @@ done, from which a lost parameter server is recovered in the running job.
 The allocation holds room for the job master, D PS and B workers, N cores each. With fixed sizes (``A == B`` and
 ``C == D``) the job runs C parameter servers and B workers. With a range to choose from, DLRover's Brain chooses
 (:class:`hpc_elastic.ps.brain_agent.BrainAgent`, beside the job master): it starts the job with its sample plan,
-then applies its optimize and adjust plans as new steps, never beyond the ``(B + D) · N`` cores of the allocation
-that the master does not hold, each process of at most N cores (the allocation's task size, so that a step always
-fits a node of it); its steps go into the status (``brain``).
+then applies its optimize and adjust plans as new steps. Its budget ``C_total`` is the ``(B + D) · N`` cores asked
+for; its partition is the allocation: the cores the master does not hold (an allocation of whole nodes, say with
+``--exclusive``, holds more than the budget: Brain's adjust may grow into them, as the paper lets it), and ``C_max``
+the largest share of a node beside the master, so that a hot PS may be replaced by a step of more than N cores.
+Each step goes on a node of the allocation where it fits (:mod:`hpc_elastic.ps.placement`, from
+``SLURM_JOB_NODELIST`` and ``SLURM_JOB_CPUS_PER_NODE``); a plan whose steps fit no node is refused with the reason,
+and a step Slurm does not start within a bound rolls the plan back (:class:`hpc_elastic.ps.brain_agent.BrainAgent`).
+Brain's steps and refusals go into the status (``brain``).
 
 Out of memory: a process whose step ended other than cleanly is looked up in Slurm's accounting
 (:meth:`PsWrapper.step_end`); one Slurm ended for its memory comes back as a new step with the memory of Brain's
@@ -45,7 +50,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
@@ -65,10 +70,12 @@ from hpc_elastic.policy.brain import Group, JobLimits, Partition, Range, Resourc
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher
+from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher, StepNotPlaced
+from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm import connect
 from hpc_elastic.slurm.client import SlurmClient
 from hpc_elastic.slurm.errors import SlurmError
+from hpc_elastic.slurm.parse import expand_hostlist
 from hpc_elastic.slurm.types import Step
 
 #: the PS job checkpoints parameters, queues and ledger after every this many shards done
@@ -101,20 +108,31 @@ class PsWrapperConfig:
         """The cores of the allocation beside the job master's."""
         return (self.workers_range[1] + self.ps_range[1]) * self.cpus_per_worker
 
-    def brain(self) -> BrainAgent | None:
-        """Brain for a job with sizes to choose (a range of workers or of PS), else None."""
+    def brain(self, nodes: Nodes | None = None) -> BrainAgent | None:
+        """Brain for a job with sizes to choose (a range of workers or of PS), else None. Its budget is the cores
+        asked for (:attr:`cores`); given the allocation's ``nodes``, it may use their cores beside the job master's
+        task and a process may have the largest share of a node beside it; without them (local processes), the
+        budget and processes of at most the task size."""
         (w_lo, w_hi), (p_lo, p_hi) = self.workers_range, self.ps_range
         if w_lo == w_hi and p_lo == p_hi:
             return None
         config = self.job_config()
         steps = config.epochs * -(-config.num_samples // config.batch_size)
         limits = JobLimits(c_total=self.cores, workers=Range(w_lo, w_hi), ps=Range(p_lo, p_hi), total_steps=steps)
+        cores, c_max = self.cores, self.cpus_per_worker
+        if nodes is not None:
+            master = nodes.place(self.cpus_per_worker, {})
+            if master is None:
+                raise ValueError(f"no node of the allocation {nodes.cpus} holds the job master's task")
+            beside = {master: self.cpus_per_worker}
+            cores, c_max = nodes.total - self.cpus_per_worker, nodes.largest_free(beside)
         return BrainAgent(
             limits,
-            cores=self.cores,
-            cores_per_node=self.cpus_per_worker,
-            mem_per_node_mb=STEP_MEM_MB_PER_CPU * self.cpus_per_worker,
+            cores=cores,
+            cores_per_node=c_max,
+            mem_per_node_mb=STEP_MEM_MB_PER_CPU * c_max,
             window_s=BRAIN_WINDOW_S,
+            hot_threshold=config.hot_threshold,
         )
 
 
@@ -128,23 +146,25 @@ class ScaleDecision:
 
 
 def decide_scale(
-    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig
+    request: ScaleRequest, workers: int, ps_cores: tuple[int, ...], config: PsWrapperConfig, cores: int
 ) -> ScaleDecision:
-    """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): within the
-    job's ranges and the allocation's cores beside the master (:attr:`PsWrapperConfig.cores`), a new PS and every
-    worker of ``cpus_per_worker`` cores, a PS removed the last one."""
+    """A scale request against the running job (``workers`` workers, PS of ``ps_cores`` cores each): the counts
+    asked for (the running ones where the request leaves one out), within the job's ranges; the job it asks for is
+    the user's shape, every process of the job's task size (``cpus_per_worker``: :func:`apply_sizes` replaces the
+    processes Brain gave another size), at most the allocation's ``cores`` beside the master
+    (:meth:`PsWrapper.allocation_cores`). Whether its steps fit the nodes is :meth:`PsWrapper.scale`'s check."""
     want_w = request.workers if request.workers is not None else workers
     want_p = request.ps if request.ps is not None else len(ps_cores)
     for what, value, (lo, hi) in (("workers", want_w, config.workers_range), ("ps", want_p, config.ps_range)):
         if not lo <= value <= hi:
             return ScaleDecision(workers, len(ps_cores), f"{what} {value} is outside the job's range {lo}:{hi}")
-    cpw = config.cpus_per_worker
-    cores = want_w * cpw + sum(ps_cores[:want_p]) + max(0, want_p - len(ps_cores)) * cpw
-    if cores > config.cores:
+    need = (want_w + want_p) * config.cpus_per_worker
+    if need > cores:
         return ScaleDecision(
             workers,
             len(ps_cores),
-            f"{want_w} workers and {want_p} PS need {cores} cores; the allocation has {config.cores}",
+            f"{want_w} workers and {want_p} PS of {config.cpus_per_worker} cores need {need} cores; the allocation "
+            f"has {cores}",
         )
     return ScaleDecision(want_w, want_p)
 
@@ -206,6 +226,7 @@ class PsWrapper:
         launcher: PsLauncher = PsLauncher.SRUN,
         clock: Callable[[], float] = time.time,
         steps: Callable[[int], list[Step]] | None = None,
+        liveness_s: float | None = None,
     ) -> None:
         if job.job_id is None:
             raise ValueError("hpc-elastic-run --mode=ps runs inside a Slurm allocation (no SLURM_JOB_ID)")
@@ -216,6 +237,7 @@ class PsWrapper:
         self.clock = clock
         self.job_dir = job_dir_of(config.ckpt_root, job)
         self.steps = steps  # a job's steps from Slurm's accounting: how a process's step ended (out of memory?)
+        self.liveness_s = liveness_s  # the job master's worker liveness timeout (default: the master's own)
         self.ps_job: PsJob | None = None
         self.usr1 = False
         #: the stop acted on: its reason and when it was requested
@@ -245,10 +267,21 @@ class PsWrapper:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def nodes(self) -> Nodes | None:
+        """The allocation's nodes and CPUs on each, where the steps are placed (``srun``); None for local processes.
+        ``ValueError`` when Slurm's environment does not tell them."""
+        if self.launcher is not PsLauncher.SRUN:
+            return None
+        names, counts = expand_hostlist(self.job.node_list), self.job.cpus_per_node
+        if not names or not counts:
+            raise ValueError("SLURM_JOB_NODELIST and SLURM_JOB_CPUS_PER_NODE must tell the allocation's nodes")
+        return Nodes.of(names, counts)
+
     def _run(self, restore: bool) -> int:
         config = self.config
         job_config, ps_cpus = config.job_config(), None
-        agent = config.brain()
+        nodes = self.nodes()
+        agent = config.brain(nodes)
         if agent is not None:
             first = agent.initial_plan()
             job_config, ps_cpus = replace(job_config, num_ps=first.num_ps, num_workers=0), first.ps_cores[0]
@@ -271,6 +304,8 @@ class PsWrapper:
             ps_cpus=ps_cpus,
             step_end=self.step_end if self.steps is not None else None,
             memory_after_oom=self.memory_after_oom,
+            nodes=nodes,
+            liveness_s=self.liveness_s,
         )
         self.ps_job = ps_job
         with ps_job:
@@ -282,6 +317,8 @@ class PsWrapper:
                     if not ps_job.workers:
                         ps_job.add_worker()
             outcome, status = self.watch(ps_job)
+            if outcome is Outcome.FINISHED:  # while the PS still run
+                status["held_out"] = ps_job.held_out()
         if outcome is Outcome.FINISHED:
             if agent is not None:
                 status["brain"] = agent.report()
@@ -380,11 +417,36 @@ class PsWrapper:
             return self._reply(ps_job, None, str(exc))
         if request is None:
             return None
-        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config)
-        if decision.refusal is not None:
+        cores = self.allocation_cores(ps_job)
+        decision = decide_scale(request, len(ps_job.workers), ps_job.ps_cores, self.config, cores)
+        if decision.refusal is None:
+            decision = replace(decision, refusal=self.node_refusal(ps_job, decision))
+        if decision.refusal is not None:  # refused before any step is stopped or started
             return self._reply(ps_job, request.requested_at, decision.refusal)
-        apply_sizes(ps_job, decision.workers, decision.ps)
+        try:
+            apply_sizes(ps_job, decision.workers, decision.ps, self.config.cpus_per_worker)
+        except StepNotPlaced as exc:  # a PS step Slurm did not start within the bound: the job goes on from here
+            return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
+
+    def node_refusal(self, ps_job: PsJob, decision: ScaleDecision) -> str | None:
+        """Why applying a scale decision would start a step that fits no node of the allocation: :func:`apply_sizes`
+        tried on the job's :class:`Books` first; None when every step fits, or for local processes."""
+        books = Books.of(ps_job)
+        if books is None:
+            return None
+        try:
+            apply_sizes(books, decision.workers, decision.ps, self.config.cpus_per_worker)
+        except StepNotPlaced as exc:
+            return str(exc)
+        return None
+
+    def allocation_cores(self, ps_job: PsJob) -> int:
+        """The allocation's cores beside the job master's task: of its nodes (``srun``), else
+        :attr:`PsWrapperConfig.cores`."""
+        if ps_job.nodes is None:
+            return self.config.cores
+        return ps_job.nodes.total - self.config.cpus_per_worker
 
     def _reply(self, ps_job: PsJob, requested_at: float | None, refusal: str | None) -> ScaleReply:
         workers, ps = len(ps_job.workers), len(ps_job.ps)
@@ -472,19 +534,117 @@ def _master_ended(ps_job: PsJob) -> bool:
     return ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None
 
 
-def apply_sizes(ps_job: PsJob, workers: int, ps: int) -> None:
-    """Scale the running job to ``workers`` workers and ``ps`` PS, each change an ``srun`` step inside the
-    allocation: the newest workers leave first (SIGTERM: their shards go back to TODO), then PS are removed or added
-    (each a re-partition of the parameters while the workers wait), then workers are added, so that the cores freed
-    come before the cores taken."""
-    for worker in list(ps_job.workers)[workers:]:
-        ps_job.kill_worker(worker, signal.SIGTERM)
-    while len(ps_job.ps) > ps:
-        ps_job.remove_ps()
-    while len(ps_job.ps) < ps:
-        ps_job.add_ps()
-    while len(ps_job.workers) < workers:
-        ps_job.add_worker()
+class Scalable(Protocol):
+    """What :func:`apply_sizes` changes: a running :class:`hpc_elastic.ps.job.PsJob`, or :class:`Books` of one."""
+
+    @property
+    def worker_cores(self) -> dict[str, int]: ...
+
+    @property
+    def ps_cores(self) -> tuple[int, ...]: ...
+
+    def kill_worker(self, worker: str, sig: signal.Signals = ...) -> object: ...
+
+    def remove_ps(self, index: int = ...) -> object: ...
+
+    def replace_ps(self, index: int, cpus: int) -> object: ...
+
+    def add_ps(self, cpus: int | None = ..., mem_mb: int | None = ...) -> object: ...
+
+    def add_worker(self, delay: float | None = ..., cpus: int | None = ..., mem_mb: int | None = ...) -> object: ...
+
+
+def apply_sizes(job: Scalable, workers: int, ps: int, cpus: int) -> None:
+    """Scale the running job to ``workers`` workers and ``ps`` PS of ``cpus`` cores each (the job's task size: a
+    user's request takes the job from Brain, whose plans may have given processes other sizes), each change an
+    ``srun`` step inside the allocation, the cores freed before the cores taken: the workers not kept leave
+    (SIGTERM: their shards go back to TODO; kept are the oldest of the task size), PS are removed (those of another
+    size first), a PS of another size is replaced by one of the task size, PS are added (each a re-partition of the
+    parameters while the workers wait), then workers are added (DLRover's worker and PS elasticity, paper §5.3)."""
+    keep = [w for w, c in job.worker_cores.items() if c == cpus][:workers]
+    for worker in [w for w in job.worker_cores if w not in keep][::-1]:  # the newest first
+        job.kill_worker(worker, signal.SIGTERM)
+    while len(job.ps_cores) > ps:
+        other = [i for i, c in enumerate(job.ps_cores) if c != cpus]
+        job.remove_ps(other[-1] if other else -1)
+    while other := [i for i, c in enumerate(job.ps_cores) if c != cpus]:
+        job.replace_ps(other[0], cpus)
+    while len(job.ps_cores) < ps:
+        job.add_ps(cpus)
+    while len(job.worker_cores) < workers:
+        job.add_worker(cpus=cpus)
+
+
+class Books:
+    """The srun launcher's books of a running job (the node and cores of each step, placed as
+    :meth:`hpc_elastic.ps.job.PsJob` places them), on which :func:`apply_sizes` is tried first: every step it would
+    start, in its order, beside those it would have stopped by then. Pure: no process is touched."""
+
+    def __init__(self, nodes: Nodes, master: tuple[str, int], workers: dict[str, tuple[str, int]],
+                 ps: list[tuple[str, int]]) -> None:  # fmt: skip
+        self.nodes = nodes
+        self._steps: dict[str, tuple[str, int]] = {"master": master, **workers}
+        self._workers = list(workers)
+        self._ps: list[str] = []
+        self._n = 0
+        for node, cores in ps:
+            self._ps.append(self._name("ps"))
+            self._steps[self._ps[-1]] = (node, cores)
+
+    @classmethod
+    def of(cls, job: PsJob) -> Books | None:
+        """The books of ``job``'s placed steps; None for local processes."""
+        steps = [job.master_proc, *job.workers.values(), *job.ps]
+        if job.nodes is None or any(p is None or p.node is None for p in steps):
+            return None
+        assert job.master_proc is not None and job.master_proc.node is not None
+        placed = {w: (p.node, p.cpus) for w, p in job.workers.items() if p.node is not None}
+        return cls(job.nodes, (job.master_proc.node, job.master_proc.cpus), placed,
+                   [(p.node, p.cpus) for p in job.ps if p.node is not None])  # fmt: skip
+
+    def _name(self, kind: str) -> str:
+        self._n += 1
+        return f"new-{kind}{self._n}"
+
+    def _place(self, name: str, what: str, cpus: int) -> None:
+        held: dict[str, int] = {}
+        for on, cores in self._steps.values():
+            held[on] = held.get(on, 0) + cores
+        node = self.nodes.place(cpus, held)
+        if node is None:
+            raise StepNotPlaced(f"a new {what}: {self.nodes.refusal([cpus], held)}")
+        self._steps[name] = (node, cpus)
+
+    @property
+    def worker_cores(self) -> dict[str, int]:
+        return {w: self._steps[w][1] for w in self._workers}
+
+    @property
+    def ps_cores(self) -> tuple[int, ...]:
+        return tuple(self._steps[p][1] for p in self._ps)
+
+    def kill_worker(self, worker: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        self._workers.remove(worker)
+        del self._steps[worker]
+
+    def remove_ps(self, index: int = -1) -> None:
+        del self._steps[self._ps.pop(index)]
+
+    def replace_ps(self, index: int, cpus: int) -> None:
+        self.add_ps(cpus)
+        self.remove_ps(index)
+
+    def add_ps(self, cpus: int | None = None, mem_mb: int | None = None) -> None:
+        assert cpus is not None
+        name = self._name("ps")
+        self._place(name, "PS", cpus)
+        self._ps.append(name)
+
+    def add_worker(self, delay: float | None = None, cpus: int | None = None, mem_mb: int | None = None) -> None:
+        assert cpus is not None
+        name = self._name("w")
+        self._place(name, "worker", cpus)
+        self._workers.append(name)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -16,11 +16,14 @@ The decisions are :mod:`hpc_elastic.policy.brain`'s (pure); this module reads th
 A plan is applied through :class:`~hpc_elastic.ps.job.PsJob`: workers of another size or beyond the plan's count
 scaled in (SIGTERM: their shards go back to TODO), PS of sizes the plan drops removed and the new ones added (each a
 re-partition while the workers wait; a hot PS is thus replaced by a larger one), workers added; every process of
-its plan's cores (an ``srun --exact`` step of them, or pinned to cores of its own here). No plan exceeds ``cores``,
-the cores the PS job may use (the allocation's, less the job master's): Brain is given the cores not held as the
-partition's free ones. Memory per process follows the cores (``STEP_MEM_MB_PER_CPU`` per core), at least what an
-out-of-memory end gave its role: a process whose step Slurm ended for its memory comes back with twice it
-(:func:`~hpc_elastic.policy.brain.out_of_memory`, asked by the job's launcher whenever it polls, see
+its plan's cores (an ``srun --exact`` step of them, or pinned to cores of its own here). Under ``srun`` a plan must
+also fit the allocation's nodes (:meth:`BrainAgent.refusal`: the new steps placed beside those the plan keeps);
+one that does not is refused with the reason (``refused`` in the report) and the job trains on with the plan it has;
+a step Slurm still does not start (:class:`~hpc_elastic.ps.job.StepNotPlaced`) rolls the job back to the plan it had.
+No plan exceeds ``cores``, the cores the PS job may use (the allocation's, less the job master's): Brain is given
+the cores not held as the partition's free ones. Memory per process follows the cores (``STEP_MEM_MB_PER_CPU`` per
+core), at least what an out-of-memory end gave its role: a process whose step Slurm ended for its memory comes back
+with twice it (:func:`~hpc_elastic.policy.brain.out_of_memory`, asked by the job's launcher whenever it polls, see
 :mod:`hpc_elastic.ps.allocation`).
 """
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_elastic.policy.brain import (
+    DEFAULT_HOT_THRESHOLD,
     Estimates,
     JobLimits,
     Partition,
@@ -45,7 +49,7 @@ from hpc_elastic.policy.brain import (
     sample_plan,
 )
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU
-from hpc_elastic.ps.job import START_TIMEOUT_S, ProcessFailed, PsJob
+from hpc_elastic.ps.job import START_TIMEOUT_S, ProcessFailed, PsJob, StepNotPlaced
 from hpc_elastic.ps.rpc import RemoteError
 
 #: adjust steps at most, after optimize
@@ -116,6 +120,53 @@ class BrainStep:
         )
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A plan Brain chose and did not apply (or rolled back), and why."""
+
+    stage: Stage
+    plan: ResourcePlan
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        w = self.plan.workers
+        return {"stage": self.stage.value, "workers": w.count, "worker_cores": w.cores,
+                "ps_cores": list(self.plan.ps_cores), "reason": self.reason}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What applying a plan does to the running job: the workers stopped, the PS removed (their indices now), the
+    PS added (their cores), the workers added (their count, each of the plan's worker cores); ``kept_ps``: the index
+    of a PS that is to go but stays until the new ones hold the parameters (every PS of the job is to go)."""
+
+    stop_workers: tuple[str, ...]
+    drop_ps: tuple[int, ...]
+    add_ps: tuple[int, ...]
+    add_workers: int
+    kept_ps: int | None
+
+
+def changes(plan: ResourcePlan, worker_cores: Mapping[str, int], ps_cores: tuple[int, ...]) -> Changes:
+    """The changes that make a job of workers ``worker_cores`` (id -> cores, oldest first) and PS ``ps_cores`` that
+    of ``plan``: workers of another size, then the newest beyond the plan's count, stop; PS of sizes the plan does
+    not keep go, PS of the sizes it lacks come."""
+    w = plan.workers
+    stop = [worker for worker, cores in worker_cores.items() if cores != w.cores]
+    staying = [worker for worker in worker_cores if worker not in stop]
+    stop += staying[w.count :]
+    want = list(plan.ps_cores)
+    drop: list[int] = []
+    for index, cores in enumerate(ps_cores):
+        if cores in want:
+            want.remove(cores)
+        else:
+            drop.append(index)
+    kept = drop[0] if drop and len(drop) == len(ps_cores) else None
+    add = tuple(sorted(want, reverse=True))  # the largest first, as the books place them
+    return Changes(tuple(stop), tuple(drop), add, max(w.count - len(staying), 0), kept)
+
+
 class Interrupted(Exception):
     """The job's wrapper has something to do (a stop, a user's scale request): Brain hands the job back."""
 
@@ -136,6 +187,7 @@ class BrainAgent:
         mem_per_node_mb: int,
         window_s: float = 3.0,
         max_adjust: int = DEFAULT_MAX_ADJUST,
+        hot_threshold: float = DEFAULT_HOT_THRESHOLD,
     ) -> None:
         if cores < 2 or cores_per_node < 1 or window_s <= 0 or max_adjust < 0:
             raise ValueError(
@@ -148,7 +200,9 @@ class BrainAgent:
         self.mem_per_node_mb = mem_per_node_mb
         self.window_s = window_s
         self.max_adjust = max_adjust
+        self.hot_threshold = hot_threshold
         self.steps: list[BrainStep] = []
+        self.refused: list[Refusal] = []
         self.interrupted = False  # whether :meth:`run` handed the job back before it was done
         self._interrupt: Callable[[], bool] = _never
 
@@ -196,31 +250,61 @@ class BrainAgent:
         self._sleep(job, self.window_s)
         return usage_between(before, self.read(job), plan)
 
+    def refusal(self, job: PsJob, plan: ResourcePlan) -> str | None:
+        """Why ``plan`` cannot be applied to ``job`` (its new steps fit no node of the allocation beside the steps
+        it keeps, :meth:`hpc_elastic.ps.placement.Nodes.refusal`), or None; always None without the allocation's
+        nodes (the local launcher)."""
+        if job.nodes is None:
+            return None
+        change = changes(plan, job.worker_cores, job.ps_cores)
+        held = job.held_by_node()
+        gone = [job.workers[w] for w in change.stop_workers]
+        gone += [job.ps[i] for i in change.drop_ps if i != change.kept_ps]
+        for proc in gone:
+            if proc.node is not None:
+                held[proc.node] -= proc.cpus
+        # in the order apply() goes: the new PS beside a PS kept for the parameters, then, that one gone, the workers
+        held, reason = job.nodes.placed(change.add_ps, held)
+        if reason is not None:
+            return reason
+        if change.kept_ps is not None:
+            kept = job.ps[change.kept_ps]
+            if kept.node is not None:
+                held[kept.node] -= kept.cpus
+        return job.nodes.refusal([plan.workers.cores] * change.add_workers, held)
+
     def apply(self, job: PsJob, plan: ResourcePlan) -> None:
         """Make the job's processes those of ``plan`` (see the module's docstring)."""
         if plan.total_cores > self.cores:
             raise ValueError(f"a plan of {plan.total_cores} cores exceeds the job's {self.cores}")
-        w = plan.workers
-        for worker, cores in list(job.worker_cores.items()):
-            if cores != w.cores:
-                job.kill_worker(worker, signal.SIGTERM)
-        while len(job.workers) > w.count:
-            job.kill_worker(list(job.workers)[-1], signal.SIGTERM)
-        want = list(plan.ps_cores)
-        drop: list[int] = []
-        for cores in job.ps_cores:
-            if cores in want:
-                want.remove(cores)
-            else:
-                drop.append(cores)
-        while drop and len(job.ps) > 1:  # keep one PS: the parameters must live somewhere
-            job.remove_ps(job.ps_cores.index(drop.pop()))
-        for cores in want:
+        change = changes(plan, job.worker_cores, job.ps_cores)
+        for worker in change.stop_workers:
+            job.kill_worker(worker, signal.SIGTERM)
+        drop = [job.ps[i] for i in change.drop_ps]
+        kept = job.ps[change.kept_ps] if change.kept_ps is not None else None
+        for proc in drop:  # one kept while all go: the parameters must live somewhere
+            if proc is not kept:
+                job.remove_ps(job.ps.index(proc))
+        for cores in change.add_ps:
             job.add_ps(cores)
-        for cores in drop:
-            job.remove_ps(job.ps_cores.index(cores))
-        while len(job.workers) < w.count:
-            job.add_worker(cpus=w.cores)
+        if kept is not None:
+            job.remove_ps(job.ps.index(kept))
+        for _ in range(change.add_workers):
+            job.add_worker(cpus=plan.workers.cores)
+
+    def change_to(self, job: PsJob, plan: ResourcePlan, current: ResourcePlan) -> bool:
+        """Apply ``plan`` to the job running ``current``, unless it does not fit the allocation; a step Slurm did
+        not start rolls the job back to ``current``. Whether ``plan`` runs now (else its refusal is recorded)."""
+        reason = self.refusal(job, plan)
+        if reason is None:
+            try:
+                self.apply(job, plan)
+                return True
+            except StepNotPlaced as exc:
+                reason = f"{exc}; rolled back"
+                self.apply(job, current)
+        self.refused.append(Refusal(plan.stage, plan, reason))
+        return False
 
     def run(self, job: PsJob, interrupt: Callable[[], bool] = _never) -> list[BrainStep]:
         """Sample, optimize, then adjust ``job`` until Brain finds nothing to fix or ``max_adjust`` steps were
@@ -235,21 +319,27 @@ class BrainAgent:
 
     def _run(self, job: PsJob) -> list[BrainStep]:
         plan = self.initial_plan()
+        reason = self.refusal(job, plan)
+        if reason is not None:
+            raise StepNotPlaced(f"Brain's sample plan does not fit the allocation: {reason}")
         self.apply(job, plan)
         usage, rate = self.measure(job, plan)
         estimates = estimate(usage)
         self.steps.append(BrainStep(Stage.SAMPLE, plan, rate, estimates))
         held = plan.total_cores
-        plan = optimize(estimates, self.limits, self.partition(held), ps_mem_mb=STEP_MEM_MB_PER_CPU, held_cores=held)
-        self.apply(job, plan)
+        found = optimize(estimates, self.limits, self.partition(held), ps_mem_mb=STEP_MEM_MB_PER_CPU, held_cores=held)
+        if not self.change_to(job, found, plan):
+            return self.steps
+        plan = found
         usage, rate = self.measure(job, plan)
         self.steps.append(BrainStep(Stage.OPTIMIZE, plan, rate))
         for _ in range(self.max_adjust):
-            found = adjust(usage, estimates, self.limits, self.partition(plan.total_cores))
-            if found is None:
+            adjusted = adjust(
+                usage, estimates, self.limits, self.partition(plan.total_cores), hot_threshold=self.hot_threshold
+            )
+            if adjusted is None or not self.change_to(job, adjusted, plan):
                 break
-            plan = found
-            self.apply(job, plan)
+            plan = adjusted
             usage, rate = self.measure(job, plan)
             self.steps.append(BrainStep(Stage.ADJUST, plan, rate))
         return self.steps
@@ -275,5 +365,6 @@ class BrainAgent:
             "cores": self.cores,
             "steps": steps,
             "adjust_steps": self.adjust_steps,
+            "refused": [r.to_json() for r in self.refused],
             "interrupted": self.interrupted,
         }

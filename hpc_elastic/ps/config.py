@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from hpc_elastic.policy.brain import DEFAULT_HOT_THRESHOLD
 from hpc_elastic.ps.data import CriteoSpec
 from hpc_elastic.ps.model import ModelSpec
 from hpc_elastic.ps.shards import ShardConfig
@@ -44,11 +45,18 @@ class PsJobConfig:
     # MiB a worker adds to its resident set once it finished its first shard (a worker whose embedding cache grows
     # as it trains): the knob that makes a worker outgrow its step's memory, to exercise the out-of-memory path
     worker_ballast_mb: int = 0
+    # the share of its cores a PS uses at which Brain's adjust calls it hot and replaces it by a larger one
+    # (DLRover's ``optimizer.ps.cpu.hot-threshold``)
+    hot_threshold: float = DEFAULT_HOT_THRESHOLD
 
     def __post_init__(self) -> None:
         minimum = {"num_ps": 1, "num_workers": 0, "seed": 0, "max_retries": 0, "worker_ballast_mb": 0}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "hot_threshold":
+                if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                    raise ValueError(f"hot_threshold must be a number in (0, 1], not {value!r}")
+                continue
             if f.name == "lr":
                 if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                     raise ValueError(f"lr must be a positive number, not {value!r}")

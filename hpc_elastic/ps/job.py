@@ -25,6 +25,13 @@ process that ended out of memory (:attr:`hpc_elastic.slurm.types.Step.out_of_mem
 asks ``memory_after_oom`` (Brain's decision) for the memory it comes back with: a worker is reported lost (its shards
 go back to TODO) and a new worker of that memory starts; a PS is replaced, as any lost PS, by one of that memory.
 Each such end is kept in ``oom`` (for the job's status).
+
+Placement: given the allocation's nodes (:class:`hpc_elastic.ps.placement.Nodes`), the ``srun`` launcher keeps the
+books of the cores its steps hold on each node and starts every step on a node it names (``--nodelist``), the one
+:meth:`~hpc_elastic.ps.placement.Nodes.place` picks; a step that fits no node is refused before it starts
+(:class:`StepNotPlaced`), and one that Slurm still cannot start within :data:`STEP_PENDING_S` (``--immediate``: the
+books and Slurm disagree, say on memory) fails instead of pending; a PS added that way is taken back out, so the job
+goes on with the PS it had.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.policy.brain import Role
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
+from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
 from hpc_elastic.slurm import commands
 from hpc_elastic.slurm.types import Step
@@ -54,10 +62,16 @@ from hpc_elastic.slurm.types import Step
 #: how long a server process may take to listen
 START_TIMEOUT_S = 120.0
 POLL_S = 0.05
+#: seconds a step may wait for its resources inside the allocation before it fails (``srun --immediate``)
+STEP_PENDING_S = 30
 
 
 class ProcessFailed(HpcElasticError):
     """A process of the PS job died before it was ready, or the job did not finish in time."""
+
+
+class StepNotPlaced(HpcElasticError):
+    """A new step fits no node of the allocation, or Slurm did not start it within :data:`STEP_PENDING_S`."""
 
 
 #: ``--bind`` value of a server process: the address its node's host name resolves to
@@ -80,6 +94,7 @@ class _Proc:
     log: IO[bytes]
     cpus: int = 1
     mem_mb: int = STEP_MEM_MB_PER_CPU
+    node: str | None = None  # the node of the allocation its step runs on, where the launcher placed it
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,7 @@ class PsJob:
         liveness_s: float | None = None,
         step_end: Callable[[str], Step | None] | None = None,
         memory_after_oom: Callable[[OutOfMemory], int] | None = None,
+        nodes: Nodes | None = None,
     ) -> None:
         if restore and checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
@@ -161,33 +177,56 @@ class PsJob:
         self.memory_after_oom = memory_after_oom
         self.oom: list[OomRecord] = []
         self.mem_floor: dict[Role, int] = {}  # after an out-of-memory end: the least memory of a new process of a role
+        if nodes is not None and self.launcher is not PsLauncher.SRUN:
+            raise ValueError("nodes are the srun launcher's: the local one pins processes to this machine's cores")
+        self.nodes = nodes  # the allocation's nodes: each step placed on one of them (srun)
+        self._held: dict[int, tuple[str, int]] = {}  # pid -> the node its step runs on and the cores it holds
 
     # -- processes -----------------------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str], cpus: int | None = None, mem_mb: int | None = None) -> _Proc:
+    def _spawn(
+        self, name: str, args: list[str], cpus: int | None = None, mem_mb: int | None = None, *, pin: bool = True
+    ) -> _Proc:
         """Start one process of ``cpus`` cores (default: ``cpus_per_process``) and ``mem_mb`` MiB (default:
         ``STEP_MEM_MB_PER_CPU`` per core): a step of exactly that many under ``srun``; here, pinned to that many
-        cores of its own while this machine has them free (else unpinned; the memory is Slurm's to enforce)."""
+        cores of its own while this machine has them free (else, or not to ``pin``, unpinned; the memory is
+        Slurm's to enforce)."""
         cpus = self.cpus_per_process if cpus is None else cpus
         mem_mb = STEP_MEM_MB_PER_CPU * cpus if mem_mb is None else mem_mb
         if cpus < 1 or mem_mb < 1:
             raise ValueError(f"a process needs at least one core and 1 MiB, not {cpus} cores and {mem_mb} MiB")
+        node = None
+        if self.nodes is not None:
+            node = self.nodes.place(cpus, self.held_by_node())
+            if node is None:
+                raise StepNotPlaced(f"{name}: {self.nodes.refusal([cpus], self.held_by_node())}")
         log = (self.run_dir / f"{name}.log").open("ab")
         argv = [sys.executable, "-m", "hpc_elastic.ps", *args]
         if self.launcher is PsLauncher.SRUN:
-            argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=mem_mb)
+            pending = STEP_PENDING_S if node is not None else None
+            argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=mem_mb, node=node, immediate_s=pending)
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
-        if self.launcher is PsLauncher.LOCAL and len(self._free_cores) >= cpus:
+        if node is not None:
+            self._held[popen.pid] = (node, cpus)
+        if self.launcher is PsLauncher.LOCAL and pin and len(self._free_cores) >= cpus:
             cores, self._free_cores = self._free_cores[:cpus], self._free_cores[cpus:]
             self._pinned[popen.pid] = cores
             with contextlib.suppress(ProcessLookupError):  # it died at once: its exit is seen as any other
                 os.sched_setaffinity(popen.pid, cores)
-        return _Proc(name, popen, log, cpus, mem_mb)
+        return _Proc(name, popen, log, cpus, mem_mb, node)
 
     def _release(self, proc: _Proc) -> None:
         """The process ended: its log closed, its cores free again."""
         proc.log.close()
         self._free_cores = sorted(self._free_cores + self._pinned.pop(proc.popen.pid, []))
+        self._held.pop(proc.popen.pid, None)
+
+    def held_by_node(self) -> dict[str, int]:
+        """The cores the job's steps hold on each node of the allocation (placed steps only)."""
+        held: dict[str, int] = {}
+        for node, cpus in self._held.values():
+            held[node] = held.get(node, 0) + cpus
+        return held
 
     def _address(self, proc: _Proc) -> str:
         path = self.run_dir / f"{proc.name}.addr"
@@ -230,7 +269,8 @@ class PsJob:
             args.append("--restore")
         if self.liveness_s is not None:
             args += ["--liveness", str(self.liveness_s)]
-        self.master_proc = self._spawn("master", args)
+        # here the job master runs beside the others, unpinned: the cores are the PS's and the workers'
+        self.master_proc = self._spawn("master", args, pin=False)
         if self.master is not None:
             self.master.close()
         self.master = Client(self._address(self.master_proc), wait_for_ready=False)
@@ -284,7 +324,16 @@ class PsJob:
         move only, not for the new process to start). The master's reply: the number of PS, how long the move took."""
         assert self.master is not None, "start() first"
         p = len(self.ps)
-        self.ps.append(self._spawn_ps(p, p + 1, [], cpus, self._memory(Role.PS, cpus, mem_mb)))
+        new = self._spawn_ps(p, p + 1, [], cpus, self._memory(Role.PS, cpus, mem_mb))
+        try:
+            self._address(new)
+        except ProcessFailed as exc:  # its step never started (pending past the bound) or died at once
+            if new.popen.poll() is None:
+                new.popen.kill()
+            new.popen.wait()
+            self._release(new)
+            raise StepNotPlaced(f"a PS of {new.cpus} cores did not start: {exc}") from None
+        self.ps.append(new)
         reply, _ = self.master.call("repartition", {"ps": [self._address(q) for q in self.ps]})
         return reply
 
@@ -442,8 +491,16 @@ class PsJob:
         reply, _ = self.master.call("status")
         return reply
 
+    def held_out(self) -> dict[str, Any]:
+        """The model's mean log loss on records no worker trains on, now and initially
+        (:meth:`hpc_elastic.ps.master.Master.held_out`)."""
+        assert self.master is not None
+        reply, _ = self.master.call("held_out")
+        return reply
+
     def wait(self, timeout: float = 300.0) -> dict[str, Any]:
-        """Until training is finished and every worker has exited; the master's final status."""
+        """Until training is finished and every worker has exited; the master's final status, with the trained
+        model's held-out loss (``held_out``)."""
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
@@ -453,7 +510,7 @@ class PsJob:
                 time.sleep(POLL_S)
                 continue
             if status["finished"] and not self.workers:
-                return status
+                return {**status, "held_out": self.held_out()}
             if not self.workers and not status["finished"]:
                 raise ProcessFailed(f"no worker left and training not finished: {status['queues']}")
             if time.monotonic() > deadline:

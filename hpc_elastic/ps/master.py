@@ -40,6 +40,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,16 @@ import numpy as np
 
 from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.data import CriteoLike
+from hpc_elastic.ps.model import init_dense, init_rows, log_loss
 from hpc_elastic.ps.shards import DoneOutcome, LeaseStatus, Shard, ShardManager, ShardState
 
 #: seconds the master waits for a PS's answer (a lost PS does not answer at all)
 PS_TIMEOUT_S = 10.0
 #: shards whose losses are averaged for the loss at the start and at the end of training
 LOSS_WINDOW = 5
+#: records past the training set's (the same generator, ids ``num_samples`` on) on which the model is evaluated
+HELD_OUT = 5000
 #: seconds without a call after which a worker is declared lost (a worker calls at least every third of it)
 LIVENESS_S = 30.0
 
@@ -411,6 +416,22 @@ class Master:
             "epochs": epochs,
         }
 
+    def held_out(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
+        """The mean log loss on :data:`HELD_OUT` records no worker trains on, of the parameters the PS hold now
+        (``final``) and of the initial ones (``initial``): whether training learned. The per-shard training losses
+        (``loss_first``, ``loss_last``) are not a sound measure of it: shards differ in size (a straggler's are
+        split, §5.4, down to single records) and asynchronous SGD's losses are taken on parameters of any age."""
+        with self._lock:
+            if self._ps is None:
+                self._ps = [rpc.Client(a, timeout=PS_TIMEOUT_S) for a in self.ps_addresses]
+            parts = [checkpoint.PsSnapshot.from_arrays(c.call("snapshot")[1]) for c in self._ps]
+        merged, spec, data = checkpoint.merge(parts), self.config.model(), self.config.criteo()
+        n = data.num_samples
+        batch = CriteoLike(replace(data, num_samples=n + HELD_OUT)).records(n, n + HELD_OUT)
+        final = log_loss(spec, merged.dense, merged.ids, merged.rows, batch)
+        initial = log_loss(spec, init_dense(spec), merged.ids, init_rows(spec, merged.ids), batch)
+        return {"samples": HELD_OUT, "initial": initial, "final": final}, {}
+
     def stop(self, header: dict[str, Any], arrays: wire.Arrays) -> rpc.Reply:
         self.stopped.set()
         return {}, {}
@@ -425,5 +446,6 @@ class Master:
             "repartition": self.repartition,
             "replace_ps": self.replace_ps,
             "usage": self.usage,
+            "held_out": self.held_out,
             "stop": self.stop,
         }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hpc_elastic.ps.data import NUM_DENSE, NUM_SPARSE, mix64
+from hpc_elastic.ps.data import NUM_DENSE, NUM_SPARSE, Batch, mix64
 
 F32 = npt.NDArray[np.float32]
 
@@ -80,3 +80,25 @@ def init_rows(spec: ModelSpec, ids: npt.NDArray[np.int64]) -> F32:
     rows = np.zeros((ids.size, spec.row_width), dtype=np.float32)
     rows[:, : spec.dim] = (u * 0.1 - 0.05).astype(np.float32)
     return rows
+
+
+def logits(spec: ModelSpec, dense: dict[str, F32], rows: F32, x: F32) -> npt.NDArray[np.float64]:
+    """Logits ``(n,)`` of Wide & Deep for dense features ``x (n, 13)`` and embedding rows ``(n, 26, dim + 1)``: the
+    worker's forward pass (:func:`hpc_elastic.ps.worker.forward`) in numpy, for evaluation."""
+    emb, wide_w = rows[..., : spec.dim].astype(np.float64), rows[..., spec.dim].astype(np.float64)
+    h = np.concatenate([x.astype(np.float64), emb.reshape(x.shape[0], -1)], axis=1)
+    for k in range(len(spec.hidden)):
+        h = np.maximum(h @ dense[f"deep.{k}.w"] + dense[f"deep.{k}.b"], 0.0)
+    deep = (h @ dense["deep.out.w"] + dense["deep.out.b"])[:, 0]
+    wide = (x @ dense["wide.dense"])[:, 0] + wide_w.sum(axis=1) + dense["wide.bias"][0]
+    return np.asarray(deep + wide, dtype=np.float64)
+
+
+def log_loss(spec: ModelSpec, dense: dict[str, F32], ids: npt.NDArray[np.int64], rows: F32, batch: Batch) -> float:
+    """The mean binary cross-entropy of the model whose embedding rows ``rows`` are those of ``ids`` (any order) on
+    ``batch``."""
+    order = np.argsort(ids)
+    slots = order[np.searchsorted(ids, batch.ids, sorter=order)]
+    z = logits(spec, dense, rows[slots], batch.dense)
+    y = batch.label.astype(np.float64)
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))

@@ -264,18 +264,32 @@ def scontrol_ping() -> list[str]:
     return ["scontrol", "ping"]
 
 
-def srun_single(command: Sequence[str], *, name: str, cpus: int = 1, mem_mb: int = 1024) -> list[str]:
+def srun_single(
+    command: Sequence[str],
+    *,
+    name: str,
+    cpus: int = 1,
+    mem_mb: int = 1024,
+    node: str | None = None,
+    immediate_s: int | None = None,
+) -> list[str]:
     """``srun`` of one process as a step of its own inside an allocation (a PS-mode job's master, PS or worker):
     exactly ``cpus`` CPUs and ``mem_mb`` MB of the allocation (``--exact``), so the steps run side by side and one
-    started later (a worker added) gets its CPU while the others go on, or waits for one to be free."""
+    started later (a worker added) gets its CPU while the others go on, or waits for one to be free. ``node``: on
+    that node of the allocation (``--nodelist``); ``immediate_s``: the step fails when its resources are not free
+    within that many seconds (``--immediate``) instead of waiting for them."""
     if not command:
         raise ValueError("srun needs a command")
     if cpus < 1 or mem_mb < 1:
         raise ValueError(f"a step needs at least one CPU and 1 MB, got cpus={cpus} mem_mb={mem_mb}")
+    if immediate_s is not None and immediate_s < 1:
+        raise ValueError(f"--immediate needs at least one second, got {immediate_s}")
     return [
         "srun",
         "--ntasks=1",
         "--nodes=1",
+        *([f"--nodelist={node}"] if node is not None else []),
+        *([f"--immediate={immediate_s}"] if immediate_s is not None else []),
         f"--cpus-per-task={cpus}",
         f"--mem={mem_mb}M",
         "--exact",

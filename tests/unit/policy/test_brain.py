@@ -195,3 +195,24 @@ def test_usage_readings_must_match_the_plan() -> None:
     plan = ResourcePlan(Group(2, 4, 100), (8,), 100, Stage.SAMPLE)
     with pytest.raises(ValueError, match="ps_cpu has 2 readings for 1 processes"):
         Usage(plan, (1.0, 1.0), (1.0, 1.0), (1.0, 2.0))
+
+
+def test_a_hot_ps_below_its_estimated_need_still_gets_one_core_more_up_to_a_node() -> None:
+    # ŝ · N_w = 0.3 · 2 = 0.6 cores: the formula alone keeps 1 core; a PS at its threshold is saturated: 2 cores
+    plan = ResourcePlan(Group(2, 1, 1_000), (1,), 1_000, Stage.OPTIMIZE)
+    usage = _running(plan, 0.5, (0.95,))
+    new = adjust(usage, Estimates(0.5, 0.3, 1_000), JobLimits(3, Range(1, 2), Range(1, 1)), Partition(4, 8_000, 4))
+    assert new is not None and new.ps_cores == (2,) and new.workers == plan.workers
+    assert "hot PS 0 (0.95 of 1 cores -> 2)" in new.reasons[0]
+    # at a node's cores (C_max) already, or without a free core for it: no plan
+    at_max = ResourcePlan(Group(2, 1, 1_000), (4,), 1_000, Stage.ADJUST)
+    assert adjust(_running(at_max, 0.5, (3.9,)), Estimates(0.5, 0.3, 1_000), LIMITS, Partition(4, 8_000, 4)) is None
+    assert adjust(usage, Estimates(0.5, 0.3, 1_000), LIMITS, Partition(4, 8_000, 0)) is None
+    # a forced low threshold makes a lightly used PS hot
+    light = _running(plan, 0.5, (0.2,))
+    assert adjust(light, Estimates(0.5, 0.3, 1_000), LIMITS, Partition(4, 8_000, 4), hot_threshold=0.1) is not None
+
+
+def test_a_budget_of_a_few_cores_samples_with_fewer_ps() -> None:
+    plan = sample_plan(JobLimits(2, Range(1, 4), Range(1, 4)), Partition(2, 4_000, 2), mem_mb=1_000)
+    assert (plan.workers.count, plan.workers.cores, plan.ps_cores) == (1, 1, (1,))

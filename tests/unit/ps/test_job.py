@@ -47,6 +47,13 @@ def assert_exactly_once(status: dict[str, Any]) -> None:
         assert sum(epoch["samples_by_worker"].values()) == SMALL["num_samples"]
 
 
+def assert_learned(status: dict[str, Any]) -> None:
+    """The trained model's loss on records no worker trained on is below the untrained model's (the per-shard
+    training losses of asynchronous SGD, on shards of any size, are not a sound measure)."""
+    held = status["held_out"]
+    assert held["samples"] == 5000 and held["final"] < held["initial"] - 0.02, held
+
+
 def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=3, epochs=2, **SMALL)
     with PsJob(config, tmp_path) as job:
@@ -54,7 +61,7 @@ def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
     assert_exactly_once(status)
     assert status["lost"] == [] and status["requeued"] == 0
     assert status["shards_done"] >= 2 * 20
-    assert status["loss_last"] < status["loss_first"] - 0.03, status
+    assert_learned(status)
 
 
 def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
@@ -99,8 +106,9 @@ def test_a_ps_killed_mid_epoch_is_replaced_without_restarting_the_workers(tmp_pa
         where = checkpoint.latest(ckpt)
         assert where is not None
         _, state = checkpoint.read_queues(where)
-        restored = sum(e.end - e.start for e in state.ledger)
-        assert sum(after["epochs"][0]["samples_by_worker"].values()) == restored  # the ledger is the checkpoint's
+        # the ledger is the checkpoint's, epoch by epoch (training may have gone on into epoch 1 before the kill)
+        restored = [sum(e.end - e.start for e in state.ledger if e.epoch == k) for k in range(config.epochs)]
+        assert [sum(e["samples_by_worker"].values()) for e in after["epochs"]] == restored and sum(restored) > 0
         assert after["queues"]["doing"] == 0 and after["doing_by_worker"] == {}  # its DOING went back to TODO first
         for w in ("w0", "w1"):
             job.signal_worker(w, signal.SIGCONT)
@@ -108,7 +116,7 @@ def test_a_ps_killed_mid_epoch_is_replaced_without_restarting_the_workers(tmp_pa
     assert_exactly_once(status)
     assert status["lost"] == [] and sorted(status["registered"]) == ["w0", "w1"]  # the same workers went on
     assert [r["index"] for r in status["ps_replaced"]] == [1]
-    assert status["loss_last"] < status["loss_first"]
+    assert_learned(status)
 
 
 def test_a_frozen_worker_is_declared_lost_by_its_silence_and_its_late_report_refused(tmp_path: Path) -> None:
@@ -137,7 +145,7 @@ def test_a_frozen_worker_is_declared_lost_by_its_silence_and_its_late_report_ref
 def test_a_job_master_killed_mid_epoch_is_restarted_from_its_checkpoint(tmp_path: Path) -> None:
     config = PsJobConfig(num_workers=2, epochs=2, **SMALL)
     ckpt = tmp_path / "ckpt"
-    delays = {"w0": 0.02, "w1": 0.02}
+    delays = {"w0": 0.1, "w1": 0.1}  # an epoch of about 2 s: the kill comes in epoch 0 (about 0.4 s in)
     with PsJob(config, tmp_path, worker_delays=delays, checkpoint_dir=ckpt, checkpoint_every=4) as job:
         before = until(job, lambda s: s["checkpoint_seq"] >= 2)
         assert not before["epochs"][0]["complete"]  # mid-epoch 0
@@ -152,15 +160,16 @@ def test_a_job_master_killed_mid_epoch_is_restarted_from_its_checkpoint(tmp_path
         assert where is not None
         seq, state = checkpoint.read_queues(where)
         assert after["restored_from"] == seq >= 2
-        restored = sum(e.end - e.start for e in state.ledger)
-        assert sum(after["epochs"][0]["samples_by_worker"].values()) == restored  # the ledger is the checkpoint's
+        # the ledger is the checkpoint's, epoch by epoch (training may have gone on into epoch 1 before the kill)
+        restored = [sum(e.end - e.start for e in state.ledger if e.epoch == k) for k in range(config.epochs)]
+        assert [sum(e["samples_by_worker"].values()) for e in after["epochs"]] == restored and sum(restored) > 0
         assert after["queues"]["doing"] == 0 and after["registered"] == []  # DOING back in TODO, first
         for w in ("w0", "w1"):
             job.signal_worker(w, signal.SIGCONT)
         status = job.wait()
     assert_exactly_once(status)
     assert status["lost"] == [] and sorted(status["registered"]) == ["w0", "w1"]  # the same workers went on
-    assert status["loss_last"] < status["loss_first"]
+    assert_learned(status)
 
 
 def test_a_worker_added_mid_epoch_gets_shards(tmp_path: Path) -> None:

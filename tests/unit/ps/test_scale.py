@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from hpc_elastic.env import JobEnvironment
 from hpc_elastic.jobdir import JobDir, ScaleReply, ScaleRequest, parse_scale
 from hpc_elastic.launch.scale import ScaleConfig, request_scale
 from hpc_elastic.launch.spec import JobMarker, MarkerError, MarkerUnit, PsShape, decode_marker
-from hpc_elastic.ps.allocation import PsWrapper, decide_scale, parse_args
-from hpc_elastic.ps.job import PsLauncher
+from hpc_elastic.ps.allocation import Books, PsWrapper, apply_sizes, decide_scale, parse_args
+from hpc_elastic.ps.job import PsLauncher, StepNotPlaced
+from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm.types import JobState
 from tests.unit.ps.test_allocation import RequeueSlurm, master_status
 
@@ -77,14 +79,79 @@ def test_a_hostile_scale_file_is_refused_with_the_reason_and_set_aside(tmp_path:
 def test_the_wrapper_decides_within_the_ranges_and_the_allocations_cores() -> None:
     config = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2"])
     assert config.cores == 6
-    decision = decide_scale(ScaleRequest(4, 2, 1.0), 2, (1,), config)
+    decision = decide_scale(ScaleRequest(4, 2, 1.0), 2, (1,), config, config.cores)
     assert (decision.workers, decision.ps, decision.refusal) == (4, 2, None)
-    assert decide_scale(ScaleRequest(None, 1, 1.0), 3, (1, 1), config).refusal is None
-    out = decide_scale(ScaleRequest(5, None, 1.0), 2, (1,), config)
+    assert decide_scale(ScaleRequest(None, 1, 1.0), 3, (1, 1), config, config.cores).refusal is None
+    out = decide_scale(ScaleRequest(5, None, 1.0), 2, (1,), config, config.cores)
     assert (out.workers, out.ps, out.refusal) == (2, 1, "workers 5 is outside the job's range 1:4")
-    # Brain gave the PS 2 cores each: 4 workers beside them are more than the allocation's 6
-    out = decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config)
-    assert out.refusal == "4 workers and 2 PS need 8 cores; the allocation has 6"
+    # Brain gave the PS 2 cores each: the request asks for processes of the task size, 4 + 2 of 1 core
+    assert decide_scale(ScaleRequest(4, None, 1.0), 1, (2, 2), config, config.cores).refusal is None
+    wide = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2", "--cpus-per-worker=2"])
+    out = decide_scale(ScaleRequest(4, 2, 1.0), 1, (2,), wide, 10)
+    assert out.refusal == "4 workers and 2 PS of 2 cores need 12 cores; the allocation has 10"
+    assert (out.workers, out.ps) == (1, 1)  # the sizes unchanged
+
+
+@dataclass(frozen=True)
+class Proc:
+    node: str
+    cpus: int
+
+
+def test_a_request_gives_the_job_the_task_size_in_place_of_brains_sizes() -> None:
+    # an --exclusive job of one 8-CPU node, tasks of 1 core: Brain's sample plan ran one worker of 4 cores and 2 PS;
+    # the user asks for 2 workers and 1 PS, then 4 and 2 (1 + 4 + 2 = 7 cores of the task size): every step fits
+    config = parse_args(["--mode=ps", "--ckpt-root=/g", "--workers-range=1:4", "--ps-range=1:2"])
+    node = Nodes.of(["node5"], [8])
+    books = Books(node, ("node5", 1), {"w0": ("node5", 4)}, [("node5", 1), ("node5", 1)])
+    for workers, ps in ((2, 1), (4, 2), (1, 1)):
+        decision = decide_scale(ScaleRequest(workers, ps, 1.0), len(books.worker_cores), books.ps_cores, config, 7)
+        assert decision.refusal is None
+        apply_sizes(books, decision.workers, decision.ps, config.cpus_per_worker)
+        assert sorted(books.worker_cores.values()) == [1] * workers and books.ps_cores == (1,) * ps
+    assert "w0" not in books.worker_cores  # Brain's worker of 4 cores left for one of the task size
+    # Brain's PS of 3 cores beside 2 workers of 1: a request for 2 PS replaces it; the workers of the task size stay
+    books = Books(node, ("node5", 1), {"w0": ("node5", 1), "w1": ("node5", 1)}, [("node5", 3)])
+    apply_sizes(books, 2, 2, 1)
+    assert books.ps_cores == (1, 1) and books.worker_cores == {"w0": 1, "w1": 1}
+    # kept counting Brain's worker at its 4 cores (as the dev cluster's job did), 4 workers and 2 PS overfill the node
+    books = Books(node, ("node5", 1), {"w0": ("node5", 4), "w1": ("node5", 1)}, [("node5", 1)])
+    with pytest.raises(StepNotPlaced, match="a new worker: a step of 1 cores fits no node"):
+        for _ in range(2):
+            books.add_worker(cpus=1)
+        books.add_ps(1)
+    # a job of just the tasks asked for (7 = master + 4 + 2): a PS of 2 cores has no room for its replacement
+    # beside the 4 workers it keeps; refused before any step stops or starts
+    tight = Nodes.of(["node5"], [7])
+    books = Books(tight, ("node5", 1), {f"w{k}": ("node5", 1) for k in range(4)}, [("node5", 2)])
+    with pytest.raises(StepNotPlaced, match="a new PS: a step of 1 cores fits no node"):
+        apply_sizes(books, 4, 2, 1)
+
+
+def test_the_wrapper_refuses_a_request_whose_steps_fit_no_node_before_touching_the_job(tmp_path: Path) -> None:
+    config = parse_args(["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=1:4", "--ps-range=1:2"])
+    wrapper = PsWrapper(config, JobEnvironment(job_id=8, job_name="ps"), RequeueSlurm())  # type: ignore[arg-type]
+    wrapper.job_dir.prepare()
+    touched: list[str] = []
+
+    class Job:  # a PsJob under srun whose steps are those of the tight allocation above
+        def __init__(self) -> None:
+            self.nodes = Nodes.of(["node5"], [7])
+            self.master_proc = Proc("node5", 1)
+            self.workers = {f"w{k}": Proc("node5", 1) for k in range(4)}
+            self.ps = [Proc("node5", 2)]
+            self.worker_cores = dict.fromkeys(self.workers, 1)
+            self.ps_cores = (2,)
+
+        def __getattr__(self, name: str) -> Any:
+            touched.append(name)
+            raise AssertionError(f"the job was touched: {name}")
+
+    wrapper.job_dir.request_scale(ScaleRequest(4, 2, 5.0))
+    reply = wrapper.scale(Job())  # type: ignore[arg-type]
+    assert reply is not None and not reply.applied and touched == []
+    assert reply.reason.startswith("refused: a new PS: a step of 1 cores fits no node of the allocation"), reply
+    assert (reply.workers, reply.ps) == (4, 1)
 
 
 def test_a_ps_jobs_marker_records_its_ranges() -> None:
@@ -151,7 +218,7 @@ def test_bad_scale_values_are_one_line_and_exit_2(tmp_path: Path, args: list[str
     assert list(tmp_path.iterdir()) == []
 
 
-SAMPLES = 60_000
+SAMPLES = 150_000  # one epoch outlasting the four requests, each waiting for its workers to train a shard
 
 
 Sizes = list[tuple[int | None, int | None]]
@@ -159,7 +226,7 @@ Sizes = list[tuple[int | None, int | None]]
 
 def scale_when(job_dir: JobDir, steps: Sizes, replies: list[ScaleReply]) -> threading.Thread:
     """Once the job trains, request each (workers, PS) in turn, waiting for the wrapper's answer to each and for
-    the workers it added to register."""
+    the workers it added to have a shard counted."""
 
     def body() -> None:
         deadline = time.monotonic() + 180
@@ -176,8 +243,12 @@ def scale_when(job_dir: JobDir, steps: Sizes, replies: list[ScaleReply]) -> thre
                 time.sleep(0.05)
             replies.append(reply)
             while reply.applied and (s := master_status(job_dir.ps)) is not None:
-                if len(set(s["registered"]) - set(s["lost"])) >= reply.workers or time.monotonic() > deadline:
-                    break  # the workers added train
+                live = set(s["registered"]) - set(s["lost"])
+                trained = s["epochs"][0]["samples_by_worker"]
+                if len(live) >= reply.workers and all(trained.get(w, 0) > 0 for w in live):
+                    break  # the workers added train (a shard of theirs counted) before the next request
+                if time.monotonic() > deadline:
+                    break
                 time.sleep(0.05)
 
     thread = threading.Thread(target=body, daemon=True)
@@ -190,7 +261,9 @@ def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_on
     argv = ["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=1:4", "--ps-range=1:2"]
     config = parse_args([*argv, f"--ps-config={json.dumps(settings)}"])
     job = JobEnvironment(job_id=8, job_name="ps")
-    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL)  # type: ignore[arg-type]
+    # the workers lost here are those the requests scale in; the liveness timeout (its own test: test_job.py) is
+    # set beyond what a loaded machine's pauses reach, so that none is declared lost for want of a call
+    ps_wrapper = PsWrapper(config, job, RequeueSlurm(), launcher=PsLauncher.LOCAL, liveness_s=600.0)  # type: ignore[arg-type]
     replies: list[ScaleReply] = []
     thread = scale_when(ps_wrapper.job_dir, [(2, 1), (4, 2), (9, None), (1, 1)], replies)
     assert ps_wrapper.run() == 0
@@ -204,5 +277,6 @@ def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_on
     assert epoch["exactly_once"] and (epoch["min_count"], epoch["max_count"]) == (1, 1)
     assert sum(epoch["samples_by_worker"].values()) == SAMPLES
     assert len(status["registered"]) == 4 and len(status["lost"]) == 3 and status["num_ps"] == 1
+    assert status["expired"] == []  # lost by the requests' scale-in, none for want of a call
     assert len(status["repartition_seconds"]) == 3  # PS 2 -> 1 (Brain's sample plan), 1 -> 2, 2 -> 1
     assert all(epoch["samples_by_worker"].get(w, 0) > 0 for w in status["registered"])

@@ -6,14 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, CriteoLike, CriteoSpec, label_entropy, owner
 from hpc_elastic.ps.master import Master
-from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes, init_rows
+from hpc_elastic.ps.model import ModelSpec, dense_owner, dense_shapes, init_dense, init_rows, log_loss
 from hpc_elastic.ps.server import ParameterServer
 from hpc_elastic.ps.shards import ShardConfig, ShardManager
+from hpc_elastic.ps.worker import forward
 
 
 def test_messages_round_trip_header_and_arrays() -> None:
@@ -201,3 +204,18 @@ def test_a_restored_master_keeps_the_loss_curve_of_the_shards_its_ledger_counts(
     # the loss at the start of training is the first run's, not that of the run after a requeue
     assert master.restored_from == 1 and master.losses == [0.9, 0.7]
     assert master.summary()["loss_first"] == 0.9
+
+
+def test_the_held_out_loss_is_the_workers_forward_pass_in_numpy() -> None:
+    spec = ModelSpec()
+    data = CriteoLike(CriteoSpec(num_samples=300))
+    batch = data.records(0, 300)
+    rng = np.random.default_rng(3)
+    ids = rng.permutation(data.spec.num_ids).astype(np.int64)  # rows in any order, as merged partitions hold them
+    rows = init_rows(spec, ids) + rng.normal(0, 0.3, (ids.size, spec.row_width)).astype(np.float32)
+    dense = {n: v + rng.normal(0, 0.1, v.shape).astype(np.float32) for n, v in init_dense(spec).items()}
+    by_id = rows[np.argsort(ids)]
+    z = forward(spec, {n: torch.from_numpy(v) for n, v in dense.items()}, torch.from_numpy(by_id[batch.ids]),
+                torch.from_numpy(batch.dense))  # fmt: skip
+    expected = float(F.binary_cross_entropy_with_logits(z.double(), torch.from_numpy(batch.label).double()))
+    assert log_loss(spec, dense, ids, rows, batch) == pytest.approx(expected, rel=1e-5)
