@@ -343,6 +343,8 @@ class Session:
             device_types=self.device_types,
             workers=self.num_workers,
             capability=self._state.capability if self._state is not None else (),
+            # a State at D2 exists only when the model scanner covered every operator of the model
+            d2=self._state is not None and self._state.config.level is DeterminismLevel.D2,
         )
         if progress is None:
             return
