@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from hpc_elastic.launch.spec import JobMarker, MarkerError, decode_marker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
+from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.slurm import Job, JobState, Node
 from slurm_plugin.cpu_policy import PsJobView
@@ -83,7 +84,8 @@ def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
     if rec.stop_kind and (job.restart_count > rec.stop_restarts or not job.state.is_running):
         rec = replace(rec, stop_kind="", stop_at=None)  # the requested checkpoint + requeue happened
     if rec.resize_to and not rec.stop_kind and job.state.is_running:
-        rec = replace(rec, resize_to=0, resize_set=0)  # the job runs again (at its new size if it was set)
+        # the job runs again (at its new size if it was set)
+        rec = replace(rec, resize_to=0, resize_set=0, resize_split="")
     if job.state.is_running and job.start_time is not None:
         start = job.start_time.timestamp()
         if rec.run_start is not None and abs(rec.run_start - start) > RESTART_TOLERANCE_S:
@@ -183,14 +185,16 @@ def split_allocation(job: Job, in_use: dict[str, int]) -> tuple[tuple[str, int],
 
 
 def _gpu_types(
-    job: Job, marker: JobMarker | None, partition_types: Mapping[str, frozenset[str]]
+    job: Job, marker: JobMarker | None, partition_types: Mapping[str, frozenset[str]], *, spans: bool = False
 ) -> frozenset[str] | None:
+    """The GPU types a job may run on: its partitions' types and the type it asked for or holds; a job whose plans
+    may span types (``spans``) is not held to the types of its allocation."""
     allowed: frozenset[str] | None = None
     if job.partition:
         parts = [p for p in job.partition.split(",") if p in partition_types]
         if parts:
             allowed = frozenset().union(*(partition_types[p] for p in parts))
-    asked = {t for t, _ in job.gpus.by_type if t}
+    asked = set() if spans else {t for t, _ in job.gpus.by_type if t}
     if marker is not None and marker.gpu_type:
         asked.add(marker.gpu_type)
     if asked:
@@ -212,7 +216,8 @@ def observe(
     jobs on CPU partitions (:class:`~slurm_plugin.cpu_policy.PsJobView`). ``profiles``: the elastic jobs' speed
     models (``tiresias-las+easyscale``); with them a running job may use only the GPU types it holds, as a resize
     keeps a job's type (Slurm 22.05 does not change a pending job's GPU type: a new typed ``TresPerJob`` leaves the
-    old type's TRES next to the new one)."""
+    old type's TRES next to the new one), unless its profile lets its plans span types (the D2 guard): it may then
+    use its partition's types, which the daemon gives it as nodes (the README's "One job on two GPU types")."""
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
     views = node_views(nodes)
@@ -266,8 +271,11 @@ def observe(
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
         gpus = record.resize_set if pending and record.resize_set else job.gpu_count
         allocation = split_allocation(job, in_use) if running else ()  # PartialRead: the whole pass waits
-        allowed = _gpu_types(job, marker, frozen_types)
         held_types = frozenset(t for t, count in job.gpus.by_type if t and count > 0)
+        profile = (profiles or {}).get(key)
+        # a running job keeps the types it holds, unless the D2 guard lets its plans span its partition's types
+        spans = isinstance(profile, EstProfile) and profile.mixed
+        allowed = _gpu_types(job, marker, frozen_types, spans=spans)
         try:
             view = JobView(
                 job_id=key,
@@ -282,12 +290,12 @@ def observe(
                 first_start_time=record.first_start,
                 queue=record.queue,
                 skew=skews.get(job.job_id),
-                gpu_types=held_types if profiles is not None and running and held_types else allowed,
+                gpu_types=held_types if profiles is not None and running and held_types and not spans else allowed,
                 allocation=allocation,
                 time_limit=float(job.time_limit_s) if job.time_limit_s else None,
                 min_gpus=elastic.min if elastic else None,
                 max_gpus=elastic.max if elastic else None,
-                scaling=(profiles or {}).get(key),
+                scaling=profile,
             )
         except ValueError as exc:  # one job's odd fields keep that job, not the cluster, out of the pass
             rejected[key] = str(exc)
