@@ -69,9 +69,10 @@ class Telemetry:
 
 def telemetry(roots: Sequence[Path], jobs: Mapping[int, Job]) -> Telemetry:
     """Each running job's report, read as the job's user's files only
-    (:meth:`~hpc_elastic.jobdir.JobDir.read_progress_as`) and only from the job's current incarnation (a record
-    of an earlier run may name other devices, or a run at another level); a job without a valid report is left
-    out."""
+    (:meth:`~hpc_elastic.jobdir.JobDir.read_progress_as`); capabilities only from the job's current incarnation (a
+    record of an earlier run may name other devices), D2 from any (a requeued job runs the same script at the same
+    level: its new run would otherwise be planned on one type until its first record); a job without a valid
+    report is left out."""
     out = Telemetry()
     d2: set[int] = set()
     for job_id, job in jobs.items():
@@ -80,12 +81,12 @@ def telemetry(roots: Sequence[Path], jobs: Mapping[int, Job]) -> Telemetry:
         uid = job_uid(job)
         job_dir = job_dir_of(roots, job)
         progress = job_dir.read_progress_as(uid) if job_dir is not None and uid is not None else None
-        if progress is None or progress.restart_count != job.restart_count:
+        if progress is None:
             continue
-        if progress.capability:
-            out.capabilities[job_id] = progress.capability
-        if progress.d2:
+        if progress.d2:  # the job's level and model: the same in every incarnation (its script and marker)
             d2.add(job_id)
+        if progress.capability and progress.restart_count == job.restart_count:
+            out.capabilities[job_id] = progress.capability
     return replace(out, d2=frozenset(d2))
 
 
