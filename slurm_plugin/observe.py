@@ -164,24 +164,36 @@ def ps_view(job: Job, marker: JobMarker | None, record: JobRecord, *, running: b
     )
 
 
-def split_allocation(job: Job, in_use: dict[str, int]) -> tuple[tuple[str, int], ...]:
-    """Per-node GPUs of a running job (squeue gives the total and the node list): evenly, within what each
-    node reports in use; ``in_use`` is decremented. Raises :class:`PartialRead` when it cannot add up."""
+def split_allocation(
+    job: Job, in_use: dict[str, int], node_types: Mapping[str, str] | None = None
+) -> tuple[tuple[str, int], ...]:
+    """Per-node GPUs of a running job (squeue gives the total, per type, and the node list): evenly, within what
+    each node reports in use, each type's GPUs on the job's nodes of that type (``node_types``) when it holds
+    several; ``in_use`` is decremented. Raises :class:`PartialRead` when it cannot add up."""
     nodes = [n for n in job.nodes if n in in_use]
     if len(nodes) != len(job.nodes) or not nodes:
         raise PartialRead(f"job {job.job_id} runs on {','.join(job.nodes) or '?'}, not all known GPU nodes")
-    need = job.gpu_count
-    share = {n: min(in_use[n], need // len(nodes) + (1 if i < need % len(nodes) else 0)) for i, n in enumerate(nodes)}
-    left = need - sum(share.values())
-    for n in nodes:
-        extra = min(left, in_use[n] - share[n])
-        share[n] += extra
-        left -= extra
-    if left:
-        raise PartialRead(f"job {job.job_id} holds {need} GPUs but its nodes report fewer in use")
-    for n in nodes:
-        in_use[n] -= share[n]
-    return tuple((n, c) for n, c in share.items() if c)
+    typed = [(t, count) for t, count in job.gpus.by_type if t and count > 0]
+    if len(typed) > 1 and node_types is not None:
+        parts = [(count, [n for n in nodes if node_types.get(n) == t]) for t, count in typed]
+    else:
+        parts = [(job.gpu_count, nodes)]
+    out: list[tuple[str, int]] = []
+    for need, part in parts:
+        if not part:
+            raise PartialRead(f"job {job.job_id} holds GPUs of a type none of its nodes has")
+        share = {n: min(in_use[n], need // len(part) + (1 if i < need % len(part) else 0)) for i, n in enumerate(part)}
+        left = need - sum(share.values())
+        for n in part:
+            extra = min(left, in_use[n] - share[n])
+            share[n] += extra
+            left -= extra
+        if left:
+            raise PartialRead(f"job {job.job_id} holds {job.gpu_count} GPUs but its nodes report fewer in use")
+        for n in part:
+            in_use[n] -= share[n]
+        out.extend((n, c) for n, c in share.items() if c)
+    return tuple(sorted(out, key=lambda item: nodes.index(item[0])))
 
 
 def _gpu_types(
@@ -224,6 +236,7 @@ def observe(
     if not views:
         raise PartialRead("sinfo reported no GPU node")
     in_use = {v.name: v.total_gpus - v.free_gpus for v in views}
+    node_types = {v.name: v.gpu_type for v in views}
     partition_types: dict[str, set[str]] = {}
     for node in nodes:
         if node.gpus.total > 0:
@@ -270,7 +283,7 @@ def observe(
         elastic = marker if marker is not None and marker.elastic else None
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
         gpus = record.resize_set if pending and record.resize_set else job.gpu_count
-        allocation = split_allocation(job, in_use) if running else ()  # PartialRead: the whole pass waits
+        allocation = split_allocation(job, in_use, node_types) if running else ()  # PartialRead: the whole pass waits
         held_types = frozenset(t for t, count in job.gpus.by_type if t and count > 0)
         profile = (profiles or {}).get(key)
         # a running job keeps the types it holds, unless the D2 guard lets its plans span its partition's types

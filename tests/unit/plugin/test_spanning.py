@@ -201,8 +201,19 @@ def test_a_split_that_no_nodes_give_falls_back_to_its_largest_type(tmp_path: Pat
     assert daemon.store.load()[12].resize_to == 2
 
 
-def test_capture_shows_one_job_on_two_types(slurm_data: Path) -> None:
-    jobs, _ = _captured(slurm_data)
-    spanning = next(j for j in jobs if j.job_id == 12)
+def test_a_pass_sees_a_job_running_on_two_types(tmp_path: Path, slurm_data: Path) -> None:
+    """The captured job 12 on 2 a100 + 3 v100 (all 16 GPUs in use): the pass reads it (it was a partial read
+    before, which stopped every pass while such a job ran) and plans nothing for it."""
+    jobs, nodes = _captured(slurm_data)
+    spanning = replace(next(j for j in jobs if j.job_id == 12), name="es", user_id=ME, comment=D2)
     assert spanning.gpus.by_type == (("a100", 2), ("v100", 3)) and spanning.nodes == ("node1", "node3")
-    assert at is not None
+    cfg = config(tmp_path, policy="tiresias-las+easyscale", resize={"enabled": True}, preemption={"min_run_time_s": 0})
+    record(JobDir.of(tmp_path / "jobs", "es", 12).prepare(), spanning.restart_count, (("a100", 3.0),), d2=True)
+    squeue = [spanning if j.job_id == 12 else j for j in jobs]
+    assert spanning.start_time is not None
+    daemon, _ = make(cfg, FakeSlurm(squeue, nodes), at(spanning.start_time, 600))
+    report = daemon.run_pass()
+    assert not report.skipped and report.observation is not None
+    (view,) = [v for v in report.observation.jobs if v.job_id == 12]
+    assert view.allocation == (("node1", 2), ("node3", 3)) and view.gpu_types == frozenset({"a100", "v100"})
+    assert not [a for a in report.actions if isinstance(a, Resize)]
