@@ -293,7 +293,7 @@ def resize_actions(
         job = obs.slurm_jobs[view.job_id]
         checkpointed = obs.markers.get(view.job_id) is not None
         split: dict[str, int] = {}
-        if isinstance(view.scaling, EstProfile) and view.scaling.mixed:
+        if _spans(view):
             for name, count in alloc:
                 split[node_type[name]] = split.get(node_type[name], 0) + count
         return Resize(
@@ -326,7 +326,7 @@ def resize_actions(
     if waiting:
         for row in reversed(decision.priority_order.tolist()):  # lowest priority first
             view = obs.jobs[row]
-            if row not in running:
+            if row not in running or _spans(view):
                 continue
             smaller = [n for n in elastic_sizes(view) if n < view.gpus]
             if not smaller:
@@ -344,7 +344,7 @@ def resize_actions(
         return []
     for row in decision.priority_order.tolist():  # highest priority first
         view = obs.jobs[row]
-        if row not in running:
+        if row not in running or _spans(view):
             continue
         idle = max(0, free_by_type.get(job_type(view), 0))
         larger = [n for n in elastic_sizes(view) if view.gpus < n <= view.gpus + idle]
@@ -352,6 +352,12 @@ def resize_actions(
             new = max(larger)
             return [resize(view, new, f"grow: {idle} {job_type(view)} GPU(s) idle and no job waits")]
     return []
+
+
+def _spans(view: JobView) -> bool:
+    """Whether the job's plans may span GPU types (the D2 guard): only the policy's plans resize it, as nodes; the
+    count-only rules of :func:`resize_actions` know no GPUs per type."""
+    return isinstance(view.scaling, EstProfile) and view.scaling.mixed
 
 
 def _own(obs: Observation, job_id: int) -> tuple[tuple[str, int], ...]:
