@@ -75,6 +75,10 @@ class Observation:
     cpu_free: Mapping[str, int] = field(default_factory=dict)
 
 
+#: the states of a job that started again after a requeue
+_RUNS_AGAIN = frozenset({JobState.CONFIGURING, JobState.RUNNING})
+
+
 def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
     """The record after seeing ``job`` at ``now``: bank ended runs, follow the current one."""
     submit = job.submit_time.timestamp() if job.submit_time else now
@@ -83,8 +87,9 @@ def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
         rec = replace(rec, missing_since=None)
     if rec.stop_kind and (job.restart_count > rec.stop_restarts or not job.state.is_running):
         rec = replace(rec, stop_kind="", stop_at=None)  # the requested checkpoint + requeue happened
-    if rec.resize_to and not rec.stop_kind and job.state.is_running:
-        # the job runs again (at its new size if it was set)
+    if rec.resize_to and not rec.stop_kind and job.state in _RUNS_AGAIN:
+        # the job runs again (at its new size if it was set); not while its old allocation completes after the
+        # requeue (COMPLETING, already with the new restart count): the new size is still to be set
         rec = replace(rec, resize_to=0, resize_set=0, resize_split="")
     if job.state.is_running and job.start_time is not None:
         start = job.start_time.timestamp()
