@@ -378,6 +378,12 @@ def cpus_per_task(job: Job) -> int:
     return max(1, job.cpus // max(1, tasks)) if job.cpus else 1
 
 
+#: how long a requeued job planned across types waits for the nodes of its plan before it falls back (Slurm may
+#: show its old allocation in use for a second or two after the requeue; the requeued job may start some seconds
+#: after the requeue, at its old size and nodes, when it is not set by then)
+SPAN_WAIT_S = 5.0
+
+
 def span_of(obs: Observation, job_id: int, split_text: str, own: tuple[tuple[str, int], ...] = ()) -> Span | None:
     """The nodes that give job ``job_id`` its stored new GPUs per type (``split_text``, empty: none stored), its
     own GPUs ``own`` (node, count) counted free (it is being requeued). When no set of nodes gives the split
@@ -447,10 +453,16 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
         elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
             per_task = cpus_per_task(job)
             span = span_of(obs, job_id, record.resize_split)
+            if record.resize_split and (span is None or span.why):
+                if obs.now - record.waiting_since < SPAN_WAIT_S:
+                    continue  # its old allocation may still show in use: the plan's nodes may free up
+                if span is None:  # nothing of the plan is free: any nodes, untyped
+                    split = tuple(sorted(parse_split(record.resize_split).items()))
+                    span = Span(split, (), (), "none of its GPUs free: any nodes")
             tasks = span.gpus if span is not None else record.resize_to
             why = f"resize to {tasks} GPUs after its checkpoint and requeue"
             if span is not None:
-                why += " on " + ",".join(span.nodes) + (f": {span.why}" if span.why else "")
+                why += " on " + (",".join(span.nodes) or "any nodes") + (f": {span.why}" if span.why else "")
             gpu_type = None if record.resize_split else gpu_type_of(job)  # a job planned across types asks untyped
             out.append(SetSize(job_id, tasks, tasks * per_task, why, gpu_type, span))
     return out

@@ -15,7 +15,7 @@ from hpc_elastic.jobdir import JobDir
 from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.slurm import GpuCounts, Job, JobState, Node, commands
 from hpc_elastic.slurm.parse import parse_sinfo_json, parse_squeue_json
-from slurm_plugin.actions import Resize, SetSize
+from slurm_plugin.actions import SPAN_WAIT_S, Resize, SetSize
 from slurm_plugin.daemon import Daemon
 from slurm_plugin.easyscale import parse_split, span_nodes, split_text
 from tests.unit.plugin.conftest import at, config
@@ -81,6 +81,11 @@ def test_span_fields_set_the_node_lists_then_the_untyped_size() -> None:
     ]
     with pytest.raises(ValueError, match="nodes"):
         commands.span_fields(1, 1, ("node1", "node3"), ())
+    # no nodes: the earlier lists cleared, any nodes
+    assert commands.span_fields(3, 3, (), ()) == [
+        {"ReqNodeList": "", "ExcNodeList": ""},
+        {"NumTasks": 3, "NumCPUs": 3, "NumNodes": "1-3", "TresPerJob": "gres:gpu:3"},
+    ]
     with pytest.raises(ValueError, match="both required and excluded"):
         commands.span_fields(2, 2, ("node1",), ("node1",))
 
@@ -194,11 +199,23 @@ def test_a_split_that_no_nodes_give_falls_back_to_its_largest_type(tmp_path: Pat
         for n in fake._nodes
     ]
     clock.now += 30
+    report = daemon.run_pass()  # Slurm may still show its old GPUs in use: it waits for the plan's nodes
+    assert not [a for a in report.actions if isinstance(a, SetSize)]
+    clock.now += SPAN_WAIT_S
     report = daemon.run_pass()
     (size,) = [a for a in report.actions if isinstance(a, SetSize)]
     assert size.span is not None and size.tasks == 2 and size.span.split == (("a100", 2),)
     assert size.span.nodes == ("node1",) and "no nodes give 2 a100 + 2 v100" in size.span.why
     assert daemon.store.load()[12].resize_to == 2
+    # had nothing of its plan been free: any nodes (the earlier node lists cleared), its planned count, untyped
+    fake._nodes = [replace(n, gpus_allocated=n.gpus) for n in fake._nodes]
+    fake.calls.clear()
+    daemon.store.save([replace(daemon.store.load()[12], resize_to=4, resize_set=0, resize_split="a100:2,v100:2")])
+    clock.now += 2
+    report = daemon.run_pass()
+    (size,) = [a for a in report.actions if isinstance(a, SetSize)]
+    assert size.span is not None and (size.tasks, size.span.nodes) == (4, ())
+    assert ("update", (12, {"ReqNodeList": "", "ExcNodeList": ""})) in fake.calls
 
 
 def test_a_pass_sees_a_job_running_on_two_types(tmp_path: Path, slurm_data: Path) -> None:
