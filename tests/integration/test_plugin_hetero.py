@@ -105,8 +105,8 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_for_a_gang_job
         still = job_of(slurm, plain)
     finally:
         daemon.kill(signal.SIGTERM)
-    # the D2 job: 2 a100 -> 2 a100 + 2 v100 (one job id, one job on both types) -> 2 GPUs of the type it ran
-    # faster on (its minimum, the fastest of its types first: the fake GPUs' speeds differ by noise only)
+    # the D2 job: 2 a100 -> 2 a100 + 2 v100 (one job id, one job on both types) -> 2 GPUs of one type (its minimum
+    # keeps the type it ran faster on, the fake GPUs' speeds differ by noise only)
     assert grown.gpus.by_type == (("a100", 2), ("v100", 2)) and len(grown.nodes) == 2
     ((kept, two),) = shrunk.gpus.by_type
     assert kept in {"a100", "v100"} and two == 2
@@ -123,7 +123,9 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_for_a_gang_job
     assert all(a["ok"] for a in resizes)
     assert str(resizes[0]["reason"]).startswith("grow into GPUs no waiting job can use")
     assert str(resizes[0]["reason"]).endswith("(2 a100 + 2 v100)"), resizes
-    assert str(resizes[1]["reason"]).startswith("shrink") and str(resizes[1]["reason"]).endswith(f"(2 {kept})")
+    # the plan keeps the type of its minimum; Slurm may start the gang job on those GPUs first (it asks for any
+    # type), and the requeued job then takes 2 of the others (the daemon's fallback, said in its log)
+    assert str(resizes[1]["reason"]).startswith("shrink: the policy's elastic share is 2 GPUs (2 ")
     (final,) = SHA.findall(text)
     assert final == reference_sha(workdir, *MODEL_ARGS, workers=N, level=DeterminismLevel.D2)
     # the model D2 does not cover: on its 2 a100 throughout, while v100 were idle and the other job took them
