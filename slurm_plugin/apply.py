@@ -202,6 +202,8 @@ class Applier:
         for fields in commands.span_fields(tasks, cpus, span.nodes, span.excluded):
             self.client.update_job(self._ref(job_id), fields)
         self._update(result, job_id, resize_to=tasks, resize_set=tasks)
+        if not span.nodes:
+            return f"NumTasks={tasks} NumCPUs={cpus}, node lists cleared: {tasks} GPUs of any type when it starts again"
         shown = " + ".join(f"{n} {t}" for t, n in span.split)
         return f"NumTasks={tasks} NumCPUs={cpus} ReqNodeList={','.join(span.nodes)}: {shown} when it starts again"
 
