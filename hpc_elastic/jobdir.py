@@ -372,7 +372,9 @@ class Progress:
     (``restart_count``: Slurm requeues) and attempt (restarts of the worker step inside one allocation) it is.
     ``capability``: the observed ``C_i`` per device type (EST mini-batches per second per device, sorted by type:
     :func:`hpc_elastic.balance.speeds.capability_by_type`), the job's telemetry for the scheduler; empty until the
-    first window of steps is timed."""
+    first window of steps is timed. ``d2``: the run trains at determinism level D2, so the model scanner found every
+    operator of its model covered (EasyScale §3.3) and its bits do not depend on the device types: the D2 guard
+    under which the scheduler may plan the job across GPU types (§3.4)."""
 
     step: int
     written_at: float
@@ -383,9 +385,12 @@ class Progress:
     device_types: tuple[str, ...] = ()
     workers: int | None = None  # N, the logical workers (Slurm's accounting may not keep the job's marker)
     capability: tuple[tuple[str, float], ...] = ()
+    d2: bool = False
 
     def __post_init__(self) -> None:
         _count(self.step, "progress step")
+        if not isinstance(self.d2, bool):
+            raise ValueError(f"progress d2 must be true or false, got {self.d2!r}")
         object.__setattr__(self, "capability", check_capability(self.capability, "progress capability"))
         if self.workers is not None and _count(self.workers, "progress workers") < 1:
             raise ValueError(f"progress workers must be >= 1, got {self.workers}")
@@ -410,6 +415,7 @@ class Progress:
             "device_types": list(self.device_types),
             "workers": self.workers,
             "capability": [list(pair) for pair in self.capability],
+            "d2": self.d2,
         }
         return json.dumps(doc, sort_keys=True) + "\n"
 
@@ -433,6 +439,7 @@ def parse_progress(text: str) -> Progress:
         tuple(types),
         doc.get("workers"),
         check_capability(doc.get("capability", []), "progress capability"),
+        doc.get("d2", False),
     )
 
 
@@ -447,6 +454,7 @@ def next_progress(
     device_types: tuple[str, ...] = (),
     workers: int | None = None,
     capability: tuple[tuple[str, float], ...] = (),
+    d2: bool = False,
     force: bool = False,
 ) -> Progress | None:
     """The record to write after ``step`` at ``now``, or None when ``previous`` (this run's last record) is younger
@@ -457,7 +465,7 @@ def next_progress(
     rate = previous.steps_per_s if previous is not None else None
     if previous is not None and now - previous.written_at >= MIN_RATE_WINDOW_S and step >= previous.step:
         rate = (step - previous.step) / (now - previous.written_at)
-    return Progress(step, now, rate, world_size, restart_count, attempt, device_types, workers, capability)
+    return Progress(step, now, rate, world_size, restart_count, attempt, device_types, workers, capability, d2)
 
 
 @dataclass(frozen=True)

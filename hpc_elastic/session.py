@@ -165,6 +165,26 @@ class Session:
         self.device_type = mine
         #: the device types of every process of this run (sorted, distinct)
         self.device_types = tuple(sorted(set(comm.allgather_object(mine))))
+        if len(self.device_types) > 1:
+            self.placement = self._placement_by_capability()
+
+    def _placement_by_capability(self) -> Placement:
+        """On several device types: ESTs per process by the capability C_i per type the job observed in its last
+        run (its progress record, EasyScale §3.4 Eq. 1d: more ESTs on faster devices), a type it has not run on at
+        the mean of those it has; even blocks when it observed none (every rank gets rank 0's reading)."""
+        seen: dict[str, float] = {}
+        if self.is_root and self.job_dir is not None:
+            progress = self.job_dir.read_progress()
+            seen = dict(progress.capability) if progress is not None else {}
+        observed: dict[str, float] = self.comm.allgather_object(seen)[0]
+        kinds = self.comm.allgather_object(self.device_type)
+        if not observed:
+            return self.placement
+        mean = sum(observed.values()) / len(observed)
+        caps = [float(observed.get(kind, mean)) for kind in kinds]
+        placement = Placement.by_capability(self.placement.num_ests, caps)
+        log.info("ESTs per process by the observed capability per device type: %s", list(placement.counts()))
+        return placement
 
     @classmethod
     def from_environment(
@@ -343,6 +363,8 @@ class Session:
             device_types=self.device_types,
             workers=self.num_workers,
             capability=self._state.capability if self._state is not None else (),
+            # a State at D2 exists only when the model scanner covered every operator of the model
+            d2=self._state is not None and self._state.config.level is DeterminismLevel.D2,
         )
         if progress is None:
             return

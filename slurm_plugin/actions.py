@@ -10,10 +10,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from hpc_elastic.policy import Decision, JobStatus, JobView
+from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.slurm import Job
 from hpc_elastic.slurm.parse import compress_hostlist
 from slurm_plugin.config import OrderField, PluginConfig
 from slurm_plugin.cpu_policy import CpuDecision, PsJobView, plan_ps_jobs
+from slurm_plugin.easyscale import node_order_key, parse_split, span_nodes
 from slurm_plugin.observe import Observation
 from slurm_plugin.store import JobRecord
 
@@ -83,7 +85,24 @@ class Resize:
     reason: str
     cpus_per_task: int = 1
     gpu_type: str | None = None  # the type of its GPUs (a requeued job keeps it)
+    #: the new GPUs per type of a job whose plans may span types (the D2 guard), given as nodes when it waits
+    split: tuple[tuple[str, int], ...] = ()
     kind: ActionKind = ActionKind.RESIZE
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A pending job's new GPUs per type (``split``) as nodes: ``nodes`` to require, ``excluded`` the other GPU
+    nodes (:func:`slurm_plugin.easyscale.span_nodes`); ``why`` says when the split could not be given as asked."""
+
+    split: tuple[tuple[str, int], ...]
+    nodes: tuple[str, ...]
+    excluded: tuple[str, ...]
+    why: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return sum(n for _, n in self.split)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +113,7 @@ class Requeue:
     reason: str
     cpus_per_task: int = 1  # for the new size of a job being resized
     gpu_type: str | None = None
+    span: Span | None = None  # the new size as nodes (a job resized across types)
     kind: ActionKind = ActionKind.REQUEUE
 
 
@@ -106,6 +126,7 @@ class SetSize:
     cpus: int
     reason: str
     gpu_type: str | None = None
+    span: Span | None = None  # the new size as nodes (a job resized across types)
     kind: ActionKind = ActionKind.SIZE
 
 
@@ -268,9 +289,13 @@ def resize_actions(
     def job_type(view: JobView) -> str:
         return node_type[view.allocation[0][0]]
 
-    def resize(view: JobView, new: int, why: str) -> Resize:
+    def resize(view: JobView, new: int, why: str, alloc: tuple[tuple[str, int], ...] = ()) -> Resize:
         job = obs.slurm_jobs[view.job_id]
         checkpointed = obs.markers.get(view.job_id) is not None
+        split: dict[str, int] = {}
+        if _spans(view):
+            for name, count in alloc:
+                split[node_type[name]] = split.get(node_type[name], 0) + count
         return Resize(
             view.job_id,
             job.name,
@@ -280,7 +305,8 @@ def resize_actions(
             new,
             why,
             cpus_per_task(job),
-            gpu_type_of(job),
+            None if split else gpu_type_of(job),
+            tuple(sorted(split.items())),
         )
 
     if decision.resizes:  # an elastic policy chose the sizes (tiresias-las+elastic): carry out its first one
@@ -288,12 +314,19 @@ def resize_actions(
             if change.row in running:
                 view = obs.jobs[change.row]
                 verb = "grow into GPUs no waiting job can use" if change.gpus > view.gpus else "shrink"
-                return [resize(view, change.gpus, f"{verb}: the policy's elastic share is {change.gpus} GPUs")]
+                if change.gpus == view.gpus:
+                    verb = "move to other GPUs"
+                why = f"{verb}: the policy's elastic share is {change.gpus} GPUs"
+                action = resize(view, change.gpus, why, change.allocation)
+                if action.split:
+                    shown = " + ".join(f"{n} {t}" for t, n in action.split)
+                    action = replace(action, reason=f"{why} ({shown})")
+                return [action]
         return []
     if waiting:
         for row in reversed(decision.priority_order.tolist()):  # lowest priority first
             view = obs.jobs[row]
-            if row not in running:
+            if row not in running or _spans(view):
                 continue
             smaller = [n for n in elastic_sizes(view) if n < view.gpus]
             if not smaller:
@@ -311,7 +344,7 @@ def resize_actions(
         return []
     for row in decision.priority_order.tolist():  # highest priority first
         view = obs.jobs[row]
-        if row not in running:
+        if row not in running or _spans(view):
             continue
         idle = max(0, free_by_type.get(job_type(view), 0))
         larger = [n for n in elastic_sizes(view) if view.gpus < n <= view.gpus + idle]
@@ -319,6 +352,18 @@ def resize_actions(
             new = max(larger)
             return [resize(view, new, f"grow: {idle} {job_type(view)} GPU(s) idle and no job waits")]
     return []
+
+
+def _spans(view: JobView) -> bool:
+    """Whether the job's plans may span GPU types (the D2 guard): only the policy's plans resize it, as nodes; the
+    count-only rules of :func:`resize_actions` know no GPUs per type."""
+    return isinstance(view.scaling, EstProfile) and view.scaling.mixed
+
+
+def _own(obs: Observation, job_id: int) -> tuple[tuple[str, int], ...]:
+    """The GPUs (node, count) job ``job_id`` holds in this pass's view (none when it is not running)."""
+    view = next((v for v in obs.jobs if v.job_id == job_id and v.status is JobStatus.RUNNING), None)
+    return view.allocation if view is not None else ()
 
 
 def gpu_type_of(job: Job) -> str | None:
@@ -331,6 +376,41 @@ def cpus_per_task(job: Job) -> int:
     22.05 reports ``cpus_per_task`` as null and, for a pending job, the GPU count of the submission."""
     tasks = job.tasks or job.gpu_count
     return max(1, job.cpus // max(1, tasks)) if job.cpus else 1
+
+
+#: how long a requeued job planned across types waits for the nodes of its plan before it falls back (Slurm may
+#: show its old allocation in use for a second or two after the requeue; the requeued job may start some seconds
+#: after the requeue, at its old size and nodes, when it is not set by then)
+SPAN_WAIT_S = 5.0
+
+
+def span_of(obs: Observation, job_id: int, split_text: str, own: tuple[tuple[str, int], ...] = ()) -> Span | None:
+    """The nodes that give job ``job_id`` its stored new GPUs per type (``split_text``, empty: none stored), its
+    own GPUs ``own`` (node, count) counted free (it is being requeued). When no set of nodes gives the split
+    (the free GPUs per node do not add up to it, Slurm 22.05 filling nodes in order), the job falls back to one
+    type: the split's largest part that is free (as much of it as is), the job's own GPUs counted."""
+    try:
+        split = parse_split(split_text)
+    except ValueError:
+        return None
+    if not split:
+        return None
+    mine = dict(own)  # (the split's types are the job's partition's: the policy planned it on those)
+    free = [(node.name, node.gpu_type, node.free_gpus + mine.get(node.name, 0)) for node in obs.nodes]
+    wanted = tuple(sorted(split.items()))
+    found = span_nodes(split, free)
+    if found is not None:
+        return Span(wanted, *found)
+    for gpu_type, count in sorted(split.items(), key=lambda item: (-item[1], item[0])):
+        alone = [(n, t, f) for n, t, f in free if t == gpu_type]
+        for size in range(min(count, sum(f for _, _, f in alone)), 0, -1):
+            found = span_nodes({gpu_type: size}, alone)
+            if found is not None:
+                others = tuple(sorted({n.name for n in obs.nodes} - set(found[0]), key=node_order_key))
+                shown = " + ".join(f"{n} {t}" for t, n in wanted)
+                why = f"no nodes give {shown} (free GPUs per node); {size} {gpu_type} instead"
+                return Span(((gpu_type, size),), found[0], others, why)
+    return None
 
 
 def followup_actions(obs: Observation, acks: Mapping[int, float], config: PluginConfig) -> list[Requeue | SetSize]:
@@ -356,6 +436,7 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         f"itself within {preemption.requeue_wait_s:.0f}s",
                         cpus_per_task(job),
                         gpu_type_of(job),
+                        span_of(obs, job_id, record.resize_split, _own(obs, job_id)),
                     )
                 )
             elif acked is None and obs.now - asked >= preemption.grace_s:
@@ -366,19 +447,24 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         f"{preemption.grace_s:.0f}s; it resumes from an older checkpoint",
                         cpus_per_task(job),
                         gpu_type_of(job),
+                        span_of(obs, job_id, record.resize_split, _own(obs, job_id)),
                     )
                 )
         elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
             per_task = cpus_per_task(job)
-            out.append(
-                SetSize(
-                    job_id,
-                    record.resize_to,
-                    record.resize_to * per_task,
-                    f"resize to {record.resize_to} GPUs after its checkpoint and requeue",
-                    gpu_type_of(job),
-                )
-            )
+            span = span_of(obs, job_id, record.resize_split)
+            if record.resize_split and (span is None or span.why):
+                if obs.now - record.waiting_since < SPAN_WAIT_S:
+                    continue  # its old allocation may still show in use: the plan's nodes may free up
+                if span is None:  # nothing of the plan is free: any nodes, untyped
+                    split = tuple(sorted(parse_split(record.resize_split).items()))
+                    span = Span(split, (), (), "none of its GPUs free: any nodes")
+            tasks = span.gpus if span is not None else record.resize_to
+            why = f"resize to {tasks} GPUs after its checkpoint and requeue"
+            if span is not None:
+                why += " on " + (",".join(span.nodes) or "any nodes") + (f": {span.why}" if span.why else "")
+            gpu_type = None if record.resize_split else gpu_type_of(job)  # a job planned across types asks untyped
+            out.append(SetSize(job_id, tasks, tasks * per_task, why, gpu_type, span))
     return out
 
 

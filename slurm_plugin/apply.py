@@ -19,8 +19,9 @@ from pathlib import Path
 
 from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, ack_answers, find_job_dir
 from hpc_elastic.slurm import Job, JobRef, JobState, SlurmClient, SlurmError, commands
-from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize
+from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize, Span
 from slurm_plugin.config import PluginConfig
+from slurm_plugin.easyscale import split_text
 from slurm_plugin.store import JobRecord
 
 log = logging.getLogger(__name__)
@@ -56,21 +57,37 @@ def job_dir_of(roots: Sequence[Path], job: Job) -> JobDir | None:
     return find_job_dir(tuple(roots), job.name, ref.job_id, uid, ref.array_task_id) if uid is not None else None
 
 
-def capabilities(roots: Sequence[Path], jobs: Mapping[int, Job]) -> dict[int, tuple[tuple[str, float], ...]]:
-    """The observed capability per device type that each running job reports (its telemetry: mini-batches per
-    second per device, :class:`~hpc_elastic.jobdir.Progress`), read as the job's user's files only
-    (:meth:`~hpc_elastic.jobdir.JobDir.read_progress_as`) and only from the job's current incarnation (a record
-    of an earlier run may name other devices); a job without a valid report is left out."""
-    out: dict[int, tuple[tuple[str, float], ...]] = {}
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """What the running jobs report to the scheduler (:class:`~hpc_elastic.jobdir.Progress`): the observed
+    capability per device type of each (job id -> sorted (type, C_i) pairs), and the jobs whose current run trains
+    at D2 with every operator of its model covered (the D2 guard: only those may be planned across GPU types)."""
+
+    capabilities: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    d2: frozenset[int] = frozenset()
+
+
+def telemetry(roots: Sequence[Path], jobs: Mapping[int, Job]) -> Telemetry:
+    """Each running job's report, read as the job's user's files only
+    (:meth:`~hpc_elastic.jobdir.JobDir.read_progress_as`); capabilities only from the job's current incarnation (a
+    record of an earlier run may name other devices), D2 from any (a requeued job runs the same script at the same
+    level: its new run would otherwise be planned on one type until its first record); a job without a valid
+    report is left out."""
+    out = Telemetry()
+    d2: set[int] = set()
     for job_id, job in jobs.items():
         if job.state is not JobState.RUNNING:
             continue
         uid = job_uid(job)
         job_dir = job_dir_of(roots, job)
         progress = job_dir.read_progress_as(uid) if job_dir is not None and uid is not None else None
-        if progress is not None and progress.capability and progress.restart_count == job.restart_count:
-            out[job_id] = progress.capability
-    return out
+        if progress is None:
+            continue
+        if progress.d2:  # the job's level and model: the same in every incarnation (its script and marker)
+            d2.add(job_id)
+        if progress.capability and progress.restart_count == job.restart_count:
+            out.capabilities[job_id] = progress.capability
+    return replace(out, d2=frozenset(d2))
 
 
 def acknowledgements(
@@ -165,17 +182,30 @@ class Applier:
             record = result.records.get(action.job_id)
             self._update(result, action.job_id, stop_kind="", stop_at=None)
             if record is not None and record.resize_to:
-                tasks = record.resize_to
+                tasks = action.span.gpus if action.span is not None else record.resize_to
+                gpu_type = None if record.resize_split else action.gpu_type
                 return "requeued by the daemon; " + self._set_size(
-                    action.job_id, tasks, tasks * action.cpus_per_task, action.gpu_type, result
+                    action.job_id, tasks, tasks * action.cpus_per_task, gpu_type, result, action.span
                 )
             return "requeued by the daemon"
-        return self._set_size(action.job_id, action.tasks, action.cpus, action.gpu_type, result)
+        return self._set_size(action.job_id, action.tasks, action.cpus, action.gpu_type, result, action.span)
 
-    def _set_size(self, job_id: int, tasks: int, cpus: int, gpu_type: str | None, result: ApplyResult) -> str:
-        self.client.update_job(self._ref(job_id), commands.size_fields(tasks, cpus, gpu_type))
-        self._update(result, job_id, resize_set=tasks)
-        return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
+    def _set_size(  # noqa: PLR0917 - the size, and where it comes from
+        self, job_id: int, tasks: int, cpus: int, gpu_type: str | None, result: ApplyResult, span: Span | None = None
+    ) -> str:
+        """The pending job's new size: ``tasks`` GPUs of ``gpu_type``, or on the nodes of ``span`` (a job resized
+        across types: untyped GPUs, the nodes giving the counts per type)."""
+        if span is None:
+            self.client.update_job(self._ref(job_id), commands.size_fields(tasks, cpus, gpu_type))
+            self._update(result, job_id, resize_set=tasks)
+            return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
+        for fields in commands.span_fields(tasks, cpus, span.nodes, span.excluded):
+            self.client.update_job(self._ref(job_id), fields)
+        self._update(result, job_id, resize_to=tasks, resize_set=tasks)
+        if not span.nodes:
+            return f"NumTasks={tasks} NumCPUs={cpus}, node lists cleared: {tasks} GPUs of any type when it starts again"
+        shown = " + ".join(f"{n} {t}" for t, n in span.split)
+        return f"NumTasks={tasks} NumCPUs={cpus} ReqNodeList={','.join(span.nodes)}: {shown} when it starts again"
 
     def _stop(self, action: Preempt | Resize, result: ApplyResult) -> str:
         """Checkpoint request (the reason in the job's AdminComment, then the signal), recorded as in flight; a job
@@ -191,6 +221,7 @@ class Applier:
         if isinstance(action, Resize):
             changes["resize_to"] = action.new_gpus
             changes["resize_set"] = 0
+            changes["resize_split"] = split_text(dict(action.split))
         if job_dir is None:
             log.warning(
                 "job %d: no job directory of its user under %s; requeue without checkpoint",

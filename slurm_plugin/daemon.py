@@ -36,9 +36,9 @@ from slurm_plugin.actions import (
     ps_plan,
     ps_preempt_actions,
 )
-from slurm_plugin.apply import Applier, ApplyResult, Outcome, acknowledgements, capabilities
+from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, telemetry
 from slurm_plugin.config import PluginConfig
-from slurm_plugin.easyscale import Capability, ScaleOutWatch, job_profile, observed_scale_out, watch_grow
+from slurm_plugin.easyscale import ScaleOutWatch, job_profile, may_span_types, observed_scale_out, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
 from slurm_plugin.store import JobRecord, Store
@@ -164,8 +164,9 @@ class Daemon:
             raise
         records = self.store.load()
         skews = self._skews(jobs)
-        report.capabilities = capabilities(self.config.ckpt_roots, self._managed(jobs))
-        profiles = self._profiles(jobs, nodes, report.capabilities)
+        reports = telemetry(self.config.ckpt_roots, self._managed(jobs))
+        report.capabilities = reports.capabilities
+        profiles = self._profiles(jobs, nodes, reports)
         try:
             obs = observe(jobs, nodes, records, self.selection, now=now, skews=skews, profiles=profiles)
             cluster = ClusterState.from_nodes(list(obs.nodes))
@@ -200,12 +201,10 @@ class Daemon:
     def _managed(self, jobs: list[Job]) -> dict[int, Job]:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
 
-    def _profiles(
-        self, jobs: list[Job], nodes: list[Node], observed: Mapping[int, Capability]
-    ) -> dict[int, ScalingCurve] | None:
+    def _profiles(self, jobs: list[Job], nodes: list[Node], reports: Telemetry) -> dict[int, ScalingCurve] | None:
         """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i
-        corrected by what each job observed, and Role 3's observation of the last grow the daemon carried out
-        (:mod:`slurm_plugin.easyscale`)."""
+        corrected by what each job observed, Role 3's observation of the last grow the daemon carried out, and
+        whether its plans may span GPU types (the D2 guard) (:mod:`slurm_plugin.easyscale`)."""
         if not isinstance(self.policy, TiresiasLasEasyScale):
             return None
         types = tuple(sorted({t for node in nodes for t, count in node.gpus.by_type if t and count > 0}))
@@ -216,8 +215,9 @@ class Daemon:
             managed, marker, _ = self.selection.judge(job)
             if not (job.state.is_active and managed and marker is not None and marker.elastic):
                 continue
-            seen = observed.get(job.job_id, ())
-            profile = job_profile(marker, job, types, seen)
+            seen = reports.capabilities.get(job.job_id, ())
+            mixed = may_span_types(marker, job.job_id in reports.d2)
+            profile = job_profile(marker, job, types, seen, mixed=mixed)
             watch = self._grows.get(job.job_id)
             if watch is not None:
                 scale_out = observed_scale_out(watch, profile, job, reported=bool(seen))

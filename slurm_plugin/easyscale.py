@@ -16,10 +16,13 @@ type and the observation of its last scale-out (Role 3). Here:
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy.easyscale import correct_capability
 from hpc_elastic.policy.hetero import EstProfile, ScaleOut, est_profile
@@ -68,13 +71,23 @@ def job_profile(
     types: tuple[str, ...],
     observed: Capability,
     scale_out: ScaleOut | None = None,
+    *,
+    mixed: bool = False,
 ) -> EstProfile:
     """The speed model of an elastic job: maxP = its workers, C_i from :func:`estimated_capability`, requested on
-    the type it holds (else the marker's, else the cluster's first)."""
+    the type it holds (else the marker's, else the cluster's first); ``mixed``: its plans may span GPU types (the
+    D2 guard, :func:`may_span_types`)."""
     capability = estimated_capability(types, dict(observed))
     held = [t for t, _ in job_gpus(job) if t in capability]
     base = held[0] if held else (marker.gpu_type if marker.gpu_type in capability else types[0])
-    return replace(est_profile(capability, marker.workers, base), scale_out=scale_out)
+    return replace(est_profile(capability, marker.workers, base), scale_out=scale_out, mixed=mixed)
+
+
+def may_span_types(marker: JobMarker, reports_d2: bool) -> bool:
+    """EasyScale §3.3's guard on a plan across GPU types: the job was submitted at D2 (its marker) and its current
+    run reports that it trains at D2, which the runtime allows only when the model scanner covers every operator
+    of its model (:class:`~hpc_elastic.jobdir.Progress` ``d2``). Anything else keeps one type."""
+    return marker.level is DeterminismLevel.D2 and reports_d2
 
 
 def watch_grow(profile: EstProfile, job: Job) -> ScaleOutWatch:
@@ -89,3 +102,73 @@ def observed_scale_out(watch: ScaleOutWatch, profile: EstProfile, job: Job, repo
     if not reported or job.restart_count <= watch.restart_count:
         return None
     return ScaleOut(watch.before, profile.throughput(dict(job_gpus(job))), watch.previous)
+
+
+#: at most this many candidate nodes are searched for a split (the subsets are enumerated)
+SPAN_SEARCH_NODES = 16
+
+
+def node_order_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Slurm's node order for equal weights: the configuration's, which names like node1, node2, node10 follow."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def span_nodes(
+    split: Mapping[str, int], free: Sequence[tuple[str, str, int]]
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The nodes that give a pending job exactly ``split`` GPUs per type (a plan of §3.4 Role 1, on several types
+    or one) with untyped ``--gpus-per-task=1`` tasks, and the other candidate nodes to exclude; None when no set
+    of nodes does.
+
+    ``free``: (node, its GPU type, its free GPUs) of the job's partition, the job's own GPUs counted free. Slurm
+    22.05 fills the required nodes in its order, each with all its free GPUs before the next (block distribution,
+    measured on the dev cluster), so every chosen node but the last in that order gives all its free GPUs and the
+    last at least one. The fewest nodes win, then the earliest in Slurm's order."""
+    want = {t: n for t, n in split.items() if n > 0}
+    if not want or any(isinstance(n, bool) or not isinstance(n, int) for n in want.values()):
+        raise ValueError(f"a split needs positive GPU counts per type, got {dict(split)!r}")
+    names = [name for name, _, _ in free]
+    if len(set(names)) != len(names):
+        raise ValueError("a node appears twice in the free GPUs")
+    usable = sorted(((n, t, f) for n, t, f in free if t in want and f > 0), key=lambda row: node_order_key(row[0]))
+    if len(usable) > SPAN_SEARCH_NODES:  # the nodes with the most free GPUs of each type
+        usable = sorted(usable, key=lambda row: -row[2])[:SPAN_SEARCH_NODES]
+        usable.sort(key=lambda row: node_order_key(row[0]))
+    for size in range(1, len(usable) + 1):
+        for chosen in itertools.combinations(usable, size):
+            got: dict[str, int] = {}
+            for _, gpu_type, count in chosen[:-1]:
+                got[gpu_type] = got.get(gpu_type, 0) + count
+            _, last_type, last_free = chosen[-1]
+            rest = want.get(last_type, 0) - got.get(last_type, 0)
+            if not 1 <= rest <= last_free:
+                continue
+            got[last_type] = got.get(last_type, 0) + rest
+            if got == want:
+                picked = tuple(name for name, _, _ in chosen)
+                others = tuple(sorted((n for n in names if n not in picked), key=node_order_key))
+                return picked, others
+    return None
+
+
+def split_text(split: Mapping[str, int]) -> str:
+    """``a100:2,v100:3``: a split as the daemon's store keeps it (sorted by type)."""
+    return ",".join(f"{t}:{n}" for t, n in sorted(split.items()) if n > 0)
+
+
+_SPLIT = re.compile(r"[A-Za-z0-9_.-]{1,32}:[1-9]\d{0,5}(,[A-Za-z0-9_.-]{1,32}:[1-9]\d{0,5}){0,15}")
+
+
+def parse_split(text: str) -> dict[str, int]:
+    """:func:`split_text` back ({} for ''); ``ValueError`` naming a bad value."""
+    if not text:
+        return {}
+    if not _SPLIT.fullmatch(text):
+        raise ValueError(f"bad GPU split {text!r}")
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        gpu_type, count = item.rsplit(":", 1)
+        if gpu_type in out:
+            raise ValueError(f"GPU type {gpu_type!r} twice in split {text!r}")
+        out[gpu_type] = int(count)
+    return out

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from hpc_elastic.launch.spec import JobMarker, MarkerError, decode_marker
 from hpc_elastic.policy import Decision, JobStatus, JobView, NodeView
+from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.slurm import Job, JobState, Node
 from slurm_plugin.cpu_policy import PsJobView
@@ -74,6 +75,10 @@ class Observation:
     cpu_free: Mapping[str, int] = field(default_factory=dict)
 
 
+#: the states of a job that started again after a requeue
+_RUNS_AGAIN = frozenset({JobState.CONFIGURING, JobState.RUNNING})
+
+
 def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
     """The record after seeing ``job`` at ``now``: bank ended runs, follow the current one."""
     submit = job.submit_time.timestamp() if job.submit_time else now
@@ -82,8 +87,10 @@ def advance(record: JobRecord | None, job: Job, now: float) -> JobRecord:
         rec = replace(rec, missing_since=None)
     if rec.stop_kind and (job.restart_count > rec.stop_restarts or not job.state.is_running):
         rec = replace(rec, stop_kind="", stop_at=None)  # the requested checkpoint + requeue happened
-    if rec.resize_to and not rec.stop_kind and job.state.is_running:
-        rec = replace(rec, resize_to=0, resize_set=0)  # the job runs again (at its new size if it was set)
+    if rec.resize_to and not rec.stop_kind and job.state in _RUNS_AGAIN:
+        # the job runs again (at its new size if it was set); not while its old allocation completes after the
+        # requeue (COMPLETING, already with the new restart count): the new size is still to be set
+        rec = replace(rec, resize_to=0, resize_set=0, resize_split="")
     if job.state.is_running and job.start_time is not None:
         start = job.start_time.timestamp()
         if rec.run_start is not None and abs(rec.run_start - start) > RESTART_TOLERANCE_S:
@@ -162,35 +169,49 @@ def ps_view(job: Job, marker: JobMarker | None, record: JobRecord, *, running: b
     )
 
 
-def split_allocation(job: Job, in_use: dict[str, int]) -> tuple[tuple[str, int], ...]:
-    """Per-node GPUs of a running job (squeue gives the total and the node list): evenly, within what each
-    node reports in use; ``in_use`` is decremented. Raises :class:`PartialRead` when it cannot add up."""
+def split_allocation(
+    job: Job, in_use: dict[str, int], node_types: Mapping[str, str] | None = None
+) -> tuple[tuple[str, int], ...]:
+    """Per-node GPUs of a running job (squeue gives the total, per type, and the node list): evenly, within what
+    each node reports in use, each type's GPUs on the job's nodes of that type (``node_types``) when it holds
+    several; ``in_use`` is decremented. Raises :class:`PartialRead` when it cannot add up."""
     nodes = [n for n in job.nodes if n in in_use]
     if len(nodes) != len(job.nodes) or not nodes:
         raise PartialRead(f"job {job.job_id} runs on {','.join(job.nodes) or '?'}, not all known GPU nodes")
-    need = job.gpu_count
-    share = {n: min(in_use[n], need // len(nodes) + (1 if i < need % len(nodes) else 0)) for i, n in enumerate(nodes)}
-    left = need - sum(share.values())
-    for n in nodes:
-        extra = min(left, in_use[n] - share[n])
-        share[n] += extra
-        left -= extra
-    if left:
-        raise PartialRead(f"job {job.job_id} holds {need} GPUs but its nodes report fewer in use")
-    for n in nodes:
-        in_use[n] -= share[n]
-    return tuple((n, c) for n, c in share.items() if c)
+    typed = [(t, count) for t, count in job.gpus.by_type if t and count > 0]
+    if len(typed) > 1 and node_types is not None:
+        parts = [(count, [n for n in nodes if node_types.get(n) == t]) for t, count in typed]
+    else:
+        parts = [(job.gpu_count, nodes)]
+    out: list[tuple[str, int]] = []
+    for need, part in parts:
+        if not part:
+            raise PartialRead(f"job {job.job_id} holds GPUs of a type none of its nodes has")
+        share = {n: min(in_use[n], need // len(part) + (1 if i < need % len(part) else 0)) for i, n in enumerate(part)}
+        left = need - sum(share.values())
+        for n in part:
+            extra = min(left, in_use[n] - share[n])
+            share[n] += extra
+            left -= extra
+        if left:
+            raise PartialRead(f"job {job.job_id} holds {job.gpu_count} GPUs but its nodes report fewer in use")
+        for n in part:
+            in_use[n] -= share[n]
+        out.extend((n, c) for n, c in share.items() if c)
+    return tuple(sorted(out, key=lambda item: nodes.index(item[0])))
 
 
 def _gpu_types(
-    job: Job, marker: JobMarker | None, partition_types: Mapping[str, frozenset[str]]
+    job: Job, marker: JobMarker | None, partition_types: Mapping[str, frozenset[str]], *, spans: bool = False
 ) -> frozenset[str] | None:
+    """The GPU types a job may run on: its partitions' types and the type it asked for or holds; a job whose plans
+    may span types (``spans``) is not held to the types of its allocation."""
     allowed: frozenset[str] | None = None
     if job.partition:
         parts = [p for p in job.partition.split(",") if p in partition_types]
         if parts:
             allowed = frozenset().union(*(partition_types[p] for p in parts))
-    asked = {t for t, _ in job.gpus.by_type if t}
+    asked = set() if spans else {t for t, _ in job.gpus.by_type if t}
     if marker is not None and marker.gpu_type:
         asked.add(marker.gpu_type)
     if asked:
@@ -212,13 +233,15 @@ def observe(
     jobs on CPU partitions (:class:`~slurm_plugin.cpu_policy.PsJobView`). ``profiles``: the elastic jobs' speed
     models (``tiresias-las+easyscale``); with them a running job may use only the GPU types it holds, as a resize
     keeps a job's type (Slurm 22.05 does not change a pending job's GPU type: a new typed ``TresPerJob`` leaves the
-    old type's TRES next to the new one)."""
+    old type's TRES next to the new one), unless its profile lets its plans span types (the D2 guard): it may then
+    use its partition's types, which the daemon gives it as nodes (the README's "One job on two GPU types")."""
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
     views = node_views(nodes)
     if not views:
         raise PartialRead("sinfo reported no GPU node")
     in_use = {v.name: v.total_gpus - v.free_gpus for v in views}
+    node_types = {v.name: v.gpu_type for v in views}
     partition_types: dict[str, set[str]] = {}
     for node in nodes:
         if node.gpus.total > 0:
@@ -265,9 +288,12 @@ def observe(
         elastic = marker if marker is not None and marker.elastic else None
         # a pending job resized after its requeue: squeue shows the old GPU count until it starts
         gpus = record.resize_set if pending and record.resize_set else job.gpu_count
-        allocation = split_allocation(job, in_use) if running else ()  # PartialRead: the whole pass waits
-        allowed = _gpu_types(job, marker, frozen_types)
+        allocation = split_allocation(job, in_use, node_types) if running else ()  # PartialRead: the whole pass waits
         held_types = frozenset(t for t, count in job.gpus.by_type if t and count > 0)
+        profile = (profiles or {}).get(key)
+        # a running job keeps the types it holds, unless the D2 guard lets its plans span its partition's types
+        spans = isinstance(profile, EstProfile) and profile.mixed
+        allowed = _gpu_types(job, marker, frozen_types, spans=spans)
         try:
             view = JobView(
                 job_id=key,
@@ -282,12 +308,12 @@ def observe(
                 first_start_time=record.first_start,
                 queue=record.queue,
                 skew=skews.get(job.job_id),
-                gpu_types=held_types if profiles is not None and running and held_types else allowed,
+                gpu_types=held_types if profiles is not None and running and held_types and not spans else allowed,
                 allocation=allocation,
                 time_limit=float(job.time_limit_s) if job.time_limit_s else None,
                 min_gpus=elastic.min if elastic else None,
                 max_gpus=elastic.max if elastic else None,
-                scaling=(profiles or {}).get(key),
+                scaling=profile,
             )
         except ValueError as exc:  # one job's odd fields keep that job, not the cluster, out of the pass
             rejected[key] = str(exc)

@@ -34,7 +34,8 @@ class JobRecord:
 
     A stop in flight (checkpoint requested, requeue not yet seen): ``stop_kind`` (``preempt`` or ``resize``),
     ``stop_at`` (when it was requested), ``stop_restarts`` (the job's restart count then). ``resize_to``: the
-    GPUs an elastic job is being resized to; ``resize_set``: the size already set on the pending job.
+    GPUs an elastic job is being resized to; ``resize_set``: the size already set on the pending job;
+    ``resize_split``: its new GPUs per type when its plans may span types (``a100:2,v100:3``; '' otherwise).
     """
 
     job_id: int
@@ -55,6 +56,7 @@ class JobRecord:
     stop_restarts: int = 0
     resize_to: int = 0
     resize_set: int = 0
+    resize_split: str = ""
     missing_since: float | None = None
     #: Slurm's submit time when the daemon first saw the job (Slurm resets it on every requeue)
     submitted: float | None = None
@@ -92,6 +94,7 @@ _ADDED = (
     "missing_since",
     "submitted",
     "banked_wait",
+    "resize_split",
 )  # may be missing in old databases
 _TYPES = {
     "job_id": "INTEGER PRIMARY KEY",
@@ -104,6 +107,7 @@ _TYPES = {
     "resize_to": "INTEGER NOT NULL DEFAULT 0",
     "resize_set": "INTEGER NOT NULL DEFAULT 0",
     "banked_wait": "REAL NOT NULL DEFAULT 0",
+    "resize_split": "TEXT NOT NULL DEFAULT ''",
 }
 
 
@@ -112,7 +116,7 @@ def _check_row(record: JobRecord) -> None:
         raise ValueError(f"job_id {record.job_id!r}")
     for name in _COLUMNS:
         value = getattr(record, name)
-        if name in {"placement", "stop_kind"} or value is None:
+        if name in {"placement", "stop_kind", "resize_split"} or value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"{name} {value!r}")
@@ -130,7 +134,7 @@ def _load_rows(db: sqlite3.Connection) -> dict[int, JobRecord]:
         values: dict[str, Any] = dict.fromkeys(_ADDED)
         values.update(zip(columns, row, strict=True))
         try:
-            for name in ("placement", "stop_kind"):
+            for name in ("placement", "stop_kind", "resize_split"):
                 values[name] = str(values[name] or "")
             for name in ("stop_restarts", "resize_to", "resize_set"):
                 values[name] = int(values[name] or 0)

@@ -8,10 +8,12 @@ inputs, so that the later heterogeneity planner can hand over any EST-to-device 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hpc_elastic.balance.apportion import apportion
 from hpc_elastic.est.detsum import DEFAULT_CHUNK, MAX_ESTS
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 22  # 16 MiB of fp32 per bucket
@@ -102,6 +104,31 @@ class Placement:
         for p in range(num_procs):
             owner.extend([p] * (base + (1 if p < extra else 0)))
         return cls(tuple(owner), num_procs)
+
+    @classmethod
+    def by_capability(cls, num_ests: int, capabilities: Sequence[float]) -> Placement:
+        """ESTs per process in proportion to its device's capability C_i (EasyScale §3.4, Eq. 1d: a step waits for
+        the process with the most ESTs per unit of capability, so the faster devices take more), in contiguous
+        blocks: the largest-remainder apportionment of ``num_ests``, every process at least one EST (taken from the
+        process with the most ESTs per unit of capability)."""
+        _int("num_ests", num_ests, 1, MAX_ESTS)
+        procs = len(capabilities)
+        _int("num_procs", procs, 1)
+        if procs > num_ests:
+            raise ValueError(f"num_procs ({procs}) must not exceed num_ests ({num_ests})")
+        for c in capabilities:
+            if isinstance(c, bool) or not isinstance(c, int | float) or not (math.isfinite(c) and c > 0):
+                raise ValueError(f"capabilities must be finite and > 0, got {c!r}")
+        counts = list(apportion(capabilities, num_ests))
+        for p in range(procs):
+            if counts[p] == 0:
+                donor = max(range(procs), key=lambda q: (counts[q] / capabilities[q] if counts[q] > 1 else -1, -q))
+                counts[donor] -= 1
+                counts[p] = 1
+        owner: list[int] = []
+        for p, count in enumerate(counts):
+            owner.extend([p] * count)
+        return cls(tuple(owner), procs)
 
     @classmethod
     def from_map(cls, mapping: Mapping[int, Sequence[int]]) -> Placement:

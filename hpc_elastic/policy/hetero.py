@@ -88,6 +88,9 @@ class EstProfile(ScalingCurve):
     ests: int = 1
     base_type: str = ""
     scale_out: ScaleOut | None = None
+    #: whether its plan may span GPU types where the policy plans on one type only (the runtime's D2 guard:
+    #: EasyScale §3.3, the bits of a model D2 covers do not depend on the device type)
+    mixed: bool = False
 
     def throughput(self, gpus: Mapping[str, int]) -> float:
         """Eq. 1d of Role 1's top-1 plan on these GPUs per type (0.0 when none has a capability here)."""
@@ -331,7 +334,8 @@ def _grant(
         free = tuple((types[p], min(left[p], cap[row])) for p in range(len(types)) if left[p] > 0 and mask >> p & 1)
         if not free:
             return
-        best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), mixed)
+        spans = mixed or prof.mixed  # the policy's plans, or this job's D2 guard
+        best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), spans)
         if best is not None and best.speedup > 1.0:
             best = replace(best, job_id=int(jobs.job_ids[row]))
             heapq.heappush(heap, (proposal_rank(best), row, best))
@@ -450,10 +454,10 @@ class EasyScaleHeter(EasyScaleHomo):
 class TiresiasLasEasyScale(EasyScaleHomo):
     """``tiresias-las+easyscale``, the Slurm daemon's EasyScale: as :class:`EasyScaleHomo` (2D-LAS decides who
     runs at its minimum, Role 2's proposals share out the free GPUs by speedup per GPU, Role 3 falls back), each
-    job's plan on one GPU type at a time, which the daemon carries out as a resize that may change the job's type
-    (checkpoint, requeue, new task count and GPU type). Plans across types need one job on several types whose
-    per-type GPU counts change across a requeue, which Slurm 22.05 does not do (the README's "EasyScale on
-    heterogeneous clusters"): ``easyscale-heter`` stays the simulator's."""
+    job's plan on one GPU type, except for a job whose profile is ``mixed`` (its run is at D2 and the model scanner
+    covers its model: EasyScale §3.3's guard), whose plans span types as ``easyscale-heter``'s do. The daemon
+    carries a plan out as a resize (checkpoint, requeue, new task count; a plan on several types as the nodes whose
+    free GPUs give its counts per type: the README's "One job on two GPU types")."""
 
     name = "tiresias-las+easyscale"
     plans_per_type = False

@@ -350,7 +350,8 @@ class JobTable:
     """The jobs of a pass, column by column (row i of every column is job i). Treat as read-only.
 
     Missing optional values are NaN (``first_start``, ``skew``, ``remaining``, ``time_limit``, ``position``).
-    ``pool`` is the pool a running job holds its GPUs in (-1 for pending jobs). ``pool_mask`` has bit p set when the
+    ``pool`` is the pool a running job holds its GPUs in (its first node's when it holds several types; -1 for
+    pending jobs). ``pool_mask`` has bit p set when the
     job may use pool p. ``alloc`` holds a :data:`RowAllocation` per running job (empty tuple for pending jobs).
     ``alloc`` and ``scaling`` are sequences (tuples, or a :class:`RowSlice` of a caller's arrays).
     ``min_gpus``/``max_gpus`` bound an elastic job's GPU count (both ``gpus`` for a rigid job); ``scaling`` holds
@@ -428,11 +429,8 @@ class JobTable:
                     raise ValueError(f"job {job.job_id}: allocation names unknown node {node!r}")
                 rows.append((row, count))
             allocs.append(tuple(rows))
-            if rows:
-                job_pools = {int(cluster.pool[row]) for row, _ in rows}
-                if len(job_pools) != 1:
-                    raise ValueError(f"job {job.job_id}: allocation spans several GPU types")
-                pools[i] = job_pools.pop()
+            if rows:  # a job on several types (an EasyScale plan across types): its first node's, as the simulator
+                pools[i] = int(cluster.pool[rows[0][0]])
         held = np.zeros(len(cluster.names), dtype=np.int64)
         for held_rows in allocs:
             for node_row, count in held_rows:

@@ -66,6 +66,31 @@ def size_fields(tasks: int, cpus: int, gpu_type: str | None, *, gpus_per_task: i
     return fields
 
 
+def span_fields(tasks: int, cpus: int, nodes: Sequence[str], excluded: Sequence[str]) -> list[dict[str, str | int]]:
+    """The two updates that give a pending job ``tasks`` GPUs on exactly ``nodes`` (one untyped GPU per task, the
+    job's ``--gpus-per-task=1``): first the node lists, then the size. Slurm 22.05 fills the nodes in its order,
+    each with as many tasks as it has free GPUs before the next (block distribution), so the GPUs per type follow
+    from the nodes chosen (:func:`slurm_plugin.easyscale.span_nodes`); ``excluded``: the partition's other nodes.
+    No nodes: any (empty lists clear the job's earlier ones).
+    Two updates: in one, 22.05 drops a ``NumNodes`` below the count of the old ``ReqNodeList`` (measured on the
+    dev cluster)."""
+    if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
+        raise ValueError(f"tasks must be a positive integer, got {tasks!r}")
+    if len(nodes) > tasks:
+        raise ValueError(f"need at most {tasks} nodes for {tasks} tasks, got {list(nodes)!r}")
+    if set(nodes) & set(excluded):
+        raise ValueError(f"nodes both required and excluded: {sorted(set(nodes) & set(excluded))}")
+    return [
+        {"ReqNodeList": ",".join(nodes), "ExcNodeList": ",".join(excluded)},
+        {
+            "NumTasks": tasks,
+            "NumCPUs": cpus,
+            "NumNodes": len(nodes) if nodes else f"1-{tasks}",
+            "TresPerJob": f"gres:gpu:{tasks}",
+        },
+    ]
+
+
 SIGNAL_NAMES = frozenset(
     {"HUP", "INT", "QUIT", "ABRT", "KILL", "USR1", "USR2", "PIPE", "ALRM", "TERM", "CONT", "STOP", "TSTP", "URG"}
 )

@@ -195,6 +195,17 @@ def test_progress_carries_the_observed_capability_and_the_daemon_reads_it_as_the
     assert job.read_progress_as(ME) is None
 
 
+def test_progress_says_whether_the_run_is_at_d2_and_only_a_json_boolean_counts(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "train-9").prepare()
+    record = Progress(40, 1766400000.5, 2.0, 5, 1, 0, ("a100", "v100"), 8, (("a100", 3.0),), True)
+    job.record_progress(record)
+    assert job.read_progress_as(ME) == record and '"d2": true' in record.to_json()
+    assert parse_progress(record.to_json().replace(', "d2": true', "")).d2 is False  # older records
+    for hostile in ('"yes"', "1", "null", '["d2"]'):
+        job.progress_path.write_text(record.to_json().replace('"d2": true', f'"d2": {hostile}'))
+        assert job.read_progress_as(ME) is None
+
+
 def test_progress_fields_are_checked() -> None:
     with pytest.raises(ValueError, match="progress step"):
         Progress(-1, 1.0, None, 1, 0, 0)

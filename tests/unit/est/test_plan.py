@@ -77,3 +77,20 @@ def test_with_counts_moves_only_what_must_move() -> None:
 def test_with_counts_rejects_bad_counts(counts: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="EST count"):
         Placement.contiguous(8, 4).with_counts(counts)
+
+
+def test_placement_by_capability_gives_faster_devices_more_ests_eq_1d() -> None:
+    # 2 a100 at twice a v100's capability and 3 v100, 8 ESTs: shares 2.29, 2.29, 1.14 x 3 -> 3, 2, 1, 1, 1
+    placement = Placement.by_capability(8, [2.0, 2.0, 1.0, 1.0, 1.0])
+    assert placement.counts() == (3, 2, 1, 1, 1) and placement.owner == (0, 0, 0, 1, 1, 2, 3, 4)
+    # f_overload (Eq. 1b: the most ESTs per unit of capability) of that split against the even one
+    assert max(a / c for a, c in zip(placement.counts(), [2, 2, 1, 1, 1], strict=True)) == 1.5
+    assert max(a / c for a, c in zip((2, 2, 2, 1, 1), [2, 2, 1, 1, 1], strict=True)) == 2.0
+    # equal capabilities: the even contiguous blocks
+    assert Placement.by_capability(8, [1.0] * 5) == Placement.contiguous(8, 5)
+    # every process keeps at least one EST, taken from the most loaded per unit of capability
+    assert Placement.by_capability(5, [10.0, 1.0, 1.0, 1.0, 1.0]).counts() == (1, 1, 1, 1, 1)
+    assert Placement.by_capability(6, [10.0, 3.0, 1.0]).counts() == (4, 1, 1)
+    for bad in ([0.0, 1.0], [float("nan"), 1.0], [1.0] * 9):
+        with pytest.raises(ValueError, match="capabilities|num_procs"):
+            Placement.by_capability(8, bad)

@@ -191,3 +191,20 @@ def test_a_stop_in_flight_is_followed_up_after_the_marker_is_removed(busy: tuple
     obs = observe(hidden, nodes, stopping, Selection(), now=now + 10)
     assert 24 in obs.managed and obs.records[24].stop_kind == "preempt"
     assert 24 not in {v.job_id for v in obs.jobs}  # not scheduled, only finished
+
+
+def test_a_resize_in_flight_outlives_the_old_allocation_completing_after_the_requeue(slurm_data: Path) -> None:
+    """After ``scontrol requeue`` squeue shows the job COMPLETING, with its old allocation and the new restart
+    count: the checkpoint + requeue happened, the new size is still to be set (seen on the dev cluster: the record
+    was forgotten there, and another job was resized while this one waited)."""
+    before = {j.job_id: marked(j) for j in parse_squeue_json((slurm_data / "squeue.json").read_text())}
+    start = before[1].start_time
+    assert start is not None
+    rec = advance(None, before[1], at(start, 10))
+    rec = replace(rec, stop_kind="resize", stop_restarts=0, resize_to=2, resize_split="a100:1,v100:1")
+    completing = replace(before[1], state=JobState.COMPLETING, restart_count=1)
+    rec = advance(rec, completing, at(start, 12))
+    assert (rec.stop_kind, rec.resize_to, rec.resize_split) == ("", 2, "a100:1,v100:1")
+    again = replace(before[1], restart_count=1, start_time=start + timedelta(seconds=30))
+    rec = advance(rec, again, at(start, 40))  # runs again: nothing in flight
+    assert (rec.resize_to, rec.resize_set, rec.resize_split) == (0, 0, "")

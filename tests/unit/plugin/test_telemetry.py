@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hpc_elastic.jobdir import JobDir, Progress
 from hpc_elastic.slurm import Job, JobState, Node
-from slurm_plugin.apply import capabilities
+from slurm_plugin.apply import telemetry
 from slurm_plugin.config import parse_config
 from tests.unit.plugin.conftest import at, start_of
 from tests.unit.plugin.test_daemon import PREEMPTING, FakeSlurm, make
@@ -19,8 +19,10 @@ ME = os.getuid()
 REPORT = (("a100", 35.0), ("v100", 5.0))
 
 
-def record(job_dir: JobDir, restart_count: int, capability: tuple[tuple[str, float], ...] = REPORT) -> None:
-    job_dir.record_progress(Progress(40, 1766400000.0, 2.0, 3, restart_count, 0, ("a100", "v100"), 8, capability))
+def record(
+    job_dir: JobDir, restart_count: int, capability: tuple[tuple[str, float], ...] = REPORT, *, d2: bool = False
+) -> None:
+    job_dir.record_progress(Progress(40, 1766400000.0, 2.0, 3, restart_count, 0, ("a100", "v100"), 8, capability, d2))
 
 
 def test_capabilities_come_from_running_jobs_of_this_incarnation_and_their_own_user(tmp_path: Path) -> None:
@@ -36,15 +38,18 @@ def test_capabilities_come_from_running_jobs_of_this_incarnation_and_their_own_u
     }
     for job in jobs.values():
         JobDir.of(root, job.name, job.job_id).prepare()
-    record(JobDir.of(root, "el", 7), 2)
-    record(JobDir.of(root, "old", 8), 1)
-    record(JobDir.of(root, "waits", 9), 2)
-    record(JobDir.of(root, "other", 10), 2)
+    record(JobDir.of(root, "el", 7), 2, d2=True)
+    record(JobDir.of(root, "old", 8), 1, d2=True)
+    record(JobDir.of(root, "waits", 9), 2, d2=True)
+    record(JobDir.of(root, "other", 10), 2, d2=True)
     bad = JobDir.of(root, "bad", 11)
     record(bad, 2)
     bad.progress_path.write_text(bad.progress_path.read_text().replace("35.0", "NaN"))
     record(JobDir.of(root, "none", 12), 2, ())
-    assert capabilities([root], jobs) == {7: REPORT}
+    reports = telemetry([root], jobs)
+    assert reports.capabilities == {7: REPORT}
+    # the D2 guard comes from the same record, of any incarnation of a running job (8's earlier run counts)
+    assert reports.d2 == frozenset({7, 8})
 
 
 def test_the_daemons_state_shows_each_jobs_capability(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:

@@ -21,7 +21,7 @@ from hpc_elastic.est.comm import local_communicator
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import ACK as ACK_FILE
 from hpc_elastic.jobdir import PROGRESS as PROGRESS_FILE
-from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
+from hpc_elastic.jobdir import JobDir, Progress, StopReason, StopRequest
 from hpc_elastic.session import Session
 from hpc_elastic.state import State
 from tests.unit.checkpoint.threaded import ThreadCollective, run_ranks, threaded_communicator
@@ -252,6 +252,24 @@ def test_mixed_device_types_need_d2_and_a_checkpoint_keeps_its_type(tmp_path: Pa
     )
     with pytest.raises(HpcElasticError, match="trained on a100, this run has v100"):
         make(v100)[1].restore()
+
+
+def test_a_run_on_two_device_types_places_ests_by_the_capability_its_last_run_observed(tmp_path: Path) -> None:
+    """3 processes (a100, a100, v100), 8 ESTs: even blocks (3, 3, 2) without a record; with the last run's C_a100 = 3
+    and C_v100 = 1 in the progress record, Eq. 1d's shares 3.43, 3.43, 1.14 -> (4, 3, 1) by largest remainder."""
+    types = (("node1", "a100"), ("node2", "a100"), ("node3", "v100"))
+
+    def counts(coll: ThreadCollective) -> tuple[int, ...]:
+        job = JobEnvironment(job_dir=tmp_path, workers=8, node_name=f"node{coll.rank + 1}", node_gpu_types=types)
+        return Session(job, threaded_communicator(coll)).placement.counts()
+
+    JobDir(tmp_path).prepare()
+    assert run_ranks(3, counts) == [(3, 3, 2)] * 3
+    JobDir(tmp_path).record_progress(Progress(9, 1766400000.0, 1.0, 2, 0, 0, ("a100",), 8, (("a100", 3.0),)))
+    assert run_ranks(3, counts) == [(3, 3, 2)] * 3  # the v100 not observed: at the mean of the types observed
+    observed = (("a100", 3.0), ("v100", 1.0))
+    JobDir(tmp_path).record_progress(Progress(9, 1766400001.0, 1.0, 3, 1, 0, ("a100", "v100"), 8, observed))
+    assert run_ranks(3, counts) == [(4, 3, 1)] * 3
 
 
 def test_from_environment_torch_single_process(tmp_path: Path) -> None:
