@@ -125,7 +125,7 @@ class GrowConfig:
     step_delay_s: float = 0.25
     ckpt_every: int = 10
     gang_gpus: int = 2
-    #: the gang job held its 2 GPUs 41 s in a run here (load 5-6): long enough for the shrunk job to train on 2
+    #: the gang job held its 2 GPUs 25-27 s in two runs here (load 1.3-1.9), long enough for the shrunk job to train
     gang_steps: int = 40
     gang_step_delay_s: float = 0.5
     grace_s: int = 120
