@@ -12,21 +12,26 @@ Act 1 (slurm_plugin.scenario): Tiresias' preemption.
    ``demo-report.json`` in the working directory. Exit status 0 when the story held (the long job was preempted,
    resumed from its checkpoint, and its final parameters equal those of the uninterrupted run).
 
-Act 2 (slurm_plugin.grow_story): EasyScale in the daemon (``tiresias-las+easyscale``). An elastic N = 8 job grows
-onto idle GPUs (Role 2's proposals, EasyScale §3.4), shrinks back when a rigid gang job arrives (2D-LAS lets the gang
-job in), and ends with the same final parameters as one uninterrupted 1-process run. Writes ``demo-grow.png`` (the
-GPUs of each type each job held over time, read from Slurm every second, with the daemon's resize decisions and
-Slurm's requeues marked) and ``demo-grow-report.json``. Exit status 0 when both acts' stories held.
+Act 2 (slurm_plugin.grow_story): EasyScale in the daemon (``tiresias-las+easyscale``). An elastic N = 8 job at level
+D2 starts on 2 a100 and grows onto the idle v100 beside them, one job across GPU types (Role 2's proposals and Eq. 1d,
+EasyScale §3.4), shrinks back when a rigid gang job arrives (2D-LAS lets the gang job in), and ends with the same
+final parameters as one uninterrupted 1-process run at D2. Writes ``demo-grow.png`` (the GPUs of each type each job
+held over time and their total, read from Slurm every second, with the daemon's resize decisions and Slurm's requeues
+marked) and ``demo-grow-report.json``. It runs as a ``gpu`` lane session of the integration tests would (it waits for
+their locks), since it fills the ``gpu`` partition. Exit status 0 when both acts' stories held.
 
 ``--act 1`` or ``--act 2`` runs one act only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,9 @@ REPORT = Path("demo-report.json")
 PLOT = Path("demo-jct.png")
 GROW_REPORT = Path("demo-grow-report.json")
 GROW_PLOT = Path("demo-grow.png")
+#: the integration tests' session locks (tests/integration/conftest.py), under the shared gpfs root
+TEST_ROOT_NAME = "tests"
+LOCK_WAIT_S = 1800.0
 
 
 def say(line: str) -> None:
@@ -159,7 +167,8 @@ def act1(root: Path) -> bool:
 
 
 def grow_plot(result: GrowResult, path: Path) -> None:
-    """Step plot of the GPUs of each type held by the elastic and the gang job over time, one panel each; the
+    """Stacked step plot of the GPUs of each type held by the elastic and the gang job over time (and their total
+    when a job held more than one type), one panel each; the
     daemon's resize decisions (dashed) and Slurm's requeues of the elastic job (dotted) marked on both; below, the
     elastic job's training loss over steps."""
     plt = pyplot()
@@ -176,16 +185,23 @@ def grow_plot(result: GrowResult, path: Path) -> None:
     for ax, (job_id, title) in zip(axes, jobs, strict=True):
         hs: list[Holding] = series.get(job_id, [])
         xs = [h.t - t0 for h in hs] + [end]
+        below = [0] * len(
+            xs
+        )  # the types stacked: 2 a100 + 2 v100 shows as two bands, not two lines on top of each other
         for color, gpu_type in enumerate(types):
             ys = [h.count(gpu_type) for h in hs]
             if not any(ys):
                 continue
-            top = max(top, *ys)
-            ax.step(xs, [*ys, ys[-1]], where="post", label=gpu_type or "gpu", linewidth=2, color=f"C{color}")
+            above = [lo + n for lo, n in zip(below, [*ys, ys[-1]], strict=True)]
+            ax.fill_between(
+                xs, below, above, step="post", label=gpu_type or "gpu", color=f"C{color}", alpha=0.6, linewidth=0
+            )
+            below = above
         totals = [sum(n for _, n in h.gpus) for h in hs]
-        if len({name for h in hs for name, _ in h.gpus}) > 1:  # a plan across types: its total too
+        if totals:
             top = max(top, *totals)
-            ax.step(xs, [*totals, totals[-1]], where="post", label="total", color="black", linewidth=1)
+        if len({name for h in hs for name, _ in h.gpus}) > 1:  # a plan across types: its total too
+            ax.step(xs, [*totals, totals[-1]], where="post", label="total", color="black", linewidth=1.5)
         ax.set_title(f"{title}: job {job_id}", fontsize=10, loc="left")
         ax.set_ylabel("GPUs held")
     for action in resize_actions(result.daemon_actions, [result.elastic_id]):
@@ -214,11 +230,39 @@ def grow_plot(result: GrowResult, path: Path) -> None:
     plt.close(fig)
 
 
+@contextlib.contextmanager
+def gpu_lane(gpfs_root: Path) -> Iterator[None]:
+    """Hold the integration tests' locks as a ``gpu`` lane session does: ``.session.lock`` shared, ``.lane-gpu.lock``
+    alone; waits up to :data:`LOCK_WAIT_S` for them (another session's GPUs would starve the story)."""
+    test_root = gpfs_root / TEST_ROOT_NAME
+    test_root.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        for name, how in ((".session.lock", fcntl.LOCK_SH), (".lane-gpu.lock", fcntl.LOCK_EX)):
+            lock = held.enter_context((test_root / name).open("a"))
+            deadline = time.monotonic() + LOCK_WAIT_S
+            waited = False
+            while True:
+                try:
+                    fcntl.flock(lock, how | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise ScenarioError(f"another session held {lock.name} for {LOCK_WAIT_S:.0f} s") from None
+                    if not waited:
+                        say(f"waiting for {lock.name} (an integration test session holds it)")
+                        waited = True
+                    time.sleep(2.0)
+        yield
+
+
 def act2(root: Path) -> bool:
     """EasyScale's grow-and-shrink story; whether it held (the final parameters are the reference's)."""
-    slurm = connect(read_environment())
-    say("== act 2: an elastic N=8 job under tiresias-las+easyscale grows onto idle GPUs, shrinks for a gang job")
-    result = run_grow_story(slurm, root, GrowConfig(), say=say)
+    env = read_environment()
+    slurm = connect(env)
+    say("== act 2: an elastic N=8 D2 job under tiresias-las+easyscale grows from 2 a100 onto idle v100 (one job")
+    say("   across GPU types), shrinks for a gang job")
+    with gpu_lane(env.gpfs_root):
+        result = run_grow_story(slurm, root, GrowConfig(), say=say)
     for action in result.daemon_actions:
         if action.get("kind") in ("resize", "size", "preempt", "requeue"):
             say(f"daemon: {action['kind']} job {action['job_id']}: {action['detail']} ({action['reason']})")

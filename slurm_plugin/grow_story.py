@@ -2,12 +2,15 @@
 
 Used by ``make demo``'s second act (``scripts/demo.py``); the daemon configuration of the resize stories
 (:func:`write_resize_config`) and the uninterrupted reference run (:func:`reference_params_sha`) are shared with the
-integration tests. The story: a plain filler job, which the daemon does not manage, holds some GPUs; the bundled
-example (``hpc_elastic/est/example.py``, the Linear/ReLU model D2 covers) with N logical workers (ESTs) is submitted
-through ``hpc-elastic submit``, elastic between a minimum and a maximum of GPUs. Once it trains, the daemon starts:
-with idle GPUs and nothing waiting, EasyScale's proposals (§3.4, Role 2) grow it; then a rigid gang job arrives and
-2D-LAS, counting the elastic job at its minimum, lets it in: the elastic job shrinks. Both run to their end, and the
-elastic job's final parameters are compared with those of one uninterrupted 1-process run of the same N.
+integration tests. The story (the layout of the daemon's cross-type integration test): plain filler jobs, which the
+daemon does not manage, hold all of the ``gpu`` partition's GPUs but node2's last 2 a100 and node3's last 2 v100; the
+bundled example (``hpc_elastic/est/example.py``, the Linear/ReLU model D2 covers) with N logical workers (ESTs) at
+level D2 is submitted through ``hpc-elastic submit`` without a GPU type, elastic between a minimum and a maximum of
+GPUs, and starts on the 2 a100. Once it trains, the filler on node3's 2 v100 ends and the daemon starts: with idle
+GPUs and nothing waiting, EasyScale's proposals (§3.4, Role 2) grow it, across types when the planner's plan spans
+them (Eq. 1d); then a rigid gang job arrives and 2D-LAS, counting the elastic job at its minimum, lets it in: the
+elastic job shrinks. Both run to their end, and the elastic job's final parameters are compared with those of one
+uninterrupted 1-process run of the same N at the same level.
 
 The story polls Slurm every second while it runs; each poll's view of the jobs is kept (:mod:`slurm_plugin.timeline`)
 so that the GPUs of each type each job held can be drawn over time, whatever the daemon decided (one type or
@@ -98,14 +101,22 @@ def reference_params_sha(
 
 @dataclass(frozen=True)
 class GrowConfig:
-    """The story's cluster layout and jobs. Defaults: the v100 partition (node3-4), a filler on node4's 4 GPUs, an
-    N = 8 job elastic between 2 and 4 GPUs, a 2-GPU gang job (the layout of the daemon's EasyScale integration
-    test)."""
+    """The story's cluster layout and jobs. Defaults: the ``gpu`` partition (node1-2 a100, node3-4 v100) filled but
+    for node2's 2 a100 (where the job starts) and, once it trains, node3's 2 v100; an N = 8 job at D2 elastic
+    between 2 and 4 GPUs of any type; a 2-GPU gang job (the layout of the daemon's cross-type integration test)."""
 
-    partition: str = "gpu-v100"
-    gpu_type: str | None = "v100"  # None: the job may get any type the partition has
-    #: the filler's sbatch options (a plain job the daemon does not manage)
-    filler: tuple[str, ...] = ("--partition=gpu-v100", "--nodelist=node4", "--gres=gpu:4")
+    partition: str = "gpu"
+    gpu_type: str | None = None  # None: the job may get any type the partition has
+    level: DeterminismLevel | None = DeterminismLevel.D2  # D2: the runtime may run the job across GPU types
+    #: the fillers' sbatch options besides the partition (plain jobs the daemon does not manage), held throughout
+    fillers: tuple[tuple[str, ...], ...] = (
+        ("--nodelist=node1", "--gres=gpu:a100:4"),
+        ("--nodelist=node2", "--gres=gpu:a100:2"),
+        ("--nodelist=node3", "--gres=gpu:v100:2"),
+        ("--nodelist=node4", "--gres=gpu:v100:4"),
+    )
+    #: fillers that hold their GPUs until the elastic job trains, then end: idle GPUs for the daemon to give it
+    released: tuple[tuple[str, ...], ...] = (("--nodelist=node3", "--gres=gpu:v100:2"),)
     workers: int = 8
     gpus: int = 2
     min_gpus: int = 2
@@ -114,7 +125,7 @@ class GrowConfig:
     step_delay_s: float = 0.25
     ckpt_every: int = 10
     gang_gpus: int = 2
-    #: the gang job held its 2 GPUs 41 s in a run here (load 5-6): long enough for the shrunk job to train on 2
+    #: the gang job held its 2 GPUs 25-27 s in two runs here (load 1.3-1.9), long enough for the shrunk job to train
     gang_steps: int = 40
     gang_step_delay_s: float = 0.5
     grace_s: int = 120
@@ -128,6 +139,9 @@ class GrowConfig:
     def type_options(self) -> tuple[str, ...]:
         return (f"--partition={self.partition}",) + ((f"--gpu-type={self.gpu_type}",) if self.gpu_type else ())
 
+    def level_options(self) -> tuple[str, ...]:
+        return (f"--level={self.level.value}",) if self.level is not None else ()
+
 
 @dataclass
 class GrowResult:
@@ -136,7 +150,7 @@ class GrowResult:
     workdir: str
     elastic_id: int = 0
     gang_id: int = 0
-    filler_id: int = 0
+    filler_ids: list[int] = field(default_factory=list)  # the fillers, held and released
     t0: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     daemon_actions: list[dict[str, Any]] = field(default_factory=list)
@@ -155,7 +169,7 @@ class GrowResult:
             "workdir": self.workdir,
             "elastic_id": self.elastic_id,
             "gang_id": self.gang_id,
-            "filler_id": self.filler_id,
+            "filler_ids": self.filler_ids,
             "t0": self.t0,
             "samples": [s.to_dict() for s in self.samples],
             "daemon_actions": self.daemon_actions,
@@ -194,7 +208,8 @@ class _Watch:
             if self.daemon.proc is not None and not self.daemon.alive:
                 raise ScenarioError(f"the daemon exited (log {self.daemon.log})")
             for job_id, job in self.last.items():
-                if job_id != self.result.filler_id and not job.state.is_active and job.state is not JobState.COMPLETED:
+                ended = not job.state.is_active and job.state is not JobState.COMPLETED
+                if ended and job_id not in self.result.filler_ids:
                     raise ScenarioError(f"job {job_id} ended {job.state.value} (workdir {self.result.workdir})")
             if time.monotonic() > self.deadline:
                 raise ScenarioError(f"timed out waiting for {what} (workdir {self.result.workdir})")
@@ -271,14 +286,24 @@ def run_grow_story(
     daemon = DaemonProcess(config, workdir / "daemon.log")
     watch = _Watch(slurm, result, time.monotonic() + cfg.timeout_s, daemon)
     with _cleanup(slurm, watch.ids, daemon):
-        name = f"{prefix}-filler"
-        result.filler_id = slurm.submit(
-            script_text="#!/bin/bash\nsleep 3600\n",
-            options=[f"--job-name={name}", f"--output={workdir}/{name}-%j.out", *cfg.filler],
-        )
-        watch.ids.append(result.filler_id)
-        say(f"filler job {result.filler_id} ({' '.join(cfg.filler)}), not managed by the daemon")
-        watch.until("the filler runs", lambda: watch.running(result.filler_id), say)
+        released: list[int] = []
+        for index, options in enumerate((*cfg.fillers, *cfg.released)):
+            name = f"{prefix}-f{index}"
+            job_id = slurm.submit(
+                script_text="#!/bin/bash\nsleep 3600\n",
+                options=[
+                    f"--job-name={name}",
+                    f"--output={workdir}/{name}-%j.out",
+                    f"--partition={cfg.partition}",
+                    *options,
+                ],
+            )
+            result.filler_ids.append(job_id)
+            watch.ids.append(job_id)
+            if index >= len(cfg.fillers):
+                released.append(job_id)
+            say(f"filler job {job_id} ({' '.join(options)}), not managed by the daemon")
+        watch.until("the fillers run", lambda: all(watch.running(job_id) for job_id in result.filler_ids), say)
         el_name = f"{prefix}-el"
         result.elastic_id = elastic = _submit(
             workdir,
@@ -287,6 +312,7 @@ def run_grow_story(
             f"--max-gpus={cfg.max_gpus}",
             f"--workers={cfg.workers}",
             *cfg.type_options(),
+            *cfg.level_options(),
             f"--job-name={el_name}",
             args=(
                 *cfg.model_args,
@@ -300,8 +326,16 @@ def run_grow_story(
         say(
             f"submitted the elastic job {elastic}: N={cfg.workers} ESTs on {cfg.gpus} GPUs, "
             f"elastic in [{cfg.min_gpus}, {cfg.max_gpus}]"
+            + (f", level {cfg.level.value}" if cfg.level is not None else "")
         )
         watch.until(f"it trains on {cfg.gpus} processes", lambda: _said(out, f"rank 0 of {cfg.gpus} "), say)
+        if released:
+            slurm.cancel(released)
+            watch.until(
+                "the released fillers' GPUs are idle",
+                lambda: all(job_id in watch.last and not watch.last[job_id].state.is_active for job_id in released),
+                say,
+            )
         daemon.start()
         say(f"daemon started: policy tiresias-las+easyscale, scoped to ^{prefix}- (log {daemon.log})")
         grown = watch.until(
@@ -335,7 +369,7 @@ def run_grow_story(
             doc = json.loads((workdir / "state" / "state.json").read_text())
             result.daemon_actions = [a for a in doc.get("recent_actions", []) if isinstance(a, dict)]
     text = out.read_text()
-    result.starts = [line.split(" (")[0] for line in text.splitlines() if line.startswith("rank 0 of ")]
+    result.starts = [line.split(";")[0] for line in text.splitlines() if line.startswith("rank 0 of ")]
     shas = SHA.findall(text)
     if len(shas) != 1:
         raise ScenarioError(f"the elastic job printed {len(shas)} final parameter shas (see {out})")
@@ -344,9 +378,9 @@ def run_grow_story(
         result.loss = loss_by_step(read_loss_log(workdir / "loss"), cfg.workers)
     except (OSError, ValueError) as exc:
         raise ScenarioError(f"the elastic job's loss log: {exc}") from None
-    say("the uninterrupted reference run: 1 process, same N, outside Slurm")
+    say("the uninterrupted reference run: 1 process, same N and level, outside Slurm")
     result.reference_sha = reference_params_sha(
-        workdir / "reference", (sys.executable, str(EXAMPLE), *cfg.model_args), workers=cfg.workers
+        workdir / "reference", (sys.executable, str(EXAMPLE), *cfg.model_args), workers=cfg.workers, level=cfg.level
     )
     result.phases.append(("the reference run ended", time.time() - result.t0))
     return result
