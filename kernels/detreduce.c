@@ -1380,6 +1380,173 @@ static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- max pool (D2) */
+
+/* D2's max pool over the planes of a contiguous [planes, h, w] input (d2_ops._MaxPool2dFn's definition): for each
+   window the kernel offsets t = i * kw + j in increasing order, a padded position reading -inf; an offset replaces
+   the best so far only when strictly greater, or NaN over a number, so ties go to the first offset.  Only
+   comparisons and copies of the input's bits: exact, whatever the implementation.  geometry: planes, h, w, kh, kw,
+   sh, sw, ph, pw, dh, dw, ho, wo. */
+
+typedef struct {
+    Py_ssize_t planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo;
+} pool_t;
+
+static int pool_geometry(pool_t *p, const buf_t *bg) {
+    if (count(bg) != 13) {
+        PyErr_SetString(PyExc_ValueError, "geometry must hold 13 int64: planes, h, w, kh, kw, sh, sw, ph, pw, dh, "
+                                          "dw, ho, wo");
+        return -1;
+    }
+    const int64_t *v = (const int64_t *)bg->view.buf;
+    p->planes = v[0]; p->h = v[1]; p->w = v[2]; p->kh = v[3]; p->kw = v[4]; p->sh = v[5]; p->sw = v[6];
+    p->ph = v[7]; p->pw = v[8]; p->dh = v[9]; p->dw = v[10]; p->ho = v[11]; p->wo = v[12];
+    for (int i = 0; i < 13; ++i) {
+        if (v[i] < (i == 7 || i == 8 ? 0 : 1)) {
+            PyErr_Format(PyExc_ValueError, "geometry[%d] out of range: %lld", i, (long long)v[i]);
+            return -1;
+        }
+    }
+    if (p->kh * p->kw > 256) {
+        PyErr_Format(PyExc_ValueError, "at most 256 kernel offsets (uint8 indices), got %zd", p->kh * p->kw);
+        return -1;
+    }
+    return 0;
+}
+
+static void max_pool_plane(const float *x, float *out, uint8_t *idx, const pool_t *p) {
+    const float neg_inf = -INFINITY;
+    for (Py_ssize_t oy = 0; oy < p->ho; ++oy) {
+        for (Py_ssize_t ox = 0; ox < p->wo; ++ox) {
+            float best = neg_inf;
+            const float *from = NULL; /* NULL: the best is a padded position */
+            int bt = 0, t = 0;
+            for (Py_ssize_t i = 0; i < p->kh; ++i) {
+                const Py_ssize_t y = oy * p->sh + i * p->dh - p->ph;
+                for (Py_ssize_t j = 0; j < p->kw; ++j, ++t) {
+                    const Py_ssize_t xx = ox * p->sw + j * p->dw - p->pw;
+                    const float *at = (y >= 0 && y < p->h && xx >= 0 && xx < p->w) ? x + y * p->w + xx : NULL;
+                    const float v = at ? *at : neg_inf;
+                    if (t == 0 || v > best || (v != v && best == best)) {
+                        best = v;
+                        from = at;
+                        bt = t;
+                    }
+                }
+            }
+            const Py_ssize_t o = oy * p->wo + ox;
+            if (from) {
+                memcpy(out + o, from, sizeof(float)); /* the selected input's bits (a NaN's payload too) */
+            } else {
+                out[o] = neg_inf;
+            }
+            idx[o] = (uint8_t)bt;
+        }
+    }
+}
+
+/* The backward of the definition: the padded input gradient starts at +0 and each offset t, in increasing order,
+   adds the output gradients of the windows that selected t (the definition also adds +0 where a window did not:
+   an identity here, since a sum that starts at +0 is never -0 under rounding to nearest); positions in the padding
+   are dropped. */
+static void max_pool_plane_backward(const float *g, const uint8_t *idx, float *gx, const pool_t *p) {
+    for (Py_ssize_t k = 0; k < p->h * p->w; ++k) gx[k] = 0.0f;
+    int t = 0;
+    for (Py_ssize_t i = 0; i < p->kh; ++i) {
+        for (Py_ssize_t j = 0; j < p->kw; ++j, ++t) {
+            for (Py_ssize_t oy = 0; oy < p->ho; ++oy) {
+                const Py_ssize_t y = oy * p->sh + i * p->dh - p->ph;
+                if (y < 0 || y >= p->h) continue;
+                for (Py_ssize_t ox = 0; ox < p->wo; ++ox) {
+                    const Py_ssize_t o = oy * p->wo + ox;
+                    if (idx[o] != t) continue;
+                    const Py_ssize_t xx = ox * p->sw + j * p->dw - p->pw;
+                    if (xx < 0 || xx >= p->w) continue;
+                    gx[y * p->w + xx] = gx[y * p->w + xx] + g[o];
+                }
+            }
+        }
+    }
+}
+
+static const char max_pool_forward_doc[] =
+    "max_pool_forward(x, out, idx, geometry)\n"
+    "D2's max pool on contiguous x [planes, h, w] into out and idx (uint8: the selected offset) [planes, ho, wo];\n"
+    "geometry int64 [planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo]. Ties go to the first offset.";
+
+static PyObject *py_max_pool_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ox, *oo, *oi, *og;
+    if (!PyArg_ParseTuple(args, "OOOO", &ox, &oo, &oi, &og)) return NULL;
+    buf_t bx, bo, bi, bg;
+    buf_t *held[4] = {&bx, &bo, &bi, &bg};
+    int got = 0;
+    if (acquire(ox, &bx, 'f', 0, "x") == 0 && ++got && acquire(oo, &bo, 'f', 1, "out") == 0 && ++got &&
+        acquire(oi, &bi, 'B', 1, "idx") == 0 && ++got && acquire(og, &bg, 'q', 0, "geometry") == 0 && ++got) {
+    }
+    pool_t p;
+    int rc = -1;
+    if (got == 4 && pool_geometry(&p, &bg) == 0) {
+        const Py_ssize_t in_plane = p.h * p.w, out_plane = p.ho * p.wo;
+        if (count(&bx) != p.planes * in_plane || count(&bo) != p.planes * out_plane ||
+            count(&bi) != p.planes * out_plane) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: x [planes, h, w]; out, idx [planes, ho, wo]");
+        } else {
+            const float *x = (const float *)bx.view.buf;
+            float *out = (float *)bo.view.buf;
+            uint8_t *idx = (uint8_t *)bi.view.buf;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < p.planes; ++c) {
+                max_pool_plane(x + c * in_plane, out + c * out_plane, idx + c * out_plane, &p);
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static const char max_pool_backward_doc[] =
+    "max_pool_backward(g, idx, gx, geometry)\n"
+    "The input gradient gx [planes, h, w] of max_pool_forward from contiguous g and idx [planes, ho, wo]: each\n"
+    "offset in increasing order adds the gradients of the windows that selected it.";
+
+static PyObject *py_max_pool_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *oi, *ox, *ogeo;
+    if (!PyArg_ParseTuple(args, "OOOO", &og, &oi, &ox, &ogeo)) return NULL;
+    buf_t bg, bi, bx, bgeo;
+    buf_t *held[4] = {&bg, &bi, &bx, &bgeo};
+    int got = 0;
+    if (acquire(og, &bg, 'f', 0, "g") == 0 && ++got && acquire(oi, &bi, 'B', 0, "idx") == 0 && ++got &&
+        acquire(ox, &bx, 'f', 1, "gx") == 0 && ++got && acquire(ogeo, &bgeo, 'q', 0, "geometry") == 0 && ++got) {
+    }
+    pool_t p;
+    int rc = -1;
+    if (got == 4 && pool_geometry(&p, &bgeo) == 0) {
+        const Py_ssize_t in_plane = p.h * p.w, out_plane = p.ho * p.wo;
+        if (count(&bx) != p.planes * in_plane || count(&bg) != p.planes * out_plane ||
+            count(&bi) != p.planes * out_plane) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: gx [planes, h, w]; g, idx [planes, ho, wo]");
+        } else {
+            const float *g = (const float *)bg.view.buf;
+            const uint8_t *idx = (const uint8_t *)bi.view.buf;
+            float *gx = (float *)bx.view.buf;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < p.planes; ++c) {
+                max_pool_plane_backward(g + c * out_plane, idx + c * out_plane, gx + c * in_plane, &p);
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1393,6 +1560,8 @@ static PyMethodDef methods[] = {
     {"matmul_nt_view", py_matmul_nt_view, METH_VARARGS, matmul_view_doc},
     {"batch_norm_forward", py_batch_norm_forward, METH_VARARGS, bn_forward_doc},
     {"batch_norm_backward", py_batch_norm_backward, METH_VARARGS, bn_backward_doc},
+    {"max_pool_forward", py_max_pool_forward, METH_VARARGS, max_pool_forward_doc},
+    {"max_pool_backward", py_max_pool_backward, METH_VARARGS, max_pool_backward_doc},
     {NULL, NULL, 0, NULL},
 };
 
