@@ -1414,17 +1414,72 @@ static int pool_geometry(pool_t *p, const buf_t *bg) {
     return 0;
 }
 
+/* POOL_RUN consecutive windows of one output row lying wholly inside the plane, offset by offset: the comparisons
+   above as selections over arrays (the compiler's vectors; a select moves the loaded bits, a NaN's payload too). */
+#define POOL_RUN 64
+
+static inline void max_pool_run(const float *x, Py_ssize_t w, Py_ssize_t n, Py_ssize_t kh, Py_ssize_t kw,
+                                Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, float *out, uint8_t *idx) {
+    float best[POOL_RUN];
+    int32_t bt[POOL_RUN];
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        best[k] = x[k * sw];
+        bt[k] = 0;
+    }
+    int32_t t = 0;
+    for (Py_ssize_t i = 0; i < kh; ++i) {
+        for (Py_ssize_t j = 0; j < kw; ++j, ++t) {
+            if (t == 0) continue;
+            const float *row = x + i * dh * w + j * dw;
+            for (Py_ssize_t k = 0; k < n; ++k) {
+                const float v = row[k * sw], b = best[k];
+                const int take = (v > b) | ((v != v) & (b == b));
+                best[k] = take ? v : b;
+                bt[k] = take ? t : bt[k];
+            }
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        out[k] = best[k];
+        idx[k] = (uint8_t)bt[k];
+    }
+}
+
+CLONES
 static void max_pool_plane(const float *x, float *out, uint8_t *idx, const pool_t *p) {
     const float neg_inf = -INFINITY;
     for (Py_ssize_t oy = 0; oy < p->ho; ++oy) {
+        const Py_ssize_t y0 = oy * p->sh - p->ph;
+        const int rows_inside = y0 >= 0 && y0 + (p->kh - 1) * p->dh < p->h;
         for (Py_ssize_t ox = 0; ox < p->wo; ++ox) {
+            const Py_ssize_t o = oy * p->wo + ox, x0 = ox * p->sw - p->pw;
+            if (rows_inside && x0 >= 0) {
+                /* the windows from here on that lie inside the plane, in runs */
+                Py_ssize_t n = 0;
+                while (ox + n < p->wo && n < POOL_RUN && x0 + n * p->sw + (p->kw - 1) * p->dw < p->w) ++n;
+                if (n > 0) {
+                    const float *at = x + y0 * p->w + x0;
+                    /* constant shapes let the compiler unroll and vectorise the common windows */
+                    if (p->kh == 2 && p->kw == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1) {
+                        max_pool_run(at, p->w, n, 2, 2, 2, 1, 1, out + o, idx + o);
+                    } else if (p->kh == 3 && p->kw == 3 && p->sw == 2 && p->dh == 1 && p->dw == 1) {
+                        max_pool_run(at, p->w, n, 3, 3, 2, 1, 1, out + o, idx + o);
+                    } else if (p->kh == 3 && p->kw == 3 && p->sw == 1 && p->dh == 1 && p->dw == 1) {
+                        max_pool_run(at, p->w, n, 3, 3, 1, 1, 1, out + o, idx + o);
+                    } else {
+                        max_pool_run(at, p->w, n, p->kh, p->kw, p->sw, p->dh, p->dw, out + o, idx + o);
+                    }
+                    ox += n - 1;
+                    continue;
+                }
+            }
             float best = neg_inf;
             const float *from = NULL; /* NULL: the best is a padded position */
             int bt = 0, t = 0;
             for (Py_ssize_t i = 0; i < p->kh; ++i) {
-                const Py_ssize_t y = oy * p->sh + i * p->dh - p->ph;
+                const Py_ssize_t y = y0 + i * p->dh;
                 for (Py_ssize_t j = 0; j < p->kw; ++j, ++t) {
-                    const Py_ssize_t xx = ox * p->sw + j * p->dw - p->pw;
+                    const Py_ssize_t xx = x0 + j * p->dw;
                     const float *at = (y >= 0 && y < p->h && xx >= 0 && xx < p->w) ? x + y * p->w + xx : NULL;
                     const float v = at ? *at : neg_inf;
                     if (t == 0 || v > best || (v != v && best == best)) {
@@ -1434,7 +1489,6 @@ static void max_pool_plane(const float *x, float *out, uint8_t *idx, const pool_
                     }
                 }
             }
-            const Py_ssize_t o = oy * p->wo + ox;
             if (from) {
                 memcpy(out + o, from, sizeof(float)); /* the selected input's bits (a NaN's payload too) */
             } else {
@@ -1448,23 +1502,18 @@ static void max_pool_plane(const float *x, float *out, uint8_t *idx, const pool_
 /* The backward of the definition: the padded input gradient starts at +0 and each offset t, in increasing order,
    adds the output gradients of the windows that selected t (the definition also adds +0 where a window did not:
    an identity here, since a sum that starts at +0 is never -0 under rounding to nearest); positions in the padding
-   are dropped. */
+   are dropped.  One pass over the windows in reverse row-major order gives every input position its additions in
+   that order: the windows that reach row y through kernel row i are oy = (y + ph - i dh) / sh, decreasing in i
+   (and the same along x within one kernel row). */
 static void max_pool_plane_backward(const float *g, const uint8_t *idx, float *gx, const pool_t *p) {
     for (Py_ssize_t k = 0; k < p->h * p->w; ++k) gx[k] = 0.0f;
-    int t = 0;
-    for (Py_ssize_t i = 0; i < p->kh; ++i) {
-        for (Py_ssize_t j = 0; j < p->kw; ++j, ++t) {
-            for (Py_ssize_t oy = 0; oy < p->ho; ++oy) {
-                const Py_ssize_t y = oy * p->sh + i * p->dh - p->ph;
-                if (y < 0 || y >= p->h) continue;
-                for (Py_ssize_t ox = 0; ox < p->wo; ++ox) {
-                    const Py_ssize_t o = oy * p->wo + ox;
-                    if (idx[o] != t) continue;
-                    const Py_ssize_t xx = ox * p->sw + j * p->dw - p->pw;
-                    if (xx < 0 || xx >= p->w) continue;
-                    gx[y * p->w + xx] = gx[y * p->w + xx] + g[o];
-                }
-            }
+    for (Py_ssize_t oy = p->ho - 1; oy >= 0; --oy) {
+        for (Py_ssize_t ox = p->wo - 1; ox >= 0; --ox) {
+            const Py_ssize_t o = oy * p->wo + ox;
+            const Py_ssize_t i = idx[o] / p->kw, j = idx[o] % p->kw;
+            const Py_ssize_t y = oy * p->sh + i * p->dh - p->ph, xx = ox * p->sw + j * p->dw - p->pw;
+            if (y < 0 || y >= p->h || xx < 0 || xx >= p->w) continue;
+            gx[y * p->w + xx] = gx[y * p->w + xx] + g[o];
         }
     }
 }
