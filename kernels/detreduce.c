@@ -805,13 +805,27 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
     }
     *ld = k1 - k0;
     if (o->nr == 1 && o->nc == 1 && o->rstride[0] == 1) {
-        /* a transposed matrix (consecutive rows adjacent in memory): walked along k outside, the rows inside, so
-           that a column's reads share cache lines */
+        /* a transposed matrix (consecutive rows adjacent in memory): transposed in blocks of 8 rows x 8 k, so that
+           a block's 8 source lines and 8 destination lines stay in L1 (a whole column of the tile at once would
+           write one line per row, 4 bytes each, and the packed rows lie K_CHUNK floats apart: few cache sets) */
         const float *src = o->base + o->offset + r0;
-        const Py_ssize_t step = o->cstride[0], rows = r1 - r0;
-        for (Py_ssize_t kk = k0; kk < k1; ++kk) {
-            const float *s = src + kk * step;
-            for (Py_ssize_t r = 0; r < rows; ++r) buf[r * (k1 - k0) + (kk - k0)] = s[r];
+        const Py_ssize_t step = o->cstride[0], rows = r1 - r0, kc = k1 - k0;
+        for (Py_ssize_t rb = 0; rb < rows; rb += 8) {
+            const Py_ssize_t rn = rows - rb < 8 ? rows - rb : 8;
+            for (Py_ssize_t kb = 0; kb < kc; kb += 8) {
+                const Py_ssize_t kn = kc - kb < 8 ? kc - kb : 8;
+                if (rn == 8 && kn == 8) {
+                    for (int kk = 0; kk < 8; ++kk) {
+                        const float *s = src + (k0 + kb + kk) * step + rb;
+                        for (int r = 0; r < 8; ++r) buf[(rb + r) * kc + kb + kk] = s[r];
+                    }
+                } else {
+                    for (Py_ssize_t kk = 0; kk < kn; ++kk) {
+                        const float *s = src + (k0 + kb + kk) * step + rb;
+                        for (Py_ssize_t r = 0; r < rn; ++r) buf[(rb + r) * kc + kb + kk] = s[r];
+                    }
+                }
+            }
         }
         return buf;
     }
