@@ -915,10 +915,16 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
 /* Rows of a in tiles of M_TILE (a packed tile of M_TILE x K_CHUNK floats stays in L2 next to b's panel). */
 #define M_TILE 48
 
-/* The working memory of one product: b's packed panel, a's packed tile, and the lanes' state between chunks. */
+/* A non-dense a whose rows times a chunk hold at most A_WHOLE floats is packed whole once per chunk, not tile by
+   tile for every panel of b (a linear layer's weight gradient [2048 x 32] x [1024 x 32]: 16 panels). */
+#define A_WHOLE (1 << 20)
+
+/* The working memory of one product: b's packed panel, a's packed tile (or all its rows: a_whole), and the lanes'
+   state between chunks. */
 typedef struct {
     float *apack, *bpack;
     lanes_t *state;
+    int a_whole;
 } scratch_t;
 
 /* out [r1 - r0, n] = the products of rows [r0, r1) of a with the n rows of b over k; scratch.state holds
@@ -932,14 +938,17 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
     for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
         const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
         const int first = k0 == 0, last = k1 == k;
+        Py_ssize_t lda_whole = 0;
+        const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole) : NULL;
         for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
             const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
             Py_ssize_t ldb;
             const float *bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
             for (Py_ssize_t t0 = 0; t0 < m; t0 += M_TILE) {
                 const Py_ssize_t t1 = m - t0 < M_TILE ? m : t0 + M_TILE;
-                Py_ssize_t lda;
-                const float *ap = tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                Py_ssize_t lda = lda_whole;
+                const float *ap = a_whole ? a_whole + t0 * lda_whole
+                                          : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
                 for (Py_ssize_t i0 = t0; i0 < t1; i0 += MR) {
                     const int R = t1 - i0 < MR ? (int)(t1 - i0) : MR;
                     for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
@@ -995,11 +1004,15 @@ static void matmul_dispatch(const operand_t *A, const operand_t *B, float *op, P
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                       Py_ssize_t k) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL};
+    scratch_t sc = {NULL, NULL, NULL, 0};
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
         const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
-        if (!A->dense) failed |= (sc.apack = (float *)malloc((size_t)(M_TILE * kc) * sizeof(float))) == NULL;
+        sc.a_whole = !A->dense && n > N_PANEL && m * kc <= A_WHOLE;
+        if (!A->dense) {
+            const Py_ssize_t rows = sc.a_whole ? m : M_TILE;
+            failed |= (sc.apack = (float *)malloc((size_t)(rows * kc) * sizeof(float))) == NULL;
+        }
         if (!B->dense) failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
         if (k > K_CHUNK) {
             sc.state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));

@@ -408,6 +408,9 @@ def _geometry(offset: int, rows: list[tuple[int, int]], cols: list[tuple[int, in
         # tile of 48 and 2 more; 57) and k = 700 (a chunk of 512, then 188: 23 blocks of 8 and 4) not multiples of 8
         ([(50, 1)], [(700, 50)], [(57, 1)], [(700, 57)], (0, 50)),
         ([(50, 1)], [(700, 50)], [(57, 1)], [(700, 57)], (3, 46)),
+        # a packed whole once per chunk (more than one panel of b: n = 70 > 64), two chunks (k = 520)
+        ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (0, 50)),
+        ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (7, 30)),
     ],
 )
 def test_matmul_nt_view_reads_strided_operands_like_their_copies(
