@@ -805,13 +805,27 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
     }
     *ld = k1 - k0;
     if (o->nr == 1 && o->nc == 1 && o->rstride[0] == 1) {
-        /* a transposed matrix (consecutive rows adjacent in memory): walked along k outside, the rows inside, so
-           that a column's reads share cache lines */
+        /* a transposed matrix (consecutive rows adjacent in memory): transposed in blocks of 8 rows x 8 k, so that
+           a block's 8 source lines and 8 destination lines stay in L1 (a whole column of the tile at once would
+           write one line per row, 4 bytes each, and the packed rows lie K_CHUNK floats apart: few cache sets) */
         const float *src = o->base + o->offset + r0;
-        const Py_ssize_t step = o->cstride[0], rows = r1 - r0;
-        for (Py_ssize_t kk = k0; kk < k1; ++kk) {
-            const float *s = src + kk * step;
-            for (Py_ssize_t r = 0; r < rows; ++r) buf[r * (k1 - k0) + (kk - k0)] = s[r];
+        const Py_ssize_t step = o->cstride[0], rows = r1 - r0, kc = k1 - k0;
+        for (Py_ssize_t rb = 0; rb < rows; rb += 8) {
+            const Py_ssize_t rn = rows - rb < 8 ? rows - rb : 8;
+            for (Py_ssize_t kb = 0; kb < kc; kb += 8) {
+                const Py_ssize_t kn = kc - kb < 8 ? kc - kb : 8;
+                if (rn == 8 && kn == 8) {
+                    for (int kk = 0; kk < 8; ++kk) {
+                        const float *s = src + (k0 + kb + kk) * step + rb;
+                        for (int r = 0; r < 8; ++r) buf[(rb + r) * kc + kb + kk] = s[r];
+                    }
+                } else {
+                    for (Py_ssize_t kk = 0; kk < kn; ++kk) {
+                        const float *s = src + (k0 + kb + kk) * step + rb;
+                        for (Py_ssize_t r = 0; r < rn; ++r) buf[(rb + r) * kc + kb + kk] = s[r];
+                    }
+                }
+            }
         }
         return buf;
     }
@@ -901,10 +915,16 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
 /* Rows of a in tiles of M_TILE (a packed tile of M_TILE x K_CHUNK floats stays in L2 next to b's panel). */
 #define M_TILE 48
 
-/* The working memory of one product: b's packed panel, a's packed tile, and the lanes' state between chunks. */
+/* A non-dense a whose rows times a chunk hold at most A_WHOLE floats is packed whole once per chunk, not tile by
+   tile for every panel of b (a linear layer's weight gradient [2048 x 32] x [1024 x 32]: 16 panels). */
+#define A_WHOLE (1 << 20)
+
+/* The working memory of one product: b's packed panel, a's packed tile (or all its rows: a_whole), and the lanes'
+   state between chunks. */
 typedef struct {
     float *apack, *bpack;
     lanes_t *state;
+    int a_whole;
 } scratch_t;
 
 /* out [r1 - r0, n] = the products of rows [r0, r1) of a with the n rows of b over k; scratch.state holds
@@ -918,14 +938,17 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
     for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
         const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
         const int first = k0 == 0, last = k1 == k;
+        Py_ssize_t lda_whole = 0;
+        const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole) : NULL;
         for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
             const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
             Py_ssize_t ldb;
             const float *bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
             for (Py_ssize_t t0 = 0; t0 < m; t0 += M_TILE) {
                 const Py_ssize_t t1 = m - t0 < M_TILE ? m : t0 + M_TILE;
-                Py_ssize_t lda;
-                const float *ap = tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                Py_ssize_t lda = lda_whole;
+                const float *ap = a_whole ? a_whole + t0 * lda_whole
+                                          : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
                 for (Py_ssize_t i0 = t0; i0 < t1; i0 += MR) {
                     const int R = t1 - i0 < MR ? (int)(t1 - i0) : MR;
                     for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
@@ -981,11 +1004,15 @@ static void matmul_dispatch(const operand_t *A, const operand_t *B, float *op, P
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                       Py_ssize_t k) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL};
+    scratch_t sc = {NULL, NULL, NULL, 0};
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
         const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
-        if (!A->dense) failed |= (sc.apack = (float *)malloc((size_t)(M_TILE * kc) * sizeof(float))) == NULL;
+        sc.a_whole = !A->dense && n > N_PANEL && m * kc <= A_WHOLE;
+        if (!A->dense) {
+            const Py_ssize_t rows = sc.a_whole ? m : M_TILE;
+            failed |= (sc.apack = (float *)malloc((size_t)(rows * kc) * sizeof(float))) == NULL;
+        }
         if (!B->dense) failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
         if (k > K_CHUNK) {
             sc.state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
@@ -1380,6 +1407,222 @@ static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- max pool (D2) */
+
+/* D2's max pool over the planes of a contiguous [planes, h, w] input (d2_ops._MaxPool2dFn's definition): for each
+   window the kernel offsets t = i * kw + j in increasing order, a padded position reading -inf; an offset replaces
+   the best so far only when strictly greater, or NaN over a number, so ties go to the first offset.  Only
+   comparisons and copies of the input's bits: exact, whatever the implementation.  geometry: planes, h, w, kh, kw,
+   sh, sw, ph, pw, dh, dw, ho, wo. */
+
+typedef struct {
+    Py_ssize_t planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo;
+} pool_t;
+
+static int pool_geometry(pool_t *p, const buf_t *bg) {
+    if (count(bg) != 13) {
+        PyErr_SetString(PyExc_ValueError, "geometry must hold 13 int64: planes, h, w, kh, kw, sh, sw, ph, pw, dh, "
+                                          "dw, ho, wo");
+        return -1;
+    }
+    const int64_t *v = (const int64_t *)bg->view.buf;
+    p->planes = v[0]; p->h = v[1]; p->w = v[2]; p->kh = v[3]; p->kw = v[4]; p->sh = v[5]; p->sw = v[6];
+    p->ph = v[7]; p->pw = v[8]; p->dh = v[9]; p->dw = v[10]; p->ho = v[11]; p->wo = v[12];
+    for (int i = 0; i < 13; ++i) {
+        if (v[i] < (i == 7 || i == 8 ? 0 : 1)) {
+            PyErr_Format(PyExc_ValueError, "geometry[%d] out of range: %lld", i, (long long)v[i]);
+            return -1;
+        }
+    }
+    if (p->kh * p->kw > 256) {
+        PyErr_Format(PyExc_ValueError, "at most 256 kernel offsets (uint8 indices), got %zd", p->kh * p->kw);
+        return -1;
+    }
+    return 0;
+}
+
+/* POOL_RUN consecutive windows of one output row lying wholly inside the plane, offset by offset: the comparisons
+   above as selections over arrays (the compiler's vectors; a select moves the loaded bits, a NaN's payload too). */
+#define POOL_RUN 64
+
+static inline void max_pool_run(const float *x, Py_ssize_t w, Py_ssize_t n, Py_ssize_t kh, Py_ssize_t kw,
+                                Py_ssize_t sw, Py_ssize_t dh, Py_ssize_t dw, float *out, uint8_t *idx) {
+    float best[POOL_RUN];
+    int32_t bt[POOL_RUN];
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        best[k] = x[k * sw];
+        bt[k] = 0;
+    }
+    int32_t t = 0;
+    for (Py_ssize_t i = 0; i < kh; ++i) {
+        for (Py_ssize_t j = 0; j < kw; ++j, ++t) {
+            if (t == 0) continue;
+            const float *row = x + i * dh * w + j * dw;
+            for (Py_ssize_t k = 0; k < n; ++k) {
+                const float v = row[k * sw], b = best[k];
+                const int take = (v > b) | ((v != v) & (b == b));
+                best[k] = take ? v : b;
+                bt[k] = take ? t : bt[k];
+            }
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        out[k] = best[k];
+        idx[k] = (uint8_t)bt[k];
+    }
+}
+
+CLONES
+static void max_pool_plane(const float *x, float *out, uint8_t *idx, const pool_t *p) {
+    const float neg_inf = -INFINITY;
+    for (Py_ssize_t oy = 0; oy < p->ho; ++oy) {
+        const Py_ssize_t y0 = oy * p->sh - p->ph;
+        const int rows_inside = y0 >= 0 && y0 + (p->kh - 1) * p->dh < p->h;
+        for (Py_ssize_t ox = 0; ox < p->wo; ++ox) {
+            const Py_ssize_t o = oy * p->wo + ox, x0 = ox * p->sw - p->pw;
+            if (rows_inside && x0 >= 0) {
+                /* the windows from here on that lie inside the plane, in runs */
+                Py_ssize_t n = 0;
+                while (ox + n < p->wo && n < POOL_RUN && x0 + n * p->sw + (p->kw - 1) * p->dw < p->w) ++n;
+                if (n > 0) {
+                    const float *at = x + y0 * p->w + x0;
+                    /* constant shapes let the compiler unroll and vectorise the common windows */
+                    if (p->kh == 2 && p->kw == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1) {
+                        max_pool_run(at, p->w, n, 2, 2, 2, 1, 1, out + o, idx + o);
+                    } else if (p->kh == 3 && p->kw == 3 && p->sw == 2 && p->dh == 1 && p->dw == 1) {
+                        max_pool_run(at, p->w, n, 3, 3, 2, 1, 1, out + o, idx + o);
+                    } else if (p->kh == 3 && p->kw == 3 && p->sw == 1 && p->dh == 1 && p->dw == 1) {
+                        max_pool_run(at, p->w, n, 3, 3, 1, 1, 1, out + o, idx + o);
+                    } else {
+                        max_pool_run(at, p->w, n, p->kh, p->kw, p->sw, p->dh, p->dw, out + o, idx + o);
+                    }
+                    ox += n - 1;
+                    continue;
+                }
+            }
+            float best = neg_inf;
+            const float *from = NULL; /* NULL: the best is a padded position */
+            int bt = 0, t = 0;
+            for (Py_ssize_t i = 0; i < p->kh; ++i) {
+                const Py_ssize_t y = y0 + i * p->dh;
+                for (Py_ssize_t j = 0; j < p->kw; ++j, ++t) {
+                    const Py_ssize_t xx = x0 + j * p->dw;
+                    const float *at = (y >= 0 && y < p->h && xx >= 0 && xx < p->w) ? x + y * p->w + xx : NULL;
+                    const float v = at ? *at : neg_inf;
+                    if (t == 0 || v > best || (v != v && best == best)) {
+                        best = v;
+                        from = at;
+                        bt = t;
+                    }
+                }
+            }
+            if (from) {
+                memcpy(out + o, from, sizeof(float)); /* the selected input's bits (a NaN's payload too) */
+            } else {
+                out[o] = neg_inf;
+            }
+            idx[o] = (uint8_t)bt;
+        }
+    }
+}
+
+/* The backward of the definition: the padded input gradient starts at +0 and each offset t, in increasing order,
+   adds the output gradients of the windows that selected t (the definition also adds +0 where a window did not:
+   an identity here, since a sum that starts at +0 is never -0 under rounding to nearest); positions in the padding
+   are dropped.  One pass over the windows in reverse row-major order gives every input position its additions in
+   that order: the windows that reach row y through kernel row i are oy = (y + ph - i dh) / sh, decreasing in i
+   (and the same along x within one kernel row). */
+static void max_pool_plane_backward(const float *g, const uint8_t *idx, float *gx, const pool_t *p) {
+    for (Py_ssize_t k = 0; k < p->h * p->w; ++k) gx[k] = 0.0f;
+    for (Py_ssize_t oy = p->ho - 1; oy >= 0; --oy) {
+        for (Py_ssize_t ox = p->wo - 1; ox >= 0; --ox) {
+            const Py_ssize_t o = oy * p->wo + ox;
+            const Py_ssize_t i = idx[o] / p->kw, j = idx[o] % p->kw;
+            const Py_ssize_t y = oy * p->sh + i * p->dh - p->ph, xx = ox * p->sw + j * p->dw - p->pw;
+            if (y < 0 || y >= p->h || xx < 0 || xx >= p->w) continue;
+            gx[y * p->w + xx] = gx[y * p->w + xx] + g[o];
+        }
+    }
+}
+
+static const char max_pool_forward_doc[] =
+    "max_pool_forward(x, out, idx, geometry)\n"
+    "D2's max pool on contiguous x [planes, h, w] into out and idx (uint8: the selected offset) [planes, ho, wo];\n"
+    "geometry int64 [planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo]. Ties go to the first offset.";
+
+static PyObject *py_max_pool_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ox, *oo, *oi, *og;
+    if (!PyArg_ParseTuple(args, "OOOO", &ox, &oo, &oi, &og)) return NULL;
+    buf_t bx, bo, bi, bg;
+    buf_t *held[4] = {&bx, &bo, &bi, &bg};
+    int got = 0;
+    if (acquire(ox, &bx, 'f', 0, "x") == 0 && ++got && acquire(oo, &bo, 'f', 1, "out") == 0 && ++got &&
+        acquire(oi, &bi, 'B', 1, "idx") == 0 && ++got && acquire(og, &bg, 'q', 0, "geometry") == 0 && ++got) {
+    }
+    pool_t p;
+    int rc = -1;
+    if (got == 4 && pool_geometry(&p, &bg) == 0) {
+        const Py_ssize_t in_plane = p.h * p.w, out_plane = p.ho * p.wo;
+        if (count(&bx) != p.planes * in_plane || count(&bo) != p.planes * out_plane ||
+            count(&bi) != p.planes * out_plane) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: x [planes, h, w]; out, idx [planes, ho, wo]");
+        } else {
+            const float *x = (const float *)bx.view.buf;
+            float *out = (float *)bo.view.buf;
+            uint8_t *idx = (uint8_t *)bi.view.buf;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < p.planes; ++c) {
+                max_pool_plane(x + c * in_plane, out + c * out_plane, idx + c * out_plane, &p);
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static const char max_pool_backward_doc[] =
+    "max_pool_backward(g, idx, gx, geometry)\n"
+    "The input gradient gx [planes, h, w] of max_pool_forward from contiguous g and idx [planes, ho, wo]: each\n"
+    "offset in increasing order adds the gradients of the windows that selected it.";
+
+static PyObject *py_max_pool_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *og, *oi, *ox, *ogeo;
+    if (!PyArg_ParseTuple(args, "OOOO", &og, &oi, &ox, &ogeo)) return NULL;
+    buf_t bg, bi, bx, bgeo;
+    buf_t *held[4] = {&bg, &bi, &bx, &bgeo};
+    int got = 0;
+    if (acquire(og, &bg, 'f', 0, "g") == 0 && ++got && acquire(oi, &bi, 'B', 0, "idx") == 0 && ++got &&
+        acquire(ox, &bx, 'f', 1, "gx") == 0 && ++got && acquire(ogeo, &bgeo, 'q', 0, "geometry") == 0 && ++got) {
+    }
+    pool_t p;
+    int rc = -1;
+    if (got == 4 && pool_geometry(&p, &bgeo) == 0) {
+        const Py_ssize_t in_plane = p.h * p.w, out_plane = p.ho * p.wo;
+        if (count(&bx) != p.planes * in_plane || count(&bg) != p.planes * out_plane ||
+            count(&bi) != p.planes * out_plane) {
+            PyErr_SetString(PyExc_ValueError, "size mismatch: gx [planes, h, w]; g, idx [planes, ho, wo]");
+        } else {
+            const float *g = (const float *)bg.view.buf;
+            const uint8_t *idx = (const uint8_t *)bi.view.buf;
+            float *gx = (float *)bx.view.buf;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t c = 0; c < p.planes; ++c) {
+                max_pool_plane_backward(g + c * out_plane, idx + c * out_plane, gx + c * in_plane, &p);
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1393,6 +1636,8 @@ static PyMethodDef methods[] = {
     {"matmul_nt_view", py_matmul_nt_view, METH_VARARGS, matmul_view_doc},
     {"batch_norm_forward", py_batch_norm_forward, METH_VARARGS, bn_forward_doc},
     {"batch_norm_backward", py_batch_norm_backward, METH_VARARGS, bn_backward_doc},
+    {"max_pool_forward", py_max_pool_forward, METH_VARARGS, max_pool_forward_doc},
+    {"max_pool_backward", py_max_pool_backward, METH_VARARGS, max_pool_backward_doc},
     {NULL, NULL, 0, NULL},
 };
 

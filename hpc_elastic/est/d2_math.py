@@ -188,8 +188,9 @@ def _channel_dims(x: torch.Tensor) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=1)
-def _c_batch_norm() -> Any:
-    """The C extension, whose batch norm kernels run the operations below in fewer passes; None if not built."""
+def c_kernels() -> Any:
+    """The C extension, whose batch norm and max pool kernels run the operations of their torch definitions in fewer
+    passes; None if not built."""
     try:
         return c_extension()
     except HpcElasticError:
@@ -234,7 +235,7 @@ def batch_norm_train(
 ) -> BatchNormForward:
     """:func:`batch_norm_train_torch`'s operations; on the CPU by the C kernel in three passes per channel (the same
     trees, the same operations per element: the same bits)."""
-    ext = _c_batch_norm()
+    ext = c_kernels()
     if x.device.type != "cpu" or ext is None:
         return batch_norm_train_torch(x, weight, bias, eps)
     xc = x.detach().contiguous()
@@ -275,7 +276,7 @@ def batch_norm_train_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """:func:`batch_norm_train_backward_torch`'s operations; on the CPU by the C kernel in two passes per
     channel."""
-    ext = _c_batch_norm()
+    ext = c_kernels()
     if g.device.type != "cpu" or ext is None:
         return batch_norm_train_backward_torch(g, xhat, invstd, weight, want_gx)
     gc = g.detach().contiguous()

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,6 +38,7 @@ from torch import nn
 from hpc_elastic.est.d2_math import (
     batch_norm_train,
     batch_norm_train_backward,
+    c_kernels,
     det_erfc,
     det_exp,
     det_log,
@@ -422,41 +424,92 @@ class _EmbeddingFn(torch.autograd.Function):
         return None, gw, None
 
 
+def max_pool_torch(x: torch.Tensor, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
+    """D2's maximum pool by its definition (the CUDA path, and the reference of the C kernel): the maximum of each
+    window of the ``-inf``-padded [N, C, H, W] input by element-wise comparisons over the kernel offsets in row-major
+    order; an offset replaces the best so far only when strictly greater (or NaN over a number), so ties go to the
+    first offset by construction, on every device.  Returns the maximum and the selected offset (uint8)."""
+    ph, pw = window.padding
+    xp = F.pad(x, (pw, pw, ph, ph), value=float("-inf")).contiguous()
+    best = idx = None
+    for t, part in enumerate(_window_slices(xp, window, window.output(x.shape[2], x.shape[3]))):
+        if best is None or idx is None:
+            best, idx = part, torch.zeros(part.shape, dtype=torch.uint8, device=x.device)
+            continue
+        take = (part > best) | (torch.isnan(part) & ~torch.isnan(best))
+        best = torch.where(take, part, best)
+        idx = torch.where(take, torch.full_like(idx, t), idx)
+    assert best is not None and idx is not None
+    return _fresh(best), idx
+
+
+def max_pool_backward_torch(grad_out: torch.Tensor, idx: torch.Tensor, h: int, w: int, window: Window) -> torch.Tensor:
+    """The input gradient of :func:`max_pool_torch` by its definition: the padded gradient starts at +0 and each
+    offset, in increasing order, adds the gradients its windows selected; the padding is dropped."""
+    n, c, ho, wo = grad_out.shape
+    ph, pw = window.padding
+    gxp = grad_out.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
+    zeros = torch.zeros_like(grad_out)
+    for t, target in enumerate(_window_slices(gxp, window, (ho, wo))):
+        target.add_(torch.where(idx == t, grad_out, zeros))
+    return gxp[:, :, ph : ph + h, pw : pw + w].contiguous()
+
+
+def _pool_geometry(x_shape: torch.Size, window: Window) -> np.ndarray[Any, Any]:
+    n, c, h, w = x_shape
+    ho, wo = window.output(h, w)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    return np.array([n * c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo], np.int64)
+
+
+def _c_max_pool(x: torch.Tensor, window: Window) -> Any:
+    """The C extension when it runs this max pool (a CPU tensor, at most 256 offsets), else None."""
+    kh, kw = window.kernel
+    if x.device.type != "cpu" or kh * kw > 256:
+        return None
+    return c_kernels()
+
+
+def max_pool(x: torch.Tensor, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`max_pool_torch`; on the CPU by the C kernel in one pass (the same comparisons: the same bits)."""
+    ext = _c_max_pool(x, window)
+    if ext is None:
+        return max_pool_torch(x, window)
+    xc = x.detach().contiguous()
+    ho, wo = window.output(xc.shape[2], xc.shape[3])
+    out = xc.new_empty((xc.shape[0], xc.shape[1], ho, wo))
+    idx = torch.empty(out.shape, dtype=torch.uint8)
+    ext.max_pool_forward(xc.numpy(), out.numpy(), idx.numpy(), _pool_geometry(xc.shape, window))
+    return out, idx
+
+
+def max_pool_backward(grad_out: torch.Tensor, idx: torch.Tensor, h: int, w: int, window: Window) -> torch.Tensor:
+    """:func:`max_pool_backward_torch`; on the CPU by the C kernel (the same additions in the same order)."""
+    ext = _c_max_pool(grad_out, window)
+    if ext is None:
+        return max_pool_backward_torch(grad_out, idx, h, w, window)
+    g = grad_out.detach().contiguous()
+    n, c = g.shape[0], g.shape[1]
+    gx = g.new_empty((n, c, h, w))
+    ext.max_pool_backward(g.numpy(), idx.contiguous().numpy(), gx.numpy(), _pool_geometry(gx.shape, window))
+    return gx
+
+
 class _MaxPool2dFn(torch.autograd.Function):
-    """The maximum of each window by element-wise comparisons over the kernel offsets in row-major order: an offset
-    replaces the best so far only when strictly greater (or NaN over a number), so ties go to the first offset by
-    construction, on every device.  Backward adds each offset's selected gradients in the same order."""
+    """:func:`max_pool` and its backward."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, window: Window) -> torch.Tensor:
-        h, w = x.shape[2], x.shape[3]
-        ph, pw = window.padding
-        xp = F.pad(x, (pw, pw, ph, ph), value=float("-inf")).contiguous()
-        ho, wo = window.output(h, w)
-        best = idx = None
-        for t, part in enumerate(_window_slices(xp, window, (ho, wo))):
-            if best is None or idx is None:
-                best, idx = part, torch.zeros(part.shape, dtype=torch.uint8, device=x.device)
-                continue
-            take = (part > best) | (torch.isnan(part) & ~torch.isnan(best))
-            best = torch.where(take, part, best)
-            idx = torch.where(take, torch.full_like(idx, t), idx)
-        assert best is not None and idx is not None
+        out, idx = max_pool(x, window)
         ctx.save_for_backward(idx)
-        ctx.geometry = (h, w, window)
-        return _fresh(best)
+        ctx.geometry = (x.shape[2], x.shape[3], window)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         (idx,) = ctx.saved_tensors
         h, w, window = ctx.geometry
-        n, c, ho, wo = grad_out.shape
-        ph, pw = window.padding
-        gxp = grad_out.new_zeros((n, c, h + 2 * ph, w + 2 * pw))
-        zeros = torch.zeros_like(grad_out)
-        for t, target in enumerate(_window_slices(gxp, window, (ho, wo))):
-            target.add_(torch.where(idx == t, grad_out, zeros))
-        return gxp[:, :, ph : ph + h, pw : pw + w].contiguous(), None
+        return max_pool_backward(grad_out, idx, h, w, window), None
 
 
 def _window_slices(xp: torch.Tensor, window: Window, out: Pair) -> list[torch.Tensor]:

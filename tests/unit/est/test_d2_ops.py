@@ -530,6 +530,46 @@ def test_batch_norm_kernel_gives_the_definitions_bits(shape: tuple[int, ...], af
         assert [None if t is None else bits(t) for t in got_b] == [None if t is None else bits(t) for t in want_b]
 
 
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation"),
+    [
+        ((2, 3, 8, 8), (2, 2), (2, 2), (0, 0), (1, 1)),
+        ((2, 3, 9, 7), (3, 3), (2, 2), (1, 1), (1, 1)),
+        ((1, 2, 10, 11), (3, 2), (1, 2), (1, 1), (2, 1)),
+        ((3, 1, 5, 6), (2, 3), (1, 1), (1, 0), (1, 2)),
+        ((2, 2, 7, 7), (3, 3), (1, 1), (1, 1), (1, 1)),
+    ],
+)
+def test_max_pool_kernel_gives_the_definitions_bits(
+    shape: tuple[int, int, int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+) -> None:
+    """The C max pool against its definition in torch operations (the CUDA path): the same output bits and offsets,
+    and the same input gradient bits, with ties (values drawn from a few), signed zeros, NaNs, infinities,
+    overlapping windows (a position then adds up to 9 gradients, in the offsets' order: another order rounds
+    differently) and padding."""
+    gen = torch.Generator().manual_seed(shape[2] * 10 + kernel[0])
+    x = torch.randint(-3, 4, shape, generator=gen).float()
+    x.view(-1)[::7] = -0.0
+    x.view(-1)[::11] = float("nan")
+    x.view(-1)[::13] = float("-inf")
+    window = d2_ops.Window(kernel, stride, padding, dilation)
+    got, got_idx = d2_ops.max_pool(x, window)
+    want, want_idx = d2_ops.max_pool_torch(x, window)
+    assert bits(got) == bits(want)
+    assert bits(got_idx) == bits(want_idx)
+    g = torch.randn(want.shape, generator=gen) * torch.exp2(torch.randint(-30, 30, want.shape, generator=gen).float())
+    g.view(-1)[::3] = -0.0
+    g.view(-1)[::17] = float("inf")
+    h, w = shape[2], shape[3]
+    got_g = d2_ops.max_pool_backward(g, want_idx, h, w, window)
+    want_g = d2_ops.max_pool_backward_torch(g, want_idx, h, w, window)
+    assert bits(got_g) == bits(want_g)
+
+
 def test_det_sqrt_is_correctly_rounded() -> None:
     """Against NumPy's float32 square root (IEEE's correctly rounded one) over a sweep of binades, the input where
     torch's float32 sqrt on this project's CPU is 1 ulp off, zeros, infinity and a negative number."""

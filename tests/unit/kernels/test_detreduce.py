@@ -404,6 +404,13 @@ def _geometry(offset: int, rows: list[tuple[int, int]], cols: list[tuple[int, in
         ([(3, 1)], [(1200, 3)], [(70, 2)], [(2, 1800), (600, 3)], (0, 3)),
         # a dense operand given as a view with an offset, k = 520: one chunk and an 8-lane tail
         ([(50, 520)], [(520, 1)], [(7, 3)], [(4, 1), (130, 21)], (1, 50)),
+        # both operands transposed matrices (a linear layer's backward), packed in 8 x 8 blocks: row counts (50: a
+        # tile of 48 and 2 more; 57) and k = 700 (a chunk of 512, then 188: 23 blocks of 8 and 4) not multiples of 8
+        ([(50, 1)], [(700, 50)], [(57, 1)], [(700, 57)], (0, 50)),
+        ([(50, 1)], [(700, 50)], [(57, 1)], [(700, 57)], (3, 46)),
+        # a packed whole once per chunk (more than one panel of b: n = 70 > 64), two chunks (k = 520)
+        ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (0, 50)),
+        ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (7, 30)),
     ],
 )
 def test_matmul_nt_view_reads_strided_operands_like_their_copies(
