@@ -23,7 +23,7 @@ from typing import IO, Any
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
-from hpc_elastic.policy.hetero import EstProfile, ScaleOut, TiresiasLasEasyScale
+from hpc_elastic.policy.hetero import EstProfile, TiresiasLasEasyScale
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.slurm import Job, Node, SlurmClient, SlurmError
 from slurm_plugin.actions import (
@@ -38,7 +38,7 @@ from slurm_plugin.actions import (
 )
 from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, telemetry
 from slurm_plugin.config import PluginConfig
-from slurm_plugin.easyscale import ScaleOutWatch, job_profile, may_span_types, observed_scale_out, watch_grow
+from slurm_plugin.easyscale import ScaleOutWatch, job_profile, may_span_types, observe_grow, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
 from slurm_plugin.store import JobRecord, Store
@@ -131,10 +131,9 @@ class Daemon:
         self._signature: frozenset[tuple[int, str, int]] | None = None
         self._recent: list[dict[str, Any]] | None = None
         self._rejected: dict[int, str] = {}  # the disqualified jobs already logged, and why
-        #: ``tiresias-las+easyscale``'s Role 3, kept while the daemon runs: the grows it carried out, and what the
-        #: grown jobs observed since
-        self._grows: dict[int, ScaleOutWatch] = {}
-        self._scale_outs: dict[int, ScaleOut] = {}
+        #: ``tiresias-las+easyscale``'s Role 3: the grows carried out and what the grown jobs observed since, kept
+        #: in the state store (a restarted daemon goes on watching them)
+        self._grows: dict[int, ScaleOutWatch] = store.load_grows()
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -192,9 +191,12 @@ class Daemon:
             actions += plan(obs, decision, self.config)
             actions += ps_preempt_actions(obs, ps_plan(obs, self.config))
         result = self.applier.apply(actions, obs.records, obs.managed)
+        grows: dict[int, ScaleOutWatch] | None = None
         if profiles is not None:
             self._watch_grows(result, profiles, obs.managed)
-        self.store.save(result.records.values(), obs.forget)
+            self._grows = {k: v for k, v in self._grows.items() if k in result.records}  # forgotten with the job
+            grows = self._grows
+        self.store.save(result.records.values(), obs.forget, grows)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report
 
@@ -220,13 +222,8 @@ class Daemon:
             profile = job_profile(marker, job, types, seen, mixed=mixed)
             watch = self._grows.get(job.job_id)
             if watch is not None:
-                scale_out = observed_scale_out(watch, profile, job, reported=bool(seen))
-                if scale_out is not None:
-                    self._scale_outs[job.job_id] = scale_out
-            out[job.job_id] = replace(profile, scale_out=self._scale_outs.get(job.job_id))
-        live = {job.job_id for job in jobs if job.state.is_active}
-        self._grows = {k: v for k, v in self._grows.items() if k in live}
-        self._scale_outs = {k: v for k, v in self._scale_outs.items() if k in live}
+                watch = self._grows[job.job_id] = observe_grow(watch, profile, job, reported=bool(seen))
+            out[job.job_id] = replace(profile, scale_out=watch.scale_out if watch is not None else None)
         return out
 
     def _watch_grows(self, result: ApplyResult, profiles: Mapping[int, ScalingCurve], jobs: Mapping[int, Job]) -> None:
@@ -238,7 +235,6 @@ class Daemon:
             profile, job = profiles.get(action.job_id), jobs.get(action.job_id)
             if isinstance(profile, EstProfile) and job is not None:
                 self._grows[action.job_id] = watch_grow(profile, job)
-                self._scale_outs.pop(action.job_id, None)
 
     def _log_rejections(self, rejected: Mapping[int, str]) -> None:
         """Log each disqualified job once (again only if the reason changes); forget those no longer listed."""

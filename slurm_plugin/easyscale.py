@@ -34,12 +34,31 @@ Gpus = tuple[tuple[str, int], ...]
 
 @dataclass(frozen=True, slots=True)
 class ScaleOutWatch:
-    """A grow the daemon carried out: the job's throughput before it, on ``previous`` GPUs per type, and its
-    restart count then (the grown job reports from a later incarnation)."""
+    """A grow the daemon carried out (Role 3's record, §3.4): the job's throughput before it, on ``previous`` GPUs
+    per type, its restart count then (the grown job reports from a later incarnation), and ``after``: its
+    throughput on the grown GPUs once it reported from there (None until then). The daemon keeps it in its state
+    store, so that a restarted daemon goes on watching and can still fall back."""
 
     before: float
     previous: Gpus
     restart_count: int
+    after: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("before", self.before), ("after", self.after)):
+            if value is None and name == "after":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"a grow's throughput {name} must be finite and >= 0, got {value!r}")
+        if isinstance(self.restart_count, bool) or not isinstance(self.restart_count, int) or self.restart_count < 0:
+            raise ValueError(f"a grow's restart count must be an integer >= 0, got {self.restart_count!r}")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for _, n in self.previous):
+            raise ValueError(f"a grow's previous GPUs must be positive counts per type, got {self.previous!r}")
+
+    @property
+    def scale_out(self) -> ScaleOut | None:
+        """What the policy's Role 3 reads: before and after, once observed."""
+        return None if self.after is None else ScaleOut(self.before, self.after, self.previous)
 
 
 def estimated_capability(types: tuple[str, ...], observed: Mapping[str, float]) -> dict[str, float]:
@@ -96,12 +115,17 @@ def watch_grow(profile: EstProfile, job: Job) -> ScaleOutWatch:
     return ScaleOutWatch(profile.throughput(dict(gpus)), gpus, job.restart_count)
 
 
-def observed_scale_out(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: bool) -> ScaleOut | None:
-    """Role 3's observation of a grow, once the job runs again and ``reported`` its capability from this
-    incarnation: its throughput on its GPUs now against that before the grow (None until then)."""
+def observe_grow(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: bool) -> ScaleOutWatch:
+    """Role 3's observation of a grow (§3.4): once the job runs again on more GPUs than before the grow and
+    ``reported`` its capability from this incarnation, its throughput there is the "after" (updated while it runs
+    so). A later run on no more GPUs than before (the fallback itself, a shrink) leaves the observation as it was:
+    it says nothing about the grow."""
+    now = job_gpus(job)
     if not reported or job.restart_count <= watch.restart_count:
-        return None
-    return ScaleOut(watch.before, profile.throughput(dict(job_gpus(job))), watch.previous)
+        return watch
+    if sum(n for _, n in now) <= sum(n for _, n in watch.previous):
+        return watch
+    return replace(watch, after=profile.throughput(dict(now)))
 
 
 #: at most this many candidate nodes are searched for a split (the subsets are enumerated)
