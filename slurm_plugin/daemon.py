@@ -38,7 +38,7 @@ from slurm_plugin.actions import (
 )
 from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, telemetry
 from slurm_plugin.config import PluginConfig
-from slurm_plugin.easyscale import ScaleOutWatch, job_profile, may_span_types, observe_grow, watch_grow
+from slurm_plugin.easyscale import Capability, ScaleOutWatch, job_profile, may_span_types, observe_grow, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
 from slurm_plugin.store import JobRecord, Store
@@ -56,6 +56,9 @@ class DaemonLocked(RuntimeError):
 
 
 SkewLookup = Callable[[JobMarker, int], float | None]
+#: the profiled throughput per GPU type of the model of a profile (by the profile's name; the cluster's types):
+#: sorted (type, rate) pairs, the types without a profile left out (``cli.profile_capability``)
+CapabilityLookup = Callable[[str, tuple[str, ...]], Capability]
 
 
 @dataclass
@@ -114,6 +117,7 @@ class Daemon:
         dry_run: bool = False,
         metrics: Metrics | None = None,
         skew_lookup: SkewLookup | None = None,
+        capability_lookup: CapabilityLookup | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -124,6 +128,7 @@ class Daemon:
         self.dry_run = dry_run
         self.metrics = metrics or Metrics()
         self.skew_lookup = skew_lookup
+        self.capability_lookup = capability_lookup
         self.policy = build_policy(config)
         self.selection = Selection(config.manage_all, config.job_name_pattern)
         self.applier = Applier(client, config, clock=clock, dry_run=dry_run)
@@ -204,22 +209,29 @@ class Daemon:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
 
     def _profiles(self, jobs: list[Job], nodes: list[Node], reports: Telemetry) -> dict[int, ScalingCurve] | None:
-        """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i
-        corrected by what each job observed, Role 3's observation of the last grow the daemon carried out, and
-        whether its plans may span GPU types (the D2 guard) (:mod:`slurm_plugin.easyscale`)."""
+        """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i from
+        the job's profile (the one its marker names, :attr:`capability_lookup`) corrected by what it observed,
+        Role 3's observation of the last grow the daemon carried out, and whether its plans may span GPU types (the
+        D2 guard) (:mod:`slurm_plugin.easyscale`)."""
         if not isinstance(self.policy, TiresiasLasEasyScale):
             return None
         types = tuple(sorted({t for node in nodes for t, count in node.gpus.by_type if t and count > 0}))
         out: dict[int, ScalingCurve] = {}
         if not types:
             return out
+        rates: dict[str, Capability] = {}  # each profile read once a pass
         for job in jobs:
             managed, marker, _ = self.selection.judge(job)
             if not (job.state.is_active and managed and marker is not None and marker.elastic):
                 continue
             seen = reports.capabilities.get(job.job_id, ())
             mixed = may_span_types(marker, job.job_id in reports.d2)
-            profile = job_profile(marker, job, types, seen, mixed=mixed)
+            profiled: Capability = ()
+            if marker.profile and self.capability_lookup is not None:
+                if marker.profile not in rates:
+                    rates[marker.profile] = self.capability_lookup(marker.profile, types)
+                profiled = rates[marker.profile]
+            profile = job_profile(marker, job, types, seen, mixed=mixed, profiled=profiled)
             watch = self._grows.get(job.job_id)
             if watch is not None:
                 watch = self._grows[job.job_id] = observe_grow(watch, profile, job, reported=bool(seen))
