@@ -14,8 +14,9 @@ type and the observation of its last scale-out (Role 3). Here:
   and estimated values share one unit;
 - Role 3: when the daemon grows a job it records the job's throughput then (Eq. 1d of Role 1's top-1 plan with the
   observed C_i on its GPUs) and the GPUs it had (:class:`ScaleOutWatch`); once the grown job reports from its new
-  incarnation, its throughput there is the "after" of the :class:`~hpc_elastic.policy.hetero.ScaleOut` the policy
-  falls back on when it is worse.
+  incarnation on more GPUs than before, its throughput there is the "after" of the
+  :class:`~hpc_elastic.policy.hetero.ScaleOut` the policy falls back on when it is worse (:func:`observe_grow`).
+  The daemon keeps the record in its state store, the functions here only take and return it.
 """
 
 from __future__ import annotations
