@@ -326,7 +326,7 @@ def resize_actions(
     if waiting:
         for row in reversed(decision.priority_order.tolist()):  # lowest priority first
             view = obs.jobs[row]
-            if row not in running or _spans(view):
+            if row not in running or _planned(view):
                 continue
             smaller = [n for n in elastic_sizes(view) if n < view.gpus]
             if not smaller:
@@ -344,7 +344,7 @@ def resize_actions(
         return []
     for row in decision.priority_order.tolist():  # highest priority first
         view = obs.jobs[row]
-        if row not in running or _spans(view):
+        if row not in running or _planned(view):
             continue
         idle = max(0, free_by_type.get(job_type(view), 0))
         larger = [n for n in elastic_sizes(view) if view.gpus < n <= view.gpus + idle]
@@ -352,6 +352,12 @@ def resize_actions(
             new = max(larger)
             return [resize(view, new, f"grow: {idle} {job_type(view)} GPU(s) idle and no job waits")]
     return []
+
+
+def _planned(view: JobView) -> bool:
+    """Whether the job has an EasyScale speed model (``tiresias-las+easyscale``): only the policy's plans resize it
+    (§3.4: a grow only where Role 2's proposal is granted, Role 3's fallback kept), never the count-only rules."""
+    return isinstance(view.scaling, EstProfile)
 
 
 def _spans(view: JobView) -> bool:

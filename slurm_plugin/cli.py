@@ -19,10 +19,12 @@ import click
 
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.launch.spec import JobMarker
-from hpc_elastic.profile import ProfileError, default_profile_dir, placement_skew
+from hpc_elastic.profile import ProfileError, ProfileNotFound, default_profile_dir, placement_skew, site_profile
+from hpc_elastic.profile.schema import Profile, slugify
 from hpc_elastic.slurm import RetryPolicy, Runner, connect
 from slurm_plugin.config import ConfigError, PluginConfig, load_config
-from slurm_plugin.daemon import Daemon, DaemonLocked, SkewLookup, state_lock
+from slurm_plugin.daemon import CapabilityLookup, Daemon, DaemonLocked, SkewLookup, state_lock
+from slurm_plugin.easyscale import Capability, profiled_rates
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.queue_view import NoState, load_state, render
 from slurm_plugin.store import Store
@@ -43,6 +45,63 @@ def profile_skew(environment: Environment) -> SkewLookup:
         except (ProfileError, ValueError, OSError) as exc:
             log.debug("no skew for profile %s: %s", marker.profile, exc)
             return None
+
+    return lookup
+
+
+def profile_capability(directory: Path) -> CapabilityLookup:
+    """The profiled throughput per GPU type of the model of the profile a job's marker names (EasyScale §3.4's
+    C_i before observation, :func:`~slurm_plugin.easyscale.profiled_rates`): the site profiles
+    ``<model>@<type>`` of ``directory``, read by name only as hostile input
+    (:func:`~hpc_elastic.profile.site_profile`: no link, at most 1 MiB, the strict schema). A type without a
+    profile has no rate; a file that does not parse, or is not a profile of that model on that type, counts as
+    none and is said once in the log (again only when what is wrong with it changes). Never raises."""
+    warned: set[str] = set()
+
+    def warn(message: str) -> None:
+        if message not in warned:
+            warned.add(message)
+            log.warning("%s: C_i estimated without it", message)
+
+    def read(name: str) -> Profile | None:
+        try:
+            return site_profile(name, directory)
+        except ProfileNotFound:
+            return None
+        except (ProfileError, ValueError) as exc:  # a bad name or file
+            warn(f"profile {name!r} refused: {exc}")
+        except RecursionError:  # JSON nested deeper than the decoder goes
+            warn(f"profile {name!r} refused: nested too deep")
+        return None
+
+    def lookup(name: str, types: tuple[str, ...]) -> Capability:
+        named = read(name)
+        if named is None:
+            return ()
+        model = named.model
+        found: dict[str, Profile] = {}
+        for gpu_type in types:
+            try:
+                file_name = f"{model.name}@{slugify(gpu_type)}"
+            except ValueError:
+                continue
+            profile = named if named.name == file_name else read(file_name)
+            if profile is None:
+                continue
+            if (
+                profile.model.name != model.name
+                or profile.model.num_parameters != model.num_parameters
+                or profile.device.type != slugify(gpu_type)
+            ):
+                warn(f"profile {file_name!r} is not of model {model.name!r} on {gpu_type!r}")
+                continue
+            found[gpu_type] = profile
+        try:
+            rates = profiled_rates(found)
+        except ValueError as exc:
+            warn(f"profiles of {model.name!r}: {exc}")
+            return ()
+        return tuple(sorted(rates.items()))
 
     return lookup
 
@@ -87,6 +146,7 @@ def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no
         dry_run=dry_run,
         metrics=metrics,
         skew_lookup=profile_skew(environment),
+        capability_lookup=profile_capability(default_profile_dir(environment)),
     )
     try:
         if dry_run:

@@ -23,7 +23,7 @@ from typing import IO, Any
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
-from hpc_elastic.policy.hetero import EstProfile, ScaleOut, TiresiasLasEasyScale
+from hpc_elastic.policy.hetero import EstProfile, TiresiasLasEasyScale
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.slurm import Job, Node, SlurmClient, SlurmError
 from slurm_plugin.actions import (
@@ -38,7 +38,7 @@ from slurm_plugin.actions import (
 )
 from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, telemetry
 from slurm_plugin.config import PluginConfig
-from slurm_plugin.easyscale import ScaleOutWatch, job_profile, may_span_types, observed_scale_out, watch_grow
+from slurm_plugin.easyscale import Capability, ScaleOutWatch, job_profile, may_span_types, observe_grow, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
 from slurm_plugin.store import JobRecord, Store
@@ -56,6 +56,9 @@ class DaemonLocked(RuntimeError):
 
 
 SkewLookup = Callable[[JobMarker, int], float | None]
+#: the profiled throughput per GPU type of the model of a profile (by the profile's name; the cluster's types):
+#: sorted (type, rate) pairs, the types without a profile left out (``cli.profile_capability``)
+CapabilityLookup = Callable[[str, tuple[str, ...]], Capability]
 
 
 @dataclass
@@ -114,6 +117,7 @@ class Daemon:
         dry_run: bool = False,
         metrics: Metrics | None = None,
         skew_lookup: SkewLookup | None = None,
+        capability_lookup: CapabilityLookup | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -124,6 +128,7 @@ class Daemon:
         self.dry_run = dry_run
         self.metrics = metrics or Metrics()
         self.skew_lookup = skew_lookup
+        self.capability_lookup = capability_lookup
         self.policy = build_policy(config)
         self.selection = Selection(config.manage_all, config.job_name_pattern)
         self.applier = Applier(client, config, clock=clock, dry_run=dry_run)
@@ -131,10 +136,9 @@ class Daemon:
         self._signature: frozenset[tuple[int, str, int]] | None = None
         self._recent: list[dict[str, Any]] | None = None
         self._rejected: dict[int, str] = {}  # the disqualified jobs already logged, and why
-        #: ``tiresias-las+easyscale``'s Role 3, kept while the daemon runs: the grows it carried out, and what the
-        #: grown jobs observed since
-        self._grows: dict[int, ScaleOutWatch] = {}
-        self._scale_outs: dict[int, ScaleOut] = {}
+        #: ``tiresias-las+easyscale``'s Role 3: the grows carried out and what the grown jobs observed since, kept
+        #: in the state store (a restarted daemon goes on watching them)
+        self._grows: dict[int, ScaleOutWatch] = store.load_grows()
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -192,9 +196,12 @@ class Daemon:
             actions += plan(obs, decision, self.config)
             actions += ps_preempt_actions(obs, ps_plan(obs, self.config))
         result = self.applier.apply(actions, obs.records, obs.managed)
+        grows: dict[int, ScaleOutWatch] | None = None
         if profiles is not None:
             self._watch_grows(result, profiles, obs.managed)
-        self.store.save(result.records.values(), obs.forget)
+            self._grows = {k: v for k, v in self._grows.items() if k in result.records}  # forgotten with the job
+            grows = self._grows
+        self.store.save(result.records.values(), obs.forget, grows)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report
 
@@ -202,31 +209,33 @@ class Daemon:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
 
     def _profiles(self, jobs: list[Job], nodes: list[Node], reports: Telemetry) -> dict[int, ScalingCurve] | None:
-        """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i
-        corrected by what each job observed, Role 3's observation of the last grow the daemon carried out, and
-        whether its plans may span GPU types (the D2 guard) (:mod:`slurm_plugin.easyscale`)."""
+        """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i from
+        the job's profile (the one its marker names, :attr:`capability_lookup`) corrected by what it observed,
+        Role 3's observation of the last grow the daemon carried out, and whether its plans may span GPU types (the
+        D2 guard) (:mod:`slurm_plugin.easyscale`)."""
         if not isinstance(self.policy, TiresiasLasEasyScale):
             return None
         types = tuple(sorted({t for node in nodes for t, count in node.gpus.by_type if t and count > 0}))
         out: dict[int, ScalingCurve] = {}
         if not types:
             return out
+        rates: dict[str, Capability] = {}  # each profile read once a pass
         for job in jobs:
             managed, marker, _ = self.selection.judge(job)
             if not (job.state.is_active and managed and marker is not None and marker.elastic):
                 continue
             seen = reports.capabilities.get(job.job_id, ())
             mixed = may_span_types(marker, job.job_id in reports.d2)
-            profile = job_profile(marker, job, types, seen, mixed=mixed)
+            profiled: Capability = ()
+            if marker.profile and self.capability_lookup is not None:
+                if marker.profile not in rates:
+                    rates[marker.profile] = self.capability_lookup(marker.profile, types)
+                profiled = rates[marker.profile]
+            profile = job_profile(marker, job, types, seen, mixed=mixed, profiled=profiled)
             watch = self._grows.get(job.job_id)
             if watch is not None:
-                scale_out = observed_scale_out(watch, profile, job, reported=bool(seen))
-                if scale_out is not None:
-                    self._scale_outs[job.job_id] = scale_out
-            out[job.job_id] = replace(profile, scale_out=self._scale_outs.get(job.job_id))
-        live = {job.job_id for job in jobs if job.state.is_active}
-        self._grows = {k: v for k, v in self._grows.items() if k in live}
-        self._scale_outs = {k: v for k, v in self._scale_outs.items() if k in live}
+                watch = self._grows[job.job_id] = observe_grow(watch, profile, job, reported=bool(seen))
+            out[job.job_id] = replace(profile, scale_out=watch.scale_out if watch is not None else None)
         return out
 
     def _watch_grows(self, result: ApplyResult, profiles: Mapping[int, ScalingCurve], jobs: Mapping[int, Job]) -> None:
@@ -238,7 +247,6 @@ class Daemon:
             profile, job = profiles.get(action.job_id), jobs.get(action.job_id)
             if isinstance(profile, EstProfile) and job is not None:
                 self._grows[action.job_id] = watch_grow(profile, job)
-                self._scale_outs.pop(action.job_id, None)
 
     def _log_rejections(self, rejected: Mapping[int, str]) -> None:
         """Log each disqualified job once (again only if the reason changes); forget those no longer listed."""

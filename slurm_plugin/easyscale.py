@@ -4,14 +4,19 @@ The policy (:class:`~hpc_elastic.policy.hetero.TiresiasLasEasyScale`) reads an e
 :class:`~hpc_elastic.policy.hetero.EstProfile`: its ESTs (the marker's workers, maxP), its capability C_i per GPU
 type and the observation of its last scale-out (Role 3). Here:
 
-- C_i: without a profile every type is estimated at 1 (relative), and the companion's correction (§3.4,
-  :func:`~hpc_elastic.policy.easyscale.correct_capability`) replaces the types the job observed (its telemetry,
-  ``apply.capabilities``). A type it has not run on keeps its estimate scaled by the mean ratio observed /
-  estimated of the types it has run on, so that observed and estimated values share one unit;
+- C_i: the estimate is the job's profile (§3.4: the companion's per-type capability of the model): the throughput
+  that ``hpc-elastic profile`` measured for its model on each GPU type, relative to each other
+  (:func:`profiled_rates`, :func:`prior_capability`); a type without a profile, or a job without one, is
+  estimated at 1 (the profiled types' mean). The companion's correction (§3.4,
+  :func:`~hpc_elastic.policy.easyscale.correct_capability`) then replaces the types the job observed (its
+  telemetry, ``apply.capabilities``): the job's own observation wins over the profile. A type it has not run on
+  keeps its estimate scaled by the mean ratio observed / estimated of the types it has run on, so that observed
+  and estimated values share one unit;
 - Role 3: when the daemon grows a job it records the job's throughput then (Eq. 1d of Role 1's top-1 plan with the
   observed C_i on its GPUs) and the GPUs it had (:class:`ScaleOutWatch`); once the grown job reports from its new
-  incarnation, its throughput there is the "after" of the :class:`~hpc_elastic.policy.hetero.ScaleOut` the policy
-  falls back on when it is worse.
+  incarnation on more GPUs than before, its throughput there is the "after" of the
+  :class:`~hpc_elastic.policy.hetero.ScaleOut` the policy falls back on when it is worse (:func:`observe_grow`).
+  The daemon keeps the record in its state store, the functions here only take and return it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy.easyscale import correct_capability
 from hpc_elastic.policy.hetero import EstProfile, ScaleOut, est_profile
+from hpc_elastic.profile.schema import Profile
 from hpc_elastic.slurm import Job
 
 Capability = tuple[tuple[str, float], ...]
@@ -34,20 +40,74 @@ Gpus = tuple[tuple[str, int], ...]
 
 @dataclass(frozen=True, slots=True)
 class ScaleOutWatch:
-    """A grow the daemon carried out: the job's throughput before it, on ``previous`` GPUs per type, and its
-    restart count then (the grown job reports from a later incarnation)."""
+    """A grow the daemon carried out (Role 3's record, §3.4): the job's throughput before it, on ``previous`` GPUs
+    per type, its restart count then (the grown job reports from a later incarnation), and ``after``: its
+    throughput on the grown GPUs once it reported from there (None until then). The daemon keeps it in its state
+    store, so that a restarted daemon goes on watching and can still fall back."""
 
     before: float
     previous: Gpus
     restart_count: int
+    after: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("before", self.before), ("after", self.after)):
+            if value is None and name == "after":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"a grow's throughput {name} must be finite and >= 0, got {value!r}")
+        if isinstance(self.restart_count, bool) or not isinstance(self.restart_count, int) or self.restart_count < 0:
+            raise ValueError(f"a grow's restart count must be an integer >= 0, got {self.restart_count!r}")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for _, n in self.previous):
+            raise ValueError(f"a grow's previous GPUs must be positive counts per type, got {self.previous!r}")
+
+    @property
+    def scale_out(self) -> ScaleOut | None:
+        """What the policy's Role 3 reads: before and after, once observed."""
+        return None if self.after is None else ScaleOut(self.before, self.after, self.previous)
 
 
-def estimated_capability(types: tuple[str, ...], observed: Mapping[str, float]) -> dict[str, float]:
-    """C_i per type of the cluster: 1 each, corrected by the observed values (§3.4); a type not observed takes
-    the mean ratio observed / estimated (geometric) of those observed, 1 when none was."""
+def profiled_rates(profiles: Mapping[str, Profile]) -> dict[str, float]:
+    """The model's measured throughput on each GPU type (§3.4's C_i before any observation): mini-batches per
+    second of one process at the largest batch size measured on every type (one batch size, so that the types
+    compare). ``profiles``: the model's profile per type. ``ValueError`` when they share no batch size or a rate
+    is not finite and positive."""
+    if not profiles:
+        return {}
+    common = set.intersection(*({p.batch_size for p in profile.points} for profile in profiles.values()))
+    if not common:
+        raise ValueError(f"the profiles of {sorted(profiles)} share no measured batch size")
+    batch = max(common)
+    rates: dict[str, float] = {}
+    for gpu_type, profile in profiles.items():
+        point = profile.point(batch)
+        rate = point.batches_per_s if point is not None else math.nan
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"profile {profile.name}: throughput {rate!r} at batch size {batch}")
+        rates[gpu_type] = float(rate)
+    return rates
+
+
+def prior_capability(types: tuple[str, ...], rates: Mapping[str, float]) -> dict[str, float]:
+    """C_i per type of the cluster from the profiled ``rates``, relative to each other: scaled so that their
+    geometric mean is 1; a type without a rate is 1 (the default model, as fast as the profiled types' mean)."""
     if not types:
         raise ValueError("no GPU type to estimate a capability for")
-    estimate = dict.fromkeys(types, 1.0)
+    known = {t: r for t, r in rates.items() if t in types}
+    for gpu_type, rate in known.items():
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"profiled throughput of {gpu_type!r} must be finite and positive, got {rate!r}")
+    mean = math.exp(sum(math.log(r) for r in known.values()) / len(known)) if known else 1.0
+    return {t: known[t] / mean if t in known else 1.0 for t in types}
+
+
+def estimated_capability(
+    types: tuple[str, ...], observed: Mapping[str, float], profiled: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """C_i per type of the cluster: the profile's (:func:`prior_capability`; 1 each without one), corrected by the
+    observed values (§3.4); a type not observed takes the mean ratio observed / estimated (geometric) of those
+    observed, 1 when none was."""
+    estimate = prior_capability(types, profiled or {})
     seen = {t: c for t, c in observed.items() if t in estimate}
     if not seen:
         return estimate
@@ -73,11 +133,13 @@ def job_profile(
     scale_out: ScaleOut | None = None,
     *,
     mixed: bool = False,
+    profiled: Capability = (),
 ) -> EstProfile:
-    """The speed model of an elastic job: maxP = its workers, C_i from :func:`estimated_capability`, requested on
-    the type it holds (else the marker's, else the cluster's first); ``mixed``: its plans may span GPU types (the
-    D2 guard, :func:`may_span_types`)."""
-    capability = estimated_capability(types, dict(observed))
+    """The speed model of an elastic job: maxP = its workers, C_i from :func:`estimated_capability` (its profile's
+    ``profiled`` rates per type, corrected by what it ``observed``), requested on the type it holds (else the
+    marker's, else the cluster's first); ``mixed``: its plans may span GPU types (the D2 guard,
+    :func:`may_span_types`)."""
+    capability = estimated_capability(types, dict(observed), dict(profiled))
     held = [t for t, _ in job_gpus(job) if t in capability]
     base = held[0] if held else (marker.gpu_type if marker.gpu_type in capability else types[0])
     return replace(est_profile(capability, marker.workers, base), scale_out=scale_out, mixed=mixed)
@@ -96,12 +158,17 @@ def watch_grow(profile: EstProfile, job: Job) -> ScaleOutWatch:
     return ScaleOutWatch(profile.throughput(dict(gpus)), gpus, job.restart_count)
 
 
-def observed_scale_out(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: bool) -> ScaleOut | None:
-    """Role 3's observation of a grow, once the job runs again and ``reported`` its capability from this
-    incarnation: its throughput on its GPUs now against that before the grow (None until then)."""
+def observe_grow(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: bool) -> ScaleOutWatch:
+    """Role 3's observation of a grow (§3.4): once the job runs again on more GPUs than before the grow and
+    ``reported`` its capability from this incarnation, its throughput there is the "after" (updated while it runs
+    so). A later run on no more GPUs than before (the fallback itself, a shrink) leaves the observation as it was:
+    it says nothing about the grow."""
+    now = job_gpus(job)
     if not reported or job.restart_count <= watch.restart_count:
-        return None
-    return ScaleOut(watch.before, profile.throughput(dict(job_gpus(job))), watch.previous)
+        return watch
+    if sum(n for _, n in now) <= sum(n for _, n in watch.previous):
+        return watch
+    return replace(watch, after=profile.throughput(dict(now)))
 
 
 #: at most this many candidate nodes are searched for a split (the subsets are enumerated)

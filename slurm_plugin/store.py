@@ -1,8 +1,16 @@
-"""Durable per-job accounting: attained service, executed and waiting time, queue, preemptions.
+"""Durable per-job accounting: attained service, executed and waiting time, queue, preemptions; and the grows
+``tiresias-las+easyscale`` watches (EasyScale §3.4 Role 3).
 
 One SQLite database in the state directory (``state.sqlite3``), written in one transaction per pass, so a
 daemon restart (or crash mid-pass) loses nothing that was committed. Records are plain frozen dataclasses;
-how they evolve from Slurm's view is pure and lives in :mod:`slurm_plugin.observe`.
+how they evolve from Slurm's view is pure and lives in :mod:`slurm_plugin.observe` and
+:mod:`slurm_plugin.easyscale`.
+
+Role 3's record has its own table, ``grows`` (one row per job the daemon grew: throughput before, the GPUs per
+type before, the restart count then, the throughput observed after), rather than columns of ``jobs``: it exists
+for few jobs, only under one policy, and a row that does not make a valid record is dropped alone (the job is then
+simply not watched) where a bad ``jobs`` row means a corrupt database. An older database gains the table when a
+daemon opens it for writing; read-only, a database without it has no grows.
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from slurm_plugin.easyscale import ScaleOutWatch, parse_split, split_text
 
 DB_NAME = "state.sqlite3"
 log = logging.getLogger(__name__)
@@ -192,6 +202,10 @@ class Store:
         with db:
             db.execute(f"CREATE TABLE IF NOT EXISTS jobs ({columns})")
             db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS grows (job_id INTEGER PRIMARY KEY, before REAL NOT NULL, "
+                "previous TEXT NOT NULL, restart_count INTEGER NOT NULL, after REAL)"
+            )
             # a database written by an older daemon: add the columns it lacks (their defaults apply)
             have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
             for name in _COLUMNS:
@@ -223,8 +237,14 @@ class Store:
             self._db = self._rebuild(exc)
             return {}
 
-    def save(self, records: Iterable[JobRecord], forget: Iterable[int] = ()) -> None:
-        """Insert or replace ``records`` and delete ``forget`` in one transaction (no-op when read-only)."""
+    def save(
+        self,
+        records: Iterable[JobRecord],
+        forget: Iterable[int] = (),
+        grows: Mapping[int, ScaleOutWatch] | None = None,
+    ) -> None:
+        """Insert or replace ``records`` and delete ``forget`` in one transaction (no-op when read-only); ``grows``
+        (when given) replaces every grow watched."""
         if self.read_only:
             return
         marks = ", ".join("?" for _ in _COLUMNS)
@@ -234,6 +254,35 @@ class Store:
                 [tuple(asdict(record).values()) for record in records],
             )
             self._db.executemany("DELETE FROM jobs WHERE job_id = ?", [(job_id,) for job_id in forget])
+            if grows is not None:
+                self._db.execute("DELETE FROM grows")
+                self._db.executemany(
+                    "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (job_id, w.before, split_text(dict(w.previous)), w.restart_count, w.after)
+                        for job_id, w in sorted(grows.items())
+                    ],
+                )
+
+    def load_grows(self) -> dict[int, ScaleOutWatch]:
+        """The grows watched (Role 3), by job id; a row that does not make a valid record is left out, said in the
+        log (that job is not watched)."""
+        try:
+            rows = self._db.execute("SELECT job_id, before, previous, restart_count, after FROM grows").fetchall()
+        except sqlite3.OperationalError:  # a read-only view of a database older than the table
+            return {}
+        out: dict[int, ScaleOutWatch] = {}
+        for job_id, before, previous, restart_count, after in rows:
+            try:
+                if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+                    raise ValueError(f"job_id {job_id!r}")
+                if not isinstance(previous, str):
+                    raise ValueError(f"previous {previous!r}")
+                split = tuple(sorted(parse_split(previous).items()))
+                out[job_id] = ScaleOutWatch(before, split, restart_count, after)
+            except ValueError as exc:
+                log.warning("grow record of job %r in %s is invalid, not watched: %s", job_id, self.path, exc)
+        return out
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

@@ -32,6 +32,7 @@ from hpc_elastic.profile.schema import (
 from hpc_elastic.profile.store import (
     MAX_PROFILE_BYTES,
     ProfileError,
+    ProfileNotFound,
     default_profile_dir,
     find_profile,
     list_profiles,
@@ -56,6 +57,7 @@ __all__ = [
     "ModelInfo",
     "Profile",
     "ProfileError",
+    "ProfileNotFound",
     "default_profile_dir",
     "find_profile",
     "list_profiles",

@@ -28,6 +28,10 @@ class ProfileError(HpcElasticError):
     """A profile is missing, unreadable or does not match the schema."""
 
 
+class ProfileNotFound(ProfileError):
+    """No profile of that name (a site profile lookup): not an error in the file, there is none."""
+
+
 def default_profile_dir(environment: Environment | None = None) -> Path:
     """``HPC_ELASTIC_PROFILES`` when set, else ``profiles/`` of the source checkout."""
     env = read_environment() if environment is None else environment
@@ -164,7 +168,7 @@ def site_profile(name: str, directory: Path | str) -> Profile:
     try:
         data = read_owned(Path(directory), [path.name], limit=MAX_PROFILE_BYTES)
     except FileNotFoundError:
-        raise ProfileError(f"no profile named {name!r} in {directory}") from None
+        raise ProfileNotFound(f"no profile named {name!r} in {directory}") from None
     except UnsafeFile as exc:
         raise ProfileError(f"refused profile {name!r}: {exc}") from None
     except OSError as exc:

@@ -4,6 +4,7 @@ observation of the last grow) reaches the policy, and its decisions become resiz
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,8 @@ from hpc_elastic.jobdir import JobDir
 from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.slurm import GpuCounts, Job, Node
 from slurm_plugin.actions import Resize
-from slurm_plugin.easyscale import estimated_capability, job_gpus, observed_scale_out, watch_grow
+from slurm_plugin.easyscale import ScaleOutWatch, estimated_capability, job_gpus, observe_grow, watch_grow
+from slurm_plugin.store import Store
 from tests.unit.plugin.conftest import at, config, marked, start_of
 from tests.unit.plugin.test_daemon import FakeSlurm, make
 from tests.unit.plugin.test_telemetry import record
@@ -111,10 +113,79 @@ def test_role_3_watches_a_grow_until_the_job_reports_from_its_new_run(busy: tupl
     assert watch.previous == (("v100", 2),) and watch.before == pytest.approx(20.0) and watch.restart_count == 3
     assert job_gpus(before) == (("v100", 2),)
     after = _v100_job(jobs, 8, 4)
-    assert observed_scale_out(watch, profile, before, reported=True) is None  # still the run before the grow
-    assert observed_scale_out(watch, profile, after, reported=False) is None  # no report from the new run yet
-    seen = observed_scale_out(watch, profile, after, reported=True)
+    assert observe_grow(watch, profile, before, reported=True).scale_out is None  # still the run before the grow
+    assert observe_grow(watch, profile, after, reported=False).scale_out is None  # no report from the new run yet
+    seen = observe_grow(watch, profile, after, reported=True).scale_out
     assert seen is not None and seen.after == pytest.approx(80.0) and not seen.worse
     slower = replace(profile, capability=(("v100", 2.0),))
-    worse = observed_scale_out(watch, slower, after, reported=True)
+    observed = observe_grow(watch, slower, after, reported=True)
+    worse = observed.scale_out
     assert worse is not None and worse.worse and worse.previous_gpus == 2
+    # the fallback's run (back on 2 GPUs) says nothing about the grow: the observation stays
+    back = _v100_job(jobs, 2, 5)
+    assert observe_grow(observed, profile, back, reported=True) == observed
+    with pytest.raises(ValueError, match="finite"):
+        replace(watch, after=float("nan"))
+    with pytest.raises(ValueError, match="previous GPUs"):
+        replace(watch, previous=(("v100", 0),))
+
+
+def test_a_restarted_daemon_goes_on_watching_a_grow_and_falls_back(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    """Role 3's record is in the state store: the daemon that grew job "es" to 8 v100 stops; a new daemon on the
+    same state directory sees the grown run report a throughput below the one before and returns the job to its
+    2 GPUs. The fallback's own run (2 GPUs again, the same C_i as before the grow) does not lift it."""
+    jobs, nodes = busy
+    rigid = marked(next(j for j in jobs if j.job_id == 24))
+    es = _v100_job(jobs, 2, 0)
+    cfg = config(tmp_path, policy="tiresias-las+easyscale", resize={"enabled": True}, preemption={"min_run_time_s": 0})
+    job_dir = JobDir.of(tmp_path / "jobs", es.name, es.job_id).prepare()
+    record(job_dir, 0, (("v100", 10.0),))
+    fake = FakeSlurm([rigid, es], _nodes(nodes, {"node3": 2}))
+    first, clock = make(cfg, fake, at(start_of(jobs, 24), 600))
+    (grow,) = [a for a in first.run_pass().actions if isinstance(a, Resize)]
+    assert (grow.old_gpus, grow.new_gpus) == (2, 8)
+    first.store.close()  # the daemon stops
+    assert Store(tmp_path, read_only=True).load_grows() == {
+        es.job_id: ScaleOutWatch(20.0, (("v100", 2),), 0)
+    }  # 8 ESTs on 2 v100 of C_i 10: 4 ESTs a GPU, 2.5 steps/s, 20 ESTs/s
+    later = replace(_v100_job(jobs, 8, 1), start_time=start_of(jobs, 24) + timedelta(seconds=700))
+    record(job_dir, 1, (("v100", 2.0),))
+    fake._jobs = [rigid, later]
+    fake._nodes = _nodes(nodes, {"node3": 4, "node4": 4})
+    second, clock = make(cfg, fake, at(start_of(jobs, 24), 1400))
+    report = second.run_pass()
+    (back,) = [a for a in report.actions if isinstance(a, Resize)]
+    assert (back.job_id, back.old_gpus, back.new_gpus, back.gpu_type) == (es.job_id, 8, 2, "v100")
+    assert second.store.load_grows()[es.job_id].after == pytest.approx(16.0)
+    # the job runs again on 2 v100 and reports what it did before the grow: it stays there
+    again = replace(_v100_job(jobs, 2, 2), start_time=start_of(jobs, 24) + timedelta(seconds=1500))
+    record(job_dir, 2, (("v100", 10.0),))
+    fake._jobs = [rigid, again]
+    fake._nodes = _nodes(nodes, {"node3": 2})
+    clock.now = at(start_of(jobs, 24), 1600)
+    report = second.run_pass()
+    assert not [a for a in report.actions if isinstance(a, Resize)]
+    assert report.decision is not None and not report.decision.resizes
+
+
+def test_grow_records_survive_an_old_store_and_bad_rows_are_dropped(tmp_path: Path) -> None:
+    """A database written before the grows table opens (the table is added); a row that does not make a record is
+    left out alone."""
+    db = sqlite3.connect(tmp_path / "state.sqlite3")
+    with db:
+        db.execute("CREATE TABLE jobs (job_id INTEGER PRIMARY KEY, first_seen REAL, waiting_since REAL)")
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.close()
+    assert Store(tmp_path, read_only=True).load_grows() == {}
+    store = Store(tmp_path)
+    watch = ScaleOutWatch(20.0, (("a100", 2), ("v100", 1)), 3, 12.5)
+    store.save([], grows={7: watch, 8: ScaleOutWatch(1.0, (), 0)})
+    with store._db:
+        store._db.execute("INSERT INTO grows VALUES (9, 'x', 'v100:2', 1, NULL)")
+        store._db.execute("INSERT INTO grows VALUES (10, 1.0, 'v100:0', 1, NULL)")
+        store._db.execute("INSERT INTO grows VALUES (11, 1.0, 'v100:2', -1, NULL)")
+    assert store.load_grows() == {7: watch, 8: ScaleOutWatch(1.0, (), 0)}
+    store.save([], grows={})
+    assert store.load_grows() == {}
