@@ -76,15 +76,21 @@ def assert_exactly_once(status: dict[str, Any], epochs: int, samples: int = SAMP
     assert held["final"] < held["initial"] - 0.02, held
 
 
-def step_names(job_id: int) -> list[str]:
+def step_cpus(job_id: int) -> list[tuple[str, int]]:
+    """Each step's name and allocated CPUs, from sacct."""
     out = subprocess.run(
-        ["sacct", "-j", str(job_id), "--noheader", "--parsable2", "--format=JobName"],
+        ["sacct", "-j", str(job_id), "--noheader", "--parsable2", "--format=JobName,AllocCPUS"],
         check=True,
         capture_output=True,
         text=True,
         timeout=30,
     ).stdout
-    return out.split()
+    return [(name, int(cpus)) for name, cpus in (line.split("|") for line in out.split()) if cpus.isdigit()]
+
+
+def step_names(job_id: int) -> list[str]:
+    """Each step's name, from sacct."""
+    return [name for name, _ in step_cpus(job_id)]
 
 
 def test_submit_mode_ps_runs_master_ps_and_workers_as_srun_steps(
@@ -376,18 +382,6 @@ def test_the_daemon_preempts_a_ps_job_with_more_core_time_for_one_that_does_not_
     first = {w: n for w, n in status_a["epochs"][0]["samples_by_worker"].items() if not w.startswith("r1")}
     assert sum(first.values()) >= 8 * 50  # the first run's samples, still credited
     assert sorted(status_a["registered"]) == ["r1w0", "r1w1"]
-
-
-def step_cpus(job_id: int) -> list[tuple[str, int]]:
-    """Each step's name and allocated CPUs, from sacct."""
-    out = subprocess.run(
-        ["sacct", "-j", str(job_id), "--noheader", "--parsable2", "--format=JobName,AllocCPUS"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    return [(name, int(cpus)) for name, cpus in (line.split("|") for line in out.split()) if cpus.isdigit()]
 
 
 @pytest.mark.timeout(600)
