@@ -500,14 +500,20 @@ def test_the_product_runs_the_widest_path_the_cpu_has_and_refuses_others() -> No
 def test_every_matmul_path_the_cpu_runs_gives_the_reference_bits(m: int, n: int, k: int) -> None:
     """Each build of the product's step (AVX-512: two outputs' lanes per vector in 8 x 6 blocks; AVX2: 3 x 4
     blocks; fmaf lane by lane), forced in turn, gives the NumPy emulation's bits on shapes at the blocks', panels'
-    and chunks' edges, with products that underflow (lanes holding -0.0) and wide exponents."""
+    and chunks' edges, with products that underflow (outputs whose lanes all hold -0.0) and wide exponents."""
     ext = d.c_extension()
     rng = np.random.default_rng(m * 10_000 + n * 10 + k)
     a = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-75, 40, (m, k)))).astype(np.float32)
     b = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-75, 40, (n, k)))).astype(np.float32)
     b[:, ::3] = -np.abs(b[:, ::3])
     a[:, ::5] = np.float32(-0.0)
+    # outputs in the first and last rows and columns (both halves of an AVX-512 vector) whose every product
+    # underflows to -0: every lane holds -0, and so does the sum, which a padded tail step must keep
+    a[[0, -1]] = np.float32(2.0**-80)
+    b[[0, -1]] = np.float32(-(2.0**-80))
     ref = d.ref_matmul_nt(a, b)
+    if k >= 8:  # every lane has a product (a lane that has none holds +0)
+        assert np.signbit(ref[-1, -1]) and ref[-1, -1] == 0
     try:
         for path in ext._matmul_paths():
             ext._matmul_path(path)
