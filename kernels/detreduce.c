@@ -919,7 +919,8 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
    the same operations as the 256-bit one).  The 32 vector registers of AVX-512 hold a block of MR5 x NR5 = 8 x 6
    outputs: 24 accumulators, a row of a broadcast to both halves (one load) and three pairs of b's rows (a load and
    an insert each), so 11 loads and 3 inserts for 24 FMAs (the 3 x 4 AVX2 block: 7 loads for 12).  Edges, chunks,
-   state and the k tail are those of block_kernel; the eight lanes of each output are reduced by finish4. */
+   state and the k tail are those of block_kernel; the eight lanes of each output are reduced by finish16, sixteen
+   outputs at once. */
 #define MR5 8
 #define NR5 6
 /* rows of b per panel in this path: ten blocks of NR5 (at most N_PANEL, the packed panel's size) */
@@ -928,6 +929,29 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
 /* two 8-lane vectors as one 512-bit vector: lo in the low half */
 #define PAIR512(lo, hi)                                                                                               \
     _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1))
+
+/* Sixteen float32 lanes (two outputs' eight lanes) and the tree of finish4 for sixteen outputs at once: z[0..7]
+   hold outputs (A|B), (C|D), ... in order; pairs of adjacent lanes are added three times (the lanes' pairs, the
+   pairs' pairs, the halves), the even elements of two vectors against their odd elements, so that
+   res[i] = ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) of output i (z[i / 2]'s low half for even i, high half for odd i),
+   every element one IEEE addition of the definition's two operands. */
+typedef float lanes16_t __attribute__((vector_size(2 * DOT_LANES * sizeof(float))));
+typedef int lane_index16_t __attribute__((vector_size(2 * DOT_LANES * sizeof(int))));
+#if defined(__clang__)
+#define EVEN16(x, y) __builtin_shufflevector((x), (y), 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define ODD16(x, y) __builtin_shufflevector((x), (y), 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+#else
+#define EVEN16(x, y) \
+    __builtin_shuffle((x), (y), (lane_index16_t){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30})
+#define ODD16(x, y) \
+    __builtin_shuffle((x), (y), (lane_index16_t){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31})
+#endif
+#define PAIRS16(x, y) (EVEN16((x), (y)) + ODD16((x), (y)))
+static inline __attribute__((always_inline, target("avx512f"))) void finish16(const lanes16_t *z, lanes16_t *res) {
+    const lanes16_t p0 = PAIRS16(z[0], z[1]), p1 = PAIRS16(z[2], z[3]), p2 = PAIRS16(z[4], z[5]),
+                    p3 = PAIRS16(z[6], z[7]);
+    *res = PAIRS16(PAIRS16(p0, p1), PAIRS16(p2, p3));
+}
 
 static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
     const float *a, Py_ssize_t lda, const float *b, Py_ssize_t ldb, Py_ssize_t kc, int R, int C, lanes_t *state,
@@ -983,40 +1007,32 @@ static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
             for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
         }
     }
-    /* row r's six outputs as 8-lane vectors: v[r][c] */
-    lanes_t v[MR5][NR5];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR5; ++r) {
-#pragma GCC unroll 4
-        for (int q = 0; q < NR5 / 2; ++q) {
-            v[r][2 * q] = (lanes_t)_mm512_castps512_ps256(acc[r][q]);
-            v[r][2 * q + 1] = (lanes_t)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][q]), 1));
-        }
-    }
     if (last) {
+        /* 24 vectors, acc[r][q] holding outputs (r, 2q) and (r, 2q + 1), reduced in three groups of eight */
 #pragma GCC unroll 4
-        for (int r = 0; r < MR5; r += 2) {
-            /* columns 0-3 of rows r and r + 1, then columns 4-5 of both rows */
-            float res0[4], res1[4], res2[4];
-            const lanes_t tail[4] = {v[r][4], v[r][5], v[r + 1][4], v[r + 1][5]};
-            finish4(v[r], res0);
-            finish4(v[r + 1], res1);
-            finish4(tail, res2);
-            const float row0[NR5] = {res0[0], res0[1], res0[2], res0[3], res2[0], res2[1]};
-            const float row1[NR5] = {res1[0], res1[1], res1[2], res1[3], res2[2], res2[3]};
-            if (r < R) {
-                for (int c = 0; c < C; ++c) out[r * n + c] = row0[c];
-            }
-            if (r + 1 < R) {
-                for (int c = 0; c < C; ++c) out[(r + 1) * n + c] = row1[c];
+        for (int g = 0; g < 3; ++g) {
+            lanes16_t z[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; ++i) z[i] = (lanes16_t)acc[(8 * g + i) / 3][(8 * g + i) % 3];
+            lanes16_t res;
+            finish16(z, &res);
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; ++i) {
+                const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
+                if (r < R && c < C) out[r * n + c] = res[i];
             }
         }
     } else {
 #pragma GCC unroll 8
         for (int r = 0; r < MR5; ++r) {
-#pragma GCC unroll 8
-            for (int c = 0; c < NR5; ++c) {
-                if (r < R && c < C) state[r * n + c] = v[r][c];
+#pragma GCC unroll 4
+            for (int q = 0; q < NR5 / 2; ++q) {
+                const int c0 = 2 * q, c1 = 2 * q + 1;
+                if (r < R && c0 < C) state[r * n + c0] = (lanes_t)_mm512_castps512_ps256(acc[r][q]);
+                if (r < R && c1 < C) {
+                    state[r * n + c1] =
+                        (lanes_t)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][q]), 1));
+                }
             }
         }
     }
