@@ -912,7 +912,6 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
     }
 }
 
-#ifdef HAVE_X86_FMA
 /* The same product on AVX-512: one 512-bit vector holds the eight lanes of TWO outputs, (i, j) in its low half and
    (i, j + 1) in its high half, so one 512-bit FMA advances both outputs' lanes by one step of eight k, each lane
    exactly the definition's fma(a[i, k], b[j, k], acc) (a 512-bit FMA is sixteen single-rounded fused multiply-adds:
@@ -925,6 +924,8 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
 #define NR5 6
 /* rows of b per panel in this path: ten blocks of NR5 (at most N_PANEL, the packed panel's size) */
 #define N_PANEL5 60
+
+#ifdef HAVE_X86_FMA
 
 /* two 8-lane vectors as one 512-bit vector: lo in the low half */
 #define PAIR512(lo, hi)                                                                                               \
