@@ -12,15 +12,22 @@ and reports the median step times (wall clock, and the process's CPU time: on a 
 one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock, with the machine's load
 average before and after (other jobs on a shared machine slow both paths, not always alike).  The two start from
 the same weights and the same batch; their losses agree to float32 rounding (printed).  Prints one line per
-measurement and, last, one JSON object.  Usage::
+measurement and, last, one JSON object.
 
-    python bench/d2.py [--batch 32] [--reps 5] [--threads N]
+``--products`` instead times the fixed-order product alone (``kernels/``' ``matmul_nt_view``) on the operands of
+every product one D2 step of ``resnet_like`` runs (recorded during a step, then replayed), once per build of the
+product's step this CPU runs (``avx512``, ``avx2``, ``scalar`` unless ``--paths`` names fewer; the extension picks the
+widest), next to torch's ``a @ b.T`` on dense copies of the same operands: process CPU time, medians, GF/s (2 m n k
+per product) and each path's total over the step.  Usage::
+
+    python bench/d2.py [--batch 32] [--reps 5] [--threads N] [--products [--paths avx512,avx2]]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import statistics
@@ -28,11 +35,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hpc_elastic import models
+from hpc_elastic.est import detsum
 from hpc_elastic.est.d2 import scan_model, to_d2
 from hpc_elastic.est.d2_ops import det_cross_entropy
 
@@ -94,14 +103,108 @@ def measure(name: str, device: torch.device, batch: int, reps: int) -> dict[str,
     return result
 
 
+def record_products(batch: int) -> list[tuple[Any, ...]]:
+    """The operands of every product of one D2 training step of ``resnet_like`` on the CPU (copies, one thread)."""
+    torch.manual_seed(0)
+    model, sample = models.resnet_like()[:2]
+    x, y = sample(batch)
+    det = to_d2(model)
+    kernels = detsum.cpu_kernels()
+    calls: list[tuple[Any, ...]] = []
+    original = kernels.matmul_nt_view
+
+    def recording(a: Any, ga: Any, b: Any, gb: Any, out: Any, *, rows: tuple[int, int]) -> None:
+        calls.append((a.copy(), ga.copy(), b.copy(), gb.copy(), out.shape, rows))
+        original(a, ga, b, gb, out, rows=rows)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    kernels.matmul_nt_view = recording  # type: ignore[method-assign,assignment]
+    try:
+        step(det, det_cross_entropy, x, y)
+    finally:
+        del kernels.matmul_nt_view
+        torch.set_num_threads(threads)
+    return calls
+
+
+def cpu_median(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(reps):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def measure_products(batch: int, reps: int, wanted: list[str] | None) -> dict[str, Any]:
+    """Each recorded product timed on every path and with torch (see the module doc)."""
+    ext = detsum.c_extension()
+    kernels = detsum.CKernels(ext)
+    # an extension without the private path switch runs its one default path
+    paths: list[str] = list(ext._matmul_paths()) if hasattr(ext, "_matmul_paths") else ["default"]
+    if wanted is not None:
+        paths = [p for p in paths if p in wanted]
+    calls = record_products(batch)
+    totals = dict.fromkeys([*paths, "torch"], 0.0)
+    flops_total = 0.0
+    rows_out = []
+    try:
+        for a, ga, b, gb, shape, span in calls:
+            am, bm = detsum.view_matrix(a, ga)[span[0] : span[1]], detsum.view_matrix(b, gb)
+            m, k = am.shape
+            n = bm.shape[0]
+            flops = 2.0 * m * n * k
+            flops_total += flops
+            out = np.empty(shape, np.float32)
+            row: dict[str, Any] = {"m": m, "n": n, "k": k, "a_dense": bool(ga[1] == 1 and ga[2] == 1)}
+            for path in paths:
+                if path != "default":
+                    ext._matmul_path(path)
+                t = cpu_median(functools.partial(kernels.matmul_nt_view, a, ga, b, gb, out, rows=span), reps)
+                totals[path] += t
+                row[path] = flops / t / 1e9
+            ta, tb = torch.from_numpy(np.ascontiguousarray(am)), torch.from_numpy(np.ascontiguousarray(bm))
+            t = cpu_median(functools.partial(torch.matmul, ta, tb.T), reps)
+            totals["torch"] += t
+            row["torch"] = flops / t / 1e9
+            rows_out.append(row)
+            print(
+                f"[{m:6d} x {k:5d}] @ [{n:6d} x {k:5d}].T: "
+                + ", ".join(f"{p} {row[p]:6.1f}" for p in [*paths, "torch"])
+                + " GF/s"
+            )
+    finally:
+        if hasattr(ext, "_matmul_path"):
+            ext._matmul_path("auto")
+    print(
+        f"{len(calls)} products of one resnet_like step (batch {batch}), total CPU time: "
+        + ", ".join(f"{p} {t * 1e3:.1f} ms ({flops_total / t / 1e9:.1f} GF/s)" for p, t in totals.items())
+    )
+    for p in paths:
+        print(f"  {p} / torch: {totals[p] / totals['torch']:.2f}x")
+    return {"products": rows_out, "total_s": totals, "gflop": flops_total / 1e9}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--products", action="store_true", help="time the product alone on resnet_like's products")
+    p.add_argument("--paths", default=None, help="with --products: comma-separated paths to time (default: all)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.products:
+        load_before = os.getloadavg()[0]
+        wanted = args.paths.split(",") if args.paths else None
+        summary = measure_products(args.batch, args.reps, wanted)
+        load_after = os.getloadavg()[0]
+        print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
+        print(json.dumps({"threads": torch.get_num_threads(), "load": [load_before, load_after], **summary}))
+        return
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     results = []
     load_before = os.getloadavg()[0]

@@ -912,6 +912,134 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
     }
 }
 
+/* The same product on AVX-512: one 512-bit vector holds the eight lanes of TWO outputs, (i, j) in its low half and
+   (i, j + 1) in its high half, so one 512-bit FMA advances both outputs' lanes by one step of eight k, each lane
+   exactly the definition's fma(a[i, k], b[j, k], acc) (a 512-bit FMA is sixteen single-rounded fused multiply-adds:
+   the same operations as the 256-bit one).  The 32 vector registers of AVX-512 hold a block of MR5 x NR5 = 8 x 6
+   outputs: 24 accumulators, a row of a broadcast to both halves (one load) and three pairs of b's rows (a load and
+   an insert each), so 11 loads and 3 inserts for 24 FMAs (the 3 x 4 AVX2 block: 7 loads for 12).  Edges, chunks,
+   state and the k tail are those of block_kernel; the eight lanes of each output are reduced by finish16, sixteen
+   outputs at once. */
+#define MR5 8
+#define NR5 6
+/* rows of b per panel in this path: ten blocks of NR5 (at most N_PANEL, the packed panel's size) */
+#define N_PANEL5 60
+
+#ifdef HAVE_X86_FMA
+
+/* two 8-lane vectors as one 512-bit vector: lo in the low half */
+#define PAIR512(lo, hi)                                                                                               \
+    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1))
+
+/* Sixteen float32 lanes (two outputs' eight lanes) and the tree of finish4 for sixteen outputs at once: z[0..7]
+   hold outputs (A|B), (C|D), ... in order; pairs of adjacent lanes are added three times (the lanes' pairs, the
+   pairs' pairs, the halves), the even elements of two vectors against their odd elements, so that
+   res[i] = ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) of output i (z[i / 2]'s low half for even i, high half for odd i),
+   every element one IEEE addition of the definition's two operands. */
+typedef float lanes16_t __attribute__((vector_size(2 * DOT_LANES * sizeof(float))));
+typedef int lane_index16_t __attribute__((vector_size(2 * DOT_LANES * sizeof(int))));
+#if defined(__clang__)
+#define EVEN16(x, y) __builtin_shufflevector((x), (y), 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define ODD16(x, y) __builtin_shufflevector((x), (y), 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+#else
+#define EVEN16(x, y) \
+    __builtin_shuffle((x), (y), (lane_index16_t){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30})
+#define ODD16(x, y) \
+    __builtin_shuffle((x), (y), (lane_index16_t){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31})
+#endif
+#define PAIRS16(x, y) (EVEN16((x), (y)) + ODD16((x), (y)))
+static inline __attribute__((always_inline, target("avx512f"))) void finish16(const lanes16_t *z, lanes16_t *res) {
+    const lanes16_t p0 = PAIRS16(z[0], z[1]), p1 = PAIRS16(z[2], z[3]), p2 = PAIRS16(z[4], z[5]),
+                    p3 = PAIRS16(z[6], z[7]);
+    *res = PAIRS16(PAIRS16(p0, p1), PAIRS16(p2, p3));
+}
+
+static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
+    const float *a, Py_ssize_t lda, const float *b, Py_ssize_t ldb, Py_ssize_t kc, int R, int C, lanes_t *state,
+    Py_ssize_t n, int first, int last, float *out) {
+    const float *ar[MR5], *bc[NR5];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR5; ++r) ar[r] = a + (r < R ? r : 0) * lda;
+#pragma GCC unroll 8
+    for (int c = 0; c < NR5; ++c) bc[c] = b + (c < C ? c : 0) * ldb;
+    __m512 acc[MR5][NR5 / 2];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR5; ++r) {
+#pragma GCC unroll 4
+        for (int q = 0; q < NR5 / 2; ++q) {
+            acc[r][q] = _mm512_setzero_ps();
+            if (!first && r < R) {
+                const int c0 = 2 * q, c1 = 2 * q + 1;
+                const __m256 lo = c0 < C ? (__m256)state[r * n + c0] : _mm256_setzero_ps();
+                const __m256 hi = c1 < C ? (__m256)state[r * n + c1] : _mm256_setzero_ps();
+                acc[r][q] = PAIR512(lo, hi);
+            }
+        }
+    }
+    const Py_ssize_t kb = kc / DOT_LANES * DOT_LANES;
+    for (Py_ssize_t kk = 0; kk < kb; kk += DOT_LANES) {
+        __m512 y[NR5 / 2];
+#pragma GCC unroll 4
+        for (int q = 0; q < NR5 / 2; ++q) {
+            y[q] = PAIR512(_mm256_loadu_ps(bc[2 * q] + kk), _mm256_loadu_ps(bc[2 * q + 1] + kk));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR5; ++r) {
+            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(ar[r] + kk))));
+#pragma GCC unroll 4
+            for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
+        }
+    }
+    if (kb < kc) {
+        float xt[MR5][DOT_LANES], yt[NR5][DOT_LANES];
+        for (int r = 0; r < MR5; ++r) {
+            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) xt[r][v] = kb + v < kc ? ar[r][kb + v] : 0.0f;
+        }
+        for (int c = 0; c < NR5; ++c) {
+            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) yt[c][v] = kb + v < kc ? bc[c][kb + v] : -0.0f;
+        }
+        __m512 y[NR5 / 2];
+#pragma GCC unroll 4
+        for (int q = 0; q < NR5 / 2; ++q) y[q] = PAIR512(_mm256_loadu_ps(yt[2 * q]), _mm256_loadu_ps(yt[2 * q + 1]));
+#pragma GCC unroll 8
+        for (int r = 0; r < MR5; ++r) {
+            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(xt[r]))));
+#pragma GCC unroll 4
+            for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
+        }
+    }
+    if (last) {
+        /* 24 vectors, acc[r][q] holding outputs (r, 2q) and (r, 2q + 1), reduced in three groups of eight */
+#pragma GCC unroll 4
+        for (int g = 0; g < 3; ++g) {
+            lanes16_t z[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; ++i) z[i] = (lanes16_t)acc[(8 * g + i) / 3][(8 * g + i) % 3];
+            lanes16_t res;
+            finish16(z, &res);
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; ++i) {
+                const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
+                if (r < R && c < C) out[r * n + c] = res[i];
+            }
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < MR5; ++r) {
+#pragma GCC unroll 4
+            for (int q = 0; q < NR5 / 2; ++q) {
+                const int c0 = 2 * q, c1 = 2 * q + 1;
+                if (r < R && c0 < C) state[r * n + c0] = (lanes_t)_mm512_castps512_ps256(acc[r][q]);
+                if (r < R && c1 < C) {
+                    state[r * n + c1] =
+                        (lanes_t)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][q]), 1));
+                }
+            }
+        }
+    }
+}
+#endif
+
 /* Rows of a in tiles of M_TILE (a packed tile of M_TILE x K_CHUNK floats stays in L2 next to b's panel). */
 #define M_TILE 48
 
@@ -927,21 +1055,32 @@ typedef struct {
     int a_whole;
 } scratch_t;
 
+/* The builds of the product's step: fmaf lane by lane, the AVX2 FMA on 8-lane vectors (3 x 4 blocks), the
+   AVX-512 FMA on two outputs' lanes per vector (8 x 6 blocks).  All three give the same bits. */
+enum { PATH_SCALAR, PATH_AVX2, PATH_AVX512, N_PATHS };
+static const char *const path_names[N_PATHS] = {"scalar", "avx2", "avx512"};
+
 /* out [r1 - r0, n] = the products of rows [r0, r1) of a with the n rows of b over k; scratch.state holds
    (r1 - r0) * n lane vectors when k > K_CHUNK.  Loops: chunks of k, panels of b (packed once per chunk when b is not
-   dense), tiles of a's rows (packed likewise), blocks. */
+   dense), tiles of a's rows (packed likewise), blocks of the path's shape. */
 static inline __attribute__((always_inline)) void matmul_blocked(const operand_t *A, const operand_t *B, float *op,
                                                                  Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
-                                                                 Py_ssize_t k, const scratch_t *sc,
-                                                                 const int use_fma) {
+                                                                 Py_ssize_t k, const scratch_t *sc, const int path) {
     const Py_ssize_t m = r1 - r0;
+#ifdef HAVE_X86_FMA
+    const int wide = path == PATH_AVX512;
+#else
+    const int wide = 0;
+#endif
+    const int use_fma = path == PATH_AVX2, mr = wide ? MR5 : MR, nr = wide ? NR5 : NR;
+    const Py_ssize_t panel = wide ? N_PANEL5 : N_PANEL;
     for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
         const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
         const int first = k0 == 0, last = k1 == k;
         Py_ssize_t lda_whole = 0;
         const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole) : NULL;
-        for (Py_ssize_t p0 = 0; p0 < n; p0 += N_PANEL) {
-            const Py_ssize_t p1 = n - p0 < N_PANEL ? n : p0 + N_PANEL;
+        for (Py_ssize_t p0 = 0; p0 < n; p0 += panel) {
+            const Py_ssize_t p1 = n - p0 < panel ? n : p0 + panel;
             Py_ssize_t ldb;
             const float *bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
             for (Py_ssize_t t0 = 0; t0 < m; t0 += M_TILE) {
@@ -949,13 +1088,23 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
                 Py_ssize_t lda = lda_whole;
                 const float *ap = a_whole ? a_whole + t0 * lda_whole
                                           : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
-                for (Py_ssize_t i0 = t0; i0 < t1; i0 += MR) {
-                    const int R = t1 - i0 < MR ? (int)(t1 - i0) : MR;
-                    for (Py_ssize_t j0 = p0; j0 < p1; j0 += NR) {
-                        const int C = p1 - j0 < NR ? (int)(p1 - j0) : NR;
+                for (Py_ssize_t i0 = t0; i0 < t1; i0 += mr) {
+                    const int R = t1 - i0 < mr ? (int)(t1 - i0) : mr;
+                    for (Py_ssize_t j0 = p0; j0 < p1; j0 += nr) {
+                        const int C = p1 - j0 < nr ? (int)(p1 - j0) : nr;
                         const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
                         float *o = op + i0 * n + j0;
                         lanes_t *st = sc->state ? sc->state + i0 * n + j0 : NULL;
+#ifdef HAVE_X86_FMA
+                        if (wide) {
+                            if (R == MR5 && C == NR5 && first && last) {
+                                block_kernel512(a, lda, b, ldb, k1 - k0, MR5, NR5, NULL, n, 1, 1, o);
+                            } else {
+                                block_kernel512(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o);
+                            }
+                            continue;
+                        }
+#endif
                         if (R == MR && C == NR && first && last) {
                             /* the common case with every flag a constant */
                             block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, use_fma);
@@ -969,34 +1118,136 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
     }
 }
 
-static void matmul_generic(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
-                           Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
-    matmul_blocked(A, B, op, r0, r1, n, k, sc, 0);
+static void matmul_scalar(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
+                          Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
+    matmul_blocked(A, B, op, r0, r1, n, k, sc, PATH_SCALAR);
 }
 
 #ifdef HAVE_X86_FMA
-__attribute__((target("avx2,fma"))) static void matmul_fma(const operand_t *A, const operand_t *B, float *op,
-                                                             Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n, Py_ssize_t k,
-                                                             const scratch_t *sc) {
-    matmul_blocked(A, B, op, r0, r1, n, k, sc, 1);
+__attribute__((target("avx2,fma"))) static void matmul_avx2(const operand_t *A, const operand_t *B, float *op,
+                                                              Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n, Py_ssize_t k,
+                                                              const scratch_t *sc) {
+    matmul_blocked(A, B, op, r0, r1, n, k, sc, PATH_AVX2);
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static void matmul_avx512(const operand_t *A, const operand_t *B,
+                                                                        float *op, Py_ssize_t r0, Py_ssize_t r1,
+                                                                        Py_ssize_t n, Py_ssize_t k,
+                                                                        const scratch_t *sc) {
+    matmul_blocked(A, B, op, r0, r1, n, k, sc, PATH_AVX512);
 }
 #endif
 
-/* The FMA build where the CPU runs it (the loader's choice, as for the clones), or, in a build with the clones off
-   (tests/unit/kernels/test_clones.py), where the build's instruction set has FMA: both builds give the same bits. */
+/* Whether this CPU runs a path: asked of the CPU at run time (as the loader does for the clones), or, in a build
+   with the clones off (tests/unit/kernels/test_clones.py), the paths the build's instruction set has. */
+static int path_available(int path) {
+    switch (path) {
+    case PATH_SCALAR:
+        return 1;
+#if defined(HAVE_X86_FMA) && defined(DETREDUCE_NO_CLONES)
+    case PATH_AVX2:
+#if defined(__FMA__) && defined(__AVX2__)
+        return 1;
+#else
+        return 0;
+#endif
+    case PATH_AVX512:
+#if defined(__FMA__) && defined(__AVX2__) && defined(__AVX512F__)
+        return 1;
+#else
+        return 0;
+#endif
+#elif defined(HAVE_X86_FMA)
+    case PATH_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case PATH_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    default:
+        return 0;
+    }
+}
+
+/* The path set by _matmul_path (tests), or -1: the widest the CPU runs. */
+static int forced_path = -1;
+
+static int matmul_path(void) {
+    if (forced_path >= 0) return forced_path;
+    for (int p = N_PATHS - 1; p > PATH_SCALAR; --p) {
+        if (path_available(p)) return p;
+    }
+    return PATH_SCALAR;
+}
+
+/* The widest path this CPU runs, or the one a test forced: all give the same bits. */
 static void matmul_dispatch(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
                             Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
-#if defined(HAVE_X86_FMA) && defined(DETREDUCE_NO_CLONES) && defined(__FMA__) && defined(__AVX2__)
-    matmul_fma(A, B, op, r0, r1, n, k, sc);
-#elif defined(HAVE_X86_FMA) && !defined(DETREDUCE_NO_CLONES)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        matmul_fma(A, B, op, r0, r1, n, k, sc);
-    } else {
-        matmul_generic(A, B, op, r0, r1, n, k, sc);
-    }
-#else
-    matmul_generic(A, B, op, r0, r1, n, k, sc);
+    switch (matmul_path()) {
+#ifdef HAVE_X86_FMA
+    case PATH_AVX512:
+        matmul_avx512(A, B, op, r0, r1, n, k, sc);
+        return;
+    case PATH_AVX2:
+        matmul_avx2(A, B, op, r0, r1, n, k, sc);
+        return;
 #endif
+    default:
+        matmul_scalar(A, B, op, r0, r1, n, k, sc);
+    }
+}
+
+static const char matmul_paths_doc[] =
+    "_matmul_paths()\n"
+    "The builds of the product's step this CPU runs, widest first: 'avx512', 'avx2', 'scalar' (for tests).";
+
+static PyObject *py_matmul_paths(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (int p = N_PATHS - 1; p >= 0; --p) {
+        if (!path_available(p)) continue;
+        PyObject *name = PyUnicode_FromString(path_names[p]);
+        if (name == NULL || PyList_Append(out, name) != 0) {
+            Py_XDECREF(name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(name);
+    }
+    PyObject *tuple = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return tuple;
+}
+
+static const char matmul_path_doc[] =
+    "_matmul_path(name=None)\n"
+    "The build of the product's step in use; with a name ('avx512', 'avx2', 'scalar', or 'auto': the widest this\n"
+    "CPU runs) it sets it first, for every thread (for tests: all give the same bits).  ValueError for a name this\n"
+    "CPU does not run.";
+
+static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &name)) return NULL;
+    if (name != NULL) {
+        int path = -2;
+        if (strcmp(name, "auto") == 0) path = -1;
+        for (int p = 0; p < N_PATHS; ++p) {
+            if (strcmp(name, path_names[p]) == 0) path = p;
+        }
+        if (path == -2 || (path >= 0 && !path_available(path))) {
+            PyObject *paths = py_matmul_paths(NULL, NULL);
+            if (paths != NULL) {
+                PyErr_Format(PyExc_ValueError, "matmul path %R: this CPU runs %S and 'auto'",
+                             PyTuple_GET_ITEM(args, 0), paths);
+                Py_DECREF(paths);
+            }
+            return NULL;
+        }
+        forced_path = path;
+    }
+    return PyUnicode_FromString(path_names[matmul_path()]);
 }
 
 /* Runs the product of rows [r0, r1) of A with B into out (released GIL), with its scratch; 0, or -1 with a Python
@@ -1634,6 +1885,8 @@ static PyMethodDef methods[] = {
     {"owner_sum", py_owner_sum, METH_VARARGS, owner_sum_doc},
     {"matmul_nt", py_matmul_nt, METH_VARARGS, matmul_doc},
     {"matmul_nt_view", py_matmul_nt_view, METH_VARARGS, matmul_view_doc},
+    {"_matmul_paths", py_matmul_paths, METH_NOARGS, matmul_paths_doc},
+    {"_matmul_path", py_matmul_path, METH_VARARGS, matmul_path_doc},
     {"batch_norm_forward", py_batch_norm_forward, METH_VARARGS, bn_forward_doc},
     {"batch_norm_backward", py_batch_norm_backward, METH_VARARGS, bn_backward_doc},
     {"max_pool_forward", py_max_pool_forward, METH_VARARGS, max_pool_forward_doc},

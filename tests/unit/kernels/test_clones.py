@@ -155,3 +155,11 @@ def test_every_instruction_set_gives_the_reference_bits(builds: dict[str, d.CKer
         got = _outputs(kern, xs)
         for name, value in want.items():
             assert np.array_equal(_bits(got[name]), _bits(value)), f"{arch}: {name} differs from the reference"
+
+
+def test_each_build_runs_the_product_path_of_its_instruction_set(builds: dict[str, d.CKernels]) -> None:
+    """With the clones off, a build's product runs the widest path its instruction set has: so the reference test
+    above covers fmaf lane by lane (x86-64), the AVX2 blocks (x86-64-v3) and the AVX-512 blocks (x86-64-v4)."""
+    widest = {"x86-64": "scalar", "x86-64-v3": "avx2", "x86-64-v4": "avx512"}
+    for arch, kern in builds.items():
+        assert kern._m._matmul_path() == widest[arch], arch

@@ -448,3 +448,116 @@ def test_matmul_nt_view_refuses_views_outside_the_buffer_and_mismatched_sizes() 
         m.matmul_nt_view(data, inside, data, _geometry(0, [(2, 9)], [(9, 1)]), out, 0, 2)
     with pytest.raises(ValueError, match="bad geometry"):
         m.matmul_nt_view(data, np.array([0, 1, 1, 2], np.int64), data, inside, out, 0, 2)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+
+def test_the_product_runs_the_widest_path_the_cpu_has_and_refuses_others() -> None:
+    """The paths listed are those the CPU runs (AVX-512 where it has avx512f, AVX2 where it has avx2 and fma, fmaf
+    lane by lane everywhere), ``auto`` picks the widest, and a name the CPU does not run is refused."""
+    m = d.c_extension()
+    flags = _cpu_flags()
+    paths = m._matmul_paths()
+    if flags:  # an x86-64 Linux machine
+        want = ["scalar"]
+        if {"avx2", "fma"} <= flags:
+            want.insert(0, "avx2")
+            if "avx512f" in flags:
+                want.insert(0, "avx512")
+        assert list(paths) == want
+    assert paths[-1] == "scalar"
+    try:
+        assert m._matmul_path("auto") == paths[0]
+        assert m._matmul_path() == paths[0]
+        for p in paths:
+            assert m._matmul_path(p) == p
+        with pytest.raises(ValueError, match="'sse'"):
+            m._matmul_path("sse")
+    finally:
+        m._matmul_path("auto")
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (8, 6, 8),  # one AVX-512 block, one step
+        (16, 60, 144),  # whole blocks, one AVX-512 panel
+        (17, 61, 27),  # a row and a column past the blocks, a 3-value k tail
+        (9, 7, 519),  # one chunk and a 7-value tail, one row and one column past a block
+        (7, 125, 1030),  # partial rows; panels of 60 and 64 with edges; three chunks, the last of 6
+        (23, 13, 1),  # k = 1: the tail step only
+        (1, 1, 513),  # one output, a chunk and one more k
+        (5, 66, 1100),  # five rows, a panel edge, a tail of 76 after two chunks
+    ],
+)
+def test_every_matmul_path_the_cpu_runs_gives_the_reference_bits(m: int, n: int, k: int) -> None:
+    """Each build of the product's step (AVX-512: two outputs' lanes per vector in 8 x 6 blocks; AVX2: 3 x 4
+    blocks; fmaf lane by lane), forced in turn, gives the NumPy emulation's bits on shapes at the blocks', panels'
+    and chunks' edges, with products that underflow (outputs whose lanes all hold -0.0) and wide exponents."""
+    ext = d.c_extension()
+    rng = np.random.default_rng(m * 10_000 + n * 10 + k)
+    a = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-75, 40, (m, k)))).astype(np.float32)
+    b = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-75, 40, (n, k)))).astype(np.float32)
+    b[:, ::3] = -np.abs(b[:, ::3])
+    a[:, ::5] = np.float32(-0.0)
+    # outputs in the first and last rows and columns (both halves of an AVX-512 vector) whose every product
+    # underflows to -0: every lane holds -0, and so does the sum, which a padded tail step must keep
+    a[[0, -1]] = np.float32(2.0**-80)
+    b[[0, -1]] = np.float32(-(2.0**-80))
+    ref = d.ref_matmul_nt(a, b)
+    if k >= 8:  # every lane has a product (a lane that has none holds +0)
+        assert np.signbit(ref[-1, -1]) and ref[-1, -1] == 0
+    try:
+        for path in ext._matmul_paths():
+            ext._matmul_path(path)
+            out = np.full((m, n), np.nan, np.float32)
+            C.matmul_nt(a, b, out)
+            assert same(out, ref), path
+    finally:
+        ext._matmul_path("auto")
+
+
+@pytest.mark.parametrize(
+    ("a_rows", "a_cols", "b_rows", "b_cols", "span"),
+    [
+        # patch rows of a padded channels-last image against weight rows, rows [5, 11) only
+        ([(2, 210), (3, 60), (2, 10)], [(3, 30), (3, 5), (5, 1)], [(6, 1)], [(45, 6)], (5, 11)),
+        # both transposed (packed in 8 x 8 blocks), k = 700: a chunk, then 188; rows 3 to 46 (edges of 8 and 3)
+        ([(50, 1)], [(700, 50)], [(57, 1)], [(700, 57)], (3, 46)),
+        # a packed whole (n = 70: two panels), two chunks (k = 520)
+        ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (7, 30)),
+    ],
+)
+def test_every_matmul_path_reads_strided_operands_like_the_reference(
+    a_rows: list[tuple[int, int]],
+    a_cols: list[tuple[int, int]],
+    b_rows: list[tuple[int, int]],
+    b_cols: list[tuple[int, int]],
+    span: tuple[int, int],
+) -> None:
+    """Packed operands (tiles, panels, a whole, lanes' state kept between chunks) give the reference's bits on every
+    path the CPU runs."""
+    ext = d.c_extension()
+    rng = np.random.default_rng(span[0] * 100 + span[1])
+    data_a = (rng.standard_normal(40_000) * np.exp2(rng.integers(-60, 30, 40_000))).astype(np.float32)
+    data_b = rng.standard_normal(40_000).astype(np.float32)
+    data_b[::7] = np.float32(-0.0)
+    ga, gb = _geometry(3, a_rows, a_cols), _geometry(11, b_rows, b_cols)
+    a, b = d.view_matrix(data_a, ga), d.view_matrix(data_b, gb)
+    r0, r1 = span
+    ref = d.ref_matmul_nt(a[r0:r1], b)
+    try:
+        for path in ext._matmul_paths():
+            ext._matmul_path(path)
+            out = np.full((r1 - r0, b.shape[0]), np.nan, np.float32)
+            C.matmul_nt_view(data_a, ga, data_b, gb, out, rows=span)
+            assert same(out, ref), path
+    finally:
+        ext._matmul_path("auto")
