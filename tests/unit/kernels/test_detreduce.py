@@ -420,8 +420,10 @@ def test_matmul_nt_view_reads_strided_operands_like_their_copies(
     b_cols: list[tuple[int, int]],
     span: tuple[int, int],
 ) -> None:
-    """Operands read in place (packed tile by tile, chunk by chunk) give the bits of the product of their gathered
-    copies: the reference's and the dense kernel's."""
+    """Operands read in place (packed tile by tile, chunk by chunk, a whole, lanes' state kept between chunks) give
+    the bits of the product of their gathered copies, the reference's and the dense kernel's, on every path the CPU
+    runs."""
+    ext = d.c_extension()
     rng = np.random.default_rng(len(a_cols) * 100 + span[1])
     data_a = (rng.standard_normal(40_000) * np.exp2(rng.integers(-60, 30, 40_000))).astype(np.float32)
     data_b = rng.standard_normal(40_000).astype(np.float32)
@@ -429,12 +431,18 @@ def test_matmul_nt_view_reads_strided_operands_like_their_copies(
     ga, gb = _geometry(3, a_rows, a_cols), _geometry(11, b_rows, b_cols)
     a, b = d.view_matrix(data_a, ga), d.view_matrix(data_b, gb)
     r0, r1 = span
-    out = np.full((r1 - r0, b.shape[0]), np.nan, np.float32)
-    C.matmul_nt_view(data_a, ga, data_b, gb, out, rows=span)
-    dense = np.empty((a.shape[0], b.shape[0]), np.float32)
-    C.matmul_nt(a, b, dense)
-    assert same(out, d.ref_matmul_nt(a[r0:r1], b))
-    assert same(out, dense[r0:r1])
+    ref = d.ref_matmul_nt(a[r0:r1], b)
+    try:
+        for path in ext._matmul_paths():
+            ext._matmul_path(path)
+            out = np.full((r1 - r0, b.shape[0]), np.nan, np.float32)
+            C.matmul_nt_view(data_a, ga, data_b, gb, out, rows=span)
+            dense = np.empty((a.shape[0], b.shape[0]), np.float32)
+            C.matmul_nt(a, b, dense)
+            assert same(out, ref), path
+            assert same(out, dense[r0:r1]), path
+    finally:
+        ext._matmul_path("auto")
 
 
 def test_matmul_nt_view_refuses_views_outside_the_buffer_and_mismatched_sizes() -> None:
@@ -519,45 +527,6 @@ def test_every_matmul_path_the_cpu_runs_gives_the_reference_bits(m: int, n: int,
             ext._matmul_path(path)
             out = np.full((m, n), np.nan, np.float32)
             C.matmul_nt(a, b, out)
-            assert same(out, ref), path
-    finally:
-        ext._matmul_path("auto")
-
-
-@pytest.mark.parametrize(
-    ("a_rows", "a_cols", "b_rows", "b_cols", "span"),
-    [
-        # patch rows of a padded channels-last image against weight rows, rows [5, 11) only
-        ([(2, 210), (3, 60), (2, 10)], [(3, 30), (3, 5), (5, 1)], [(6, 1)], [(45, 6)], (5, 11)),
-        # both transposed (packed in 8 x 8 blocks), k = 700: a chunk, then 188; rows 3 to 46 (edges of 8 and 3)
-        ([(50, 1)], [(700, 50)], [(57, 1)], [(700, 57)], (3, 46)),
-        # a packed whole (n = 70: two panels), two chunks (k = 520)
-        ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (7, 30)),
-    ],
-)
-def test_every_matmul_path_reads_strided_operands_like_the_reference(
-    a_rows: list[tuple[int, int]],
-    a_cols: list[tuple[int, int]],
-    b_rows: list[tuple[int, int]],
-    b_cols: list[tuple[int, int]],
-    span: tuple[int, int],
-) -> None:
-    """Packed operands (tiles, panels, a whole, lanes' state kept between chunks) give the reference's bits on every
-    path the CPU runs."""
-    ext = d.c_extension()
-    rng = np.random.default_rng(span[0] * 100 + span[1])
-    data_a = (rng.standard_normal(40_000) * np.exp2(rng.integers(-60, 30, 40_000))).astype(np.float32)
-    data_b = rng.standard_normal(40_000).astype(np.float32)
-    data_b[::7] = np.float32(-0.0)
-    ga, gb = _geometry(3, a_rows, a_cols), _geometry(11, b_rows, b_cols)
-    a, b = d.view_matrix(data_a, ga), d.view_matrix(data_b, gb)
-    r0, r1 = span
-    ref = d.ref_matmul_nt(a[r0:r1], b)
-    try:
-        for path in ext._matmul_paths():
-            ext._matmul_path(path)
-            out = np.full((r1 - r0, b.shape[0]), np.nan, np.float32)
-            C.matmul_nt_view(data_a, ga, data_b, gb, out, rows=span)
             assert same(out, ref), path
     finally:
         ext._matmul_path("auto")
