@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import secrets
 import stat
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 from hpc_elastic.errors import HpcElasticError
 
@@ -201,3 +203,23 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> tuple[str, int]:
             sha.update(block)
             size += len(block)
     return sha.hexdigest(), size
+
+
+def wait_for_lock(
+    lock: IO[Any], how: int, wait_s: float, *, on_wait: Callable[[], None] | None = None, poll_s: float = 2.0
+) -> bool:
+    """``flock(lock, how)`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) on an open file, tried every ``poll_s`` seconds until
+    ``wait_s`` have passed; whether it was taken. ``on_wait`` is called once, the first time another holds it."""
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        try:
+            fcntl.flock(lock, how | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            if on_wait is not None and not waited:
+                on_wait()
+            waited = True
+            time.sleep(poll_s)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import sys
@@ -40,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpc_elastic.env import read_environment
+from hpc_elastic.files import wait_for_lock
 from hpc_elastic.plotting import pyplot
 from hpc_elastic.slurm import connect
 from slurm_plugin.grow_story import GrowConfig, GrowResult, run_grow_story
@@ -239,19 +241,9 @@ def gpu_lane(gpfs_root: Path) -> Iterator[None]:
     with contextlib.ExitStack() as held:
         for name, how in ((".session.lock", fcntl.LOCK_SH), (".lane-gpu.lock", fcntl.LOCK_EX)):
             lock = held.enter_context((test_root / name).open("a"))
-            deadline = time.monotonic() + LOCK_WAIT_S
-            waited = False
-            while True:
-                try:
-                    fcntl.flock(lock, how | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise ScenarioError(f"another session held {lock.name} for {LOCK_WAIT_S:.0f} s") from None
-                    if not waited:
-                        say(f"waiting for {lock.name} (an integration test session holds it)")
-                        waited = True
-                    time.sleep(2.0)
+            busy = f"waiting for {lock.name} (an integration test session holds it)"
+            if not wait_for_lock(lock, how, LOCK_WAIT_S, on_wait=functools.partial(say, busy)):
+                raise ScenarioError(f"another session held {lock.name} for {LOCK_WAIT_S:.0f} s")
         yield
 
 

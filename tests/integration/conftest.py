@@ -16,6 +16,7 @@ from typing import IO, TypeVar
 import pytest
 
 from hpc_elastic.env import Environment, read_environment
+from hpc_elastic.files import wait_for_lock
 from hpc_elastic.slurm import CliSlurm, JobState, RetryPolicy, Runner, SlurmError, connect
 from tests.conftest import REPO, require_cluster
 from tests.integration.plugin_helpers import ended, job_of
@@ -85,15 +86,8 @@ def jobs_writing_under(root: Path) -> list[int]:
 
 
 def _take(lock: IO[str], how: int) -> None:
-    deadline = time.monotonic() + SESSION_WAIT_S
-    while True:
-        try:
-            fcntl.flock(lock, how | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                pytest.fail(f"another test session held {lock.name} for {SESSION_WAIT_S:.0f}s")
-            time.sleep(2.0)
+    if not wait_for_lock(lock, how, SESSION_WAIT_S):
+        pytest.fail(f"another test session held {lock.name} for {SESSION_WAIT_S:.0f}s")
 
 
 @pytest.fixture(scope="session", autouse=True)
