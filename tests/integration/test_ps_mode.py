@@ -253,7 +253,7 @@ def test_hpc_elastic_scale_sets_workers_and_ps_of_the_running_job_within_one_epo
     # a whole node (--exclusive): Brain's plans may give a process more than the task size of one core (its sample
     # plan ran one worker of 4 cores here); a user's request gives the job processes of the task size, Brain's
     # replaced, so 4 workers and 2 PS take 6 of the 7 cores beside the master
-    samples = 250_000
+    samples = 600_000  # a CI run on a faster host ended an epoch of 250,000 before the second request
     settings = {"num_samples": samples, "shard_size": 100, "batch_size": 50}
     job_id = submit_ps(workdir, settings, workers="1:4", ps="1:2", extra=("--exclusive", "--mem=12000"))
     cleanup.append(job_id)
