@@ -26,7 +26,7 @@ from slurm_plugin.easyscale import estimated_capability, prior_capability, profi
 from slurm_plugin.store import Store
 from tests.unit.plugin.conftest import config
 from tests.unit.plugin.test_daemon import Clock, FakeSlurm
-from tests.unit.plugin.test_spanning import _captured
+from tests.unit.plugin.test_spanning import _captured, _elastic_on_node1
 from tests.unit.plugin.test_telemetry import record
 
 ME = os.getuid()
@@ -121,16 +121,7 @@ def _daemon(tmp_path: Path, slurm_data: Path, profiles: Path) -> tuple[Daemon, J
     """Job 12 as an elastic job of 8 ESTs at D2 on node1's 2 a100, naming profile ``mlp@a100``; node1's other 2 a100
     and 2 of node3's v100 idle, the other GPUs held by fillers."""
     jobs, nodes = _captured(slurm_data)
-    job = replace(
-        next(j for j in jobs if j.job_id == 12),
-        name="es",
-        user_id=ME,
-        comment=D2,
-        gpus=GpuCounts.of({"a100": 2}),
-        nodes=("node1",),
-        tasks=2,
-        cpus=2,
-    )
+    job = _elastic_on_node1(jobs, D2)
     fillers = [j for j in jobs if j.job_id in {9, 11}]
     fillers.append(replace(next(j for j in jobs if j.job_id == 10), gpus=GpuCounts.of({"v100": 2})))
     used = {"node1": {"a100": 2}, "node2": {"a100": 4}, "node3": {"v100": 2}, "node4": {"v100": 4}}

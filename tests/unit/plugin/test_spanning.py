@@ -96,11 +96,10 @@ def _captured(slurm_data: Path) -> tuple[list[Job], list[Node]]:
     return jobs, nodes
 
 
-def _story(jobs: list[Job], nodes: list[Node], comment: str) -> tuple[Job, list[Job], list[Node]]:
-    """Job 12 as an elastic job of 8 ESTs on node1's 2 a100; filler 10 holds 2 of node3's v100 (2 idle)."""
-    spanning = next(j for j in jobs if j.job_id == 12)
-    job = replace(
-        spanning,
+def _elastic_on_node1(jobs: list[Job], comment: str) -> Job:
+    """The captured job 12 as the user's elastic job ``es`` on node1's 2 a100, its marker ``comment``."""
+    return replace(
+        next(j for j in jobs if j.job_id == 12),
         name="es",
         user_id=ME,
         comment=comment,
@@ -109,6 +108,11 @@ def _story(jobs: list[Job], nodes: list[Node], comment: str) -> tuple[Job, list[
         tasks=2,
         cpus=2,
     )
+
+
+def _story(jobs: list[Job], nodes: list[Node], comment: str) -> tuple[Job, list[Job], list[Node]]:
+    """Job 12 as an elastic job of 8 ESTs on node1's 2 a100; filler 10 holds 2 of node3's v100 (2 idle)."""
+    job = _elastic_on_node1(jobs, comment)
     fillers = [j for j in jobs if j.job_id in {8, 9, 11}]
     filler = replace(next(j for j in jobs if j.job_id == 10), gpus=GpuCounts.of({"v100": 2}))
     used = {"node1": {"a100": 4}, "node2": {"a100": 4}, "node3": {"v100": 2}, "node4": {"v100": 4}}
