@@ -125,6 +125,7 @@ class SlotJob:
     ``workers``/``ps`` are what it ran with in the previous slot (0/0: it did not run). ``request_workers`` /
     ``request_ps`` are the user's specification, which the static schedulers (DRF as in YARN, Tiresias' gang
     jobs) allocate in full or not at all; ``max_workers`` / ``max_ps`` bound what any policy may give it.
+    ``service`` is the GPU-seconds it has received so far (Tiresias' attained service, §3.2).
     """
 
     job_id: int
@@ -139,6 +140,7 @@ class SlotJob:
     request_ps: int = 1
     max_workers: int = 16
     max_ps: int = 16
+    service: float = 0.0
 
     def __post_init__(self) -> None:
         _int("job_id", self.job_id, 0)
@@ -163,6 +165,7 @@ class SlotJob:
             raise ValueError(f"{where}: workers {self.workers!r} exceeds max_workers {self.max_workers!r}")
         if not 0 <= _int(f"{where}: ps", self.ps, 0) <= self.max_ps:
             raise ValueError(f"{where}: ps {self.ps!r} exceeds max_ps {self.max_ps!r}")
+        _number(f"{where}: service", self.service)
 
     @property
     def epochs_left(self) -> float:
