@@ -267,6 +267,15 @@ class SlotDecision:
         return 0, 0
 
 
+@dataclass(frozen=True, slots=True)
+class PackingMark:
+    """A :class:`Packing`'s free resources and action count at one point (see :meth:`Packing.mark`)."""
+
+    free_gpu: IntArray
+    free_cpu: IntArray
+    actions: int
+
+
 class Packing:
     """Free GPUs and cores per server while a slot's tasks are placed, one task at a time.
 
@@ -352,6 +361,21 @@ class Packing:
             self._placed_ps[row].append(server)
         self._actions.append((row, action))
         return True
+
+    def mark(self) -> PackingMark:
+        """The state now, for :meth:`rollback` (an all-or-nothing gang of tasks)."""
+        return PackingMark(self._free_gpu.copy(), self._free_cpu.copy(), len(self._actions))
+
+    def rollback(self, mark: PackingMark) -> None:
+        """Undo every action since ``mark`` (taken on this packing, with no rollback past it since)."""
+        while len(self._actions) > mark.actions:
+            row, action = self._actions.pop()
+            if action in (SlotAction.WORKER, SlotAction.BOTH):
+                self._placed_workers[row].pop()
+            if action in (SlotAction.PS, SlotAction.BOTH):
+                self._placed_ps[row].pop()
+        self._free_gpu = mark.free_gpu.copy()
+        self._free_cpu = mark.free_cpu.copy()
 
     def possible(self, rows: Sequence[int] | None = None) -> list[tuple[int, SlotAction]]:
         """Every non-void action that fits now, on ``rows`` (default: every job)."""

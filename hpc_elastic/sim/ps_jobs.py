@@ -153,6 +153,17 @@ REQUEST_WORKERS: tuple[int, ...] = (1, 2, 2, 4, 4, 8)
 REQUEST_PS: tuple[int, ...] = (1, 1, 2, 2, 4)
 
 
+def parse_servers(spec: str) -> Servers:
+    """``NxGxC``: N servers of G GPUs and C cores each (``16x4x16``)."""
+    parts = spec.lower().split("x")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"servers must be NxGxC (servers x GPUs x cores), got {spec!r}")
+    count, gpus, cpus = (int(part) for part in parts)
+    if count < 1 or cpus < 1:
+        raise ValueError(f"servers {spec!r}: need at least one server and one core per server")
+    return Servers.uniform(count, gpus, cpus)
+
+
 def _limits(request_workers: int, request_ps: int) -> tuple[int, int]:
     """What any policy may give a job: 4 times its request, at least 4 and at most 16 of each (the elastic
     policies' room; DRF and Tiresias never exceed the request)."""
@@ -180,7 +191,7 @@ def generate(
     servers: Servers | None = None,
     *,
     arrival: Arrival | str = Arrival.DIURNAL,
-    load: float = 1.5,
+    load: float = 3.0,
     diurnal: float = 0.6,
     mean_minutes: float = MEAN_MINUTES,
     duration_sigma: float = 1.2,
@@ -259,6 +270,44 @@ def _arrivals(
     return out
 
 
+#: trace model names (their start, without dashes) that train a catalogue model's kind of network
+MODEL_ALIASES: dict[str, str] = {
+    "resnet": "resnet-50",
+    "imagenet": "resnet-50",
+    "yolo": "resnet-50",
+    "vgg": "vgg-16",
+    "alexnet": "vgg-16",
+    "cifar": "resnext-110",
+    "inception": "inception-bn",
+    "googlenet": "inception-bn",
+    "bert": "seq2seq",
+    "transformer": "seq2seq",
+    "gnmt": "seq2seq",
+    "deepspeech": "ctc",
+    "ncf": "dssm",
+    "recommend": "dssm",
+    "lstm": "wlm",
+    "lm": "wlm",
+}
+
+
+def model_type(model: str, types: tuple[JobType, ...] = JOB_TYPES) -> int | None:
+    """The catalogue index of a trace's model name: a catalogue name (without dashes) it contains, else the
+    first alias it starts with (:data:`MODEL_ALIASES`) whose type is in ``types``; None when nothing maps."""
+    key = model.replace("-", "").replace("_", "").lower()
+    if not key:
+        return None
+    names = [kind.name.replace("-", "").lower() for kind in types]
+    for k, name in enumerate(names):
+        if name in key:
+            return k
+    for alias, target in MODEL_ALIASES.items():
+        target_key = target.replace("-", "")
+        if key.startswith(alias) and target_key in names:
+            return names.index(target_key)
+    return None
+
+
 def from_gpu_trace(
     jobs: Sequence[TraceJob],
     *,
@@ -270,11 +319,11 @@ def from_gpu_trace(
 ) -> tuple[SlotTraceJob, ...]:
     """PS jobs from a GPU trace (:func:`hpc_elastic.sim.trace.load_trace`), in submission order.
 
-    Rules: a job's model maps to a type when a catalogue name (without dashes) occurs in the trace's model name
-    (``resnet50`` -> ResNet-50), else a seeded draw; its workers are the GPUs it requests divided by the type's
-    GPUs per worker (at least 1, at most 16); its PS are one per two workers (at least 1); its epochs are its
-    trace duration (times ``time_scale``) at that allocation; its arrival is its submit time (relative to the
-    first, times ``time_scale``) in slots. ``variation`` draws speed factors as :func:`generate` does.
+    Rules: a job's model maps to a type by :func:`model_type` (``resnet50`` -> ResNet-50, ``deepspeech2`` ->
+    CTC), else by a seeded draw; its workers are the GPUs it requests divided by the type's GPUs per worker (at
+    least 1, at most 16); its PS are one per two workers (at least 1); its epochs are its trace duration (times
+    ``time_scale``) at that allocation (at least :data:`MIN_EPOCHS`); its arrival is its submit time (relative to
+    the first, times ``time_scale``) in slots. ``variation`` draws speed factors as :func:`generate` does.
     """
     if not (math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
@@ -283,12 +332,11 @@ def from_gpu_trace(
     rng = np.random.default_rng(seed)
     ordered = sorted(jobs, key=lambda job: job.submit)
     first = ordered[0].submit if ordered else 0.0
-    keys = [t.name.replace("-", "").lower() for t in types]
     out = []
     for j, job in enumerate(ordered):
-        model = job.model.replace("-", "").replace("_", "").lower()
-        matches = [k for k, key in enumerate(keys) if model and key in model]
-        kind_index = matches[0] if matches else int(rng.integers(len(types)))
+        kind_index = model_type(job.model, types)
+        if kind_index is None:
+            kind_index = int(rng.integers(len(types)))
         kind = types[kind_index]
         w = min(16, max(1, job.gpus // max(1, kind.worker_gpus)))
         p = max(1, w // 2)

@@ -18,12 +18,23 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, SlotPolicyFactory, make_slot_policy
 from hpc_elastic.policy.slots import JobType, Servers, SlotDecision, SlotInput, SlotJob, SlotPolicy
-from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS, SlotTraceJob
+from hpc_elastic.sim.ps_jobs import (
+    DEFAULT_SERVERS,
+    JOB_TYPES,
+    SLOT_SECONDS,
+    Arrival,
+    SlotTraceJob,
+    from_gpu_trace,
+    generate,
+)
+from hpc_elastic.sim.trace import TraceFormat, load_trace
 
 #: DL² §5 hot scaling: parameters move while the workers keep training, the block is short (§6.3, Fig. 11-12)
 DEFAULT_RESCALE_SECONDS = 5.0
@@ -287,3 +298,71 @@ class SlotSimulator:
             slots=slots,
             digest=_digest(finish, unfinished),
         )
+
+
+#: jobs of a generated trace when none is given
+DEFAULT_JOBS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class PsExperiment:
+    """One ``simulate-ps`` run: policies on one trace, generated (:func:`~hpc_elastic.sim.ps_jobs.generate`) or
+    converted from a GPU trace file (:func:`~hpc_elastic.sim.ps_jobs.from_gpu_trace`)."""
+
+    policies: tuple[str, ...] = SLOT_POLICY_NAMES
+    seed: int = 0
+    jobs: int | None = None
+    servers: Servers = DEFAULT_SERVERS
+    load: float = 3.0
+    arrival: Arrival = Arrival.DIURNAL
+    variation: float = 0.0
+    trace: Path | None = None
+    trace_format: TraceFormat | None = None
+    time_scale: float = 1.0
+    slot_seconds: float = SLOT_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.policies:
+            raise ValueError("name at least one slot policy")
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs!r}")
+        if (self.trace is None) != (self.trace_format is None):
+            raise ValueError("a trace file needs its format, and a format needs a trace file")
+
+    def config(self) -> SlotConfig:
+        return SlotConfig(self.servers, slot_seconds=self.slot_seconds)
+
+    def trace_jobs(self) -> tuple[SlotTraceJob, ...]:
+        """The experiment's PS jobs."""
+        if self.trace is None or self.trace_format is None:
+            return generate(
+                self.seed,
+                self.jobs or DEFAULT_JOBS,
+                self.servers,
+                arrival=self.arrival,
+                load=self.load,
+                variation=self.variation,
+                slot_seconds=self.slot_seconds,
+            )
+        loaded = load_trace(self.trace, self.trace_format).jobs
+        if self.jobs is not None:
+            loaded = loaded[: self.jobs]
+        return from_gpu_trace(
+            loaded,
+            seed=self.seed,
+            slot_seconds=self.slot_seconds,
+            time_scale=self.time_scale,
+            variation=self.variation,
+        )
+
+
+def run_ps_experiment(
+    experiment: PsExperiment, extra: dict[str, SlotPolicyFactory] | None = None
+) -> tuple[SlotResult, ...]:
+    """Every policy of ``experiment`` on its trace (policies are built first: an unknown name runs nothing)."""
+    policies = [make_slot_policy(name, extra) for name in experiment.policies]
+    jobs = experiment.trace_jobs()
+    if not jobs:
+        raise ValueError("the trace has no jobs")
+    simulator = SlotSimulator(experiment.config(), jobs)
+    return tuple(simulator.run(policy) for policy in policies)

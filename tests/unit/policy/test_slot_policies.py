@@ -1,11 +1,17 @@
-"""The slot policies on small cases computed by hand: DRF."""
+"""The slot policies on small cases computed by hand: DRF, Optimus-like, Tiresias' 2D-LAS (gang, elastic)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from hpc_elastic.policy.drf import Drf, next_task
-from hpc_elastic.policy.slots import JobType, Servers, SlotAction, SlotInput, SlotJob, SpeedModel
+from hpc_elastic.policy.mlfq import MlfqConfig
+from hpc_elastic.policy.optimus import OptimusLike, marginal_gain, remaining_seconds
+from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy, slot_policy_names
+from hpc_elastic.policy.slot_tiresias import SlotTiresiasLas, SlotTiresiasLasElastic, las_order
+from hpc_elastic.policy.slots import JobType, Packing, Servers, SlotAction, SlotInput, SlotJob, SpeedModel
 
 B, W, P, V = SlotAction.BOTH, SlotAction.WORKER, SlotAction.PS, SlotAction.VOID
 
@@ -14,8 +20,27 @@ X = JobType("x", 1, 1, 1, SpeedModel.ASYNC, (1.0, 0.1, 0.0, 0.0), 100.0)
 Y = JobType("y", 1, 4, 2, SpeedModel.ASYNC, (1.0, 0.1, 0.0, 0.0), 100.0)
 
 
-def _job(job_id: int, kind: int, request: tuple[int, int], *, arrival: int = 0, **kw: int) -> SlotJob:
-    return SlotJob(job_id, kind, arrival, 10.0, request_workers=request[0], request_ps=request[1], **kw)
+def _job(
+    job_id: int,
+    kind: int,
+    request: tuple[int, int],
+    *,
+    arrival: int = 0,
+    service: float = 0.0,
+    max_workers: int = 16,
+    max_ps: int = 16,
+) -> SlotJob:
+    return SlotJob(
+        job_id,
+        kind,
+        arrival,
+        10.0,
+        request_workers=request[0],
+        request_ps=request[1],
+        max_workers=max_workers,
+        max_ps=max_ps,
+        service=service,
+    )
 
 
 def _inp(servers: Servers, *jobs: SlotJob) -> SlotInput:
@@ -68,3 +93,97 @@ def test_drf_never_exceeds_the_request_and_skips_what_does_not_fit() -> None:
 
 def test_drf_empty_slot() -> None:
     assert Drf().allocate(_inp(Servers.uniform(1, 2, 2))).actions == ()
+
+
+# --- Optimus ------------------------------------------------------------------------------------------------------
+
+
+def test_optimus_greedy_by_hand() -> None:
+    """3 GPUs, 6 cores; f = w / (1 + 0.1 w/p) steps/s, 100 steps an epoch; A has 10 epochs left, B 1.
+    Both get 1w/1ps (T_A = 1100 s, T_B = 110 s). Gains per dominant share (a worker 1/3, a PS 1/6):
+    A worker (1100 - 600) x 3 = 1500, A PS (1100 - 1050) x 6 = 300, B worker 150, B PS 30: A's worker. Then no GPU
+    is left: A PS (600 - 550) x 6 = 300 beats B PS 30; then no core is left either."""
+    inp = _inp(Servers.uniform(1, 3, 6), _job(0, 0, (1, 1)), _job(1, 0, (1, 1), arrival=1))
+    inp = SlotInput(0, 1200.0, inp.types, inp.servers, (inp.jobs[0], replace(inp.jobs[1], epochs_total=1.0)))
+    assert remaining_seconds(inp, inp.jobs[0], 1, 1) == pytest.approx(1100.0)
+    assert marginal_gain(inp, inp.jobs[0], 1, 1, W) == pytest.approx(1500.0)
+    assert marginal_gain(inp, inp.jobs[1], 1, 1, P) == pytest.approx(30.0)
+    decision = OptimusLike().allocate(inp)
+    assert decision.actions == ((0, B), (1, B), (0, W), (0, P))
+    assert decision.of(0) == (2, 2) and decision.of(1) == (1, 1)
+
+
+def test_optimus_stops_without_a_positive_gain() -> None:
+    """A synchronous job whose per-worker and per-PS costs dominate only slows down with more tasks: VOID."""
+    slow = JobType("slow", 1, 1, 1, SpeedModel.SYNC, (0.001, 0.0, 0.0, 1.0, 1.0), 100.0)
+    inp = SlotInput(0, 1200.0, (slow,), Servers.uniform(1, 8, 32), (SlotJob(0, 0, 0, 10.0),))
+    assert OptimusLike().allocate(inp).actions == ((0, B), (-1, V))
+
+
+def test_optimus_skips_a_job_whose_first_pair_does_not_fit() -> None:
+    inp = _inp(Servers.uniform(1, 1, 8), _job(0, 1, (1, 1)), _job(1, 0, (1, 1), arrival=1))
+    decision = OptimusLike().allocate(inp)
+    assert decision.of(0)[0] == 1 and decision.of(1) == (0, 0)  # B never gets its first pair (no GPU left)
+
+
+# --- Tiresias -----------------------------------------------------------------------------------------------------
+
+
+def test_las_order_uses_the_mlfq_queues() -> None:
+    jobs = (_job(0, 0, (1, 1), service=5000), _job(1, 0, (1, 1), arrival=1), _job(2, 0, (1, 1), arrival=2))
+    inp = _inp(Servers.uniform(1, 4, 16), *jobs)
+    assert las_order(MlfqConfig(), inp) == [1, 2, 0]  # 5000 GPU-s is past the 3200 threshold: second queue
+    assert las_order(MlfqConfig((10_000.0,)), inp) == [0, 1, 2]
+
+
+def test_tiresias_gangs_all_or_nothing() -> None:
+    """5 GPUs; priority B (4w/2ps), C (2w/1ps), A (1w/1ps, demoted). B takes 4 GPUs; C's pair fits the last GPU but
+    its second worker does not: C gets nothing (rolled back); A's gang fits."""
+    inp = _inp(
+        Servers.uniform(1, 5, 16),
+        _job(0, 0, (1, 1), service=5000),
+        _job(1, 0, (4, 2), arrival=1),
+        _job(2, 0, (2, 1), arrival=2),
+    )
+    decision = SlotTiresiasLas().allocate(inp)
+    assert decision.of(1) == (4, 2) and decision.of(2) == (0, 0) and decision.of(0) == (1, 1)
+    assert decision.actions == ((1, B), (1, B), (1, W), (1, W), (0, B), (-1, V))
+
+
+def test_tiresias_elastic_grows_in_priority_order_keeping_the_ratio() -> None:
+    """8 GPUs, 16 cores; B (2w/1ps, first) and A (1w/1ps, demoted) get their gangs, then B grows with one PS per
+    two workers: (3, 2), (4, 2), (5, 3), (6, 3), (7, 4), and the GPUs are gone."""
+    inp = _inp(
+        Servers.uniform(1, 8, 16),
+        _job(0, 0, (1, 1), service=5000, max_workers=4, max_ps=4),
+        _job(1, 0, (2, 1), arrival=1, max_workers=8, max_ps=4),
+    )
+    decision = SlotTiresiasLasElastic().allocate(inp)
+    assert decision.of(1) == (7, 4) and decision.of(0) == (1, 1)
+    assert decision.actions == ((1, B), (1, W), (0, B), (1, B), (1, W), (1, B), (1, W), (1, B), (-1, V))
+    gang = SlotTiresiasLas().allocate(inp)
+    assert gang.of(1) == (2, 1) and gang.of(0) == (1, 1)
+
+
+def test_packing_rollback() -> None:
+    inp = _inp(Servers.uniform(1, 2, 4), _job(0, 0, (1, 1)))
+    packing = Packing(inp)
+    assert packing.add(0, B)
+    mark = packing.mark()
+    assert packing.add(0, W) and packing.add(0, P)
+    packing.rollback(mark)
+    assert (packing.workers(0), packing.ps(0), packing.free_gpus, packing.free_cpus) == (1, 1, 1, 2)
+    assert packing.decision().actions == ((0, B),)
+
+
+# --- registry -----------------------------------------------------------------------------------------------------
+
+
+def test_registry() -> None:
+    assert SLOT_POLICY_NAMES == ("drf", "optimus", "tiresias-las", "tiresias-las+elastic")
+    for name in SLOT_POLICY_NAMES:
+        assert make_slot_policy(name).name == name
+    with pytest.raises(ValueError, match="unknown slot policy 'nope'; choose from drf, optimus"):
+        make_slot_policy("nope")
+    assert isinstance(make_slot_policy("mine", {"mine": Drf}), Drf)
+    assert slot_policy_names({"mine": Drf}) == (*SLOT_POLICY_NAMES, "mine")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from hpc_elastic.cli.main import cli
 from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.slots import (
     Allocation,
@@ -26,9 +29,14 @@ from hpc_elastic.sim.ps_jobs import (
     MIN_EPOCHS,
     Arrival,
     SlotTraceJob,
+    from_gpu_trace,
     generate,
+    model_type,
+    parse_servers,
 )
 from hpc_elastic.sim.slots import SlotConfig, SlotOutcome, SlotSimulator
+from hpc_elastic.sim.trace import TraceJob, load_trace
+from tests.unit.sim.helpers import TRACES, needs_traces
 
 # one GPU and one core per worker, one core per PS; f(p, w) = w steps/s, 100 steps an epoch: w/100 epochs/s
 LINEAR = JobType("linear", 1, 1, 1, SpeedModel.ASYNC, (1.0, 0.0, 0.0, 0.0), 100.0)
@@ -155,7 +163,7 @@ def test_generate_shapes_differ() -> None:
     hours = per_slot[: days * 72].reshape(days, 72).sum(axis=0)
     assert hours[:36].sum() > 1.5 * hours[36:].sum()  # the day/night cycle (rate x (1 + 0.6 sin))
     assert all(job.arrival == 0 for job in generate(1, 50, arrival=Arrival.BATCH))
-    busy = generate(1, 2000, load=6.0)
+    busy = generate(1, 2000, load=12.0)  # four times the default rate
     assert busy[-1].arrival < day[-1].arrival / 3
     vgg = generate(1, 200, type_weights=[0, 1, 0, 0, 0, 0, 0, 0])
     assert {job.job_type for job in vgg} == {1}
@@ -266,3 +274,73 @@ def test_bad_config_and_trace() -> None:
         SlotSimulator(_config(), [SlotTraceJob(0, 3, 0, 1.0, 1, 1, 4, 4)])
     with pytest.raises(ValueError, match="request"):
         SlotTraceJob(0, 0, 0, 1.0, 5, 1, 4, 4)
+
+
+# --- GPU traces as PS jobs ----------------------------------------------------------------------------------------
+
+
+def test_from_gpu_trace_rules() -> None:
+    jobs = [
+        TraceJob("b", 3600.0, 8, 1800.0, model="vgg16"),  # 2 GPUs a worker: 4 workers, 2 PS
+        TraceJob("a", 1000.0, 4, 3600.0, model="ResNet-50"),
+        TraceJob("c", 5000.0, 1, 600.0, model="deepspeech2"),
+        TraceJob("d", 9000.0, 2, 60.0, model="mystery"),
+    ]
+    out = from_gpu_trace(jobs, seed=1)
+    assert [job.job_id for job in out] == [0, 1, 2, 3]
+    resnet, vgg, ctc, mystery = out
+    assert (resnet.job_type, resnet.request_workers, resnet.request_ps, resnet.arrival) == (0, 4, 2, 0)
+    assert (vgg.job_type, vgg.request_workers, vgg.request_ps, vgg.arrival) == (1, 4, 2, 2)  # (3600-1000)/1200
+    assert ctc.job_type == 5 and (ctc.request_workers, ctc.request_ps) == (1, 1)
+    assert resnet.epochs_total == round(3600 * JOB_TYPES[0].epochs_per_second(4, 2))
+    assert mystery.epochs_total == MIN_EPOCHS  # a minute of training is fewer than the fewest epochs
+    assert out == from_gpu_trace(jobs, seed=1)
+    stretched = from_gpu_trace(jobs, seed=1, time_scale=2.0)
+    assert stretched[1].arrival == 4 and stretched[0].epochs_total == round(7200 * JOB_TYPES[0].epochs_per_second(4, 2))
+    assert model_type("inception3") == 3 and model_type("") is None and model_type("mystery") is None
+
+
+@needs_traces
+def test_from_shared_traces() -> None:
+    tiresias = from_gpu_trace(load_trace(TRACES / "tiresias_60_job.csv", "tiresias").jobs, time_scale=20.0)
+    assert len(tiresias) == 60 and {JOB_TYPES[job.job_type].name for job in tiresias} >= {"resnet-50", "vgg-16"}
+    pollux = from_gpu_trace(load_trace(TRACES / "pollux_workloads" / "workload-1.csv", "pollux").jobs)
+    assert len(pollux) == 160 and max(job.request_workers for job in pollux) == 16
+    result = SlotSimulator(SlotConfig(DEFAULT_SERVERS), pollux).run(Drf())
+    assert not result.unfinished and sum(result.rewards) == pytest.approx(160.0)
+
+
+def test_parse_servers() -> None:
+    assert parse_servers("3x4x16") == Servers.uniform(3, 4, 16)
+    for bad in ("3x4", "axbxc", "0x4x4", "2x2x0"):
+        with pytest.raises(ValueError, match="servers"):
+            parse_servers(bad)
+
+
+# --- the CLI ------------------------------------------------------------------------------------------------------
+
+
+def test_cli_runs_and_prints_json() -> None:
+    args = ["simulate-ps", "--jobs", "30", "--seed", "2", "--policy", "drf", "--policy", "optimus", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out) == {"drf", "optimus"} and out["drf"]["finished"] == 30
+    text = CliRunner().invoke(cli, ["simulate-ps", "--jobs", "10", "--policy", "tiresias-las"])
+    assert text.exit_code == 0 and "tiresias-las" in text.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--servers", "3x4"], "servers must be NxGxC"),
+        (["--policy", "nope"], "unknown slot policy 'nope'"),
+        (["--trace", "x.csv"], "a trace file needs its format"),
+        (["--load", "-1"], "load must be"),
+        (["--variation", "2"], "variation must be"),
+    ],
+)
+def test_cli_bad_input_exits_2(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["simulate-ps", "--jobs", "5", *args])
+    assert result.exit_code == 2
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
