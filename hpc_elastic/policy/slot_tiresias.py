@@ -2,9 +2,12 @@
 
 The priority is discretised 2D-LAS: a job's queue is the level of its attained service (GPU-seconds received,
 :attr:`~hpc_elastic.policy.slots.SlotJob.service`) in the MLFQ of :mod:`hpc_elastic.policy.mlfq` (the same
-thresholds and queue logic as the event simulator's ``tiresias-las``); inside a queue, earlier arrival first.
-Promotion is the MLFQ's PROMOTEKNOB, off by default there too. Allocations are recomputed every slot, so a job
-that falls behind is preempted at a slot boundary, as 2D-LAS preempts.
+queue logic as the event simulator's ``tiresias-las``); inside a queue, earlier arrival first. The default
+thresholds are :data:`SLOT_THRESHOLDS`, decades of GPU-seconds around this workload's job sizes (a 147-minute job
+on 4 GPUs attains 35,000 GPU-seconds): the event simulator's 3,200 GPU-seconds (the Tiresias testbed's single
+threshold) is less than one slot of a 4-GPU job, so every job would be demoted after its first slot and 2D-LAS
+would be FIFO among the rest. Promotion (PROMOTEKNOB) stays off, as in the event simulator. Allocations are
+recomputed every slot, so a job that falls behind is preempted at a slot boundary, as 2D-LAS preempts.
 
 - ``tiresias-las`` (:class:`SlotTiresiasLas`): in priority order, each job gets its full request as a gang
   (all its workers and PS or none), skipped when the gang does not fit.
@@ -22,6 +25,9 @@ import numpy as np
 from hpc_elastic.policy.drf import next_task
 from hpc_elastic.policy.mlfq import MlfqConfig
 from hpc_elastic.policy.slots import Packing, SlotAction, SlotDecision, SlotInput, SlotPolicy
+
+#: MLFQ thresholds for PS jobs in slots, GPU-seconds (module docstring)
+SLOT_THRESHOLDS: tuple[float, ...] = (10_000.0, 100_000.0, 1_000_000.0)
 
 
 def las_order(mlfq: MlfqConfig, inp: SlotInput) -> list[int]:
@@ -59,7 +65,7 @@ class SlotTiresiasLas(SlotPolicy):
     elastic = False
 
     def __init__(self, mlfq: MlfqConfig | None = None) -> None:
-        self.mlfq = mlfq or MlfqConfig()
+        self.mlfq = mlfq or MlfqConfig(SLOT_THRESHOLDS)
 
     def allocate(self, inp: SlotInput) -> SlotDecision:
         packing = Packing(inp)

@@ -130,10 +130,11 @@ def test_optimus_skips_a_job_whose_first_pair_does_not_fit() -> None:
 
 
 def test_las_order_uses_the_mlfq_queues() -> None:
-    jobs = (_job(0, 0, (1, 1), service=5000), _job(1, 0, (1, 1), arrival=1), _job(2, 0, (1, 1), arrival=2))
+    jobs = (_job(0, 0, (1, 1), service=50_000), _job(1, 0, (1, 1), arrival=1), _job(2, 0, (1, 1), arrival=2))
     inp = _inp(Servers.uniform(1, 4, 16), *jobs)
-    assert las_order(MlfqConfig(), inp) == [1, 2, 0]  # 5000 GPU-s is past the 3200 threshold: second queue
-    assert las_order(MlfqConfig((10_000.0,)), inp) == [0, 1, 2]
+    assert las_order(MlfqConfig((3200.0,)), inp) == [1, 2, 0]  # 50,000 GPU-s is past 3200: second queue
+    assert las_order(MlfqConfig((100_000.0,)), inp) == [0, 1, 2]
+    assert las_order(SlotTiresiasLas().mlfq, inp) == [1, 2, 0]  # SLOT_THRESHOLDS: 50,000 is in the second queue
 
 
 def test_tiresias_gangs_all_or_nothing() -> None:
@@ -141,7 +142,7 @@ def test_tiresias_gangs_all_or_nothing() -> None:
     its second worker does not: C gets nothing (rolled back); A's gang fits."""
     inp = _inp(
         Servers.uniform(1, 5, 16),
-        _job(0, 0, (1, 1), service=5000),
+        _job(0, 0, (1, 1), service=50_000),
         _job(1, 0, (4, 2), arrival=1),
         _job(2, 0, (2, 1), arrival=2),
     )
@@ -155,7 +156,7 @@ def test_tiresias_elastic_grows_in_priority_order_keeping_the_ratio() -> None:
     two workers: (3, 2), (4, 2), (5, 3), (6, 3), (7, 4), and the GPUs are gone."""
     inp = _inp(
         Servers.uniform(1, 8, 16),
-        _job(0, 0, (1, 1), service=5000, max_workers=4, max_ps=4),
+        _job(0, 0, (1, 1), service=50_000, max_workers=4, max_ps=4),
         _job(1, 0, (2, 1), arrival=1, max_workers=8, max_ps=4),
     )
     decision = SlotTiresiasLasElastic().allocate(inp)
