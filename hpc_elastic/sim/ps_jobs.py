@@ -164,6 +164,24 @@ def parse_servers(spec: str) -> Servers:
     return Servers.uniform(count, gpus, cpus)
 
 
+def fit_request(kind: JobType, workers: int, ps: int, servers: Servers | None) -> tuple[int, int]:
+    """Shrink a request (workers first, PS kept at the request's ratio, then PS; both at least 1) until the
+    whole cluster's GPUs and cores hold it: a gang scheduler would otherwise never start the job."""
+    if servers is None:
+        return workers, ps
+    ratio = ps / workers
+    w, p = workers, ps
+    while w * kind.worker_gpus > servers.total_gpus or w * kind.worker_cpus + p * kind.ps_cpus > servers.total_cpus:
+        if w > 1:
+            w -= 1
+            p = max(1, min(ps, math.ceil(w * ratio)))
+        elif p > 1:
+            p -= 1
+        else:
+            break  # one worker and one PS do not fit: the job's type does not fit this cluster at all
+    return w, p
+
+
 def _limits(request_workers: int, request_ps: int) -> tuple[int, int]:
     """What any policy may give a job: 4 times its request, at least 4 and at most 16 of each (the elastic
     policies' room; DRF and Tiresias never exceed the request)."""
@@ -206,8 +224,9 @@ def generate(
     cluster's GPUs can serve at the jobs' requested allocations (so ``load > 1`` makes jobs wait). ``arrival``,
     ``diurnal`` (the day/night swing, 0-1), ``duration_sigma`` (the log-normal's spread), ``type_weights`` (the
     mix of :data:`JOB_TYPES`) and ``variation`` (§6.4: each job's speed factor uniform in [1 - v, 1 + v]) change
-    the trace's shape. Durations are log-normal with mean ``mean_minutes`` at the requested allocation and the
-    type's nominal speed; the variation changes the true speed, not the epochs (§6.4).
+    the trace's shape. A request the whole cluster cannot hold is shrunk (:func:`fit_request`). Durations are
+    log-normal with mean ``mean_minutes`` at the requested allocation and the type's nominal speed; the variation
+    changes the true speed, not the epochs (§6.4).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
@@ -244,7 +263,7 @@ def generate(
     out = []
     for j in range(jobs):
         kind = types[int(kinds[j])]
-        w, p = int(req_w[j]), int(req_p[j])
+        w, p = fit_request(kind, int(req_w[j]), int(req_p[j]), servers)
         max_w, max_p = _limits(w, p)
         epochs = _epochs(kind, w, p, float(seconds[j]))
         out.append(SlotTraceJob(j, int(kinds[j]), int(arrivals[j]), epochs, w, p, max_w, max_p, float(factors[j])))
@@ -312,6 +331,7 @@ def from_gpu_trace(
     jobs: Sequence[TraceJob],
     *,
     seed: int = 0,
+    servers: Servers | None = None,
     types: tuple[JobType, ...] = JOB_TYPES,
     slot_seconds: float = SLOT_SECONDS,
     time_scale: float = 1.0,
@@ -321,7 +341,8 @@ def from_gpu_trace(
 
     Rules: a job's model maps to a type by :func:`model_type` (``resnet50`` -> ResNet-50, ``deepspeech2`` ->
     CTC), else by a seeded draw; its workers are the GPUs it requests divided by the type's GPUs per worker (at
-    least 1, at most 16); its PS are one per two workers (at least 1); its epochs are its trace duration (times
+    least 1, at most 16); its PS are one per two workers (at least 1), the pair shrunk to fit ``servers`` when
+    given (:func:`fit_request`); its epochs are its trace duration (times
     ``time_scale``) at that allocation (at least :data:`MIN_EPOCHS`); its arrival is its submit time (relative to
     the first, times ``time_scale``) in slots. ``variation`` draws speed factors as :func:`generate` does.
     """
@@ -339,7 +360,7 @@ def from_gpu_trace(
             kind_index = int(rng.integers(len(types)))
         kind = types[kind_index]
         w = min(16, max(1, job.gpus // max(1, kind.worker_gpus)))
-        p = max(1, w // 2)
+        w, p = fit_request(kind, w, max(1, w // 2), servers)
         max_w, max_p = _limits(w, p)
         max_w, max_p = max(max_w, w), max(max_p, p)
         factor = float(rng.uniform(1.0 - variation, 1.0 + variation)) if variation > 0 else 1.0

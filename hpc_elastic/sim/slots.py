@@ -350,6 +350,7 @@ class PsExperiment:
         return from_gpu_trace(
             loaded,
             seed=self.seed,
+            servers=self.servers,
             slot_seconds=self.slot_seconds,
             time_scale=self.time_scale,
             variation=self.variation,

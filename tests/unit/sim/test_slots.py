@@ -29,6 +29,7 @@ from hpc_elastic.sim.ps_jobs import (
     MIN_EPOCHS,
     Arrival,
     SlotTraceJob,
+    fit_request,
     from_gpu_trace,
     generate,
     model_type,
@@ -344,3 +345,18 @@ def test_cli_bad_input_exits_2(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["simulate-ps", "--jobs", "5", *args])
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_requests_shrink_to_fit_the_cluster() -> None:
+    vgg = JOB_TYPES[1]  # a worker: 2 GPUs and 2 cores; a PS: 4 cores
+    assert fit_request(vgg, 8, 4, Servers.uniform(1, 4, 64)) == (2, 1)
+    assert fit_request(vgg, 8, 4, Servers.uniform(4, 4, 16)) == (8, 4)  # 16 of 16 GPUs, 32 of 64 cores
+    assert fit_request(vgg, 8, 4, None) == (8, 4)
+    small = Servers.uniform(1, 4, 16)
+    for job in generate(1, 300, small):
+        kind = JOB_TYPES[job.job_type]
+        assert job.request_workers * kind.worker_gpus <= 4
+        assert job.request_workers * kind.worker_cpus + job.request_ps * kind.ps_cpus <= 16
+    big = TraceJob("big", 0.0, 32, 3600.0, model="resnet50")
+    (job,) = from_gpu_trace([big], servers=small)
+    assert (job.request_workers, job.request_ps) == (4, 2)
