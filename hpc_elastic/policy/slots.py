@@ -125,7 +125,8 @@ class SlotJob:
     ``workers``/``ps`` are what it ran with in the previous slot (0/0: it did not run). ``request_workers`` /
     ``request_ps`` are the user's specification, which the static schedulers (DRF as in YARN, Tiresias' gang
     jobs) allocate in full or not at all; ``max_workers`` / ``max_ps`` bound what any policy may give it.
-    ``service`` is the GPU-seconds it has received so far (Tiresias' attained service, §3.2).
+    ``slots_run`` counts the slots in which it held tasks (DL² §4.1's state), ``service`` the GPU-seconds it has
+    received so far (Tiresias' attained service, §3.2).
     """
 
     job_id: int
