@@ -470,7 +470,7 @@ def followup_actions(
         if record.resize_keep and (job is None or not (record.resize_to or record.stop_kind)):
             why = "it runs again" if job is not None and job.state.is_running else "it no longer waits for them"
             why = f"the nodes held for its resize ({record.resize_keep}): {why}"
-            out.append(ReleaseNodes(job_id, keep_reservation(job_id), why))
+            out.append(ReleaseNodes(job_id, held_by(record), why))
         if job is None:
             continue
         if record.stop_kind and job.state.is_running:
@@ -516,14 +516,26 @@ def followup_actions(
     return out
 
 
-def keep_reservation(job_id: int) -> str:
-    """The name of the Slurm reservation that holds the planned nodes of resized job ``job_id``."""
-    return f"hpc-elastic-keep-{job_id}"
+def keep_reservation(job_id: int, restart_count: int) -> str:
+    """The name of the Slurm reservation that holds the planned nodes of job ``job_id`` resized in its incarnation
+    ``restart_count``: one name per resize, as Slurm keeps an ended reservation for a while (the next resize's
+    would be a duplicate)."""
+    return f"hpc-elastic-keep-{job_id}-{restart_count}"
+
+
+def keep_text(reservation: str, nodes: tuple[str, ...]) -> str:
+    """``<reservation>:<node>,<node>``: what the store keeps of the nodes held for a resized job (``resize_keep``)."""
+    return f"{reservation}:{','.join(nodes)}"
+
+
+def held_by(record: JobRecord) -> str:
+    """The reservation that holds the nodes of a resized job ('' when none does)."""
+    return record.resize_keep.partition(":")[0]
 
 
 def _kept(record: JobRecord) -> tuple[str, ...]:
-    """The nodes held for a resized job (``resize_keep``: its reservation's nodes, comma-separated)."""
-    return tuple(n for n in record.resize_keep.split(",") if n)
+    """The nodes held for a resized job (none when none are)."""
+    return tuple(n for n in record.resize_keep.partition(":")[2].split(",") if n)
 
 
 def plan(obs: Observation, decision: Decision, config: PluginConfig) -> list[Action]:

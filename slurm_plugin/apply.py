@@ -30,7 +30,9 @@ from slurm_plugin.actions import (
     SetOrder,
     SetSize,
     Span,
+    held_by,
     keep_reservation,
+    keep_text,
 )
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.easyscale import split_text
@@ -224,7 +226,7 @@ class Applier:
             self._update(result, job_id, resize_set=tasks)
             return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
         record = result.records.get(job_id)
-        held = keep_reservation(job_id) if record is not None and record.resize_keep else None
+        held = (held_by(record) or None) if record is not None else None
         for fields in commands.span_fields(tasks, cpus, span.nodes, span.excluded, held):
             self.client.update_job(self._ref(job_id), fields)
         self._update(result, job_id, resize_to=tasks, resize_set=tasks)
@@ -238,19 +240,20 @@ class Applier:
         """Hold the nodes of the job's plan (:attr:`Resize.keep`) for it: a reservation of its user's that no other
         job may use, created before its stop frees any GPU, so that a waiting job of any type does not take the
         GPUs the plan keeps when the requeue frees them (Slurm starts a waiting job at once, while the requeued
-        job may start only once its credential has expired). The nodes held ('' when none could be)."""
+        job may start only once its credential has expired). What the store keeps of it ('' when none could be
+        held)."""
         if not action.keep or job is None or not job.user:
             return ""
         preemption = self.config.preemption
         duration = preemption.grace_s + preemption.requeue_wait_s + SPAN_WAIT_S + KEEP_SLACK_S
-        name = keep_reservation(action.job_id)
+        name = keep_reservation(action.job_id, action.restart_count)
         try:
             self.client.create_reservation(name, action.keep, job.user, duration)
         except (SlurmError, ValueError) as exc:  # e.g. the daemon is no Slurm operator: resized without it
             log.warning("job %d: cannot hold nodes %s for its resize (%s)", action.job_id, ",".join(action.keep), exc)
             return ""
         log.info("job %d: nodes %s held for it (reservation %s)", action.job_id, ",".join(action.keep), name)
-        return ",".join(action.keep)
+        return keep_text(name, action.keep)
 
     def _stop(self, action: Preempt | Resize, result: ApplyResult) -> str:
         """Checkpoint request (the reason in the job's AdminComment, then the signal), recorded as in flight; a job

@@ -46,9 +46,9 @@ class JobRecord:
     ``stop_at`` (when it was requested), ``stop_restarts`` (the job's restart count then). ``resize_to``: the
     GPUs an elastic job is being resized to; ``resize_set``: the size already set on the pending job;
     ``resize_split``: its new GPUs per type when its plans may span types (``a100:2,v100:3``; '' otherwise).
-    ``resize_keep``: the nodes of such a job's plan that a Slurm reservation holds for it from its stop until it
-    runs again (``node2,node3``; '' when none; it outlives ``resize_to``, which ends when the job runs again, until
-    the daemon has ended the reservation).
+    ``resize_keep``: the Slurm reservation that holds the nodes of such a job's plan for it from its stop until it
+    runs again, and those nodes (``hpc-elastic-keep-12-0:node2,node3``; '' when none; it outlives ``resize_to``,
+    which ends when the job runs again, until the daemon has ended the reservation).
     """
 
     job_id: int

@@ -26,7 +26,7 @@ from tests.unit.plugin.test_spanning import D2, ME, _captured
 from tests.unit.plugin.test_telemetry import record
 
 GANG = "hpc-elastic:v=1,workers=2,min=2,max=2,unit=gpu,backend=torch"
-KEEP = keep_reservation(12)
+KEEP = keep_reservation(12, 2)  # job 12 was captured after 2 requeues
 
 
 def _used(nodes: list[Node], used: dict[str, dict[str, int]]) -> list[Node]:
@@ -109,7 +109,7 @@ def test_the_shrink_holds_the_kept_a100_node_so_the_gang_job_gets_the_v100(tmp_p
     assert kinds.index("reserve") < kinds.index("cancel")
     (reserve,) = [args for kind, args in fake.calls if kind == "reserve"]
     assert isinstance(reserve, tuple) and reserve[:3] == (KEEP, ("node1",), story.job.user)
-    assert daemon.store.load()[12].resize_keep == "node1"
+    assert daemon.store.load()[12].resize_keep == f"{KEEP}:node1"
     # the gang job is never changed but for its place in the order of pending jobs
     assert all(set(fields) == {"SiteFactor"} for fields in story.updates(14))
     story.requeued()
@@ -168,7 +168,7 @@ def test_reservation_commands() -> None:
         "scontrol",
         "create",
         "reservation",
-        "ReservationName=hpc-elastic-keep-12",
+        "ReservationName=hpc-elastic-keep-12-2",
         "Users=alice",
         "Nodes=node1,node3",
         "StartTime=now",
@@ -178,7 +178,7 @@ def test_reservation_commands() -> None:
     assert commands.scontrol_end_reservation(KEEP) == [
         "scontrol",
         "update",
-        "ReservationName=hpc-elastic-keep-12",
+        "ReservationName=hpc-elastic-keep-12-2",
         "EndTime=now",
     ]
     bad: list[tuple[str, tuple[str, ...], str, float]] = [

@@ -165,8 +165,8 @@ def test_a_d2_covered_job_grows_across_types_and_its_requeued_job_gets_the_nodes
     kinds = [kind for kind, _ in fake.calls]
     assert kinds.index("reserve") < kinds.index("cancel")
     (reserve,) = [args for kind, args in fake.calls if kind == "reserve"]
-    assert isinstance(reserve, tuple) and reserve[:3] == ("hpc-elastic-keep-12", ("node1", "node3"), job.user)
-    assert daemon.store.load()[12].resize_keep == "node1,node3"
+    assert isinstance(reserve, tuple) and reserve[:3] == ("hpc-elastic-keep-12-2", ("node1", "node3"), job.user)
+    assert daemon.store.load()[12].resize_keep == "hpc-elastic-keep-12-2:node1,node3"
     # the job checkpointed and requeued itself: pending, its GPUs free again
     fake._jobs = [replace(job, state=JobState.PENDING, restart_count=1, nodes=()), *squeue[1:]]
     fake._nodes = [
@@ -183,7 +183,7 @@ def test_a_d2_covered_job_grows_across_types_and_its_requeued_job_gets_the_nodes
             updates.append(args[1])
     assert updates[-1] == {"SiteFactor": 11000}  # the pending job's place in the order
     assert updates[:-1] == [
-        {"ReqNodeList": "node1,node3", "ExcNodeList": "node2,node4", "Reservation": "hpc-elastic-keep-12"},
+        {"ReqNodeList": "node1,node3", "ExcNodeList": "node2,node4", "Reservation": "hpc-elastic-keep-12-2"},
         {"NumTasks": 4, "NumCPUs": 4, "NumNodes": 2, "TresPerJob": "gres:gpu:4"},
     ]
     assert daemon.store.load()[12].resize_split == "a100:2,v100:2"
@@ -227,7 +227,7 @@ def test_a_split_that_no_nodes_give_falls_back_to_its_largest_type(tmp_path: Pat
     (size,) = [a for a in report.actions if isinstance(a, SetSize)]
     assert size.span is not None and (size.tasks, size.span.nodes) == (4, ())
     # (still in the reservation of its plan's nodes: created FLEX, it may start outside them)
-    cleared = {"ReqNodeList": "", "ExcNodeList": "", "Reservation": "hpc-elastic-keep-12"}
+    cleared = {"ReqNodeList": "", "ExcNodeList": "", "Reservation": "hpc-elastic-keep-12-2"}
     assert ("update", (12, cleared)) in fake.calls
 
 
