@@ -186,7 +186,7 @@ class GrowResult:
     grown_gpus: tuple[tuple[str, int], ...] = ()
     shrunk_nodes: tuple[str, ...] = ()
     shrunk_gpus: tuple[tuple[str, int], ...] = ()
-    gang_gpus: tuple[tuple[str, int], ...] = ()  # the gang job's GPUs per type while it ran
+    gang_nodes: tuple[str, ...] = ()  # where the gang job ran (squeue shows its GPUs untyped: it asked for any)
     bystander_id: int = 0  # the second elastic job (GrowConfig.bystander_args), 0 when none
     bystander_starts: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (what, seconds since t0) as each was reached
@@ -211,7 +211,7 @@ class GrowResult:
             "starts": self.starts,
             "grown": {"nodes": list(self.grown_nodes), "gpus": dict(self.grown_gpus)},
             "shrunk": {"nodes": list(self.shrunk_nodes), "gpus": dict(self.shrunk_gpus)},
-            "gang_gpus": dict(self.gang_gpus),
+            "gang_nodes": list(self.gang_nodes),
             "bystander_id": self.bystander_id,
             "bystander_starts": self.bystander_starts,
             "phases": [list(p) for p in self.phases],
@@ -429,7 +429,7 @@ def run_grow_story(
         say(f"elastic job now on {shrunk.gpus} GPUs ({','.join(shrunk.nodes)})")
         result.shrunk_nodes, result.shrunk_gpus = shrunk.nodes, shrunk.gpus.by_type
         ran = watch.until("the gang job runs", lambda: watch.running(gang) or watch.completed(gang), say)
-        result.gang_gpus = ran.gpus.by_type
+        result.gang_nodes = ran.nodes
         watch.until("both jobs completed", lambda: watch.completed(elastic) and watch.completed(gang), say)
         if by_out is not None:
             watch.poll()  # the other elastic job as it runs now, before it is cancelled

@@ -41,14 +41,15 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_back_to_its_a1
     assert result.grown_gpus == (("a100", 2), ("v100", 2)) and len(result.grown_nodes) == 2, where
     a100_node = result.grown_nodes[0]  # node2: Slurm's order puts the a100 nodes first
     assert result.shrunk_gpus == (("a100", 2),) and result.shrunk_nodes == (a100_node,), where
-    assert result.gang_gpus == (("v100", 2),), where  # the gang job got the GPUs the elastic job gave up
-    assert [s.split(")")[0] for s in result.starts] == [
+    assert result.gang_nodes == result.grown_nodes[1:], where  # the gang job got the v100 the elastic job gave up
+    # (once the gang job has ended, the daemon may grow the job into the idle v100 again: it has steps left)
+    assert [s.split(")")[0] for s in result.starts[:3]] == [
         "rank 0 of 2 (torch, cpu, a100",
         "rank 0 of 4 (torch, cpu, a100+v100",
         "rank 0 of 2 (torch, cpu, a100",
     ], where
     resizes = [a for a in result.daemon_actions if a["kind"] == "resize"]
-    assert [a["job_id"] for a in resizes] == [elastic, elastic], resizes  # never the D1 job
+    assert len(resizes) >= 2 and {a["job_id"] for a in resizes} == {elastic}, resizes  # never the D1 job
     assert all(a["ok"] for a in resizes)
     assert str(resizes[0]["reason"]).startswith("grow into GPUs no waiting job can use")
     assert str(resizes[0]["reason"]).endswith("(2 a100 + 2 v100)"), resizes
