@@ -48,16 +48,21 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_back_to_its_a1
         "rank 0 of 4 (torch, cpu, a100+v100",
         "rank 0 of 2 (torch, cpu, a100",
     ], where
-    resizes = [a for a in result.daemon_actions if a["kind"] == "resize"]
-    assert len(resizes) >= 2 and {a["job_id"] for a in resizes} == {elastic}, resizes  # never the D1 job
-    assert all(a["ok"] for a in resizes)
+    every = [a for a in result.daemon_actions if a["kind"] == "resize"]
+    resizes = [a for a in every if a["job_id"] == elastic]
+    assert len(resizes) >= 2 and all(a["ok"] for a in resizes), every
     assert str(resizes[0]["reason"]).startswith("grow into GPUs no waiting job can use")
     assert str(resizes[0]["reason"]).endswith("(2 a100 + 2 v100)"), resizes
     assert str(resizes[1]["reason"]) == "shrink: the policy's elastic share is 2 GPUs (2 a100)", resizes
     # the gang job (not elastic) is never resized, stopped or placed by the daemon
     assert not [a for a in result.daemon_actions if a["job_id"] == gang and a["kind"] != "order"], where
     assert result.identical, (result.elastic_sha, result.reference_sha, where)
-    # the model D2 does not cover: on its 2 a100 throughout, while v100 were idle and the other job took them
-    last = [s for s in result.samples if s.job_id == bystander][-1]
-    assert last.state is JobState.RUNNING and last.restart_count == 0 and last.gpus == (("a100", 2),), where
-    assert len(result.bystander_starts) == 1 and result.bystander_starts[0].startswith("rank 0 of 2 "), where
+    # the model D2 does not cover: on its 2 a100 until the D2 job had ended, while v100 were idle and the other job
+    # took them; the daemon may grow it afterwards, into the a100 the D2 job left, never across types
+    ended = min(s.t for s in result.samples if s.job_id == elastic and s.state is JobState.COMPLETED)
+    seen = [s for s in result.samples if s.job_id == bystander and s.t < ended]
+    assert seen and all(s.state is JobState.RUNNING and s.restart_count == 0 for s in seen), where
+    assert all(s.gpus == (("a100", 2),) for s in seen), where
+    assert all("v100" not in str(a["reason"]) for a in every if a["job_id"] == bystander), every
+    assert result.bystander_starts[0].startswith("rank 0 of 2 (torch, cpu, a100)"), where
+    assert all("v100" not in s for s in result.bystander_starts), where
