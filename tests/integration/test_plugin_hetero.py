@@ -60,7 +60,9 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_back_to_its_a1
     # the model D2 does not cover: on its 2 a100 until the D2 job had ended, while v100 were idle and the other job
     # took them; the daemon may grow it afterwards, into the a100 the D2 job left, never across types
     ended = min(s.t for s in result.samples if s.job_id == elastic and s.state is JobState.COMPLETED)
-    seen = [s for s in result.samples if s.job_id == bystander and s.t < ended]
+    mine = [s for s in result.samples if s.job_id == bystander]
+    began = min(s.t for s in mine if s.state is JobState.RUNNING)
+    seen = [s for s in mine if began <= s.t < ended]
     assert seen and all(s.state is JobState.RUNNING and s.restart_count == 0 for s in seen), where
     assert all(s.gpus == (("a100", 2),) for s in seen), where
     assert all("v100" not in str(a["reason"]) for a in every if a["job_id"] == bystander), every
