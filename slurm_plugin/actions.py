@@ -137,8 +137,8 @@ class SetSize:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseNodes:
-    """End the reservation that held a resized job's planned nodes (:attr:`Resize.keep`): the job runs again, or
-    it no longer waits to."""
+    """End the reservation that held a resized job's planned nodes (:attr:`Resize.keep`, EasyScale §3.4's plan):
+    the job runs again, or it no longer waits to."""
 
     job_id: int
     reservation: str
@@ -409,8 +409,9 @@ SPAN_WAIT_S = 5.0
 
 def keep_nodes(alloc: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
     """The nodes of a plan's allocation (node, GPUs), in Slurm's order: what the daemon holds for a job resized
-    across types until it runs again (:attr:`Resize.keep`), so that the GPUs it keeps are not the ones a waiting
-    job takes when the requeue frees them (the policy placed the waiting job on the others)."""
+    across types until it runs again (:attr:`Resize.keep`), so that the job gets the GPUs of its plan (EasyScale
+    §3.4: Role 1's plan, granted by the inter-job scheduler) and not the ones a waiting job takes when the requeue
+    frees them (the policy placed the waiting job on the others)."""
     return tuple(sorted({node for node, count in alloc if count > 0}, key=node_order_key))
 
 
