@@ -27,6 +27,7 @@ class ActionKind(StrEnum):
     RESIZE = "resize"
     REQUEUE = "requeue"
     SIZE = "size"
+    RELEASE = "release"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,10 @@ class Resize:
     gpu_type: str | None = None  # the type of its GPUs (a requeued job keeps it)
     #: the new GPUs per type of a job whose plans may span types (the D2 guard), given as nodes when it waits
     split: tuple[tuple[str, int], ...] = ()
+    #: the nodes of the policy's plan for such a job, held for it (a Slurm reservation) from its stop until it runs
+    #: again: the GPUs it gives up free at its requeue, when a waiting job of any type starts at once, while the
+    #: requeued job may start only some seconds later (:func:`keep_nodes`)
+    keep: tuple[str, ...] = ()
     kind: ActionKind = ActionKind.RESIZE
 
 
@@ -130,7 +135,18 @@ class SetSize:
     kind: ActionKind = ActionKind.SIZE
 
 
-Action = SetOrder | Preempt | Place | Resize | Requeue | SetSize
+@dataclass(frozen=True, slots=True)
+class ReleaseNodes:
+    """End the reservation that held a resized job's planned nodes (:attr:`Resize.keep`, EasyScale §3.4's plan):
+    the job runs again, or it no longer waits to."""
+
+    job_id: int
+    reservation: str
+    reason: str
+    kind: ActionKind = ActionKind.RELEASE
+
+
+Action = SetOrder | Preempt | Place | Resize | Requeue | SetSize | ReleaseNodes
 Stop = Preempt | Resize
 
 
@@ -307,6 +323,7 @@ def resize_actions(
             cpus_per_task(job),
             None if split else gpu_type_of(job),
             tuple(sorted(split.items())),
+            keep_nodes(alloc) if split else (),
         )
 
     if decision.resizes:  # an elastic policy chose the sizes (tiresias-las+elastic): carry out its first one
@@ -390,11 +407,26 @@ def cpus_per_task(job: Job) -> int:
 SPAN_WAIT_S = 5.0
 
 
-def span_of(obs: Observation, job_id: int, split_text: str, own: tuple[tuple[str, int], ...] = ()) -> Span | None:
+def keep_nodes(alloc: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    """The nodes of a plan's allocation (node, GPUs), in Slurm's order: what the daemon holds for a job resized
+    across types until it runs again (:attr:`Resize.keep`), so that the job gets the GPUs of its plan (EasyScale
+    §3.4: Role 1's plan, granted by the inter-job scheduler) and not the ones a waiting job takes when the requeue
+    frees them (the policy placed the waiting job on the others)."""
+    return tuple(sorted({node for node, count in alloc if count > 0}, key=node_order_key))
+
+
+def span_of(
+    obs: Observation,
+    job_id: int,
+    split_text: str,
+    own: tuple[tuple[str, int], ...] = (),
+    kept: tuple[str, ...] = (),
+) -> Span | None:
     """The nodes that give job ``job_id`` its stored new GPUs per type (``split_text``, empty: none stored), its
-    own GPUs ``own`` (node, count) counted free (it is being requeued). When no set of nodes gives the split
-    (the free GPUs per node do not add up to it, Slurm 22.05 filling nodes in order), the job falls back to one
-    type: the split's largest part that is free (as much of it as is), the job's own GPUs counted."""
+    own GPUs ``own`` (node, count) counted free (it is being requeued); the nodes held for it (``kept``, its
+    plan's) first, when they give the split. When no set of nodes gives the split (the free GPUs per node do
+    not add up to it, Slurm 22.05 filling nodes in order), the job falls back to one type: the split's largest
+    part that is free (as much of it as is), the job's own GPUs counted."""
     try:
         split = parse_split(split_text)
     except ValueError:
@@ -404,6 +436,10 @@ def span_of(obs: Observation, job_id: int, split_text: str, own: tuple[tuple[str
     mine = dict(own)  # (the split's types are the job's partition's: the policy planned it on those)
     free = [(node.name, node.gpu_type, node.free_gpus + mine.get(node.name, 0)) for node in obs.nodes]
     wanted = tuple(sorted(split.items()))
+    held = span_nodes(split, [row for row in free if row[0] in kept]) if kept else None
+    if held is not None:
+        others = tuple(sorted({n.name for n in obs.nodes} - set(held[0]), key=node_order_key))
+        return Span(wanted, held[0], others)
     found = span_nodes(split, free)
     if found is not None:
         return Span(wanted, *found)
@@ -419,16 +455,23 @@ def span_of(obs: Observation, job_id: int, split_text: str, own: tuple[tuple[str
     return None
 
 
-def followup_actions(obs: Observation, acks: Mapping[int, float], config: PluginConfig) -> list[Requeue | SetSize]:
+def followup_actions(
+    obs: Observation, acks: Mapping[int, float], config: PluginConfig
+) -> list[Requeue | SetSize | ReleaseNodes]:
     """What stops in flight need now. ``acks`` maps job id -> time of a checkpoint acknowledgement written
     after the stop was requested. The job's wrapper requeues it after the checkpoint; the daemon requeues when
     the wrapper has not done so ``requeue_wait_s`` after the acknowledgement, or when no acknowledgement came
-    within ``grace_s``. A resized job gets its new size while it waits after the requeue."""
-    out: list[Requeue | SetSize] = []
+    within ``grace_s``. A resized job gets its new size while it waits after the requeue; the nodes held for it
+    (:attr:`Resize.keep`) are released once it runs again or is gone."""
+    out: list[Requeue | SetSize | ReleaseNodes] = []
     preemption = config.preemption
     for job_id in sorted(obs.records):
         record = obs.records[job_id]
         job = obs.managed.get(job_id)
+        if record.resize_keep and (job is None or not (record.resize_to or record.stop_kind)):
+            why = "it runs again" if job is not None and job.state.is_running else "it no longer waits for them"
+            why = f"the nodes held for its resize ({record.resize_keep}): {why}"
+            out.append(ReleaseNodes(job_id, held_by(record), why))
         if job is None:
             continue
         if record.stop_kind and job.state.is_running:
@@ -442,7 +485,7 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         f"itself within {preemption.requeue_wait_s:.0f}s",
                         cpus_per_task(job),
                         gpu_type_of(job),
-                        span_of(obs, job_id, record.resize_split, _own(obs, job_id)),
+                        span_of(obs, job_id, record.resize_split, _own(obs, job_id), _kept(record)),
                     )
                 )
             elif acked is None and obs.now - asked >= preemption.grace_s:
@@ -453,12 +496,12 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
                         f"{preemption.grace_s:.0f}s; it resumes from an older checkpoint",
                         cpus_per_task(job),
                         gpu_type_of(job),
-                        span_of(obs, job_id, record.resize_split, _own(obs, job_id)),
+                        span_of(obs, job_id, record.resize_split, _own(obs, job_id), _kept(record)),
                     )
                 )
         elif record.resize_to != record.resize_set and not record.stop_kind and job.state.is_pending:
             per_task = cpus_per_task(job)
-            span = span_of(obs, job_id, record.resize_split)
+            span = span_of(obs, job_id, record.resize_split, kept=_kept(record))
             if record.resize_split and (span is None or span.why):
                 if obs.now - record.waiting_since < SPAN_WAIT_S:
                     continue  # its old allocation may still show in use: the plan's nodes may free up
@@ -472,6 +515,28 @@ def followup_actions(obs: Observation, acks: Mapping[int, float], config: Plugin
             gpu_type = None if record.resize_split else gpu_type_of(job)  # a job planned across types asks untyped
             out.append(SetSize(job_id, tasks, tasks * per_task, why, gpu_type, span))
     return out
+
+
+def keep_reservation(job_id: int, restart_count: int) -> str:
+    """The name of the Slurm reservation that holds the planned nodes of job ``job_id`` resized in its incarnation
+    ``restart_count``: one name per resize, as Slurm keeps an ended reservation for a while (the next resize's
+    would be a duplicate)."""
+    return f"hpc-elastic-keep-{job_id}-{restart_count}"
+
+
+def keep_text(reservation: str, nodes: tuple[str, ...]) -> str:
+    """``<reservation>:<node>,<node>``: what the store keeps of the nodes held for a resized job (``resize_keep``)."""
+    return f"{reservation}:{','.join(nodes)}"
+
+
+def held_by(record: JobRecord) -> str:
+    """The reservation that holds the nodes of a resized job ('' when none does)."""
+    return record.resize_keep.partition(":")[0]
+
+
+def _kept(record: JobRecord) -> tuple[str, ...]:
+    """The nodes held for a resized job (none when none are)."""
+    return tuple(n for n in record.resize_keep.partition(":")[2].split(",") if n)
 
 
 def plan(obs: Observation, decision: Decision, config: PluginConfig) -> list[Action]:

@@ -19,12 +19,31 @@ from pathlib import Path
 
 from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, ack_answers, find_job_dir
 from hpc_elastic.slurm import Job, JobRef, JobState, SlurmClient, SlurmError, commands
-from slurm_plugin.actions import Action, Place, Preempt, Requeue, Resize, SetOrder, SetSize, Span
+from slurm_plugin.actions import (
+    SPAN_WAIT_S,
+    Action,
+    Place,
+    Preempt,
+    ReleaseNodes,
+    Requeue,
+    Resize,
+    SetOrder,
+    SetSize,
+    Span,
+    held_by,
+    keep_reservation,
+    keep_text,
+)
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.easyscale import split_text
 from slurm_plugin.store import JobRecord
 
 log = logging.getLogger(__name__)
+
+#: how long the nodes of a resized job's plan are held beyond its stop's grace, requeue wait and span wait: a
+#: requeued job starts again only once its credential has expired (Slurm's ``cred_expire``, 120 s by default, 10 s
+#: on the dev cluster). The daemon ends the reservation as soon as the job runs again; this bounds it otherwise.
+KEEP_SLACK_S = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +196,13 @@ class Applier:
             return _describe(action)
         if isinstance(action, (Preempt, Resize)):
             return self._stop(action, result)
+        if isinstance(action, ReleaseNodes):
+            self._update(result, action.job_id, resize_keep="")
+            try:
+                self.client.end_reservation(action.reservation)
+            except SlurmError as exc:  # gone already, or it ends at its end time by itself
+                return f"reservation {action.reservation} not ended ({exc}); it ends at its end time"
+            return f"reservation {action.reservation} ended"
         if isinstance(action, Requeue):
             self.client.requeue([self._ref(action.job_id)])
             record = result.records.get(action.job_id)
@@ -199,13 +225,35 @@ class Applier:
             self.client.update_job(self._ref(job_id), commands.size_fields(tasks, cpus, gpu_type))
             self._update(result, job_id, resize_set=tasks)
             return f"NumTasks={tasks} NumCPUs={cpus}: {tasks} GPUs when it starts again"
-        for fields in commands.span_fields(tasks, cpus, span.nodes, span.excluded):
+        record = result.records.get(job_id)
+        held = (held_by(record) or None) if record is not None else None
+        for fields in commands.span_fields(tasks, cpus, span.nodes, span.excluded, held):
             self.client.update_job(self._ref(job_id), fields)
         self._update(result, job_id, resize_to=tasks, resize_set=tasks)
         if not span.nodes:
             return f"NumTasks={tasks} NumCPUs={cpus}, node lists cleared: {tasks} GPUs of any type when it starts again"
         shown = " + ".join(f"{n} {t}" for t, n in span.split)
-        return f"NumTasks={tasks} NumCPUs={cpus} ReqNodeList={','.join(span.nodes)}: {shown} when it starts again"
+        where = f"ReqNodeList={','.join(span.nodes)}" + (f" Reservation={held}" if held else "")
+        return f"NumTasks={tasks} NumCPUs={cpus} {where}: {shown} when it starts again"
+
+    def _keep(self, action: Resize, job: Job | None) -> str:
+        """Hold the nodes of the job's plan (:attr:`Resize.keep`) for it: a reservation of its user's that no other
+        job may use, created before its stop frees any GPU, so that a waiting job of any type does not take the
+        GPUs the plan keeps when the requeue frees them (Slurm starts a waiting job at once, while the requeued
+        job may start only once its credential has expired). What the store keeps of it ('' when none could be
+        held)."""
+        if not action.keep or job is None or not job.user:
+            return ""
+        preemption = self.config.preemption
+        duration = preemption.grace_s + preemption.requeue_wait_s + SPAN_WAIT_S + KEEP_SLACK_S
+        name = keep_reservation(action.job_id, action.restart_count)
+        try:
+            self.client.create_reservation(name, action.keep, job.user, duration)
+        except (SlurmError, ValueError) as exc:  # e.g. the daemon is no Slurm operator: resized without it
+            log.warning("job %d: cannot hold nodes %s for its resize (%s)", action.job_id, ",".join(action.keep), exc)
+            return ""
+        log.info("job %d: nodes %s held for it (reservation %s)", action.job_id, ",".join(action.keep), name)
+        return keep_text(name, action.keep)
 
     def _stop(self, action: Preempt | Resize, result: ApplyResult) -> str:
         """Checkpoint request (the reason in the job's AdminComment, then the signal), recorded as in flight; a job
@@ -222,6 +270,7 @@ class Applier:
             changes["resize_to"] = action.new_gpus
             changes["resize_set"] = 0
             changes["resize_split"] = split_text(dict(action.split))
+            changes["resize_keep"] = self._keep(action, job)
         if job_dir is None:
             log.warning(
                 "job %d: no job directory of its user under %s; requeue without checkpoint",
@@ -266,4 +315,6 @@ def _describe(action: Action) -> str:
         return f"NumTasks={action.tasks} NumCPUs={action.cpus}"
     if isinstance(action, Requeue):
         return "requeue"
+    if isinstance(action, ReleaseNodes):
+        return f"end reservation {action.reservation}"
     return "checkpoint, then requeue"

@@ -130,6 +130,30 @@ class GrowConfig:
     gang_step_delay_s: float = 0.5
     grace_s: int = 120
     timeout_s: float = 600.0
+    #: the example's arguments for a second elastic job (same GPUs, elastic range and N), submitted first and never
+    #: waited for: one whose model D2 does not cover stays on its type while the other spans types. () for none.
+    bystander_args: tuple[str, ...] = ()
+
+    @classmethod
+    def beside_a_d1_job(cls) -> GrowConfig:
+        """The story of the daemon's cross-type integration test: the filler on node1 holds 2 of its a100, the
+        example's BatchNorm + Dropout model (which the model scanner does not cover, so at D1) starts on the other
+        2 and trains throughout; it must never be resized, while v100 are idle and the D2 job spans types."""
+        return cls(
+            fillers=(
+                ("--nodelist=node1", "--gres=gpu:a100:2"),
+                ("--nodelist=node2", "--gres=gpu:a100:2"),
+                ("--nodelist=node3", "--gres=gpu:v100:2"),
+                ("--nodelist=node4", "--gres=gpu:v100:4"),
+            ),
+            bystander_args=(
+                "--model=bn-dropout",
+                "--steps=100000",
+                "--dataset-size=192",
+                "--loader-workers=1",
+                "--step-delay=0.5",
+            ),
+        )
 
     @property
     def model_args(self) -> tuple[str, ...]:
@@ -157,6 +181,14 @@ class GrowResult:
     elastic_sha: str = ""
     reference_sha: str = ""
     starts: list[str] = field(default_factory=list)  # the elastic job's "rank 0 of M" lines
+    #: where the elastic job ran after the grow and after the shrink: its nodes and GPUs per type
+    grown_nodes: tuple[str, ...] = ()
+    grown_gpus: tuple[tuple[str, int], ...] = ()
+    shrunk_nodes: tuple[str, ...] = ()
+    shrunk_gpus: tuple[tuple[str, int], ...] = ()
+    gang_nodes: tuple[str, ...] = ()  # where the gang job ran (squeue shows its GPUs untyped: it asked for any)
+    bystander_id: int = 0  # the second elastic job (GrowConfig.bystander_args), 0 when none
+    bystander_starts: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (what, seconds since t0) as each was reached
     loss: list[tuple[int, float]] = field(default_factory=list)  # the elastic job's training loss after each step
 
@@ -177,6 +209,11 @@ class GrowResult:
             "reference_sha": self.reference_sha,
             "identical": self.identical,
             "starts": self.starts,
+            "grown": {"nodes": list(self.grown_nodes), "gpus": dict(self.grown_gpus)},
+            "shrunk": {"nodes": list(self.shrunk_nodes), "gpus": dict(self.shrunk_gpus)},
+            "gang_nodes": list(self.gang_nodes),
+            "bystander_id": self.bystander_id,
+            "bystander_starts": self.bystander_starts,
             "phases": [list(p) for p in self.phases],
             "loss": [list(p) for p in self.loss],
         }
@@ -262,6 +299,15 @@ def _said(path: Path, text: str) -> bool:
         return False
 
 
+def _starts(path: Path) -> list[str]:
+    """A job's "rank 0 of M (...)" lines, up to their first ';'."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return [line.split(";")[0] for line in text.splitlines() if line.startswith("rank 0 of ")]
+
+
 @contextlib.contextmanager
 def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess) -> Iterator[None]:
     try:
@@ -304,14 +350,27 @@ def run_grow_story(
                 released.append(job_id)
             say(f"filler job {job_id} ({' '.join(options)}), not managed by the daemon")
         watch.until("the fillers run", lambda: all(watch.running(job_id) for job_id in result.filler_ids), say)
-        el_name = f"{prefix}-el"
-        result.elastic_id = elastic = _submit(
-            workdir,
+        elastic_options = (
             f"--gpus={cfg.gpus}",
             f"--min-gpus={cfg.min_gpus}",
             f"--max-gpus={cfg.max_gpus}",
             f"--workers={cfg.workers}",
             *cfg.type_options(),
+        )
+        by_out: Path | None = None
+        if cfg.bystander_args:
+            by_name = f"{prefix}-bn"
+            result.bystander_id = bystander = _submit(
+                workdir, *elastic_options, f"--job-name={by_name}", args=cfg.bystander_args
+            )
+            watch.ids.append(bystander)
+            by_out = output_path(workdir, by_name, bystander)
+            say(f"submitted the elastic job {bystander} ({' '.join(cfg.bystander_args[:1])}): it must stay put")
+            watch.until("it runs", lambda: watch.running(bystander), say)
+        el_name = f"{prefix}-el"
+        result.elastic_id = elastic = _submit(
+            workdir,
+            *elastic_options,
             *cfg.level_options(),
             f"--job-name={el_name}",
             args=(
@@ -329,6 +388,9 @@ def run_grow_story(
             + (f", level {cfg.level.value}" if cfg.level is not None else "")
         )
         watch.until(f"it trains on {cfg.gpus} processes", lambda: _said(out, f"rank 0 of {cfg.gpus} "), say)
+        if by_out is not None:
+            seen = by_out
+            watch.until("the other elastic job trains", lambda: _said(seen, "rank 0 of "), say)
         if released:
             slurm.cancel(released)
             watch.until(
@@ -342,6 +404,7 @@ def run_grow_story(
             "the daemon grew it (requeued, running again)", lambda: watch.running(elastic, restarts=1), say
         )
         say(f"elastic job now on {grown.gpus} GPUs")
+        result.grown_nodes, result.grown_gpus = grown.nodes, grown.gpus.by_type
         watch.until(
             f"it trains on {grown.gpu_count} processes", lambda: _said(out, f"rank 0 of {grown.gpu_count} "), say
         )
@@ -363,13 +426,19 @@ def run_grow_story(
         shrunk = watch.until(
             "the daemon shrank the elastic job for it", lambda: watch.running(elastic, restarts=2), say
         )
-        say(f"elastic job now on {shrunk.gpus} GPUs")
+        say(f"elastic job now on {shrunk.gpus} GPUs ({','.join(shrunk.nodes)})")
+        result.shrunk_nodes, result.shrunk_gpus = shrunk.nodes, shrunk.gpus.by_type
+        ran = watch.until("the gang job runs", lambda: watch.running(gang) or watch.completed(gang), say)
+        result.gang_nodes = ran.nodes
         watch.until("both jobs completed", lambda: watch.completed(elastic) and watch.completed(gang), say)
+        if by_out is not None:
+            watch.poll()  # the other elastic job as it runs now, before it is cancelled
+            result.bystander_starts = _starts(by_out)
         with contextlib.suppress(OSError, ValueError):
             doc = json.loads((workdir / "state" / "state.json").read_text())
             result.daemon_actions = [a for a in doc.get("recent_actions", []) if isinstance(a, dict)]
     text = out.read_text()
-    result.starts = [line.split(";")[0] for line in text.splitlines() if line.startswith("rank 0 of ")]
+    result.starts = _starts(out)
     shas = SHA.findall(text)
     if len(shas) != 1:
         raise ScenarioError(f"the elastic job printed {len(shas)} final parameter shas (see {out})")

@@ -46,6 +46,9 @@ class JobRecord:
     ``stop_at`` (when it was requested), ``stop_restarts`` (the job's restart count then). ``resize_to``: the
     GPUs an elastic job is being resized to; ``resize_set``: the size already set on the pending job;
     ``resize_split``: its new GPUs per type when its plans may span types (``a100:2,v100:3``; '' otherwise).
+    ``resize_keep``: the Slurm reservation that holds the nodes of such a job's plan for it from its stop until it
+    runs again, and those nodes (``hpc-elastic-keep-12-0:node2,node3``; '' when none; it outlives ``resize_to``,
+    which ends when the job runs again, until the daemon has ended the reservation).
     """
 
     job_id: int
@@ -67,6 +70,7 @@ class JobRecord:
     resize_to: int = 0
     resize_set: int = 0
     resize_split: str = ""
+    resize_keep: str = ""
     missing_since: float | None = None
     #: Slurm's submit time when the daemon first saw the job (Slurm resets it on every requeue)
     submitted: float | None = None
@@ -105,6 +109,7 @@ _ADDED = (
     "submitted",
     "banked_wait",
     "resize_split",
+    "resize_keep",
 )  # may be missing in old databases
 _TYPES = {
     "job_id": "INTEGER PRIMARY KEY",
@@ -118,6 +123,7 @@ _TYPES = {
     "resize_set": "INTEGER NOT NULL DEFAULT 0",
     "banked_wait": "REAL NOT NULL DEFAULT 0",
     "resize_split": "TEXT NOT NULL DEFAULT ''",
+    "resize_keep": "TEXT NOT NULL DEFAULT ''",
 }
 
 
@@ -126,7 +132,7 @@ def _check_row(record: JobRecord) -> None:
         raise ValueError(f"job_id {record.job_id!r}")
     for name in _COLUMNS:
         value = getattr(record, name)
-        if name in {"placement", "stop_kind", "resize_split"} or value is None:
+        if name in {"placement", "stop_kind", "resize_split", "resize_keep"} or value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"{name} {value!r}")
@@ -144,7 +150,7 @@ def _load_rows(db: sqlite3.Connection) -> dict[int, JobRecord]:
         values: dict[str, Any] = dict.fromkeys(_ADDED)
         values.update(zip(columns, row, strict=True))
         try:
-            for name in ("placement", "stop_kind", "resize_split"):
+            for name in ("placement", "stop_kind", "resize_split", "resize_keep"):
                 values[name] = str(values[name] or "")
             for name in ("stop_restarts", "resize_to", "resize_set"):
                 values[name] = int(values[name] or 0)

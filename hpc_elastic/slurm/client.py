@@ -47,6 +47,8 @@ class SlurmClient(Protocol):
     def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None: ...
     def act(self, action: JobAction, job_ids: Iterable[int | JobRef]) -> None: ...
     def requeue(self, job_ids: Iterable[int | JobRef]) -> None: ...
+    def create_reservation(self, name: str, nodes: Sequence[str], user: str, duration_s: float) -> None: ...
+    def end_reservation(self, name: str) -> None: ...
     def cancel(
         self, job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None: ...
@@ -191,6 +193,15 @@ class CliSlurm:
 
     def requeue(self, job_ids: Iterable[int | JobRef]) -> None:
         self.act(JobAction.REQUEUE, job_ids)
+
+    def create_reservation(self, name: str, nodes: Sequence[str], user: str, duration_s: float) -> None:
+        """Hold whole ``nodes`` for ``user``'s jobs that ask for reservation ``name``, from now for ``duration_s``
+        (:func:`commands.scontrol_create_reservation`)."""
+        self.runner.run(commands.scontrol_create_reservation(name, nodes, user, duration_s), idempotent=False)
+
+    def end_reservation(self, name: str) -> None:
+        """End reservation ``name`` now; a job running in it keeps running (it was created ``FLEX``)."""
+        self.runner.run(commands.scontrol_end_reservation(name), idempotent=True)
 
     def hold(self, job_ids: Iterable[int]) -> None:
         self.act(JobAction.HOLD, job_ids)

@@ -51,6 +51,8 @@ UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
     "TresPerJob": re.compile(r"gres:gpu(:[A-Za-z0-9_.-]+)?:[1-9]\d*"),
     # A pending job's node constraint (a requeued job pinned to one GPU type: 22.05 cannot change its GPU type)
     "Features": re.compile(r"[A-Za-z0-9_.+-]+([&|][A-Za-z0-9_.+-]+)*"),
+    # A pending job's reservation (the nodes the scheduler daemon holds for a resized job: create_reservation)
+    "Reservation": re.compile(r"[A-Za-z0-9_.-]{0,64}"),
 }
 
 
@@ -66,12 +68,15 @@ def size_fields(tasks: int, cpus: int, gpu_type: str | None, *, gpus_per_task: i
     return fields
 
 
-def span_fields(tasks: int, cpus: int, nodes: Sequence[str], excluded: Sequence[str]) -> list[dict[str, str | int]]:
+def span_fields(
+    tasks: int, cpus: int, nodes: Sequence[str], excluded: Sequence[str], reservation: str | None = None
+) -> list[dict[str, str | int]]:
     """The two updates that give a pending job ``tasks`` GPUs on exactly ``nodes`` (one untyped GPU per task, the
     job's ``--gpus-per-task=1``): first the node lists, then the size. Slurm 22.05 fills the nodes in its order,
     each with as many tasks as it has free GPUs before the next (block distribution), so the GPUs per type follow
     from the nodes chosen (:func:`slurm_plugin.easyscale.span_nodes`); ``excluded``: the partition's other nodes.
-    No nodes: any (empty lists clear the job's earlier ones).
+    No nodes: any (empty lists clear the job's earlier ones). ``reservation``: the one that holds the nodes for the
+    job (:func:`scontrol_create_reservation`), set with the node lists.
     Two updates: in one, 22.05 drops a ``NumNodes`` below the count of the old ``ReqNodeList`` (measured on the
     dev cluster)."""
     if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
@@ -80,8 +85,11 @@ def span_fields(tasks: int, cpus: int, nodes: Sequence[str], excluded: Sequence[
         raise ValueError(f"need at most {tasks} nodes for {tasks} tasks, got {list(nodes)!r}")
     if set(nodes) & set(excluded):
         raise ValueError(f"nodes both required and excluded: {sorted(set(nodes) & set(excluded))}")
+    lists: dict[str, str | int] = {"ReqNodeList": ",".join(nodes), "ExcNodeList": ",".join(excluded)}
+    if reservation is not None:
+        lists["Reservation"] = reservation
     return [
-        {"ReqNodeList": ",".join(nodes), "ExcNodeList": ",".join(excluded)},
+        lists,
         {
             "NumTasks": tasks,
             "NumCPUs": cpus,
@@ -251,6 +259,48 @@ def scontrol_update(job: int | JobRef, fields: Mapping[str, str | int]) -> list[
 
 def scontrol_action(action: JobAction, jobs: Iterable[int | JobRef]) -> list[str]:
     return ["scontrol", JobAction(action).value, _refs_or_raise(jobs)]
+
+
+_RESERVATION = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a reservation's name, or a node's
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def _reservation_name(name: str) -> str:
+    if not isinstance(name, str) or not _RESERVATION.fullmatch(name):
+        raise ValueError(f"bad reservation name {name!r}")
+    return name
+
+
+def scontrol_create_reservation(name: str, nodes: Sequence[str], user: str, duration_s: float) -> list[str]:
+    """``scontrol create reservation`` of whole ``nodes`` for ``user``'s jobs that ask for it, from now for
+    ``duration_s`` (rounded up to whole seconds): ``IGNORE_JOBS`` (the jobs running on the nodes keep running) and
+    ``FLEX`` (a job in it keeps running once it ends: without FLEX, 22.05 ends a job when its reservation ends,
+    measured on the dev cluster)."""
+    if not nodes or any(not isinstance(n, str) or not _RESERVATION.fullmatch(n) for n in nodes):
+        raise ValueError(f"bad reservation nodes {list(nodes)!r}")
+    if not isinstance(user, str) or not _USER.fullmatch(user):
+        raise ValueError(f"bad reservation user {user!r}")
+    if isinstance(duration_s, bool) or not isinstance(duration_s, int | float) or not 0 < duration_s < 86400:
+        raise ValueError(f"reservation duration must be in (0, 86400) seconds, got {duration_s!r}")
+    seconds = int(-(-duration_s // 1))
+    duration = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return [
+        "scontrol",
+        "create",
+        "reservation",
+        f"ReservationName={_reservation_name(name)}",
+        f"Users={user}",
+        f"Nodes={','.join(nodes)}",
+        "StartTime=now",
+        f"Duration={duration}",
+        "Flags=IGNORE_JOBS,FLEX",
+    ]
+
+
+def scontrol_end_reservation(name: str) -> list[str]:
+    """End a reservation now (``EndTime=now``; Slurm then purges it): 22.05 refuses ``scontrol delete`` while a
+    job runs in it ("Requested reservation is in use")."""
+    return ["scontrol", "update", f"ReservationName={_reservation_name(name)}", "EndTime=now"]
 
 
 def sacctmgr_accounts() -> list[str]:

@@ -1,15 +1,17 @@
 """hpc-elastic-sched under ``tiresias-las+easyscale`` on the real dev cluster: one job across GPU types.
 
-The story (partition ``gpu``: node1-2 a100, node3-4 v100; plain fillers hold all GPUs but node1's and node2's last
-2 a100 and, once the two elastic jobs run, node3's last 2 v100): two elastic jobs of N = 8 logical workers (ESTs)
-start on 2 a100 each, elastic between 2 and 4 GPUs, submitted without a GPU type:
+The story is ``make demo``'s second act (:mod:`slurm_plugin.grow_story`, :meth:`GrowConfig.beside_a_d1_job`): in
+partition ``gpu`` (node1-2 a100, node3-4 v100) plain fillers hold all GPUs but node1's and node2's last 2 a100 and,
+once the two elastic jobs run, node3's last 2 v100; two elastic jobs of N = 8 logical workers (ESTs) start on 2
+a100 each, elastic between 2 and 4 GPUs, submitted without a GPU type:
 
 - the bundled example's MLP at D2 (the model scanner covers it; its run reports D2 to the daemon): EasyScale's
   proposals grow it into node3's 2 idle v100, a plan across types (Eq. 1d: 8 ESTs on 2 a100 + 2 v100, 2 each,
   twice the throughput of 4 each on 2 a100), which the daemon gives the requeued job as nodes (node lists that
-  Slurm's block fill turns into 2 a100 + 2 v100, the same job id); then a 2-GPU gang job arrives and 2D-LAS,
-  counting the elastic job at its minimum, lets it in: the elastic job shrinks back to 2 GPUs. Its final
-  parameters are, bit for bit, those of one uninterrupted 1-process run at D2;
+  Slurm's block fill turns into 2 a100 + 2 v100, the same job id); then a 2-GPU gang job of any type arrives and
+  2D-LAS, counting the elastic job at its minimum, lets it in: the elastic job shrinks back to its 2 a100 (the
+  plan keeps them; the daemon holds their node for it while it is requeued) and the gang job gets the v100. Its
+  final parameters are, bit for bit, those of one uninterrupted 1-process run at D2;
 - the example's BatchNorm + Dropout model, which D2 does not cover, at D1: it stays on its a100, never resized.
 
 The test asserts the order of events and the values Slurm and the jobs report, never durations.
@@ -17,118 +19,52 @@ The test asserts the order of events and the values Slurm and the jobs report, n
 
 from __future__ import annotations
 
-import json
-import signal
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.slurm import CliSlurm, JobState
-from slurm_plugin.scenario import DaemonProcess
-from tests.integration.conftest import hpc_submit, wait_for
-from tests.integration.plugin_helpers import ended, job_of, running, write_resize_config
-from tests.integration.test_runtime_story import DATA_ARGS, EXAMPLE, SHA, STEPPER, _filler, reference_sha, said
+from slurm_plugin.grow_story import GrowConfig, run_grow_story
 
 pytestmark = pytest.mark.integration
-N = 8
-STEPS = 80
-MODEL_ARGS = ("--model=mlp", f"--steps={STEPS}", *DATA_ARGS)
-ELASTIC = ("--gpus=2", "--min-gpus=2", "--max-gpus=4", f"--workers={N}", "--partition=gpu")
-
-
-def _actions(workdir: Path) -> list[dict[str, Any]]:
-    try:
-        doc = json.loads((workdir / "state" / "state.json").read_text())
-    except (OSError, ValueError):
-        return []
-    return [a for a in doc.get("recent_actions", []) if isinstance(a, dict)]
 
 
 @pytest.mark.timeout(900)
-def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_for_a_gang_job_with_the_same_bits(
-    slurm: CliSlurm, cleanup: list[int], lane_root: Path
+def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_back_to_its_a100_for_a_gang_job(
+    slurm: CliSlurm, lane_root: Path
 ) -> None:
-    prefix = f"ith{uuid.uuid4().hex[:6]}"
-    workdir = lane_root / prefix
-    workdir.mkdir(parents=True)
-    config = write_resize_config(workdir, prefix, grace_s=120, policy="tiresias-las+easyscale")
-    daemon = DaemonProcess(config, workdir / "daemon.log")
-
-    def fill(node: str, gres: str, tag: str = "") -> int:
-        job = _filler(slurm, workdir, f"{prefix}-f{node}{tag}", "--partition=gpu", f"-w{node}", f"--gres={gres}")
-        cleanup.append(job)
-        return job
-
-    try:
-        fillers = [fill("node1", "gpu:a100:2"), fill("node2", "gpu:a100:2"), fill("node3", "gpu:v100:2")]
-        fillers += [fill("node4", "gpu:v100:4"), later := fill("node3", "gpu:v100:2", "b")]
-        wait_for("the fillers to run", lambda: all(running(slurm, f) for f in fillers), timeout_s=60)
-        plain = hpc_submit(
-            workdir,
-            EXAMPLE,
-            *ELASTIC,
-            f"--job-name={prefix}-bn",
-            args=("--model=bn-dropout", "--steps=100000", *DATA_ARGS, "--step-delay=0.5"),
-        )
-        cleanup.append(plain)
-        wait_for("the D1 job to run", lambda: running(slurm, plain), timeout_s=60)
-        elastic = hpc_submit(
-            workdir,
-            EXAMPLE,
-            *ELASTIC,
-            "--level=d2",
-            f"--job-name={prefix}-el",
-            args=(*MODEL_ARGS, "--ckpt-every=10", "--step-delay=0.25"),
-        )
-        cleanup.append(elastic)
-        out = workdir / f"{prefix}-el-{elastic}.out"
-        plain_out = workdir / f"{prefix}-bn-{plain}.out"
-        wait_for("training on 2 a100", lambda: said(out, "rank 0 of 2 (torch, cpu, a100)"), timeout_s=150)
-        wait_for("the D1 job training", lambda: said(plain_out, "rank 0 of 2 "), timeout_s=150)
-        slurm.cancel([later])  # 2 v100 idle on node3, nothing waits
-        wait_for("node3's 2 v100 to be idle", lambda: ended(slurm, later), timeout_s=60)
-        daemon.start()
-        grown = wait_for("the job to run again", lambda: running(slurm, elastic, restarts=1), timeout_s=180)
-        wait_for("training on 4 processes", lambda: said(out, "rank 0 of 4 "), timeout_s=150)
-        assert daemon.alive, (workdir / "daemon.log").read_text()
-        waiting = hpc_submit(
-            workdir, STEPPER, "--gpus=2", "--partition=gpu", f"--job-name={prefix}-w", args=("100000",)
-        )
-        cleanup.append(waiting)
-        shrunk = wait_for("the job to run again on 2 GPUs", lambda: running(slurm, elastic, restarts=2), timeout_s=240)
-        wait_for("the gang job to run", lambda: running(slurm, waiting), timeout_s=60)
-        done = wait_for("the elastic job to complete", lambda: ended(slurm, elastic), timeout_s=400)
-        assert done.state is JobState.COMPLETED, f"elastic job ended {done.state.value} (see {workdir})"
-        still = job_of(slurm, plain)
-    finally:
-        daemon.kill(signal.SIGTERM)
-    # the D2 job: 2 a100 -> 2 a100 + 2 v100 (one job id, one job on both types) -> 2 GPUs of one type (its minimum
-    # keeps the type it ran faster on, the fake GPUs' speeds differ by noise only)
-    assert grown.gpus.by_type == (("a100", 2), ("v100", 2)) and len(grown.nodes) == 2
-    ((kept, two),) = shrunk.gpus.by_type
-    assert kept in {"a100", "v100"} and two == 2
-    text = out.read_text()
-    starts = [line.split("rank 0 of ")[1].split(";")[0] for line in text.splitlines() if "rank 0 of " in line]
-    assert [s.split(")")[0] for s in starts] == [
-        "2 (torch, cpu, a100",
-        "4 (torch, cpu, a100+v100",
-        f"2 (torch, cpu, {kept}",
-    ]
-    assert text.count("stop (resize) at step") == 2
-    resizes = [a for a in _actions(workdir) if a["kind"] == "resize"]
-    assert [a["job_id"] for a in resizes] == [elastic, elastic], resizes  # never the D1 job
-    assert all(a["ok"] for a in resizes)
+    cfg = GrowConfig.beside_a_d1_job()
+    result = run_grow_story(slurm, lane_root, cfg)
+    where = f"(see {result.workdir})"
+    elastic, gang, bystander = result.elastic_id, result.gang_id, result.bystander_id
+    # the D2 job: 2 a100 -> 2 a100 + 2 v100 (one job id, one job on both types, two nodes) -> back to its 2 a100
+    assert result.grown_gpus == (("a100", 2), ("v100", 2)) and len(result.grown_nodes) == 2, where
+    a100_node = result.grown_nodes[0]  # node2: Slurm's order puts the a100 nodes first
+    assert result.shrunk_gpus == (("a100", 2),) and result.shrunk_nodes == (a100_node,), where
+    assert result.gang_nodes == result.grown_nodes[1:], where  # the gang job got the v100 the elastic job gave up
+    # (once the gang job has ended, the daemon may grow the job into the idle v100 again: it has steps left)
+    assert [s.split(")")[0] for s in result.starts[:3]] == [
+        "rank 0 of 2 (torch, cpu, a100",
+        "rank 0 of 4 (torch, cpu, a100+v100",
+        "rank 0 of 2 (torch, cpu, a100",
+    ], where
+    every = [a for a in result.daemon_actions if a["kind"] == "resize"]
+    resizes = [a for a in every if a["job_id"] == elastic]
+    assert len(resizes) >= 2 and all(a["ok"] for a in resizes), every
     assert str(resizes[0]["reason"]).startswith("grow into GPUs no waiting job can use")
     assert str(resizes[0]["reason"]).endswith("(2 a100 + 2 v100)"), resizes
-    # the plan keeps the type of its minimum; Slurm may start the gang job on those GPUs first (it asks for any
-    # type), and the requeued job then takes 2 of the others (the daemon's fallback, said in its log)
-    assert str(resizes[1]["reason"]).startswith("shrink: the policy's elastic share is 2 GPUs (2 ")
-    (final,) = SHA.findall(text)
-    assert final == reference_sha(workdir, *MODEL_ARGS, workers=N, level=DeterminismLevel.D2)
-    # the model D2 does not cover: on its 2 a100 throughout, while v100 were idle and the other job took them
-    assert still is not None and still.state is JobState.RUNNING and still.restart_count == 0
-    assert still.gpus.by_type == (("a100", 2),)
-    assert said(plain_out, "rank 0 of ") == 1
+    assert str(resizes[1]["reason"]) == "shrink: the policy's elastic share is 2 GPUs (2 a100)", resizes
+    # the gang job (not elastic) is never resized, stopped or placed by the daemon
+    assert not [a for a in result.daemon_actions if a["job_id"] == gang and a["kind"] != "order"], where
+    assert result.identical, (result.elastic_sha, result.reference_sha, where)
+    # the model D2 does not cover: on its 2 a100 until the D2 job had ended, while v100 were idle and the other job
+    # took them; the daemon may grow it afterwards, into the a100 the D2 job left, never across types
+    ended = min(s.t for s in result.samples if s.job_id == elastic and s.state is JobState.COMPLETED)
+    mine = [s for s in result.samples if s.job_id == bystander]
+    began = min(s.t for s in mine if s.state is JobState.RUNNING)
+    seen = [s for s in mine if began <= s.t < ended]
+    assert seen and all(s.state is JobState.RUNNING and s.restart_count == 0 for s in seen), where
+    assert all(s.gpus == (("a100", 2),) for s in seen), where
+    assert all("v100" not in str(a["reason"]) for a in every if a["job_id"] == bystander), every
+    assert result.bystander_starts[0].startswith("rank 0 of 2 (torch, cpu, a100)"), where
+    assert all("v100" not in s for s in result.bystander_starts), where

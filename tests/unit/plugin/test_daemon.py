@@ -80,6 +80,12 @@ class FakeSlurm:
     def requeue(self, job_ids: Iterable[int | JobRef]) -> None:
         self.calls.append(("requeue", list(job_ids)))
 
+    def create_reservation(self, name: str, nodes: Sequence[str], user: str, duration_s: float) -> None:
+        self.calls.append(("reserve", (name, tuple(nodes), user, duration_s)))
+
+    def end_reservation(self, name: str) -> None:
+        self.calls.append(("end-reservation", name))
+
     def cancel(
         self, job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
     ) -> None:

@@ -160,6 +160,13 @@ def test_a_d2_covered_job_grows_across_types_and_its_requeued_job_gets_the_nodes
     assert grow is not None
     assert (grow.old_gpus, grow.new_gpus, grow.split, grow.gpu_type) == (2, 4, (("a100", 2), ("v100", 2)), None)
     assert grow.reason.endswith("(2 a100 + 2 v100)")
+    # the plan's nodes are held for the job before its stop frees anything: node3's idle v100 included
+    assert grow.keep == ("node1", "node3")
+    kinds = [kind for kind, _ in fake.calls]
+    assert kinds.index("reserve") < kinds.index("cancel")
+    (reserve,) = [args for kind, args in fake.calls if kind == "reserve"]
+    assert isinstance(reserve, tuple) and reserve[:3] == ("hpc-elastic-keep-12-2", ("node1", "node3"), job.user)
+    assert daemon.store.load()[12].resize_keep == "hpc-elastic-keep-12-2:node1,node3"
     # the job checkpointed and requeued itself: pending, its GPUs free again
     fake._jobs = [replace(job, state=JobState.PENDING, restart_count=1, nodes=()), *squeue[1:]]
     fake._nodes = [
@@ -176,7 +183,7 @@ def test_a_d2_covered_job_grows_across_types_and_its_requeued_job_gets_the_nodes
             updates.append(args[1])
     assert updates[-1] == {"SiteFactor": 11000}  # the pending job's place in the order
     assert updates[:-1] == [
-        {"ReqNodeList": "node1,node3", "ExcNodeList": "node2,node4"},
+        {"ReqNodeList": "node1,node3", "ExcNodeList": "node2,node4", "Reservation": "hpc-elastic-keep-12-2"},
         {"NumTasks": 4, "NumCPUs": 4, "NumNodes": 2, "TresPerJob": "gres:gpu:4"},
     ]
     assert daemon.store.load()[12].resize_split == "a100:2,v100:2"
@@ -219,7 +226,9 @@ def test_a_split_that_no_nodes_give_falls_back_to_its_largest_type(tmp_path: Pat
     report = daemon.run_pass()
     (size,) = [a for a in report.actions if isinstance(a, SetSize)]
     assert size.span is not None and (size.tasks, size.span.nodes) == (4, ())
-    assert ("update", (12, {"ReqNodeList": "", "ExcNodeList": ""})) in fake.calls
+    # (still in the reservation of its plan's nodes: created FLEX, it may start outside them)
+    cleared = {"ReqNodeList": "", "ExcNodeList": "", "Reservation": "hpc-elastic-keep-12-2"}
+    assert ("update", (12, cleared)) in fake.calls
 
 
 def test_a_pass_sees_a_job_running_on_two_types(tmp_path: Path, slurm_data: Path) -> None:

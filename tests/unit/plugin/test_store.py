@@ -90,3 +90,19 @@ def test_a_dry_run_never_moves_a_corrupt_database(tmp_path: Path) -> None:
     (tmp_path / "state.sqlite3").write_bytes(b"garbage" * 10)
     assert Store(tmp_path, read_only=True).load() == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.sqlite3"]
+
+
+def test_the_nodes_held_for_a_resize_survive_a_reopen_and_an_older_database_gains_them(tmp_path: Path) -> None:
+    keep = "hpc-elastic-keep-5-1:node2"
+    held = JobRecord(job_id=5, first_seen=1.0, waiting_since=1.0, resize_to=2, resize_split="a100:2", resize_keep=keep)
+    store = Store(tmp_path)
+    store.save([held])
+    store.close()
+    assert Store(tmp_path).load()[5] == held
+    with sqlite3.connect(tmp_path / "state.sqlite3") as db:  # the database of a daemon before the column
+        db.execute("ALTER TABLE jobs DROP COLUMN resize_keep")
+    older = Store(tmp_path)
+    assert older.load()[5].resize_keep == ""
+    older.save([held])
+    older.close()
+    assert Store(tmp_path).load()[5].resize_keep == keep
