@@ -41,7 +41,10 @@ class PsJobConfig:
     dim: int = 8
     lr: float = 0.05
     max_retries: int = 3
-    max_hold: int = 16  # shards a worker holds at most (leased, not reported done)
+    # shards a worker holds at most (leased, not reported done): its cap starts at start_hold and follows it up to
+    # max_hold (hpc_elastic.ps.shards)
+    max_hold: int = 256
+    start_hold: int = 16
     # MiB a worker adds to its resident set once it finished its first shard (a worker whose embedding cache grows
     # as it trains): the knob that makes a worker outgrow its step's memory, to exercise the out-of-memory path
     worker_ballast_mb: int = 0
@@ -76,6 +79,7 @@ class PsJobConfig:
             seed=self.seed,
             max_retries=self.max_retries,
             max_hold=self.max_hold,
+            start_hold=self.start_hold,
         )
 
     def criteo(self) -> CriteoSpec:
