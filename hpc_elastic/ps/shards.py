@@ -323,6 +323,7 @@ class ShardManager:
             self._speeds[worker] = speed
         bound = self.bound(worker)
         cap = self.cap(worker)
+        straggler = self._straggler(worker)
         count, records = self.held(worker)
         out: list[Shard] = []
         slow = False  # the lease was cut by the worker's speed
@@ -332,7 +333,7 @@ class ShardManager:
                 if not self._todo:
                     break
             head = self._todo[0]
-            size = self._share(worker, head.size)
+            size = self._share(straggler, head.size)
             if count and records + size > bound:
                 slow = True
                 break
@@ -455,12 +456,18 @@ class ShardManager:
         self._todo.appendleft(shard)
         return shard
 
-    def _share(self, worker: str, size: int) -> int:
-        """The records of a ``size`` shard that ``worker`` gets: all of it, or less if it is a straggler."""
+    def _straggler(self, worker: str) -> tuple[float, float] | None:
+        """``(speed, median)`` if ``worker`` is a straggler (§5.4: slower than ``straggler_ratio`` times the median
+        speed), else None; taken once per lease, the speeds do not change during one."""
         speed = self._speeds.get(worker)
         if speed is None or len(self._speeds) < 2:
-            return size
+            return None
         median = statistics.median(self._speeds.values())
-        if speed >= self.config.straggler_ratio * median:
+        return None if speed >= self.config.straggler_ratio * median else (speed, median)
+
+    def _share(self, straggler: tuple[float, float] | None, size: int) -> int:
+        """The records of a ``size`` shard that a worker gets: all of it, or less if it is a straggler."""
+        if straggler is None:
             return size
+        speed, median = straggler
         return min(size, max(self.config.min_split, math.ceil(size * speed / median)))
