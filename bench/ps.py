@@ -19,7 +19,7 @@
 
 Prints one line per measurement and, last, one JSON object. Usage::
 
-    python bench/ps.py [--dispatch-shards 200000] [--samples 8192] [--workers 1,2,4] [--clients 1,4]
+    python bench/ps.py [--dispatch-shards 200000] [--bounded-hold 16] [--samples 8192] [--workers 1,2,4] [--clients 1,4]
                        [--only dispatch,ps_add,scaling,brain] [--window 3] [--max-adjust 4]
 """
 
