@@ -165,7 +165,7 @@ def test_the_cap_does_not_grow_for_a_worker_that_calls_while_it_still_holds_shar
 
 
 def test_a_lease_cut_by_the_speed_brings_the_cap_down_to_what_the_worker_holds() -> None:
-    m = ShardManager(ShardConfig(num_samples=1000, shard_size=1, start_hold=2, max_hold=16))
+    m = ShardManager(ShardConfig(num_samples=1000, shard_size=1, start_hold=2, max_hold=16, hold_seconds=1.0))
     for _ in range(4):
         finish(m, "w", m.lease("w", speed=1e6).shards)
     assert m.cap("w") == 16
@@ -177,7 +177,9 @@ def test_a_lease_cut_by_the_speed_brings_the_cap_down_to_what_the_worker_holds()
 
 
 def test_a_straggler_holds_fewer_shards_than_a_fast_worker_whatever_their_caps() -> None:
-    config = ShardConfig(num_samples=100_000, shard_size=4, start_hold=4, max_hold=64, straggler_ratio=1e-9)
+    config = ShardConfig(
+        num_samples=100_000, shard_size=4, start_hold=4, max_hold=64, straggler_ratio=1e-9, hold_seconds=1.0
+    )
     m = ShardManager(config)
     held = {}
     for _ in range(6):
