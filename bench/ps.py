@@ -2,8 +2,10 @@
 
 - ``dispatch``: the Data Shard Manager's lease + done rate, in the process (the pure manager, one shard a lease)
   and through the job master over gRPC (a ``python -m hpc_elastic.ps master`` process; ``--clients`` client
-  processes, each a worker that reports the shards of its last lease done with its next lease, holding at most
-  ``--dispatch-hold`` shards), and the ratio of the two;
+  processes, each a worker that reports the shards of its last lease done with its next lease), with the job's
+  default settings (a worker's shard cap starts at ``start_hold`` and follows it up to ``max_hold``) and with the
+  bounded settings (a fixed cap of ``--bounded-hold`` shards: ``start_hold = max_hold``, the default before the cap
+  followed the worker), and the ratios: each to the manager alone, default to bounded;
 - ``ps_add``: a PS added to a training job (1 → 2 PS, 2 workers): the time of the whole ``add_ps`` (the new
   process starting, the workers training meanwhile) and of the re-partition alone (the workers wait for it only);
 - ``scaling``: samples/s of Wide & Deep training against the number of workers (1, 2, 4) with 2 PS, from the
@@ -17,7 +19,7 @@
 
 Prints one line per measurement and, last, one JSON object. Usage::
 
-    python bench/ps.py [--dispatch-shards 200000] [--samples 8192] [--workers 1,2,4] [--clients 1,4]
+    python bench/ps.py [--dispatch-shards 200000] [--bounded-hold 16] [--samples 8192] [--workers 1,2,4] [--clients 1,4]
                        [--only dispatch,ps_add,scaling,brain] [--window 3] [--max-adjust 4]
 """
 
@@ -82,6 +84,25 @@ def dispatch_over_grpc(address: str, clients: int, seconds: float) -> float:
         args = [(address, f"b{clients}.{k}", start, start + seconds) for k in range(clients)]
         counts = pool.starmap(_dispatch_client, args, chunksize=1)
     return sum(counts) / seconds
+
+
+def dispatch_job(shards: int, clients: list[int], seconds: float, **hold: int) -> dict[int, float]:
+    """Shards/s through a job master of the settings ``hold`` (none: the defaults) for each number of clients."""
+    # shards of one sample, so that only dispatch is measured; epochs enough not to run dry while measured
+    config = PsJobConfig(num_ps=1, num_workers=0, num_samples=shards, shard_size=1, epochs=50, **hold)
+    rates = {}
+    with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp:
+        job = PsJob(config, Path(tmp))
+        job.start()  # a master and one PS, no worker: the clients are the workers
+        try:
+            assert job.master is not None
+            job.master.call("register", {"worker": "warm-up"})
+            job.master.call("lease", {"worker": "warm-up", "seq": 1})  # the first lease queues the first epoch
+            for n in clients:
+                rates[n] = dispatch_over_grpc(job.master.address, n, seconds)
+        finally:
+            job.close()
+    return rates
 
 
 #: a job long enough to be measured while it trains (it is stopped once read)
@@ -160,7 +181,7 @@ def main() -> None:
     ap.add_argument("--dispatch-shards", type=int, default=200_000)
     ap.add_argument("--dispatch-seconds", type=float, default=3.0)
     ap.add_argument("--clients", default="1,4")
-    ap.add_argument("--dispatch-hold", type=int, default=128, help="shards a dispatch client holds at most")
+    ap.add_argument("--bounded-hold", type=int, default=16, help="the bounded settings' fixed shard cap")
     ap.add_argument("--samples", type=int, default=8192)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--only", default="dispatch,ps_add,scaling,brain", help="the sections to run")
@@ -177,30 +198,30 @@ def main() -> None:
         print(f"dispatch in process: {alone:,.0f} shards/s (lease + done)", flush=True)
         out["dispatch_in_process_shards_s"] = round(alone)
 
-        with tempfile.TemporaryDirectory(prefix="hpc-elastic-bench-ps-") as tmp:
-            n = args.dispatch_shards  # shards of one sample, epochs enough not to run dry while measured
-            config = PsJobConfig(
-                num_ps=1, num_workers=0, num_samples=n, shard_size=1, epochs=50, max_hold=args.dispatch_hold
+        clients = [int(c) for c in args.clients.split(",")]
+        bounded_hold = {"start_hold": args.bounded_hold, "max_hold": args.bounded_hold}
+        default = dispatch_job(args.dispatch_shards, clients, args.dispatch_seconds)
+        bounded = dispatch_job(args.dispatch_shards, clients, args.dispatch_seconds, **bounded_hold)
+        cfg = PsJobConfig()
+        out["dispatch_default_hold"] = {"start_hold": cfg.start_hold, "max_hold": cfg.max_hold}
+        out["dispatch_bounded_hold"] = args.bounded_hold
+        out["dispatch_grpc_shards_s"] = {}
+        for n in clients:
+            print(
+                f"dispatch over gRPC, {n} client(s): default settings (cap {cfg.start_hold} -> {cfg.max_hold}) "
+                f"{default[n]:,.0f} shards/s ({default[n] / alone:.2f}x the Shard Manager alone); bounded settings "
+                f"(cap {args.bounded_hold}) {bounded[n]:,.0f} shards/s ({bounded[n] / alone:.2f}x); "
+                f"default / bounded {default[n] / bounded[n]:.2f}x (goal >= 20,000 shards/s)",
+                flush=True,
             )
-            job = PsJob(config, Path(tmp))
-            job.start()  # a master and one PS, no worker: the clients below are the workers
-            try:
-                assert job.master is not None
-                job.master.call("register", {"worker": "warm-up"})
-                job.master.call("lease", {"worker": "warm-up", "seq": 1})  # the first lease queues the first epoch
-                out["dispatch_grpc_shards_s"] = {}
-                out["dispatch_grpc_ratio"] = {}
-                for clients in (int(c) for c in args.clients.split(",")):
-                    rate = dispatch_over_grpc(job.master.address, clients, args.dispatch_seconds)
-                    print(
-                        f"dispatch over gRPC, {clients} client(s), at most {args.dispatch_hold} shards held each:"
-                        f" {rate:,.0f} shards/s, {rate / alone:.2f}x the Shard Manager alone",
-                        flush=True,
-                    )
-                    out["dispatch_grpc_shards_s"][str(clients)] = round(rate)
-                    out["dispatch_grpc_ratio"][str(clients)] = round(rate / alone, 3)
-            finally:
-                job.close()
+            out["dispatch_grpc_shards_s"][str(n)] = {
+                "default": round(default[n]),
+                "bounded": round(bounded[n]),
+                "default_to_alone": round(default[n] / alone, 3),
+                "bounded_to_alone": round(bounded[n] / alone, 3),
+                "default_to_bounded": round(default[n] / bounded[n], 3),
+            }
+        out["loadavg"] = [round(x, 2) for x in os.getloadavg()]  # the machine may be shared: say how busy it was
 
     if "ps_add" in only:
         config = PsJobConfig(num_ps=1, num_workers=2, num_samples=args.samples, shard_size=128, batch_size=64)

@@ -41,7 +41,11 @@ class PsJobConfig:
     dim: int = 8
     lr: float = 0.05
     max_retries: int = 3
-    max_hold: int = 16  # shards a worker holds at most (leased, not reported done)
+    # shards a worker holds at most (leased, not reported done): its cap starts at start_hold and follows it up to
+    # max_hold (hpc_elastic.ps.shards)
+    max_hold: int = 256
+    start_hold: int = 16
+    hold_seconds: float = 0.25  # seconds of work at its speed a worker holds at most (and reports after)
     # MiB a worker adds to its resident set once it finished its first shard (a worker whose embedding cache grows
     # as it trains): the knob that makes a worker outgrow its step's memory, to exercise the out-of-memory path
     worker_ballast_mb: int = 0
@@ -57,6 +61,8 @@ class PsJobConfig:
                 if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
                     raise ValueError(f"hot_threshold must be a number in (0, 1], not {value!r}")
                 continue
+            if f.name == "hold_seconds":
+                continue  # the Shard Manager's configuration checks it
             if f.name == "lr":
                 if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                     raise ValueError(f"lr must be a positive number, not {value!r}")
@@ -76,6 +82,8 @@ class PsJobConfig:
             seed=self.seed,
             max_retries=self.max_retries,
             max_hold=self.max_hold,
+            start_hold=self.start_hold,
+            hold_seconds=self.hold_seconds,
         )
 
     def criteo(self) -> CriteoSpec:

@@ -14,10 +14,20 @@ forever). The next epoch's shards are queued when TODO runs dry, so fast workers
 epoch are still in DOING.
 
 **Batches of shards, bounded.** A lease hands a worker as many shards as bring what it holds in DOING up to
-``hold_seconds`` of work at the speed it reported (records), never more than ``max_hold`` shards, and always one
+``hold_seconds`` of work at the speed it reported (records), never more than its *shard cap*, and always one
 shard to a worker that holds none (a worker that reported no speed yet gets one shard at a time). So a worker holds
 a bounded amount of work whatever it asks, a slower worker holds less, and the master is asked once per batch, not
 once per shard. Shards leased and not yet started are DOING like the one in training: a lost worker's all go back.
+
+**The shard cap follows the worker** (:meth:`ShardManager.cap`). It starts at ``start_hold`` shards. It doubles,
+up to ``max_hold``, when the worker comes back having finished everything it held and its last lease was cut by the
+cap (the cap, not its speed, decided how often it must call: with small shards a fast worker would otherwise spend
+its time asking); it comes down to what the worker holds (not below ``start_hold``) when a lease is cut by the
+worker's speed. A new, restored or lost-and-returned worker starts again at ``start_hold``. The cap only decides how
+many shards one call carries; how much work a worker holds is still ``hold_seconds`` at its speed, so a slower
+worker (§5.4) holds fewer records and, with shards of one size, fewer shards. ``hold_seconds`` is also how often a
+worker reports (it reports with its next lease): a quarter of a second by default, so that a throughput read over a
+short window (Brain's, :mod:`hpc_elastic.ps.brain_agent`) sees reports in it.
 
 **Stragglers (§5.4).** Workers pass their measured speed (samples per second) with each lease; besides the bound
 above, a worker whose speed is below ``straggler_ratio`` times the median speed of the workers that reported one
@@ -67,7 +77,8 @@ class ShardConfig:
     ``num_samples`` records, ``shard_size`` records per shard (the last one may be shorter), ``epochs`` passes,
     ``seed`` for the per-epoch shuffle of the shard order, ``max_retries`` further attempts of a shard after its
     first one fails, ``straggler_ratio`` (0 < r <= 1) and ``min_split`` for the smaller shards of stragglers;
-    ``hold_seconds`` of work at its speed and at most ``max_hold`` shards: what one worker holds at a time."""
+    ``hold_seconds`` of work at its speed and at most its shard cap (from ``start_hold`` shards, adapted up to
+    ``max_hold``): what one worker holds at a time."""
 
     num_samples: int
     shard_size: int
@@ -76,8 +87,9 @@ class ShardConfig:
     max_retries: int = 3
     straggler_ratio: float = 0.5
     min_split: int = 1
-    max_hold: int = 16
-    hold_seconds: float = 1.0
+    max_hold: int = 256
+    hold_seconds: float = 0.25
+    start_hold: int = 16
 
     def __post_init__(self) -> None:
         _check_int("num_samples", self.num_samples, 1)
@@ -87,9 +99,9 @@ class ShardConfig:
         _check_int("max_retries", self.max_retries, 0)
         _check_int("min_split", self.min_split, 1)
         _check_int("max_hold", self.max_hold, 1)
-        if not (isinstance(self.hold_seconds, int | float) and math.isfinite(self.hold_seconds)) or not (
-            self.hold_seconds > 0
-        ):
+        _check_int("start_hold", self.start_hold, 1)
+        hold = self.hold_seconds
+        if isinstance(hold, bool) or not (isinstance(hold, int | float) and math.isfinite(hold)) or not hold > 0:
             raise ValueError(f"hold_seconds must be a positive number, not {self.hold_seconds!r}")
         if not 0.0 < self.straggler_ratio <= 1.0:
             raise ValueError(f"straggler_ratio must be in (0, 1], not {self.straggler_ratio!r}")
@@ -255,6 +267,8 @@ class ShardManager:
         self._next_id = 0
         self._speeds: dict[str, float] = {}
         self._held: dict[str, tuple[int, int]] = {}  # worker -> (shards, records) it holds in DOING
+        self._caps: dict[str, int] = {}  # worker -> its shard cap (module docstring), once it leased
+        self._capped: set[str] = set()  # the workers whose last lease stopped at their cap
         self.ledger = SampleLedger(config.num_samples)
         if state is not None:
             self._restore(state)
@@ -262,13 +276,13 @@ class ShardManager:
     # -- workers -------------------------------------------------------------------------------------------------
 
     def add_worker(self, worker: str) -> None:
-        """A new worker: nothing to do but forget a stale speed; it gets shards by leasing."""
-        self._speeds.pop(worker, None)
+        """A new worker: nothing to do but forget a stale speed and cap; it gets shards by leasing."""
+        self._forget(worker)
 
     def remove_worker(self, worker: str) -> list[Shard]:
         """A worker lost or scaled in: its DOING shards go back to the head of TODO (one attempt more each; set
         aside in ``failed`` past the retry cap). Returns the shards requeued."""
-        self._speeds.pop(worker, None)
+        self._forget(worker)
         self._held.pop(worker, None)
         mine = [sid for sid, (w, _) in self._doing.items() if w == worker]
         requeued: list[Shard] = []
@@ -291,6 +305,13 @@ class ShardManager:
         speed = self._speeds.get(worker)
         return 0 if speed is None else int(speed * self.config.hold_seconds)
 
+    def cap(self, worker: str) -> int:
+        """The shards ``worker`` may hold at its next lease (the module's docstring: the cap follows the worker)."""
+        cap = self._caps.get(worker, min(self.config.start_hold, self.config.max_hold))
+        if worker in self._capped and not self.held(worker)[0]:
+            cap = min(2 * cap, self.config.max_hold)
+        return cap
+
     def held(self, worker: str) -> tuple[int, int]:
         """The shards and the records ``worker`` holds in DOING."""
         return self._held.get(worker, (0, 0))
@@ -302,16 +323,20 @@ class ShardManager:
                 raise ValueError(f"speed must be a positive number, not {speed!r}")
             self._speeds[worker] = speed
         bound = self.bound(worker)
+        cap = self.cap(worker)
+        straggler = self._straggler(worker)
         count, records = self.held(worker)
         out: list[Shard] = []
-        while count < self.config.max_hold:
+        slow = False  # the lease was cut by the worker's speed
+        while count < cap:
             if not self._todo:
                 self._queue_next_epoch()
                 if not self._todo:
                     break
             head = self._todo[0]
-            size = self._share(worker, head.size)
+            size = self._share(straggler, head.size)
             if count and records + size > bound:
+                slow = True
                 break
             shard = self._todo.popleft()
             if size < shard.size:
@@ -321,6 +346,13 @@ class ShardManager:
             self._doing[shard.shard_id] = (worker, shard)
             out.append(shard)
             count, records = count + 1, records + size
+        if slow:
+            cap = max(min(self.config.start_hold, self.config.max_hold), count)  # count <= cap
+        self._caps[worker] = cap
+        if count >= cap and not slow:
+            self._capped.add(worker)
+        else:
+            self._capped.discard(worker)
         if out:
             self._held[worker] = (count, records)
             return Lease(LeaseStatus.SHARD, tuple(out))
@@ -395,6 +427,12 @@ class ShardManager:
 
     # -- internals -----------------------------------------------------------------------------------------------
 
+    def _forget(self, worker: str) -> None:
+        """Drop what the manager learnt of ``worker``: its speed and its shard cap."""
+        self._speeds.pop(worker, None)
+        self._caps.pop(worker, None)
+        self._capped.discard(worker)
+
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
@@ -419,12 +457,18 @@ class ShardManager:
         self._todo.appendleft(shard)
         return shard
 
-    def _share(self, worker: str, size: int) -> int:
-        """The records of a ``size`` shard that ``worker`` gets: all of it, or less if it is a straggler."""
+    def _straggler(self, worker: str) -> tuple[float, float] | None:
+        """``(speed, median)`` if ``worker`` is a straggler (§5.4: slower than ``straggler_ratio`` times the median
+        speed), else None; taken once per lease, the speeds do not change during one."""
         speed = self._speeds.get(worker)
         if speed is None or len(self._speeds) < 2:
-            return size
+            return None
         median = statistics.median(self._speeds.values())
-        if speed >= self.config.straggler_ratio * median:
+        return None if speed >= self.config.straggler_ratio * median else (speed, median)
+
+    def _share(self, straggler: tuple[float, float] | None, size: int) -> int:
+        """The records of a ``size`` shard that a worker gets: all of it, or less if it is a straggler."""
+        if straggler is None:
             return size
+        speed, median = straggler
         return min(size, max(self.config.min_split, math.ceil(size * speed / median)))

@@ -8,6 +8,7 @@ Layout: ``b"HPS1"``, the header's length (4 bytes, little endian), the header as
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -16,8 +17,11 @@ import numpy as np
 import numpy.typing as npt
 
 MAGIC = b"HPS1"
-#: the dtypes a message may carry
+#: the dtypes a message may carry (in this machine's byte order)
 DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8"})
+#: each one's name by its dtype, and its size: looked up, not recomputed, for every array of every message
+_NAMES = {np.dtype(name): name for name in DTYPES}
+_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 Arrays = dict[str, npt.NDArray[Any]]
 
@@ -26,9 +30,10 @@ def encode(header: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]] | N
     arrays = arrays or {}
     meta = []
     for name, arr in arrays.items():
-        if arr.dtype.name not in DTYPES:
-            raise ValueError(f"array {name!r} has dtype {arr.dtype.name}, not one of {sorted(DTYPES)}")
-        meta.append([name, arr.dtype.name, list(arr.shape)])
+        dtype = _NAMES.get(arr.dtype)
+        if dtype is None:
+            raise ValueError(f"array {name!r} has dtype {arr.dtype.str} ({arr.dtype}), not one of {sorted(DTYPES)}")
+        meta.append([name, dtype, list(arr.shape)])
     head = json.dumps({"h": dict(header), "a": meta}, separators=(",", ":")).encode()
     parts = [MAGIC, struct.pack("<I", len(head)), head]
     parts.extend(np.ascontiguousarray(arr).tobytes() for arr in arrays.values())
@@ -52,8 +57,8 @@ def decode(data: bytes) -> tuple[dict[str, Any], Arrays]:
     for name, dtype, shape in meta:
         if dtype not in DTYPES or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise ValueError(f"bad array {name!r}: {dtype} {shape}")
-        count = int(np.prod(shape, dtype=np.int64))
-        size = count * np.dtype(dtype).itemsize
+        count = math.prod(shape)
+        size = count * _ITEMSIZE[dtype]
         if offset + size > len(data):
             raise ValueError(f"array {name!r} runs past the end of the message")
         arrays[str(name)] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)

@@ -65,7 +65,8 @@ def test_two_ps_three_workers_lower_the_loss(tmp_path: Path) -> None:
 
 
 def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
-    config = PsJobConfig(num_workers=1, epochs=1, **SMALL)
+    # a hold of 1 s of work: w0, slowed to at most 500 samples/s, would hold the default quarter second in one shard
+    config = PsJobConfig(num_workers=1, epochs=1, hold_seconds=1.0, **SMALL)
     with PsJob(config, tmp_path, worker_delays={"w0": 0.1}) as job:
         until(job, lambda s: s["shards_done"] >= 1)  # w0 alone: it is mid-epoch
         job.add_worker()
@@ -88,8 +89,8 @@ def test_a_worker_killed_mid_epoch_loses_no_sample(tmp_path: Path) -> None:
 
 
 def test_a_ps_killed_mid_epoch_is_replaced_without_restarting_the_workers(tmp_path: Path) -> None:
-    # a hold of 2 shards: with the default (16, about a second of work) two workers lease the whole epoch at once
-    # and report it in one go, so no checkpoint would fall mid-epoch
+    # a hold of 2 shards: with the default cap (16 at first, up to 256; about a second of work) two workers lease the
+    # whole epoch at once and report it in one go, so no checkpoint would fall mid-epoch
     config = PsJobConfig(num_workers=2, epochs=2, max_hold=2, **SMALL)
     ckpt = tmp_path / "ckpt"
     delays = {"w0": 0.02, "w1": 0.02}
@@ -259,6 +260,10 @@ def test_bad_config_values_are_named() -> None:
         PsJobConfig(num_ps=0)
     with pytest.raises(ValueError, match="unknown PS job settings"):
         PsJobConfig.from_json({"num_ps": 1, "mode": "x"})
+    for bad in (0, -1.0, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="hold_seconds must be a positive number"):
+            PsJobConfig.from_json({"hold_seconds": bad})
+    assert PsJobConfig.from_json({"hold_seconds": 2}).shards().hold_seconds == 2
 
 
 def test_a_worker_whose_step_ended_out_of_memory_comes_back_with_the_memory_decided(tmp_path: Path) -> None:

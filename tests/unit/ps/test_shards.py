@@ -139,6 +139,71 @@ def test_a_lease_never_exceeds_the_bound_and_slower_workers_hold_less() -> None:
         assert count <= config.max_hold and (count == 1 or records <= m.bound(worker))
 
 
+def finish(m: ShardManager, worker: str, shards: tuple[Shard, ...]) -> None:
+    for shard in shards:
+        assert m.done(worker, shard.shard_id) is DoneOutcome.ACCEPTED
+
+
+def test_the_cap_doubles_while_it_cuts_the_leases_of_a_worker_that_drains_them_up_to_max_hold() -> None:
+    m = ShardManager(ShardConfig(num_samples=1000, shard_size=1, start_hold=2, max_hold=8))
+    sizes = []
+    for _ in range(5):
+        lease = m.lease("w", speed=1e6)
+        sizes.append(len(lease.shards))
+        finish(m, "w", lease.shards)
+    assert sizes == [2, 4, 8, 8, 8]
+
+
+def test_the_cap_does_not_grow_for_a_worker_that_calls_while_it_still_holds_shards() -> None:
+    m = ShardManager(ShardConfig(num_samples=1000, shard_size=1, start_hold=2, max_hold=8))
+    first = m.lease("w", speed=1e6).shards
+    finish(m, "w", first[:1])  # a heartbeat between mini-batches: one shard done, one still held
+    second = m.lease("w", speed=1e6).shards
+    assert len(second) == 1 and m.held("w")[0] == 2 and m.cap("w") == 2
+    finish(m, "w", first[1:] + second)
+    assert m.cap("w") == 4  # drained after a lease the cap cut
+
+
+def test_a_lease_cut_by_the_speed_brings_the_cap_down_to_what_the_worker_holds() -> None:
+    m = ShardManager(ShardConfig(num_samples=1000, shard_size=1, start_hold=2, max_hold=16, hold_seconds=1.0))
+    for _ in range(4):
+        finish(m, "w", m.lease("w", speed=1e6).shards)
+    assert m.cap("w") == 16
+    slowed = m.lease("w", speed=5.0).shards  # 1 s of work at 5 samples/s
+    assert len(slowed) == 5 and m.cap("w") == 5
+    finish(m, "w", slowed)
+    assert len(m.lease("w", speed=1e6).shards) == 5  # faster again: the cap cuts this lease, it grows from there
+    assert m.cap("w") == 5
+
+
+def test_a_straggler_holds_fewer_shards_than_a_fast_worker_whatever_their_caps() -> None:
+    config = ShardConfig(
+        num_samples=100_000, shard_size=4, start_hold=4, max_hold=64, straggler_ratio=1e-9, hold_seconds=1.0
+    )
+    m = ShardManager(config)
+    held = {}
+    for _ in range(6):
+        for worker, speed in (("fast", 1e6), ("slow", 20.0)):
+            lease = m.lease(worker, speed=speed)
+            held[worker] = len(lease.shards)
+            finish(m, worker, lease.shards)
+    assert held == {"fast": 64, "slow": 5}  # 1 s at 20 samples/s: 20 records, five shards of 4
+    assert m.cap("slow") == config.start_hold + 1
+
+
+def test_a_worker_lost_or_registered_again_starts_from_the_starting_cap() -> None:
+    m = ShardManager(ShardConfig(num_samples=1000, shard_size=1, start_hold=2, max_hold=8))
+    for _ in range(3):
+        finish(m, "w", m.lease("w", speed=1e6).shards)
+    assert m.cap("w") == 8
+    m.remove_worker("w")
+    assert m.cap("w") == 2
+    for _ in range(3):
+        finish(m, "w", m.lease("w", speed=1e6).shards)
+    m.add_worker("w")
+    assert m.cap("w") == 2 and len(m.lease("w").shards) == 1  # no speed known after registering
+
+
 def test_a_worker_killed_with_leased_unstarted_shards_gives_them_all_back_first() -> None:
     m = ShardManager(ShardConfig(num_samples=200, shard_size=10, max_hold=4))
     held = m.lease("a", speed=1e6).shards
@@ -173,6 +238,7 @@ def test_shards_pack_into_one_array_and_back() -> None:
         ({"num_samples": 10, "shard_size": 1, "max_retries": -2}, "max_retries"),
         ({"num_samples": 10, "shard_size": 1, "straggler_ratio": 0.0}, "straggler_ratio"),
         ({"num_samples": 10, "shard_size": 1, "max_hold": 0}, "max_hold"),
+        ({"num_samples": 10, "shard_size": 1, "start_hold": 0}, "start_hold"),
         ({"num_samples": 10, "shard_size": 1, "hold_seconds": -1.0}, "hold_seconds"),
     ],
 )
@@ -201,7 +267,8 @@ class Cluster(RuleBasedStateMachine):
             seed=5,
             max_retries=10_000,
             min_split=1,
-            max_hold=3,
+            max_hold=4,
+            start_hold=1,
             hold_seconds=0.05,
         )
         self.manager = ShardManager(self.config)
@@ -217,7 +284,7 @@ class Cluster(RuleBasedStateMachine):
         self.held[w].extend(s.shard_id for s in lease.shards)
         count, records = self.manager.held(w)
         assert (count, records) == (before[0] + len(lease.shards), before[1] + sum(s.size for s in lease.shards))
-        assert count <= self.config.max_hold
+        assert count <= self.config.max_hold and (not lease.shards or count <= self.manager.cap(w))
         assert not lease.shards or count == 1 or records <= self.manager.bound(w)  # a speed lowered leases nothing
 
     @rule(k=st.integers(0, 7), j=st.integers(0, 7))

@@ -50,6 +50,16 @@ def test_only_plain_dtypes_travel() -> None:
         wire.encode({}, {"x": np.array([object()])})
 
 
+def test_arrays_travel_in_this_machines_byte_order_and_any_layout() -> None:
+    swapped = np.arange(4, dtype=np.int64).astype(np.dtype(np.int64).newbyteorder())
+    with pytest.raises(ValueError, match="array 'x' has dtype"):  # its bytes would be read back as other numbers
+        wire.encode({}, {"x": swapped})
+    strided = np.arange(24, dtype=np.float64).reshape(4, 6)[:, ::2]
+    empty = np.zeros((0, 5), dtype=np.int64)
+    _, out = wire.decode(wire.encode({}, {"s": strided, "e": empty}))
+    assert np.array_equal(out["s"], strided) and out["e"].shape == (0, 5) and out["e"].dtype == np.int64
+
+
 def test_the_transport_calls_handlers_and_returns_refusals() -> None:
     def double(header: dict[str, object], arrays: wire.Arrays) -> rpc.Reply:
         if header.get("bad"):
