@@ -1421,55 +1421,146 @@ static float tree_sum(float *buf, Py_ssize_t len) {
 /* What a batch norm sums: x, (x - mean)^2 (each operation rounded), or x * y. */
 enum { TERM_X, TERM_SQUARED_DEVIATION, TERM_PRODUCT };
 
-/* det_sum_dims over the inner dimensions (sizes[0..nd), row-major, the last one reduced first, as det_sum_dims
-   does) of one contiguous block of a sample's channel: the term of every element, a tree over the last dimension
-   for each row, then over the previous dimension of those results, and so on.  buf holds the largest dimension's
-   power of two, work the block's row count. */
-static float block_sum(const float *x, const float *y, float mean, int term, const Py_ssize_t *sizes, int nd,
-                       float *buf, float *work) {
-    if (nd == 0) {
-        const float d = x[0] - mean;
-        return term == TERM_X ? x[0] : (term == TERM_PRODUCT ? x[0] * y[0] : d * d);
-    }
-    const Py_ssize_t len = sizes[nd - 1];
-    Py_ssize_t rows = 1;
-    for (int d = 0; d < nd - 1; ++d) rows *= sizes[d];
-    for (Py_ssize_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * len;
-        if (term == TERM_X) {
-            memcpy(buf, xr, (size_t)len * sizeof(float));
-        } else if (term == TERM_PRODUCT) {
-            const float *yr = y + r * len;
-            for (Py_ssize_t i = 0; i < len; ++i) buf[i] = xr[i] * yr[i];
-        } else {
-            for (Py_ssize_t i = 0; i < len; ++i) {
-                const float d = xr[i] - mean;
-                buf[i] = d * d;
-            }
-        }
-        work[r] = tree_sum(buf, len);
-    }
-    for (int d = nd - 2; d >= 0; --d) {
-        const Py_ssize_t size = sizes[d];
-        rows /= size;
-        for (Py_ssize_t r = 0; r < rows; ++r) {
-            memcpy(buf, work + r * size, (size_t)size * sizeof(float));
-            work[r] = tree_sum(buf, size);  /* r <= r * size: row r is read before work[r] is written */
-        }
-    }
-    return work[0];
+/* Rows whose last-dimension trees row_trees forms side by side, one lane each. */
+#define ROW_GROUP 16
+/* row_trees halves inside a row while more than this many values are left, then across a group of rows. */
+#define ROW_TAIL 8
+
+static inline __attribute__((always_inline)) float bn_term(const float *x, const float *y, float mean, int term,
+                                                           Py_ssize_t i) {
+    if (term == TERM_X) return x[i];
+    if (term == TERM_PRODUCT) return x[i] * y[i];
+    const float d = x[i] - mean;
+    return d * d;
 }
 
-/* det_sum_dims over a channel of x [n, channels, block] (the batch dimension last): block_sum of every sample,
-   then the tree over the samples (in vals). */
+/* The fixed tree of tree_sum over the last dimension (len values) of `rows` rows, the rows of `samples` blocks
+   `stride` floats apart (rows_per_sample contiguous rows of len values each): work[s * rows_per_sample + r] is the
+   sum of the terms of row r of block s.  Every row sees tree_sum's additions, padded with +0.0 to p = 2^ceil(log2
+   len), in the same pairs (value i + value i + h, h = p/2, p/4, ..., 1), only the order in which independent
+   additions are made changes: while more than ROW_TAIL values are left a row is halved in place (contiguous
+   additions, which vectorise), then the last ROW_TAIL values of ROW_GROUP rows are laid side by side (tails[i][g])
+   and halved together, one vector addition per step.  buf holds 2p floats. */
+CLONES
+static void row_trees(const float *x, const float *y, float mean, int term, Py_ssize_t samples, Py_ssize_t stride,
+                      Py_ssize_t rows_per_sample, Py_ssize_t len, float *work, float *buf) {
+    Py_ssize_t p = 1;
+    while (p < len) p *= 2;
+    const Py_ssize_t q = p < ROW_TAIL ? p : ROW_TAIL;
+    float tails[ROW_TAIL][ROW_GROUP];
+    memset(tails, 0, sizeof tails);  /* the lanes of a last, partial group add values that are never read */
+    const Py_ssize_t total = samples * rows_per_sample;
+    for (Py_ssize_t r0 = 0; r0 < total; r0 += ROW_GROUP) {
+        const Py_ssize_t group = total - r0 < ROW_GROUP ? total - r0 : ROW_GROUP;
+        for (Py_ssize_t g = 0; g < group; ++g) {
+            const Py_ssize_t r = r0 + g;
+            const Py_ssize_t at = (r / rows_per_sample) * stride + (r % rows_per_sample) * len;
+            const float *xr = x + at, *yr = y ? y + at : NULL;
+            float *src = buf, *dst = buf + p;
+            Py_ssize_t cur = p;
+            if (len == p && p > ROW_TAIL) {
+                /* the first halving straight from the terms */
+                const Py_ssize_t h = p / 2;
+                for (Py_ssize_t i = 0; i < h; ++i) {
+                    src[i] = bn_term(xr, yr, mean, term, i) + bn_term(xr, yr, mean, term, i + h);
+                }
+                cur = h;
+            } else {
+                for (Py_ssize_t i = 0; i < len; ++i) src[i] = bn_term(xr, yr, mean, term, i);
+                for (Py_ssize_t i = len; i < p; ++i) src[i] = 0.0f;
+            }
+            while (cur > ROW_TAIL) {
+                const Py_ssize_t h = cur / 2;
+                for (Py_ssize_t i = 0; i < h; ++i) dst[i] = src[i] + src[i + h];
+                float *t = src;
+                src = dst;
+                dst = t;
+                cur = h;
+            }
+            for (Py_ssize_t i = 0; i < q; ++i) tails[i][g] = src[i];
+        }
+        for (Py_ssize_t h = q / 2; h >= 1; h /= 2) {
+            for (Py_ssize_t i = 0; i < h; ++i) {
+                for (Py_ssize_t g = 0; g < ROW_GROUP; ++g) tails[i][g] = tails[i][g] + tails[i + h][g];
+            }
+        }
+        for (Py_ssize_t g = 0; g < group; ++g) work[r0 + g] = tails[0][g];
+    }
+}
+
+/* det_sum_dims over a channel of x [n, channels, *sizes] (d2_math.det_sum_dims over every dimension but the
+   channels: the last dimension first, the batch last): the tree over the last dimension of every row of every
+   sample (row_trees), then, per sample, the tree over the previous dimension of those results, and so on, then
+   the tree over the samples (in vals).  buf holds twice the largest dimension's power of two, work n times the
+   block's row count. */
 static float channel_sum(const float *x, const float *y, float mean, int term, Py_ssize_t n, Py_ssize_t channels,
                          Py_ssize_t c, const Py_ssize_t *sizes, int nd, Py_ssize_t block, float *buf, float *work,
                          float *vals) {
+    const float *xc = x + c * block, *yc = y ? y + c * block : NULL;
+    if (nd == 0) {
+        for (Py_ssize_t s = 0; s < n; ++s) vals[s] = bn_term(xc, yc, mean, term, s * channels);
+        return tree_sum(vals, n);
+    }
+    const Py_ssize_t len = sizes[nd - 1], rows = block / len;
+    row_trees(xc, yc, mean, term, n, channels * block, rows, len, work, buf);
     for (Py_ssize_t s = 0; s < n; ++s) {
-        const Py_ssize_t at = (s * channels + c) * block;
-        vals[s] = block_sum(x + at, y ? y + at : NULL, mean, term, sizes, nd, buf, work);
+        float *ws = work + s * rows;
+        Py_ssize_t left = rows;
+        for (int d = nd - 2; d >= 0; --d) {
+            const Py_ssize_t size = sizes[d];
+            left /= size;
+            for (Py_ssize_t r = 0; r < left; ++r) {
+                memcpy(buf, ws + r * size, (size_t)size * sizeof(float));
+                ws[r] = tree_sum(buf, size);  /* r <= r * size: row r is read before ws[r] is written */
+            }
+        }
+        vals[s] = ws[0];
     }
     return tree_sum(vals, n);
+}
+
+/* Batch norm's last forward pass over len values of one channel: xhat = (x - mean) * invstd, y = xhat * w + b
+   (the weight and bias when present), each operation rounded; one loop per case so that each vectorises. */
+CLONES
+static void bn_normalise(const float *restrict x, float *restrict xh, float *restrict y, Py_ssize_t len, float mu,
+                         float is, int has_w, float wc, int has_b, float bc) {
+    if (has_w && has_b) {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h * wc + bc;
+        }
+    } else if (has_w) {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h * wc;
+        }
+    } else if (has_b) {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h + bc;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h;
+        }
+    }
+}
+
+/* Batch norm's input gradient over len values of one channel: ((g * w - mg) - xhat * mgx) * invstd (g alone
+   without a weight), each operation rounded. */
+CLONES
+static void bn_input_grad(const float *restrict g, const float *restrict xh, float *restrict gx, Py_ssize_t len,
+                          int has_w, float wc, float mg, float mgx, float is) {
+    if (has_w) {
+        for (Py_ssize_t i = 0; i < len; ++i) gx[i] = ((g[i] * wc - mg) - xh[i] * mgx) * is;
+    } else {
+        for (Py_ssize_t i = 0; i < len; ++i) gx[i] = ((g[i] - mg) - xh[i] * mgx) * is;
+    }
 }
 
 typedef struct {
@@ -1503,8 +1594,8 @@ static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf
     }
     Py_ssize_t p = 1;
     while (p < widest) p *= 2;
-    sh->buf = (float *)malloc((size_t)p * sizeof(float));
-    sh->work = (float *)malloc((size_t)sh->block * sizeof(float));
+    sh->buf = (float *)malloc((size_t)(2 * p) * sizeof(float));
+    sh->work = (float *)malloc((size_t)(n * sh->block) * sizeof(float));
     sh->vals = (float *)malloc((size_t)(n > 1 ? p : 1) * sizeof(float));
     if (!sh->buf || !sh->work || !sh->vals) {
         free(sh->buf); free(sh->work); free(sh->vals);
@@ -1571,15 +1662,8 @@ static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
                 inv[c] = is;
                 for (Py_ssize_t t = 0; t < n; ++t) {
                     const Py_ssize_t at = (t * channels + c) * sh.block;
-                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
-                        const float d = x[i] - mu;
-                        const float h = d * is;
-                        float v = h;
-                        if (has_w) v = v * w[c];
-                        if (has_b) v = v + b[c];
-                        xh[i] = h;
-                        y[i] = v;
-                    }
+                    bn_normalise(x + at, xh + at, y + at, sh.block, mu, is, has_w, has_w ? w[c] : 0.0f, has_b,
+                                 has_b ? b[c] : 0.0f);
                 }
             }
             Py_END_ALLOW_THREADS
@@ -1640,12 +1724,7 @@ static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
                 const float mgx = (has_w ? sgx * w[c] : sgx) / cnt;
                 for (Py_ssize_t t = 0; t < n; ++t) {
                     const Py_ssize_t at = (t * channels + c) * sh.block;
-                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
-                        float v = has_w ? g[i] * w[c] : g[i];
-                        v = v - mg;
-                        v = v - xh[i] * mgx;
-                        gx[i] = v * inv[c];
-                    }
+                    bn_input_grad(g + at, xh + at, gx + at, sh.block, has_w, has_w ? w[c] : 0.0f, mg, mgx, inv[c]);
                 }
             }
             Py_END_ALLOW_THREADS
