@@ -722,6 +722,10 @@ typedef struct {
     int nr, nc;
     Py_ssize_t rsize[MAX_DIMS], rstride[MAX_DIMS], csize[MAX_DIMS], cstride[MAX_DIMS];
     int dense;
+    /* not dense, but its columns are runs of a multiple of 8 contiguous values (a patch row's kw * C, a window
+       row's Wo): the AVX-512 path reads it in place, eight k at a time, from each row's start plus the offset of
+       every step of eight k (runs), where the other paths pack it */
+    int runs;
 } operand_t;
 
 /* Drops dimensions of size 1 and merges neighbours that walk memory as one (stride[d] = size[d+1] * stride[d+1]),
@@ -751,6 +755,43 @@ static void operand_finish(operand_t *o) {
     o->nr = coalesce(o->rsize, o->rstride, o->nr);
     o->nc = coalesce(o->csize, o->cstride, o->nc);
     o->dense = o->nr == 1 && o->nc == 1 && o->cstride[0] == 1;
+    o->runs = !o->dense && o->cstride[o->nc - 1] == 1 && o->csize[o->nc - 1] % DOT_LANES == 0;
+}
+
+/* rows[i] = the start of row r0 + i, i < count, walked like an odometer (no division per row) */
+static void row_starts(const operand_t *o, Py_ssize_t r0, Py_ssize_t count, const float **rows) {
+    Py_ssize_t idx[MAX_DIMS], rem = r0, off = o->offset;
+    for (int d = o->nr - 1; d >= 0; --d) {
+        idx[d] = rem % o->rsize[d];
+        rem /= o->rsize[d];
+        off += idx[d] * o->rstride[d];
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        rows[i] = o->base + off;
+        int d = o->nr - 1;
+        ++idx[d];
+        off += o->rstride[d];
+        while (d > 0 && idx[d] == o->rsize[d]) {
+            off -= idx[d] * o->rstride[d];
+            idx[d] = 0;
+            --d;
+            ++idx[d];
+            off += o->rstride[d];
+        }
+    }
+}
+
+/* steps[g] = the offset from a row's start of column k0 + 8 g, g < (k1 - k0) / 8 (k0 and k1 - k0 multiples of 8,
+   the runs a multiple of 8 long: each step of eight k lies in one run) */
+static void step_offsets(const operand_t *o, Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t *steps) {
+    for (Py_ssize_t g = 0, kk = k0; kk < k1; ++g, kk += DOT_LANES) {
+        Py_ssize_t rem = kk, off = 0;
+        for (int d = o->nc - 1; d >= 0; --d) {
+            off += (rem % o->csize[d]) * o->cstride[d];
+            rem /= o->csize[d];
+        }
+        steps[g] = off;
+    }
 }
 
 /* the offset of row r */
@@ -955,13 +996,15 @@ static inline __attribute__((always_inline, target("avx512f"))) void finish16(co
 }
 
 static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
-    const float *a, Py_ssize_t lda, const float *b, Py_ssize_t ldb, Py_ssize_t kc, int R, int C, lanes_t *state,
-    Py_ssize_t n, int first, int last, float *out) {
+    const float *const *arow, const Py_ssize_t *asteps, const float *const *brow, const Py_ssize_t *bsteps,
+    Py_ssize_t kc, int R, int C, lanes_t *state, Py_ssize_t n, int first, int last, float *out) {
+    /* row r of a starts at arow[r], its step g of eight k at arow[r] + asteps[g] (likewise b): 8 g for a packed or
+       dense operand, the runs' offsets for one read in place (whose kc is then a multiple of 8: no tail) */
     const float *ar[MR5], *bc[NR5];
 #pragma GCC unroll 8
-    for (int r = 0; r < MR5; ++r) ar[r] = a + (r < R ? r : 0) * lda;
+    for (int r = 0; r < MR5; ++r) ar[r] = arow[r < R ? r : 0];
 #pragma GCC unroll 8
-    for (int c = 0; c < NR5; ++c) bc[c] = b + (c < C ? c : 0) * ldb;
+    for (int c = 0; c < NR5; ++c) bc[c] = brow[c < C ? c : 0];
     __m512 acc[MR5][NR5 / 2];
 #pragma GCC unroll 8
     for (int r = 0; r < MR5; ++r) {
@@ -977,15 +1020,16 @@ static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
         }
     }
     const Py_ssize_t kb = kc / DOT_LANES * DOT_LANES;
-    for (Py_ssize_t kk = 0; kk < kb; kk += DOT_LANES) {
+    for (Py_ssize_t g = 0; g < kb / DOT_LANES; ++g) {
+        const Py_ssize_t ka = asteps[g], kb8 = bsteps[g];
         __m512 y[NR5 / 2];
 #pragma GCC unroll 4
         for (int q = 0; q < NR5 / 2; ++q) {
-            y[q] = PAIR512(_mm256_loadu_ps(bc[2 * q] + kk), _mm256_loadu_ps(bc[2 * q + 1] + kk));
+            y[q] = PAIR512(_mm256_loadu_ps(bc[2 * q] + kb8), _mm256_loadu_ps(bc[2 * q + 1] + kb8));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < MR5; ++r) {
-            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(ar[r] + kk))));
+            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(ar[r] + ka))));
 #pragma GCC unroll 4
             for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
         }
@@ -1053,7 +1097,17 @@ typedef struct {
     float *apack, *bpack;
     lanes_t *state;
     int a_whole;
+    /* the AVX-512 path with an operand read in place (runs): every row's start, a's rows [r0, r1) and b's all */
+    const float **arows, **brows;
+    int path;  /* the product's path, chosen once per call */
 } scratch_t;
+
+/* 8 g: the steps of a packed or dense operand */
+static const Py_ssize_t dense_steps[K_CHUNK / DOT_LANES] = {
+#define S8(g) (g) * 8, (g) * 8 + 8, (g) * 8 + 16, (g) * 8 + 24, (g) * 8 + 32, (g) * 8 + 40, (g) * 8 + 48, (g) * 8 + 56
+    S8(0), S8(8), S8(16), S8(24), S8(32), S8(40), S8(48), S8(56)
+#undef S8
+};
 
 /* The builds of the product's step: fmaf lane by lane, the AVX2 FMA on 8-lane vectors (3 x 4 blocks), the
    AVX-512 FMA on two outputs' lanes per vector (8 x 6 blocks).  All three give the same bits. */
@@ -1074,37 +1128,65 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
 #endif
     const int use_fma = path == PATH_AVX2, mr = wide ? MR5 : MR, nr = wide ? NR5 : NR;
     const Py_ssize_t panel = wide ? N_PANEL5 : N_PANEL;
+    /* the AVX-512 path: the rows' starts and the steps' offsets of both operands (read in place when sc->arows /
+       sc->brows are set, else the packed tile's or dense rows with steps of 8) */
+    Py_ssize_t asteps[K_CHUNK / DOT_LANES], bsteps[K_CHUNK / DOT_LANES];
+    const float *arow_tile[M_TILE], *brow_panel[N_PANEL];
     for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
         const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
         const int first = k0 == 0, last = k1 == k;
+        if (wide && sc->arows) step_offsets(A, k0, k1, asteps);
+        if (wide && sc->brows) step_offsets(B, k0, k1, bsteps);
         Py_ssize_t lda_whole = 0;
         const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole) : NULL;
         for (Py_ssize_t p0 = 0; p0 < n; p0 += panel) {
             const Py_ssize_t p1 = n - p0 < panel ? n : p0 + panel;
-            Py_ssize_t ldb;
-            const float *bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
+            Py_ssize_t ldb = 0;
+            const float *bp = NULL;
+            const float *const *brow = NULL;
+            if (wide && sc->brows) {
+                brow = sc->brows + p0;
+            } else {
+                bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
+                if (wide) {
+                    for (Py_ssize_t j = 0; j < p1 - p0; ++j) brow_panel[j] = bp + j * ldb;
+                    brow = brow_panel;
+                }
+            }
             for (Py_ssize_t t0 = 0; t0 < m; t0 += M_TILE) {
                 const Py_ssize_t t1 = m - t0 < M_TILE ? m : t0 + M_TILE;
                 Py_ssize_t lda = lda_whole;
-                const float *ap = a_whole ? a_whole + t0 * lda_whole
-                                          : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                const float *ap = NULL;
+                const float *const *arow = NULL;
+                if (wide && sc->arows) {
+                    arow = sc->arows + t0;
+                } else {
+                    ap = a_whole ? a_whole + t0 * lda_whole : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                    if (wide) {
+                        for (Py_ssize_t i = 0; i < t1 - t0; ++i) arow_tile[i] = ap + i * lda;
+                        arow = arow_tile;
+                    }
+                }
                 for (Py_ssize_t i0 = t0; i0 < t1; i0 += mr) {
                     const int R = t1 - i0 < mr ? (int)(t1 - i0) : mr;
                     for (Py_ssize_t j0 = p0; j0 < p1; j0 += nr) {
                         const int C = p1 - j0 < nr ? (int)(p1 - j0) : nr;
-                        const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
                         float *o = op + i0 * n + j0;
                         lanes_t *st = sc->state ? sc->state + i0 * n + j0 : NULL;
 #ifdef HAVE_X86_FMA
                         if (wide) {
+                            const float *const *ai = arow + (i0 - t0), *const *bj = brow + (j0 - p0);
+                            const Py_ssize_t *as = sc->arows ? asteps : dense_steps;
+                            const Py_ssize_t *bs = sc->brows ? bsteps : dense_steps;
                             if (R == MR5 && C == NR5 && first && last) {
-                                block_kernel512(a, lda, b, ldb, k1 - k0, MR5, NR5, NULL, n, 1, 1, o);
+                                block_kernel512(ai, as, bj, bs, k1 - k0, MR5, NR5, NULL, n, 1, 1, o);
                             } else {
-                                block_kernel512(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o);
+                                block_kernel512(ai, as, bj, bs, k1 - k0, R, C, st, n, first, last, o);
                             }
                             continue;
                         }
 #endif
+                        const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
                         if (R == MR && C == NR && first && last) {
                             /* the common case with every flag a constant */
                             block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, use_fma);
@@ -1182,7 +1264,7 @@ static int matmul_path(void) {
 /* The widest path this CPU runs, or the one a test forced: all give the same bits. */
 static void matmul_dispatch(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
                             Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
-    switch (matmul_path()) {
+    switch (sc->path) {
 #ifdef HAVE_X86_FMA
     case PATH_AVX512:
         matmul_avx512(A, B, op, r0, r1, n, k, sc);
@@ -1255,23 +1337,36 @@ static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                       Py_ssize_t k) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL, 0};
+    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path()};
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
         const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
-        sc.a_whole = !A->dense && n > N_PANEL && m * kc <= A_WHOLE;
-        if (!A->dense) {
+        /* the AVX-512 path reads an operand of runs in place: only the rows' starts are stored */
+        const int wide = sc.path == PATH_AVX512;
+        const int a_direct = wide && A->runs, b_direct = wide && B->runs;
+        if (a_direct) {
+            failed |= (sc.arows = (const float **)malloc((size_t)m * sizeof(float *))) == NULL;
+            if (!failed) row_starts(A, r0, m, sc.arows);
+        }
+        if (b_direct) {
+            failed |= (sc.brows = (const float **)malloc((size_t)n * sizeof(float *))) == NULL;
+            if (!failed) row_starts(B, 0, n, sc.brows);
+        }
+        sc.a_whole = !A->dense && !a_direct && n > N_PANEL && m * kc <= A_WHOLE;
+        if (!A->dense && !a_direct) {
             const Py_ssize_t rows = sc.a_whole ? m : M_TILE;
             failed |= (sc.apack = (float *)malloc((size_t)(rows * kc) * sizeof(float))) == NULL;
         }
-        if (!B->dense) failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
+        if (!B->dense && !b_direct) {
+            failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
+        }
         if (k > K_CHUNK) {
             sc.state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
             failed |= sc.state == NULL;
         }
     }
     if (failed) {
-        free(sc.apack); free(sc.bpack); free(sc.state);
+        free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
         PyErr_NoMemory();
         return -1;
     }
@@ -1282,7 +1377,7 @@ static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssiz
         for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
     }
     Py_END_ALLOW_THREADS
-    free(sc.apack); free(sc.bpack); free(sc.state);
+    free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
     return 0;
 }
 

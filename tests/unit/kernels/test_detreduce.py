@@ -411,6 +411,15 @@ def _geometry(offset: int, rows: list[tuple[int, int]], cols: list[tuple[int, in
         # a packed whole once per chunk (more than one panel of b: n = 70 > 64), two chunks (k = 520)
         ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (0, 50)),
         ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (7, 30)),
+        # operands whose columns are runs of a multiple of 8 values, which the AVX-512 path reads in place: patch
+        # rows of a padded channels-last [2, 10, 9, 8] image (3x3, runs of kw * C = 24; 112 rows: two panels)
+        # against dense weights, either way round, rows from an offset
+        ([(5, 72)], [(72, 1)], [(2, 720), (8, 72), (7, 8)], [(3, 72), (24, 1)], (0, 5)),
+        ([(2, 720), (8, 72), (7, 8)], [(3, 72), (24, 1)], [(5, 72)], [(72, 1)], (9, 103)),
+        # a weight gradient: an output gradient's planes [10, (3, 16, 16)] against patch columns of a padded
+        # [3, 2, 18, 18] image (runs of 16 along x), k = 768: two chunks with the lanes' state between them
+        ([(10, 256)], [(3, 2560), (256, 1)], [(3, 18), (3, 1), (2, 324)], [(3, 648), (16, 18), (16, 1)], (0, 10)),
+        ([(10, 256)], [(3, 2560), (256, 1)], [(3, 18), (3, 1), (2, 324)], [(3, 648), (16, 18), (16, 1)], (3, 8)),
     ],
 )
 def test_matmul_nt_view_reads_strided_operands_like_their_copies(
