@@ -836,10 +836,40 @@ static void pack_row(const operand_t *o, Py_ssize_t r, Py_ssize_t k0, Py_ssize_t
     }
 }
 
+#ifdef HAVE_X86_FMA
+/* dst[x * ldd + c] = src[c * lds + x] for c, x < 8: an 8 x 8 block transposed by AVX shuffles (copies only) */
+__attribute__((target("avx2"))) static void transpose8_avx(const float *src, Py_ssize_t lds, float *dst,
+                                                            Py_ssize_t ldd) {
+    const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
+                 r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds),
+                 r5 = _mm256_loadu_ps(src + 5 * lds), r6 = _mm256_loadu_ps(src + 6 * lds),
+                 r7 = _mm256_loadu_ps(src + 7 * lds);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+                 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+                 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+                 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
 /* Rows [r0, r1) and columns [k0, k1) of an operand: a pointer to row r0's column k0 and the distance between rows,
    in place for a dense operand, else packed into buf (ld = k1 - k0). */
 static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k0, Py_ssize_t k1,
-                            float *buf, Py_ssize_t *ld) {
+                            float *buf, Py_ssize_t *ld, int avx) {
     if (o->dense) {
         *ld = o->rstride[0];
         return o->base + o->offset + r0 * o->rstride[0] + k0;
@@ -856,6 +886,14 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
             for (Py_ssize_t kb = 0; kb < kc; kb += 8) {
                 const Py_ssize_t kn = kc - kb < 8 ? kc - kb : 8;
                 if (rn == 8 && kn == 8) {
+#ifdef HAVE_X86_FMA
+                    if (avx) {
+                        transpose8_avx(src + (k0 + kb) * step + rb, step, buf + rb * kc + kb, kc);
+                        continue;
+                    }
+#else
+                    (void)avx;
+#endif
                     for (int kk = 0; kk < 8; ++kk) {
                         const float *s = src + (k0 + kb + kk) * step + rb;
                         for (int r = 0; r < 8; ++r) buf[(rb + r) * kc + kb + kk] = s[r];
@@ -1100,6 +1138,7 @@ typedef struct {
     /* the AVX-512 path with an operand read in place (runs): every row's start, a's rows [r0, r1) and b's all */
     const float **arows, **brows;
     int path;  /* the product's path, chosen once per call */
+    int transpose_avx;  /* transposed operands packed by AVX shuffles, 8 x 8 blocks at a time */
 } scratch_t;
 
 /* 8 g: the steps of a packed or dense operand */
@@ -1138,7 +1177,7 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
         if (wide && sc->arows) step_offsets(A, k0, k1, asteps);
         if (wide && sc->brows) step_offsets(B, k0, k1, bsteps);
         Py_ssize_t lda_whole = 0;
-        const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole) : NULL;
+        const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole, sc->transpose_avx) : NULL;
         for (Py_ssize_t p0 = 0; p0 < n; p0 += panel) {
             const Py_ssize_t p1 = n - p0 < panel ? n : p0 + panel;
             Py_ssize_t ldb = 0;
@@ -1147,7 +1186,7 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
             if (wide && sc->brows) {
                 brow = sc->brows + p0;
             } else {
-                bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
+                bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb, sc->transpose_avx);
                 if (wide) {
                     for (Py_ssize_t j = 0; j < p1 - p0; ++j) brow_panel[j] = bp + j * ldb;
                     brow = brow_panel;
@@ -1161,7 +1200,8 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
                 if (wide && sc->arows) {
                     arow = sc->arows + t0;
                 } else {
-                    ap = a_whole ? a_whole + t0 * lda_whole : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                    ap = a_whole ? a_whole + t0 * lda_whole : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda,
+                                                                      sc->transpose_avx);
                     if (wide) {
                         for (Py_ssize_t i = 0; i < t1 - t0; ++i) arow_tile[i] = ap + i * lda;
                         arow = arow_tile;
@@ -1248,6 +1288,17 @@ static int path_available(int path) {
     default:
         return 0;
     }
+}
+
+/* whether whole 8 x 8 blocks of a transposed operand are packed by AVX shuffles (the CPU has AVX2; else and in the
+   paths that must run without it, element by element: the same values either way) */
+static int transpose_avx_ok(int path) {
+#ifdef HAVE_X86_FMA
+    return path != PATH_SCALAR && path_available(PATH_AVX2);
+#else
+    (void)path;
+    return 0;
+#endif
 }
 
 /* The path set by _matmul_path (tests), or -1: the widest the CPU runs. */
@@ -1337,7 +1388,8 @@ static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                       Py_ssize_t k) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path()};
+    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path(), 0};
+    sc.transpose_avx = transpose_avx_ok(sc.path);
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
         const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
