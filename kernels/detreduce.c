@@ -923,7 +923,7 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
 static inline __attribute__((always_inline)) void block_kernel(const float *a, Py_ssize_t lda, const float *b,
                                                                Py_ssize_t ldb, Py_ssize_t kc, int R, int C,
                                                                lanes_t *state, Py_ssize_t n, int first, int last,
-                                                               float *out, const int use_fma) {
+                                                               float *out, Py_ssize_t ldo, const int use_fma) {
     (void)use_fma;
     const float *ar[MR], *bc[NR];
 #pragma GCC unroll 4
@@ -977,7 +977,7 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
             float res[NR];
             finish4(acc[r], res);
             if (r < R) {
-                for (int c = 0; c < C; ++c) out[r * n + c] = res[c];
+                for (int c = 0; c < C; ++c) out[r * ldo + c] = res[c];
             }
         }
     } else {
@@ -1035,7 +1035,7 @@ static inline __attribute__((always_inline, target("avx512f"))) void finish16(co
 
 static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
     const float *const *arow, const Py_ssize_t *asteps, const float *const *brow, const Py_ssize_t *bsteps,
-    Py_ssize_t kc, int R, int C, lanes_t *state, Py_ssize_t n, int first, int last, float *out) {
+    Py_ssize_t kc, int R, int C, lanes_t *state, Py_ssize_t n, int first, int last, float *out, Py_ssize_t ldo) {
     /* row r of a starts at arow[r], its step g of eight k at arow[r] + asteps[g] (likewise b): 8 g for a packed or
        dense operand, the runs' offsets for one read in place (whose kc is then a multiple of 8: no tail) */
     const float *ar[MR5], *bc[NR5];
@@ -1102,7 +1102,7 @@ static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
 #pragma GCC unroll 16
             for (int i = 0; i < 16; ++i) {
                 const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
-                if (r < R && c < C) out[r * n + c] = res[i];
+                if (r < R && c < C) out[r * ldo + c] = res[i];
             }
         }
     } else {
@@ -1139,6 +1139,9 @@ typedef struct {
     const float **arows, **brows;
     int path;  /* the product's path, chosen once per call */
     int transpose_avx;  /* transposed operands packed by AVX shuffles, 8 x 8 blocks at a time */
+    /* where output (i, j) goes: op + i * ldo + (j / seg) * seg_stride + j % seg (a plain [m, n] matrix: ldo = seg
+       = n); the columns in segments of seg let a convolution write whole NCHW planes, [O, N, Ho * Wo] */
+    Py_ssize_t ldo, seg, seg_stride;
 } scratch_t;
 
 /* 8 g: the steps of a packed or dense operand */
@@ -1166,7 +1169,7 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
     const int wide = 0;
 #endif
     const int use_fma = path == PATH_AVX2, mr = wide ? MR5 : MR, nr = wide ? NR5 : NR;
-    const Py_ssize_t panel = wide ? N_PANEL5 : N_PANEL;
+    const Py_ssize_t panel = wide ? N_PANEL5 : N_PANEL, ldo = sc->ldo;
     /* the AVX-512 path: the rows' starts and the steps' offsets of both operands (read in place when sc->arows /
        sc->brows are set, else the packed tile's or dense rows with steps of 8) */
     Py_ssize_t asteps[K_CHUNK / DOT_LANES], bsteps[K_CHUNK / DOT_LANES];
@@ -1178,8 +1181,12 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
         if (wide && sc->brows) step_offsets(B, k0, k1, bsteps);
         Py_ssize_t lda_whole = 0;
         const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole, sc->transpose_avx) : NULL;
-        for (Py_ssize_t p0 = 0; p0 < n; p0 += panel) {
-            const Py_ssize_t p1 = n - p0 < panel ? n : p0 + panel;
+        for (Py_ssize_t p0 = 0, p1; p0 < n; p0 = p1) {
+            /* a panel lies in one segment of the output's columns */
+            const Py_ssize_t seg_end = (p0 / sc->seg + 1) * sc->seg;
+            p1 = p0 + panel;
+            if (p1 > seg_end) p1 = seg_end;
+            if (p1 > n) p1 = n;
             Py_ssize_t ldb = 0;
             const float *bp = NULL;
             const float *const *brow = NULL;
@@ -1211,7 +1218,7 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
                     const int R = t1 - i0 < mr ? (int)(t1 - i0) : mr;
                     for (Py_ssize_t j0 = p0; j0 < p1; j0 += nr) {
                         const int C = p1 - j0 < nr ? (int)(p1 - j0) : nr;
-                        float *o = op + i0 * n + j0;
+                        float *o = op + i0 * ldo + (j0 / sc->seg) * sc->seg_stride + j0 % sc->seg;
                         lanes_t *st = sc->state ? sc->state + i0 * n + j0 : NULL;
 #ifdef HAVE_X86_FMA
                         if (wide) {
@@ -1219,9 +1226,9 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
                             const Py_ssize_t *as = sc->arows ? asteps : dense_steps;
                             const Py_ssize_t *bs = sc->brows ? bsteps : dense_steps;
                             if (R == MR5 && C == NR5 && first && last) {
-                                block_kernel512(ai, as, bj, bs, k1 - k0, MR5, NR5, NULL, n, 1, 1, o);
+                                block_kernel512(ai, as, bj, bs, k1 - k0, MR5, NR5, NULL, n, 1, 1, o, ldo);
                             } else {
-                                block_kernel512(ai, as, bj, bs, k1 - k0, R, C, st, n, first, last, o);
+                                block_kernel512(ai, as, bj, bs, k1 - k0, R, C, st, n, first, last, o, ldo);
                             }
                             continue;
                         }
@@ -1229,9 +1236,9 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
                         const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
                         if (R == MR && C == NR && first && last) {
                             /* the common case with every flag a constant */
-                            block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, use_fma);
+                            block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, ldo, use_fma);
                         } else {
-                            block_kernel(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o, use_fma);
+                            block_kernel(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o, ldo, use_fma);
                         }
                     }
                 }
@@ -1385,10 +1392,11 @@ static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
 
 /* Runs the product of rows [r0, r1) of A with B into out (released GIL), with its scratch; 0, or -1 with a Python
    error set. */
+/* op: row r0's output; output (i, j) of the call at op + (i - r0) * ldo + (j / seg) * seg_stride + j % seg */
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
-                      Py_ssize_t k) {
+                      Py_ssize_t k, Py_ssize_t ldo, Py_ssize_t seg, Py_ssize_t seg_stride) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path(), 0};
+    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path(), 0, ldo, seg > 0 ? seg : 1, seg_stride};
     sc.transpose_avx = transpose_avx_ok(sc.path);
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
@@ -1426,7 +1434,9 @@ static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssiz
     if (k > 0) {
         matmul_dispatch(A, B, op, r0, r1, n, k, &sc);
     } else {
-        for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
+        for (Py_ssize_t i = 0; i < m; ++i) {  /* k = 0: empty sums */
+            for (Py_ssize_t j = 0; j < n; ++j) op[i * ldo + (j / sc.seg) * seg_stride + j % sc.seg] = 0.0f;
+        }
     }
     Py_END_ALLOW_THREADS
     free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
@@ -1463,7 +1473,7 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     }
     const operand_t A = {(const float *)a.view.buf, 0, 1, 1, {m}, {k}, {k}, {1}, 1};
     const operand_t B = {(const float *)b.view.buf, 0, 1, 1, {n}, {k}, {k}, {1}, 1};
-    int rc = run_matmul(&A, &B, (float *)o.view.buf, 0, m, n, k);
+    int rc = run_matmul(&A, &B, (float *)o.view.buf, 0, m, n, k, n, n, 0);
     release(&a); release(&b); release(&o);
     if (rc != 0) return NULL;
     Py_RETURN_NONE;
@@ -1516,17 +1526,38 @@ static int parse_operand(const buf_t *data, const buf_t *desc, const char *name,
 }
 
 static const char matmul_view_doc[] =
-    "matmul_nt_view(a, a_geometry, b, b_geometry, out, r0, r1)\n"
+    "matmul_nt_view(a, a_geometry, b, b_geometry, out, r0, r1[, out_geometry])\n"
     "matmul_nt of two strided views, read in place: rows [r0, r1) of a against every row of b into out\n"
     "[r1 - r0, n].  A geometry is an int64 array [offset, row dims, column dims, sizes..., strides...] (row\n"
-    "dimensions first, row-major) into a flat float32 buffer; the same operations per output as matmul_nt.";
+    "dimensions first, row-major) into a flat float32 buffer; the same operations per output as matmul_nt.\n"
+    "With out_geometry [offset, ldo, seg, seg_stride] (int64), out is a flat buffer and output (i, j),\n"
+    "r0 <= i < r1, goes to offset + i * ldo + (j / seg) * seg_stride + j % seg (n a multiple of seg): whole\n"
+    "NCHW planes of a convolution from an [O, N * Ho * Wo] product.";
 
 static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *oa, *oga, *ob, *ogb, *oo;
+    PyObject *oa, *oga, *ob, *ogb, *oo, *ogo = Py_None;
     Py_ssize_t r0, r1;
-    if (!PyArg_ParseTuple(args, "OOOOOnn", &oa, &oga, &ob, &ogb, &oo, &r0, &r1)) {
+    if (!PyArg_ParseTuple(args, "OOOOOnn|O", &oa, &oga, &ob, &ogb, &oo, &r0, &r1, &ogo)) {
         return NULL;
+    }
+    Py_ssize_t out_at = 0, ldo = -1, seg = -1, seg_stride = 0;  /* ldo < 0: a plain [r1 - r0, n] out */
+    if (ogo != Py_None) {
+        buf_t go;
+        if (acquire(ogo, &go, 'q', 0, "out_geometry") != 0) return NULL;
+        const int64_t *g = (const int64_t *)go.view.buf;
+        const int ok = count(&go) == 4;
+        if (ok) {
+            out_at = (Py_ssize_t)g[0];
+            ldo = (Py_ssize_t)g[1];
+            seg = (Py_ssize_t)g[2];
+            seg_stride = (Py_ssize_t)g[3];
+        }
+        release(&go);
+        if (!ok || out_at < 0 || ldo < 0 || seg < 1 || seg_stride < 0) {
+            PyErr_SetString(PyExc_ValueError, "out_geometry: offset, ldo, seg, seg_stride (>= 0, seg >= 1)");
+            return NULL;
+        }
     }
     buf_t a, ga, b, gb, o;
     if (acquire(oa, &a, 'f', 0, "a") != 0) return NULL;
@@ -1538,12 +1569,19 @@ static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     Py_ssize_t m, ka, n, kb;
     int rc = -1;
     if (parse_operand(&a, &ga, "a", &A, &m, &ka) == 0 && parse_operand(&b, &gb, "b", &B, &n, &kb) == 0) {
-        if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || count(&o) != (r1 - r0) * n) {
+        const int plain = ldo < 0;
+        /* the last output's place (every stride >= 0): inside out */
+        const Py_ssize_t reach =
+            plain || r1 == r0 || n == 0 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
+        if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || (plain && count(&o) != (r1 - r0) * n) ||
+            (!plain && (n % seg != 0 || reach >= count(&o)))) {
             PyErr_Format(PyExc_ValueError,
-                         "size mismatch: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements", m, ka, n, kb,
-                         r0, r1, count(&o));
+                         "size mismatch: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements%s", m, ka, n,
+                         kb, r0, r1, count(&o), plain ? "" : " (out_geometry: n a multiple of seg, inside out)");
+        } else if (plain) {
+            rc = run_matmul(&A, &B, (float *)o.view.buf, r0, r1, n, ka, n, n, 0);
         } else {
-            rc = run_matmul(&A, &B, (float *)o.view.buf, r0, r1, n, ka);
+            rc = run_matmul(&A, &B, (float *)o.view.buf + out_at + r0 * ldo, r0, r1, n, ka, ldo, seg, seg_stride);
         }
     }
     release(&a); release(&ga); release(&b); release(&gb); release(&o);

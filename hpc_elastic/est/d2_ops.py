@@ -157,6 +157,22 @@ def _columns(x: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
     return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw))
 
 
+#: planes smaller than this are written as an [O, N*Ho*Wo] matrix and copied (the product's panels end at planes)
+MIN_PLANE = 16
+
+
+def _planes_product(a: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int, int, int]) -> torch.Tensor:
+    """``det_matmul_nt(a, rows, b_rows=3)``, an [C, N*H*W] product, as the contiguous [N, C, H, W] tensor whose planes
+    it holds: written in place (the product's output columns in segments of H*W, one plane each), or for small
+    planes formed as a matrix and copied.  The same values either way."""
+    n, c, h, w = shape
+    if h * w < MIN_PLANE:
+        return det_matmul_nt(a, rows, b_rows=3).reshape(c, n, h, w).permute(1, 0, 2, 3).contiguous()
+    out = a.new_empty((n, c, h, w))
+    det_matmul_nt(a, rows, b_rows=3, out=out.view(n, c, h * w).permute(1, 0, 2))
+    return out
+
+
 def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> tuple[list[int], int, int]:
     """The kernel offsets that reach the input positions ``phase + stride * t`` (those with ``phase + padding -
     i * dilation`` a multiple of the stride), from the last to the first, and the output position each reaches from
@@ -201,11 +217,10 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
             sub = weight[:, :, taps_i][:, :, :, taps_j].permute(1, 2, 3, 0).reshape(c, -1)  # [C, (i, j, o)]
             # [C, N*th*tw]: the weight as the rows, so that a channel's values come out as whole planes (an FMA's
             # product commutes: each output sees the same operations as with the operands the other way round)
-            part = det_matmul_nt(sub, rows, b_rows=3).reshape(c, n, th, tw).permute(1, 0, 2, 3)
             if strided:
-                gx[:, :, py::sh, px::sw] = part
+                gx[:, :, py::sh, px::sw] = det_matmul_nt(sub, rows, b_rows=3).reshape(c, n, th, tw).permute(1, 0, 2, 3)
             else:
-                gx = part.contiguous()
+                gx = _planes_product(sub, rows, (n, c, h, w))
     return gx
 
 
@@ -228,9 +243,11 @@ class _Conv2dFn(torch.autograd.Function):
         rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
         w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
         # [O, N*Ho*Wo]: the weight as the rows, so that the output's planes come out whole (the FMA's product
-        # commutes: each output sees the same operations as with the patches as the rows)
-        out = det_matmul_nt(w_rows, rows, b_rows=3).reshape(o, n, ho, wo).permute(1, 0, 2, 3)
-        out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
+        # commutes: each output sees the same operations as with the patches as the rows), written in place as the
+        # planes of the NCHW output
+        out = _planes_product(w_rows, rows, (n, o, ho, wo))
+        if bias is not None:
+            out = out + bias.reshape(1, o, 1, 1)
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         ctx.window = window

@@ -474,13 +474,15 @@ def test_convolution_products_read_in_place_give_the_gathered_products_bits(
     checked: list[tuple[int, int]] = []
     in_place = d2_math.det_matmul_nt
 
-    def both(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
-        out = in_place(a, b, a_rows=a_rows, b_rows=b_rows)
+    def both(
+        a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        result = in_place(a, b, a_rows=a_rows, b_rows=b_rows, out=out)  # with out: written as NCHW planes
         k = a.shape[a_rows:].numel()
         gathered = in_place(a.reshape(-1, k).contiguous(), b.reshape(-1, k).contiguous())
-        assert bits(out) == bits(gathered)
+        assert bits(result.reshape(gathered.shape)) == bits(gathered)
         checked.append((a_rows, b_rows))
-        return out
+        return result
 
     monkeypatch.setattr(d2_ops, "det_matmul_nt", both)
     rng = np.random.default_rng(seed)
