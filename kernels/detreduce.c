@@ -1635,11 +1635,15 @@ static void row_trees(const float *x, const float *y, float mean, int term, Py_s
     float tails[ROW_TAIL][ROW_GROUP];
     memset(tails, 0, sizeof tails);  /* the lanes of a last, partial group add values that are never read */
     const Py_ssize_t total = samples * rows_per_sample;
+    Py_ssize_t sample = 0, row = 0;  /* of row r0 + g, walked without a division per row */
     for (Py_ssize_t r0 = 0; r0 < total; r0 += ROW_GROUP) {
         const Py_ssize_t group = total - r0 < ROW_GROUP ? total - r0 : ROW_GROUP;
         for (Py_ssize_t g = 0; g < group; ++g) {
-            const Py_ssize_t r = r0 + g;
-            const Py_ssize_t at = (r / rows_per_sample) * stride + (r % rows_per_sample) * len;
+            const Py_ssize_t at = sample * stride + row * len;
+            if (++row == rows_per_sample) {
+                row = 0;
+                ++sample;
+            }
             const float *xr = x + at, *yr = y ? y + at : NULL;
             float *src = buf, *dst = buf + p;
             Py_ssize_t cur = p;
