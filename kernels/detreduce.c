@@ -1091,18 +1091,37 @@ static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
         }
     }
     if (last) {
-        /* 24 vectors, acc[r][q] holding outputs (r, 2q) and (r, 2q + 1), reduced in three groups of eight */
+        /* 24 vectors, acc[r][q] holding outputs (r, 2q) and (r, 2q + 1), reduced in three groups of eight: res[g]
+           holds the block's outputs row by row, (r, c) at element 6 r + c of res[0] | res[1] | res[2] */
+        lanes16_t res[3];
 #pragma GCC unroll 4
         for (int g = 0; g < 3; ++g) {
             lanes16_t z[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) z[i] = (lanes16_t)acc[(8 * g + i) / 3][(8 * g + i) % 3];
-            lanes16_t res;
-            finish16(z, &res);
+            finish16(z, &res[g]);
+        }
+        if (C == NR5) {
+            /* row r's six outputs gathered from the two results that hold them (a permutation) and stored at once
+               (a masked store: the six lanes only) */
+#pragma GCC unroll 8
+            for (int r = 0; r < MR5; ++r) {
+                if (r >= R) break;
+                const int at = NR5 * r, g = at / 16, o = at % 16;
+                const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(o),
+                                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                       14, 15));
+                const __m512 row = _mm512_permutex2var_ps((__m512)res[g], idx, (__m512)res[g < 2 ? g + 1 : g]);
+                _mm512_mask_storeu_ps(out + r * ldo, (__mmask16)0x3f, row);
+            }
+        } else {
+#pragma GCC unroll 3
+            for (int g = 0; g < 3; ++g) {
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; ++i) {
-                const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
-                if (r < R && c < C) out[r * ldo + c] = res[i];
+                for (int i = 0; i < 16; ++i) {
+                    const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
+                    if (r < R && c < C) out[r * ldo + c] = res[g][i];
+                }
             }
         }
     } else {
