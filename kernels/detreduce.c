@@ -1073,19 +1073,20 @@ static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
         }
     }
     if (kb < kc) {
-        float xt[MR5][DOT_LANES], yt[NR5][DOT_LANES];
-        for (int r = 0; r < MR5; ++r) {
-            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) xt[r][v] = kb + v < kc ? ar[r][kb + v] : 0.0f;
-        }
-        for (int c = 0; c < NR5; ++c) {
-            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) yt[c][v] = kb + v < kc ? bc[c][kb + v] : -0.0f;
-        }
+        /* the tail's values by masked loads (the lanes past kc are not read): a padded with +0, b with -0 */
+        const __mmask16 tail = (__mmask16)((1u << (kc - kb)) - 1u);
+        const __m512 minus0 = _mm512_set1_ps(-0.0f);
         __m512 y[NR5 / 2];
 #pragma GCC unroll 4
-        for (int q = 0; q < NR5 / 2; ++q) y[q] = PAIR512(_mm256_loadu_ps(yt[2 * q]), _mm256_loadu_ps(yt[2 * q + 1]));
+        for (int q = 0; q < NR5 / 2; ++q) {
+            const __m512 lo = _mm512_mask_loadu_ps(minus0, tail, bc[2 * q] + kb);
+            const __m512 hi = _mm512_mask_loadu_ps(minus0, tail, bc[2 * q + 1] + kb);
+            y[q] = PAIR512(_mm512_castps512_ps256(lo), _mm512_castps512_ps256(hi));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < MR5; ++r) {
-            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(xt[r]))));
+            const __m512 xr = _mm512_maskz_loadu_ps(tail, ar[r] + kb);
+            const __m512 x = _mm512_shuffle_f32x4(xr, xr, 0x44);  /* the low eight lanes in both halves */
 #pragma GCC unroll 4
             for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
         }
