@@ -113,9 +113,12 @@ def record_products(batch: int) -> list[tuple[Any, ...]]:
     calls: list[tuple[Any, ...]] = []
     original = kernels.matmul_nt_view
 
-    def recording(a: Any, ga: Any, b: Any, gb: Any, out: Any, *, rows: tuple[int, int]) -> None:
-        calls.append((a.copy(), ga.copy(), b.copy(), gb.copy(), out.shape, rows))
-        original(a, ga, b, gb, out, rows=rows)
+    def recording(
+        a: Any, ga: Any, b: Any, gb: Any, out: Any, *, rows: tuple[int, int], out_geometry: Any = None
+    ) -> None:
+        og = None if out_geometry is None else out_geometry.copy()
+        calls.append((a.copy(), ga.copy(), b.copy(), gb.copy(), out.shape, rows, og))
+        original(a, ga, b, gb, out, rows=rows, out_geometry=out_geometry)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -151,7 +154,7 @@ def measure_products(batch: int, reps: int, wanted: list[str] | None) -> dict[st
     flops_total = 0.0
     rows_out = []
     try:
-        for a, ga, b, gb, shape, span in calls:
+        for a, ga, b, gb, shape, span, og in calls:
             am, bm = detsum.view_matrix(a, ga)[span[0] : span[1]], detsum.view_matrix(b, gb)
             m, k = am.shape
             n = bm.shape[0]
@@ -162,7 +165,8 @@ def measure_products(batch: int, reps: int, wanted: list[str] | None) -> dict[st
             for path in paths:
                 if path != "default":
                     ext._matmul_path(path)
-                t = cpu_median(functools.partial(kernels.matmul_nt_view, a, ga, b, gb, out, rows=span), reps)
+                call = functools.partial(kernels.matmul_nt_view, a, ga, b, gb, out, rows=span, out_geometry=og)
+                t = cpu_median(call, reps)
                 totals[path] += t
                 row[path] = flops / t / 1e9
             ta, tb = torch.from_numpy(np.ascontiguousarray(am)), torch.from_numpy(np.ascontiguousarray(bm))

@@ -722,6 +722,10 @@ typedef struct {
     int nr, nc;
     Py_ssize_t rsize[MAX_DIMS], rstride[MAX_DIMS], csize[MAX_DIMS], cstride[MAX_DIMS];
     int dense;
+    /* not dense, but its columns are runs of a multiple of 8 contiguous values (a patch row's kw * C, a window
+       row's Wo): the AVX-512 path reads it in place, eight k at a time, from each row's start plus the offset of
+       every step of eight k (runs), where the other paths pack it */
+    int runs;
 } operand_t;
 
 /* Drops dimensions of size 1 and merges neighbours that walk memory as one (stride[d] = size[d+1] * stride[d+1]),
@@ -751,6 +755,43 @@ static void operand_finish(operand_t *o) {
     o->nr = coalesce(o->rsize, o->rstride, o->nr);
     o->nc = coalesce(o->csize, o->cstride, o->nc);
     o->dense = o->nr == 1 && o->nc == 1 && o->cstride[0] == 1;
+    o->runs = !o->dense && o->cstride[o->nc - 1] == 1 && o->csize[o->nc - 1] % DOT_LANES == 0;
+}
+
+/* rows[i] = the start of row r0 + i, i < count, walked like an odometer (no division per row) */
+static void row_starts(const operand_t *o, Py_ssize_t r0, Py_ssize_t count, const float **rows) {
+    Py_ssize_t idx[MAX_DIMS], rem = r0, off = o->offset;
+    for (int d = o->nr - 1; d >= 0; --d) {
+        idx[d] = rem % o->rsize[d];
+        rem /= o->rsize[d];
+        off += idx[d] * o->rstride[d];
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        rows[i] = o->base + off;
+        int d = o->nr - 1;
+        ++idx[d];
+        off += o->rstride[d];
+        while (d > 0 && idx[d] == o->rsize[d]) {
+            off -= idx[d] * o->rstride[d];
+            idx[d] = 0;
+            --d;
+            ++idx[d];
+            off += o->rstride[d];
+        }
+    }
+}
+
+/* steps[g] = the offset from a row's start of column k0 + 8 g, g < (k1 - k0) / 8 (k0 and k1 - k0 multiples of 8,
+   the runs a multiple of 8 long: each step of eight k lies in one run) */
+static void step_offsets(const operand_t *o, Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t *steps) {
+    for (Py_ssize_t g = 0, kk = k0; kk < k1; ++g, kk += DOT_LANES) {
+        Py_ssize_t rem = kk, off = 0;
+        for (int d = o->nc - 1; d >= 0; --d) {
+            off += (rem % o->csize[d]) * o->cstride[d];
+            rem /= o->csize[d];
+        }
+        steps[g] = off;
+    }
 }
 
 /* the offset of row r */
@@ -795,10 +836,40 @@ static void pack_row(const operand_t *o, Py_ssize_t r, Py_ssize_t k0, Py_ssize_t
     }
 }
 
+#ifdef HAVE_X86_FMA
+/* dst[x * ldd + c] = src[c * lds + x] for c, x < 8: an 8 x 8 block transposed by AVX shuffles (copies only) */
+__attribute__((target("avx2"))) static void transpose8_avx(const float *src, Py_ssize_t lds, float *dst,
+                                                            Py_ssize_t ldd) {
+    const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
+                 r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds),
+                 r5 = _mm256_loadu_ps(src + 5 * lds), r6 = _mm256_loadu_ps(src + 6 * lds),
+                 r7 = _mm256_loadu_ps(src + 7 * lds);
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+                 t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+                 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+                 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+                 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)),
+                 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
 /* Rows [r0, r1) and columns [k0, k1) of an operand: a pointer to row r0's column k0 and the distance between rows,
    in place for a dense operand, else packed into buf (ld = k1 - k0). */
 static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t k0, Py_ssize_t k1,
-                            float *buf, Py_ssize_t *ld) {
+                            float *buf, Py_ssize_t *ld, int avx) {
     if (o->dense) {
         *ld = o->rstride[0];
         return o->base + o->offset + r0 * o->rstride[0] + k0;
@@ -815,6 +886,14 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
             for (Py_ssize_t kb = 0; kb < kc; kb += 8) {
                 const Py_ssize_t kn = kc - kb < 8 ? kc - kb : 8;
                 if (rn == 8 && kn == 8) {
+#ifdef HAVE_X86_FMA
+                    if (avx) {
+                        transpose8_avx(src + (k0 + kb) * step + rb, step, buf + rb * kc + kb, kc);
+                        continue;
+                    }
+#else
+                    (void)avx;
+#endif
                     for (int kk = 0; kk < 8; ++kk) {
                         const float *s = src + (k0 + kb + kk) * step + rb;
                         for (int r = 0; r < 8; ++r) buf[(rb + r) * kc + kb + kk] = s[r];
@@ -844,7 +923,7 @@ static const float *tile_of(const operand_t *o, Py_ssize_t r0, Py_ssize_t r1, Py
 static inline __attribute__((always_inline)) void block_kernel(const float *a, Py_ssize_t lda, const float *b,
                                                                Py_ssize_t ldb, Py_ssize_t kc, int R, int C,
                                                                lanes_t *state, Py_ssize_t n, int first, int last,
-                                                               float *out, const int use_fma) {
+                                                               float *out, Py_ssize_t ldo, const int use_fma) {
     (void)use_fma;
     const float *ar[MR], *bc[NR];
 #pragma GCC unroll 4
@@ -898,7 +977,7 @@ static inline __attribute__((always_inline)) void block_kernel(const float *a, P
             float res[NR];
             finish4(acc[r], res);
             if (r < R) {
-                for (int c = 0; c < C; ++c) out[r * n + c] = res[c];
+                for (int c = 0; c < C; ++c) out[r * ldo + c] = res[c];
             }
         }
     } else {
@@ -955,13 +1034,15 @@ static inline __attribute__((always_inline, target("avx512f"))) void finish16(co
 }
 
 static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
-    const float *a, Py_ssize_t lda, const float *b, Py_ssize_t ldb, Py_ssize_t kc, int R, int C, lanes_t *state,
-    Py_ssize_t n, int first, int last, float *out) {
+    const float *const *arow, const Py_ssize_t *asteps, const float *const *brow, const Py_ssize_t *bsteps,
+    Py_ssize_t kc, int R, int C, lanes_t *state, Py_ssize_t n, int first, int last, float *out, Py_ssize_t ldo) {
+    /* row r of a starts at arow[r], its step g of eight k at arow[r] + asteps[g] (likewise b): 8 g for a packed or
+       dense operand, the runs' offsets for one read in place (whose kc is then a multiple of 8: no tail) */
     const float *ar[MR5], *bc[NR5];
 #pragma GCC unroll 8
-    for (int r = 0; r < MR5; ++r) ar[r] = a + (r < R ? r : 0) * lda;
+    for (int r = 0; r < MR5; ++r) ar[r] = arow[r < R ? r : 0];
 #pragma GCC unroll 8
-    for (int c = 0; c < NR5; ++c) bc[c] = b + (c < C ? c : 0) * ldb;
+    for (int c = 0; c < NR5; ++c) bc[c] = brow[c < C ? c : 0];
     __m512 acc[MR5][NR5 / 2];
 #pragma GCC unroll 8
     for (int r = 0; r < MR5; ++r) {
@@ -977,50 +1058,71 @@ static inline __attribute__((target("avx512f,avx2,fma"))) void block_kernel512(
         }
     }
     const Py_ssize_t kb = kc / DOT_LANES * DOT_LANES;
-    for (Py_ssize_t kk = 0; kk < kb; kk += DOT_LANES) {
+    for (Py_ssize_t g = 0; g < kb / DOT_LANES; ++g) {
+        const Py_ssize_t ka = asteps[g], kb8 = bsteps[g];
         __m512 y[NR5 / 2];
 #pragma GCC unroll 4
         for (int q = 0; q < NR5 / 2; ++q) {
-            y[q] = PAIR512(_mm256_loadu_ps(bc[2 * q] + kk), _mm256_loadu_ps(bc[2 * q + 1] + kk));
+            y[q] = PAIR512(_mm256_loadu_ps(bc[2 * q] + kb8), _mm256_loadu_ps(bc[2 * q + 1] + kb8));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < MR5; ++r) {
-            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(ar[r] + kk))));
+            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(ar[r] + ka))));
 #pragma GCC unroll 4
             for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
         }
     }
     if (kb < kc) {
-        float xt[MR5][DOT_LANES], yt[NR5][DOT_LANES];
-        for (int r = 0; r < MR5; ++r) {
-            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) xt[r][v] = kb + v < kc ? ar[r][kb + v] : 0.0f;
-        }
-        for (int c = 0; c < NR5; ++c) {
-            for (Py_ssize_t v = 0; v < DOT_LANES; ++v) yt[c][v] = kb + v < kc ? bc[c][kb + v] : -0.0f;
-        }
+        /* the tail's values by masked loads (the lanes past kc are not read): a padded with +0, b with -0 */
+        const __mmask16 tail = (__mmask16)((1u << (kc - kb)) - 1u);
+        const __m512 minus0 = _mm512_set1_ps(-0.0f);
         __m512 y[NR5 / 2];
 #pragma GCC unroll 4
-        for (int q = 0; q < NR5 / 2; ++q) y[q] = PAIR512(_mm256_loadu_ps(yt[2 * q]), _mm256_loadu_ps(yt[2 * q + 1]));
+        for (int q = 0; q < NR5 / 2; ++q) {
+            const __m512 lo = _mm512_mask_loadu_ps(minus0, tail, bc[2 * q] + kb);
+            const __m512 hi = _mm512_mask_loadu_ps(minus0, tail, bc[2 * q + 1] + kb);
+            y[q] = PAIR512(_mm512_castps512_ps256(lo), _mm512_castps512_ps256(hi));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < MR5; ++r) {
-            const __m512 x = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(xt[r]))));
+            const __m512 xr = _mm512_maskz_loadu_ps(tail, ar[r] + kb);
+            const __m512 x = _mm512_shuffle_f32x4(xr, xr, 0x44);  /* the low eight lanes in both halves */
 #pragma GCC unroll 4
             for (int q = 0; q < NR5 / 2; ++q) acc[r][q] = _mm512_fmadd_ps(x, y[q], acc[r][q]);
         }
     }
     if (last) {
-        /* 24 vectors, acc[r][q] holding outputs (r, 2q) and (r, 2q + 1), reduced in three groups of eight */
+        /* 24 vectors, acc[r][q] holding outputs (r, 2q) and (r, 2q + 1), reduced in three groups of eight: res[g]
+           holds the block's outputs row by row, (r, c) at element 6 r + c of res[0] | res[1] | res[2] */
+        lanes16_t res[3];
 #pragma GCC unroll 4
         for (int g = 0; g < 3; ++g) {
             lanes16_t z[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) z[i] = (lanes16_t)acc[(8 * g + i) / 3][(8 * g + i) % 3];
-            lanes16_t res;
-            finish16(z, &res);
+            finish16(z, &res[g]);
+        }
+        if (C == NR5) {
+            /* row r's six outputs gathered from the two results that hold them (a permutation) and stored at once
+               (a masked store: the six lanes only) */
+#pragma GCC unroll 8
+            for (int r = 0; r < MR5; ++r) {
+                if (r >= R) break;
+                const int at = NR5 * r, g = at / 16, o = at % 16;
+                const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(o),
+                                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                       14, 15));
+                const __m512 row = _mm512_permutex2var_ps((__m512)res[g], idx, (__m512)res[g < 2 ? g + 1 : g]);
+                _mm512_mask_storeu_ps(out + r * ldo, (__mmask16)0x3f, row);
+            }
+        } else {
+#pragma GCC unroll 3
+            for (int g = 0; g < 3; ++g) {
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; ++i) {
-                const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
-                if (r < R && c < C) out[r * n + c] = res[i];
+                for (int i = 0; i < 16; ++i) {
+                    const int zi = 8 * g + i / 2, r = zi / 3, c = 2 * (zi % 3) + i % 2;
+                    if (r < R && c < C) out[r * ldo + c] = res[g][i];
+                }
             }
         }
     } else {
@@ -1053,7 +1155,21 @@ typedef struct {
     float *apack, *bpack;
     lanes_t *state;
     int a_whole;
+    /* the AVX-512 path with an operand read in place (runs): every row's start, a's rows [r0, r1) and b's all */
+    const float **arows, **brows;
+    int path;  /* the product's path, chosen once per call */
+    int transpose_avx;  /* transposed operands packed by AVX shuffles, 8 x 8 blocks at a time */
+    /* where output (i, j) goes: op + i * ldo + (j / seg) * seg_stride + j % seg (a plain [m, n] matrix: ldo = seg
+       = n); the columns in segments of seg let a convolution write whole NCHW planes, [O, N, Ho * Wo] */
+    Py_ssize_t ldo, seg, seg_stride;
 } scratch_t;
+
+/* 8 g: the steps of a packed or dense operand */
+static const Py_ssize_t dense_steps[K_CHUNK / DOT_LANES] = {
+#define S8(g) (g) * 8, (g) * 8 + 8, (g) * 8 + 16, (g) * 8 + 24, (g) * 8 + 32, (g) * 8 + 40, (g) * 8 + 48, (g) * 8 + 56
+    S8(0), S8(8), S8(16), S8(24), S8(32), S8(40), S8(48), S8(56)
+#undef S8
+};
 
 /* The builds of the product's step: fmaf lane by lane, the AVX2 FMA on 8-lane vectors (3 x 4 blocks), the
    AVX-512 FMA on two outputs' lanes per vector (8 x 6 blocks).  All three give the same bits. */
@@ -1073,43 +1189,76 @@ static inline __attribute__((always_inline)) void matmul_blocked(const operand_t
     const int wide = 0;
 #endif
     const int use_fma = path == PATH_AVX2, mr = wide ? MR5 : MR, nr = wide ? NR5 : NR;
-    const Py_ssize_t panel = wide ? N_PANEL5 : N_PANEL;
+    const Py_ssize_t panel = wide ? N_PANEL5 : N_PANEL, ldo = sc->ldo;
+    /* the AVX-512 path: the rows' starts and the steps' offsets of both operands (read in place when sc->arows /
+       sc->brows are set, else the packed tile's or dense rows with steps of 8) */
+    Py_ssize_t asteps[K_CHUNK / DOT_LANES], bsteps[K_CHUNK / DOT_LANES];
+    const float *arow_tile[M_TILE], *brow_panel[N_PANEL];
     for (Py_ssize_t k0 = 0; k0 < k; k0 += K_CHUNK) {
         const Py_ssize_t k1 = k - k0 < K_CHUNK ? k : k0 + K_CHUNK;
         const int first = k0 == 0, last = k1 == k;
+        if (wide && sc->arows) step_offsets(A, k0, k1, asteps);
+        if (wide && sc->brows) step_offsets(B, k0, k1, bsteps);
         Py_ssize_t lda_whole = 0;
-        const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole) : NULL;
-        for (Py_ssize_t p0 = 0; p0 < n; p0 += panel) {
-            const Py_ssize_t p1 = n - p0 < panel ? n : p0 + panel;
-            Py_ssize_t ldb;
-            const float *bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb);
+        const float *a_whole = sc->a_whole ? tile_of(A, r0, r1, k0, k1, sc->apack, &lda_whole, sc->transpose_avx) : NULL;
+        for (Py_ssize_t p0 = 0, p1; p0 < n; p0 = p1) {
+            /* a panel lies in one segment of the output's columns */
+            const Py_ssize_t seg_end = (p0 / sc->seg + 1) * sc->seg;
+            p1 = p0 + panel;
+            if (p1 > seg_end) p1 = seg_end;
+            if (p1 > n) p1 = n;
+            Py_ssize_t ldb = 0;
+            const float *bp = NULL;
+            const float *const *brow = NULL;
+            if (wide && sc->brows) {
+                brow = sc->brows + p0;
+            } else {
+                bp = tile_of(B, p0, p1, k0, k1, sc->bpack, &ldb, sc->transpose_avx);
+                if (wide) {
+                    for (Py_ssize_t j = 0; j < p1 - p0; ++j) brow_panel[j] = bp + j * ldb;
+                    brow = brow_panel;
+                }
+            }
             for (Py_ssize_t t0 = 0; t0 < m; t0 += M_TILE) {
                 const Py_ssize_t t1 = m - t0 < M_TILE ? m : t0 + M_TILE;
                 Py_ssize_t lda = lda_whole;
-                const float *ap = a_whole ? a_whole + t0 * lda_whole
-                                          : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda);
+                const float *ap = NULL;
+                const float *const *arow = NULL;
+                if (wide && sc->arows) {
+                    arow = sc->arows + t0;
+                } else {
+                    ap = a_whole ? a_whole + t0 * lda_whole : tile_of(A, r0 + t0, r0 + t1, k0, k1, sc->apack, &lda,
+                                                                      sc->transpose_avx);
+                    if (wide) {
+                        for (Py_ssize_t i = 0; i < t1 - t0; ++i) arow_tile[i] = ap + i * lda;
+                        arow = arow_tile;
+                    }
+                }
                 for (Py_ssize_t i0 = t0; i0 < t1; i0 += mr) {
                     const int R = t1 - i0 < mr ? (int)(t1 - i0) : mr;
                     for (Py_ssize_t j0 = p0; j0 < p1; j0 += nr) {
                         const int C = p1 - j0 < nr ? (int)(p1 - j0) : nr;
-                        const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
-                        float *o = op + i0 * n + j0;
+                        float *o = op + i0 * ldo + (j0 / sc->seg) * sc->seg_stride + j0 % sc->seg;
                         lanes_t *st = sc->state ? sc->state + i0 * n + j0 : NULL;
 #ifdef HAVE_X86_FMA
                         if (wide) {
+                            const float *const *ai = arow + (i0 - t0), *const *bj = brow + (j0 - p0);
+                            const Py_ssize_t *as = sc->arows ? asteps : dense_steps;
+                            const Py_ssize_t *bs = sc->brows ? bsteps : dense_steps;
                             if (R == MR5 && C == NR5 && first && last) {
-                                block_kernel512(a, lda, b, ldb, k1 - k0, MR5, NR5, NULL, n, 1, 1, o);
+                                block_kernel512(ai, as, bj, bs, k1 - k0, MR5, NR5, NULL, n, 1, 1, o, ldo);
                             } else {
-                                block_kernel512(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o);
+                                block_kernel512(ai, as, bj, bs, k1 - k0, R, C, st, n, first, last, o, ldo);
                             }
                             continue;
                         }
 #endif
+                        const float *a = ap + (i0 - t0) * lda, *b = bp + (j0 - p0) * ldb;
                         if (R == MR && C == NR && first && last) {
                             /* the common case with every flag a constant */
-                            block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, use_fma);
+                            block_kernel(a, lda, b, ldb, k1 - k0, MR, NR, NULL, n, 1, 1, o, ldo, use_fma);
                         } else {
-                            block_kernel(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o, use_fma);
+                            block_kernel(a, lda, b, ldb, k1 - k0, R, C, st, n, first, last, o, ldo, use_fma);
                         }
                     }
                 }
@@ -1168,6 +1317,17 @@ static int path_available(int path) {
     }
 }
 
+/* whether whole 8 x 8 blocks of a transposed operand are packed by AVX shuffles (the CPU has AVX2; else and in the
+   paths that must run without it, element by element: the same values either way) */
+static int transpose_avx_ok(int path) {
+#ifdef HAVE_X86_FMA
+    return path != PATH_SCALAR && path_available(PATH_AVX2);
+#else
+    (void)path;
+    return 0;
+#endif
+}
+
 /* The path set by _matmul_path (tests), or -1: the widest the CPU runs. */
 static int forced_path = -1;
 
@@ -1182,7 +1342,7 @@ static int matmul_path(void) {
 /* The widest path this CPU runs, or the one a test forced: all give the same bits. */
 static void matmul_dispatch(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1,
                             Py_ssize_t n, Py_ssize_t k, const scratch_t *sc) {
-    switch (matmul_path()) {
+    switch (sc->path) {
 #ifdef HAVE_X86_FMA
     case PATH_AVX512:
         matmul_avx512(A, B, op, r0, r1, n, k, sc);
@@ -1252,26 +1412,41 @@ static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
 
 /* Runs the product of rows [r0, r1) of A with B into out (released GIL), with its scratch; 0, or -1 with a Python
    error set. */
+/* op: row r0's output; output (i, j) of the call at op + (i - r0) * ldo + (j / seg) * seg_stride + j % seg */
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
-                      Py_ssize_t k) {
+                      Py_ssize_t k, Py_ssize_t ldo, Py_ssize_t seg, Py_ssize_t seg_stride) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL, 0};
+    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path(), 0, ldo, seg > 0 ? seg : 1, seg_stride};
+    sc.transpose_avx = transpose_avx_ok(sc.path);
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
         const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
-        sc.a_whole = !A->dense && n > N_PANEL && m * kc <= A_WHOLE;
-        if (!A->dense) {
+        /* the AVX-512 path reads an operand of runs in place: only the rows' starts are stored */
+        const int wide = sc.path == PATH_AVX512;
+        const int a_direct = wide && A->runs, b_direct = wide && B->runs;
+        if (a_direct) {
+            failed |= (sc.arows = (const float **)malloc((size_t)m * sizeof(float *))) == NULL;
+            if (!failed) row_starts(A, r0, m, sc.arows);
+        }
+        if (b_direct) {
+            failed |= (sc.brows = (const float **)malloc((size_t)n * sizeof(float *))) == NULL;
+            if (!failed) row_starts(B, 0, n, sc.brows);
+        }
+        sc.a_whole = !A->dense && !a_direct && n > N_PANEL && m * kc <= A_WHOLE;
+        if (!A->dense && !a_direct) {
             const Py_ssize_t rows = sc.a_whole ? m : M_TILE;
             failed |= (sc.apack = (float *)malloc((size_t)(rows * kc) * sizeof(float))) == NULL;
         }
-        if (!B->dense) failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
+        if (!B->dense && !b_direct) {
+            failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
+        }
         if (k > K_CHUNK) {
             sc.state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
             failed |= sc.state == NULL;
         }
     }
     if (failed) {
-        free(sc.apack); free(sc.bpack); free(sc.state);
+        free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
         PyErr_NoMemory();
         return -1;
     }
@@ -1279,10 +1454,12 @@ static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssiz
     if (k > 0) {
         matmul_dispatch(A, B, op, r0, r1, n, k, &sc);
     } else {
-        for (Py_ssize_t i = 0; i < m * n; ++i) op[i] = 0.0f;  /* k = 0: empty sums */
+        for (Py_ssize_t i = 0; i < m; ++i) {  /* k = 0: empty sums */
+            for (Py_ssize_t j = 0; j < n; ++j) op[i * ldo + (j / sc.seg) * seg_stride + j % sc.seg] = 0.0f;
+        }
     }
     Py_END_ALLOW_THREADS
-    free(sc.apack); free(sc.bpack); free(sc.state);
+    free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
     return 0;
 }
 
@@ -1316,7 +1493,7 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     }
     const operand_t A = {(const float *)a.view.buf, 0, 1, 1, {m}, {k}, {k}, {1}, 1};
     const operand_t B = {(const float *)b.view.buf, 0, 1, 1, {n}, {k}, {k}, {1}, 1};
-    int rc = run_matmul(&A, &B, (float *)o.view.buf, 0, m, n, k);
+    int rc = run_matmul(&A, &B, (float *)o.view.buf, 0, m, n, k, n, n, 0);
     release(&a); release(&b); release(&o);
     if (rc != 0) return NULL;
     Py_RETURN_NONE;
@@ -1369,17 +1546,38 @@ static int parse_operand(const buf_t *data, const buf_t *desc, const char *name,
 }
 
 static const char matmul_view_doc[] =
-    "matmul_nt_view(a, a_geometry, b, b_geometry, out, r0, r1)\n"
+    "matmul_nt_view(a, a_geometry, b, b_geometry, out, r0, r1[, out_geometry])\n"
     "matmul_nt of two strided views, read in place: rows [r0, r1) of a against every row of b into out\n"
     "[r1 - r0, n].  A geometry is an int64 array [offset, row dims, column dims, sizes..., strides...] (row\n"
-    "dimensions first, row-major) into a flat float32 buffer; the same operations per output as matmul_nt.";
+    "dimensions first, row-major) into a flat float32 buffer; the same operations per output as matmul_nt.\n"
+    "With out_geometry [offset, ldo, seg, seg_stride] (int64), out is a flat buffer and output (i, j),\n"
+    "r0 <= i < r1, goes to offset + i * ldo + (j / seg) * seg_stride + j % seg (n a multiple of seg): whole\n"
+    "NCHW planes of a convolution from an [O, N * Ho * Wo] product.";
 
 static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *oa, *oga, *ob, *ogb, *oo;
+    PyObject *oa, *oga, *ob, *ogb, *oo, *ogo = Py_None;
     Py_ssize_t r0, r1;
-    if (!PyArg_ParseTuple(args, "OOOOOnn", &oa, &oga, &ob, &ogb, &oo, &r0, &r1)) {
+    if (!PyArg_ParseTuple(args, "OOOOOnn|O", &oa, &oga, &ob, &ogb, &oo, &r0, &r1, &ogo)) {
         return NULL;
+    }
+    Py_ssize_t out_at = 0, ldo = -1, seg = -1, seg_stride = 0;  /* ldo < 0: a plain [r1 - r0, n] out */
+    if (ogo != Py_None) {
+        buf_t go;
+        if (acquire(ogo, &go, 'q', 0, "out_geometry") != 0) return NULL;
+        const int64_t *g = (const int64_t *)go.view.buf;
+        const int ok = count(&go) == 4;
+        if (ok) {
+            out_at = (Py_ssize_t)g[0];
+            ldo = (Py_ssize_t)g[1];
+            seg = (Py_ssize_t)g[2];
+            seg_stride = (Py_ssize_t)g[3];
+        }
+        release(&go);
+        if (!ok || out_at < 0 || ldo < 0 || seg < 1 || seg_stride < 0) {
+            PyErr_SetString(PyExc_ValueError, "out_geometry: offset, ldo, seg, seg_stride (>= 0, seg >= 1)");
+            return NULL;
+        }
     }
     buf_t a, ga, b, gb, o;
     if (acquire(oa, &a, 'f', 0, "a") != 0) return NULL;
@@ -1391,12 +1589,19 @@ static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     Py_ssize_t m, ka, n, kb;
     int rc = -1;
     if (parse_operand(&a, &ga, "a", &A, &m, &ka) == 0 && parse_operand(&b, &gb, "b", &B, &n, &kb) == 0) {
-        if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || count(&o) != (r1 - r0) * n) {
+        const int plain = ldo < 0;
+        /* the last output's place (every stride >= 0): inside out */
+        const Py_ssize_t reach =
+            plain || r1 == r0 || n == 0 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
+        if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || (plain && count(&o) != (r1 - r0) * n) ||
+            (!plain && (n % seg != 0 || reach >= count(&o)))) {
             PyErr_Format(PyExc_ValueError,
-                         "size mismatch: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements", m, ka, n, kb,
-                         r0, r1, count(&o));
+                         "size mismatch: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements%s", m, ka, n,
+                         kb, r0, r1, count(&o), plain ? "" : " (out_geometry: n a multiple of seg, inside out)");
+        } else if (plain) {
+            rc = run_matmul(&A, &B, (float *)o.view.buf, r0, r1, n, ka, n, n, 0);
         } else {
-            rc = run_matmul(&A, &B, (float *)o.view.buf, r0, r1, n, ka);
+            rc = run_matmul(&A, &B, (float *)o.view.buf + out_at + r0 * ldo, r0, r1, n, ka, ldo, seg, seg_stride);
         }
     }
     release(&a); release(&ga); release(&b); release(&gb); release(&o);
@@ -1421,55 +1626,150 @@ static float tree_sum(float *buf, Py_ssize_t len) {
 /* What a batch norm sums: x, (x - mean)^2 (each operation rounded), or x * y. */
 enum { TERM_X, TERM_SQUARED_DEVIATION, TERM_PRODUCT };
 
-/* det_sum_dims over the inner dimensions (sizes[0..nd), row-major, the last one reduced first, as det_sum_dims
-   does) of one contiguous block of a sample's channel: the term of every element, a tree over the last dimension
-   for each row, then over the previous dimension of those results, and so on.  buf holds the largest dimension's
-   power of two, work the block's row count. */
-static float block_sum(const float *x, const float *y, float mean, int term, const Py_ssize_t *sizes, int nd,
-                       float *buf, float *work) {
-    if (nd == 0) {
-        const float d = x[0] - mean;
-        return term == TERM_X ? x[0] : (term == TERM_PRODUCT ? x[0] * y[0] : d * d);
-    }
-    const Py_ssize_t len = sizes[nd - 1];
-    Py_ssize_t rows = 1;
-    for (int d = 0; d < nd - 1; ++d) rows *= sizes[d];
-    for (Py_ssize_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * len;
-        if (term == TERM_X) {
-            memcpy(buf, xr, (size_t)len * sizeof(float));
-        } else if (term == TERM_PRODUCT) {
-            const float *yr = y + r * len;
-            for (Py_ssize_t i = 0; i < len; ++i) buf[i] = xr[i] * yr[i];
-        } else {
-            for (Py_ssize_t i = 0; i < len; ++i) {
-                const float d = xr[i] - mean;
-                buf[i] = d * d;
-            }
-        }
-        work[r] = tree_sum(buf, len);
-    }
-    for (int d = nd - 2; d >= 0; --d) {
-        const Py_ssize_t size = sizes[d];
-        rows /= size;
-        for (Py_ssize_t r = 0; r < rows; ++r) {
-            memcpy(buf, work + r * size, (size_t)size * sizeof(float));
-            work[r] = tree_sum(buf, size);  /* r <= r * size: row r is read before work[r] is written */
-        }
-    }
-    return work[0];
+/* Rows whose last-dimension trees row_trees forms side by side, one lane each. */
+#define ROW_GROUP 16
+/* row_trees halves inside a row while more than this many values are left, then across a group of rows. */
+#define ROW_TAIL 8
+
+static inline __attribute__((always_inline)) float bn_term(const float *x, const float *y, float mean, int term,
+                                                           Py_ssize_t i) {
+    if (term == TERM_X) return x[i];
+    if (term == TERM_PRODUCT) return x[i] * y[i];
+    const float d = x[i] - mean;
+    return d * d;
 }
 
-/* det_sum_dims over a channel of x [n, channels, block] (the batch dimension last): block_sum of every sample,
-   then the tree over the samples (in vals). */
+/* The fixed tree of tree_sum over the last dimension (len values) of `rows` rows, the rows of `samples` blocks
+   `stride` floats apart (rows_per_sample contiguous rows of len values each): work[s * rows_per_sample + r] is the
+   sum of the terms of row r of block s.  Every row sees tree_sum's additions, padded with +0.0 to p = 2^ceil(log2
+   len), in the same pairs (value i + value i + h, h = p/2, p/4, ..., 1), only the order in which independent
+   additions are made changes: while more than ROW_TAIL values are left a row is halved in place (contiguous
+   additions, which vectorise), then the last ROW_TAIL values of ROW_GROUP rows are laid side by side (tails[i][g])
+   and halved together, one vector addition per step.  buf holds 2p floats. */
+CLONES
+static void row_trees(const float *x, const float *y, float mean, int term, Py_ssize_t samples, Py_ssize_t stride,
+                      Py_ssize_t rows_per_sample, Py_ssize_t len, float *work, float *buf) {
+    Py_ssize_t p = 1;
+    while (p < len) p *= 2;
+    const Py_ssize_t q = p < ROW_TAIL ? p : ROW_TAIL;
+    float tails[ROW_TAIL][ROW_GROUP];
+    memset(tails, 0, sizeof tails);  /* the lanes of a last, partial group add values that are never read */
+    const Py_ssize_t total = samples * rows_per_sample;
+    Py_ssize_t sample = 0, row = 0;  /* of row r0 + g, walked without a division per row */
+    for (Py_ssize_t r0 = 0; r0 < total; r0 += ROW_GROUP) {
+        const Py_ssize_t group = total - r0 < ROW_GROUP ? total - r0 : ROW_GROUP;
+        for (Py_ssize_t g = 0; g < group; ++g) {
+            const Py_ssize_t at = sample * stride + row * len;
+            if (++row == rows_per_sample) {
+                row = 0;
+                ++sample;
+            }
+            const float *xr = x + at, *yr = y ? y + at : NULL;
+            float *src = buf, *dst = buf + p;
+            Py_ssize_t cur = p;
+            if (len == p && p > ROW_TAIL) {
+                /* the first halving straight from the terms */
+                const Py_ssize_t h = p / 2;
+                for (Py_ssize_t i = 0; i < h; ++i) {
+                    src[i] = bn_term(xr, yr, mean, term, i) + bn_term(xr, yr, mean, term, i + h);
+                }
+                cur = h;
+            } else {
+                for (Py_ssize_t i = 0; i < len; ++i) src[i] = bn_term(xr, yr, mean, term, i);
+                for (Py_ssize_t i = len; i < p; ++i) src[i] = 0.0f;
+            }
+            while (cur > ROW_TAIL) {
+                const Py_ssize_t h = cur / 2;
+                for (Py_ssize_t i = 0; i < h; ++i) dst[i] = src[i] + src[i + h];
+                float *t = src;
+                src = dst;
+                dst = t;
+                cur = h;
+            }
+            for (Py_ssize_t i = 0; i < q; ++i) tails[i][g] = src[i];
+        }
+        for (Py_ssize_t h = q / 2; h >= 1; h /= 2) {
+            for (Py_ssize_t i = 0; i < h; ++i) {
+                for (Py_ssize_t g = 0; g < ROW_GROUP; ++g) tails[i][g] = tails[i][g] + tails[i + h][g];
+            }
+        }
+        for (Py_ssize_t g = 0; g < group; ++g) work[r0 + g] = tails[0][g];
+    }
+}
+
+/* det_sum_dims over a channel of x [n, channels, *sizes] (d2_math.det_sum_dims over every dimension but the
+   channels: the last dimension first, the batch last): the tree over the last dimension of every row of every
+   sample (row_trees), then, per sample, the tree over the previous dimension of those results, and so on, then
+   the tree over the samples (in vals).  buf holds twice the largest dimension's power of two, work n times the
+   block's row count. */
 static float channel_sum(const float *x, const float *y, float mean, int term, Py_ssize_t n, Py_ssize_t channels,
                          Py_ssize_t c, const Py_ssize_t *sizes, int nd, Py_ssize_t block, float *buf, float *work,
                          float *vals) {
+    const float *xc = x + c * block, *yc = y ? y + c * block : NULL;
+    if (nd == 0) {
+        for (Py_ssize_t s = 0; s < n; ++s) vals[s] = bn_term(xc, yc, mean, term, s * channels);
+        return tree_sum(vals, n);
+    }
+    const Py_ssize_t len = sizes[nd - 1], rows = block / len;
+    row_trees(xc, yc, mean, term, n, channels * block, rows, len, work, buf);
     for (Py_ssize_t s = 0; s < n; ++s) {
-        const Py_ssize_t at = (s * channels + c) * block;
-        vals[s] = block_sum(x + at, y ? y + at : NULL, mean, term, sizes, nd, buf, work);
+        float *ws = work + s * rows;
+        Py_ssize_t left = rows;
+        for (int d = nd - 2; d >= 0; --d) {
+            const Py_ssize_t size = sizes[d];
+            left /= size;
+            for (Py_ssize_t r = 0; r < left; ++r) {
+                memcpy(buf, ws + r * size, (size_t)size * sizeof(float));
+                ws[r] = tree_sum(buf, size);  /* r <= r * size: row r is read before ws[r] is written */
+            }
+        }
+        vals[s] = ws[0];
     }
     return tree_sum(vals, n);
+}
+
+/* Batch norm's last forward pass over len values of one channel: xhat = (x - mean) * invstd, y = xhat * w + b
+   (the weight and bias when present), each operation rounded; one loop per case so that each vectorises. */
+CLONES
+static void bn_normalise(const float *restrict x, float *restrict xh, float *restrict y, Py_ssize_t len, float mu,
+                         float is, int has_w, float wc, int has_b, float bc) {
+    if (has_w && has_b) {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h * wc + bc;
+        }
+    } else if (has_w) {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h * wc;
+        }
+    } else if (has_b) {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h + bc;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < len; ++i) {
+            const float h = (x[i] - mu) * is;
+            xh[i] = h;
+            y[i] = h;
+        }
+    }
+}
+
+/* Batch norm's input gradient over len values of one channel: ((g * w - mg) - xhat * mgx) * invstd (g alone
+   without a weight), each operation rounded. */
+CLONES
+static void bn_input_grad(const float *restrict g, const float *restrict xh, float *restrict gx, Py_ssize_t len,
+                          int has_w, float wc, float mg, float mgx, float is) {
+    if (has_w) {
+        for (Py_ssize_t i = 0; i < len; ++i) gx[i] = ((g[i] * wc - mg) - xh[i] * mgx) * is;
+    } else {
+        for (Py_ssize_t i = 0; i < len; ++i) gx[i] = ((g[i] - mg) - xh[i] * mgx) * is;
+    }
 }
 
 typedef struct {
@@ -1503,8 +1803,8 @@ static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf
     }
     Py_ssize_t p = 1;
     while (p < widest) p *= 2;
-    sh->buf = (float *)malloc((size_t)p * sizeof(float));
-    sh->work = (float *)malloc((size_t)sh->block * sizeof(float));
+    sh->buf = (float *)malloc((size_t)(2 * p) * sizeof(float));
+    sh->work = (float *)malloc((size_t)(n * sh->block) * sizeof(float));
     sh->vals = (float *)malloc((size_t)(n > 1 ? p : 1) * sizeof(float));
     if (!sh->buf || !sh->work || !sh->vals) {
         free(sh->buf); free(sh->work); free(sh->vals);
@@ -1571,15 +1871,8 @@ static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
                 inv[c] = is;
                 for (Py_ssize_t t = 0; t < n; ++t) {
                     const Py_ssize_t at = (t * channels + c) * sh.block;
-                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
-                        const float d = x[i] - mu;
-                        const float h = d * is;
-                        float v = h;
-                        if (has_w) v = v * w[c];
-                        if (has_b) v = v + b[c];
-                        xh[i] = h;
-                        y[i] = v;
-                    }
+                    bn_normalise(x + at, xh + at, y + at, sh.block, mu, is, has_w, has_w ? w[c] : 0.0f, has_b,
+                                 has_b ? b[c] : 0.0f);
                 }
             }
             Py_END_ALLOW_THREADS
@@ -1640,12 +1933,7 @@ static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
                 const float mgx = (has_w ? sgx * w[c] : sgx) / cnt;
                 for (Py_ssize_t t = 0; t < n; ++t) {
                     const Py_ssize_t at = (t * channels + c) * sh.block;
-                    for (Py_ssize_t i = at; i < at + sh.block; ++i) {
-                        float v = has_w ? g[i] * w[c] : g[i];
-                        v = v - mg;
-                        v = v - xh[i] * mgx;
-                        gx[i] = v * inv[c];
-                    }
+                    bn_input_grad(g + at, xh + at, gx + at, sh.block, has_w, has_w ? w[c] : 0.0f, mg, mgx, inv[c]);
                 }
             }
             Py_END_ALLOW_THREADS

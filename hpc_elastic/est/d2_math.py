@@ -105,7 +105,9 @@ def _geometry(t: torch.Tensor, row_dims: int) -> tuple[np.ndarray[Any, Any], np.
     return flat.numpy(), geometry
 
 
-def det_matmul_nt(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
+def det_matmul_nt(
+    a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``a @ b.T`` with the fixed summation order of ``kernels/`` (float32), where ``a`` is ``[*rows, *k]`` with
     its first ``a_rows`` dimensions the rows (row-major), and ``b`` likewise: a 2-D matrix by default, or any view
     (a convolution's patches as a strided view of its padded image), which the CPU kernel reads in place, chunk by
@@ -113,7 +115,11 @@ def det_matmul_nt(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: 
     changes).
 
     On the CPU the rows of ``a`` are split over ``torch.get_num_threads()`` threads (the C kernel releases the GIL);
-    every output is formed whole by one call, so the bits do not depend on the split."""
+    every output is formed whole by one call, so the bits do not depend on the split.
+
+    ``out``: where to write, an [m, S, seg] float32 view whose last dimension is contiguous (S * seg = n, output
+    (i, j) at ``out[i, j // seg, j % seg]``), returned: a convolution's [O, N, Ho * Wo] product written as whole
+    planes of its NCHW output (on the CPU in place, without the [m, n] matrix and its copy)."""
     if not (0 < a_rows < a.dim() and 0 < b_rows < b.dim()) or a.shape[a_rows:].numel() != b.shape[b_rows:].numel():
         raise ValueError(
             f"det_matmul_nt needs [*rows, *k] operands with the same k, got {tuple(a.shape)} (rows: {a_rows} dims) "
@@ -124,29 +130,48 @@ def det_matmul_nt(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: 
     if a.device != b.device:
         raise ValueError(f"operands on different devices: {a.device} and {b.device}")
     m, n, k = a.shape[:a_rows].numel(), b.shape[:b_rows].numel(), a.shape[a_rows:].numel()
+    if out is not None and (
+        out.dim() != 3
+        or out.shape[0] != m
+        or out.shape[1] * out.shape[2] != n
+        or out.stride(2) != 1
+        or out.dtype != torch.float32
+        or out.device != a.device
+    ):
+        raise ValueError(
+            f"det_matmul_nt's out must be an [m, S, seg] float32 view with S * seg = n and a contiguous last "
+            f"dimension on {a.device}, for m = {m}, n = {n}: got {tuple(out.shape)}, strides {out.stride()}"
+        )
     a, b = a.detach(), b.detach()
     if a.device.type == "cuda":
         out_gpu: torch.Tensor = cuda_extension().matmul_nt(a.reshape(m, k).contiguous(), b.reshape(n, k).contiguous())
-        return out_gpu
+        return out_gpu if out is None else out.copy_(out_gpu.reshape(out.shape))
     if a.device.type != "cpu":
         raise ValueError(f"no D2 kernel for device {a.device}")
-    out = torch.empty((m, n), dtype=torch.float32)
+    result = torch.empty((m, n), dtype=torch.float32) if out is None else out
     an, ag = _geometry(a, a_rows)
     bn, bg = _geometry(b, b_rows)
-    on: np.ndarray[Any, Any] = out.numpy()
+    og: np.ndarray[Any, Any] | None = None
+    if out is None:
+        on: np.ndarray[Any, Any] = result.numpy()
+    else:
+        on = out.as_strided((out.untyped_storage().nbytes() // 4,), (1,), 0).numpy()
+        og = np.array([out.storage_offset(), out.stride(0), out.shape[2], out.stride(1)], dtype=np.int64)
     kernels = cpu_kernels()
     threads = min(torch.get_num_threads(), m)
     if threads < 2 or m * n * k < PARALLEL_MIN_WORK:
-        kernels.matmul_nt_view(an, ag, bn, bg, on, rows=(0, m))
-        return out
+        kernels.matmul_nt_view(an, ag, bn, bg, on, rows=(0, m), out_geometry=og)
+        return result
     bounds = [m * t // threads for t in range(threads + 1)]
     jobs = [
-        _pool(threads).submit(kernels.matmul_nt_view, an, ag, bn, bg, on[lo:hi], rows=(lo, hi))
+        _pool(threads).submit(
+            kernels.matmul_nt_view, an, ag, bn, bg, on if og is not None else on[lo:hi], rows=(lo, hi), out_geometry=og
+        )
         for lo, hi in itertools.pairwise(bounds)
     ]
     for job in jobs:
         job.result()
-    return out
+    return result
 
 
 def det_sum(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:

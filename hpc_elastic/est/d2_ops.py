@@ -149,12 +149,28 @@ def _columns(x: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
     """The patches as columns, the [kh, kw, C, N, Ho, Wo] view (rows (i, j, c), columns (n, y, x)) of the
     zero-padded [N, C, H, W] image: a window row's values lie W apart there, so the product reads runs along x."""
     ph, pw = window.padding
-    xq = F.pad(x, (pw, pw, ph, ph)).contiguous()
+    xq = F.pad(x, (pw, pw, ph, ph)).contiguous() if ph or pw else x.contiguous()
     n, c = x.shape[0], x.shape[1]
     (kh, kw), (sh, sw), (dh, dw) = window.kernel, window.stride, window.dilation
     s_n, s_c, s_h, s_w = xq.stride()
     size = (kh, kw, c, n, out[0], out[1])
     return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw))
+
+
+#: planes smaller than this are written as an [O, N*Ho*Wo] matrix and copied (the product's panels end at planes)
+MIN_PLANE = 16
+
+
+def _planes_product(a: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int, int, int]) -> torch.Tensor:
+    """``det_matmul_nt(a, rows, b_rows=3)``, an [C, N*H*W] product, as the contiguous [N, C, H, W] tensor whose planes
+    it holds: written in place (the product's output columns in segments of H*W, one plane each), or for small
+    planes formed as a matrix and copied.  The same values either way."""
+    n, c, h, w = shape
+    if h * w < MIN_PLANE:
+        return det_matmul_nt(a, rows, b_rows=3).reshape(c, n, h, w).permute(1, 0, 2, 3).contiguous()
+    out = a.new_empty((n, c, h, w))
+    det_matmul_nt(a, rows, b_rows=3, out=out.view(n, c, h * w).permute(1, 0, 2))
+    return out
 
 
 def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> tuple[list[int], int, int]:
@@ -179,33 +195,44 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
     h, w = size
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
     strided = sh > 1 or sw > 1
-    gx = grad_out.new_zeros((n, c, h, w)) if strided else grad_out.new_empty((0,))
+    # the phases any window reaches, each with its taps, the output position of its first tap and its size
+    phases = []
     for py in range(min(sh, h)):
         taps_i, first_i, step_i = _taps(py, kh, sh, ph, dh)
-        th = len(range(py, h, sh))
         for px in range(min(sw, w)):
             taps_j, first_j, step_j = _taps(px, kw, sw, pw, dw)
-            tw = len(range(px, w, sw))
-            if not taps_i or not taps_j:
-                continue  # no window reaches these positions: their gradient is 0
-            last_i, last_j = first_i + step_i * (len(taps_i) - 1), first_j + step_j * (len(taps_j) - 1)
-            top, left = max(0, -first_i), max(0, -first_j)
-            bottom, right = max(0, th + last_i - ho), max(0, tw + last_j - wo)
-            gp = _pad_nhwc(grad_out, (top, bottom, left, right))
-            s_n, s_h, s_w, _ = gp.stride()
-            rows = gp.as_strided(
-                (n, th, tw, len(taps_i), len(taps_j), o),
-                (s_n, s_h, s_w, s_h * step_i, s_w * step_j, 1),
-                (first_i + top) * s_h + (first_j + left) * s_w,
-            )
-            sub = weight[:, :, taps_i][:, :, :, taps_j].permute(1, 2, 3, 0).reshape(c, -1)  # [C, (i, j, o)]
-            # [C, N*th*tw]: the weight as the rows, so that a channel's values come out as whole planes (an FMA's
-            # product commutes: each output sees the same operations as with the operands the other way round)
-            part = det_matmul_nt(sub, rows, b_rows=3).reshape(c, n, th, tw).permute(1, 0, 2, 3)
-            if strided:
-                gx[:, :, py::sh, px::sw] = part
-            else:
-                gx = part.contiguous()
+            if taps_i and taps_j:  # else no window reaches these positions: their gradient is 0
+                th, tw = len(range(py, h, sh)), len(range(px, w, sw))
+                phases.append((py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw))
+    if not phases:
+        return grad_out.new_zeros((n, c, h, w))
+    # one zero-padded channels-last copy of the output gradient, padded for every phase's windows
+    top = max(max(0, -p[3]) for p in phases)
+    left = max(max(0, -p[6]) for p in phases)
+    bottom = max(max(0, p[8] + p[3] + p[4] * (len(p[2]) - 1) - ho) for p in phases)
+    right = max(max(0, p[9] + p[6] + p[7] * (len(p[5]) - 1) - wo) for p in phases)
+    gp = _pad_nhwc(grad_out, (top, bottom, left, right))
+    s_n, s_h, s_w, _ = gp.stride()
+    covered = sum(p[8] * p[9] for p in phases) == h * w
+    gx = grad_out.new_empty((n, c, h, w)) if covered else grad_out.new_zeros((n, c, h, w))
+    for py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw in phases:
+        rows = gp.as_strided(
+            (n, th, tw, len(taps_i), len(taps_j), o),
+            (s_n, s_h, s_w, s_h * step_i, s_w * step_j, 1),
+            (first_i + top) * s_h + (first_j + left) * s_w,
+        )
+        sub = (
+            weight.index_select(2, torch.tensor(taps_i, device=weight.device))
+            .index_select(3, torch.tensor(taps_j, device=weight.device))
+            .permute(1, 2, 3, 0)
+            .reshape(c, -1)
+        )  # [C, (i, j, o)]
+        # [C, N*th*tw]: the weight as the rows, so that a channel's values come out as whole planes (an FMA's
+        # product commutes: each output sees the same operations as with the operands the other way round)
+        if strided:
+            gx[:, :, py::sh, px::sw] = det_matmul_nt(sub, rows, b_rows=3).reshape(c, n, th, tw).permute(1, 0, 2, 3)
+        else:
+            gx = _planes_product(sub, rows, (n, c, h, w))
     return gx
 
 
@@ -228,9 +255,11 @@ class _Conv2dFn(torch.autograd.Function):
         rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
         w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
         # [O, N*Ho*Wo]: the weight as the rows, so that the output's planes come out whole (the FMA's product
-        # commutes: each output sees the same operations as with the patches as the rows)
-        out = det_matmul_nt(w_rows, rows, b_rows=3).reshape(o, n, ho, wo).permute(1, 0, 2, 3)
-        out = out + bias.reshape(1, o, 1, 1) if bias is not None else out.contiguous()
+        # commutes: each output sees the same operations as with the patches as the rows), written in place as the
+        # planes of the NCHW output
+        out = _planes_product(w_rows, rows, (n, o, ho, wo))
+        if bias is not None:
+            out = out + bias.reshape(1, o, 1, 1)
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         ctx.window = window

@@ -337,7 +337,15 @@ class Kernels(Protocol):
     def matmul_nt(self, a: F32, b: F32, out: F32) -> None: ...
 
     def matmul_nt_view(
-        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, rows: tuple[int, int]
+        self,
+        a: F32,
+        a_geometry: I64,
+        b: F32,
+        b_geometry: I64,
+        out: F32,
+        *,
+        rows: tuple[int, int],
+        out_geometry: I64 | None = None,
     ) -> None: ...
 
 
@@ -372,9 +380,26 @@ class ReferenceKernels:
         out[...] = ref_matmul_nt(a, b)
 
     def matmul_nt_view(
-        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, rows: tuple[int, int]
+        self,
+        a: F32,
+        a_geometry: I64,
+        b: F32,
+        b_geometry: I64,
+        out: F32,
+        *,
+        rows: tuple[int, int],
+        out_geometry: I64 | None = None,
     ) -> None:
-        out[...] = ref_matmul_nt(view_matrix(a, a_geometry)[rows[0] : rows[1]], view_matrix(b, b_geometry))
+        product = ref_matmul_nt(view_matrix(a, a_geometry)[rows[0] : rows[1]], view_matrix(b, b_geometry))
+        if out_geometry is None:
+            out[...] = product
+            return
+        offset, ldo, seg, seg_stride = (int(v) for v in out_geometry)
+        m, n = product.shape
+        strides = tuple(v * out.itemsize for v in (ldo, seg_stride, 1))
+        start = offset + rows[0] * ldo
+        target = np.lib.stride_tricks.as_strided(out[start:], shape=(m, n // seg, seg), strides=strides)
+        target[...] = product.reshape(m, n // seg, seg)
 
 
 class CKernels:
@@ -415,11 +440,21 @@ class CKernels:
         self._m.matmul_nt(a, b, out, m, n, k)
 
     def matmul_nt_view(
-        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, rows: tuple[int, int]
+        self,
+        a: F32,
+        a_geometry: I64,
+        b: F32,
+        b_geometry: I64,
+        out: F32,
+        *,
+        rows: tuple[int, int],
+        out_geometry: I64 | None = None,
     ) -> None:
         """Rows ``rows[0]`` to ``rows[1]`` of the product of two strided views into ``out`` (see
-        :func:`view_matrix` for the geometry)."""
-        self._m.matmul_nt_view(a, a_geometry, b, b_geometry, out, rows[0], rows[1])
+        :func:`view_matrix` for the geometry): a [rows, n] matrix, or with ``out_geometry`` ``[offset, ldo, seg,
+        seg_stride]`` a flat buffer where output (i, j) goes to ``offset + i * ldo + (j // seg) * seg_stride + j %
+        seg`` (whole NCHW planes of a convolution)."""
+        self._m.matmul_nt_view(a, a_geometry, b, b_geometry, out, rows[0], rows[1], out_geometry)
 
 
 def c_extension() -> ModuleType:

@@ -474,13 +474,15 @@ def test_convolution_products_read_in_place_give_the_gathered_products_bits(
     checked: list[tuple[int, int]] = []
     in_place = d2_math.det_matmul_nt
 
-    def both(a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1) -> torch.Tensor:
-        out = in_place(a, b, a_rows=a_rows, b_rows=b_rows)
+    def both(
+        a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        result = in_place(a, b, a_rows=a_rows, b_rows=b_rows, out=out)  # with out: written as NCHW planes
         k = a.shape[a_rows:].numel()
         gathered = in_place(a.reshape(-1, k).contiguous(), b.reshape(-1, k).contiguous())
-        assert bits(out) == bits(gathered)
+        assert bits(result.reshape(gathered.shape)) == bits(gathered)
         checked.append((a_rows, b_rows))
-        return out
+        return result
 
     monkeypatch.setattr(d2_ops, "det_matmul_nt", both)
     rng = np.random.default_rng(seed)
@@ -505,7 +507,20 @@ def test_convolution_products_read_in_place_give_the_gathered_products_bits(
 
 @pytest.mark.parametrize(
     ("shape", "affine"),
-    [((6, 3), True), ((5, 4, 7), False), ((3, 5, 6, 7), True), ((4, 3, 8, 8), True), ((2, 3, 3, 5, 4), False)],
+    [
+        ((6, 3), True),
+        ((5, 4, 7), False),
+        ((3, 5, 6, 7), True),
+        ((4, 3, 8, 8), True),
+        ((2, 3, 3, 5, 4), False),
+        # rows in groups of 16 across samples (a last partial group), rows halved in place before the group's tails
+        ((3, 2, 20, 33), True),
+        ((2, 3, 9, 64), False),
+        ((5, 2, 32, 32), True),
+        ((3, 2, 17, 1), True),
+        ((2, 2, 5, 3, 24), True),
+        ((3, 2, 40), False),
+    ],
 )
 def test_batch_norm_kernel_gives_the_definitions_bits(shape: tuple[int, ...], affine: bool) -> None:
     """The C batch norm (three passes forward, two backward) against its definition in torch operations (the CUDA

@@ -20,7 +20,9 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import torch
 
+from hpc_elastic.est import d2_math
 from hpc_elastic.est import detsum as d
 from tests.conftest import REPO
 
@@ -163,3 +165,32 @@ def test_each_build_runs_the_product_path_of_its_instruction_set(builds: dict[st
     widest = {"x86-64": "scalar", "x86-64-v3": "avx2", "x86-64-v4": "avx512"}
     for arch, kern in builds.items():
         assert kern._m._matmul_path() == widest[arch], arch
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 32, 32), (3, 2, 20, 33), (4, 3, 8, 8), (6, 2)])
+def test_every_instruction_set_gives_the_batch_norm_definitions_bits(
+    builds: dict[str, d.CKernels], shape: tuple[int, ...]
+) -> None:
+    """The batch norm kernels' row trees and element passes (vectorised per instruction set) against their
+    definition in torch operations (d2_math's, the CUDA path): the same bits from every build."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-20, 20, shape, generator=gen).float())
+    x.view(-1)[::7] = -0.0
+    g = torch.randn(shape, generator=gen)
+    c = shape[1]
+    weight, bias = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
+    want = d2_math.batch_norm_train_torch(x, weight, bias, 1e-5)
+    want_gx, want_gw, want_gb = d2_math.batch_norm_train_backward_torch(g, want.xhat, want.invstd, weight, True)
+    assert want_gx is not None
+    sizes = np.array(shape[2:], np.int64)
+    for arch, kern in builds.items():
+        got = [np.empty(shape, np.float32) for _ in range(2)] + [np.empty(c, np.float32) for _ in range(3)]
+        kern._m.batch_norm_forward(x.numpy(), *got, weight.numpy(), bias.numpy(), shape[0], c, sizes, 1e-5)
+        for name, a, b in zip(want._fields, got, want, strict=True):
+            assert np.array_equal(_bits(a), _bits(b.numpy())), f"{arch}: {name}"
+        grads = [np.empty(shape, np.float32), np.empty(c, np.float32), np.empty(c, np.float32)]
+        kern._m.batch_norm_backward(
+            g.numpy(), want.xhat.numpy(), want.invstd.numpy(), weight.numpy(), *grads, shape[0], c, sizes
+        )
+        for name, a, b in zip(("gx", "gw", "gb"), grads, (want_gx, want_gw, want_gb), strict=True):
+            assert np.array_equal(_bits(a), _bits(b.numpy())), f"{arch}: {name}"

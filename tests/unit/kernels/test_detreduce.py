@@ -411,6 +411,15 @@ def _geometry(offset: int, rows: list[tuple[int, int]], cols: list[tuple[int, in
         # a packed whole once per chunk (more than one panel of b: n = 70 > 64), two chunks (k = 520)
         ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (0, 50)),
         ([(50, 1)], [(520, 50)], [(70, 1)], [(520, 70)], (7, 30)),
+        # operands whose columns are runs of a multiple of 8 values, which the AVX-512 path reads in place: patch
+        # rows of a padded channels-last [2, 10, 9, 8] image (3x3, runs of kw * C = 24; 112 rows: two panels)
+        # against dense weights, either way round, rows from an offset
+        ([(5, 72)], [(72, 1)], [(2, 720), (8, 72), (7, 8)], [(3, 72), (24, 1)], (0, 5)),
+        ([(2, 720), (8, 72), (7, 8)], [(3, 72), (24, 1)], [(5, 72)], [(72, 1)], (9, 103)),
+        # a weight gradient: an output gradient's planes [10, (3, 16, 16)] against patch columns of a padded
+        # [3, 2, 18, 18] image (runs of 16 along x), k = 768: two chunks with the lanes' state between them
+        ([(10, 256)], [(3, 2560), (256, 1)], [(3, 18), (3, 1), (2, 324)], [(3, 648), (16, 18), (16, 1)], (0, 10)),
+        ([(10, 256)], [(3, 2560), (256, 1)], [(3, 18), (3, 1), (2, 324)], [(3, 648), (16, 18), (16, 1)], (3, 8)),
     ],
 )
 def test_matmul_nt_view_reads_strided_operands_like_their_copies(
@@ -443,6 +452,50 @@ def test_matmul_nt_view_reads_strided_operands_like_their_copies(
             assert same(out, dense[r0:r1]), path
     finally:
         ext._matmul_path("auto")
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "seg", "span"),
+    [
+        (16, 4 * 100, 144, 100, (0, 16)),  # planes of 100: panels end at each plane (60 + 40 columns)
+        (9, 3 * 64, 40, 64, (2, 9)),  # a panel of 60 and one of 4 per plane, rows from an offset
+        (5, 6 * 7, 600, 7, (0, 5)),  # planes narrower than a block, two chunks of k
+        (3, 2 * 8, 0, 8, (0, 3)),  # k = 0: zeros
+    ],
+)
+def test_matmul_nt_view_writes_outputs_in_planes(m: int, n: int, k: int, seg: int, span: tuple[int, int]) -> None:
+    """With an out geometry, output (i, j) goes to ``offset + i * ldo + (j // seg) * seg_stride + j % seg`` (a
+    convolution's NCHW planes from its [O, N*Ho*Wo] product): the reference's bits there on every path, and the
+    buffer's other elements untouched."""
+    ext = d.c_extension()
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-40, 30, (m, k)))).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    ga, gb = _geometry(0, [(m, k)], [(k, 1)]), _geometry(0, [(n, k)], [(k, 1)])
+    planes = n // seg
+    ldo, seg_stride, offset = seg, m * seg + 3, 5  # [planes, m, seg] with a gap after each plane
+    r0, r1 = span
+    ref = d.ref_matmul_nt(a[r0:r1], b).reshape(r1 - r0, planes, seg) if k else np.zeros((r1 - r0, planes, seg))
+    try:
+        for path in ext._matmul_paths():
+            ext._matmul_path(path)
+            flat = np.full(offset + planes * seg_stride + 2, np.nan, np.float32)
+            og = np.array([offset, ldo, seg, seg_stride], np.int64)
+            C.matmul_nt_view(a.reshape(-1), ga, b.reshape(-1), gb, flat, rows=span, out_geometry=og)
+            target = np.lib.stride_tricks.as_strided(
+                flat[offset + r0 * ldo :], shape=(r1 - r0, planes, seg), strides=(4 * ldo, 4 * seg_stride, 4)
+            )
+            assert same(target.copy(), ref.astype(np.float32)), path
+            assert np.count_nonzero(~np.isnan(flat)) == (r1 - r0) * n, path
+    finally:
+        ext._matmul_path("auto")
+    # the NumPy reference behind the same interface (used where the extension is not built) writes the same places
+    flat_ref = np.full_like(flat, np.nan)
+    d.ReferenceKernels().matmul_nt_view(a.reshape(-1), ga, b.reshape(-1), gb, flat_ref, rows=span, out_geometry=og)
+    assert same(flat_ref, flat)
+    with pytest.raises(ValueError, match="out_geometry"):
+        short = flat[: offset + planes * seg_stride - 4]  # one element short of the last plane's last row
+        C.matmul_nt_view(a.reshape(-1), ga, b.reshape(-1), gb, short, rows=(0, m), out_geometry=og)
 
 
 def test_matmul_nt_view_refuses_views_outside_the_buffer_and_mismatched_sizes() -> None:
