@@ -40,11 +40,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
-from hpc_elastic.policy.easyscale import Proposal, best_plan, keep_scale_out, proposal_rank
+from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD, Proposal, best_plan, keep_scale_out, proposal_rank
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.policies import TiresiasLas
 from hpc_elastic.policy.types import (
     BoolArray,
+    Decision,
     IntArray,
     PassInput,
     PlacementMode,
@@ -57,16 +58,28 @@ from hpc_elastic.policy.types import (
 _REL = 1e-9
 #: Role 3: a scale-out is kept unless the observed throughput after it is this much (relative) below before.
 FALLBACK_TOLERANCE = 0.02
+#: Role 3's back-off doubles the hold at most this many times (2^40 holds: longer than any job)
+_MAX_DOUBLINGS = 40
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleOut:
     """What a job observed about its last scale-out: its throughput on its GPUs before and after (the same unit,
-    e.g. relative to its requested GPUs), and the GPUs per type it had before."""
+    e.g. relative to its requested GPUs), and the GPUs per type it had before. ``at``: when it was observed slower
+    (the pass that falls back; None: not stamped, the pass that reads it counts as that time); ``earlier``: how many
+    scale-outs in a row before this one were observed slower (Role 3's back-off, :meth:`capped`)."""
 
     before: float
     after: float
     previous: tuple[tuple[str, int], ...]
+    at: float | None = None
+    earlier: int = 0
+
+    def __post_init__(self) -> None:
+        if self.at is not None and not math.isfinite(self.at):
+            raise ValueError(f"a scale-out's fallback time must be finite, got {self.at!r}")
+        if isinstance(self.earlier, bool) or not isinstance(self.earlier, int) or self.earlier < 0:
+            raise ValueError(f"a scale-out's earlier failures must be an integer >= 0, got {self.earlier!r}")
 
     @property
     def worse(self) -> bool:
@@ -74,8 +87,24 @@ class ScaleOut:
         return not keep_scale_out(self.before, self.after, FALLBACK_TOLERANCE)
 
     @property
+    def failures(self) -> int:
+        """Scale-outs in a row observed slower, this one included (0 when this one paid)."""
+        return self.earlier + 1 if self.worse else 0
+
+    @property
     def previous_gpus(self) -> int:
         return sum(n for _, n in self.previous)
+
+    def hold(self, base: float) -> float:
+        """Seconds the cap after this fallback lasts: ``base`` doubled for each earlier failure in a row."""
+        return base * 2.0 ** min(self.failures - 1, _MAX_DOUBLINGS) if self.failures else 0.0
+
+    def capped(self, now: float, base: float) -> bool:
+        """Role 3's cap (§3.4, bounded by a back-off): the job proposes no scale-out beyond its GPUs before this
+        one from its fallback until :meth:`hold` has passed."""
+        if not self.worse:
+            return False
+        return self.at is None or now < self.at + self.hold(base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,10 +237,12 @@ def easyscale_walk(
     mixed: bool,
     pack_limit: float,
     own_types: bool = False,
+    fallback_hold: float = DEFAULT_FALLBACK_HOLD,
 ) -> WalkResult:
     """Steps 1-4 of the module doc: who holds GPUs, how many of each type, and where. ``own_types``: proposals
     only of the GPU types each job may run on (its ``JobTable.pool_mask``); else of any type (the simulator's
-    EasyScale, whose jobs name a type for their speeds only)."""
+    EasyScale, whose jobs name a type for their speeds only). ``fallback_hold``: Role 3's cap after a first
+    fallback, in seconds (:meth:`ScaleOut.capped`)."""
     jobs, cluster = inp.jobs, inp.cluster
     n, n_pools = len(jobs), cluster.n_pools
     types = cluster.pool_names
@@ -273,7 +304,7 @@ def easyscale_walk(
             left[p] -= size
             holding[row] = True
     # 2. running elastic holders keep what they hold beyond their minimum where it is left (Role 3: not beyond the
-    #    GPUs they had before a scale-out that did not pay)
+    #    GPUs they had before a scale-out that did not pay; no scale-out beyond them while the back-off holds)
     cap = list(top)
     for row in order.tolist():
         if not (holding[row] and running[row] and low[row] < top[row]) or (pinned is not None and pinned[row]):
@@ -283,7 +314,8 @@ def easyscale_walk(
         if prof is not None and prof.scale_out is not None and prof.scale_out.worse:
             before = dict(prof.scale_out.previous)
             keep = [min(k, before.get(t, 0)) for k, t in zip(keep, types, strict=True)]
-            cap[row] = prof.scale_out.previous_gpus
+            if prof.scale_out.capped(inp.now, fallback_hold):
+                cap[row] = prof.scale_out.previous_gpus
         for p in range(n_pools):
             extra = min(max(keep[p] - int(take[row, p]), 0), left[p])
             take[row, p] += extra
@@ -440,8 +472,40 @@ class EasyScaleHomo(TiresiasLas):
         if np.array_equal(jobs.min_gpus, jobs.gpus) and np.array_equal(jobs.max_gpus, jobs.gpus):
             return super()._walk(inp, order, pinned)  # no elastic job in this pass: 2D-LAS's own walk
         return easyscale_walk(
-            inp, order, pinned, mixed=self.mixed, pack_limit=self.options.pack_limit, own_types=self.own_types
+            inp,
+            order,
+            pinned,
+            mixed=self.mixed,
+            pack_limit=self.options.pack_limit,
+            own_types=self.own_types,
+            fallback_hold=self.options.fallback_hold,
         )
+
+    def schedule(self, inp: PassInput) -> Decision:
+        """2D-LAS's pass with EasyScale's walk; it wakes up again when Role 3's cap on a job lapses (that job may
+        then take free GPUs by a proposal with nothing else happening)."""
+        decision = super().schedule(inp)
+        lapse = cap_lapse(inp, self.options.fallback_hold)
+        if lapse is None or (decision.next_wakeup is not None and decision.next_wakeup <= lapse):
+            return decision
+        return replace(decision, next_wakeup=lapse)
+
+
+def cap_lapse(inp: PassInput, fallback_hold: float) -> float | None:
+    """The earliest time after ``inp.now`` at which Role 3's cap on a job lapses (:meth:`ScaleOut.capped`), or
+    None when no job is capped (or no cap was stamped with a time)."""
+    jobs = inp.jobs
+    elastic = (jobs.min_gpus < jobs.max_gpus).tolist()
+    scaling = jobs.scaling
+    best = math.inf
+    for row, flexible in enumerate(elastic):
+        prof = scaling[row]
+        if not (flexible and isinstance(prof, EstProfile)) or prof.scale_out is None:
+            continue
+        seen = prof.scale_out
+        if seen.at is not None and seen.capped(inp.now, fallback_hold):
+            best = min(best, seen.at + seen.hold(fallback_hold))
+    return best if math.isfinite(best) else None
 
 
 class EasyScaleHeter(EasyScaleHomo):
