@@ -113,17 +113,21 @@ def test_role_3_watches_a_grow_until_the_job_reports_from_its_new_run(busy: tupl
     assert watch.previous == (("v100", 2),) and watch.before == pytest.approx(20.0) and watch.restart_count == 3
     assert job_gpus(before) == (("v100", 2),)
     after = _v100_job(jobs, 8, 4)
-    assert observe_grow(watch, profile, before, reported=True).scale_out is None  # still the run before the grow
-    assert observe_grow(watch, profile, after, reported=False).scale_out is None  # no report from the new run yet
-    seen = observe_grow(watch, profile, after, reported=True).scale_out
+    assert (
+        observe_grow(watch, profile, before, reported=True, now=10.0).scale_out is None
+    )  # still the run before the grow
+    assert (
+        observe_grow(watch, profile, after, reported=False, now=10.0).scale_out is None
+    )  # no report from the new run yet
+    seen = observe_grow(watch, profile, after, reported=True, now=10.0).scale_out
     assert seen is not None and seen.after == pytest.approx(80.0) and not seen.worse
     slower = replace(profile, capability=(("v100", 2.0),))
-    observed = observe_grow(watch, slower, after, reported=True)
+    observed = observe_grow(watch, slower, after, reported=True, now=10.0)
     worse = observed.scale_out
     assert worse is not None and worse.worse and worse.previous_gpus == 2
     # the fallback's run (back on 2 GPUs) says nothing about the grow: the observation stays
     back = _v100_job(jobs, 2, 5)
-    assert observe_grow(observed, profile, back, reported=True) == observed
+    assert observe_grow(observed, profile, back, reported=True, now=20.0) == observed
     with pytest.raises(ValueError, match="finite"):
         replace(watch, after=float("nan"))
     with pytest.raises(ValueError, match="previous GPUs"):
@@ -183,9 +187,15 @@ def test_grow_records_survive_an_old_store_and_bad_rows_are_dropped(tmp_path: Pa
     watch = ScaleOutWatch(20.0, (("a100", 2), ("v100", 1)), 3, 12.5)
     store.save([], grows={7: watch, 8: ScaleOutWatch(1.0, (), 0)})
     with store._db:
-        store._db.execute("INSERT INTO grows VALUES (9, 'x', 'v100:2', 1, NULL)")
-        store._db.execute("INSERT INTO grows VALUES (10, 1.0, 'v100:0', 1, NULL)")
-        store._db.execute("INSERT INTO grows VALUES (11, 1.0, 'v100:2', -1, NULL)")
+        store._db.execute(
+            "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (9, 'x', 'v100:2', 1, NULL)"
+        )
+        store._db.execute(
+            "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (10, 1.0, 'v100:0', 1, NULL)"
+        )
+        store._db.execute(
+            "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (11, 1.0, 'v100:2', -1, NULL)"
+        )
     assert store.load_grows() == {7: watch, 8: ScaleOutWatch(1.0, (), 0)}
     store.save([], grows={})
     assert store.load_grows() == {}
