@@ -45,10 +45,11 @@ Gpus = tuple[tuple[str, int], ...]
 class ScaleOutWatch:
     """A grow the daemon carried out (Role 3's record, §3.4): the job's throughput before it, on ``previous`` GPUs
     per type, its restart count then (the grown job reports from a later incarnation), and ``after``: its
-    throughput on the grown GPUs once it reported from there (None until then). ``at``: the pass that first saw
-    ``after`` worse than ``before`` (the fallback's time; None otherwise); ``earlier``: the grows in a row before
-    this one observed worse (Role 3's back-off). The daemon keeps it in its state store, so that a restarted daemon
-    goes on watching, can still fall back, and holds the cap as long as it was to last."""
+    throughput on the grown GPUs once it reported from there (None until then) and ``grown``: those GPUs per type.
+    ``at``: the pass that first saw ``after`` worse than ``before`` (the fallback's time; None otherwise);
+    ``earlier``: the grows in a row before this one observed worse (Role 3's back-off). The daemon keeps it in its
+    state store, so that a restarted daemon goes on watching, can still fall back, and holds the cap on that
+    configuration as long as it was to last."""
 
     before: float
     previous: Gpus
@@ -56,6 +57,7 @@ class ScaleOutWatch:
     after: float | None = None
     at: float | None = None
     earlier: int = 0
+    grown: Gpus = ()
 
     def __post_init__(self) -> None:
         for name, value in (("before", self.before), ("after", self.after)):
@@ -71,8 +73,9 @@ class ScaleOutWatch:
             raise ValueError(f"a grow's fallback time must be finite, got {self.at!r}")
         if isinstance(self.earlier, bool) or not isinstance(self.earlier, int) or self.earlier < 0:
             raise ValueError(f"a grow's earlier failures must be an integer >= 0, got {self.earlier!r}")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for _, n in self.previous):
-            raise ValueError(f"a grow's previous GPUs must be positive counts per type, got {self.previous!r}")
+        for name, gpus in (("previous", self.previous), ("grown", self.grown)):
+            if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for _, n in gpus):
+                raise ValueError(f"a grow's {name} GPUs must be positive counts per type, got {gpus!r}")
 
     @property
     def scale_out(self) -> ScaleOut | None:
@@ -80,7 +83,7 @@ class ScaleOutWatch:
         failures in a row before it)."""
         if self.after is None:
             return None
-        return ScaleOut(self.before, self.after, self.previous, self.at, self.earlier)
+        return ScaleOut(self.before, self.after, self.previous, self.at, self.earlier, self.grown)
 
     @property
     def failures(self) -> int:
@@ -192,7 +195,7 @@ def observe_grow(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: 
         return watch
     if sum(n for _, n in gpus) <= sum(n for _, n in watch.previous):
         return watch
-    seen = replace(watch, after=profile.throughput(dict(gpus)))
+    seen = replace(watch, after=profile.throughput(dict(gpus)), grown=gpus)
     worse = seen.scale_out is not None and seen.scale_out.worse
     at = (watch.at if watch.at is not None else now) if worse else None
     return replace(seen, at=at)

@@ -708,7 +708,11 @@ class _Replay:
             # before it; one slower is stamped with that time and calls for a pass then (the fallback's)
             last = profile.scale_out
             observed = ScaleOut(
-                before[0], float(self.fstate[_SPEED, row]), before[1], earlier=last.failures if last else 0
+                before[0],
+                float(self.fstate[_SPEED, row]),
+                before[1],
+                earlier=last.failures if last else 0,
+                grown=self.per_type(node_rows),
             )
             if observed.worse:
                 observed = replace(observed, at=now + cost)
