@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
+from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
 from hpc_elastic.policy.registry import DAEMON_POLICY_NAMES
 
 DEFAULT_CKPT_ROOT = "/tmp/hpc-elastic/gpfs/jobs"  # noqa: S108 - the dev cluster's GPFS stand-in
@@ -117,9 +118,12 @@ class PlacementConfig(_Section):
 
 class ResizeConfig(_Section):
     """Elastic jobs (``--min-gpus``/``--max-gpus`` at submit) shrink when others wait and grow into idle GPUs,
-    by checkpoint -> requeue -> new size (NumTasks) while pending."""
+    by checkpoint -> requeue -> new size (NumTasks) while pending. ``fallback_hold_s``: EasyScale's Role 3 cap
+    (§3.4): after a grow observed slower a job falls back and grows no further for this long, doubled for each
+    grow in a row observed slower (``tiresias-las+easyscale``)."""
 
     enabled: bool = False
+    fallback_hold_s: float = Field(default=DEFAULT_FALLBACK_HOLD, ge=0, le=WEEK_S)
 
 
 class MetricsConfig(_Section):

@@ -100,6 +100,7 @@ def build_policy(config: PluginConfig) -> Policy:
         pack_limit=t.pack_limit,
         min_run_time=config.preemption.min_run_time_s,
         min_history=t.min_history,
+        fallback_hold=config.resize.fallback_hold_s,
     )
     return make_policy(config.policy, options)
 
@@ -170,7 +171,7 @@ class Daemon:
         skews = self._skews(jobs)
         reports = telemetry(self.config.ckpt_roots, self._managed(jobs))
         report.capabilities = reports.capabilities
-        profiles = self._profiles(jobs, nodes, reports)
+        profiles = self._profiles(jobs, nodes, reports, now)
         try:
             obs = observe(jobs, nodes, records, self.selection, now=now, skews=skews, profiles=profiles)
             cluster = ClusterState.from_nodes(list(obs.nodes))
@@ -208,7 +209,9 @@ class Daemon:
     def _managed(self, jobs: list[Job]) -> dict[int, Job]:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
 
-    def _profiles(self, jobs: list[Job], nodes: list[Node], reports: Telemetry) -> dict[int, ScalingCurve] | None:
+    def _profiles(
+        self, jobs: list[Job], nodes: list[Node], reports: Telemetry, now: float
+    ) -> dict[int, ScalingCurve] | None:
         """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i from
         the job's profile (the one its marker names, :attr:`capability_lookup`) corrected by what it observed,
         Role 3's observation of the last grow the daemon carried out, and whether its plans may span GPU types (the
@@ -234,7 +237,7 @@ class Daemon:
             profile = job_profile(marker, job, types, seen, mixed=mixed, profiled=profiled)
             watch = self._grows.get(job.job_id)
             if watch is not None:
-                watch = self._grows[job.job_id] = observe_grow(watch, profile, job, reported=bool(seen))
+                watch = self._grows[job.job_id] = observe_grow(watch, profile, job, reported=bool(seen), now=now)
             out[job.job_id] = replace(profile, scale_out=watch.scale_out if watch is not None else None)
         return out
 
@@ -246,7 +249,7 @@ class Daemon:
                 continue
             profile, job = profiles.get(action.job_id), jobs.get(action.job_id)
             if isinstance(profile, EstProfile) and job is not None:
-                self._grows[action.job_id] = watch_grow(profile, job)
+                self._grows[action.job_id] = watch_grow(profile, job, self._grows.get(action.job_id))
 
     def _log_rejections(self, rejected: Mapping[int, str]) -> None:
         """Log each disqualified job once (again only if the reason changes); forget those no longer listed."""

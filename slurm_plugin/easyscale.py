@@ -16,7 +16,10 @@ type and the observation of its last scale-out (Role 3). Here:
   observed C_i on its GPUs) and the GPUs it had (:class:`ScaleOutWatch`); once the grown job reports from its new
   incarnation on more GPUs than before, its throughput there is the "after" of the
   :class:`~hpc_elastic.policy.hetero.ScaleOut` the policy falls back on when it is worse (:func:`observe_grow`).
-  The daemon keeps the record in its state store, the functions here only take and return it.
+  A grow observed worse is stamped with the pass that saw it (the fallback's time) and carries how many grows in a
+  row before it were worse: the policy's cap on growing again lapses after a hold that doubles with them
+  (:meth:`~hpc_elastic.policy.hetero.ScaleOut.capped`). The daemon keeps the record in its state store, the
+  functions here only take and return it.
 """
 
 from __future__ import annotations
@@ -42,13 +45,19 @@ Gpus = tuple[tuple[str, int], ...]
 class ScaleOutWatch:
     """A grow the daemon carried out (Role 3's record, §3.4): the job's throughput before it, on ``previous`` GPUs
     per type, its restart count then (the grown job reports from a later incarnation), and ``after``: its
-    throughput on the grown GPUs once it reported from there (None until then). The daemon keeps it in its state
-    store, so that a restarted daemon goes on watching and can still fall back."""
+    throughput on the grown GPUs once it reported from there (None until then) and ``grown``: those GPUs per type.
+    ``at``: the pass that first saw ``after`` worse than ``before`` (the fallback's time; None otherwise);
+    ``earlier``: the grows in a row before this one observed worse (Role 3's back-off). The daemon keeps it in its
+    state store, so that a restarted daemon goes on watching, can still fall back, and holds the cap on that
+    configuration as long as it was to last."""
 
     before: float
     previous: Gpus
     restart_count: int
     after: float | None = None
+    at: float | None = None
+    earlier: int = 0
+    grown: Gpus = ()
 
     def __post_init__(self) -> None:
         for name, value in (("before", self.before), ("after", self.after)):
@@ -58,13 +67,29 @@ class ScaleOutWatch:
                 raise ValueError(f"a grow's throughput {name} must be finite and >= 0, got {value!r}")
         if isinstance(self.restart_count, bool) or not isinstance(self.restart_count, int) or self.restart_count < 0:
             raise ValueError(f"a grow's restart count must be an integer >= 0, got {self.restart_count!r}")
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for _, n in self.previous):
-            raise ValueError(f"a grow's previous GPUs must be positive counts per type, got {self.previous!r}")
+        if self.at is not None and (
+            isinstance(self.at, bool) or not isinstance(self.at, int | float) or not math.isfinite(self.at)
+        ):
+            raise ValueError(f"a grow's fallback time must be finite, got {self.at!r}")
+        if isinstance(self.earlier, bool) or not isinstance(self.earlier, int) or self.earlier < 0:
+            raise ValueError(f"a grow's earlier failures must be an integer >= 0, got {self.earlier!r}")
+        for name, gpus in (("previous", self.previous), ("grown", self.grown)):
+            if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for _, n in gpus):
+                raise ValueError(f"a grow's {name} GPUs must be positive counts per type, got {gpus!r}")
 
     @property
     def scale_out(self) -> ScaleOut | None:
-        """What the policy's Role 3 reads: before and after, once observed."""
-        return None if self.after is None else ScaleOut(self.before, self.after, self.previous)
+        """What the policy's Role 3 reads: before and after, once observed (with the fallback's time and the
+        failures in a row before it)."""
+        if self.after is None:
+            return None
+        return ScaleOut(self.before, self.after, self.previous, self.at, self.earlier, self.grown)
+
+    @property
+    def failures(self) -> int:
+        """Grows in a row observed worse up to this one (this one counts once observed)."""
+        seen = self.scale_out
+        return seen.failures if seen is not None else self.earlier
 
 
 def profiled_rates(profiles: Mapping[str, Profile]) -> dict[str, float]:
@@ -152,23 +177,28 @@ def may_span_types(marker: JobMarker, reports_d2: bool) -> bool:
     return marker.level is DeterminismLevel.D2 and reports_d2
 
 
-def watch_grow(profile: EstProfile, job: Job) -> ScaleOutWatch:
-    """What to remember when the daemon grows ``job``: its throughput on its GPUs now (Role 3's "before")."""
+def watch_grow(profile: EstProfile, job: Job, last: ScaleOutWatch | None = None) -> ScaleOutWatch:
+    """What to remember when the daemon grows ``job``: its throughput on its GPUs now (Role 3's "before"), and the
+    grows in a row observed worse so far (``last``: the job's previous record)."""
     gpus = job_gpus(job)
-    return ScaleOutWatch(profile.throughput(dict(gpus)), gpus, job.restart_count)
+    earlier = last.failures if last is not None else 0
+    return ScaleOutWatch(profile.throughput(dict(gpus)), gpus, job.restart_count, earlier=earlier)
 
 
-def observe_grow(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: bool) -> ScaleOutWatch:
+def observe_grow(watch: ScaleOutWatch, profile: EstProfile, job: Job, reported: bool, now: float) -> ScaleOutWatch:
     """Role 3's observation of a grow (§3.4): once the job runs again on more GPUs than before the grow and
     ``reported`` its capability from this incarnation, its throughput there is the "after" (updated while it runs
-    so). A later run on no more GPUs than before (the fallback itself, a shrink) leaves the observation as it was:
-    it says nothing about the grow."""
-    now = job_gpus(job)
+    so); the pass at ``now`` that first sees it worse is the fallback's time. A later run on no more GPUs than
+    before (the fallback itself, a shrink) leaves the observation as it was: it says nothing about the grow."""
+    gpus = job_gpus(job)
     if not reported or job.restart_count <= watch.restart_count:
         return watch
-    if sum(n for _, n in now) <= sum(n for _, n in watch.previous):
+    if sum(n for _, n in gpus) <= sum(n for _, n in watch.previous):
         return watch
-    return replace(watch, after=profile.throughput(dict(now)))
+    seen = replace(watch, after=profile.throughput(dict(gpus)), grown=gpus)
+    worse = seen.scale_out is not None and seen.scale_out.worse
+    at = (watch.at if watch.at is not None else now) if worse else None
+    return replace(seen, at=at)
 
 
 #: at most this many candidate nodes are searched for a split (the subsets are enumerated)

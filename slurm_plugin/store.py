@@ -7,10 +7,13 @@ how they evolve from Slurm's view is pure and lives in :mod:`slurm_plugin.observ
 :mod:`slurm_plugin.easyscale`.
 
 Role 3's record has its own table, ``grows`` (one row per job the daemon grew: throughput before, the GPUs per
-type before, the restart count then, the throughput observed after), rather than columns of ``jobs``: it exists
-for few jobs, only under one policy, and a row that does not make a valid record is dropped alone (the job is then
-simply not watched) where a bad ``jobs`` row means a corrupt database. An older database gains the table when a
-daemon opens it for writing; read-only, a database without it has no grows.
+type before, the restart count then, the throughput observed after and the GPUs per type it was observed on, when
+the grow was seen slower (the fallback) and how many grows in a row before it were, for the back-off of the cap),
+rather than columns of ``jobs``: it exists for few jobs, only under one policy, and a row that does not make a
+valid record is dropped alone (the job is then simply not watched) where a bad ``jobs`` row means a corrupt
+database. An older database gains the table, or the columns its table lacks, when a daemon opens it for writing;
+read-only, a database without the table has no grows, and one without a column reads it as its default (no
+fallback time, no earlier failure, GPUs after not known).
 """
 
 from __future__ import annotations
@@ -99,6 +102,10 @@ class JobRecord:
 
 
 _COLUMNS = tuple(f.name for f in fields(JobRecord))
+#: the columns of ``grows`` added after it was first written (Role 3's back-off), as an older database gains them
+_GROWS_ADDED = {"fallen_at": "REAL", "earlier": "INTEGER NOT NULL DEFAULT 0", "grown": "TEXT NOT NULL DEFAULT ''"}
+#: what a read-only view of an older ``grows`` reads for them
+_GROWS_DEFAULT = {"fallen_at": "NULL", "earlier": "0", "grown": "''"}
 _ADDED = (
     "placement",
     "stop_kind",
@@ -210,8 +217,13 @@ class Store:
             db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS grows (job_id INTEGER PRIMARY KEY, before REAL NOT NULL, "
-                "previous TEXT NOT NULL, restart_count INTEGER NOT NULL, after REAL)"
+                "previous TEXT NOT NULL, restart_count INTEGER NOT NULL, after REAL, fallen_at REAL, "
+                "earlier INTEGER NOT NULL DEFAULT 0, grown TEXT NOT NULL DEFAULT '')"
             )
+            have_grows = {row[1] for row in db.execute("PRAGMA table_info(grows)")}
+            for name, kind in _GROWS_ADDED.items():
+                if name not in have_grows:
+                    db.execute(f"ALTER TABLE grows ADD COLUMN {name} {kind}")
             # a database written by an older daemon: add the columns it lacks (their defaults apply)
             have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
             for name in _COLUMNS:
@@ -263,9 +275,19 @@ class Store:
             if grows is not None:
                 self._db.execute("DELETE FROM grows")
                 self._db.executemany(
-                    "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO grows (job_id, before, previous, restart_count, after, fallen_at, earlier, grown) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (job_id, w.before, split_text(dict(w.previous)), w.restart_count, w.after)
+                        (
+                            job_id,
+                            w.before,
+                            split_text(dict(w.previous)),
+                            w.restart_count,
+                            w.after,
+                            w.at,
+                            w.earlier,
+                            split_text(dict(w.grown)),
+                        )
                         for job_id, w in sorted(grows.items())
                     ],
                 )
@@ -273,19 +295,23 @@ class Store:
     def load_grows(self) -> dict[int, ScaleOutWatch]:
         """The grows watched (Role 3), by job id; a row that does not make a valid record is left out, said in the
         log (that job is not watched)."""
-        try:
-            rows = self._db.execute("SELECT job_id, before, previous, restart_count, after FROM grows").fetchall()
-        except sqlite3.OperationalError:  # a read-only view of a database older than the table
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(grows)")}
+        if not have:  # a read-only view of a database older than the table
             return {}
+        added = ", ".join(name if name in have else _GROWS_DEFAULT[name] for name in _GROWS_ADDED)
+        rows = self._db.execute(
+            f"SELECT job_id, before, previous, restart_count, after, {added} FROM grows"  # noqa: S608 - fixed names
+        ).fetchall()
         out: dict[int, ScaleOutWatch] = {}
-        for job_id, before, previous, restart_count, after in rows:
+        for job_id, before, previous, restart_count, after, fallen_at, earlier, grown in rows:
             try:
                 if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
                     raise ValueError(f"job_id {job_id!r}")
-                if not isinstance(previous, str):
-                    raise ValueError(f"previous {previous!r}")
+                if not isinstance(previous, str) or not isinstance(grown, str):
+                    raise ValueError(f"GPUs per type {previous!r}, {grown!r}")
                 split = tuple(sorted(parse_split(previous).items()))
-                out[job_id] = ScaleOutWatch(before, split, restart_count, after)
+                after_split = tuple(sorted(parse_split(grown).items()))
+                out[job_id] = ScaleOutWatch(before, split, restart_count, after, fallen_at, earlier, after_split)
             except ValueError as exc:
                 log.warning("grow record of job %r in %s is invalid, not watched: %s", job_id, self.path, exc)
         return out

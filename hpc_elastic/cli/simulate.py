@@ -18,6 +18,7 @@ from rich.table import Table
 
 from hpc_elastic.plotting import pyplot
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
+from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT
 from hpc_elastic.policy.policies import DEFAULT_TIME_SLICE
@@ -181,6 +182,14 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
     show_default=True,
     help="2D-Gittins runs as 2D-LAS until it has this many job sizes.",
 )
+@click.option(
+    "--fallback-hold",
+    type=float,
+    default=DEFAULT_FALLBACK_HOLD,
+    show_default=True,
+    help="EasyScale Role 3: seconds a job that fell back adds no GPUs of the types that did not pay, doubled for "
+    "each fallback in a row.",
+)
 def simulate(  # noqa: PLR0917 - click passes every option as an argument
     trace_path: Path,
     trace_format: str,
@@ -207,6 +216,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     throughputs: Path | None,
     requested_type: str | None,
     min_history: int,
+    fallback_hold: float,
 ) -> None:
     """Replay a job trace on a simulated GPU cluster and compare scheduling policies."""
     nodes = _cluster(cluster_spec, cluster_file)
@@ -234,6 +244,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
         min_run_time=min_run_time,
         time_slice=time_slice,
         min_history=min_history,
+        fallback_hold=fallback_hold,
     )
     config = SimConfig(
         model=SimModel(sim_model),

@@ -276,6 +276,14 @@ def propose(
     return proposals[:limit] if limit is not None else proposals
 
 
+#: Role 3's back-off (seconds): after a fallback the job proposes no scale-out beyond its GPUs before for this long,
+#: doubled for each fallback in a row. Half an hour: six times the daemon's 300 s minimum run time, so a retry that
+#: fails again (a grow and a fallback, two checkpoint-restarts) costs a few percent of the time it waited, a share
+#: that halves with every further failure; and short against the hours for which a trace's jobs run, so that GPUs
+#: that became free or uncontended are not left unused for long.
+DEFAULT_FALLBACK_HOLD = 1800.0
+
+
 def keep_scale_out(throughput_before: float, throughput_after: float, tolerance: float = 0.02) -> bool:
     """Role 3's check after a scale-out: keep the new GPUs unless the observed throughput is worse than before
     (by more than ``tolerance``, relative); otherwise fall back to the previous allocation and release them."""

@@ -18,8 +18,16 @@ decides who waits, EasyScale how many GPUs of which types the elastic jobs get);
    use one type (a proposal of k GPUs of another type than it holds moves it there when its plan on them alone is
    faster), ``easyscale-heter`` several;
 4. Role 3's fallback: a job whose last scale-out was observed to run slower than before
-   (:func:`~hpc_elastic.policy.easyscale.keep_scale_out`) goes back to the GPUs it had before it and proposes no
-   scale-out beyond them until a later scale-out is observed to pay.
+   (:func:`~hpc_elastic.policy.easyscale.keep_scale_out`) goes back to the GPUs it had before it. The cap that
+   follows is bounded, in what and for how long (:meth:`ScaleOut.capped`, :meth:`ScaleOut.refuses`): it refuses
+   the configuration that did not pay (more GPUs than before of a type the scale-out added), not every scale-out,
+   so a proposal of another type may still be granted; and it lapses
+   ``PolicyOptions.fallback_hold`` seconds after the fallback, doubled for each fallback in a row, after which the
+   job is planned and observed again (the pass wakes up then). Why: a job is only observed on GPUs it is given, so
+   a cap kept until "a later scale-out is observed to pay" is kept forever; the observation has already corrected
+   what it can in the estimate (the companion's per-type ``C_i``, §3.4, in the daemon), and what a per-type
+   correction cannot tell apart (a slow placement across nodes, contention that passes) is retried at
+   exponentially longer intervals, so that repeated failures cost a share of the job's time that halves each time.
 
 A job's speed model travels in its ``JobTable.scaling`` column as an :class:`EstProfile` (a :class:`ScalingCurve`
 whose homogeneous curve is Eq. 1d on its requested type, so the other policies read it as before) with its
@@ -40,11 +48,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
-from hpc_elastic.policy.easyscale import Proposal, best_plan, keep_scale_out, proposal_rank
+from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD, Proposal, best_plan, keep_scale_out, proposal_rank
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.policies import TiresiasLas
 from hpc_elastic.policy.types import (
     BoolArray,
+    Decision,
     IntArray,
     PassInput,
     PlacementMode,
@@ -57,16 +66,30 @@ from hpc_elastic.policy.types import (
 _REL = 1e-9
 #: Role 3: a scale-out is kept unless the observed throughput after it is this much (relative) below before.
 FALLBACK_TOLERANCE = 0.02
+#: Role 3's back-off doubles the hold at most this many times (2^40 holds: longer than any job)
+_MAX_DOUBLINGS = 40
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleOut:
     """What a job observed about its last scale-out: its throughput on its GPUs before and after (the same unit,
-    e.g. relative to its requested GPUs), and the GPUs per type it had before."""
+    e.g. relative to its requested GPUs), and the GPUs per type it had before. ``at``: when it was observed slower
+    (the pass that falls back; None: not stamped, the pass that reads it counts as that time); ``earlier``: how many
+    scale-outs in a row before this one were observed slower (Role 3's back-off, :meth:`capped`); ``grown``: its
+    GPUs per type after the scale-out (what the cap refuses, :meth:`refuses`; empty: not known)."""
 
     before: float
     after: float
     previous: tuple[tuple[str, int], ...]
+    at: float | None = None
+    earlier: int = 0
+    grown: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.at is not None and not math.isfinite(self.at):
+            raise ValueError(f"a scale-out's fallback time must be finite, got {self.at!r}")
+        if isinstance(self.earlier, bool) or not isinstance(self.earlier, int) or self.earlier < 0:
+            raise ValueError(f"a scale-out's earlier failures must be an integer >= 0, got {self.earlier!r}")
 
     @property
     def worse(self) -> bool:
@@ -74,8 +97,39 @@ class ScaleOut:
         return not keep_scale_out(self.before, self.after, FALLBACK_TOLERANCE)
 
     @property
+    def failures(self) -> int:
+        """Scale-outs in a row observed slower, this one included (0 when this one paid)."""
+        return self.earlier + 1 if self.worse else 0
+
+    @property
     def previous_gpus(self) -> int:
         return sum(n for _, n in self.previous)
+
+    def hold(self, base: float) -> float:
+        """Seconds the cap after this fallback lasts: ``base`` doubled for each earlier failure in a row."""
+        return base * 2.0 ** min(self.failures - 1, _MAX_DOUBLINGS) if self.failures else 0.0
+
+    def capped(self, now: float, base: float) -> bool:
+        """Role 3's cap (§3.4, bounded by a back-off): from the fallback until :meth:`hold` has passed, the job
+        proposes no plan that :meth:`refuses`."""
+        if not self.worse:
+            return False
+        return self.at is None or now < self.at + self.hold(base)
+
+    @property
+    def limits(self) -> tuple[tuple[str, int], ...]:
+        """The most GPUs per type a plan may hold under the cap: for each type the scale-out added GPUs of, what
+        the job had of it before (empty when ``grown`` is not known: then no plan beyond the GPUs before)."""
+        before = dict(self.previous)
+        return tuple((t, before.get(t, 0)) for t, n in self.grown if n > before.get(t, 0))
+
+    def refuses(self, gpus: Mapping[str, int]) -> bool:
+        """Whether the cap refuses a plan on these GPUs per type: one that adds GPUs of a type the scale-out that
+        did not pay added (the observation is per type: the companion corrects ``C_i`` per type, §3.4), while
+        GPUs of another type may be tried; with ``grown`` unknown, any plan on more GPUs than before."""
+        if not self.limits:
+            return sum(gpus.values()) > self.previous_gpus
+        return any(gpus.get(t, 0) > n for t, n in self.limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +177,15 @@ def _best_scale_out(  # noqa: PLR0917 - the cache keys on every argument
     ests: int,
     bounds: tuple[int, int],
     mixed: bool,
+    limits: tuple[tuple[str, int], ...] = (),
 ) -> Proposal | None:
     """Role 2 for a job on ``current`` GPUs: its best scale-out proposal in the inter-job ranking (job id 0: cached
     for every job alike), or None. A proposal is k more GPUs of one type ``t``; the job's plan is then Role 1's
     top-1 plan on its GPUs and those (``mixed``), or on its GPUs of ``t`` alone (plans on one type), on the fewest
     GPUs that reach its throughput: the GPUs the plan leaves out are released (with plans on one type, a job moves to
     a faster type so). An increment is proposed only when its plan uses all of the k GPUs, is faster than the job
-    now and than every smaller increment of ``t``, and runs on ``bounds`` = [min, max] GPUs."""
+    now and than every smaller increment of ``t``, and runs on ``bounds`` = [min, max] GPUs; and, under Role 3's
+    cap, on at most ``limits`` GPUs of each type there (:meth:`ScaleOut.refuses`)."""
     base = _best(current, capability, ests)
     have = dict(current)
     low, top = bounds
@@ -144,6 +200,8 @@ def _best_scale_out(  # noqa: PLR0917 - the cache keys on every argument
                 break
             plan = best_plan(grown, cap, ests)
             if plan is None or plan.count(gpu_type) < grown[gpu_type] or not low <= plan.total_gpus <= top:
+                continue
+            if any(plan.count(t) > c for t, c in limits):
                 continue
             if plan.throughput <= previous * (1 + _REL):
                 continue
@@ -208,10 +266,12 @@ def easyscale_walk(
     mixed: bool,
     pack_limit: float,
     own_types: bool = False,
+    fallback_hold: float = DEFAULT_FALLBACK_HOLD,
 ) -> WalkResult:
     """Steps 1-4 of the module doc: who holds GPUs, how many of each type, and where. ``own_types``: proposals
     only of the GPU types each job may run on (its ``JobTable.pool_mask``); else of any type (the simulator's
-    EasyScale, whose jobs name a type for their speeds only)."""
+    EasyScale, whose jobs name a type for their speeds only). ``fallback_hold``: Role 3's cap after a first
+    fallback, in seconds (:meth:`ScaleOut.capped`)."""
     jobs, cluster = inp.jobs, inp.cluster
     n, n_pools = len(jobs), cluster.n_pools
     types = cluster.pool_names
@@ -273,8 +333,9 @@ def easyscale_walk(
             left[p] -= size
             holding[row] = True
     # 2. running elastic holders keep what they hold beyond their minimum where it is left (Role 3: not beyond the
-    #    GPUs they had before a scale-out that did not pay)
+    #    GPUs they had before a scale-out that did not pay; while the back-off holds, no plan the cap refuses)
     cap = list(top)
+    limits: list[tuple[tuple[str, int], ...]] = [()] * n
     for row in order.tolist():
         if not (holding[row] and running[row] and low[row] < top[row]) or (pinned is not None and pinned[row]):
             continue
@@ -283,7 +344,10 @@ def easyscale_walk(
         if prof is not None and prof.scale_out is not None and prof.scale_out.worse:
             before = dict(prof.scale_out.previous)
             keep = [min(k, before.get(t, 0)) for k, t in zip(keep, types, strict=True)]
-            cap[row] = prof.scale_out.previous_gpus
+            if prof.scale_out.capped(inp.now, fallback_hold):
+                limits[row] = prof.scale_out.limits
+                if not limits[row]:  # the configuration is not known: no plan beyond the GPUs before
+                    cap[row] = prof.scale_out.previous_gpus
         for p in range(n_pools):
             extra = min(max(keep[p] - int(take[row, p]), 0), left[p])
             take[row, p] += extra
@@ -296,6 +360,7 @@ def easyscale_walk(
         holding=holding,
         profiles=profiles,
         cap=cap,
+        limits=limits,
         low=low,
         mixed=mixed,
         own_types=own_types,
@@ -312,6 +377,7 @@ def _grant(
     holding: BoolArray,
     profiles: list[EstProfile | None],
     cap: list[int],
+    limits: list[tuple[tuple[str, int], ...]],
     low: list[int],
     mixed: bool,
     own_types: bool,
@@ -335,7 +401,7 @@ def _grant(
         if not free:
             return
         spans = mixed or prof.mixed  # the policy's plans, or this job's D2 guard
-        best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), spans)
+        best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), spans, limits[row])
         if best is not None and best.speedup > 1.0:
             best = replace(best, job_id=int(jobs.job_ids[row]))
             heapq.heappush(heap, (proposal_rank(best), row, best))
@@ -440,8 +506,40 @@ class EasyScaleHomo(TiresiasLas):
         if np.array_equal(jobs.min_gpus, jobs.gpus) and np.array_equal(jobs.max_gpus, jobs.gpus):
             return super()._walk(inp, order, pinned)  # no elastic job in this pass: 2D-LAS's own walk
         return easyscale_walk(
-            inp, order, pinned, mixed=self.mixed, pack_limit=self.options.pack_limit, own_types=self.own_types
+            inp,
+            order,
+            pinned,
+            mixed=self.mixed,
+            pack_limit=self.options.pack_limit,
+            own_types=self.own_types,
+            fallback_hold=self.options.fallback_hold,
         )
+
+    def schedule(self, inp: PassInput) -> Decision:
+        """2D-LAS's pass with EasyScale's walk; it wakes up again when Role 3's cap on a job lapses (that job may
+        then take free GPUs by a proposal with nothing else happening)."""
+        decision = super().schedule(inp)
+        lapse = cap_lapse(inp, self.options.fallback_hold)
+        if lapse is None or (decision.next_wakeup is not None and decision.next_wakeup <= lapse):
+            return decision
+        return replace(decision, next_wakeup=lapse)
+
+
+def cap_lapse(inp: PassInput, fallback_hold: float) -> float | None:
+    """The earliest time after ``inp.now`` at which Role 3's cap on a job lapses (:meth:`ScaleOut.capped`), or
+    None when no job is capped (or no cap was stamped with a time)."""
+    jobs = inp.jobs
+    elastic = (jobs.min_gpus < jobs.max_gpus).tolist()
+    scaling = jobs.scaling
+    best = math.inf
+    for row, flexible in enumerate(elastic):
+        prof = scaling[row]
+        if not (flexible and isinstance(prof, EstProfile)) or prof.scale_out is None:
+            continue
+        seen = prof.scale_out
+        if seen.at is not None and seen.capped(inp.now, fallback_hold):
+            best = min(best, seen.at + seen.hold(fallback_hold))
+    return best if math.isfinite(best) else None
 
 
 class EasyScaleHeter(EasyScaleHomo):

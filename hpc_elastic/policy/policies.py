@@ -25,6 +25,7 @@ from hpc_elastic.policy.core import (
     pinned_rows,
     preemptive_walk,
 )
+from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
 from hpc_elastic.policy.elastic import elastic_walk
 from hpc_elastic.policy.gittins import GittinsTable, ReferenceIndex, ServiceDistribution, gittins_index_sup
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS, MlfqConfig, mlfq_update, mlfq_wakeup
@@ -97,6 +98,9 @@ class PolicyOptions:
     history: ServiceDistribution | None = field(default=None, compare=False)
     #: 2D-Gittins uses a job-size history only from this many sizes on; with fewer it is 2D-LAS.
     min_history: int = DEFAULT_MIN_HISTORY
+    #: EasyScale Role 3 (§3.4): seconds a job that fell back proposes no scale-out beyond its GPUs before, doubled
+    #: for each fallback in a row (:meth:`~hpc_elastic.policy.hetero.ScaleOut.capped`).
+    fallback_hold: float = DEFAULT_FALLBACK_HOLD
 
     def __post_init__(self) -> None:
         MlfqConfig(self.thresholds, self.promote_knob)  # validates both
@@ -104,7 +108,7 @@ class PolicyOptions:
             raise ValueError(f"min_history must be an int >= 0, got {self.min_history!r}")
         if not (math.isfinite(self.pack_limit)):
             raise ValueError(f"PACKLIMIT must be finite, got {self.pack_limit!r}")
-        for name in ("min_run_time", "time_slice", "max_age"):
+        for name in ("min_run_time", "time_slice", "max_age", "fallback_hold"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")

@@ -29,7 +29,8 @@ elastic job on n GPUs progresses at ``scaling(n) / scaling(gpus)`` times its spe
 scaling is an :class:`~hpc_elastic.policy.hetero.EstProfile` (capability per GPU type, heterogeneous clusters)
 progresses at Eq. 1d's throughput of the plan it runs on the GPUs it holds per type, relative to that on its
 requested GPUs of its requested type (so its trace duration stays its work); after a scale-out the replay records
-the observed speeds before and after in its profile (:class:`~hpc_elastic.policy.hetero.ScaleOut`, for Role 3).
+the observed speeds before and after in its profile (:class:`~hpc_elastic.policy.hetero.ScaleOut`, for Role 3),
+with the time of a scale-out observed slower and the failures in a row before it (Role 3's back-off).
 Optionally (``refit_pack_limit``) PACKLIMIT is refitted during the replay from the observed (placement, speed)
 pairs of the jobs started so far with :func:`hpc_elastic.policy.placement.fit_pack_limit` (§3.3.2,
 "Determining PACKLIMIT"), as the paper does periodically from job history.
@@ -75,6 +76,8 @@ DEFAULT_BANDWIDTH = 1.2e9
 _PENDING, _RUNNING, _DONE = 1, 2, 3
 _COMPLETION, _WAKE = 1, 2
 _TICK = -1
+#: the wake-up tag of a scale-out observed slower: Role 3's pass (whatever passes ran since)
+_OBSERVED = -2
 _PURGE_AT = 4096  # stale completion events the heap may hold before they leave it
 # columns of the per-job state tables
 _SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT, _POS = range(12)
@@ -511,12 +514,12 @@ class _Replay:
             self.progress(self.completed, self.n)
 
     def wake(self, tag: int) -> None:
-        """A periodic scheduling tick, or the wake-up the last pass asked for (a demotion or promotion due, a
-        minimum run time ending); only the latest pass's wake-up counts."""
+        """A periodic scheduling tick, the wake-up the last pass asked for (a demotion or promotion due, a
+        minimum run time ending; only the latest pass's wake-up counts), or a scale-out observed slower."""
         if tag == _TICK:
             self.tick_pending = math.inf
             self.ticked = True
-        elif tag == self.wake_gen:
+        elif tag in {self.wake_gen, _OBSERVED}:
             self.woken = True
 
     def stop(self, row: int, now: float) -> None:
@@ -701,7 +704,19 @@ class _Replay:
         before = self.before.pop(row, None)
         profile = self.scaling[row]
         if before is not None and isinstance(profile, EstProfile) and gpus > sum(n for _, n in before[1]):
-            observed = ScaleOut(before[0], float(self.fstate[_SPEED, row]), before[1])
+            # Role 3's observation once the job runs on its new GPUs (after its restore), with the failures in a row
+            # before it; one slower is stamped with that time and calls for a pass then (the fallback's)
+            last = profile.scale_out
+            observed = ScaleOut(
+                before[0],
+                float(self.fstate[_SPEED, row]),
+                before[1],
+                earlier=last.failures if last else 0,
+                grown=self.per_type(node_rows),
+            )
+            if observed.worse:
+                observed = replace(observed, at=now + cost)
+                self.push(now + cost, _WAKE, -1, _OBSERVED)
             self.scaling[row] = replace(profile, scale_out=observed)
         self.drop_completion()
 

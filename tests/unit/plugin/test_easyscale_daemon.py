@@ -113,17 +113,21 @@ def test_role_3_watches_a_grow_until_the_job_reports_from_its_new_run(busy: tupl
     assert watch.previous == (("v100", 2),) and watch.before == pytest.approx(20.0) and watch.restart_count == 3
     assert job_gpus(before) == (("v100", 2),)
     after = _v100_job(jobs, 8, 4)
-    assert observe_grow(watch, profile, before, reported=True).scale_out is None  # still the run before the grow
-    assert observe_grow(watch, profile, after, reported=False).scale_out is None  # no report from the new run yet
-    seen = observe_grow(watch, profile, after, reported=True).scale_out
+    assert (
+        observe_grow(watch, profile, before, reported=True, now=10.0).scale_out is None
+    )  # still the run before the grow
+    assert (
+        observe_grow(watch, profile, after, reported=False, now=10.0).scale_out is None
+    )  # no report from the new run yet
+    seen = observe_grow(watch, profile, after, reported=True, now=10.0).scale_out
     assert seen is not None and seen.after == pytest.approx(80.0) and not seen.worse
     slower = replace(profile, capability=(("v100", 2.0),))
-    observed = observe_grow(watch, slower, after, reported=True)
+    observed = observe_grow(watch, slower, after, reported=True, now=10.0)
     worse = observed.scale_out
     assert worse is not None and worse.worse and worse.previous_gpus == 2
     # the fallback's run (back on 2 GPUs) says nothing about the grow: the observation stays
     back = _v100_job(jobs, 2, 5)
-    assert observe_grow(observed, profile, back, reported=True) == observed
+    assert observe_grow(observed, profile, back, reported=True, now=20.0) == observed
     with pytest.raises(ValueError, match="finite"):
         replace(watch, after=float("nan"))
     with pytest.raises(ValueError, match="previous GPUs"):
@@ -183,9 +187,119 @@ def test_grow_records_survive_an_old_store_and_bad_rows_are_dropped(tmp_path: Pa
     watch = ScaleOutWatch(20.0, (("a100", 2), ("v100", 1)), 3, 12.5)
     store.save([], grows={7: watch, 8: ScaleOutWatch(1.0, (), 0)})
     with store._db:
-        store._db.execute("INSERT INTO grows VALUES (9, 'x', 'v100:2', 1, NULL)")
-        store._db.execute("INSERT INTO grows VALUES (10, 1.0, 'v100:0', 1, NULL)")
-        store._db.execute("INSERT INTO grows VALUES (11, 1.0, 'v100:2', -1, NULL)")
+        store._db.execute(
+            "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (9, 'x', 'v100:2', 1, NULL)"
+        )
+        store._db.execute(
+            "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (10, 1.0, 'v100:0', 1, NULL)"
+        )
+        store._db.execute(
+            "INSERT INTO grows (job_id, before, previous, restart_count, after) VALUES (11, 1.0, 'v100:2', -1, NULL)"
+        )
     assert store.load_grows() == {7: watch, 8: ScaleOutWatch(1.0, (), 0)}
     store.save([], grows={})
     assert store.load_grows() == {}
+
+
+def test_role_3_stamps_the_fallback_and_counts_failures_in_a_row(busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, _ = busy
+    profile = EstProfile((1,), (1.0,), capability=(("v100", 10.0),), ests=8, base_type="v100")
+    slower = replace(profile, capability=(("v100", 2.0),))
+    before, after = _v100_job(jobs, 2, 3), _v100_job(jobs, 8, 4)
+    watch = watch_grow(profile, before)
+    assert watch.earlier == 0 and watch.at is None and watch.failures == 0
+    worse = observe_grow(watch, slower, after, reported=True, now=500.0)
+    assert worse.at == 500.0 and worse.grown == (("v100", 8),) and worse.failures == 1
+    seen = worse.scale_out
+    assert seen is not None and seen.at == 500.0 and seen.limits == (("v100", 2),)
+    assert observe_grow(worse, slower, after, reported=True, now=510.0).at == 500.0  # the first pass that saw it
+    assert observe_grow(worse, profile, after, reported=True, now=520.0).at is None  # it pays after all
+    # the next grow of the job carries the failure: a second one in a row doubles the hold
+    again = watch_grow(profile, _v100_job(jobs, 2, 5), worse)
+    assert again.earlier == 1 and again.scale_out is None and again.failures == 1
+    twice = observe_grow(again, slower, _v100_job(jobs, 8, 6), reported=True, now=4000.0)
+    assert twice.failures == 2 and twice.scale_out is not None and twice.scale_out.hold(1800.0) == 3600.0
+    paid = observe_grow(again, profile, _v100_job(jobs, 8, 6), reported=True, now=4000.0)
+    assert paid.failures == 0 and watch_grow(profile, before, paid).earlier == 0  # a grow that paid ends the row
+    with pytest.raises(ValueError, match="fallback time"):
+        replace(watch, at=float("nan"))
+    with pytest.raises(ValueError, match="earlier failures"):
+        replace(watch, earlier=-1)
+    with pytest.raises(ValueError, match="grown GPUs"):
+        replace(watch, grown=(("v100", 0),))
+
+
+def test_the_store_keeps_the_fallback_across_a_reopen_and_upgrades_an_older_grows_table(tmp_path: Path) -> None:
+    """The fallback time, the failures in a row and the GPUs after survive a reopen; a ``grows`` table written
+    before those columns gains them when a daemon opens it (its rows keep their values, the new ones their
+    defaults), and a read-only view of it reads the defaults."""
+    db = sqlite3.connect(tmp_path / "state.sqlite3")
+    with db:
+        db.execute("CREATE TABLE jobs (job_id INTEGER PRIMARY KEY, first_seen REAL, waiting_since REAL)")
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute(
+            "CREATE TABLE grows (job_id INTEGER PRIMARY KEY, before REAL NOT NULL, previous TEXT NOT NULL, "
+            "restart_count INTEGER NOT NULL, after REAL)"
+        )
+        db.execute("INSERT INTO grows VALUES (7, 20.0, 'v100:2', 3, 16.0)")
+    db.close()
+    old = ScaleOutWatch(20.0, (("v100", 2),), 3, 16.0)
+    assert Store(tmp_path, read_only=True).load_grows() == {7: old}
+    store = Store(tmp_path)
+    assert store.load_grows() == {7: old}
+    columns = {row[1] for row in store._db.execute("PRAGMA table_info(grows)")}
+    assert {"fallen_at", "earlier", "grown"} <= columns
+    fell = ScaleOutWatch(20.0, (("v100", 2),), 3, 16.0, at=1400.0, earlier=2, grown=(("a100", 1), ("v100", 4)))
+    store.save([], grows={7: fell, 8: old})
+    store.close()
+    reopened = Store(tmp_path)
+    assert reopened.load_grows() == {7: fell, 8: old}
+    with reopened._db:
+        reopened._db.execute("UPDATE grows SET earlier = -3 WHERE job_id = 8")
+    assert reopened.load_grows() == {7: fell}  # a bad row is left out alone
+
+
+def test_a_restarted_daemon_holds_the_cap_until_it_lapses_then_grows_again(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    """Job "es" grows to 8 v100 at t = 600 and reports a slower run at 1400: it falls back to 2 (the store stamps
+    1400). With 6 v100 idle it stays on 2 while the hold (600 s) lasts, across a daemon restart, and grows to 8 again
+    once it lapsed; the new grow carries one failure in a row."""
+    jobs, nodes = busy
+    rigid = marked(next(j for j in jobs if j.job_id == 24))
+    cfg = config(
+        tmp_path,
+        policy="tiresias-las+easyscale",
+        resize={"enabled": True, "fallback_hold_s": 600},
+        preemption={"min_run_time_s": 0},
+    )
+    es = _v100_job(jobs, 2, 0)
+    job_dir = JobDir.of(tmp_path / "jobs", es.name, es.job_id).prepare()
+    record(job_dir, 0, (("v100", 10.0),))
+    fake = FakeSlurm([rigid, es], _nodes(nodes, {"node3": 2}))
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 600))
+    (grow,) = [a for a in daemon.run_pass().actions if isinstance(a, Resize)]
+    assert (grow.old_gpus, grow.new_gpus) == (2, 8)
+    record(job_dir, 1, (("v100", 2.0),))
+    fake._jobs = [rigid, replace(_v100_job(jobs, 8, 1), start_time=start_of(jobs, 24) + timedelta(seconds=700))]
+    fake._nodes = _nodes(nodes, {"node3": 4, "node4": 4})
+    clock.now = at(start_of(jobs, 24), 1400)
+    (back,) = [a for a in daemon.run_pass().actions if isinstance(a, Resize)]
+    assert (back.old_gpus, back.new_gpus) == (8, 2)
+    fell = daemon.store.load_grows()[es.job_id]
+    assert fell.at == clock.now and fell.failures == 1 and fell.grown == (("v100", 8),)
+    daemon.store.close()  # the daemon stops
+    # back on 2 v100, reporting what it did before the grow; 6 v100 idle
+    record(job_dir, 2, (("v100", 10.0),))
+    fake._jobs = [rigid, replace(_v100_job(jobs, 2, 2), start_time=start_of(jobs, 24) + timedelta(seconds=1500))]
+    fake._nodes = _nodes(nodes, {"node3": 2})
+    second, clock = make(cfg, fake, at(start_of(jobs, 24), 1900))
+    report = second.run_pass()
+    assert report.decision is not None and not report.decision.resizes  # 500 s after the fallback: held
+    assert second.store.load_grows()[es.job_id] == fell
+    clock.now = at(start_of(jobs, 24), 2001)  # 601 s after: the cap lapsed
+    report = second.run_pass()
+    (regrow,) = [a for a in report.actions if isinstance(a, Resize)]
+    assert (regrow.old_gpus, regrow.new_gpus, regrow.gpu_type) == (2, 8, "v100")
+    watch = second.store.load_grows()[es.job_id]
+    assert watch.earlier == 1 and watch.after is None and watch.restart_count == 2

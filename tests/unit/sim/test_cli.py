@@ -94,6 +94,10 @@ def test_heterogeneous_cluster_with_speeds_per_type(runner: CliRunner, tmp_path:
     assert wrong.exit_code == 2 and "'t4'" in wrong.stderr
     alone = runner.invoke(cli, [*args[:7], "--requested-type", "v100"])
     assert alone.exit_code == 2 and "needs --elastic and --throughputs" in alone.stderr
+    held = runner.invoke(cli, [*args, "--policy", "easyscale-heter", "--fallback-hold", "60"])
+    assert held.exit_code == 0, held.output
+    bad = runner.invoke(cli, [*args, "--policy", "easyscale-heter", "--fallback-hold", "-1"])
+    assert bad.exit_code == 2 and "fallback_hold" in bad.stderr
 
 
 def test_repeated_policy_and_knobs_and_plot(runner: CliRunner, tmp_path: Path) -> None:
