@@ -218,40 +218,6 @@ def _plain(types: tuple[str, ...], ests: int) -> EstProfile:
     return est_profile(dict.fromkeys(types, 1.0), ests, types[0])
 
 
-@functools.lru_cache(maxsize=65536)
-def _best_homogeneous_proposal(  # noqa: PLR0917 - the cache keys on every argument
-    current: tuple[tuple[str, int], ...],
-    free: tuple[tuple[str, int], ...],
-    capability: tuple[tuple[str, float], ...],
-    ests: int,
-    max_gpus: int,
-    min_gpus: int,
-) -> Proposal | None:
-    """Role 2 with plans on one type (``easyscale-homo``): k more GPUs of a type ``t``, the job's plan then on its
-    GPUs of ``t`` alone (those of another type it held are released: with a type faster than its own it moves);
-    each increment faster than the job now and than every smaller one of ``t``, at least ``min_gpus`` and at most
-    ``max_gpus`` GPUs. The best in the inter-job ranking (id 0: cached for every job alike), or None."""
-    base = _best(current, capability, ests)
-    have = dict(current)
-    best: Proposal | None = None
-    for gpu_type, n in free:
-        previous = base
-        for k in range(1, n + 1):
-            total = have.get(gpu_type, 0) + k
-            if total > max_gpus:
-                break
-            plan = best_plan({gpu_type: total}, dict(capability), ests)
-            if total < min_gpus or plan is None or plan.total_gpus < total:
-                continue
-            if plan.throughput <= previous * (1 + _REL):
-                continue
-            previous = plan.throughput
-            found = Proposal(0, gpu_type, k, plan, plan.throughput / base if base > 0 else math.inf)
-            if best is None or proposal_rank(found) < proposal_rank(best):
-                best = found
-    return best
-
-
 def _profile(curve: ScalingCurve | None, types: tuple[str, ...], ests: int, elastic: bool) -> EstProfile | None:
     if isinstance(curve, EstProfile):
         return curve
