@@ -198,6 +198,14 @@ class Applier:
             return self._stop(action, result)
         if isinstance(action, ReleaseNodes):
             self._update(result, action.job_id, resize_keep="")
+            if action.job_id in self._jobs:
+                # A running job keeps the name of the reservation it started in; requeued later (its next resize)
+                # while that reservation has ended, Slurm holds it for good (RESV_DEL_HOLD): clear the name first
+                # (22.05 takes the update on a running job; measured on the dev cluster).
+                try:
+                    self.client.update_job(self._ref(action.job_id), {"Reservation": ""})
+                except SlurmError as exc:
+                    log.warning("job %d: cannot clear its reservation %s (%s)", action.job_id, action.reservation, exc)
             try:
                 self.client.end_reservation(action.reservation)
             except SlurmError as exc:  # gone already, or it ends at its end time by itself

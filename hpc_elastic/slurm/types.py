@@ -33,6 +33,8 @@ class JobState(enum.StrEnum):
     REQUEUED = "REQUEUED"
     REQUEUE_HOLD = "REQUEUE_HOLD"
     REQUEUE_FED = "REQUEUE_FED"
+    #: pending and held: the reservation it asked for was deleted
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
     SPECIAL_EXIT = "SPECIAL_EXIT"
     REVOKED = "REVOKED"
     STOPPED = "STOPPED"
@@ -52,7 +54,13 @@ class JobState(enum.StrEnum):
 
     @property
     def is_pending(self) -> bool:
-        return self in (JobState.PENDING, JobState.REQUEUE_HOLD, JobState.REQUEUE_FED, JobState.REQUEUED)
+        return self in (
+            JobState.PENDING,
+            JobState.REQUEUE_HOLD,
+            JobState.REQUEUE_FED,
+            JobState.REQUEUED,
+            JobState.RESV_DEL_HOLD,
+        )
 
     @classmethod
     def parse(cls, raw: str) -> JobState:
@@ -80,6 +88,7 @@ _ACTIVE = frozenset(
         JobState.REQUEUED,
         JobState.REQUEUE_HOLD,
         JobState.REQUEUE_FED,
+        JobState.RESV_DEL_HOLD,
         JobState.SIGNALING,
         JobState.STAGE_OUT,
         JobState.STOPPED,
@@ -115,6 +124,7 @@ _SHORT_CODES = {
     "RQ": JobState.REQUEUED,
     "RH": JobState.REQUEUE_HOLD,
     "RF": JobState.REQUEUE_FED,
+    "RD": JobState.RESV_DEL_HOLD,
     "SE": JobState.SPECIAL_EXIT,
     "RV": JobState.REVOKED,
     "ST": JobState.STOPPED,

@@ -130,6 +130,13 @@ def test_the_shrink_holds_the_kept_a100_node_so_the_gang_job_gets_the_v100(tmp_p
     (release,) = [a for a in report.actions if isinstance(a, ReleaseNodes)]
     assert (release.job_id, release.reservation) == (12, KEEP) and "runs again" in release.reason
     assert ("end-reservation", KEEP) in fake.calls and daemon.store.load()[12].resize_keep == ""
+    # the running job loses the reservation's name before the reservation ends: requeued by its next resize with
+    # the name of an ended reservation, Slurm would hold it for good (RESV_DEL_HOLD, seen in a demo run)
+    assert story.updates(12)[-1] == {"Reservation": ""}
+    cleared = next(
+        i for i, (kind, args) in enumerate(fake.calls) if kind == "update" and args == (12, {"Reservation": ""})
+    )
+    assert cleared < fake.calls.index(("end-reservation", KEEP))
     clock.now += 2
     assert not [a for a in daemon.run_pass().actions if isinstance(a, ReleaseNodes)]
 

@@ -255,6 +255,9 @@ def test_job_state_spellings() -> None:
     assert parse.job_state("CANCELLED by 0") is JobState.CANCELLED
     assert parse.job_state(["PENDING", "REQUEUED"]) is JobState.PENDING
     assert JobState.parse("PD") is JobState.PENDING and JobState.parse("bogus") is JobState.UNKNOWN
+    # squeue's job_state of a requeued job whose reservation had ended (dev cluster): pending, held
+    held = JobState.parse("RESV_DEL_HOLD")
+    assert held is JobState.parse("RD") is JobState.RESV_DEL_HOLD and held.is_pending and held.is_active
     assert NodeState.parse("mix") is NodeState.MIXED and NodeState.parse("idle*") is NodeState.IDLE
 
 
