@@ -17,6 +17,8 @@ The decisions are :mod:`hpc_elastic.policy.brain`'s (pure); this module reads th
   best observed one by more than ``tolerance`` is left for that one
   (:func:`~hpc_elastic.policy.brain.fall_back`), applied as any plan is, measured again, and adjust goes on from it;
   the plan left is never applied again (an adjust that proposes it ends the adjusts, ``refused`` with the reason).
+  A window at whose end the job had no shard left to hand out measured the job's tail, not the plan: it is not
+  recorded, and Brain stops there (``full_window`` false in the report).
 
 A plan is applied through :class:`~hpc_elastic.ps.job.PsJob`: workers of another size or beyond the plan's count
 scaled in (SIGTERM: their shards go back to TODO), PS of sizes the plan drops removed and the new ones added (each a
@@ -113,12 +115,14 @@ def usage_between(before: Reading, after: Reading, plan: ResourcePlan) -> tuple[
 
 @dataclass(frozen=True)
 class BrainStep:
-    """A plan Brain chose, why, and the samples/s the job trained at under it."""
+    """A plan Brain chose, why, and the samples/s the job trained at under it; ``full_window``: whether the job had
+    work left for its workers at the window's end (else the window measured the job's end, not the plan)."""
 
     stage: Stage
     plan: ResourcePlan
     samples_s: float
     estimates: Estimates | None = None
+    full_window: bool = True
 
     def describe(self) -> str:
         w = self.plan.workers
@@ -342,26 +346,37 @@ class BrainAgent:
         self.refused.append(Refusal(plan.stage, plan, reason))
         return False
 
-    def measured(self, stage: Stage, job: PsJob, plan: ResourcePlan, estimates: Estimates | None = None) -> Usage:
-        """Measure ``plan`` running (:meth:`measure`), record it as a step of ``stage`` and in :attr:`record`."""
-        usage, rate = self.measure(job, plan)
-        self.record = self.record.observe(plan, rate)
-        self.steps.append(BrainStep(stage, plan, rate, estimates))
-        return usage
+    def work_left(self, job: PsJob) -> bool:
+        """Whether the job still has shards to hand out (TODO not empty, or an epoch to come): a window that ends
+        without measures the last shards' tail, not the plan."""
+        assert job.master is not None, "start the job first"
+        status, _ = job.master.call("status")
+        queues = status["queues"]
+        return not status["finished"] and (queues["todo"] > 0 or queues["epoch"] < len(status["epochs"]) - 1)
 
-    def fall_back(self, job: PsJob, plan: ResourcePlan, usage: Usage) -> tuple[ResourcePlan, Usage]:
+    def measured(self, stage: Stage, job: PsJob, plan: ResourcePlan) -> tuple[Usage, bool]:
+        """Measure ``plan`` running (:meth:`measure`) and record it as a step of ``stage``; in :attr:`record` only
+        when the job had work left at the window's end (whether it had: the second value)."""
+        usage, rate = self.measure(job, plan)
+        full = self.work_left(job)
+        if full:
+            self.record = self.record.observe(plan, rate)
+        self.steps.append(BrainStep(stage, plan, rate, full_window=full))
+        return usage, full
+
+    def fall_back(self, job: PsJob, plan: ResourcePlan, usage: Usage) -> tuple[ResourcePlan, Usage, bool]:
         """After ``plan`` was measured: back to the best observed plan when ``plan`` measured below it by more than
         the tolerance (:func:`~hpc_elastic.policy.brain.fall_back`), applied through :meth:`change_to` and measured
-        again; the plan the job runs now and its usage."""
+        again; the plan the job runs now, its usage, and whether its window was full (:meth:`measured`)."""
         decision = fall_back(self.record, plan, self.limits, self.partition(plan.total_cores), tolerance=self.tolerance)
         if decision is None:
-            return plan, usage
+            return plan, usage, True
         self.record = decision.record
         if not self.change_to(job, decision.plan, plan):
-            return plan, usage
-        usage = self.measured(Stage.FALLBACK, job, decision.plan)
+            return plan, usage, True
+        usage, full = self.measured(Stage.FALLBACK, job, decision.plan)
         self.fallbacks.append(FallbackStep(decision, self.steps[-1].samples_s))
-        return decision.plan, usage
+        return decision.plan, usage, full
 
     def run(self, job: PsJob, interrupt: Callable[[], bool] = _never) -> list[BrainStep]:
         """Sample, optimize, then adjust ``job`` until Brain finds nothing to fix or ``max_adjust`` steps were
@@ -383,15 +398,21 @@ class BrainAgent:
         self.apply(job, plan)
         usage, rate = self.measure(job, plan)
         estimates = estimate(usage)
-        self.record = self.record.observe(plan, rate)
-        self.steps.append(BrainStep(Stage.SAMPLE, plan, rate, estimates))
+        full = self.work_left(job)
+        if full:
+            self.record = self.record.observe(plan, rate)
+        self.steps.append(BrainStep(Stage.SAMPLE, plan, rate, estimates, full))
         held = plan.total_cores
         found = optimize(estimates, self.limits, self.partition(held), ps_mem_mb=STEP_MEM_MB_PER_CPU, held_cores=held)
         if not self.change_to(job, found, plan):
             return self.steps
         plan = found
-        usage = self.measured(Stage.OPTIMIZE, job, plan)
-        plan, usage = self.fall_back(job, plan, usage)
+        usage, full = self.measured(Stage.OPTIMIZE, job, plan)
+        if not full:  # the job is at its end: nothing more to measure
+            return self.steps
+        plan, usage, full = self.fall_back(job, plan, usage)
+        if not full:
+            return self.steps
         for _ in range(self.max_adjust):
             adjusted = adjust(
                 usage, estimates, self.limits, self.partition(plan.total_cores), hot_threshold=self.hot_threshold
@@ -404,8 +425,12 @@ class BrainAgent:
             if not self.change_to(job, adjusted, plan):
                 break
             plan = adjusted
-            usage = self.measured(Stage.ADJUST, job, plan)
-            plan, usage = self.fall_back(job, plan, usage)
+            usage, full = self.measured(Stage.ADJUST, job, plan)
+            if not full:
+                break
+            plan, usage, full = self.fall_back(job, plan, usage)
+            if not full:
+                break
         return self.steps
 
     @property
@@ -421,6 +446,7 @@ class BrainAgent:
                 "worker_cores": s.plan.workers.cores,
                 "ps_cores": list(s.plan.ps_cores),
                 "samples_s": round(s.samples_s, 1),
+                "full_window": s.full_window,
                 "reasons": list(s.plan.reasons),
             }
             for s in self.steps

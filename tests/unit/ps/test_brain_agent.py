@@ -80,9 +80,11 @@ class GivenRates(BrainAgent):
 LIMITS = JobLimits(c_total=5, workers=Range(1, 3), ps=Range(1, 2), total_steps=400)
 
 
-def run_agent(agent: BrainAgent, tmp_path: Path) -> list[Any]:
+def run_agent(agent: BrainAgent, tmp_path: Path, samples: int = 16_000) -> list[Any]:
     first = agent.initial_plan()
-    config = PsJobConfig(num_ps=first.num_ps, num_workers=0, num_samples=16000, shard_size=32, batch_size=32, epochs=2)
+    config = PsJobConfig(
+        num_ps=first.num_ps, num_workers=0, num_samples=samples, shard_size=32, batch_size=32, epochs=2
+    )
     with PsJob(config, tmp_path, ps_cpus=first.ps_cores[0]) as job:
         steps = agent.run(job)
         assert sorted(job.ps_cores) == sorted(steps[-1].plan.ps_cores)  # the job runs the last step's plan
@@ -102,7 +104,8 @@ def test_a_plan_measured_slower_falls_back_to_the_best_and_is_never_applied_agai
     grown = ResourcePlan(replace(sample.workers, count=2), sample.ps_cores, sample.ps_mem_mb, Stage.ADJUST, ("grow",))
     monkeypatch.setattr(brain_agent, "adjust", lambda *args, **kwargs: grown)
     agent.rate = lambda plan: 7_092.0 if plan.shape == sample.shape else 1_555.0  # every other plan slower
-    steps = run_agent(agent, tmp_path)
+    steps = run_agent(agent, tmp_path, samples=60_000)  # work left through the five windows, whatever the load
+    assert all(s.full_window for s in steps)
     stages = [s.stage for s in steps]
     assert stages == [Stage.SAMPLE, Stage.OPTIMIZE, Stage.FALLBACK, Stage.ADJUST, Stage.FALLBACK]
     assert steps[1].plan.shape != sample.shape and steps[3].plan.shape == grown.shape
@@ -128,3 +131,18 @@ def test_a_plan_measured_faster_is_kept(tmp_path: Path) -> None:
     steps = run_agent(agent, tmp_path)
     assert [s.stage for s in steps] == [Stage.SAMPLE, Stage.OPTIMIZE]
     assert agent.report()["fallbacks"] == [] and agent.record.rejected == ()
+
+
+def test_a_window_at_the_jobs_end_is_not_a_measurement_of_the_plan(tmp_path: Path) -> None:
+    # the optimize window ends with no shard left (as a short job's does): its samples/s are the tail's, so no
+    # fallback from it; Brain stops there
+    agent = GivenRates(lambda p: 0.0, LIMITS, cores=5, cores_per_node=4, mem_per_node_mb=8192, window_s=0.5,
+                       max_adjust=2)  # fmt: skip
+    sample = agent.initial_plan()
+    agent.rate = lambda plan: 7_092.0 if plan.shape == sample.shape else 0.0
+    answers = iter([True, False])
+    agent.work_left = lambda job: next(answers)  # type: ignore[method-assign]
+    steps = run_agent(agent, tmp_path)
+    assert [(s.stage, s.full_window) for s in steps] == [(Stage.SAMPLE, True), (Stage.OPTIMIZE, False)]
+    assert agent.fallbacks == [] and agent.record.latest(steps[1].plan) is None
+    assert agent.report()["steps"][1]["full_window"] is False
