@@ -16,7 +16,10 @@ Stages (§4.2), each a function from observations to a :class:`ResourcePlan`:
 - :func:`adjust`: the running job's problems: an out-of-memory worker or PS gets twice the memory (a PS that
   cannot get more memory on a node is doubled in number, as the paper does); a hot PS is replaced by a larger one,
   ``s = min(ŝ_hot / ŝ_total · ŝ · N_w, C_max)``, at least one core more than it had; idle PS cores get more
-  workers, ``ΔN_w = min(s_total / ŝ, √K) − N_w``.
+  workers, ``ΔN_w = min(s_total / ŝ, √K) − N_w``;
+- :func:`fall_back` (ours: §4.2 adjusts from observations but is silent on a plan that measures slower): a plan
+  whose measured throughput is below the best observed plan's by more than a tolerance is left for that plan, and
+  not tried again (:class:`PlanRecord`).
 
 The paper leaves ``K`` undefined; we read it as the job's total number of steps, the bound ``√K`` on the number of
 asynchronous workers under which asynchronous SGD keeps its linear speedup (Lian et al., NeurIPS 2015).
@@ -43,12 +46,16 @@ DEFAULT_HOT_THRESHOLD = 0.8
 DEFAULT_SAMPLE_PS = 2
 #: memory a new worker gets over the largest resident set observed (the paper: "from the observation")
 MEMORY_MARGIN = 1.25
+#: a plan measured more than this share below the best observed plan's samples/s is left for that one
+#: (:func:`fall_back`); within it the two are alike (a 10 % goal against the grid's best, windows' noise)
+DEFAULT_FALLBACK_TOLERANCE = 0.1
 
 
 class Stage(StrEnum):
     SAMPLE = "sample"
     OPTIMIZE = "optimize"
     ADJUST = "adjust"
+    FALLBACK = "fallback"  # ours: back to the best observed plan (:func:`fall_back`)
 
 
 class Role(StrEnum):
@@ -187,6 +194,12 @@ class ResourcePlan:
     @property
     def num_ps(self) -> int:
         return len(self.ps_cores)
+
+    @property
+    def shape(self) -> tuple[Group, tuple[int, ...], int]:
+        """The processes the plan runs, whatever its stage and reasons: its workers, its PS' cores (in order of
+        size) and their memory. Two plans of one shape are one configuration of the job."""
+        return (self.workers, tuple(sorted(self.ps_cores, reverse=True)), self.ps_mem_mb)
 
     @property
     def ps_total_cores(self) -> int:
@@ -448,3 +461,116 @@ def _adjusted(
         Stage.ADJUST,
         (reason,),
     )
+
+
+# -- falling back to the best observed plan (ours) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A plan the job ran and the samples/s it measured under it (over a window after the change settled)."""
+
+    plan: ResourcePlan
+    samples_s: float
+
+    def __post_init__(self) -> None:
+        _amount("samples_s", self.samples_s)
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """The plans a job ran, by shape (:attr:`ResourcePlan.shape`), each with its latest measurement, and the shapes
+    :func:`fall_back` left for a better one (``rejected``).
+
+    §4.2 adjusts "based on the runtime statistics of the job" and keeps the plan it applied; what to do when an
+    applied plan measures slower than one the job already ran, the paper does not say: this record and
+    :func:`fall_back` are ours. A rejected shape is never tried again by the record's owner: one Brain run of a job
+    (sample, optimize, at most a bounded number of adjusts), short beside a job's length; a hold that lapsed within
+    it would only spend another window on a loss already measured, and the deterministic adjust proposes the same
+    plan from the same readings, so retrying is how a loop would start."""
+
+    observed: tuple[Observed, ...] = ()
+    rejected: tuple[tuple[Group, tuple[int, ...], int], ...] = ()
+
+    def observe(self, plan: ResourcePlan, samples_s: float) -> PlanRecord:
+        """The record with ``plan`` measured at ``samples_s`` (replacing an earlier measurement of its shape: the
+        latest reflects the machine now)."""
+        new = Observed(plan, samples_s)
+        kept = tuple(o for o in self.observed if o.plan.shape != plan.shape)
+        return replace(self, observed=(*kept, new))
+
+    def latest(self, plan: ResourcePlan) -> Observed | None:
+        """The measurement of ``plan``'s shape, or None."""
+        return next((o for o in self.observed if o.plan.shape == plan.shape), None)
+
+    def rejects(self, plan: ResourcePlan) -> bool:
+        """Whether ``plan``'s shape was left for a better one: not to be applied again."""
+        return plan.shape in self.rejected
+
+    def reject(self, plan: ResourcePlan) -> PlanRecord:
+        return self if self.rejects(plan) else replace(self, rejected=(*self.rejected, plan.shape))
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """:func:`fall_back`'s decision: ``plan`` (the best observed one's processes, stage ``FALLBACK``, the reason) to
+    apply instead of ``worse``, measured below ``best``; ``record`` with ``worse`` rejected."""
+
+    plan: ResourcePlan
+    worse: Observed
+    best: Observed
+    record: PlanRecord
+
+
+def fall_back(
+    record: PlanRecord,
+    current: ResourcePlan,
+    limits: JobLimits,
+    partition: Partition,
+    *,
+    tolerance: float = DEFAULT_FALLBACK_TOLERANCE,
+) -> Fallback | None:
+    """After ``current`` ran its window (its measurement in ``record``): when its samples/s are below the best other
+    observed plan's by more than ``tolerance`` (a share of the best's), go back to that plan; else None (keep it).
+    Candidates are the observed plans not rejected, within the job's ranges and fitting ``partition`` with the
+    cores ``current`` holds (:meth:`ResourcePlan.check`), so a fallback never goes where no plan may. The paper
+    (§4.2) is silent here: this is ours, the same principle as a measured fallback elsewhere in the project (a
+    model of speed from core counts can be wrong; a measurement of a plan the job ran is not a model). ValueError
+    for a tolerance outside [0, 1) or a ``current`` not measured."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
+        raise ValueError(f"fallback tolerance must be in [0, 1), got {tolerance!r}")
+    now = record.latest(current)
+    if now is None:
+        raise ValueError(f"the plan {current.shape} has no measurement to compare")
+    held = current.total_cores
+    candidates: list[Observed] = []
+    for o in record.observed:
+        plan = o.plan
+        if plan.shape == current.shape or record.rejects(plan):
+            continue
+        if (
+            limits.workers.clamp(plan.workers.count) != plan.workers.count
+            or limits.ps.clamp(plan.num_ps) != plan.num_ps
+        ):
+            continue
+        try:
+            plan.check(partition, held)
+        except ValueError:
+            continue
+        candidates.append(o)
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda o: o.samples_s)
+    if now.samples_s >= best.samples_s * (1 - tolerance):
+        return None
+    reason = (
+        f"fallback: {now.samples_s:,.0f} samples/s under {_describe(current)} is below the "
+        f"{best.samples_s:,.0f} of {_describe(best.plan)} by more than {tolerance:.0%}: back to it"
+    )
+    back = ResourcePlan(best.plan.workers, best.plan.ps_cores, best.plan.ps_mem_mb, Stage.FALLBACK, (reason,))
+    return Fallback(back, now, best, record.reject(current))
+
+
+def _describe(plan: ResourcePlan) -> str:
+    w = plan.workers
+    return f"{w.count} workers of {w.cores} cores and PS of {'+'.join(str(c) for c in plan.ps_cores)} cores"

@@ -11,7 +11,14 @@ The decisions are :mod:`hpc_elastic.policy.brain`'s (pure); this module reads th
 - **optimize**: Eq. 10-11 (:func:`~hpc_elastic.policy.brain.optimize`), applied;
 - **adjust**: at most ``max_adjust`` times, the first problem of the running job fixed
   (:func:`~hpc_elastic.policy.brain.adjust`: idle PS cores -> more workers, a hot PS -> a larger one), applied, until
-  Brain finds none.
+  Brain finds none;
+- **fallback** (ours, the paper is silent): every applied plan's samples/s (the window of :meth:`BrainAgent.measure`,
+  after the change's warm-up) goes into a :class:`~hpc_elastic.policy.brain.PlanRecord`; a plan measured below the
+  best observed one by more than ``tolerance`` is left for that one
+  (:func:`~hpc_elastic.policy.brain.fall_back`), applied as any plan is, measured again, and adjust goes on from it;
+  the plan left is never applied again (an adjust that proposes it ends the adjusts, ``refused`` with the reason).
+  A window at whose end the job had no shard left to hand out measured the job's tail, not the plan: it is not
+  recorded, and Brain stops there (``full_window`` false in the report).
 
 A plan is applied through :class:`~hpc_elastic.ps.job.PsJob`: workers of another size or beyond the plan's count
 scaled in (SIGTERM: their shards go back to TODO), PS of sizes the plan drops removed and the new ones added (each a
@@ -36,15 +43,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_elastic.policy.brain import (
+    DEFAULT_FALLBACK_TOLERANCE,
     DEFAULT_HOT_THRESHOLD,
     Estimates,
+    Fallback,
     JobLimits,
     Partition,
+    PlanRecord,
     ResourcePlan,
     Stage,
     Usage,
     adjust,
     estimate,
+    fall_back,
     optimize,
     sample_plan,
 )
@@ -104,12 +115,14 @@ def usage_between(before: Reading, after: Reading, plan: ResourcePlan) -> tuple[
 
 @dataclass(frozen=True)
 class BrainStep:
-    """A plan Brain chose, why, and the samples/s the job trained at under it."""
+    """A plan Brain chose, why, and the samples/s the job trained at under it; ``full_window``: whether the job had
+    work left for its workers at the window's end (else the window measured the job's end, not the plan)."""
 
     stage: Stage
     plan: ResourcePlan
     samples_s: float
     estimates: Estimates | None = None
+    full_window: bool = True
 
     def describe(self) -> str:
         w = self.plan.workers
@@ -167,6 +180,29 @@ def changes(plan: ResourcePlan, worker_cores: Mapping[str, int], ps_cores: tuple
     return Changes(tuple(stop), tuple(drop), add, max(w.count - len(staying), 0), kept)
 
 
+def _plan_json(plan: ResourcePlan) -> dict[str, Any]:
+    w = plan.workers
+    return {"workers": w.count, "worker_cores": w.cores, "ps_cores": list(plan.ps_cores)}
+
+
+@dataclass(frozen=True)
+class FallbackStep:
+    """A fallback applied: the decision (the plan left and its samples/s, the best observed plan and its samples/s)
+    and the samples/s measured again once the job ran the best plan anew."""
+
+    decision: Fallback
+    after_samples_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.decision
+        return {
+            "from": {**_plan_json(d.worse.plan), "samples_s": round(d.worse.samples_s, 1)},
+            "to": {**_plan_json(d.best.plan), "samples_s": round(d.best.samples_s, 1)},
+            "after_samples_s": round(self.after_samples_s, 1),
+            "reason": d.plan.reasons[0],
+        }
+
+
 class Interrupted(Exception):
     """The job's wrapper has something to do (a stop, a user's scale request): Brain hands the job back."""
 
@@ -188,11 +224,12 @@ class BrainAgent:
         window_s: float = 3.0,
         max_adjust: int = DEFAULT_MAX_ADJUST,
         hot_threshold: float = DEFAULT_HOT_THRESHOLD,
+        tolerance: float = DEFAULT_FALLBACK_TOLERANCE,
     ) -> None:
-        if cores < 2 or cores_per_node < 1 or window_s <= 0 or max_adjust < 0:
+        if cores < 2 or cores_per_node < 1 or window_s <= 0 or max_adjust < 0 or not 0 <= tolerance < 1:
             raise ValueError(
                 f"bad Brain settings: cores={cores} cores_per_node={cores_per_node} window_s={window_s} "
-                f"max_adjust={max_adjust}"
+                f"max_adjust={max_adjust} tolerance={tolerance}"
             )
         self.limits = limits
         self.cores = cores
@@ -201,8 +238,11 @@ class BrainAgent:
         self.window_s = window_s
         self.max_adjust = max_adjust
         self.hot_threshold = hot_threshold
+        self.tolerance = tolerance
         self.steps: list[BrainStep] = []
         self.refused: list[Refusal] = []
+        self.fallbacks: list[FallbackStep] = []
+        self.record = PlanRecord()  # every plan applied and its samples/s
         self.interrupted = False  # whether :meth:`run` handed the job back before it was done
         self._interrupt: Callable[[], bool] = _never
 
@@ -306,10 +346,43 @@ class BrainAgent:
         self.refused.append(Refusal(plan.stage, plan, reason))
         return False
 
+    def work_left(self, job: PsJob) -> bool:
+        """Whether the job still has shards to hand out (TODO not empty, or an epoch to come): a window that ends
+        without measures the last shards' tail, not the plan."""
+        assert job.master is not None, "start the job first"
+        status, _ = job.master.call("status")
+        queues = status["queues"]
+        return not status["finished"] and (queues["todo"] > 0 or queues["epoch"] < len(status["epochs"]) - 1)
+
+    def measured(self, stage: Stage, job: PsJob, plan: ResourcePlan) -> tuple[Usage, bool]:
+        """Measure ``plan`` running (:meth:`measure`) and record it as a step of ``stage``; in :attr:`record` only
+        when the job had work left at the window's end (whether it had: the second value)."""
+        usage, rate = self.measure(job, plan)
+        full = self.work_left(job)
+        if full:
+            self.record = self.record.observe(plan, rate)
+        self.steps.append(BrainStep(stage, plan, rate, full_window=full))
+        return usage, full
+
+    def fall_back(self, job: PsJob, plan: ResourcePlan, usage: Usage) -> tuple[ResourcePlan, Usage, bool]:
+        """After ``plan`` was measured: back to the best observed plan when ``plan`` measured below it by more than
+        the tolerance (:func:`~hpc_elastic.policy.brain.fall_back`), applied through :meth:`change_to` and measured
+        again; the plan the job runs now, its usage, and whether its window was full (:meth:`measured`)."""
+        decision = fall_back(self.record, plan, self.limits, self.partition(plan.total_cores), tolerance=self.tolerance)
+        if decision is None:
+            return plan, usage, True
+        self.record = decision.record
+        if not self.change_to(job, decision.plan, plan):
+            return plan, usage, True
+        usage, full = self.measured(Stage.FALLBACK, job, decision.plan)
+        self.fallbacks.append(FallbackStep(decision, self.steps[-1].samples_s))
+        return decision.plan, usage, full
+
     def run(self, job: PsJob, interrupt: Callable[[], bool] = _never) -> list[BrainStep]:
         """Sample, optimize, then adjust ``job`` until Brain finds nothing to fix or ``max_adjust`` steps were
         applied, or ``interrupt()`` says the job's wrapper has something to do (looked at while Brain waits; then
-        Brain stops for good, ``interrupted``); the steps taken (``steps``). The job trains on afterwards."""
+        Brain stops for good, ``interrupted``); after each plan measured, back to the best observed one when it is
+        slower (:meth:`fall_back`); the steps taken (``steps``). The job trains on afterwards."""
         self._interrupt = interrupt
         try:
             return self._run(job)
@@ -325,23 +398,39 @@ class BrainAgent:
         self.apply(job, plan)
         usage, rate = self.measure(job, plan)
         estimates = estimate(usage)
-        self.steps.append(BrainStep(Stage.SAMPLE, plan, rate, estimates))
+        full = self.work_left(job)
+        if full:
+            self.record = self.record.observe(plan, rate)
+        self.steps.append(BrainStep(Stage.SAMPLE, plan, rate, estimates, full))
         held = plan.total_cores
         found = optimize(estimates, self.limits, self.partition(held), ps_mem_mb=STEP_MEM_MB_PER_CPU, held_cores=held)
         if not self.change_to(job, found, plan):
             return self.steps
         plan = found
-        usage, rate = self.measure(job, plan)
-        self.steps.append(BrainStep(Stage.OPTIMIZE, plan, rate))
+        usage, full = self.measured(Stage.OPTIMIZE, job, plan)
+        if not full:  # the job is at its end: nothing more to measure
+            return self.steps
+        plan, usage, full = self.fall_back(job, plan, usage)
+        if not full:
+            return self.steps
         for _ in range(self.max_adjust):
             adjusted = adjust(
                 usage, estimates, self.limits, self.partition(plan.total_cores), hot_threshold=self.hot_threshold
             )
-            if adjusted is None or not self.change_to(job, adjusted, plan):
+            if adjusted is None:
+                break
+            if self.record.rejects(adjusted):  # measured slower than a plan the job ran: not again
+                self.refused.append(Refusal(adjusted.stage, adjusted, "measured slower before (fallback): not again"))
+                break
+            if not self.change_to(job, adjusted, plan):
                 break
             plan = adjusted
-            usage, rate = self.measure(job, plan)
-            self.steps.append(BrainStep(Stage.ADJUST, plan, rate))
+            usage, full = self.measured(Stage.ADJUST, job, plan)
+            if not full:
+                break
+            plan, usage, full = self.fall_back(job, plan, usage)
+            if not full:
+                break
         return self.steps
 
     @property
@@ -357,6 +446,7 @@ class BrainAgent:
                 "worker_cores": s.plan.workers.cores,
                 "ps_cores": list(s.plan.ps_cores),
                 "samples_s": round(s.samples_s, 1),
+                "full_window": s.full_window,
                 "reasons": list(s.plan.reasons),
             }
             for s in self.steps
@@ -366,5 +456,6 @@ class BrainAgent:
             "steps": steps,
             "adjust_steps": self.adjust_steps,
             "refused": [r.to_json() for r in self.refused],
+            "fallbacks": [f.to_json() for f in self.fallbacks],
             "interrupted": self.interrupted,
         }

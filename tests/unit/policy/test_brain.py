@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from hpc_elastic.policy.brain import (
     Group,
     JobLimits,
     Partition,
+    PlanRecord,
     Range,
     ResourcePlan,
     Role,
@@ -21,6 +23,7 @@ from hpc_elastic.policy.brain import (
     Usage,
     adjust,
     estimate,
+    fall_back,
     optimize,
     out_of_memory,
     sample_plan,
@@ -216,3 +219,86 @@ def test_a_hot_ps_below_its_estimated_need_still_gets_one_core_more_up_to_a_node
 def test_a_budget_of_a_few_cores_samples_with_fewer_ps() -> None:
     plan = sample_plan(JobLimits(2, Range(1, 4), Range(1, 4)), Partition(2, 4_000, 2), mem_mb=1_000)
     assert (plan.workers.count, plan.workers.cores, plan.ps_cores) == (1, 1, (1,))
+
+
+# -- fallback to the best observed plan (ours) ----------------------------------------------------------------------
+
+SMALL = Partition(cores_per_node=8, mem_per_node_mb=16_000, free_cores=2)  # 8 cores beside OPTIMIZED's 6
+SMALL_LIMITS = JobLimits(c_total=8, workers=Range(1, 4), ps=Range(1, 2))
+SAMPLED = ResourcePlan(Group(1, 4, 1024), (2, 2), 1024, Stage.SAMPLE)
+OPTIMIZED = ResourcePlan(Group(4, 1, 1024), (2,), 1024, Stage.OPTIMIZE)
+
+
+def test_a_plan_measured_slower_than_the_best_falls_back_to_it_and_is_rejected() -> None:
+    record = PlanRecord().observe(SAMPLED, 7_092.0).observe(OPTIMIZED, 1_555.0)  # the dev cluster's first run
+    back = fall_back(record, OPTIMIZED, SMALL_LIMITS, SMALL)
+    assert back is not None
+    assert back.plan.shape == SAMPLED.shape and back.plan.stage is Stage.FALLBACK
+    assert "1,555" in back.plan.reasons[0] and "7,092" in back.plan.reasons[0]
+    assert (back.worse.samples_s, back.best.samples_s) == (1_555.0, 7_092.0)
+    assert back.record.rejects(OPTIMIZED) and not back.record.rejects(SAMPLED)
+    assert not record.rejects(OPTIMIZED)  # the record given is unchanged (frozen)
+
+
+@pytest.mark.parametrize(
+    ("rate", "tolerance", "kept"),
+    [(7_500.0, 0.1, True), (7_092.0, 0.0, True), (6_400.0, 0.1, True), (6_400.0, 0.0, False), (6_300.0, 0.1, False)],
+)  # better, equal, within 10 % below, below with no tolerance, more than 10 % below
+def test_a_plan_better_or_within_the_tolerance_is_kept(rate: float, tolerance: float, kept: bool) -> None:
+    record = PlanRecord().observe(SAMPLED, 7_092.0).observe(OPTIMIZED, rate)
+    assert (fall_back(record, OPTIMIZED, SMALL_LIMITS, SMALL, tolerance=tolerance) is None) is kept
+
+
+def test_the_best_of_several_observed_plans_is_the_one_gone_back_to() -> None:
+    middle = ResourcePlan(Group(2, 2, 1024), (2,), 1024, Stage.ADJUST)
+    record = PlanRecord().observe(SAMPLED, 3_000.0).observe(middle, 5_000.0).observe(OPTIMIZED, 1_000.0)
+    back = fall_back(record, OPTIMIZED, SMALL_LIMITS, SMALL)
+    assert back is not None and back.plan.shape == middle.shape
+    # a later measurement of a shape replaces the earlier one (the machine now), whatever its stage
+    again = record.observe(ResourcePlan(Group(2, 2, 1024), (2,), 1024, Stage.FALLBACK), 2_000.0)
+    back = fall_back(again, OPTIMIZED, SMALL_LIMITS, SMALL)
+    assert back is not None and back.plan.shape == SAMPLED.shape and len(again.observed) == 3
+
+
+def test_a_bad_plan_is_never_retried_in_a_loop() -> None:
+    # an adjust that, from the best plan's readings, always proposes the same bad plan: it runs once
+    record = PlanRecord().observe(SAMPLED, 7_000.0)
+    current, applied = SAMPLED, 0
+    for _ in range(10):
+        proposed = OPTIMIZED
+        if record.rejects(proposed):
+            break
+        current, applied = proposed, applied + 1
+        record = record.observe(current, 1_500.0)
+        back = fall_back(record, current, SMALL_LIMITS, SMALL)
+        if back is not None:
+            record, current = back.record, back.plan
+            record = record.observe(current, 6_900.0)
+            assert fall_back(record, current, SMALL_LIMITS, SMALL) is None  # the rejected plan is no candidate
+    assert applied == 1 and current.shape == SAMPLED.shape
+
+
+def test_a_fallback_stays_within_the_ranges_and_the_partition() -> None:
+    big = ResourcePlan(Group(4, 2, 1024), (4,), 1024, Stage.ADJUST)  # 12 cores
+    record = PlanRecord().observe(big, 9_000.0).observe(SAMPLED, 3_000.0).observe(OPTIMIZED, 1_000.0)
+    # the job holds OPTIMIZED's 6 cores and the partition has 2 free: the 12-core plan does not fit, the 8-core one
+    back = fall_back(record, OPTIMIZED, SMALL_LIMITS, SMALL)
+    assert back is not None and back.plan.shape == SAMPLED.shape
+    back.plan.check(SMALL, OPTIMIZED.total_cores)
+    # a narrower PS range (one PS) excludes the sample's two PS: nothing left to go back to
+    assert fall_back(record, OPTIMIZED, replace(SMALL_LIMITS, ps=Range(1, 1)), SMALL) is None
+    # no free core and a job holding OPTIMIZED's 6: neither fits
+    assert fall_back(record, OPTIMIZED, SMALL_LIMITS, replace(SMALL, free_cores=0)) is None
+    back = fall_back(record, OPTIMIZED, SMALL_LIMITS, replace(SMALL, free_cores=6))
+    assert back is not None and back.plan.shape == big.shape
+
+
+def test_fallback_refuses_bad_values() -> None:
+    record = PlanRecord().observe(SAMPLED, 1.0)
+    for bad in (-0.1, 1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="tolerance"):
+            fall_back(record, SAMPLED, SMALL_LIMITS, SMALL, tolerance=bad)
+    with pytest.raises(ValueError, match="no measurement"):
+        fall_back(record, OPTIMIZED, SMALL_LIMITS, SMALL)
+    with pytest.raises(ValueError, match="samples_s"):
+        record.observe(OPTIMIZED, -1.0)
