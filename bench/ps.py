@@ -165,7 +165,9 @@ def bench_brain(window: float, max_adjust: int, cores: int | None, out: dict[str
         print(f"brain {step.describe()}", flush=True)
     for refusal in agent.refused:
         print(f"brain refused ({refusal.stage.value}): {refusal.reason}", flush=True)
-    final = steps[-1].samples_s
+    # the rate of the plan Brain ends on: its last window that had work to the end (a window that ran out of
+    # shards measured the job's end, not the plan; a fallback step is the best plan measured again)
+    final = next((step.samples_s for step in reversed(steps) if step.full_window), 0.0)
     ratio = final / best["samples_s"]
     print(
         f"brain: {final:,.0f} samples/s after {agent.adjust_steps} adjust step(s) (at most {max_adjust}); grid best "
