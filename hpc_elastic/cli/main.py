@@ -33,6 +33,7 @@ COMMANDS = {
     "queue": "hpc_elastic.cli.queue:queue",
     "scale": "hpc_elastic.cli.scale:scale",
     "simulate": "hpc_elastic.cli.simulate:simulate",
+    "simulate-ps": "hpc_elastic.cli.simulate_ps:simulate_ps",
     "submit": "hpc_elastic.cli.submit:submit",
     "verify-determinism": "hpc_elastic.cli.verify:verify_determinism",
 }

@@ -125,6 +125,8 @@ class SlotJob:
     ``workers``/``ps`` are what it ran with in the previous slot (0/0: it did not run). ``request_workers`` /
     ``request_ps`` are the user's specification, which the static schedulers (DRF as in YARN, Tiresias' gang
     jobs) allocate in full or not at all; ``max_workers`` / ``max_ps`` bound what any policy may give it.
+    ``slots_run`` counts the slots in which it held tasks (DL² §4.1's state), ``service`` the GPU-seconds it has
+    received so far (Tiresias' attained service, §3.2).
     """
 
     job_id: int
@@ -139,6 +141,7 @@ class SlotJob:
     request_ps: int = 1
     max_workers: int = 16
     max_ps: int = 16
+    service: float = 0.0
 
     def __post_init__(self) -> None:
         _int("job_id", self.job_id, 0)
@@ -163,6 +166,7 @@ class SlotJob:
             raise ValueError(f"{where}: workers {self.workers!r} exceeds max_workers {self.max_workers!r}")
         if not 0 <= _int(f"{where}: ps", self.ps, 0) <= self.max_ps:
             raise ValueError(f"{where}: ps {self.ps!r} exceeds max_ps {self.max_ps!r}")
+        _number(f"{where}: service", self.service)
 
     @property
     def epochs_left(self) -> float:
@@ -264,6 +268,15 @@ class SlotDecision:
         return 0, 0
 
 
+@dataclass(frozen=True, slots=True)
+class PackingMark:
+    """A :class:`Packing`'s free resources and action count at one point (see :meth:`Packing.mark`)."""
+
+    free_gpu: IntArray
+    free_cpu: IntArray
+    actions: int
+
+
 class Packing:
     """Free GPUs and cores per server while a slot's tasks are placed, one task at a time.
 
@@ -349,6 +362,21 @@ class Packing:
             self._placed_ps[row].append(server)
         self._actions.append((row, action))
         return True
+
+    def mark(self) -> PackingMark:
+        """The state now, for :meth:`rollback` (an all-or-nothing gang of tasks)."""
+        return PackingMark(self._free_gpu.copy(), self._free_cpu.copy(), len(self._actions))
+
+    def rollback(self, mark: PackingMark) -> None:
+        """Undo every action since ``mark`` (taken on this packing, with no rollback past it since)."""
+        while len(self._actions) > mark.actions:
+            row, action = self._actions.pop()
+            if action in (SlotAction.WORKER, SlotAction.BOTH):
+                self._placed_workers[row].pop()
+            if action in (SlotAction.PS, SlotAction.BOTH):
+                self._placed_ps[row].pop()
+        self._free_gpu = mark.free_gpu.copy()
+        self._free_cpu = mark.free_cpu.copy()
 
     def possible(self, rows: Sequence[int] | None = None) -> list[tuple[int, SlotAction]]:
         """Every non-void action that fits now, on ``rows`` (default: every job)."""
