@@ -370,6 +370,11 @@ def infer(
     return packing.decision(), tuple(steps)
 
 
+def initial_state(spec: StateSpec, inp: SlotInput) -> FloatArray:
+    """The state of a slot's first inference: its first ``J`` jobs, nothing allocated yet."""
+    return _Batch(spec, inp, Packing(inp), 0).state()
+
+
 def teacher_steps(spec: StateSpec, inp: SlotInput, decision: SlotDecision) -> tuple[Step, ...] | None:
     """A teacher's decision as DL²'s inferences (§4.2): the (state, mask, action) before each of its actions.
 
@@ -391,6 +396,43 @@ def teacher_steps(spec: StateSpec, inp: SlotInput, decision: SlotDecision) -> tu
             break
         batch.apply(action)
     return tuple(steps)
+
+
+#: (weight, bias) per linear layer
+Layers = list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]
+
+
+def _mlp(layers: Layers, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    last = len(layers) - 1
+    for k, (w, b) in enumerate(layers):
+        x = x @ w + b
+        if k < last:
+            x = np.maximum(x, 0.0)
+    return x
+
+
+class NumpyScorer:
+    """The policy network's forward pass in numpy (float32, as torch computes it) from its weights: ``layers``
+    the MLP's (weight, bias) pairs (torch's ``(out, in)`` weights), ``rows`` the per-job head's (may be empty)."""
+
+    __slots__ = ("_columns", "_layers", "_position", "_rows")
+
+    def __init__(self, layers: Layers, rows: Layers, columns: int) -> None:
+        self._layers = [(np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32)) for w, b in layers]
+        self._rows = [(np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32)) for w, b in rows]
+        self._columns = columns
+        jobs = layers[-1][0].shape[0] // 3
+        self._position = (np.arange(jobs, dtype=np.float32) / np.float32(jobs)).reshape(-1, 1)
+
+    def __call__(self, state: FloatArray) -> FloatArray:
+        x = state.astype(np.float32)
+        out = _mlp(self._layers, x)
+        if self._rows:
+            rows: npt.NDArray[np.float32] = np.concatenate((x.reshape(-1, self._columns), self._position), axis=1)
+            local = _mlp(self._rows, rows).reshape(-1)
+            out[: len(local)] += local
+        result: FloatArray = out.astype(np.float64)
+        return result
 
 
 class Dl2Policy(SlotPolicy):
