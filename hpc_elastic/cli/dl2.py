@@ -15,11 +15,11 @@ import click
 
 from hpc_elastic.dl2 import model_file
 from hpc_elastic.dl2.plot import plot_curve
-from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, save_model, score, train
+from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, compare, save_model, train
 from hpc_elastic.policy.dl2 import Dl2Policy
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
 from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, generate, parse_servers
-from hpc_elastic.sim.slots import SlotConfig, SlotSimulator
+from hpc_elastic.sim.slots import SlotConfig
 
 
 @click.group()
@@ -55,6 +55,7 @@ def _summary(result: TrainResult) -> dict[str, object]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--jobs", type=int, default=TrainConfig.jobs, show_default=True, help="Jobs per training trace.")
 @click.option("--traces", type=int, default=TrainConfig.traces, show_default=True, help="Training traces.")
+@click.option("--validation-jobs", type=int, default=TrainConfig.validation_jobs, show_default=True)
 @click.option("--load", type=float, default=TrainConfig.load, show_default=True, help="Generator load.")
 @click.option("--servers", default="16x4x16", show_default=True, help="Servers as NxGxC.")
 @click.option("--max-jobs", type=int, default=TrainConfig.max_jobs, show_default=True, help="J: jobs per inference.")
@@ -68,6 +69,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     seed: int,
     jobs: int,
     traces: int,
+    validation_jobs: int,
     load: float,
     servers: str,
     max_jobs: int,
@@ -85,6 +87,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         seed=seed,
         jobs=jobs,
         traces=traces,
+        validation_jobs=validation_jobs,
         load=load,
         servers=(len(cluster.gpus), cluster.gpus[0], cluster.cpus[0]),
         max_jobs=max_jobs,
@@ -134,19 +137,21 @@ def evaluate_model(config: EvalConfig) -> dict[str, float]:
         load=config.load,
         variation=config.variation,
     )
-    simulator = SlotSimulator(SlotConfig(train_cfg.cluster), trace)
-    jct: dict[str, float] = {}
-    for policy in (Dl2Policy(loaded.scorer(), loaded.spec), *policies):
-        jct[policy.name] = score(simulator.run(policy), trace, SLOT_SECONDS) / SLOT_SECONDS
     if config.plot is not None:
-        meta = loaded.meta
-        curve = [
-            CurvePoint(int(_num(p["update"])), int(_num(p["episode"])), _num(p["avg_jct"]), _num(p["episode_reward"]))
-            for p in meta.get("curve", [])
-        ]
-        losses = meta.get("supervised", {}).get("losses", [])
-        plot_curve(config.plot, losses, curve, _num(meta.get("drf_validation_jct")))
-    return jct
+        plot_model(config.plot, loaded)
+    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, SlotConfig(train_cfg.cluster), trace)
+    return {name: value / SLOT_SECONDS for name, value in jct.items()}
+
+
+def plot_model(path: Path, loaded: model_file.ModelFile) -> None:
+    """The training curve stored in a model file."""
+    meta = loaded.meta
+    curve = [
+        CurvePoint(int(_num(p["update"])), int(_num(p["episode"])), _num(p["avg_jct"]), _num(p["episode_reward"]))
+        for p in meta.get("curve", [])
+    ]
+    losses = meta.get("supervised", {}).get("losses", [])
+    plot_curve(path, losses, curve, _num(meta.get("drf_validation_jct")))
 
 
 def _num(value: object) -> float:

@@ -81,8 +81,8 @@ class TrainConfig:
     servers: tuple[int, int, int] = (16, 4, 16)
     #: J, and the networks' shape
     max_jobs: int = 40
-    width_factor: float = 0.25
-    hidden: int = 64
+    width_factor: float = 0.05
+    hidden: int = 16
     row_hidden: int = 64
     #: supervised phase (§4.2)
     supervised_epochs: int = 50
@@ -95,7 +95,7 @@ class TrainConfig:
     epsilon: float = 0.4
     entropy: float = 0.01
     replay: int = 8192
-    batch: int = 256
+    batch: int = 128
     eval_every: int = 100
 
     def __post_init__(self) -> None:
@@ -241,6 +241,16 @@ def evaluate(
     """Average JCT (s) of the greedy policy on ``trace`` (:func:`score`)."""
     result = SlotSimulator(config, trace).run(Dl2Policy(scorer, spec))
     return score(result, trace, config.slot_seconds)
+
+
+def compare(
+    policy: SlotPolicy, baselines: Sequence[SlotPolicy], config: SlotConfig, trace: Sequence[SlotTraceJob]
+) -> dict[str, float]:
+    """Average JCT (s, :func:`score`) of ``policy`` and each baseline on ``trace``, by policy name. Every run is
+    cut after :data:`SLOT_BOUND_FACTOR` times the slots DRF needs (a policy that starves jobs ends, scored)."""
+    bounded = dataclasses.replace(config, max_slots=_bound(SlotSimulator(config, trace).run(Drf())))
+    simulator = SlotSimulator(bounded, trace)
+    return {p.name: score(simulator.run(p), trace, config.slot_seconds) for p in (policy, *baselines)}
 
 
 # -- supervised (§4.2) -------------------------------------------------------------------------------------------
