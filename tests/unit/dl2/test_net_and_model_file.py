@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("torch", reason="the DL² networks need torch")
 
-import torch  # noqa: E402
+import torch
 
-from hpc_elastic.dl2 import model_file  # noqa: E402
-from hpc_elastic.dl2.net import (  # noqa: E402
+from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.net import (
     NetShape,
     PolicyNet,
     TorchScorer,
@@ -23,9 +23,9 @@ from hpc_elastic.dl2.net import (  # noqa: E402
     numpy_scorer,
     to_arrays,
 )
-from hpc_elastic.policy.dl2 import StateSpec, infer  # noqa: E402
-from hpc_elastic.policy.slots import Servers, SlotInput, SlotJob  # noqa: E402
-from hpc_elastic.sim.ps_jobs import JOB_TYPES  # noqa: E402
+from hpc_elastic.policy.dl2 import StateSpec, infer
+from hpc_elastic.policy.slots import Servers, SlotInput, SlotJob
+from hpc_elastic.sim.ps_jobs import JOB_TYPES
 
 SPEC = StateSpec(jobs=6, type_names=tuple(kind.name for kind in JOB_TYPES), slot_seconds=1200.0, share_scale=0.01)
 SHAPE = NetShape(width_factor=0.5, hidden=32, row_hidden=16)
@@ -157,7 +157,10 @@ def test_corrupt_truncated_and_foreign_files_are_refused(tmp_path: Path) -> None
 
 def test_a_well_formed_file_with_wrong_tensors_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "m.dl2"
-    arrays = {"policy.layers.0.weight": np.zeros((4, 3), dtype=np.float32), "policy.layers.0.bias": np.zeros(4)}
+    arrays = {
+        "policy.layers.0.weight": np.zeros((4, 3), dtype=np.float32),
+        "policy.layers.0.bias": np.zeros(4, dtype=np.float32),
+    }
     model_file.save(path, SPEC, {}, {}, arrays)
     with pytest.raises(ValueError, match="does not fit the spec"):
         model_file.load(path).scorer()

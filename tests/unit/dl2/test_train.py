@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch", reason="DL² training needs torch")
 
-from hpc_elastic.cli.main import cli  # noqa: E402
-from hpc_elastic.dl2 import model_file  # noqa: E402
-from hpc_elastic.dl2.net import to_arrays  # noqa: E402
-from hpc_elastic.dl2.train import TrainConfig, TrainResult, load_networks, save_model, train  # noqa: E402
+from hpc_elastic.cli.main import cli
+from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.net import to_arrays
+from hpc_elastic.dl2.train import TrainConfig, TrainResult, load_networks, save_model, train
 
 #: a few seconds of training: 2 small traces, 2 supervised epochs, 1 episode
 TINY = TrainConfig(
