@@ -9,13 +9,14 @@ DRF's) is measured on DRF's trajectories of held-out traces (other seeds).
 
 **Online actor-critic** (§4.3): episodes of the simulator on the training traces, in turn. Each slot the policy
 samples its inferences (masked softmax, job-aware ε-exploration); the slot's reward (Eq. 1, the simulator's
-``SlotOutcome.reward``) is every inference's reward; the sample's next state is the first state of the next
-slot (terminal at the episode's end). The samples go to a replay buffer of the latest ``replay`` samples; after
-every slot one mini-batch drawn from it updates both networks: the value network by temporal difference
-(target ``r + γ V(s')``), the policy network by the policy gradient with advantage ``r + γ V(s') - V(s)`` (the
-TD estimate of the discounted return minus the value; normalised per mini-batch) plus ``entropy`` times the
-policy's entropy. Every ``eval_every`` updates the greedy policy runs the validation trace; the best average JCT
-is kept (the supervised policy is the first point of the curve).
+``SlotOutcome.reward``) is every inference's reward. Once ``n_step`` more slots have run, a slot's samples go
+to a replay buffer of the latest ``replay`` samples with their discounted return ``G = sum_k γ^k r_{t+k}`` over
+those slots and the state ``s'`` that starts the slot after them. After every slot one mini-batch drawn from the
+buffer updates both networks: the value network by (n-step) temporal difference, target
+``G + γ^n V(s')`` (``G`` alone at the episode's end), the policy network by the policy gradient with advantage
+``G + γ^n V(s') - V(s)`` (the discounted return minus the value; normalised per mini-batch) plus ``entropy``
+times the policy's entropy. Every ``eval_every`` updates the greedy policy runs the validation trace; the best
+average JCT is kept (the supervised policy is the first point of the curve).
 
 Deterministic: the traces come from seeds derived from ``seed``; the networks' initial weights from a seeded
 torch generator, sampling and mini-batches from seeded numpy generators; torch runs one thread with
@@ -92,6 +93,8 @@ class TrainConfig:
     rl_lr: float = 1e-4
     value_lr: float = 1e-3
     gamma: float = 0.9
+    #: the slots of reward summed before the value network's estimate takes over (n-step return)
+    n_step: int = 10
     epsilon: float = 0.4
     entropy: float = 0.01
     replay: int = 8192
@@ -113,6 +116,7 @@ class TrainConfig:
             "replay": 1,
             "batch": 1,
             "eval_every": 1,
+            "n_step": 1,
         }
         for name, low in ints.items():
             value = getattr(self, name)
@@ -340,7 +344,8 @@ def supervised(
 
 
 class _Replay:
-    """The latest ``capacity`` samples (state, mask, action, reward, next state, terminal)."""
+    """The latest ``capacity`` samples: state, mask, action, n-step discounted return, the state n slots later and
+    the discount to apply to its value (0 at the episode's end)."""
 
     def __init__(self, spec: StateSpec, capacity: int) -> None:
         self.capacity = capacity
@@ -351,21 +356,17 @@ class _Replay:
         self.actions = np.zeros(capacity, dtype=np.int64)
         self.rewards = np.zeros(capacity, dtype=np.float32)
         self.next_states = np.zeros((capacity, spec.state_size), dtype=np.float32)
-        self.terminal = np.zeros(capacity, dtype=np.bool_)
+        self.discounts = np.zeros(capacity, dtype=np.float32)
 
-    def push(self, steps: Sequence[Step], reward: float, next_state: FloatArray | None) -> None:
+    def push(self, steps: Sequence[Step], reward: float, next_state: FloatArray | None, discount: float) -> None:
         for step in steps:
             k = self._next
             self.states[k] = step.state
             self.masks[k] = step.mask
             self.actions[k] = step.action
             self.rewards[k] = reward
-            if next_state is None:
-                self.next_states[k] = 0.0
-                self.terminal[k] = True
-            else:
-                self.next_states[k] = next_state
-                self.terminal[k] = False
+            self.next_states[k] = 0.0 if next_state is None else next_state
+            self.discounts[k] = 0.0 if next_state is None else discount
             self._next = (k + 1) % self.capacity
             self.size = min(self.size + 1, self.capacity)
 
@@ -377,7 +378,7 @@ class _Replay:
             torch.from_numpy(self.actions[idx]),
             torch.from_numpy(self.rewards[idx]),
             torch.from_numpy(self.next_states[idx]),
-            torch.from_numpy(self.terminal[idx]),
+            torch.from_numpy(self.discounts[idx]),
         )
 
 
@@ -404,10 +405,10 @@ class _ActorCritic:
         self.value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
 
     def update(self, batch: tuple[torch.Tensor, ...]) -> None:
-        states, masks, actions, rewards, next_states, terminal = batch
+        states, masks, actions, returns, next_states, discounts = batch
         cfg = self.config
         with torch.no_grad():
-            target = rewards + cfg.gamma * (~terminal).float() * self.value(next_states)
+            target = returns + discounts * self.value(next_states)
         values = self.value(states)
         value_loss = torch.nn.functional.mse_loss(values, target)
         self.value_opt.zero_grad()
@@ -450,26 +451,37 @@ class Online:
         self.updates = 0
         self.episodes = 0
         self._reward = 0.0
-        self._pending: tuple[tuple[Step, ...], float] | None = None
+        self._pending: list[tuple[tuple[Step, ...], float]] = []
 
     def episode(self, trace: Sequence[SlotTraceJob], bound: int) -> None:
         """One episode on ``trace``, cut after ``bound`` slots."""
         self.episodes += 1
         self._reward = 0.0
-        self._pending = None
+        self._pending = []
         simulator = SlotSimulator(dataclasses.replace(sim_config(self.config), max_slots=bound), trace)
         simulator.run(self._explorer, self._observe)
         self._flush(None)
 
     def _flush(self, next_state: FloatArray | None) -> None:
-        """The previous slot's samples into the replay buffer, now that their next state is known."""
-        if self._pending is not None:
-            self._replay.push(*self._pending, next_state)
-            self._pending = None
+        """Samples into the replay buffer once their n-step return is known: the oldest pending slot when
+        ``n_step`` slots followed it (``next_state``: the state that starts the slot after them), or every
+        pending slot at the episode's end (``None``: terminal)."""
+        gamma = self.config.gamma
+        if next_state is not None:
+            if len(self._pending) < self.config.n_step:
+                return
+            ret = sum(gamma**k * reward for k, (_, reward) in enumerate(self._pending))
+            self._replay.push(self._pending[0][0], ret, next_state, gamma ** len(self._pending))
+            self._pending.pop(0)
+            return
+        while self._pending:
+            ret = sum(gamma**k * reward for k, (_, reward) in enumerate(self._pending))
+            self._replay.push(self._pending[0][0], ret, None, 0.0)
+            self._pending.pop(0)
 
     def _observe(self, inp: SlotInput, decision: SlotDecision, outcome: SlotOutcome) -> None:
         self._flush(initial_state(self.spec, inp))
-        self._pending = (self._explorer.steps, outcome.reward)
+        self._pending.append((self._explorer.steps, outcome.reward))
         self._reward += outcome.reward
         if self._replay.size == 0:
             return

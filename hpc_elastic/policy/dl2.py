@@ -268,13 +268,33 @@ def manual_action(workers: npt.NDArray[np.int64], ps: npt.NDArray[np.int64], mas
 class _Batch:
     """The state of one batch of at most ``J`` jobs while a slot's tasks are placed."""
 
-    __slots__ = ("_inp", "_packing", "_rows", "_spec", "_types", "matrix", "ps", "workers")
+    __slots__ = (
+        "_by_type",
+        "_dead",
+        "_inp",
+        "_max_p",
+        "_max_w",
+        "_packing",
+        "_rows",
+        "_spec",
+        "_types",
+        "matrix",
+        "ps",
+        "workers",
+    )
 
-    def __init__(self, spec: StateSpec, inp: SlotInput, packing: Packing, start: int) -> None:
-        self._spec, self._inp, self._packing = spec, inp, packing
+    def __init__(
+        self, spec: StateSpec, inp: SlotInput, packing: Packing, start: int, dead: set[tuple[int, SlotAction]]
+    ) -> None:
+        self._spec, self._inp, self._packing, self._dead = spec, inp, packing, dead
         self._rows = range(start, min(start + spec.jobs, len(inp.jobs)))
         jobs = [inp.jobs[row] for row in self._rows]
-        self._types = [job.job_type for job in jobs]
+        types = np.array([job.job_type for job in jobs], dtype=np.int64)
+        self._types = types
+        #: the batch's jobs of each type present (indexes into the batch)
+        self._by_type = [np.flatnonzero(types == t) for t in np.unique(types)]
+        self._max_w = np.array([job.max_workers for job in jobs], dtype=np.int64)
+        self._max_p = np.array([job.max_ps for job in jobs], dtype=np.int64)
         self.workers = np.array([packing.workers(row) for row in self._rows], dtype=np.int64)
         self.ps = np.array([packing.ps(row) for row in self._rows], dtype=np.int64)
         matrix = np.zeros((spec.jobs, spec.columns), dtype=np.float64)
@@ -310,19 +330,22 @@ class _Batch:
         spec = self._spec
         mask = np.zeros(spec.action_size, dtype=np.bool_)
         mask[spec.void] = True
-        asked: dict[tuple[int, SlotAction], bool] = {}
-        for k, row in enumerate(self._rows):
-            job = self._inp.jobs[row]
-            room_w = self.workers[k] < job.max_workers
-            room_p = self.ps[k] < job.max_ps
+        room_w = self.workers < self._max_w
+        room_p = self.ps < self._max_p
+        rooms = (room_w, room_p, room_w & room_p)  # in JOB_ACTIONS' order
+        allowed = mask[: 3 * len(self._rows)].reshape(-1, 3)
+        for members in self._by_type:
             for a, action in enumerate(JOB_ACTIONS):
-                if (action is not SlotAction.PS and not room_w) or (action is not SlotAction.WORKER and not room_p):
+                candidates = members[rooms[a][members]]
+                if not len(candidates):
                     continue
-                key = (self._types[k], action)
-                ok = asked.get(key)
-                if ok is None:
-                    ok = asked[key] = self._packing.fits(row, action)
-                mask[3 * k + a] = ok
+                key = (int(self._types[members[0]]), action)
+                if key in self._dead:
+                    continue
+                if self._packing.fits(self._rows[int(candidates[0])], action):
+                    allowed[candidates, a] = True
+                else:  # free resources only shrink during a slot: it never fits again
+                    self._dead.add(key)
         return mask
 
     def apply(self, action: int) -> None:
@@ -348,8 +371,9 @@ def infer(
     """
     packing = Packing(inp)
     steps: list[Step] = []
+    dead: set[tuple[int, SlotAction]] = set()  # (type, action) that no longer fits anywhere this slot
     for start in range(0, len(inp.jobs), spec.jobs):
-        batch = _Batch(spec, inp, packing, start)
+        batch = _Batch(spec, inp, packing, start, dead)
         while True:
             mask = batch.mask()
             if not mask[: spec.void].any():
@@ -372,7 +396,7 @@ def infer(
 
 def initial_state(spec: StateSpec, inp: SlotInput) -> FloatArray:
     """The state of a slot's first inference: its first ``J`` jobs, nothing allocated yet."""
-    return _Batch(spec, inp, Packing(inp), 0).state()
+    return _Batch(spec, inp, Packing(inp), 0, set()).state()
 
 
 def teacher_steps(spec: StateSpec, inp: SlotInput, decision: SlotDecision) -> tuple[Step, ...] | None:
@@ -384,7 +408,7 @@ def teacher_steps(spec: StateSpec, inp: SlotInput, decision: SlotDecision) -> tu
     if len(inp.jobs) > spec.jobs:
         return None
     packing = Packing(inp)
-    batch = _Batch(spec, inp, packing, 0)
+    batch = _Batch(spec, inp, packing, 0, set())
     steps: list[Step] = []
     for row, kind in decision.actions:
         mask = batch.mask()
