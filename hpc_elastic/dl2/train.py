@@ -87,7 +87,7 @@ class TrainConfig:
     row_hidden: int = 64
     #: supervised phase (§4.2)
     supervised_epochs: int = 50
-    supervised_lr: float = 3e-3
+    supervised_lr: float = 1e-2
     #: online phase (§4.3)
     rl_episodes: int = 20
     rl_lr: float = 1e-4
@@ -98,7 +98,7 @@ class TrainConfig:
     epsilon: float = 0.4
     entropy: float = 0.01
     replay: int = 8192
-    batch: int = 128
+    batch: int = 64
     eval_every: int = 100
 
     def __post_init__(self) -> None:
