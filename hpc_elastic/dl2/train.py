@@ -522,11 +522,20 @@ def _bound(teacher: SlotResult) -> int:
     return SLOT_BOUND_FACTOR * (math.ceil(teacher.makespan / SLOT_SECONDS) + 1)
 
 
+def validation(config: TrainConfig) -> tuple[tuple[SlotTraceJob, ...], SlotConfig, float]:
+    """The validation trace of a run, the simulator configuration it is run with (cut after
+    :data:`SLOT_BOUND_FACTOR` times DRF's slots), and DRF's average JCT on it (s)."""
+    trace = _traces(config)[2]
+    sim = sim_config(config)
+    drf = SlotSimulator(sim, trace).run(Drf())
+    return trace, dataclasses.replace(sim, max_slots=_bound(drf)), score(drf, trace, SLOT_SECONDS)
+
+
 def train(config: TrainConfig, progress: Callable[[str], None] | None = None) -> TrainResult:
     """Supervised bootstrap from DRF, then online actor-critic (module docstring)."""
     say = progress or (lambda _: None)
     torch_seed, sample_seed, batch_seed = seeds(config.seed + 1_000_003, 3)
-    train_traces, held_traces, validation = _traces(config)
+    train_traces, held_traces, _ = _traces(config)
     spec = StateSpec(
         jobs=config.max_jobs,
         type_names=tuple(kind.name for kind in JOB_TYPES),
@@ -550,9 +559,7 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
         max_epochs_left=samples.max_epochs_left,
         max_tasks=samples.max_tasks,
     )
-    drf_val = SlotSimulator(sim, validation).run(Drf())
-    drf_jct = score(drf_val, validation, SLOT_SECONDS)
-    val_sim = dataclasses.replace(sim, max_slots=_bound(drf_val))
+    validation_trace, val_sim, drf_jct = validation(config)
     say(f"supervised: {len(samples.actions)} samples, {samples.skipped} slots of more than {spec.jobs} jobs left out")
 
     with deterministic_torch(torch_seed):
@@ -585,7 +592,7 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
             value,
             spec,
             config,
-            validate=lambda scorer: evaluate(scorer, spec, val_sim, validation),
+            validate=lambda scorer: evaluate(scorer, spec, val_sim, validation_trace),
             rng=np.random.default_rng(sample_seed),
         )
         for trace, bound in episodes:

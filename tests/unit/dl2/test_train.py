@@ -14,8 +14,16 @@ pytest.importorskip("torch", reason="DL² training needs torch")
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.net import to_arrays
-from hpc_elastic.dl2.train import TrainConfig, TrainResult, load_networks, save_model, train
+from hpc_elastic.dl2.net import numpy_scorer, to_arrays
+from hpc_elastic.dl2.train import (
+    TrainConfig,
+    TrainResult,
+    evaluate,
+    load_networks,
+    save_model,
+    train,
+    validation,
+)
 
 #: a few seconds of training: 2 small traces, 2 supervised epochs, 1 episode
 TINY = TrainConfig(
@@ -119,3 +127,46 @@ def test_cli_trains_and_evaluates(tmp_path: Path) -> None:
     code, text = run("evaluate", str(out), "--jobs", "10", "--policy", "drf", "--json")
     assert code == 0, text
     assert '"dl2"' in text and '"drf"' in text
+
+
+#: a small contended case: 4 servers, J = 16, 12 training traces of 40 jobs, 2 held-out traces
+SMALL = TrainConfig(
+    seed=1,
+    jobs=40,
+    traces=12,
+    held_out=2,
+    validation_jobs=20,
+    servers=(4, 4, 16),
+    max_jobs=16,
+    width_factor=0.05,
+    hidden=4,
+    row_hidden=32,
+    supervised_epochs=60,
+    supervised_lr=1e-2,
+    rl_episodes=2,
+    eval_every=10,
+    batch=64,
+)
+
+
+@pytest.fixture(scope="module")
+def small() -> TrainResult:
+    return train(SMALL)
+
+
+def test_supervised_phase_reproduces_drf_on_held_out_traces(small: TrainResult) -> None:
+    report = small.supervised
+    assert report.held_out_samples > 1000
+    assert report.held_out_match >= 0.9
+    assert report.losses[-1] < report.losses[0] / 5
+
+
+def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) -> None:
+    curve = small.curve
+    assert curve[0].update == 0 and len(curve) >= 3
+    assert [p.update for p in curve[1:]] == list(range(SMALL.eval_every, curve[-1].update + 1, SMALL.eval_every))
+    assert small.best.avg_jct <= small.supervised_jct
+    # the returned policy is the best validated one: running it again gives its JCT to the bit
+    trace, config, drf = validation(SMALL)
+    assert drf == small.drf_validation_jct
+    assert evaluate(numpy_scorer(small.policy), small.spec, config, trace) == small.best.avg_jct
