@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=TrainConfig.jobs)
     parser.add_argument("--traces", type=int, default=TrainConfig.traces)
+    parser.add_argument("--max-jobs", type=int, default=TrainConfig.max_jobs, help="J")
     parser.add_argument("--supervised-epochs", type=int, default=TrainConfig.supervised_epochs)
     parser.add_argument("--rl-episodes", type=int, default=TrainConfig.rl_episodes)
     parser.add_argument("--rl-lr", type=float, default=TrainConfig.rl_lr)
@@ -132,6 +133,7 @@ def main() -> None:
             seed=args.seed,
             jobs=args.jobs,
             traces=args.traces,
+            max_jobs=args.max_jobs,
             supervised_epochs=args.supervised_epochs,
             rl_episodes=args.rl_episodes,
             rl_lr=args.rl_lr,

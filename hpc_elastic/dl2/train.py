@@ -15,8 +15,9 @@ those slots and the state ``s'`` that starts the slot after them. After every sl
 buffer updates both networks: the value network by (n-step) temporal difference, target
 ``G + γ^n V(s')`` (``G`` alone at the episode's end), the policy network by the policy gradient with advantage
 ``G + γ^n V(s') - V(s)`` (the discounted return minus the value; normalised per mini-batch) plus ``entropy``
-times the policy's entropy. Every ``eval_every`` updates the greedy policy runs the validation trace; the best
-average JCT is kept (the supervised policy is the first point of the curve).
+times the policy's entropy. The first ``value_warmup`` updates train the value network alone. Every
+``eval_every`` updates the greedy policy runs the validation trace; the best average JCT is kept (the supervised
+policy is the first point of the curve).
 
 Deterministic: the traces come from seeds derived from ``seed``; the networks' initial weights from a seeded
 torch generator, sampling and mini-batches from seeded numpy generators; torch runs one thread with
@@ -95,6 +96,8 @@ class TrainConfig:
     gamma: float = 0.9
     #: the slots of reward summed before the value network's estimate takes over (n-step return)
     n_step: int = 10
+    #: the first updates train the value network only (a random critic's advantages are noise)
+    value_warmup: int = 200
     epsilon: float = 0.4
     entropy: float = 0.01
     replay: int = 8192
@@ -117,6 +120,7 @@ class TrainConfig:
             "batch": 1,
             "eval_every": 1,
             "n_step": 1,
+            "value_warmup": 0,
         }
         for name, low in ints.items():
             value = getattr(self, name)
@@ -404,7 +408,7 @@ class _ActorCritic:
         self.policy_opt = torch.optim.Adam(policy.parameters(), lr=config.rl_lr)
         self.value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
 
-    def update(self, batch: tuple[torch.Tensor, ...]) -> None:
+    def update(self, batch: tuple[torch.Tensor, ...], *, policy: bool = True) -> None:
         states, masks, actions, returns, next_states, discounts = batch
         cfg = self.config
         with torch.no_grad():
@@ -414,6 +418,8 @@ class _ActorCritic:
         self.value_opt.zero_grad()
         value_loss.backward()  # type: ignore[no-untyped-call]
         self.value_opt.step()
+        if not policy:
+            return
 
         advantage = (target - values).detach()
         if len(advantage) > 1:
@@ -485,7 +491,8 @@ class Online:
         self._reward += outcome.reward
         if self._replay.size == 0:
             return
-        self._learner.update(self._replay.sample(self._rng, self.config.batch))
+        batch = self._replay.sample(self._rng, self.config.batch)
+        self._learner.update(batch, policy=self.updates >= self.config.value_warmup)
         self.updates += 1
         self._explorer.scorer = numpy_scorer(self.policy)
         if self.updates % self.config.eval_every == 0:
