@@ -29,7 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.policy.dl2 import Layers, NumpyScorer, StateSpec
+from hpc_elastic.policy.dl2 import Dl2Policy, Layers, NumpyScorer, StateSpec
+from hpc_elastic.policy.slot_registry import SlotPolicyFactory
 
 MAGIC = b"HPC-ELASTIC-DL2\n"
 VERSION = 1
@@ -179,3 +180,11 @@ def load(path: Path) -> ModelFile:
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
     return decode(data, str(path))
+
+
+def slot_policies(path: Path) -> dict[str, SlotPolicyFactory]:
+    """``{"dl2": factory}`` for :func:`~hpc_elastic.policy.slot_registry.make_slot_policy`'s ``extra``, from the
+    model file at ``path`` (read and checked now: ``ValueError`` when it cannot be used)."""
+    loaded = load(path)
+    scorer = loaded.scorer()
+    return {Dl2Policy.name: lambda: Dl2Policy(scorer, loaded.spec)}

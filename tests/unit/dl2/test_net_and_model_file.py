@@ -23,7 +23,8 @@ from hpc_elastic.dl2.net import (
     numpy_scorer,
     to_arrays,
 )
-from hpc_elastic.policy.dl2 import StateSpec, infer
+from hpc_elastic.policy.dl2 import Dl2Policy, StateSpec, infer
+from hpc_elastic.policy.slot_registry import make_slot_policy
 from hpc_elastic.policy.slots import Servers, SlotInput, SlotJob
 from hpc_elastic.sim.ps_jobs import JOB_TYPES
 
@@ -164,3 +165,12 @@ def test_a_well_formed_file_with_wrong_tensors_is_refused(tmp_path: Path) -> Non
     model_file.save(path, SPEC, {}, {}, arrays)
     with pytest.raises(ValueError, match="does not fit the spec"):
         model_file.load(path).scorer()
+
+
+def test_the_model_file_gives_the_registry_a_dl2_policy(tmp_path: Path) -> None:
+    path = tmp_path / "m.dl2"
+    policy, _ = save(path)
+    made = make_slot_policy("dl2", model_file.slot_policies(path))
+    assert isinstance(made, Dl2Policy) and made.spec == SPEC
+    inp = random_slot(np.random.default_rng(2))
+    assert made.allocate(inp) == infer(SPEC, inp, numpy_scorer(policy))[0]
