@@ -82,7 +82,7 @@ class TrainConfig:
     load: float = 3.0
     servers: tuple[int, int, int] = (16, 4, 16)
     #: J, and the networks' shape
-    max_jobs: int = 40
+    max_jobs: int = 64
     width_factor: float = 0.05
     hidden: int = 16
     row_hidden: int = 64
@@ -91,7 +91,7 @@ class TrainConfig:
     supervised_lr: float = 1e-2
     #: online phase (§4.3)
     rl_episodes: int = 20
-    rl_lr: float = 1e-4
+    rl_lr: float = 3e-4
     value_lr: float = 1e-3
     gamma: float = 0.9
     #: the slots of reward summed before the value network's estimate takes over (n-step return)
