@@ -12,6 +12,7 @@ from hpc_elastic.policy.dl2 import (
     Dl2Policy,
     FloatArray,
     StateSpec,
+    decide,
     greedy,
     in_training_range,
     infer,
@@ -283,3 +284,32 @@ def test_spec_round_trip_and_validation() -> None:
         StateSpec(jobs=1, type_names=("a", "a"), slot_seconds=1.0)
     with pytest.raises(ValueError, match="share_scale"):
         StateSpec(jobs=1, type_names=("a",), slot_seconds=1.0, share_scale=0.0)
+
+
+def test_the_fast_greedy_decision_is_the_inference_loops() -> None:
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        count = int(rng.integers(1, 10))
+        jobs = tuple(
+            SlotJob(
+                k,
+                int(rng.integers(0, 2)),
+                k,
+                float(rng.uniform(10, 100)),
+                slots_run=int(rng.integers(0, 5)),
+                request_workers=int(rng.integers(1, 3)),
+                max_workers=int(rng.integers(2, 6)),
+                max_ps=int(rng.integers(2, 6)),
+            )
+            for k in range(count)
+        )
+        inp = slot(jobs, Servers.uniform(int(rng.integers(1, 5)), 2, 8))
+        # a fixed map from state to logits, rounded so that ties happen
+        weights = rng.normal(size=(SPEC.action_size, SPEC.state_size))
+        bias = rng.normal(size=SPEC.action_size) * (2.0 if trial % 2 else 0.1)
+
+        def scorer(state: FloatArray, w: FloatArray = weights, b: FloatArray = bias) -> FloatArray:
+            out: FloatArray = np.round(w @ state + b)
+            return out
+
+        assert decide(SPEC, inp, scorer) == infer(SPEC, inp, scorer)[0], trial
