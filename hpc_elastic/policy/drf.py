@@ -5,10 +5,17 @@ time, always to the job with the lowest dominant share (its largest share of the
 next task fits; ties go to the earlier arrival. A job's tasks are what its user requested (``request_workers``
 workers and ``request_ps`` PS; DRF is not elastic and never gives more): a worker and a PS together while both
 are below the request (DL²'s ``BOTH`` action), then the missing kind alone. A job whose next task fits nowhere
-gets nothing more this slot (the resources only shrink as the slot fills). Filling stops when every job has its
-request or nothing fits; the decision's action sequence ends with ``VOID`` when some action would still have fit
-(DRF chose to stop), so :attr:`SlotDecision.actions` is DRF's decision in DL²'s action space (§4.1), the labels
-of its supervised bootstrap (§4.2).
+gets nothing more this slot (the resources only shrink as the slot fills).
+
+Static, as DL² describes its baselines (§1, §2.2: they "allocate resources according to user specification and
+do not adjust resource allocation during training"), and as YARN and Mesos run DRF without preemption: a task
+once granted is held until the job ends. Every slot the running jobs are granted first, in arrival order, what
+they held in the previous slot (pairs, then the rest: in DL²'s action space the same allocation is rebuilt anew
+each slot, §4.1); then progressive filling gives the free resources towards the requests.
+
+Filling stops when every job has its request or nothing fits; the decision's action sequence ends with ``VOID`` when
+some action would still have fit (DRF chose to stop), so :attr:`SlotDecision.actions` is DRF's decision in DL²'s
+action space (§4.1), the labels of its supervised bootstrap (§4.2).
 """
 
 from __future__ import annotations
@@ -29,6 +36,17 @@ def next_task(workers: int, ps: int, request_workers: int, request_ps: int) -> S
     return None
 
 
+def _keep(packing: Packing, row: int, workers: int, ps: int) -> None:
+    """Grant job ``row`` again the ``workers`` and ``ps`` it held (pairs first); a task that no longer fits the
+    servers as this slot's placement left them is not granted (the job then competes for it as for any task)."""
+    for action in (
+        (SlotAction.BOTH,) * min(workers, ps)
+        + (SlotAction.WORKER,) * max(workers - ps, 0)
+        + (SlotAction.PS,) * max(ps - workers, 0)
+    ):
+        packing.add(row, action)
+
+
 class Drf(SlotPolicy):
     """DRF progressive filling of every job's request (module docstring)."""
 
@@ -36,8 +54,12 @@ class Drf(SlotPolicy):
 
     def allocate(self, inp: SlotInput) -> SlotDecision:
         packing = Packing(inp)
+        for row, job in enumerate(inp.jobs):
+            _keep(packing, row, job.workers, job.ps)
         # (dominant share, row): the row is the arrival order, so equal shares go to the earlier arrival
-        heap = [(0.0, row) for row in range(len(inp.jobs))]
+        heap = [
+            (inp.dominant_share(job, packing.workers(row), packing.ps(row)), row) for row, job in enumerate(inp.jobs)
+        ]
         heapq.heapify(heap)
         while heap:
             _, row = heapq.heappop(heap)

@@ -188,3 +188,17 @@ def test_registry() -> None:
         make_slot_policy("nope")
     assert isinstance(make_slot_policy("mine", {"mine": Drf}), Drf)
     assert slot_policy_names({"mine": Drf}) == (*SLOT_POLICY_NAMES, "mine")
+
+
+def test_drf_keeps_what_a_running_job_holds() -> None:
+    """Static DRF (YARN without preemption): B arrived later and holds 2w/2ps from the last slot; A, waiting with the
+    lower dominant share, does not take B's tasks: B is granted its holding first (pairs), A gets what is left."""
+    held = SlotJob(1, 1, 1, 10.0, workers=2, ps=2, request_workers=2, request_ps=2)
+    inp = _inp(Servers.uniform(1, 3, 18), _job(0, 0, (3, 1)), held)
+    decision = Drf().allocate(inp)
+    assert decision.of(1) == (2, 2)
+    assert decision.of(0) == (1, 1)
+    assert decision.actions[:2] == ((1, B), (1, B))
+    # without the holding, progressive filling alone would give A two workers before B's second pair
+    fresh = _inp(Servers.uniform(1, 3, 18), _job(0, 0, (3, 1)), _job(1, 1, (2, 2), arrival=1))
+    assert Drf().allocate(fresh).of(0) == (2, 1)
