@@ -5,7 +5,7 @@ networks and their training live in :mod:`hpc_elastic.dl2`; here is only what a 
 turn a slot's input into decisions with a trained network, in numpy.
 
 **State** (§4.1, Fig. 6): a ``J x F`` matrix, one row per job in arrival order, rows beyond the jobs all zero,
-flattened row by row. ``F = L + 7`` columns:
+flattened row by row. ``F = L + 9`` columns:
 
 - ``L`` columns: the job type, one-hot (``x``);
 - time slots the job has run (``d``), divided by :attr:`StateSpec.slots_scale`;
@@ -16,7 +16,10 @@ flattened row by row. ``F = L + 7`` columns:
 - the user's requested workers and PS (§3.1: the owner states the job's demand), divided by
   :attr:`StateSpec.tasks_scale`. These two columns are not in the paper's figure; they are there because the
   supervised teacher (DRF as YARN runs it) allocates exactly the request, which the rest of the state does not
-  show, so without them no network can reproduce the teacher's decisions (§4.2).
+  show, so without them no network can reproduce the teacher's decisions (§4.2);
+- the workers and PS the job ran with in the previous slot, divided by :attr:`StateSpec.tasks_scale`. Not in
+  the paper's figure either: the teacher is static (a running job is granted again what it held), which the
+  rest of the state cannot tell (held-out match 60 % without them on a small case).
 
 **Actions** (§4.1): ``3 x J + 1``: for job row ``j``, ``3 j + k`` is :data:`JOB_ACTIONS` ``[k]`` (+1 worker,
 +1 PS, +1 both), and the last one is void. The **mask** allows an action when its job row holds a job and
@@ -55,7 +58,17 @@ Scorer = Callable[[FloatArray], FloatArray]
 #: §4.3: workers and PS of a job "differ too much" beyond this ratio (10 in the paper's experiments)
 POOR_RATIO = 10
 #: the state's columns after the one-hot type
-EXTRA_COLUMNS = ("slots_run", "epochs_left", "share", "workers", "ps", "request_workers", "request_ps")
+EXTRA_COLUMNS = (
+    "slots_run",
+    "epochs_left",
+    "share",
+    "workers",
+    "ps",
+    "request_workers",
+    "request_ps",
+    "previous_workers",
+    "previous_ps",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +318,8 @@ class _Batch:
             matrix[k, base + 1] = job.epochs_left / spec.epochs_scale
             matrix[k, base + 5] = job.request_workers / spec.tasks_scale
             matrix[k, base + 6] = job.request_ps / spec.tasks_scale
+            matrix[k, base + 7] = job.workers / spec.tasks_scale
+            matrix[k, base + 8] = job.ps / spec.tasks_scale
         self.matrix = matrix
         for k in range(len(jobs)):
             self._update(k)

@@ -129,11 +129,11 @@ def test_cli_trains_and_evaluates(tmp_path: Path) -> None:
     assert '"dl2"' in text and '"drf"' in text
 
 
-#: a small contended case: 4 servers, J = 16, 12 training traces of 40 jobs, 2 held-out traces
+#: a small contended case: 4 servers, J = 16, 24 training traces of 40 jobs, 2 held-out traces
 SMALL = TrainConfig(
     seed=1,
     jobs=40,
-    traces=12,
+    traces=24,
     held_out=2,
     validation_jobs=20,
     servers=(4, 4, 16),
@@ -141,7 +141,7 @@ SMALL = TrainConfig(
     width_factor=0.05,
     hidden=4,
     row_hidden=32,
-    supervised_epochs=60,
+    supervised_epochs=40,
     supervised_lr=1e-2,
     rl_episodes=2,
     eval_every=10,

@@ -56,7 +56,20 @@ def slot(jobs: tuple[SlotJob, ...], servers: Servers | None = None) -> SlotInput
 def two_jobs() -> SlotInput:
     return slot(
         (
-            SlotJob(7, 0, 0, 80.0, 30.0, slots_run=5, request_workers=2, request_ps=1, max_workers=2, max_ps=4),
+            SlotJob(
+                7,
+                0,
+                0,
+                80.0,
+                30.0,
+                slots_run=5,
+                workers=1,
+                ps=2,
+                request_workers=2,
+                request_ps=1,
+                max_workers=2,
+                max_ps=4,
+            ),
             SlotJob(9, 1, 3, 50.0, request_workers=1, request_ps=2, max_workers=3, max_ps=2),
         )
     )
@@ -76,8 +89,8 @@ def prefer(*order: int) -> FloatArray:
 
 def test_shapes_follow_jobs_and_types() -> None:
     assert SPEC.types == 2
-    assert SPEC.columns == 2 + len(EXTRA_COLUMNS) == 9
-    assert SPEC.state_size == 27
+    assert SPEC.columns == 2 + len(EXTRA_COLUMNS) == 11
+    assert SPEC.state_size == 33
     assert SPEC.action_size == 10
     assert SPEC.void == 9
 
@@ -92,12 +105,12 @@ def test_state_values_of_a_hand_case() -> None:
 
     infer(SPEC, two_jobs(), scorer)
     first, second = (s.reshape(SPEC.jobs, SPEC.columns) for s in seen[:2])
-    #                 gpu  cpu  slots      epochs left   share  w    p    req w   req p
-    assert first[0].tolist() == [1, 0, 5 / 10, 50 / 100, 0.0, 0.0, 0.0, 2 / 4, 1 / 4]
-    assert first[1].tolist() == [0, 1, 0.0, 50 / 100, 0.0, 0.0, 0.0, 1 / 4, 2 / 4]
+    #                 gpu  cpu  slots      epochs left   share  w    p    req w   req p  prev w prev p
+    assert first[0].tolist() == [1, 0, 5 / 10, 50 / 100, 0.0, 0.0, 0.0, 2 / 4, 1 / 4, 1 / 4, 2 / 4]
+    assert first[1].tolist() == [0, 1, 0.0, 50 / 100, 0.0, 0.0, 0.0, 1 / 4, 2 / 4, 0.0, 0.0]
     assert first[2].tolist() == [0.0] * SPEC.columns
     share = max(1 / 4, 4 / 16)
-    assert second[0].tolist() == pytest.approx([1, 0, 0.5, 0.5, share / 0.5, 1 / 4, 1 / 4, 0.5, 0.25])
+    assert second[0].tolist() == pytest.approx([1, 0, 0.5, 0.5, share / 0.5, 1 / 4, 1 / 4, 0.5, 0.25, 0.25, 0.5])
     assert second[1].tolist() == first[1].tolist()
 
 
