@@ -27,6 +27,7 @@ class UserError(click.ClickException):
 #: that trains needs torch, ``hpc-elastic queue`` does not)
 COMMANDS = {
     "cluster": "hpc_elastic.cli.cluster:cluster",
+    "dl2": "hpc_elastic.cli.dl2:dl2",
     "job": "hpc_elastic.cli.jobs:job",
     "jobs": "hpc_elastic.cli.jobs:jobs",
     "profile": "hpc_elastic.cli.profile:profile",

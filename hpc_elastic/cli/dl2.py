@@ -1,0 +1,194 @@
+"""``hpc-elastic dl2``: train DL²'s policy in the slot simulator, and evaluate a model file against the baselines.
+
+A thin layer over :mod:`hpc_elastic.dl2.train` (options -> :class:`TrainConfig` -> :func:`train`) and the slot
+simulator (:mod:`hpc_elastic.sim.slots`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.plot import plot_curve
+from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, compare, save_model, train
+from hpc_elastic.policy.dl2 import Dl2Policy
+from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
+from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, generate, parse_servers
+from hpc_elastic.sim.slots import SlotConfig
+
+
+@click.group()
+def dl2() -> None:
+    """DL² (deep-RL slot scheduler): train a policy, evaluate a model file."""
+
+
+def _writable(path: Path) -> Path:
+    if not path.parent.is_dir():
+        raise ValueError(f"--out {path}: directory {path.parent} does not exist")
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory")
+    return path
+
+
+def _summary(result: TrainResult) -> dict[str, object]:
+    best = result.best
+    return {
+        "supervised_samples": result.supervised.samples,
+        "supervised_skipped_slots": result.supervised.skipped_slots,
+        "train_match": result.supervised.train_match,
+        "held_out_match": result.supervised.held_out_match,
+        "drf_validation_jct_s": result.drf_validation_jct,
+        "supervised_validation_jct_s": result.supervised_jct,
+        "best_validation_jct_s": best.avg_jct,
+        "best_update": best.update,
+        "updates": result.curve[-1].update,
+    }
+
+
+@dl2.command("train")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Model file to write.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--jobs", type=int, default=TrainConfig.jobs, show_default=True, help="Jobs per training trace.")
+@click.option("--traces", type=int, default=TrainConfig.traces, show_default=True, help="Training traces.")
+@click.option("--validation-jobs", type=int, default=TrainConfig.validation_jobs, show_default=True)
+@click.option("--load", type=float, default=TrainConfig.load, show_default=True, help="Generator load.")
+@click.option("--servers", default="16x4x16", show_default=True, help="Servers as NxGxC.")
+@click.option("--max-jobs", type=int, default=TrainConfig.max_jobs, show_default=True, help="J: jobs per inference.")
+@click.option("--supervised-epochs", type=int, default=TrainConfig.supervised_epochs, show_default=True)
+@click.option("--rl-episodes", type=int, default=TrainConfig.rl_episodes, show_default=True)
+@click.option("--eval-every", type=int, default=TrainConfig.eval_every, show_default=True, help="Updates.")
+@click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, help="Training-curve PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def train_command(  # noqa: PLR0917 - click passes every option as an argument
+    out: Path,
+    seed: int,
+    jobs: int,
+    traces: int,
+    validation_jobs: int,
+    load: float,
+    servers: str,
+    max_jobs: int,
+    supervised_epochs: int,
+    rl_episodes: int,
+    eval_every: int,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """Supervised bootstrap from DRF, then online actor-critic, in the slot simulator; writes the model file."""
+    cluster = parse_servers(servers)
+    if len(set(cluster.gpus)) != 1 or len(set(cluster.cpus)) != 1:
+        raise ValueError(f"--servers {servers!r}: training takes one server kind (NxGxC)")
+    config = TrainConfig(
+        seed=seed,
+        jobs=jobs,
+        traces=traces,
+        validation_jobs=validation_jobs,
+        load=load,
+        servers=(len(cluster.gpus), cluster.gpus[0], cluster.cpus[0]),
+        max_jobs=max_jobs,
+        supervised_epochs=supervised_epochs,
+        rl_episodes=rl_episodes,
+        eval_every=eval_every,
+    )
+    _writable(out)
+    if plot is not None:
+        _writable(plot)
+    result = train(config, progress=None if as_json else click.echo)
+    save_model(out, result)
+    if plot is not None:
+        plot_curve(plot, result.supervised.losses, result.curve, result.drf_validation_jct)
+    summary = _summary(result)
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    for key, value in summary.items():
+        click.echo(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    """One ``dl2 evaluate`` run: the model against baselines on a generated trace."""
+
+    model: Path
+    seed: int
+    jobs: int
+    load: float
+    arrival: Arrival
+    variation: float
+    policies: tuple[str, ...]
+    plot: Path | None
+
+
+def evaluate_model(config: EvalConfig) -> dict[str, float]:
+    """Average JCT (slots) of the model (``dl2``) and of each baseline on one generated trace."""
+    loaded = model_file.load(config.model)
+    train_cfg = TrainConfig.from_dict(loaded.config)
+    policies = [make_slot_policy(name) for name in config.policies]
+    trace = generate(
+        config.seed,
+        config.jobs,
+        train_cfg.cluster,
+        arrival=config.arrival,
+        load=config.load,
+        variation=config.variation,
+    )
+    if config.plot is not None:
+        plot_model(config.plot, loaded)
+    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, SlotConfig(train_cfg.cluster), trace)
+    return {name: value / SLOT_SECONDS for name, value in jct.items()}
+
+
+def plot_model(path: Path, loaded: model_file.ModelFile) -> None:
+    """The training curve stored in a model file."""
+    meta = loaded.meta
+    curve = [
+        CurvePoint(int(_num(p["update"])), int(_num(p["episode"])), _num(p["avg_jct"]), _num(p["episode_reward"]))
+        for p in meta.get("curve", [])
+    ]
+    losses = meta.get("supervised", {}).get("losses", [])
+    plot_curve(path, losses, curve, _num(meta.get("drf_validation_jct")))
+
+
+def _num(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+@dl2.command("evaluate")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--jobs", type=int, default=200, show_default=True)
+@click.option("--load", type=float, default=TrainConfig.load, show_default=True)
+@click.option("--arrival", type=click.Choice([a.value for a in Arrival]), default=Arrival.DIURNAL.value)
+@click.option("--variation", type=float, default=0.0, show_default=True, help="Speed variation (§6.4).")
+@click.option("--policy", "policies", multiple=True, help="Baselines (default: all slot policies).")
+@click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, help="The model's training curve.")
+@click.option("--json", "as_json", is_flag=True)
+def evaluate_command(  # noqa: PLR0917 - click passes every option as an argument
+    model: Path,
+    seed: int,
+    jobs: int,
+    load: float,
+    arrival: str,
+    variation: float,
+    policies: tuple[str, ...],
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """Average JCT of a model file's policy against the slot baselines on a generated trace."""
+    config = EvalConfig(model, seed, jobs, load, Arrival(arrival), variation, policies or SLOT_POLICY_NAMES, plot)
+    if plot is not None:
+        _writable(plot)
+    jct = evaluate_model(config)
+    ratios = {name: value / jct["dl2"] for name, value in jct.items() if name != "dl2"}
+    if as_json:
+        click.echo(json.dumps({"avg_jct_slots": jct, "ratio_vs_dl2": ratios}))
+        return
+    click.echo(f"seed {seed}, {jobs} jobs, load {load:g}, {arrival}, variation {variation:g}")
+    for name, value in jct.items():
+        ratio = f"  ({ratios[name]:.3f}x dl2)" if name in ratios else ""
+        click.echo(f"{name:>22}: {value:.3f} slots{ratio}")

@@ -1,0 +1,636 @@
+"""Training DL²'s networks in the slot simulator: supervised bootstrap from DRF (§4.2), then online actor-critic
+(§4.3), keeping the policy with the best validation JCT.
+
+**Supervised** (§4.2): DRF runs the training traces in :class:`SlotSimulator`; every one of its actions becomes
+one sample (state, mask, DRF's action) through :func:`teacher_steps` (slots with more than ``J`` jobs have no
+single-batch state and are left out, and counted). The policy network is trained on them with the cross entropy
+of the masked softmax (Adam, mini-batches, ``supervised_epochs`` passes), and its *match rate* (greedy action ==
+DRF's) is measured on DRF's trajectories of held-out traces (other seeds).
+
+**Online actor-critic** (§4.3): episodes of the simulator on the training traces, in turn. Each slot the policy
+samples its inferences (masked softmax, job-aware ε-exploration); the slot's reward (Eq. 1, the simulator's
+``SlotOutcome.reward``) is every inference's reward. Once ``n_step`` more slots have run, a slot's samples go
+to a replay buffer of the latest ``replay`` samples with their discounted return ``G = sum_k γ^k r_{t+k}`` over
+those slots and the state ``s'`` that starts the slot after them. After every slot one mini-batch drawn from the
+buffer updates both networks: the value network by (n-step) temporal difference, target
+``G + γ^n V(s')`` (``G`` alone at the episode's end), the policy network by the policy gradient with advantage
+``G + γ^n V(s') - V(s)`` (the discounted return minus the value; normalised per mini-batch) plus ``entropy``
+times the policy's entropy. The first ``value_warmup`` updates train the value network alone. Every
+``eval_every`` updates the greedy policy runs the validation trace; the best average JCT is kept (the supervised
+policy is the first point of the curve).
+
+Deterministic: the traces come from seeds derived from ``seed``; the networks' initial weights from a seeded
+torch generator, sampling and mini-batches from seeded numpy generators; torch runs one thread with
+deterministic algorithms. The same configuration gives the same model bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.net import (
+    NetShape,
+    PolicyNet,
+    ValueNet,
+    load_arrays,
+    masked_log_softmax,
+    numpy_scorer,
+    to_arrays,
+)
+from hpc_elastic.policy.dl2 import (
+    Dl2Policy,
+    FloatArray,
+    NumpyScorer,
+    StateSpec,
+    Step,
+    infer,
+    initial_state,
+    sampler,
+    teacher_steps,
+)
+from hpc_elastic.policy.drf import Drf
+from hpc_elastic.policy.slots import Servers, SlotDecision, SlotInput, SlotPolicy
+from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS, SlotTraceJob, generate
+from hpc_elastic.sim.slots import SlotConfig, SlotOutcome, SlotResult, SlotSimulator
+
+#: an episode or evaluation may run this many times the slots DRF needed on the trace before it is cut
+SLOT_BOUND_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on (saved with the model)."""
+
+    seed: int = 0
+    #: jobs per training trace, the traces, the held-out traces of the supervised match rate
+    jobs: int = 100
+    traces: int = 24
+    held_out: int = 2
+    validation_jobs: int = 100
+    #: the generator's load (arrival rate over the cluster's capacity, >1: jobs wait) and cluster
+    load: float = 3.0
+    servers: tuple[int, int, int] = (16, 4, 16)
+    #: J, and the networks' shape
+    max_jobs: int = 64
+    width_factor: float = 0.05
+    hidden: int = 16
+    row_hidden: int = 64
+    #: supervised phase (§4.2)
+    supervised_epochs: int = 50
+    supervised_lr: float = 1e-2
+    #: online phase (§4.3)
+    rl_episodes: int = 20
+    rl_lr: float = 3e-4
+    value_lr: float = 1e-3
+    gamma: float = 0.9
+    #: the slots of reward summed before the value network's estimate takes over (n-step return)
+    n_step: int = 10
+    #: the first updates train the value network only (a random critic's advantages are noise)
+    value_warmup: int = 200
+    epsilon: float = 0.4
+    entropy: float = 0.01
+    replay: int = 8192
+    batch: int = 64
+    eval_every: int = 100
+
+    def __post_init__(self) -> None:
+        ints = {
+            "seed": 0,
+            "jobs": 1,
+            "traces": 1,
+            "held_out": 1,
+            "validation_jobs": 1,
+            "max_jobs": 1,
+            "hidden": 1,
+            "row_hidden": 0,
+            "supervised_epochs": 0,
+            "rl_episodes": 0,
+            "replay": 1,
+            "batch": 1,
+            "eval_every": 1,
+            "n_step": 1,
+            "value_warmup": 0,
+        }
+        for name, low in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        for name in ("load", "width_factor", "supervised_lr", "rl_lr", "value_lr"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("gamma", "epsilon"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        if not isinstance(self.entropy, (int, float)) or not math.isfinite(self.entropy) or self.entropy < 0:
+            raise ValueError(f"entropy must be a number >= 0, got {self.entropy!r}")
+        if len(self.servers) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in self.servers):
+            raise ValueError(f"servers must be (count, gpus, cores), got {self.servers!r}")
+        Servers.uniform(*self.servers)
+        NetShape(self.width_factor, self.hidden, self.row_hidden)
+
+    @property
+    def cluster(self) -> Servers:
+        return Servers.uniform(*self.servers)
+
+    @property
+    def shape(self) -> NetShape:
+        return NetShape(self.width_factor, self.hidden, self.row_hidden)
+
+    def to_dict(self) -> dict[str, Any]:
+        raw = dataclasses.asdict(self)
+        raw["servers"] = list(self.servers)
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(raw) - names
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {sorted(unknown)}")
+        values = dict(raw)
+        if "servers" in values:
+            values["servers"] = tuple(values["servers"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisedReport:
+    """§4.2's phase: samples, slots left out (more than J jobs), losses per epoch, match rates."""
+
+    samples: int
+    held_out_samples: int
+    skipped_slots: int
+    losses: tuple[float, ...]
+    train_match: float
+    held_out_match: float
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One validation of the greedy policy during the online phase (update 0: the supervised policy)."""
+
+    update: int
+    episode: int
+    avg_jct: float
+    episode_reward: float
+
+
+@dataclass
+class TrainResult:
+    policy: PolicyNet
+    value: ValueNet
+    spec: StateSpec
+    config: TrainConfig
+    supervised: SupervisedReport
+    curve: tuple[CurvePoint, ...]
+    drf_validation_jct: float
+
+    @property
+    def supervised_jct(self) -> float:
+        return self.curve[0].avg_jct
+
+    @property
+    def best(self) -> CurvePoint:
+        return min(self.curve, key=lambda point: (point.avg_jct, point.update))
+
+
+def seeds(seed: int, count: int) -> list[int]:
+    """``count`` independent seeds derived from ``seed``."""
+    return [int(v) for v in np.random.SeedSequence(seed).generate_state(count, dtype=np.uint32)]
+
+
+@contextlib.contextmanager
+def deterministic_torch(seed: int) -> Iterator[None]:
+    """One thread, deterministic algorithms, the global generator seeded; all restored on exit."""
+    threads = torch.get_num_threads()
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(was)
+
+
+def sim_config(config: TrainConfig, max_slots: int = 100_000) -> SlotConfig:
+    return SlotConfig(config.cluster, JOB_TYPES, SLOT_SECONDS, max_slots=max_slots)
+
+
+def score(result: SlotResult, trace: Sequence[SlotTraceJob], slot_seconds: float) -> float:
+    """Average JCT in seconds, an unfinished job counting from its arrival to the run's end (a lower bound)."""
+    arrival = {job.job_id: job.arrival for job in trace}
+    total = sum(jct for _, jct in result.jct)
+    total += sum(max(0.0, result.makespan - arrival[job] * slot_seconds) for job in result.unfinished)
+    return total / len(trace)
+
+
+def evaluate(
+    scorer: Callable[[FloatArray], FloatArray],
+    spec: StateSpec,
+    config: SlotConfig,
+    trace: Sequence[SlotTraceJob],
+) -> float:
+    """Average JCT (s) of the greedy policy on ``trace`` (:func:`score`)."""
+    result = SlotSimulator(config, trace).run(Dl2Policy(scorer, spec))
+    return score(result, trace, config.slot_seconds)
+
+
+def compare(
+    policy: SlotPolicy, baselines: Sequence[SlotPolicy], config: SlotConfig, trace: Sequence[SlotTraceJob]
+) -> dict[str, float]:
+    """Average JCT (s, :func:`score`) of ``policy`` and each baseline on ``trace``, by policy name. Every run is
+    cut after :data:`SLOT_BOUND_FACTOR` times the slots DRF needs (a policy that starves jobs ends, scored)."""
+    bounded = dataclasses.replace(config, max_slots=_bound(SlotSimulator(config, trace).run(Drf())))
+    simulator = SlotSimulator(bounded, trace)
+    return {p.name: score(simulator.run(p), trace, config.slot_seconds) for p in (policy, *baselines)}
+
+
+# -- supervised (§4.2) -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Samples:
+    states: list[FloatArray] = dataclasses.field(default_factory=list)
+    masks: list[np.ndarray] = dataclasses.field(default_factory=list)
+    actions: list[int] = dataclasses.field(default_factory=list)
+    skipped: int = 0
+    max_slots_run: int = 0
+    max_epochs_left: float = 0.0
+    max_tasks: int = 0
+
+    def observe(self, spec: StateSpec, inp: SlotInput, decision: SlotDecision) -> None:
+        for job in inp.jobs:
+            self.max_slots_run = max(self.max_slots_run, job.slots_run)
+            self.max_epochs_left = max(self.max_epochs_left, job.epochs_left)
+            self.max_tasks = max(self.max_tasks, job.max_workers, job.max_ps)
+        steps = teacher_steps(spec, inp, decision)
+        if steps is None:
+            self.skipped += 1
+            return
+        for step in steps:
+            self.states.append(step.state)
+            self.masks.append(step.mask)
+            self.actions.append(step.action)
+
+    def tensors(self, spec: StateSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not self.actions:
+            return (
+                torch.zeros((0, spec.state_size)),
+                torch.zeros((0, spec.action_size), dtype=torch.bool),
+                torch.zeros(0, dtype=torch.int64),
+            )
+        return (
+            torch.from_numpy(np.stack(self.states).astype(np.float32)),
+            torch.from_numpy(np.stack(self.masks)),
+            torch.tensor(self.actions, dtype=torch.int64),
+        )
+
+
+def _teacher_run(spec: StateSpec, config: SlotConfig, trace: Sequence[SlotTraceJob], into: _Samples) -> SlotResult:
+    return SlotSimulator(config, trace).run(Drf(), lambda inp, decision, _: into.observe(spec, inp, decision))
+
+
+def match_rate(policy: PolicyNet, states: torch.Tensor, masks: torch.Tensor, actions: torch.Tensor) -> float:
+    """The fraction of samples where the greedy masked action is the teacher's."""
+    if len(actions) == 0:
+        return math.nan
+    with torch.no_grad():
+        chosen = policy(states).masked_fill(~masks, -math.inf).argmax(dim=1)
+    return float((chosen == actions).float().mean())
+
+
+def supervised(
+    policy: PolicyNet,
+    data: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    epochs: int,
+    lr: float,
+    batch: int,
+    rng: np.random.Generator,
+) -> list[float]:
+    """§4.2: cross entropy of the masked softmax against the teacher's actions, Adam; the mean loss per epoch."""
+    states, masks, actions = data
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    losses: list[float] = []
+    count = len(actions)
+    for _ in range(epochs):
+        order = torch.from_numpy(rng.permutation(count))
+        total = 0.0
+        for start in range(0, count, batch):
+            idx = order[start : start + batch]
+            logp = masked_log_softmax(policy(states[idx]), masks[idx])
+            loss = torch.nn.functional.nll_loss(logp, actions[idx])
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            total += float(loss.detach()) * len(idx)
+        losses.append(total / max(count, 1))
+    return losses
+
+
+# -- online actor-critic (§4.3) ----------------------------------------------------------------------------------
+
+
+class _Replay:
+    """The latest ``capacity`` samples: state, mask, action, n-step discounted return, the state n slots later and
+    the discount to apply to its value (0 at the episode's end)."""
+
+    def __init__(self, spec: StateSpec, capacity: int) -> None:
+        self.capacity = capacity
+        self.size = 0
+        self._next = 0
+        self.states = np.zeros((capacity, spec.state_size), dtype=np.float32)
+        self.masks = np.zeros((capacity, spec.action_size), dtype=np.bool_)
+        self.actions = np.zeros(capacity, dtype=np.int64)
+        self.rewards = np.zeros(capacity, dtype=np.float32)
+        self.next_states = np.zeros((capacity, spec.state_size), dtype=np.float32)
+        self.discounts = np.zeros(capacity, dtype=np.float32)
+
+    def push(self, steps: Sequence[Step], reward: float, next_state: FloatArray | None, discount: float) -> None:
+        for step in steps:
+            k = self._next
+            self.states[k] = step.state
+            self.masks[k] = step.mask
+            self.actions[k] = step.action
+            self.rewards[k] = reward
+            self.next_states[k] = 0.0 if next_state is None else next_state
+            self.discounts[k] = 0.0 if next_state is None else discount
+            self._next = (k + 1) % self.capacity
+            self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, rng: np.random.Generator, batch: int) -> tuple[torch.Tensor, ...]:
+        idx = rng.integers(0, self.size, size=min(batch, self.size))
+        return (
+            torch.from_numpy(self.states[idx]),
+            torch.from_numpy(self.masks[idx]),
+            torch.from_numpy(self.actions[idx]),
+            torch.from_numpy(self.rewards[idx]),
+            torch.from_numpy(self.next_states[idx]),
+            torch.from_numpy(self.discounts[idx]),
+        )
+
+
+class _Explorer(SlotPolicy):
+    """The policy while it trains: sampled inferences with job-aware exploration (§4.3), steps kept per slot."""
+
+    name = "dl2-train"
+
+    def __init__(self, spec: StateSpec, scorer: NumpyScorer, rng: np.random.Generator, epsilon: float) -> None:
+        self.spec = spec
+        self.scorer = scorer
+        self._choose = sampler(rng, epsilon)
+        self.steps: tuple[Step, ...] = ()
+
+    def allocate(self, inp: SlotInput) -> SlotDecision:
+        decision, self.steps = infer(self.spec, inp, self.scorer, self._choose, explore=True)
+        return decision
+
+
+class _ActorCritic:
+    def __init__(self, policy: PolicyNet, value: ValueNet, config: TrainConfig) -> None:
+        self.policy, self.value, self.config = policy, value, config
+        self.policy_opt = torch.optim.Adam(policy.parameters(), lr=config.rl_lr)
+        self.value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
+
+    def update(self, batch: tuple[torch.Tensor, ...], *, policy: bool = True) -> None:
+        states, masks, actions, returns, next_states, discounts = batch
+        cfg = self.config
+        with torch.no_grad():
+            target = returns + discounts * self.value(next_states)
+        values = self.value(states)
+        value_loss = torch.nn.functional.mse_loss(values, target)
+        self.value_opt.zero_grad()
+        value_loss.backward()  # type: ignore[no-untyped-call]
+        self.value_opt.step()
+        if not policy:
+            return
+
+        advantage = (target - values).detach()
+        if len(advantage) > 1:
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        logp = masked_log_softmax(self.policy(states), masks)
+        chosen = logp.gather(1, actions.unsqueeze(1)).squeeze(1)
+        entropy = -(logp.exp() * logp.masked_fill(~masks, 0.0)).sum(dim=1)
+        policy_loss = -(advantage * chosen).mean() - cfg.entropy * entropy.mean()
+        self.policy_opt.zero_grad()
+        policy_loss.backward()
+        self.policy_opt.step()
+
+
+class Online:
+    """§4.3's online phase: episodes of the simulator, one actor-critic update after every slot."""
+
+    def __init__(
+        self,
+        policy: PolicyNet,
+        value: ValueNet,
+        spec: StateSpec,
+        config: TrainConfig,
+        *,
+        validate: Callable[[NumpyScorer], float],
+        rng: np.random.Generator,
+    ) -> None:
+        self.policy, self.spec, self.config = policy, spec, config
+        self._learner = _ActorCritic(policy, value, config)
+        self._replay = _Replay(spec, config.replay)
+        self._explorer = _Explorer(spec, numpy_scorer(policy), rng, config.epsilon)
+        self._validate = validate
+        self._rng = rng
+        self.curve = [CurvePoint(0, 0, validate(self._explorer.scorer), math.nan)]
+        self.best: tuple[float, dict[str, torch.Tensor]] = (self.curve[0].avg_jct, copy.deepcopy(policy.state_dict()))
+        self.updates = 0
+        self.episodes = 0
+        self._reward = 0.0
+        self._pending: list[tuple[tuple[Step, ...], float]] = []
+
+    def episode(self, trace: Sequence[SlotTraceJob], bound: int) -> None:
+        """One episode on ``trace``, cut after ``bound`` slots."""
+        self.episodes += 1
+        self._reward = 0.0
+        self._pending = []
+        simulator = SlotSimulator(dataclasses.replace(sim_config(self.config), max_slots=bound), trace)
+        simulator.run(self._explorer, self._observe)
+        self._flush(None)
+
+    def _flush(self, next_state: FloatArray | None) -> None:
+        """Samples into the replay buffer once their n-step return is known: the oldest pending slot when
+        ``n_step`` slots followed it (``next_state``: the state that starts the slot after them), or every
+        pending slot at the episode's end (``None``: terminal)."""
+        gamma = self.config.gamma
+        if next_state is not None:
+            if len(self._pending) < self.config.n_step:
+                return
+            ret = sum(gamma**k * reward for k, (_, reward) in enumerate(self._pending))
+            self._replay.push(self._pending[0][0], ret, next_state, gamma ** len(self._pending))
+            self._pending.pop(0)
+            return
+        while self._pending:
+            ret = sum(gamma**k * reward for k, (_, reward) in enumerate(self._pending))
+            self._replay.push(self._pending[0][0], ret, None, 0.0)
+            self._pending.pop(0)
+
+    def _observe(self, inp: SlotInput, decision: SlotDecision, outcome: SlotOutcome) -> None:
+        self._flush(initial_state(self.spec, inp))
+        self._pending.append((self._explorer.steps, outcome.reward))
+        self._reward += outcome.reward
+        if self._replay.size == 0:
+            return
+        batch = self._replay.sample(self._rng, self.config.batch)
+        self._learner.update(batch, policy=self.updates >= self.config.value_warmup)
+        self.updates += 1
+        self._explorer.scorer = numpy_scorer(self.policy)
+        if self.updates % self.config.eval_every == 0:
+            jct = self._validate(self._explorer.scorer)
+            self.curve.append(CurvePoint(self.updates, self.episodes, jct, self._reward))
+            if jct < self.best[0]:
+                self.best = (jct, copy.deepcopy(self.policy.state_dict()))
+
+
+# -- the whole run -----------------------------------------------------------------------------------------------
+
+
+def _traces(
+    config: TrainConfig,
+) -> tuple[list[tuple[SlotTraceJob, ...]], list[tuple[SlotTraceJob, ...]], tuple[SlotTraceJob, ...]]:
+    # three independent streams: the training traces do not change with the held-out count, and so on
+    train_seeds, held_seeds, (val_seed,) = (
+        [int(v) for v in child.generate_state(n, dtype=np.uint32)]
+        for child, n in zip(
+            np.random.SeedSequence(config.seed).spawn(3), (config.traces, config.held_out, 1), strict=True
+        )
+    )
+
+    def make(seed: int, jobs: int) -> tuple[SlotTraceJob, ...]:
+        return generate(seed, jobs=jobs, servers=config.cluster, load=config.load)
+
+    train = [make(s, config.jobs) for s in train_seeds]
+    held = [make(s, config.jobs) for s in held_seeds]
+    return train, held, make(val_seed, config.validation_jobs)
+
+
+def _bound(teacher: SlotResult) -> int:
+    """The slots a DL² run may take on a trace DRF finished in ``teacher.makespan``."""
+    return SLOT_BOUND_FACTOR * (math.ceil(teacher.makespan / SLOT_SECONDS) + 1)
+
+
+def validation(config: TrainConfig) -> tuple[tuple[SlotTraceJob, ...], SlotConfig, float]:
+    """The validation trace of a run, the simulator configuration it is run with (cut after
+    :data:`SLOT_BOUND_FACTOR` times DRF's slots), and DRF's average JCT on it (s)."""
+    trace = _traces(config)[2]
+    sim = sim_config(config)
+    drf = SlotSimulator(sim, trace).run(Drf())
+    return trace, dataclasses.replace(sim, max_slots=_bound(drf)), score(drf, trace, SLOT_SECONDS)
+
+
+def train(config: TrainConfig, progress: Callable[[str], None] | None = None) -> TrainResult:
+    """Supervised bootstrap from DRF, then online actor-critic (module docstring)."""
+    say = progress or (lambda _: None)
+    torch_seed, sample_seed, batch_seed = seeds(config.seed + 1_000_003, 3)
+    train_traces, held_traces, _ = _traces(config)
+    spec = StateSpec(
+        jobs=config.max_jobs,
+        type_names=tuple(kind.name for kind in JOB_TYPES),
+        slot_seconds=SLOT_SECONDS,
+        slots_scale=100.0,
+        epochs_scale=1000.0,
+        share_scale=0.01,
+        tasks_scale=16.0,
+    )
+    sim = sim_config(config)
+    samples, held = _Samples(), _Samples()
+    bounds = []
+    for trace in train_traces:
+        result = _teacher_run(spec, sim, trace, samples)
+        bounds.append(_bound(result))
+    for trace in held_traces:
+        _teacher_run(spec, sim, trace, held)
+    spec = dataclasses.replace(
+        spec,
+        max_slots_run=samples.max_slots_run,
+        max_epochs_left=samples.max_epochs_left,
+        max_tasks=samples.max_tasks,
+    )
+    validation_trace, val_sim, drf_jct = validation(config)
+    say(f"supervised: {len(samples.actions)} samples, {samples.skipped} slots of more than {spec.jobs} jobs left out")
+
+    with deterministic_torch(torch_seed):
+        policy = PolicyNet(spec, config.shape)
+        value = ValueNet(spec, config.shape)
+        data = samples.tensors(spec)
+        held_data = held.tensors(spec)
+        losses = supervised(
+            policy,
+            data,
+            epochs=config.supervised_epochs,
+            lr=config.supervised_lr,
+            batch=config.batch,
+            rng=np.random.default_rng(batch_seed),
+        )
+        report = SupervisedReport(
+            samples=len(samples.actions),
+            held_out_samples=len(held.actions),
+            skipped_slots=samples.skipped + held.skipped,
+            losses=tuple(losses),
+            train_match=match_rate(policy, *data),
+            held_out_match=match_rate(policy, *held_data),
+        )
+        say(f"supervised: match {report.train_match:.3f} on training, {report.held_out_match:.3f} held out")
+        episodes = [
+            (train_traces[k % len(train_traces)], bounds[k % len(train_traces)]) for k in range(config.rl_episodes)
+        ]
+        online = Online(
+            policy,
+            value,
+            spec,
+            config,
+            validate=lambda scorer: evaluate(scorer, spec, val_sim, validation_trace),
+            rng=np.random.default_rng(sample_seed),
+        )
+        for trace, bound in episodes:
+            online.episode(trace, bound)
+            last = online.curve[-1]
+            say(f"episode {online.episodes}: {online.updates} updates, validation JCT {last.avg_jct:.0f} s")
+        policy.load_state_dict(online.best[1])
+    return TrainResult(policy, value, spec, config, report, tuple(online.curve), drf_jct)
+
+
+# -- the model file ----------------------------------------------------------------------------------------------
+
+
+def save_model(path: Path, result: TrainResult) -> None:
+    """Write a training run's model file (:mod:`hpc_elastic.dl2.model_file`): both networks, the spec, the
+    configuration, the supervised report and the curve."""
+    meta = {
+        "supervised": dataclasses.asdict(result.supervised),
+        "curve": [dataclasses.asdict(point) for point in result.curve],
+        "drf_validation_jct": result.drf_validation_jct,
+    }
+    model_file.save(path, result.spec, result.config.to_dict(), meta, to_arrays(result.policy, result.value))
+
+
+def load_networks(model: model_file.ModelFile) -> tuple[TrainConfig, PolicyNet, ValueNet]:
+    """The training configuration and both networks of a loaded model file; ``ValueError`` when they do not fit."""
+    try:
+        config = TrainConfig.from_dict(model.config)
+    except TypeError as exc:
+        raise ValueError(f"model file: bad training configuration ({exc})") from None
+    policy, value = PolicyNet(model.spec, config.shape), ValueNet(model.spec, config.shape)
+    load_arrays(policy, "policy", model.arrays)
+    load_arrays(value, "value", model.arrays)
+    return config, policy, value

@@ -1,0 +1,172 @@
+"""DL²'s training in the slot simulator (§4.2, §4.3): supervised match with DRF, online improvement over the
+supervised policy, determinism, and the ``hpc-elastic dl2`` commands."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch", reason="DL² training needs torch")
+
+from hpc_elastic.cli.main import cli
+from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.net import numpy_scorer, to_arrays
+from hpc_elastic.dl2.train import (
+    TrainConfig,
+    TrainResult,
+    evaluate,
+    load_networks,
+    save_model,
+    train,
+    validation,
+)
+
+#: a few seconds of training: 2 small traces, 2 supervised epochs, 1 episode
+TINY = TrainConfig(
+    seed=7,
+    jobs=12,
+    traces=2,
+    held_out=1,
+    validation_jobs=12,
+    servers=(2, 4, 16),
+    max_jobs=8,
+    width_factor=0.25,
+    hidden=16,
+    row_hidden=8,
+    supervised_epochs=2,
+    rl_episodes=1,
+    eval_every=5,
+    batch=32,
+    replay=512,
+)
+
+
+def model_bytes(result: TrainResult) -> bytes:
+    meta = {"curve": [dataclasses.asdict(point) for point in result.curve]}
+    return model_file.encode(result.spec, result.config.to_dict(), meta, to_arrays(result.policy, result.value))
+
+
+def test_the_same_seeds_give_the_same_model_bits() -> None:
+    first, second = train(TINY), train(TINY)
+    assert len(first.curve) > 1  # the online phase ran and was validated
+    assert model_bytes(first) == model_bytes(second)
+    other = train(dataclasses.replace(TINY, seed=8))
+    assert model_bytes(other) != model_bytes(first)
+
+
+def test_model_file_of_a_run_loads_into_the_same_networks(tmp_path: Path) -> None:
+    result = train(dataclasses.replace(TINY, rl_episodes=0))
+    path = tmp_path / "m.dl2"
+    save_model(path, result)
+    loaded = model_file.load(path)
+    assert loaded.spec == result.spec
+    config, policy, value = load_networks(loaded)
+    assert config == result.config
+    arrays, again = to_arrays(result.policy, result.value), to_arrays(policy, value)
+    assert all(np.array_equal(arrays[name], again[name]) for name in arrays)
+    assert loaded.meta["supervised"]["samples"] == result.supervised.samples
+
+
+def test_training_configuration_is_checked() -> None:
+    with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+        TrainConfig(jobs=0)
+    with pytest.raises(ValueError, match="epsilon"):
+        TrainConfig(epsilon=2.0)
+    with pytest.raises(ValueError, match="unknown training setting"):
+        TrainConfig.from_dict({"nope": 1})
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["dl2", *args])
+    return result.exit_code, result.output + result.stderr
+
+
+def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "m.dl2"
+    for args, message in (
+        (["--jobs", "0"], "jobs must be an int >= 1"),
+        (["--servers", "4x4"], "servers"),
+        (["--max-jobs", "0"], "max_jobs"),
+    ):
+        code, text = run("train", "--out", str(out), *args)
+        assert code == 2 and message in text, text
+    code, text = run("train", "--out", str(tmp_path / "no" / "m.dl2"))
+    assert code == 2 and "does not exist" in text, text
+    assert list(tmp_path.iterdir()) == []
+    bad = tmp_path / "bad.dl2"
+    bad.write_bytes(b"not a model")
+    code, text = run("evaluate", str(bad))
+    assert code == 2 and "not a DL² model file" in text, text
+    code, text = run("evaluate", str(tmp_path / "missing.dl2"))
+    assert code == 2 and "cannot read" in text, text
+
+
+def test_cli_trains_and_evaluates(tmp_path: Path) -> None:
+    out = tmp_path / "m.dl2"
+    args = [
+        "--seed",
+        "3",
+        "--jobs",
+        "10",
+        "--traces",
+        "1",
+        "--validation-jobs",
+        "10",
+        "--supervised-epochs",
+        "1",
+        "--rl-episodes",
+        "0",
+    ]
+    code, text = run("train", "--out", str(out), "--servers", "2x4x16", "--max-jobs", "8", *args)
+    assert code == 0, text
+    assert "held_out_match" in text
+    code, text = run("evaluate", str(out), "--jobs", "10", "--policy", "drf", "--json")
+    assert code == 0, text
+    assert '"dl2"' in text and '"drf"' in text
+
+
+#: a small contended case: 4 servers, J = 16, 24 training traces of 40 jobs, 2 held-out traces
+SMALL = TrainConfig(
+    seed=1,
+    jobs=40,
+    traces=24,
+    held_out=2,
+    validation_jobs=20,
+    servers=(4, 4, 16),
+    max_jobs=16,
+    width_factor=0.05,
+    hidden=4,
+    row_hidden=32,
+    supervised_epochs=40,
+    supervised_lr=1e-2,
+    rl_episodes=2,
+    eval_every=10,
+    batch=64,
+)
+
+
+@pytest.fixture(scope="module")
+def small() -> TrainResult:
+    return train(SMALL)
+
+
+def test_supervised_phase_reproduces_drf_on_held_out_traces(small: TrainResult) -> None:
+    report = small.supervised
+    assert report.held_out_samples > 1000
+    assert report.held_out_match >= 0.9
+    assert report.losses[-1] < report.losses[0] / 5
+
+
+def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) -> None:
+    curve = small.curve
+    assert curve[0].update == 0 and len(curve) >= 3
+    assert [p.update for p in curve[1:]] == list(range(SMALL.eval_every, curve[-1].update + 1, SMALL.eval_every))
+    assert small.best.avg_jct <= small.supervised_jct
+    # the returned policy is the best validated one: running it again gives its JCT to the bit
+    trace, config, drf = validation(SMALL)
+    assert drf == small.drf_validation_jct
+    assert evaluate(numpy_scorer(small.policy), small.spec, config, trace) == small.best.avg_jct
