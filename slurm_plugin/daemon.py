@@ -31,6 +31,7 @@ from slurm_plugin.actions import (
     ActionKind,
     Resize,
     followup_actions,
+    held_by,
     plan,
     planned_by_job,
     ps_plan,
@@ -368,6 +369,27 @@ class Daemon:
         if report.result is not None and unsettled(report.result.records):
             wait = min(wait, self.config.stop_poll_s)  # a checkpoint + requeue is in flight: look again soon
         return wait
+
+
+def release_held_nodes(client: SlurmClient, state_dir: Path) -> list[str]:
+    """End every reservation a stopped daemon still holds for a resized job (its store's ``resize_keep``): a daemon
+    stopped for good no longer makes the pass that ends one once its job runs again or is gone, and the nodes would
+    stay held until the reservation's end time. The reservations ended, by name; one Slurm no longer has is
+    skipped (logged). Call it only once the daemon has exited: a live one may create another."""
+    store = Store(state_dir, read_only=True)
+    try:
+        names = sorted({held_by(record) for record in store.load().values() if record.resize_keep})
+    finally:
+        store.close()
+    ended: list[str] = []
+    for name in names:
+        try:
+            client.end_reservation(name)
+        except SlurmError as exc:
+            log.info("reservation %s not ended (%s)", name, exc)
+            continue
+        ended.append(name)
+    return ended
 
 
 def unsettled(records: Mapping[int, JobRecord]) -> bool:

@@ -40,6 +40,7 @@ from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import output_path
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
 from hpc_elastic.slurm import Job, JobState, SlurmClient, SlurmError
+from slurm_plugin.daemon import release_held_nodes
 from slurm_plugin.scenario import DaemonProcess, ScenarioError
 from slurm_plugin.timeline import LossRecord, Sample, loss_by_step, parse_loss_line
 
@@ -309,7 +310,9 @@ def _starts(path: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess) -> Iterator[None]:
+def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess, state_dir: Path) -> Iterator[None]:
+    """The story's jobs cancelled and the nodes its stopped daemon still held for a resize released (a job that
+    ended right after its resize was decided leaves them held until the reservation's end time)."""
     try:
         yield
     finally:
@@ -318,6 +321,7 @@ def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess) -> Itera
             active = [j.job_id for j in slurm.jobs(ids) if j.state.is_active] if ids else []
             if active:
                 slurm.cancel(active)
+        release_held_nodes(slurm, state_dir)
 
 
 def run_grow_story(
@@ -331,7 +335,7 @@ def run_grow_story(
     config = write_resize_config(workdir, prefix, grace_s=cfg.grace_s, policy="tiresias-las+easyscale")
     daemon = DaemonProcess(config, workdir / "daemon.log")
     watch = _Watch(slurm, result, time.monotonic() + cfg.timeout_s, daemon)
-    with _cleanup(slurm, watch.ids, daemon):
+    with _cleanup(slurm, watch.ids, daemon, config.parent / "state"):
         released: list[int] = []
         for index, options in enumerate((*cfg.fillers, *cfg.released)):
             name = f"{prefix}-f{index}"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from hpc_elastic.jobdir import JobDir
-from hpc_elastic.slurm import GpuCounts, Job, JobState, Node, PermissionDenied, commands
+from hpc_elastic.slurm import GpuCounts, Job, JobState, Node, PermissionDenied, SlurmCommandError, commands
 from slurm_plugin.actions import ReleaseNodes, Resize, SetSize, keep_reservation
-from slurm_plugin.daemon import Daemon
+from slurm_plugin.daemon import Daemon, release_held_nodes
 from tests.unit.plugin.conftest import config
 from tests.unit.plugin.test_daemon import Clock, FakeSlurm, make
 from tests.unit.plugin.test_spanning import D2, ME, _captured
@@ -149,6 +149,26 @@ def test_nodes_held_for_a_job_that_is_gone_are_released(tmp_path: Path, slurm_da
     report = story.daemon.run_pass()
     (release,) = [a for a in report.actions if isinstance(a, ReleaseNodes)]
     assert release.reservation == KEEP and "no longer waits" in release.reason
+
+
+def test_nodes_a_stopped_daemon_still_holds_are_released_from_its_store(tmp_path: Path, slurm_data: Path) -> None:
+    story = Story(tmp_path, slurm_data)  # the shrink's pass holds node1 for job 12; the daemon stops there
+    assert story.daemon.store.load()[12].resize_keep == f"{KEEP}:node1"
+    story.daemon.store.close()
+    fake = FakeSlurm([], [])
+    assert release_held_nodes(fake, story.daemon.config.state_dir) == [KEEP]
+    assert fake.calls == [("end-reservation", KEEP)]
+
+
+class Gone(FakeSlurm):
+    def end_reservation(self, name: str) -> None:
+        raise SlurmCommandError(["scontrol", "update", f"ReservationName={name}"], 1, "Reservation name not found")
+
+
+def test_a_reservation_slurm_no_longer_has_is_skipped(tmp_path: Path, slurm_data: Path) -> None:
+    story = Story(tmp_path, slurm_data)
+    story.daemon.store.close()
+    assert release_held_nodes(Gone([], []), story.daemon.config.state_dir) == []
 
 
 class NoOperator(FakeSlurm):
