@@ -28,6 +28,7 @@ from hpc_elastic.policy.slots import Packing, Servers, SlotAction
 from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS
 from hpc_elastic.slurm import commands, parse
 from hpc_elastic.slurm.client import CliSlurm
+from hpc_elastic.slurm.errors import SlurmParseError
 from hpc_elastic.slurm.runner import CommandResult
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -67,9 +68,9 @@ def test_step_times_read_from_sacct() -> None:
     assert w1.end_time == datetime(2026, 11, 27, 0, 25, tzinfo=UTC)
     running = next(s for s in steps if s.job_id == 103 and s.name == "w0")
     assert running.end_time is None
-    with pytest.raises(parse.SlurmParseError, match="expected 5 fields"):
+    with pytest.raises(SlurmParseError, match="expected 5 fields"):
         parse.parse_sacct_step_times("12.0|RUNNING|Unknown\n")
-    with pytest.raises(parse.SlurmParseError, match="bad step id"):
+    with pytest.raises(SlurmParseError, match="bad step id"):
         parse.parse_sacct_step_times("x.0|RUNNING|Unknown|Unknown|w0\n")
 
 
