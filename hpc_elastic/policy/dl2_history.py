@@ -404,8 +404,8 @@ def history_slots(
                     slots_run=sum(1 for s in job.held if s < slot),
                     workers=workers,
                     ps=ps,
-                    request_workers=min(job.record.request_workers, job.max_workers),
-                    request_ps=min(job.record.request_ps, job.max_ps),
+                    request_workers=job.record.request_workers,
+                    request_ps=job.record.request_ps,
                     max_workers=job.max_workers,
                     max_ps=job.max_ps,
                 )
