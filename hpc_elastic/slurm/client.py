@@ -159,7 +159,7 @@ class CliSlurm:
         return parse.parse_sacct_steps(self.runner.run(commands.sacct_steps(job_id)).stdout)
 
     def step_history(self, start: datetime, end: datetime | None = None) -> list[Step]:
-        """Every step, with its start and end, of the jobs in a window from accounting (``sacct``), in one call."""
+        """Every step, with its start, end and cores, of the jobs in a window from accounting (one ``sacct``)."""
         return parse.parse_sacct_step_times(self.runner.run(commands.sacct_step_times(start, end)).stdout)
 
     # ---------------------------------------------------------------------------------------- writes

@@ -227,7 +227,7 @@ def sacct_steps(job_id: int) -> list[str]:
 
 
 def sacct_step_times(start: datetime, end: datetime | None = None) -> list[str]:
-    """Every job step, with its start and end, of the jobs in a time window
+    """Every job step, with its start, end and cores, of the jobs in a time window
     (:data:`~hpc_elastic.slurm.parse.SACCT_STEP_TIME_FIELDS`; the jobs' own lines come too)."""
     return [
         "sacct",

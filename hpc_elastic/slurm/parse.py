@@ -598,11 +598,11 @@ def parse_sacct_steps(text: str) -> list[Step]:
 
 
 #: ``sacct --format`` of :func:`parse_sacct_step_times` (the step name last: free text)
-SACCT_STEP_TIME_FIELDS: tuple[str, ...] = ("JobIDRaw", "State", "Start", "End", "JobName")
+SACCT_STEP_TIME_FIELDS: tuple[str, ...] = ("JobIDRaw", "State", "Start", "End", "AllocCPUS", "JobName")
 
 
 def parse_sacct_step_times(text: str) -> list[Step]:
-    """The steps, with their start and end, in ``sacct --parsable2 --noheader --format=<SACCT_STEP_TIME_FIELDS>``
+    """The steps, with their start, end and cores, in ``sacct --parsable2 --noheader --format=<SACCT_STEP_TIME_FIELDS>``
     over a time window (jobs' own lines, ``JobIDRaw`` without a dot, skipped): ``Unknown`` or ``None`` for a step
     not started or still running is None."""
     steps: list[Step] = []
@@ -614,7 +614,7 @@ def parse_sacct_step_times(text: str) -> list[Step]:
             raise SlurmParseError(
                 f"sacct line {line_number}: expected {len(SACCT_STEP_TIME_FIELDS)} fields, got {len(values)}"
             )
-        job_text, state, start, end, name = values
+        job_text, state, start, end, cpus, name = values
         job, dot, step_id = job_text.partition(".")
         if not dot:
             continue
@@ -628,6 +628,7 @@ def parse_sacct_step_times(text: str) -> list[Step]:
                 state=job_state(state),
                 start_time=epoch(start),
                 end_time=epoch(end),
+                cpus=number(cpus),
             )
         )
     return steps

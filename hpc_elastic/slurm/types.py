@@ -310,6 +310,8 @@ class Step:
     #: when it started and ended (None: not started, or still running), where the query asked for them
     start_time: datetime | None = None
     end_time: datetime | None = None
+    #: its cores (``AllocCPUS``), where the query asked for them
+    cpus: int | None = None
 
     @property
     def out_of_memory(self) -> bool:
