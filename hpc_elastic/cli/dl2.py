@@ -107,14 +107,15 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
     ``sinfo`` for the partition's nodes); ``ValueError`` when it gives no sample."""
     slurm = connect(read_environment())
     jobs = slurm.history(teacher.since, teacher.until)
+    steps = slurm.step_history(teacher.since, teacher.until)
     partition = teacher.partition
     if partition is None:
-        found = sorted(ps_partitions(jobs))
+        found = sorted(ps_partitions(jobs, steps))
         if len(found) != 1:
             where = f"in partitions {', '.join(found)}" if found else "in no partition"
             raise ValueError(f"PS-mode jobs since {teacher.since.isoformat()} are {where}: name one with --partition")
         partition = found[0]
-    collected = collect(jobs, slurm.step_history(teacher.since, teacher.until), partition)
+    collected = collect(jobs, steps, partition)
     servers = partition_servers(slurm.nodes(), partition)
     history = history_slots(
         base_spec(config), JOB_TYPES, servers, collected.records, start=teacher.since, end=teacher.until
@@ -128,6 +129,7 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
         "not_ps_jobs": collected.not_ps,
         "bad_markers": collected.bad_marker,
         "other_partition_jobs": collected.other_partition,
+        "ps_jobs_by_steps": collected.by_steps,
     }
     if history.samples == 0:
         unknown = ", ".join(f"{name} ({count})" for name, count in history.unknown_types) or "none"

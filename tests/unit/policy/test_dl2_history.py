@@ -56,8 +56,8 @@ def at(minute: int, second: int = 0) -> float:
 
 
 def test_step_roles_by_name() -> None:
-    names = ("w0", "w12", "ps3", "master", "batch", "extern", "w", "psx")
-    assert [step_role(n) for n in names] == [Role.WORKER, Role.WORKER, Role.PS, None, None, None, None, None]
+    names = ("w0", "w12", "r1w0", "ps3", "master", "batch", "extern", "w", "psx", "r1ps0")
+    assert [step_role(n) for n in names] == [Role.WORKER] * 3 + [Role.PS] + [None] * 6
 
 
 def test_step_times_read_from_sacct() -> None:
@@ -68,10 +68,11 @@ def test_step_times_read_from_sacct() -> None:
     assert w1.end_time == datetime(2026, 11, 27, 0, 25, tzinfo=UTC)
     running = next(s for s in steps if s.job_id == 103 and s.name == "w0")
     assert running.end_time is None
-    with pytest.raises(SlurmParseError, match="expected 5 fields"):
+    with pytest.raises(SlurmParseError, match="expected 6 fields"):
         parse.parse_sacct_step_times("12.0|RUNNING|Unknown\n")
+    assert w1.cpus == 1
     with pytest.raises(SlurmParseError, match="bad step id"):
-        parse.parse_sacct_step_times("x.0|RUNNING|Unknown|Unknown|w0\n")
+        parse.parse_sacct_step_times("x.0|RUNNING|Unknown|Unknown|1|w0\n")
 
 
 def test_step_history_is_one_sacct_over_the_window() -> None:
@@ -85,7 +86,7 @@ def test_step_history_is_one_sacct_over_the_window() -> None:
     steps = CliSlurm(Runner()).step_history(START, END)  # type: ignore[arg-type]
     assert len(steps) == 23
     assert calls == [commands.sacct_step_times(START, END)]
-    assert calls[0][:4] == ["sacct", "--parsable2", "--noheader", "--format=JobIDRaw,State,Start,End,JobName"]
+    assert calls[0][:4] == ["sacct", "--parsable2", "--noheader", "--format=JobIDRaw,State,Start,End,AllocCPUS,JobName"]
     assert "--starttime=2026-11-27T00:00:00" in calls[0] and "--endtime=2026-11-27T01:00:00" in calls[0]
 
 
@@ -99,7 +100,8 @@ def test_collect_keeps_the_partitions_ps_mode_jobs_with_their_worker_and_ps_step
     assert [t.role for t in ctc.tasks] == [Role.PS, Role.WORKER, Role.WORKER, Role.WORKER]  # no master
     assert found.records[2].end is None  # still running
     jobs = parse.parse_sacct_text(fixture("sacct_ps_jobs_handmade.txt"))
-    assert ps_partitions(jobs) == frozenset({"cpu"})
+    steps = parse.parse_sacct_step_times(fixture("sacct_ps_steps_handmade.txt"))
+    assert ps_partitions(jobs, steps) == frozenset({"cpu"})
     elsewhere = collect(jobs, [], "gpu")
     assert elsewhere.records == () and elsewhere.other_partition == 3
 
@@ -211,3 +213,58 @@ def test_job_record_checks_its_values() -> None:
         JobRecord(1, "ctc", 0.0, None, None, 1, 1, 1, epochs_total=0.0)
     with pytest.raises(ValueError, match="bad times"):
         TaskRecord(Role.PS, 10.0, 5.0)
+
+
+#: captured on the dev cluster (Slurm 22.05) after a CI run of the integration tests, in the layouts above
+CAPTURED = Path(__file__).parents[2] / "data" / "slurm-22.05"
+
+
+def captured() -> Collected:
+    jobs = parse.parse_sacct_text((CAPTURED / "sacct_ps_history_parsable2.txt").read_text())
+    steps = parse.parse_sacct_step_times((CAPTURED / "sacct_ps_step_times_parsable2.txt").read_text())
+    return collect(jobs, steps, "cpu")
+
+
+def test_captured_accounting_holds_no_comment_so_ps_mode_jobs_are_known_by_their_steps() -> None:
+    found = captured()
+    # AccountingStoreFlags=job_comment is not set: no marker in sacct, every PS-mode job known by its steps
+    assert found.by_steps == len(found.records) == 12 and found.bad_marker == 0
+    by_id = {r.job_id: r for r in found.records}
+    # 2 PS and 3 workers of one core (the integration test's default), 8 s of training
+    assert (by_id[15].model, by_id[15].request_workers, by_id[15].request_ps, by_id[15].cores) == (
+        "ps-mode-test",
+        3,
+        2,
+        1,
+    )
+    # requeued once: its workers of the second run are r1w0-r1w2; one job, ending with its last run
+    requeued = by_id[19]
+    assert len([t for t in requeued.tasks if t.role is Role.WORKER]) == 6
+    assert requeued.end == datetime(2026, 11, 27, 18, 30, 54, tzinfo=UTC).timestamp()
+    # Brain resized job 18 (a worker of 4 cores, a PS of 2): its usual sizes are one core each
+    assert (by_id[18].cores, by_id[18].ps_cores, by_id[18].request_workers, by_id[18].request_ps) == (1, None, 4, 2)
+
+
+def test_captured_jobs_have_no_dl2_type_and_are_counted() -> None:
+    start, end = datetime(2026, 11, 27, tzinfo=UTC), datetime(2026, 11, 27, 19, 0, tzinfo=UTC)
+    history = history_slots(SPEC, JOB_TYPES, CPU, captured().records, start=start, end=end)
+    assert history.samples == 0 and history.jobs == 0
+    assert dict(history.unknown_types)["ps-mode-test"] == 8
+
+
+def test_captured_jobs_give_samples_on_a_slot_as_short_as_they_are() -> None:
+    """The integration tests' jobs run for seconds: in a 20-minute slot their most tasks at once add up to more
+    than the partition (jobs that ran one after the other); on 10 s slots every slot is expressible."""
+    found = captured().records
+    sizes = sorted({(r.cores, r.ps_cores) for r in found}, key=str)  # one DL² type per size of worker and PS
+    records = [dataclasses.replace(r, model=SPEC.type_names[sizes.index((r.cores, r.ps_cores))]) for r in found]
+    start, end = datetime(2026, 11, 27, 18, 20, tzinfo=UTC), datetime(2026, 11, 27, 18, 52, tzinfo=UTC)
+    short = dataclasses.replace(SPEC, slot_seconds=10.0)
+    history = history_slots(short, JOB_TYPES, CPU, records, start=start, end=end)
+    assert history.samples > 100 and history.inexpressible == 0 and history.mixed_cores == 0
+    for slot in history.slots:
+        assert slot.steps is not None
+        again = teacher_steps(short, slot.inp, slot.decision)
+        assert again is not None and [s.action for s in again] == [s.action for s in slot.steps]
+    long = history_slots(SPEC, JOB_TYPES, CPU, records, start=start, end=end)
+    assert long.samples == 0 and long.inexpressible == 1  # the one whole slot, 18:20-18:40
