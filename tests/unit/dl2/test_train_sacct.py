@@ -92,17 +92,19 @@ def test_no_sacct_sample_is_refused() -> None:
 class Slurm:
     """Answers the commands ``dl2 train --teacher sacct`` runs from the fixtures (by sacct's --format)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: str | None = None, steps: str | None = None) -> None:
         self.calls: list[list[str]] = []
+        self.jobs = jobs if jobs is not None else fixture("sacct_ps_jobs_handmade.txt")
+        self.steps = steps if steps is not None else fixture("sacct_ps_steps_handmade.txt")
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, idempotent: bool = True) -> CommandResult:
         self.calls.append(list(argv))
         if argv[0] == "sinfo":
             out = SINFO.read_text()
         elif any(a.startswith("--format=JobIDRaw,State") for a in argv):
-            out = fixture("sacct_ps_steps_handmade.txt")
+            out = self.steps
         elif argv[0] == "sacct":
-            out = fixture("sacct_ps_jobs_handmade.txt")
+            out = self.jobs
         else:
             raise AssertionError(f"unexpected command {argv}")
         return CommandResult(tuple(argv), 0, out, "")
@@ -168,3 +170,18 @@ def test_cli_bad_input_exits_2_and_writes_no_model(tmp_path: Path, slurm: Slurm)
         assert code == 2 and message in err and not text, (args, text, err)
         assert len(err.strip().splitlines()) == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_on_captured_sacct_names_the_unknown_types(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dev cluster's accounting after a CI run: PS-mode jobs named after the tests, no DL² type among them."""
+    data = SINFO.parent
+    fake = Slurm(
+        (data / "sacct_ps_history_parsable2.txt").read_text(),
+        (data / "sacct_ps_step_times_parsable2.txt").read_text(),
+    )
+    monkeypatch.setattr("hpc_elastic.cli.dl2.connect", lambda environment=None: CliSlurm(fake, use_json=True))  # type: ignore[arg-type]
+    out = tmp_path / "m.dl2"
+    code, text, err = run("--out", str(out), "--teacher", "sacct", "--since", "2026-11-27", *SMALL)
+    assert code == 2 and not out.exists(), text + err
+    assert "no usable samples in sacct history of partition cpu" in err  # the partition found from the jobs' steps
+    assert "ps-mode-test (8)" in err and "0 PS-mode jobs of a DL² type" in err
