@@ -1,7 +1,8 @@
 """``hpc-elastic dl2``: train DL²'s policy in the slot simulator, and evaluate a model file against the baselines.
 
 A thin layer over :mod:`hpc_elastic.dl2.train` (options -> :class:`TrainConfig` -> :func:`train`) and the slot
-simulator (:mod:`hpc_elastic.sim.slots`).
+simulator (:mod:`hpc_elastic.sim.slots`). ``--teacher sacct`` reads the supervised samples from Slurm's accounting
+(:mod:`hpc_elastic.slurm`, then the pure :mod:`hpc_elastic.policy.dl2_history`; DL² §4.2).
 """
 
 from __future__ import annotations
@@ -9,17 +10,28 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 
 import click
 
 from hpc_elastic.dl2 import model_file
 from hpc_elastic.dl2.plot import plot_curve
-from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, compare, save_model, train
+from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, base_spec, compare, save_model, train
+from hpc_elastic.env import read_environment
 from hpc_elastic.policy.dl2 import Dl2Policy
+from hpc_elastic.policy.dl2_history import (
+    HistorySamples,
+    collect,
+    history_slots,
+    partition_servers,
+    ps_partitions,
+)
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
-from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, generate, parse_servers
+from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS, Arrival, generate, parse_servers
 from hpc_elastic.sim.slots import SlotConfig
+from hpc_elastic.slurm import connect
 
 
 @click.group()
@@ -37,7 +49,9 @@ def _writable(path: Path) -> Path:
 
 def _summary(result: TrainResult) -> dict[str, object]:
     best = result.best
+    teacher = {} if result.teacher is None else {"teacher": result.teacher["teacher"]}
     return {
+        **teacher,
         "supervised_samples": result.supervised.samples,
         "supervised_skipped_slots": result.supervised.skipped_slots,
         "train_match": result.supervised.train_match,
@@ -48,6 +62,83 @@ def _summary(result: TrainResult) -> dict[str, object]:
         "best_update": best.update,
         "updates": result.curve[-1].update,
     }
+
+
+class Teacher(StrEnum):
+    """Where the supervised phase's samples come from (DL² §4.2)."""
+
+    #: DRF's decisions in the simulator
+    DRF = "drf"
+    #: Slurm's decisions, from its accounting (``sacct``)
+    SACCT = "sacct"
+
+    @classmethod
+    def parse(cls, raw: str) -> Teacher:
+        try:
+            return cls(raw)
+        except ValueError:
+            raise ValueError(f"unknown --teacher {raw!r}: one of {', '.join(t.value for t in cls)}") from None
+
+
+def parse_moment(option: str, raw: str) -> datetime:
+    """An ISO 8601 date or time (UTC when it names no zone); ``ValueError`` naming the option."""
+    try:
+        moment = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{option} {raw!r} is not an ISO 8601 date or time") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class SacctTeacher:
+    """``--teacher sacct``: the window of history and the CPU partition whose PS-mode jobs teach."""
+
+    since: datetime
+    until: datetime
+    partition: str | None
+
+    def __post_init__(self) -> None:
+        if self.since >= self.until:
+            raise ValueError(f"--since {self.since.isoformat()} is not before {self.until.isoformat()}")
+
+
+def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySamples, dict[str, object]]:
+    """Slurm's history of the window as DL²'s slots (one ``sacct`` for the jobs, one for their steps, one
+    ``sinfo`` for the partition's nodes); ``ValueError`` when it gives no sample."""
+    slurm = connect(read_environment())
+    jobs = slurm.history(teacher.since, teacher.until)
+    steps = slurm.step_history(teacher.since, teacher.until)
+    partition = teacher.partition
+    if partition is None:
+        found = sorted(ps_partitions(jobs, steps))
+        if len(found) != 1:
+            where = f"in partitions {', '.join(found)}" if found else "in no partition"
+            raise ValueError(f"PS-mode jobs since {teacher.since.isoformat()} are {where}: name one with --partition")
+        partition = found[0]
+    collected = collect(jobs, steps, partition)
+    servers = partition_servers(slurm.nodes(), partition)
+    history = history_slots(
+        base_spec(config), JOB_TYPES, servers, collected.records, start=teacher.since, end=teacher.until
+    )
+    summary: dict[str, object] = {
+        "teacher": Teacher.SACCT.value,
+        "since": teacher.since.isoformat(),
+        "until": teacher.until.isoformat(),
+        "partition": partition,
+        **history.summary(),
+        "not_ps_jobs": collected.not_ps,
+        "bad_markers": collected.bad_marker,
+        "other_partition_jobs": collected.other_partition,
+        "ps_jobs_by_steps": collected.by_steps,
+    }
+    if history.samples == 0:
+        unknown = ", ".join(f"{name} ({count})" for name, count in history.unknown_types) or "none"
+        raise ValueError(
+            f"no usable samples in sacct history of partition {partition} since {teacher.since.isoformat()}: "
+            f"{history.jobs} PS-mode jobs of a DL² type (unknown types: {unknown}), {len(history.slots)} slots with "
+            f"jobs, {history.inexpressible} not expressible in DL²'s actions"
+        )
+    return history, summary
 
 
 @dl2.command("train")
@@ -63,6 +154,10 @@ def _summary(result: TrainResult) -> dict[str, object]:
 @click.option("--rl-episodes", type=int, default=TrainConfig.rl_episodes, show_default=True)
 @click.option("--eval-every", type=int, default=TrainConfig.eval_every, show_default=True, help="Updates.")
 @click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, help="Training-curve PNG.")
+@click.option("--teacher", default=Teacher.DRF.value, show_default=True, help="drf (simulator) or sacct (Slurm).")
+@click.option("--since", default=None, help="--teacher sacct: history from this ISO date or time (UTC).")
+@click.option("--until", default=None, help="--teacher sacct: history up to this ISO date or time (default: now).")
+@click.option("--partition", default=None, help="--teacher sacct: the CPU partition (default: the PS-mode jobs').")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def train_command(  # noqa: PLR0917 - click passes every option as an argument
     out: Path,
@@ -77,9 +172,26 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     rl_episodes: int,
     eval_every: int,
     plot: Path | None,
+    teacher: str,
+    since: str | None,
+    until: str | None,
+    partition: str | None,
     as_json: bool,
 ) -> None:
-    """Supervised bootstrap from DRF, then online actor-critic, in the slot simulator; writes the model file."""
+    """Supervised bootstrap from DRF (or from Slurm's history, ``--teacher sacct``), then online actor-critic, in
+    the slot simulator; writes the model file."""
+    kind = Teacher.parse(teacher)
+    sacct: SacctTeacher | None = None
+    if kind is Teacher.SACCT:
+        if since is None:
+            raise ValueError("--teacher sacct needs --since (an ISO date)")
+        now = datetime.now(UTC)
+        start = parse_moment("--since", since)
+        if start > now:
+            raise ValueError(f"--since {since} is in the future")
+        sacct = SacctTeacher(start, parse_moment("--until", until) if until else now, partition)
+    elif since is not None or until is not None or partition is not None:
+        raise ValueError("--since, --until and --partition go with --teacher sacct")
     cluster = parse_servers(servers)
     if len(set(cluster.gpus)) != 1 or len(set(cluster.cpus)) != 1:
         raise ValueError(f"--servers {servers!r}: training takes one server kind (NxGxC)")
@@ -98,7 +210,14 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     _writable(out)
     if plot is not None:
         _writable(plot)
-    result = train(config, progress=None if as_json else click.echo)
+    say = None if as_json else click.echo
+    if sacct is None:
+        result = train(config, progress=say)
+    else:
+        history, described = read_history(sacct, config)
+        if say is not None:
+            say(f"sacct: {json.dumps(described)}")
+        result = train(config, progress=say, history=history.slots, teacher=described)
     save_model(out, result)
     if plot is not None:
         plot_curve(plot, result.supervised.losses, result.curve, result.drf_validation_jct)

@@ -7,6 +7,11 @@ single-batch state and are left out, and counted). The policy network is trained
 of the masked softmax (Adam, mini-batches, ``supervised_epochs`` passes), and its *match rate* (greedy action ==
 DRF's) is measured on DRF's trajectories of held-out traces (other seeds).
 
+**Supervised from Slurm's history** (§4.2 at a Slurm site, :mod:`hpc_elastic.policy.dl2_history`): the samples
+come from the slots of sacct history instead of DRF's runs (the slots of the last fifth of the window, in time,
+are the held-out ones); DRF still runs the training traces, for the online phase's episode bounds and the
+training range.
+
 **Online actor-critic** (§4.3): episodes of the simulator on the training traces, in turn. Each slot the policy
 samples its inferences (masked softmax, job-aware ε-exploration); the slot's reward (Eq. 1, the simulator's
 ``SlotOutcome.reward``) is every inference's reward. Once ``n_step`` more slots have run, a slot's samples go
@@ -59,6 +64,7 @@ from hpc_elastic.policy.dl2 import (
     sampler,
     teacher_steps,
 )
+from hpc_elastic.policy.dl2_history import TeacherSlot
 from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.slots import Servers, SlotDecision, SlotInput, SlotPolicy
 from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS, SlotTraceJob, generate
@@ -197,6 +203,8 @@ class TrainResult:
     supervised: SupervisedReport
     curve: tuple[CurvePoint, ...]
     drf_validation_jct: float
+    #: where the supervised samples came from, when not DRF in the simulator (saved in the model file's meta)
+    teacher: dict[str, object] | None = None
 
     @property
     def supervised_jct(self) -> float:
@@ -538,12 +546,9 @@ def validation(config: TrainConfig) -> tuple[tuple[SlotTraceJob, ...], SlotConfi
     return trace, dataclasses.replace(sim, max_slots=_bound(drf)), score(drf, trace, SLOT_SECONDS)
 
 
-def train(config: TrainConfig, progress: Callable[[str], None] | None = None) -> TrainResult:
-    """Supervised bootstrap from DRF, then online actor-critic (module docstring)."""
-    say = progress or (lambda _: None)
-    torch_seed, sample_seed, batch_seed = seeds(config.seed + 1_000_003, 3)
-    train_traces, held_traces, _ = _traces(config)
-    spec = StateSpec(
+def base_spec(config: TrainConfig) -> StateSpec:
+    """The state of a run before its training range is known: J, the simulator's job types and slot length."""
+    return StateSpec(
         jobs=config.max_jobs,
         type_names=tuple(kind.name for kind in JOB_TYPES),
         slot_seconds=SLOT_SECONDS,
@@ -552,14 +557,53 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
         share_scale=0.01,
         tasks_scale=16.0,
     )
+
+
+#: the share of a history's slots, the latest, whose samples are held out (the supervised match rate)
+HELD_OUT_SHARE = 0.2
+
+
+def history_samples(spec: StateSpec, slots: Sequence[TeacherSlot]) -> tuple[_Samples, _Samples]:
+    """Training and held-out samples of Slurm's history (§4.2): the latest :data:`HELD_OUT_SHARE` of the slots
+    (at least one when there are five or more) are held out; a slot with no samples adds nothing."""
+    usable = sorted((slot for slot in slots if slot.steps is not None), key=lambda slot: slot.slot)
+    cut = len(usable) - (max(1, int(len(usable) * HELD_OUT_SHARE)) if len(usable) >= 5 else 0)
+    samples, held = _Samples(), _Samples()
+    for k, slot in enumerate(usable):
+        (samples if k < cut else held).observe(spec, slot.inp, slot.decision)
+    return samples, held
+
+
+def train(
+    config: TrainConfig,
+    progress: Callable[[str], None] | None = None,
+    *,
+    history: Sequence[TeacherSlot] | None = None,
+    teacher: dict[str, object] | None = None,
+) -> TrainResult:
+    """Supervised bootstrap from DRF, or from Slurm's ``history`` (its slots, :func:`history_samples`;
+    ``teacher`` describes it for the model file), then online actor-critic (module docstring)."""
+    say = progress or (lambda _: None)
+    torch_seed, sample_seed, batch_seed = seeds(config.seed + 1_000_003, 3)
+    train_traces, held_traces, _ = _traces(config)
+    spec = base_spec(config)
     sim = sim_config(config)
     samples, held = _Samples(), _Samples()
     bounds = []
     for trace in train_traces:
         result = _teacher_run(spec, sim, trace, samples)
         bounds.append(_bound(result))
-    for trace in held_traces:
-        _teacher_run(spec, sim, trace, held)
+    if history is None:
+        for trace in held_traces:
+            _teacher_run(spec, sim, trace, held)
+    else:
+        simulated = samples
+        samples, held = history_samples(spec, history)
+        if not samples.actions:
+            raise ValueError(f"Slurm's history gave no training samples ({len(held.actions)} held out)")
+        samples.max_slots_run = max(samples.max_slots_run, held.max_slots_run, simulated.max_slots_run)
+        samples.max_epochs_left = max(samples.max_epochs_left, held.max_epochs_left, simulated.max_epochs_left)
+        samples.max_tasks = max(samples.max_tasks, held.max_tasks, simulated.max_tasks)
     spec = dataclasses.replace(
         spec,
         max_slots_run=samples.max_slots_run,
@@ -607,7 +651,7 @@ def train(config: TrainConfig, progress: Callable[[str], None] | None = None) ->
             last = online.curve[-1]
             say(f"episode {online.episodes}: {online.updates} updates, validation JCT {last.avg_jct:.0f} s")
         policy.load_state_dict(online.best[1])
-    return TrainResult(policy, value, spec, config, report, tuple(online.curve), drf_jct)
+    return TrainResult(policy, value, spec, config, report, tuple(online.curve), drf_jct, teacher)
 
 
 # -- the model file ----------------------------------------------------------------------------------------------
@@ -621,6 +665,8 @@ def save_model(path: Path, result: TrainResult) -> None:
         "curve": [dataclasses.asdict(point) for point in result.curve],
         "drf_validation_jct": result.drf_validation_jct,
     }
+    if result.teacher is not None:
+        meta["teacher"] = result.teacher
     model_file.save(path, result.spec, result.config.to_dict(), meta, to_arrays(result.policy, result.value))
 
 

@@ -158,6 +158,10 @@ class CliSlurm:
         """The steps of a job from accounting (``sacct``): ended ones with how they ended, running ones."""
         return parse.parse_sacct_steps(self.runner.run(commands.sacct_steps(job_id)).stdout)
 
+    def step_history(self, start: datetime, end: datetime | None = None) -> list[Step]:
+        """Every step, with its start, end and cores, of the jobs in a window from accounting (one ``sacct``)."""
+        return parse.parse_sacct_step_times(self.runner.run(commands.sacct_step_times(start, end)).stdout)
+
     # ---------------------------------------------------------------------------------------- writes
 
     def submit(

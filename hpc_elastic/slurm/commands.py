@@ -11,7 +11,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from hpc_elastic.slurm.parse import FIELD_SEPARATOR, SACCT_STEP_FIELDS, SACCT_TEXT_FIELDS, SQUEUE_TEXT_FIELDS
+from hpc_elastic.slurm.parse import (
+    FIELD_SEPARATOR,
+    SACCT_STEP_FIELDS,
+    SACCT_STEP_TIME_FIELDS,
+    SACCT_TEXT_FIELDS,
+    SQUEUE_TEXT_FIELDS,
+)
 from hpc_elastic.slurm.types import JobRef
 
 
@@ -217,6 +223,18 @@ def sacct_steps(job_id: int) -> list[str]:
         "--noheader",
         f"--format={','.join(SACCT_STEP_FIELDS)}",
         f"--jobs={ident}",
+    ]
+
+
+def sacct_step_times(start: datetime, end: datetime | None = None) -> list[str]:
+    """Every job step, with its start, end and cores, of the jobs in a time window
+    (:data:`~hpc_elastic.slurm.parse.SACCT_STEP_TIME_FIELDS`; the jobs' own lines come too)."""
+    return [
+        "sacct",
+        "--parsable2",
+        "--noheader",
+        f"--format={','.join(SACCT_STEP_TIME_FIELDS)}",
+        *_sacct_window(start, end, None),
     ]
 
 

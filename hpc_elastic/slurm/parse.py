@@ -597,6 +597,43 @@ def parse_sacct_steps(text: str) -> list[Step]:
     return steps
 
 
+#: ``sacct --format`` of :func:`parse_sacct_step_times` (the step name last: free text)
+SACCT_STEP_TIME_FIELDS: tuple[str, ...] = ("JobIDRaw", "State", "Start", "End", "AllocCPUS", "JobName")
+
+
+def parse_sacct_step_times(text: str) -> list[Step]:
+    """The steps, with their start, end and cores, in ``sacct --parsable2 --noheader --format=<SACCT_STEP_TIME_FIELDS>``
+    over a time window (jobs' own lines, ``JobIDRaw`` without a dot, skipped): ``Unknown`` or ``None`` for a step
+    not started or still running is None."""
+    steps: list[Step] = []
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        values = line.split("|", len(SACCT_STEP_TIME_FIELDS) - 1)
+        if len(values) != len(SACCT_STEP_TIME_FIELDS):
+            raise SlurmParseError(
+                f"sacct line {line_number}: expected {len(SACCT_STEP_TIME_FIELDS)} fields, got {len(values)}"
+            )
+        job_text, state, start, end, cpus, name = values
+        job, dot, step_id = job_text.partition(".")
+        if not dot:
+            continue
+        if not job.isdigit() or not step_id:
+            raise SlurmParseError(f"sacct line {line_number}: bad step id {job_text!r}")
+        steps.append(
+            Step(
+                job_id=int(job),
+                step_id=step_id,
+                name=name,
+                state=job_state(state),
+                start_time=epoch(start),
+                end_time=epoch(end),
+                cpus=number(cpus),
+            )
+        )
+    return steps
+
+
 def size_mib(text: str) -> float | None:
     """``423076K``, ``12M``, ``1.5G`` or a number of bytes → MiB (None when empty or not a size)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)([KMGTP]?)\s*", text, flags=re.IGNORECASE)

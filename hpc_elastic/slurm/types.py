@@ -307,6 +307,11 @@ class Step:
     signal: int | None = None
     mem_mb: int | None = None
     max_rss_mb: float | None = None
+    #: when it started and ended (None: not started, or still running), where the query asked for them
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    #: its cores (``AllocCPUS``), where the query asked for them
+    cpus: int | None = None
 
     @property
     def out_of_memory(self) -> bool:
