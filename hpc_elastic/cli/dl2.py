@@ -18,7 +18,7 @@ from hpc_elastic.dl2.plot import plot_curve
 from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, compare, save_model, train
 from hpc_elastic.policy.dl2 import Dl2Policy
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
-from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, generate, parse_servers
+from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, Catalogue, generate, parse_servers
 from hpc_elastic.sim.slots import SlotConfig
 
 
@@ -58,6 +58,13 @@ def _summary(result: TrainResult) -> dict[str, object]:
 @click.option("--validation-jobs", type=int, default=TrainConfig.validation_jobs, show_default=True)
 @click.option("--load", type=float, default=TrainConfig.load, show_default=True, help="Generator load.")
 @click.option("--servers", default="16x4x16", show_default=True, help="Servers as NxGxC.")
+@click.option(
+    "--catalogue",
+    type=click.Choice([c.value for c in Catalogue]),
+    default=TrainConfig.catalogue,
+    show_default=True,
+    help="Job types: DL² Table 1's (GPU servers) or the ps-mode model (cpu, with --servers 2x0x8).",
+)
 @click.option("--max-jobs", type=int, default=TrainConfig.max_jobs, show_default=True, help="J: jobs per inference.")
 @click.option("--supervised-epochs", type=int, default=TrainConfig.supervised_epochs, show_default=True)
 @click.option("--rl-episodes", type=int, default=TrainConfig.rl_episodes, show_default=True)
@@ -72,6 +79,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     validation_jobs: int,
     load: float,
     servers: str,
+    catalogue: str,
     max_jobs: int,
     supervised_epochs: int,
     rl_episodes: int,
@@ -90,6 +98,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         validation_jobs=validation_jobs,
         load=load,
         servers=(len(cluster.gpus), cluster.gpus[0], cluster.cpus[0]),
+        catalogue=catalogue,
         max_jobs=max_jobs,
         supervised_epochs=supervised_epochs,
         rl_episodes=rl_episodes,
