@@ -24,6 +24,8 @@ from hpc_elastic.dl2.train import (
     train,
     validation,
 )
+from hpc_elastic.ps.model import MODEL_NAME
+from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, CPU_SERVERS, generate
 
 #: a few seconds of training: 2 small traces, 2 supervised epochs, 1 episode
 TINY = TrainConfig(
@@ -170,3 +172,15 @@ def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) ->
     trace, config, drf = validation(SMALL)
     assert drf == small.drf_validation_jct
     assert evaluate(numpy_scorer(small.policy), small.spec, config, trace) == small.best.avg_jct
+
+
+def test_the_cpu_catalogue_generates_ps_jobs_that_fit_a_cpu_partition_and_names_the_ps_model() -> None:
+    trace = generate(5, jobs=40, servers=CPU_SERVERS, types=CPU_JOB_TYPES)
+    (kind,) = CPU_JOB_TYPES
+    assert kind.name == MODEL_NAME and kind.worker_gpus == 0
+    for job in trace:  # each request fits the partition's 16 cores (2 nodes of 8)
+        assert job.request_workers * kind.worker_cpus + job.request_ps * kind.ps_cpus <= CPU_SERVERS.total_cpus
+    assert len({job.arrival for job in trace}) > 1  # arrivals spread over slots at a load in cores
+    assert TrainConfig(catalogue="cpu", servers=(2, 0, 8)).types == CPU_JOB_TYPES
+    with pytest.raises(ValueError, match="'gpu'"):
+        TrainConfig(catalogue="gpu")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.train import TrainConfig, save_model, train
 from hpc_elastic.jobdir import JobDir, Progress, ScaleRequest, parse_scale
 from hpc_elastic.policy.dl2 import StateSpec, decide
 from hpc_elastic.policy.slots import SlotAction
@@ -323,12 +322,13 @@ def test_a_model_file_over_the_size_limit_is_refused_before_it_is_read(
 def trained_cpu_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny DL² model trained on the CPU partition's catalogue (DRF bootstrap only, a few traces): enough to be
     in range for the dev cluster's ps jobs, not to schedule well."""
-    cfg = TrainConfig(
+    training = pytest.importorskip("hpc_elastic.dl2.train", reason="DL² training needs torch")
+    cfg = training.TrainConfig(
         seed=0, jobs=12, traces=2, held_out=1, validation_jobs=8, load=2.0, servers=(2, 0, 8), catalogue="cpu",
         max_jobs=4, supervised_epochs=3, rl_episodes=0,
     )  # fmt: skip
     path = tmp_path_factory.mktemp("dl2") / "cpu.model"
-    save_model(path, train(cfg))
+    training.save_model(path, training.train(cfg))
     return path
 
 
