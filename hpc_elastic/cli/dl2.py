@@ -145,10 +145,12 @@ def evaluate_model(config: EvalConfig) -> dict[str, float]:
         arrival=config.arrival,
         load=config.load,
         variation=config.variation,
+        types=train_cfg.types,
     )
     if config.plot is not None:
         plot_model(config.plot, loaded)
-    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, SlotConfig(train_cfg.cluster), trace)
+    sim = SlotConfig(train_cfg.cluster, train_cfg.types)
+    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, sim, trace)
     return {name: value / SLOT_SECONDS for name, value in jct.items()}
 
 

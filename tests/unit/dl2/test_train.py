@@ -184,3 +184,16 @@ def test_the_cpu_catalogue_generates_ps_jobs_that_fit_a_cpu_partition_and_names_
     assert TrainConfig(catalogue="cpu", servers=(2, 0, 8)).types == CPU_JOB_TYPES
     with pytest.raises(ValueError, match="'gpu'"):
         TrainConfig(catalogue="gpu")
+
+
+def test_cli_trains_on_the_cpu_catalogue_and_evaluates_on_it(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.dl2"
+    args = ["--jobs", "10", "--traces", "1", "--validation-jobs", "8", "--supervised-epochs", "1", "--rl-episodes", "0"]
+    code, text = run("train", "--out", str(out), "--catalogue", "cpu", "--servers", "2x0x8", "--max-jobs", "4", *args)
+    assert code == 0, text
+    assert model_file.load(out).spec.type_names == (MODEL_NAME,)
+    code, text = run("evaluate", str(out), "--jobs", "8", "--policy", "drf", "--json")  # on the model's catalogue
+    assert code == 0, text
+    assert '"dl2"' in text and '"drf"' in text
+    code, text = run("train", "--out", str(out), "--catalogue", "gpu")
+    assert code == 2 and "'gpu'" in text, text
