@@ -186,13 +186,16 @@ class Dl2Scaler:
         return Dl2Report(self.status, slot, requests, tuple(plans))
 
     def _views(self, obs: Observation, preempted: frozenset[int]) -> list[PsSlotView]:
-        """The running ps-mode jobs (not those this pass preempts) with their progress records and scale state."""
+        """The running ps-mode jobs (not those this pass preempts or whose stop is under way) with their progress
+        records and scale state."""
         out = []
         for ps_view in obs.ps_jobs:
             marker = obs.markers.get(ps_view.job_id)
             job = obs.managed.get(ps_view.job_id)
             record = obs.records.get(ps_view.job_id)
             if not ps_view.running or ps_view.job_id in preempted or job is None or record is None:
+                continue
+            if record.stop_kind:  # a checkpoint + requeue is under way: the job stops, it is not resized
                 continue
             if marker is None or marker.ps is None:
                 continue

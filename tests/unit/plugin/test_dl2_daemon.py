@@ -22,6 +22,7 @@ from hpc_elastic.slurm import Job, Node
 from slurm_plugin.config import ConfigError, PluginConfig, parse_config
 from slurm_plugin.daemon import STATE_NAME
 from slurm_plugin.dl2_slots import PsSlotView, plan_slot, slot_input
+from slurm_plugin.store import JobRecord, Store
 from tests.unit.plugin.conftest import at, config, start_of
 from tests.unit.plugin.test_cpu_policy import cpu_jobs
 from tests.unit.plugin.test_daemon import FakeSlurm, make
@@ -356,3 +357,16 @@ def test_a_model_trained_on_the_cpu_catalogue_decides_the_dev_clusters_ps_jobs(
         else:
             request = parse_scale(dirs[job_id].scale_path.read_text())
             assert (request.workers, request.ps) == want
+
+
+def test_a_ps_job_whose_stop_is_under_way_is_not_resized(tmp_path: Path) -> None:
+    model = tmp_path / "dl2.model"
+    hand_set_model(model, SPEC, WORKERS_FIRST)
+    jobs, nodes, dirs = ps_cluster(tmp_path / "jobs", {26: (1, 1), 28: (1, 1)})
+    now = at(start_of(jobs, 28), 1000.0)
+    stopping = JobRecord(28, now - 1000.0, now - 1000.0, stop_kind="preempt", stop_at=now - 5.0, stop_restarts=0)
+    Store(tmp_path).save([stopping], (), None)
+    daemon, _ = make(dl2_config(tmp_path, model), FakeSlurm(jobs, nodes), now)
+    daemon.run_pass()
+    assert not dirs[28].scale_path.exists()  # checkpointing for its preemption: it stops, it is not resized
+    assert parse_scale(dirs[26].scale_path.read_text()).workers == 4
