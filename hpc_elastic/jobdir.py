@@ -57,6 +57,9 @@ by ``hpc-elastic job``)::
     {"step": <int>, "written_at": <epoch seconds>, "steps_per_s": <float or null>, "world_size": <int>,
      "restart_count": <int>, "attempt": <int>, "device_types": ["a100", ...], "workers": <N>}
 
+A ps-mode job's wrapper writes it too (step: shards done, world_size: its workers), with ``"ps": <int>``,
+``"epochs_done": <complete epochs>`` and ``"epochs_total": <int>``: what the scheduler's DL² policy reads of it.
+
 ``result.pkl`` (rank 0 of a job submitted with :func:`hpc_elastic.submit`, atomically): the pickled outcome of the
 function, read back by ``Job.result()``.  The pickled call itself waits, before the job has an id, in
 ``<ckpt-root>/calls/`` (0700) under a random name (:func:`call_path`).
@@ -386,9 +389,23 @@ class Progress:
     workers: int | None = None  # N, the logical workers (Slurm's accounting may not keep the job's marker)
     capability: tuple[tuple[str, float], ...] = ()
     d2: bool = False
+    #: a ps-mode job's: its parameter servers, and the epochs complete of its total (None for other jobs)
+    ps: int | None = None
+    epochs_done: float | None = None
+    epochs_total: float | None = None
 
     def __post_init__(self) -> None:
         _count(self.step, "progress step")
+        if self.ps is not None and _count(self.ps, "progress ps") < 1:
+            raise ValueError(f"progress ps must be >= 1, got {self.ps}")
+        if (self.epochs_done is None) != (self.epochs_total is None):
+            raise ValueError("progress epochs_done and epochs_total go together")
+        if self.epochs_done is not None and self.epochs_total is not None:
+            _epoch(self.epochs_done, "progress epochs_done")
+            if _epoch(self.epochs_total, "progress epochs_total") <= 0 or self.epochs_done > self.epochs_total:
+                raise ValueError(
+                    f"progress epochs must be 0 <= done <= total > 0, got {self.epochs_done!r} of {self.epochs_total!r}"
+                )
         if not isinstance(self.d2, bool):
             raise ValueError(f"progress d2 must be true or false, got {self.d2!r}")
         object.__setattr__(self, "capability", check_capability(self.capability, "progress capability"))
@@ -417,6 +434,10 @@ class Progress:
             "capability": [list(pair) for pair in self.capability],
             "d2": self.d2,
         }
+        if self.ps is not None:
+            doc["ps"] = self.ps
+        if self.epochs_done is not None:
+            doc["epochs_done"], doc["epochs_total"] = self.epochs_done, self.epochs_total
         return json.dumps(doc, sort_keys=True) + "\n"
 
 
@@ -440,6 +461,9 @@ def parse_progress(text: str) -> Progress:
         doc.get("workers"),
         check_capability(doc.get("capability", []), "progress capability"),
         doc.get("d2", False),
+        doc.get("ps"),
+        doc.get("epochs_done"),
+        doc.get("epochs_total"),
     )
 
 
@@ -769,6 +793,24 @@ class JobDir:
         try:
             data = read_owned(self.path.parent, [self.path.name, CONTROL, ACK], limit=MAX_CONTROL_BYTES, owner=uid)
             return parse_ack(data.decode("utf-8", errors="replace"))
+        except (OSError, UnsafeFile, ValueError):
+            return None
+
+    def scale_requested(self) -> bool:
+        """Whether a scale request waits in ``control/`` (its wrapper sets it aside once read); no link followed."""
+        try:
+            os.lstat(self.scale_path)
+        except OSError:
+            return False
+        return True
+
+    def read_scale_reply_as(self, uid: int) -> ScaleReply | None:
+        """The wrapper's last answer to a scale request as the daemon reads it: through directories and a file of
+        user ``uid`` only, no link followed, at most :data:`MAX_CONTROL_BYTES`, validated; None otherwise."""
+        try:
+            parts = [self.path.name, CONTROL, SCALE_REPLY]
+            data = read_owned(self.path.parent, parts, limit=MAX_CONTROL_BYTES, owner=uid)
+            return parse_scale_reply(data.decode("utf-8", errors="replace"))
         except (OSError, UnsafeFile, ValueError):
             return None
 

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
+from hpc_elastic.policy.policies import Dl2GpuFallback
 from hpc_elastic.policy.registry import DAEMON_POLICY_NAMES
+from hpc_elastic.sim.ps_jobs import SLOT_SECONDS
 
 DEFAULT_CKPT_ROOT = "/tmp/hpc-elastic/gpfs/jobs"  # noqa: S108 - the dev cluster's GPFS stand-in
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -126,6 +128,23 @@ class ResizeConfig(_Section):
     fallback_hold_s: float = Field(default=DEFAULT_FALLBACK_HOLD, ge=0, le=WEEK_S)
 
 
+class Dl2Config(_Section):
+    """``policy = "dl2"``: DL²'s trained policy network (a model file of ``hpc-elastic dl2 train``, site-owned: read
+    only as a regular file, no link, at most ``model_file.MAX_BYTES``) decides the workers and PS of the running
+    ps-mode jobs of CPU partitions once per ``slot_s`` (DL² §3.1's time slot; the model's own slot length, else
+    the daemon falls back). GPU jobs: ``tiresias-las``."""
+
+    model: Path | None = None
+    slot_s: float = Field(default=SLOT_SECONDS, gt=0, le=WEEK_S)
+
+    @field_validator("model")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"model must be an absolute path, got {str(value)!r}")
+        return value
+
+
 class MetricsConfig(_Section):
     enabled: bool = True
     address: str = "127.0.0.1"
@@ -158,6 +177,7 @@ class PluginConfig(_Section):
     placement: PlacementConfig = PlacementConfig()
     resize: ResizeConfig = ResizeConfig()
     metrics: MetricsConfig = MetricsConfig()
+    dl2: Dl2Config = Dl2Config()
 
     @field_validator("policy")
     @classmethod
@@ -192,6 +212,12 @@ class PluginConfig(_Section):
     def _state_dir_absolute(self) -> PluginConfig:
         if not self.state_dir.is_absolute():
             raise ValueError(f"state_dir must be an absolute path, got {str(self.state_dir)!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _dl2_model(self) -> PluginConfig:
+        if self.policy == Dl2GpuFallback.name and self.dl2.model is None:
+            raise ValueError('policy "dl2" needs [dl2] model = "<absolute path of the model file>"')
         return self
 
 

@@ -24,6 +24,7 @@ from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.policy import ClusterState, Decision, JobTable, PassInput, Policy, PolicyOptions, make_policy
 from hpc_elastic.policy.hetero import EstProfile, TiresiasLasEasyScale
+from hpc_elastic.policy.policies import Dl2GpuFallback
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.slurm import Job, Node, SlurmClient, SlurmError
 from slurm_plugin.actions import (
@@ -39,6 +40,7 @@ from slurm_plugin.actions import (
 )
 from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, telemetry
 from slurm_plugin.config import PluginConfig
+from slurm_plugin.dl2_daemon import Dl2Report, Dl2Scaler
 from slurm_plugin.easyscale import Capability, ScaleOutWatch, job_profile, may_span_types, observe_grow, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
@@ -74,6 +76,8 @@ class PassReport:
     observation: Observation | None = None
     #: the observed capability per device type each running job reported (job id -> sorted (type, C_i) pairs)
     capabilities: Mapping[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    #: ``policy = "dl2"``: DL²'s part of the pass (None under the other policies)
+    dl2: Dl2Report | None = None
 
 
 @contextlib.contextmanager
@@ -141,6 +145,8 @@ class Daemon:
         #: ``tiresias-las+easyscale``'s Role 3: the grows carried out and what the grown jobs observed since, kept
         #: in the state store (a restarted daemon goes on watching them)
         self._grows: dict[int, ScaleOutWatch] = store.load_grows()
+        #: ``dl2``: DL² sizes the running ps-mode jobs of CPU partitions once per slot
+        self.dl2 = Dl2Scaler(config, dry_run=dry_run) if config.policy == Dl2GpuFallback.name else None
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -194,10 +200,17 @@ class Daemon:
                 )
         acks = acknowledgements(self.config.ckpt_roots, obs.records, obs.managed, now)
         actions: list[Action] = list(followup_actions(obs, acks, self.config))
+        cpu_decision = None
         if not followups_only:
             actions += plan(obs, decision, self.config)
-            actions += ps_preempt_actions(obs, ps_plan(obs, self.config))
+            cpu_decision = ps_plan(obs, self.config)
+            actions += ps_preempt_actions(obs, cpu_decision)
         result = self.applier.apply(actions, obs.records, obs.managed)
+        if self.dl2 is not None:  # after the preemptions: DL² sizes the ps jobs that go on running
+            if cpu_decision is None:  # a follow-up pass decides nothing new
+                report.dl2 = Dl2Report(self.dl2.status)
+            else:
+                report.dl2 = self.dl2.run(obs, nodes, frozenset(cpu_decision.preempt), now)
         grows: dict[int, ScaleOutWatch] | None = None
         if profiles is not None:
             self._watch_grows(result, profiles, obs.managed)
@@ -406,6 +419,8 @@ def state_document(report: PassReport) -> dict[str, Any]:
     """Managed jobs with queue, attained service, priority rank, placement and planned action."""
     obs, decision, result = report.observation, report.decision, report.result
     doc: dict[str, Any] = {"time": report.now, "skipped": report.skipped, "jobs": [], "actions": []}
+    if report.dl2 is not None:
+        doc["dl2"] = report.dl2.to_dict()
     if obs is None or decision is None or result is None:
         return doc
     planned = planned_by_job(report.actions)

@@ -29,7 +29,7 @@ from hpc_elastic.policy.dl2_history import (
     ps_partitions,
 )
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
-from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS, Arrival, generate, parse_servers
+from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, Catalogue, generate, parse_servers
 from hpc_elastic.sim.slots import SlotConfig
 from hpc_elastic.slurm import connect
 
@@ -118,7 +118,7 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
     collected = collect(jobs, steps, partition)
     servers = partition_servers(slurm.nodes(), partition)
     history = history_slots(
-        base_spec(config), JOB_TYPES, servers, collected.records, start=teacher.since, end=teacher.until
+        base_spec(config), config.types, servers, collected.records, start=teacher.since, end=teacher.until
     )
     summary: dict[str, object] = {
         "teacher": Teacher.SACCT.value,
@@ -149,6 +149,13 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
 @click.option("--validation-jobs", type=int, default=TrainConfig.validation_jobs, show_default=True)
 @click.option("--load", type=float, default=TrainConfig.load, show_default=True, help="Generator load.")
 @click.option("--servers", default="16x4x16", show_default=True, help="Servers as NxGxC.")
+@click.option(
+    "--catalogue",
+    type=click.Choice([c.value for c in Catalogue]),
+    default=TrainConfig.catalogue,
+    show_default=True,
+    help="Job types: DL² Table 1's (GPU servers) or the ps-mode model (cpu, with --servers 2x0x8).",
+)
 @click.option("--max-jobs", type=int, default=TrainConfig.max_jobs, show_default=True, help="J: jobs per inference.")
 @click.option("--supervised-epochs", type=int, default=TrainConfig.supervised_epochs, show_default=True)
 @click.option("--rl-episodes", type=int, default=TrainConfig.rl_episodes, show_default=True)
@@ -167,6 +174,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     validation_jobs: int,
     load: float,
     servers: str,
+    catalogue: str,
     max_jobs: int,
     supervised_epochs: int,
     rl_episodes: int,
@@ -202,6 +210,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         validation_jobs=validation_jobs,
         load=load,
         servers=(len(cluster.gpus), cluster.gpus[0], cluster.cpus[0]),
+        catalogue=catalogue,
         max_jobs=max_jobs,
         supervised_epochs=supervised_epochs,
         rl_episodes=rl_episodes,
@@ -255,10 +264,12 @@ def evaluate_model(config: EvalConfig) -> dict[str, float]:
         arrival=config.arrival,
         load=config.load,
         variation=config.variation,
+        types=train_cfg.types,
     )
     if config.plot is not None:
         plot_model(config.plot, loaded)
-    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, SlotConfig(train_cfg.cluster), trace)
+    sim = SlotConfig(train_cfg.cluster, train_cfg.types)
+    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, sim, trace)
     return {name: value / SLOT_SECONDS for name, value in jct.items()}
 
 

@@ -66,8 +66,8 @@ from hpc_elastic.policy.dl2 import (
 )
 from hpc_elastic.policy.dl2_history import TeacherSlot
 from hpc_elastic.policy.drf import Drf
-from hpc_elastic.policy.slots import Servers, SlotDecision, SlotInput, SlotPolicy
-from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS, SlotTraceJob, generate
+from hpc_elastic.policy.slots import JobType, Servers, SlotDecision, SlotInput, SlotPolicy
+from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Catalogue, SlotTraceJob, generate
 from hpc_elastic.sim.slots import SlotConfig, SlotOutcome, SlotResult, SlotSimulator
 
 #: an episode or evaluation may run this many times the slots DRF needed on the trace before it is cut
@@ -87,6 +87,9 @@ class TrainConfig:
     #: the generator's load (arrival rate over the cluster's capacity, >1: jobs wait) and cluster
     load: float = 3.0
     servers: tuple[int, int, int] = (16, 4, 16)
+    #: the job types (:class:`~hpc_elastic.sim.ps_jobs.Catalogue`): DL² Table 1's on GPU servers, or the ps-mode
+    #: model on a CPU partition (``cpu``, with ``servers`` such as ``(2, 0, 8)``: a model the daemon can use there)
+    catalogue: str = Catalogue.TABLE1.value
     #: J, and the networks' shape
     max_jobs: int = 64
     width_factor: float = 0.05
@@ -145,11 +148,16 @@ class TrainConfig:
         if len(self.servers) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in self.servers):
             raise ValueError(f"servers must be (count, gpus, cores), got {self.servers!r}")
         Servers.uniform(*self.servers)
+        Catalogue(self.catalogue)  # ValueError naming it
         NetShape(self.width_factor, self.hidden, self.row_hidden)
 
     @property
     def cluster(self) -> Servers:
         return Servers.uniform(*self.servers)
+
+    @property
+    def types(self) -> tuple[JobType, ...]:
+        return Catalogue(self.catalogue).types
 
     @property
     def shape(self) -> NetShape:
@@ -237,7 +245,7 @@ def deterministic_torch(seed: int) -> Iterator[None]:
 
 
 def sim_config(config: TrainConfig, max_slots: int = 100_000) -> SlotConfig:
-    return SlotConfig(config.cluster, JOB_TYPES, SLOT_SECONDS, max_slots=max_slots)
+    return SlotConfig(config.cluster, config.types, SLOT_SECONDS, max_slots=max_slots)
 
 
 def score(result: SlotResult, trace: Sequence[SlotTraceJob], slot_seconds: float) -> float:
@@ -525,7 +533,7 @@ def _traces(
     )
 
     def make(seed: int, jobs: int) -> tuple[SlotTraceJob, ...]:
-        return generate(seed, jobs=jobs, servers=config.cluster, load=config.load)
+        return generate(seed, jobs=jobs, servers=config.cluster, load=config.load, types=config.types)
 
     train = [make(s, config.jobs) for s in train_seeds]
     held = [make(s, config.jobs) for s in held_seeds]
@@ -550,7 +558,7 @@ def base_spec(config: TrainConfig) -> StateSpec:
     """The state of a run before its training range is known: J, the simulator's job types and slot length."""
     return StateSpec(
         jobs=config.max_jobs,
-        type_names=tuple(kind.name for kind in JOB_TYPES),
+        type_names=tuple(kind.name for kind in config.types),
         slot_seconds=SLOT_SECONDS,
         slots_scale=100.0,
         epochs_scale=1000.0,

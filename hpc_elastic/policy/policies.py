@@ -314,6 +314,14 @@ class TiresiasLas(_MlfqPolicy):
         return np.lexsort((jobs.submit, _first_start_key(jobs.first_start), ~jobs.running, queue))
 
 
+class Dl2GpuFallback(TiresiasLas):
+    """The Slurm daemon's ``dl2`` on GPU jobs: DL²'s trained network decides the workers and PS of ps-mode jobs on
+    CPU partitions once per slot (``slurm_plugin.dl2_slots``); GPU jobs are ordered and preempted exactly as under
+    ``tiresias-las``, DL²'s fallback policy (its §4.1 state covers PS jobs only)."""
+
+    name = "dl2"
+
+
 class TiresiasLasElastic(TiresiasLas):
     """Discretised 2D-LAS decides who runs (§3.2.3) at every job's minimum GPUs; the GPUs no waiting job can use
     are lent to the elastic holders where they add the most throughput (:mod:`.elastic`)."""

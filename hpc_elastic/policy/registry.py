@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpc_elastic.policy.hetero import EasyScaleHeter, EasyScaleHomo, TiresiasLasEasyScale
-from hpc_elastic.policy.policies import BUILTIN_POLICIES, Policy, PolicyOptions
+from hpc_elastic.policy.policies import BUILTIN_POLICIES, Dl2GpuFallback, Policy, PolicyOptions
 
 PolicyFactory = Callable[[PolicyOptions], Policy]
 
 _CLASSES: tuple[type[Policy], ...] = (*BUILTIN_POLICIES, EasyScaleHomo, EasyScaleHeter)
 #: policies for the Slurm daemon only: ``tiresias-las+easyscale`` is ``easyscale-homo`` under the daemon's name
-#: (the simulator runs it as ``easyscale-homo``)
-_DAEMON_ONLY: tuple[type[Policy], ...] = (TiresiasLasEasyScale,)
+#: (the simulator runs it as ``easyscale-homo``); ``dl2`` is ``tiresias-las`` on GPU jobs, and DL² on the ps-mode
+#: jobs of CPU partitions (the simulator's ``dl2`` is a slot policy: ``hpc-elastic simulate-ps``)
+_DAEMON_ONLY: tuple[type[Policy], ...] = (TiresiasLasEasyScale, Dl2GpuFallback)
 _BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in (*_CLASSES, *_DAEMON_ONLY)}
 
 #: The built-in policy names (the simulator's), in the order the issue lists them.

@@ -55,7 +55,7 @@ from typing import Any, Protocol
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.jobdir import Ack, ScaleReply, ScaleRequest, StopReason, StopRequest
+from hpc_elastic.jobdir import Ack, Progress, ScaleReply, ScaleRequest, StopReason, StopRequest, next_progress
 from hpc_elastic.launch.spec import parse_range, ps_job_config
 from hpc_elastic.launch.stops import Action, after_stop
 from hpc_elastic.launch.supervisor import (
@@ -242,6 +242,7 @@ class PsWrapper:
         self.usr1 = False
         #: the stop acted on: its reason and when it was requested
         self.stop: tuple[StopReason, float] | None = None
+        self.progress: Progress | None = None  # this run's last progress record
 
     def _on_usr1(self, signum: int, frame: FrameType | None) -> None:
         self.usr1 = True
@@ -396,6 +397,7 @@ class PsWrapper:
                 ps_job.poll()
                 self.scale(ps_job)
                 status = ps_job.status()
+                self.record_progress(ps_job, status)
             except HpcElasticError:
                 if _master_ended(ps_job):  # Slurm signalled the steps: the PS and the master went first
                     return Outcome.LOST, {}
@@ -407,6 +409,30 @@ class PsWrapper:
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"training not finished within {WAIT_S:.0f} s: {status['queues']}")
             time.sleep(POLL_S)
+
+    def record_progress(self, ps_job: PsJob, status: dict[str, Any]) -> None:
+        """``control/progress.json`` (at most every :data:`~hpc_elastic.jobdir.PROGRESS_EVERY_S`): shards done,
+        workers and PS running, epochs complete of the job's epochs (what the scheduler's DL² policy reads). A failed
+        write is reported, never fatal."""
+        epochs = status.get("epochs", [])
+        record = next_progress(
+            self.progress,
+            step=int(status.get("shards_done", 0)),
+            now=self.clock(),
+            world_size=max(1, len(ps_job.workers)),
+            restart_count=self.job.restart_count,
+            attempt=0,
+        )
+        if record is None:
+            return
+        done = float(sum(1 for epoch in epochs if epoch.get("complete")))
+        record = replace(record, ps=max(1, len(ps_job.ps)), epochs_done=done, epochs_total=float(max(1, len(epochs))))
+        try:
+            self.job_dir.record_progress(record)
+        except OSError as exc:
+            print(f"hpc-elastic-run: progress not recorded: {exc}", file=sys.stderr, flush=True)
+            return
+        self.progress = record
 
     def scale(self, ps_job: PsJob) -> ScaleReply | None:
         """Apply a scale request of the job directory (:meth:`hpc_elastic.jobdir.JobDir.take_scale`), or refuse it

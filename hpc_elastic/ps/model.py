@@ -19,6 +19,8 @@ import numpy.typing as npt
 from hpc_elastic.ps.data import NUM_DENSE, NUM_SPARSE, Batch, mix64
 
 F32 = npt.NDArray[np.float32]
+#: the model a ps-mode job trains (its job type's name for the scheduler's DL² policy)
+MODEL_NAME = "wide-deep"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hpc_elastic.policy.slots import JobType, Servers, SpeedModel
+from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.trace import TraceJob
 
 #: bytes per second of a PS's link (the testbed's 50 GbE NICs, §6.2)
@@ -94,6 +95,47 @@ JOB_TYPES: tuple[JobType, ...] = (
     # word language model on PTB: 80 MB of embeddings and softmax, synchronous
     _job_type("wlm", SpeedModel.SYNC, 1, 2, 2, compute=0.002, params_mb=80, epoch_seconds=50, batch=128),
 )
+
+#: the CPU partition's catalogue (``hpc-elastic dl2 train --catalogue cpu``): the model ps-mode jobs train on a CPU
+#: partition (:data:`hpc_elastic.ps.model.MODEL_NAME`, Wide & Deep: ``hpc-elastic submit --mode ps`` has no other),
+#: workers and PS of 2 cores each and no GPU. Its coefficients, by the same reasoning as Table 1's, from what this
+#: project measured of it (README, "PS mode"): a worker's mini-batch (the MLP 221->64->32->1 and the wide part on a
+#: few hundred records, in torch on one core) takes ~10 ms; per step it pulls and pushes ~60 KB of dense parameters
+#: and a few thousand embedding rows of 9 floats (~130 KB each way), which gRPC moves at ~85 MB/s (the transport
+#: table's 64 KB rows), ~3 ms through one PS; per-worker and per-PS overheads as Table 1's asynchronous models. So
+#: communication is small beside compute: workers help almost linearly and one PS is enough, as for ``ctc``.
+#: ``steps_per_epoch`` downscales its dataset as Table 1's, to an epoch of 30 s at 2 workers and 1 PS.
+CPU_JOB_TYPES: tuple[JobType, ...] = (
+    JobType(
+        MODEL_NAME,
+        0,
+        2,
+        2,
+        SpeedModel.ASYNC,
+        (0.010, 0.003, 0.002, 0.01),
+        JobType(MODEL_NAME, 0, 2, 2, SpeedModel.ASYNC, (0.010, 0.003, 0.002, 0.01), 1.0).steps_per_second(*_REFERENCE)
+        * 30.0,
+    ),
+)
+#: a CPU partition like the dev cluster's ``cpu``: 2 nodes of 8 cores, no GPU
+CPU_SERVERS = Servers.uniform(2, 0, 8)
+
+
+class Catalogue(StrEnum):
+    """The job catalogues a DL² model may be trained on."""
+
+    #: DL² Table 1's eight models on GPU servers (:data:`JOB_TYPES`)
+    TABLE1 = "table1"
+    #: the ps-mode model on a CPU partition (:data:`CPU_JOB_TYPES`)
+    CPU = "cpu"
+
+    @property
+    def types(self) -> tuple[JobType, ...]:
+        return JOB_TYPES if self is Catalogue.TABLE1 else CPU_JOB_TYPES
+
+
+#: every job type by name, from both catalogues (the daemon builds a slot's types from a model's type names)
+TYPES_BY_NAME: dict[str, JobType] = {kind.name: kind for kind in (*JOB_TYPES, *CPU_JOB_TYPES)}
 
 #: DL²'s time slot (§6.2: 20 minutes)
 SLOT_SECONDS = 1200.0
@@ -255,9 +297,15 @@ def generate(
     seconds = rng.lognormal(mu, duration_sigma, size=jobs)
     factors = rng.uniform(1.0 - variation, 1.0 + variation, size=jobs) if variation > 0 else np.ones(jobs)
 
-    # the mean rate: load x (cluster GPU-seconds per slot) / (mean GPU-seconds a job requests)
+    # the mean rate: load x (cluster GPU-seconds per slot) / (mean GPU-seconds a job requests); in cores when the
+    # types use no GPU (a CPU partition's catalogue)
     gpus_per_job = float(np.mean(REQUEST_WORKERS)) * float(np.dot(weights, [t.worker_gpus for t in types]))
-    rate = load * servers.total_gpus * slot_seconds / (gpus_per_job * mean_minutes * 60.0)
+    capacity = float(servers.total_gpus)
+    if gpus_per_job <= 0 or capacity <= 0:
+        gpus_per_job = float(np.mean(REQUEST_WORKERS)) * float(np.dot(weights, [t.worker_cpus for t in types]))
+        gpus_per_job += float(np.mean(REQUEST_PS)) * float(np.dot(weights, [t.ps_cpus for t in types]))
+        capacity = float(servers.total_cpus)
+    rate = load * capacity * slot_seconds / (gpus_per_job * mean_minutes * 60.0)
     arrivals = _arrivals(rng, pattern, jobs, rate, diurnal)
 
     out = []

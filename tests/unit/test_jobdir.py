@@ -19,6 +19,8 @@ from hpc_elastic.jobdir import (
     CheckpointRecord,
     JobDir,
     Progress,
+    ScaleReply,
+    ScaleRequest,
     StopNotice,
     StopReason,
     StopRequest,
@@ -204,6 +206,25 @@ def test_progress_says_whether_the_run_is_at_d2_and_only_a_json_boolean_counts(t
     for hostile in ('"yes"', "1", "null", '["d2"]'):
         job.progress_path.write_text(record.to_json().replace('"d2": true', f'"d2": {hostile}'))
         assert job.read_progress_as(ME) is None
+
+
+def test_a_ps_jobs_progress_carries_its_ps_and_epochs_and_the_daemon_reads_its_scale_state(tmp_path: Path) -> None:
+    job = JobDir(tmp_path / "ps-10").prepare()
+    record = Progress(12, 1766400000.5, None, 3, 0, 0, ps=2, epochs_done=1.0, epochs_total=4.0)
+    job.record_progress(record)
+    assert job.read_progress_as(ME) == record == parse_progress(record.to_json())
+    assert parse_progress(record.to_json().replace(', "ps": 2', "")).ps is None  # a data-parallel job's
+    for bad in ('"epochs_done": 5.0', '"epochs_done": -1.0', '"epochs_done": null', '"epochs_done": "1"'):
+        job.progress_path.write_text(record.to_json().replace('"epochs_done": 1.0', bad))
+        assert job.read_progress_as(ME) is None
+    assert not job.scale_requested() and job.read_scale_reply_as(ME) is None
+    job.request_scale(ScaleRequest(2, 1, 1766400001.0))
+    assert job.scale_requested()
+    job.take_scale(1766400002)
+    assert not job.scale_requested()
+    reply = ScaleReply(1766400001.0, True, "applied: 2 workers, 1 PS", 2, 1, 1766400003.0)
+    job.reply_scale(reply)
+    assert job.read_scale_reply_as(ME) == reply and job.read_scale_reply_as(OTHER) is None
 
 
 def test_progress_fields_are_checked() -> None:

@@ -24,6 +24,8 @@ from hpc_elastic.dl2.train import (
     train,
     validation,
 )
+from hpc_elastic.ps.model import MODEL_NAME
+from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, CPU_SERVERS, generate
 
 #: a few seconds of training: 2 small traces, 2 supervised epochs, 1 episode
 TINY = TrainConfig(
@@ -170,3 +172,28 @@ def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) ->
     trace, config, drf = validation(SMALL)
     assert drf == small.drf_validation_jct
     assert evaluate(numpy_scorer(small.policy), small.spec, config, trace) == small.best.avg_jct
+
+
+def test_the_cpu_catalogue_generates_ps_jobs_that_fit_a_cpu_partition_and_names_the_ps_model() -> None:
+    trace = generate(5, jobs=40, servers=CPU_SERVERS, types=CPU_JOB_TYPES)
+    (kind,) = CPU_JOB_TYPES
+    assert kind.name == MODEL_NAME and kind.worker_gpus == 0
+    for job in trace:  # each request fits the partition's 16 cores (2 nodes of 8)
+        assert job.request_workers * kind.worker_cpus + job.request_ps * kind.ps_cpus <= CPU_SERVERS.total_cpus
+    assert len({job.arrival for job in trace}) > 1  # arrivals spread over slots at a load in cores
+    assert TrainConfig(catalogue="cpu", servers=(2, 0, 8)).types == CPU_JOB_TYPES
+    with pytest.raises(ValueError, match="'gpu'"):
+        TrainConfig(catalogue="gpu")
+
+
+def test_cli_trains_on_the_cpu_catalogue_and_evaluates_on_it(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.dl2"
+    args = ["--jobs", "10", "--traces", "1", "--validation-jobs", "8", "--supervised-epochs", "1", "--rl-episodes", "0"]
+    code, text = run("train", "--out", str(out), "--catalogue", "cpu", "--servers", "2x0x8", "--max-jobs", "4", *args)
+    assert code == 0, text
+    assert model_file.load(out).spec.type_names == (MODEL_NAME,)
+    code, text = run("evaluate", str(out), "--jobs", "8", "--policy", "drf", "--json")  # on the model's catalogue
+    assert code == 0, text
+    assert '"dl2"' in text and '"drf"' in text
+    code, text = run("train", "--out", str(out), "--catalogue", "gpu")
+    assert code == 2 and "'gpu'" in text, text

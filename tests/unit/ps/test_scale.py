@@ -280,3 +280,7 @@ def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_on
     assert status["expired"] == []  # lost by the requests' scale-in, none for want of a call
     assert len(status["repartition_seconds"]) == 3  # PS 2 -> 1 (Brain's sample plan), 1 -> 2, 2 -> 1
     assert all(epoch["samples_by_worker"].get(w, 0) > 0 for w in status["registered"])
+    # its progress record, what the scheduler's DL² reads: its sizes and its epochs (done: 0 or 1 of 1)
+    progress = ps_wrapper.job_dir.read_progress()
+    assert progress is not None and progress.epochs_total == 1.0 and progress.epochs_done in (0.0, 1.0)
+    assert progress.ps in (1, 2) and 1 <= progress.world_size <= 4 and progress.restart_count == 0

@@ -1,0 +1,285 @@
+"""The daemon's side of ``policy = "dl2"``: the model file, the jobs' progress records, the scale requests.
+
+Once per slot (``[dl2] slot_s``, DL² §3.1) this reads what :mod:`slurm_plugin.dl2_slots` needs that a Slurm read
+does not show (each running ps-mode job's progress record and scale reply, through the job directory's reader
+for the daemon, :mod:`hpc_elastic.jobdir`), runs its pure decision, and writes the targets that changed as scale
+requests (:meth:`hpc_elastic.jobdir.JobDir.request_scale`, what ``hpc-elastic scale`` writes; the job's wrapper
+applies or refuses them and answers). It falls back to the default plan alone (2D-LAS, nothing scaled) when the
+model file is missing, not a regular file of at most ``model_file.MAX_BYTES`` (a link is refused), corrupt, or
+when a partition's slot is out of the model's training range; each reason is logged once and kept for
+``state.json``.
+
+A scale request is written only as the job's own user: the wrapper takes requests of its own user only
+(:meth:`~hpc_elastic.jobdir.JobDir.take_scale`), and a daemon of another user writes nothing into a job's
+directory (``site-config/SECURITY.md``); such a target is reported, not written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_elastic.dl2 import model_file
+from hpc_elastic.jobdir import ScaleRequest
+from hpc_elastic.policy.dl2 import Scorer, StateSpec
+from hpc_elastic.ps.model import MODEL_NAME
+from hpc_elastic.sim.ps_jobs import TYPES_BY_NAME
+from hpc_elastic.slurm import Node
+from slurm_plugin.apply import job_dir_of, job_uid
+from slurm_plugin.config import PluginConfig
+from slurm_plugin.dl2_slots import Dl2Plan, PsSlotView, ScaleTarget, plan_slot, slot_input
+from slurm_plugin.observe import Observation
+
+log = logging.getLogger(__name__)
+
+#: ``state.json``'s ``dl2.status`` while the network decides
+ACTIVE = "active"
+
+
+def read_model(path: Path) -> model_file.ModelFile:
+    """The model file at ``path``, read strictly (site-owned): a regular file reached without following a link at
+    its end, at most ``model_file.MAX_BYTES``, then checked by :func:`model_file.decode`; ``ValueError`` saying why
+    it cannot be used."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no model file") from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ValueError(f"{path}: a symbolic link, not the model file itself") from None
+        raise ValueError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if info.st_size > model_file.MAX_BYTES:
+            raise ValueError(f"{path}: {info.st_size} bytes, more than a model file may have ({model_file.MAX_BYTES})")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            if sum(len(c) for c in chunks) > model_file.MAX_BYTES:
+                raise ValueError(f"{path}: more than a model file may have ({model_file.MAX_BYTES} bytes)")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    return model_file.decode(b"".join(chunks), str(path))
+
+
+@dataclass(frozen=True)
+class ScaleRequested:
+    """A target of the slot and what became of it (written, or why not)."""
+
+    job_id: int
+    workers: int
+    ps: int
+    old_workers: int
+    old_ps: int
+    reason: str
+    written: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "workers": self.workers,
+            "ps": self.ps,
+            "old_workers": self.old_workers,
+            "old_ps": self.old_ps,
+            "reason": self.reason,
+            "written": self.written,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Dl2Report:
+    """One pass's DL² part: ``status`` (:data:`ACTIVE` or the fallback reason), the slot decided (None: none this
+    pass) and the scale requests."""
+
+    status: str
+    slot: int | None = None
+    requests: tuple[ScaleRequested, ...] = ()
+    plans: tuple[Dl2Plan, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "slot": self.slot,
+            "requests": [r.to_dict() for r in self.requests],
+            "fallbacks": {p.partition: p.fallback for p in self.plans if p.fallback},
+        }
+
+
+class Dl2Scaler:
+    """DL² for the running ps-mode jobs of CPU partitions, once per slot (module docstring). ``uid``: the user the
+    daemon runs as (injectable for tests)."""
+
+    def __init__(self, config: PluginConfig, *, dry_run: bool = False, uid: Callable[[], int] = os.geteuid) -> None:
+        if config.dl2.model is None:
+            raise ValueError('policy "dl2" needs [dl2] model')
+        self.path: Path = config.dl2.model
+        self.slot_s = config.dl2.slot_s
+        self.roots = config.ckpt_roots
+        self.dry_run = dry_run
+        self.uid = uid
+        self.status = ""
+        self._model: tuple[tuple[int, ...], StateSpec, Scorer] | tuple[tuple[int, ...], str] | None = None
+        self._slot: int | None = None
+        self._asked: dict[int, float] = {}  # job id -> the requested_at of the daemon's last request
+
+    def _load(self) -> tuple[StateSpec, Scorer] | str:
+        """The model's spec and scorer, or why there is none; read again only when the file changed."""
+        try:
+            info = os.lstat(self.path)
+            key: tuple[int, ...] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode)
+        except OSError:
+            key = ()
+        if self._model is None or self._model[0] != key:
+            try:
+                loaded = read_model(self.path)
+                self._model = (key, loaded.spec, loaded.scorer())
+            except ValueError as exc:
+                self._model = (key, f"model unusable: {exc}")
+        if len(self._model) == 2:
+            return self._model[1]
+        return self._model[1], self._model[2]
+
+    def _say(self, status: str) -> None:
+        """Log the status when it changes (a fallback reason once, not every pass)."""
+        if status != self.status:
+            if status == ACTIVE:
+                log.info("dl2: the model %s sizes the ps jobs once per %gs slot", self.path, self.slot_s)
+            else:
+                log.warning("dl2: falling back to 2D-LAS for ps jobs: %s", status)
+        self.status = status
+
+    def run(self, obs: Observation, nodes: Iterable[Node], preempted: frozenset[int], now: float) -> Dl2Report:
+        """The pass's DL² part: nothing when this slot was decided already; else the fallback reason, or the slot's
+        decision with its scale requests written (not with ``dry_run``)."""
+        slot = int(now // self.slot_s)
+        if self._slot == slot:
+            return Dl2Report(self.status)
+        model = self._load()
+        if isinstance(model, str):
+            self._say(model)
+            return Dl2Report(model)
+        spec, scorer = model
+        views = self._views(obs, preempted)
+        cores = partition_cores(nodes)
+        plans = []
+        for partition in sorted({v.partition for v in views}):
+            mine = [v for v in views if v.partition == partition]
+            inp = slot_input(spec, TYPES_BY_NAME, cores.get(partition, ()), mine, slot=slot, slot_seconds=self.slot_s)
+            plans.append(plan_slot(spec, scorer, partition, inp, jobs=mine, free_cores=obs.cpu_free.get(partition, 0)))
+        fallbacks = [f"partition {p.partition}: {p.fallback}" for p in plans if p.fallback]
+        self._say("; ".join(fallbacks) if fallbacks else ACTIVE)
+        if fallbacks and len(fallbacks) == len(plans):
+            return Dl2Report(self.status, plans=tuple(plans))  # nothing decided: look again next pass
+        self._slot = slot
+        requests = tuple(self._request(obs, target, now) for plan in plans for target in plan.targets)
+        return Dl2Report(self.status, slot, requests, tuple(plans))
+
+    def _views(self, obs: Observation, preempted: frozenset[int]) -> list[PsSlotView]:
+        """The running ps-mode jobs (not those this pass preempts or whose stop is under way) with their progress
+        records and scale state."""
+        out = []
+        for ps_view in obs.ps_jobs:
+            marker = obs.markers.get(ps_view.job_id)
+            job = obs.managed.get(ps_view.job_id)
+            record = obs.records.get(ps_view.job_id)
+            if not ps_view.running or ps_view.job_id in preempted or job is None or record is None:
+                continue
+            if record.stop_kind:  # a checkpoint + requeue is under way: the job stops, it is not resized
+                continue
+            if marker is None or marker.ps is None:
+                continue
+            uid = job_uid(job)
+            job_dir = job_dir_of(self.roots, job)
+            progress = reply = None
+            pending = False
+            if job_dir is not None and uid is not None:
+                progress = job_dir.read_progress_as(uid)
+                reply = job_dir.read_scale_reply_as(uid)
+                asked = self._asked.get(job.job_id)
+                pending = job_dir.scale_requested() or (
+                    asked is not None and (reply is None or reply.written_at < asked)
+                )
+            if progress is not None and progress.restart_count != job.restart_count:
+                progress = None  # an earlier run's
+            shape = marker.ps
+            out.append(
+                PsSlotView(
+                    job_id=job.job_id,
+                    partition=ps_view.partition,
+                    model=MODEL_NAME,  # a ps-mode job trains the built-in Wide & Deep
+                    submitted=ps_view.submitted,
+                    executed_s=record.executed_time,
+                    epochs_done=progress.epochs_done if progress is not None else None,
+                    epochs_total=progress.epochs_total if progress is not None else None,
+                    workers=progress.world_size if progress is not None else shape.workers[1],
+                    ps=(progress.ps or shape.ps[0]) if progress is not None else shape.ps[0],
+                    workers_range=shape.workers,
+                    ps_range=shape.ps,
+                    cores_per_task=shape.cpus_per_worker,
+                    scale_pending=pending,
+                )
+            )
+        return out
+
+    def _request(self, obs: Observation, target: ScaleTarget, now: float) -> ScaleRequested:
+        """Write one target as the job's scale request (only as the job's own user; not with ``dry_run``)."""
+        job = obs.managed[target.job_id]
+        uid = job_uid(job)
+        job_dir = job_dir_of(self.roots, job)
+
+        def result(written: bool, detail: str) -> ScaleRequested:
+            level = logging.INFO if written or self.dry_run else logging.WARNING
+            log.log(
+                level,
+                "job %d: scale to %d workers, %d PS: %s (%s)",
+                job.job_id,
+                target.workers,
+                target.ps,
+                target.reason,
+                detail,
+            )
+            return ScaleRequested(
+                target.job_id,
+                target.workers,
+                target.ps,
+                target.old_workers,
+                target.old_ps,
+                target.reason,
+                written,
+                detail,
+            )
+
+        if job_dir is None or uid is None:
+            return result(False, "no job directory of the job's user")
+        if uid != self.uid():
+            return result(False, f"the job's wrapper takes scale requests of its own user only (uid {uid})")
+        if self.dry_run:
+            return result(False, "dry run")
+        try:
+            job_dir.request_scale(ScaleRequest(target.workers, target.ps, now))
+        except OSError as exc:
+            return result(False, f"not written: {exc.strerror or exc}")
+        self._asked[target.job_id] = now
+        return result(True, f"written to {job_dir.scale_path}")
+
+
+def partition_cores(nodes: Iterable[Node]) -> Mapping[str, tuple[int, ...]]:
+    """The cores of each node without GPUs that can take work, by partition (a node of several in each)."""
+    out: dict[str, list[int]] = {}
+    for node in nodes:
+        if node.gpus.total > 0 or not node.available or node.cpus < 1:
+            continue
+        for part in node.partitions:
+            out.setdefault(part, []).append(node.cpus)
+    return {part: tuple(cores) for part, cores in out.items()}
