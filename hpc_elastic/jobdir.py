@@ -541,6 +541,53 @@ class StopNotice:
             return None
 
 
+SCALE_NOTICE_PREFIX = "hpc-elastic-scale:"
+_SCALE_NOTICE = re.compile(
+    r"hpc-elastic-scale:workers=([0-9]{1,6}),ps=([0-9]{1,6}),at=([0-9]{1,12}(?:\.[0-9]{1,6})?),restarts=([0-9]{1,6})"
+)
+
+
+@dataclass(frozen=True)
+class ScaleNotice:
+    """The scheduler daemon's scale request for a running ps-mode job (DL² in the daemon), in the job's
+    ``AdminComment`` like :class:`StopNotice`: only Slurm administrators may set it, so the job's wrapper trusts it
+    whatever user the job runs as, and the daemon writes nothing into a user's directory. The wrapper reads it when
+    ``USR2`` arrives and answers in ``control/scale-reply.json`` with ``requested_at``; ``restarts`` names the
+    incarnation it is for."""
+
+    workers: int
+    ps: int
+    requested_at: float
+    restarts: int
+
+    def __post_init__(self) -> None:
+        if _size(self.workers, "scale notice workers") is None or _size(self.ps, "scale notice ps") is None:
+            raise ValueError("a scale notice names workers and ps")
+        _epoch(self.requested_at, "scale notice requested_at")
+        _count(self.restarts, "scale notice restarts")
+
+    def encode(self) -> str:
+        return (
+            f"{SCALE_NOTICE_PREFIX}workers={self.workers},ps={self.ps},at={self.requested_at:.3f},"
+            f"restarts={self.restarts}"
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> ScaleNotice | None:
+        """The notice in an ``AdminComment``, or None (no notice, or not one of ours)."""
+        match = _SCALE_NOTICE.fullmatch(text.strip())
+        if match is None:
+            return None
+        try:
+            return cls(int(match[1]), int(match[2]), float(match[3]), int(match[4]))
+        except ValueError:
+            return None
+
+    @property
+    def request(self) -> ScaleRequest:
+        return ScaleRequest(self.workers, self.ps, self.requested_at)
+
+
 # ------------------------------------------------------------------------------------------ the directory
 
 

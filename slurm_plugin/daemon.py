@@ -146,7 +146,7 @@ class Daemon:
         #: in the state store (a restarted daemon goes on watching them)
         self._grows: dict[int, ScaleOutWatch] = store.load_grows()
         #: ``dl2``: DL² sizes the running ps-mode jobs of CPU partitions once per slot
-        self.dl2 = Dl2Scaler(config, dry_run=dry_run) if config.policy == Dl2GpuFallback.name else None
+        self.dl2 = Dl2Scaler(config, client, dry_run=dry_run) if config.policy == Dl2GpuFallback.name else None
 
     # ------------------------------------------------------------------------------------------ one pass
 

@@ -1,17 +1,16 @@
-"""The daemon's side of ``policy = "dl2"``: the model file, the jobs' progress records, the scale requests.
+"""The daemon's side of ``policy = "dl2"``: the model file, the jobs' progress records, the scale notices.
 
 Once per slot (``[dl2] slot_s``, DL² §3.1) this reads what :mod:`slurm_plugin.dl2_slots` needs that a Slurm read
 does not show (each running ps-mode job's progress record and scale reply, through the job directory's reader
-for the daemon, :mod:`hpc_elastic.jobdir`), runs its pure decision, and writes the targets that changed as scale
-requests (:meth:`hpc_elastic.jobdir.JobDir.request_scale`, what ``hpc-elastic scale`` writes; the job's wrapper
-applies or refuses them and answers). It falls back to the default plan alone (2D-LAS, nothing scaled) when the
-model file is missing, not a regular file of at most ``model_file.MAX_BYTES`` (a link is refused), corrupt, or
-when a partition's slot is out of the model's training range; each reason is logged once and kept for
-``state.json``.
-
-A scale request is written only as the job's own user: the wrapper takes requests of its own user only
-(:meth:`~hpc_elastic.jobdir.JobDir.take_scale`), and a daemon of another user writes nothing into a job's
-directory (``site-config/SECURITY.md``); such a target is reported, not written.
+for the daemon, :mod:`hpc_elastic.jobdir`), runs its pure decision, and sends the targets that changed to the jobs'
+wrappers the way a stop goes: a :class:`hpc_elastic.jobdir.ScaleNotice` in the job's ``AdminComment`` (a field
+only Slurm administrators set), then ``USR2`` to the batch shell; the wrapper applies or refuses it as it does a
+user's ``hpc-elastic scale`` request and answers in the job directory. The daemon writes nothing into a user's
+directory (``site-config/SECURITY.md``), so it scales the jobs of every user. A notice not answered within a slot
+may be sent again; one answered, or newer than the reply, is read back from Slurm (a restarted daemon knows its
+requests in flight). It falls back to the default plan alone (2D-LAS, nothing scaled) when the model file is
+missing, not a regular file of at most ``model_file.MAX_BYTES`` (a link is refused), corrupt, or when a partition's
+slot is out of the model's training range; each reason is logged once and kept for ``state.json``.
 """
 
 from __future__ import annotations
@@ -19,17 +18,17 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.jobdir import ScaleRequest
+from hpc_elastic.jobdir import ScaleNotice, ScaleReply
 from hpc_elastic.policy.dl2 import Scorer, StateSpec
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import TYPES_BY_NAME
-from hpc_elastic.slurm import Node
+from hpc_elastic.slurm import Job, Node, SlurmClient, SlurmError
 from slurm_plugin.apply import job_dir_of, job_uid
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.dl2_slots import Dl2Plan, PsSlotView, ScaleTarget, plan_slot, slot_input
@@ -117,21 +116,20 @@ class Dl2Report:
 
 
 class Dl2Scaler:
-    """DL² for the running ps-mode jobs of CPU partitions, once per slot (module docstring). ``uid``: the user the
-    daemon runs as (injectable for tests)."""
+    """DL² for the running ps-mode jobs of CPU partitions, once per slot (module docstring); ``client`` sends the
+    scale notices."""
 
-    def __init__(self, config: PluginConfig, *, dry_run: bool = False, uid: Callable[[], int] = os.geteuid) -> None:
+    def __init__(self, config: PluginConfig, client: SlurmClient, *, dry_run: bool = False) -> None:
         if config.dl2.model is None:
             raise ValueError('policy "dl2" needs [dl2] model')
         self.path: Path = config.dl2.model
         self.slot_s = config.dl2.slot_s
         self.roots = config.ckpt_roots
         self.dry_run = dry_run
-        self.uid = uid
+        self.client = client
         self.status = ""
         self._model: tuple[tuple[int, ...], StateSpec, Scorer] | tuple[tuple[int, ...], str] | None = None
         self._slot: int | None = None
-        self._asked: dict[int, float] = {}  # job id -> the requested_at of the daemon's last request
 
     def _load(self) -> tuple[StateSpec, Scorer] | str:
         """The model's spec and scorer, or why there is none; read again only when the file changed."""
@@ -170,7 +168,7 @@ class Dl2Scaler:
             self._say(model)
             return Dl2Report(model)
         spec, scorer = model
-        views = self._views(obs, preempted)
+        views = self._views(obs, preempted, now)
         cores = partition_cores(nodes)
         plans = []
         for partition in sorted({v.partition for v in views}):
@@ -185,9 +183,10 @@ class Dl2Scaler:
         requests = tuple(self._request(obs, target, now) for plan in plans for target in plan.targets)
         return Dl2Report(self.status, slot, requests, tuple(plans))
 
-    def _views(self, obs: Observation, preempted: frozenset[int]) -> list[PsSlotView]:
+    def _views(self, obs: Observation, preempted: frozenset[int], now: float) -> list[PsSlotView]:
         """The running ps-mode jobs (not those this pass preempts or whose stop is under way) with their progress
-        records and scale state."""
+        records and scale state: a request waits while the user's file is in the job directory, or while the
+        daemon's notice of this run is not answered and younger than a slot."""
         out = []
         for ps_view in obs.ps_jobs:
             marker = obs.markers.get(ps_view.job_id)
@@ -206,10 +205,7 @@ class Dl2Scaler:
             if job_dir is not None and uid is not None:
                 progress = job_dir.read_progress_as(uid)
                 reply = job_dir.read_scale_reply_as(uid)
-                asked = self._asked.get(job.job_id)
-                pending = job_dir.scale_requested() or (
-                    asked is not None and (reply is None or reply.written_at < asked)
-                )
+                pending = job_dir.scale_requested() or self._unanswered(job, reply, now)
             if progress is not None and progress.restart_count != job.restart_count:
                 progress = None  # an earlier run's
             shape = marker.ps
@@ -232,11 +228,19 @@ class Dl2Scaler:
             )
         return out
 
+    def _unanswered(self, job: Job, reply: ScaleReply | None, now: float) -> bool:
+        """Whether the daemon's scale notice in the job's AdminComment (for this run) waits for its answer: the
+        reply names an earlier request, or there is none yet, and the notice is younger than a slot."""
+        notice = ScaleNotice.decode(job.admin_comment)
+        if notice is None or notice.restarts != job.restart_count or now - notice.requested_at >= self.slot_s:
+            return False
+        return reply is None or reply.requested_at is None or reply.requested_at < notice.requested_at
+
     def _request(self, obs: Observation, target: ScaleTarget, now: float) -> ScaleRequested:
-        """Write one target as the job's scale request (only as the job's own user; not with ``dry_run``)."""
+        """Send one target to the job's wrapper: the notice in its AdminComment, then ``USR2`` to its batch shell
+        (not with ``dry_run``). Only a job whose wrapper recorded progress in this run has a target (the epochs are in
+        DL²'s state), and its wrapper takes USR2 from before its first record."""
         job = obs.managed[target.job_id]
-        uid = job_uid(job)
-        job_dir = job_dir_of(self.roots, job)
 
         def result(written: bool, detail: str) -> ScaleRequested:
             level = logging.INFO if written or self.dry_run else logging.WARNING
@@ -260,18 +264,16 @@ class Dl2Scaler:
                 detail,
             )
 
-        if job_dir is None or uid is None:
-            return result(False, "no job directory of the job's user")
-        if uid != self.uid():
-            return result(False, f"the job's wrapper takes scale requests of its own user only (uid {uid})")
         if self.dry_run:
             return result(False, "dry run")
+        notice = ScaleNotice(target.workers, target.ps, round(now, 3), job.restart_count)
+        ref = job.ref if job.array_task_id is not None else job.job_id
         try:
-            job_dir.request_scale(ScaleRequest(target.workers, target.ps, now))
-        except OSError as exc:
-            return result(False, f"not written: {exc.strerror or exc}")
-        self._asked[target.job_id] = now
-        return result(True, f"written to {job_dir.scale_path}")
+            self.client.update_job(ref, {"AdminComment": notice.encode()})
+            self.client.cancel([ref], "USR2", batch=True)
+        except SlurmError as exc:
+            return result(False, f"not sent: {exc}")
+        return result(True, "notice in its AdminComment, USR2 to its batch shell")
 
 
 def partition_cores(nodes: Iterable[Node]) -> Mapping[str, tuple[int, ...]]:

@@ -55,7 +55,16 @@ from typing import Any, Protocol
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.jobdir import Ack, Progress, ScaleReply, ScaleRequest, StopReason, StopRequest, next_progress
+from hpc_elastic.jobdir import (
+    Ack,
+    Progress,
+    ScaleNotice,
+    ScaleReply,
+    ScaleRequest,
+    StopReason,
+    StopRequest,
+    next_progress,
+)
 from hpc_elastic.launch.spec import parse_range, ps_job_config
 from hpc_elastic.launch.stops import Action, after_stop
 from hpc_elastic.launch.supervisor import (
@@ -240,12 +249,18 @@ class PsWrapper:
         self.liveness_s = liveness_s  # the job master's worker liveness timeout (default: the master's own)
         self.ps_job: PsJob | None = None
         self.usr1 = False
+        #: ``USR2``: the scheduler daemon's scale notice waits in the job's AdminComment
+        self.usr2 = False
+        self._notice_at: float | None = None  # the requested_at of the last scale notice taken
         #: the stop acted on: its reason and when it was requested
         self.stop: tuple[StopReason, float] | None = None
         self.progress: Progress | None = None  # this run's last progress record
 
     def _on_usr1(self, signum: int, frame: FrameType | None) -> None:
         self.usr1 = True
+
+    def _on_usr2(self, signum: int, frame: FrameType | None) -> None:
+        self.usr2 = True
 
     def prepare(self) -> bool:
         """Create or check the job directory, set aside a previous incarnation's stop and acknowledgement; whether
@@ -261,6 +276,7 @@ class PsWrapper:
             signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),  # a cancel, the time limit: stop the steps
             signal.SIGINT: signal.signal(signal.SIGINT, _terminate),
             signal.SIGUSR1: take_usr1(self._on_usr1),
+            signal.SIGUSR2: signal.signal(signal.SIGUSR2, self._on_usr2),
         }
         try:
             return self._run(restore)
@@ -435,12 +451,16 @@ class PsWrapper:
         self.progress = record
 
     def scale(self, ps_job: PsJob) -> ScaleReply | None:
-        """Apply a scale request of the job directory (:meth:`hpc_elastic.jobdir.JobDir.take_scale`), or refuse it
-        with the reason, and answer it in ``control/scale-reply.json``; None when there was none."""
+        """Apply a scale request, or refuse it with the reason, and answer it in ``control/scale-reply.json``; None
+        when there was none. A request is the user's in the job directory (``hpc-elastic scale``,
+        :meth:`hpc_elastic.jobdir.JobDir.take_scale`), else, after ``USR2``, the scheduler daemon's notice in the
+        job's AdminComment (:meth:`scale_notice`)."""
         try:
             request = self.job_dir.take_scale(int(self.clock()))
         except ValueError as exc:
             return self._reply(ps_job, None, str(exc))
+        if request is None:
+            request = self.scale_notice()
         if request is None:
             return None
         cores = self.allocation_cores(ps_job)
@@ -454,6 +474,23 @@ class PsWrapper:
         except StepNotPlaced as exc:  # a PS step Slurm did not start within the bound: the job goes on from here
             return self._reply(ps_job, request.requested_at, str(exc))
         return self._reply(ps_job, request.requested_at, None)
+
+    def scale_notice(self) -> ScaleRequest | None:
+        """After ``USR2``: the daemon's scale notice for this incarnation in the job's AdminComment
+        (:class:`hpc_elastic.jobdir.ScaleNotice`), once; None when there is none, it is for another incarnation, it
+        was taken already, or Slurm cannot be read (logged)."""
+        if not self.usr2 or self.job.job_id is None:
+            return None
+        self.usr2 = False
+        try:
+            notice = ScaleNotice.decode(self.slurm.job(self.job.job_id).admin_comment)
+        except SlurmError as exc:
+            print(f"hpc-elastic-run: USR2 but the job cannot be read: {exc}", file=sys.stderr, flush=True)
+            return None
+        if notice is None or notice.restarts != self.job.restart_count or notice.requested_at == self._notice_at:
+            return None
+        self._notice_at = notice.requested_at
+        return notice.request
 
     def node_refusal(self, ps_job: PsJob, decision: ScaleDecision) -> str | None:
         """Why applying a scale decision would start a step that fits no node of the allocation: :func:`apply_sizes`
@@ -483,8 +520,9 @@ class PsWrapper:
         return reply
 
     def wanted(self) -> bool:
-        """Whether the wrapper has something to do: a stop (``USR1``, ``control/stop``) or a scale request."""
-        return self.usr1 or self.job_dir.stop_path.exists() or self.job_dir.scale_path.exists()
+        """Whether the wrapper has something to do: a stop (``USR1``, ``control/stop``) or a scale request (the
+        user's file, the daemon's ``USR2``)."""
+        return self.usr1 or self.usr2 or self.job_dir.stop_path.exists() or self.job_dir.scale_path.exists()
 
     def take_stop(self) -> tuple[StopReason, float] | None:
         """A stop to act on: a ``control/stop`` of this run, else one after a ``USR1`` (the scheduler daemon's

@@ -1,6 +1,6 @@
-"""``policy = "dl2"`` on the dev cluster: a pass with a ps job running writes DL²'s new sizes as its scale request,
-which the job's wrapper applies; without the model file the daemon falls back to 2D-LAS, exits 0 and says why in
-``state.json``."""
+"""``policy = "dl2"`` on the dev cluster: a pass with a ps job running sends DL²'s new sizes as a scale notice in
+the job's AdminComment and USR2 to its batch shell, which the job's wrapper applies; without the model file the
+daemon falls back to 2D-LAS, exits 0 and says why in ``state.json``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.jobdir import JobDir, Progress, ScaleReply
+from hpc_elastic.jobdir import JobDir, Progress, ScaleNotice, ScaleReply
 from hpc_elastic.policy.dl2 import StateSpec
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.slurm import CliSlurm
@@ -67,8 +67,12 @@ def test_the_daemon_sizes_a_running_ps_job_with_dl2_and_falls_back_without_its_m
     (request,) = doc["dl2"]["requests"]
     assert (request["job_id"], request["workers"], request["ps"], request["written"]) == (job_id, 2, 2, True), request
     assert (request["old_workers"], request["old_ps"]) != (2, 2)  # only a change is written
+    notice = ScaleNotice.decode(slurm.job(job_id).admin_comment)
+    assert notice is not None and (notice.workers, notice.ps, notice.restarts) == (2, 2, 0), notice
     reply = wait_for("the wrapper's answer", partial(_reply, job_dir), timeout_s=120, every_s=0.5)
     assert (reply.applied, reply.workers, reply.ps) == (True, 2, 2), reply
+    assert reply.requested_at == notice.requested_at  # the answer to that notice
+    assert not job_dir.scale_path.exists()  # the daemon wrote nothing into the job's directory
 
     model.unlink()
     doc = run_once(config)  # exit 0 (asserted by run_once), no scale request, the reason in state.json

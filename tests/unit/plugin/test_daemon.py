@@ -71,11 +71,12 @@ class FakeSlurm:
         self.calls.append(("update", (job_id, dict(fields))))
         if "SiteFactor" in fields:  # what sprio then reports
             self._jobs = [
-                replace(j, site_factor=int(fields["SiteFactor"])) if j.job_id == job_id else j for j in self._jobs
+                replace(j, site_factor=int(fields["SiteFactor"])) if job_id in (j.job_id, j.ref) else j
+                for j in self._jobs
             ]
         if "AdminComment" in fields:  # what squeue then shows the job's wrapper
             comment = str(fields["AdminComment"])
-            self._jobs = [replace(j, admin_comment=comment) if j.job_id == job_id else j for j in self._jobs]
+            self._jobs = [replace(j, admin_comment=comment) if job_id in (j.job_id, j.ref) else j for j in self._jobs]
 
     def requeue(self, job_ids: Iterable[int | JobRef]) -> None:
         self.calls.append(("requeue", list(job_ids)))

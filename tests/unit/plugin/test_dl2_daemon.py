@@ -1,5 +1,6 @@
-"""``policy = "dl2"``: DL²'s network sizes the running ps-mode jobs of CPU partitions once per slot (written as
-scale requests), GPU jobs as under tiresias-las, and a clean fallback to 2D-LAS alone, said once, in state.json."""
+"""``policy = "dl2"``: DL²'s network sizes the running ps-mode jobs of CPU partitions once per slot (a scale notice
+in the job's AdminComment, then USR2 to its batch shell), GPU jobs as under tiresias-las, and a clean fallback to
+2D-LAS alone, said once, in state.json."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import numpy as np
 import pytest
 
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.jobdir import JobDir, Progress, ScaleRequest, parse_scale
+from hpc_elastic.jobdir import JobDir, Progress, ScaleNotice, ScaleReply, ScaleRequest, parse_scale
 from hpc_elastic.policy.dl2 import StateSpec, decide
 from hpc_elastic.policy.slots import SlotAction
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, TYPES_BY_NAME
-from hpc_elastic.slurm import Job, Node
+from hpc_elastic.slurm import Job, JobRef, Node
 from slurm_plugin.config import ConfigError, PluginConfig, parse_config
 from slurm_plugin.daemon import STATE_NAME
 from slurm_plugin.dl2_slots import PsSlotView, plan_slot, slot_input
@@ -165,50 +166,94 @@ def ps_cluster(root: Path, sizes: dict[int, tuple[int, int]]) -> tuple[list[Job]
 WORKERS_FIRST = {(0, SlotAction.WORKER): 3.0, (1, SlotAction.WORKER): 2.0}  # every worker it may have, no more PS
 
 
+def notices(calls: list[tuple[str, object]]) -> dict[int, tuple[int, int]]:
+    """The scale notices a daemon sent, by job id: (workers, PS), each set in the AdminComment right before USR2
+    to the job's batch shell (an array task addressed as ``<array>_<task>``: job 28 is 26_0)."""
+    out: dict[object, tuple[int, int]] = {}
+    for k, (kind, args) in enumerate(calls):
+        if kind != "update" or not isinstance(args, tuple) or "AdminComment" not in args[1]:
+            continue
+        notice = ScaleNotice.decode(args[1]["AdminComment"])
+        if notice is None:
+            continue
+        assert calls[k + 1] == ("cancel", ([args[0]], "USR2", True))
+        out[args[0]] = (notice.workers, notice.ps)
+    return {ARRAY_TASKS[ref] if ref in ARRAY_TASKS else int(str(ref)): sizes for ref, sizes in out.items()}
+
+
+#: the captured ps jobs are the tasks of array job 26: 26_0 is job 28, 26_1 is job 26
+ARRAY_TASKS: dict[object, int] = {JobRef(26, 0): 28, JobRef(26, 1): 26}
+
+
+def without_notices(calls: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """The calls but the scale notices and their USR2."""
+    return [
+        (kind, args)
+        for kind, args in calls
+        if not (
+            kind == "update"
+            and isinstance(args, tuple)
+            and ScaleNotice.decode(str(args[1].get("AdminComment", ""))) is not None
+        )
+        and not (kind == "cancel" and isinstance(args, tuple) and args[1] == "USR2")
+    ]
+
+
 def dl2_config(tmp_path: Path, model: Path, **sections: object) -> PluginConfig:
     return config(tmp_path, policy="dl2", dl2={"model": str(model)}, **sections)
 
 
-def test_the_daemon_writes_a_scale_request_only_for_the_job_whose_size_changes(
+def test_the_daemon_sends_a_scale_notice_only_to_the_job_whose_size_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = tmp_path / "dl2.model"
     hand_set_model(model, SPEC, WORKERS_FIRST)
     jobs, nodes, dirs = ps_cluster(tmp_path / "jobs", {26: (4, 1), 28: (2, 1)})
     fake = FakeSlurm(jobs, nodes)
-    daemon, clock = make(dl2_config(tmp_path, model), fake, at(start_of(jobs, 28), 1000.0))
+    cfg = dl2_config(tmp_path, model)
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 28), 1000.0))
     caplog.set_level(logging.INFO, "slurm_plugin.dl2_daemon")
     daemon.run_pass()
-    assert not dirs[26].scale_path.exists()  # 26 runs DL²'s (4 workers, 1 PS) already
-    request = parse_scale(dirs[28].scale_path.read_text())
-    assert (request.workers, request.ps) == (4, 1)
-    assert fake.calls == []  # no Slurm change: nothing pending, nobody preempted
+    assert notices(fake.calls) == {28: (4, 1)}  # 26 runs DL²'s (4 workers, 1 PS) already
+    assert without_notices(fake.calls) == []  # nothing else: nothing pending, nobody preempted
+    assert not dirs[28].scale_path.exists()  # nothing written into the job's directory
     state = json.loads((tmp_path / STATE_NAME).read_text())
     assert state["dl2"]["status"] == "active"
     assert [(r["job_id"], r["workers"], r["ps"], r["written"]) for r in state["dl2"]["requests"]] == [(28, 4, 1, True)]
-    # the slot is decided: a later pass of the same slot asks nothing, even once the request was taken
-    dirs[28].take_scale(1)
+    # the slot is decided: a later pass of the same slot sends nothing
+    fake.calls.clear()
     clock.sleep(30.0)
     daemon.run_pass()
-    assert not dirs[28].scale_path.exists()
-    # the next slot: the request is unanswered (no reply written since): nothing more is asked of job 28
-    clock.sleep(1200.0)
+    assert notices(fake.calls) == {}
+    # the next slot, the notice unanswered and younger than a slot: nothing more is asked of job 28 (its workers
+    # are still 2); a restarted daemon reads the notice back from the job's AdminComment the same way
+    clock.sleep(1100.0)
     daemon.run_pass()
-    assert not dirs[28].scale_path.exists()
+    restarted, clock = make(cfg, fake, clock.now)
+    restarted.run_pass()
+    assert notices(fake.calls) == {}
+    # answered (refused: the job's workers stay 2): the next slot asks again
+    asked = ScaleNotice.decode(next(j for j in fake.jobs() if j.job_id == 28).admin_comment)
+    assert asked is not None
+    dirs[28].reply_scale(ScaleReply(asked.requested_at, False, "refused: no room", 2, 1, asked.requested_at + 1))
+    clock.sleep(1200.0)
+    restarted.run_pass()
+    assert notices(fake.calls) == {28: (4, 1)}
     assert [m for m in caplog.messages if "dl2:" in m] == [
         f"dl2: the model {model} sizes the ps jobs once per 1200s slot"
-    ]
+    ] * 2  # the first daemon, the restarted one
 
 
-def test_a_scale_request_waiting_in_the_job_directory_is_not_overwritten(tmp_path: Path) -> None:
+def test_a_users_scale_request_waiting_in_the_job_directory_is_left_to_it(tmp_path: Path) -> None:
     model = tmp_path / "dl2.model"
     hand_set_model(model, SPEC, WORKERS_FIRST)
     jobs, nodes, dirs = ps_cluster(tmp_path / "jobs", {26: (1, 1), 28: (1, 1)})
     dirs[26].request_scale(ScaleRequest(2, None, 5.0))  # the user's own, not taken yet
-    daemon, _ = make(dl2_config(tmp_path, model), FakeSlurm(jobs, nodes), at(start_of(jobs, 28), 1000.0))
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(dl2_config(tmp_path, model), fake, at(start_of(jobs, 28), 1000.0))
     daemon.run_pass()
     assert parse_scale(dirs[26].scale_path.read_text()) == ScaleRequest(2, None, 5.0)
-    assert parse_scale(dirs[28].scale_path.read_text()).workers == 4
+    assert notices(fake.calls) == {28: (4, 1)}
 
 
 def actions_of(cfg: PluginConfig, jobs: list[Job], nodes: list[Node]) -> tuple[object, list[dict[str, object]]]:
@@ -217,7 +262,7 @@ def actions_of(cfg: PluginConfig, jobs: list[Job], nodes: list[Node]) -> tuple[o
     daemon, _ = make(cfg, fake, at(start_of(jobs, 28), 1000.0))
     daemon.run_pass()
     state = json.loads((cfg.state_dir / STATE_NAME).read_text())
-    return fake.calls, state["jobs"]
+    return without_notices(fake.calls), state["jobs"]
 
 
 def corrupt(path: Path) -> None:
@@ -270,7 +315,7 @@ def las_config(tmp_path: Path) -> PluginConfig:
 def test_the_fallback_is_exactly_tiresias_and_said_once_and_in_state_json(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, make_model: object, why: str
 ) -> None:
-    jobs, nodes, dirs = mixed_cluster(tmp_path / "jobs")
+    jobs, nodes, _dirs = mixed_cluster(tmp_path / "jobs")
     las = actions_of(las_config(tmp_path), jobs, nodes)
     model = tmp_path / "dl2.model"
     make_model(model)  # type: ignore[operator]
@@ -283,22 +328,26 @@ def test_the_fallback_is_exactly_tiresias_and_said_once_and_in_state_json(
     assert state["dl2"]["status"] == why.format(model=model)
     clock.sleep(5.0)
     daemon.run_pass()  # the same reason: not logged again
-    assert not dirs[26].scale_path.exists() and not dirs[28].scale_path.exists()
+    assert notices(fake.calls) == {}
     assert [m for m in caplog.messages if "dl2:" in m] == [
         f"dl2: falling back to 2D-LAS for ps jobs: {why.format(model=model)}"
     ]
 
 
 def test_the_same_cluster_with_a_usable_model_scales_a_ps_job_and_changes_nothing_else(tmp_path: Path) -> None:
-    jobs, nodes, dirs = mixed_cluster(tmp_path / "jobs")
+    jobs, nodes, _dirs = mixed_cluster(tmp_path / "jobs")
     las = actions_of(las_config(tmp_path), jobs, nodes)
     model = tmp_path / "dl2.model"
     hand_set_model(model, SPEC, WORKERS_FIRST)
-    assert actions_of(dl2_config(tmp_path, model, **MIXED), jobs, nodes) == las
+    fake = FakeSlurm(jobs, nodes)
+    cfg = dl2_config(tmp_path, model, **MIXED)
+    daemon, _ = make(cfg, fake, at(start_of(jobs, 28), 1000.0))
+    daemon.run_pass()
+    state = json.loads((cfg.state_dir / STATE_NAME).read_text())
+    assert (without_notices(fake.calls), state["jobs"]) == las
     # GPU job 25's order and the preemption of 24 (no job directory: requeued at once), as tiresias-las's
     assert las[0] == [("update", (25, {"SiteFactor": 11_000})), ("requeue", [24])]
-    assert parse_scale(dirs[26].scale_path.read_text()).workers == 4
-    assert parse_scale(dirs[28].scale_path.read_text()).workers == 4
+    assert notices(fake.calls) == {26: (4, 1), 28: (4, 1)}
 
 
 def test_a_model_file_over_the_size_limit_is_refused_before_it_is_read(
@@ -307,13 +356,14 @@ def test_a_model_file_over_the_size_limit_is_refused_before_it_is_read(
     model = tmp_path / "dl2.model"
     hand_set_model(model, SPEC, WORKERS_FIRST)
     monkeypatch.setattr(model_file, "MAX_BYTES", 100)
-    jobs, nodes, dirs = ps_cluster(tmp_path / "jobs", {26: (1, 1), 28: (1, 1)})
-    daemon, _ = make(dl2_config(tmp_path, model), FakeSlurm(jobs, nodes), at(start_of(jobs, 28), 1000.0))
+    jobs, nodes, _dirs = ps_cluster(tmp_path / "jobs", {26: (1, 1), 28: (1, 1)})
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(dl2_config(tmp_path, model), fake, at(start_of(jobs, 28), 1000.0))
     daemon.run_pass()
     state = json.loads((tmp_path / STATE_NAME).read_text())
     size = model.stat().st_size
     assert state["dl2"]["status"] == f"model unusable: {model}: {size} bytes, more than a model file may have (100)"
-    assert not dirs[26].scale_path.exists() and not dirs[28].scale_path.exists()
+    assert notices(fake.calls) == {}
 
 
 # ------------------------------------------------------------------------------ a trained model, in its range
@@ -339,34 +389,32 @@ def test_a_model_trained_on_the_cpu_catalogue_decides_the_dev_clusters_ps_jobs(
     loaded = model_file.load(trained_cpu_model)
     assert loaded.spec.type_names == (MODEL_NAME,)
     sizes = {26: (1, 1), 28: (3, 2)}
-    jobs, nodes, dirs = ps_cluster(tmp_path / "jobs", sizes)
-    daemon, _ = make(dl2_config(tmp_path, trained_cpu_model), FakeSlurm(jobs, nodes), at(start_of(jobs, 28), 1000.0))
+    jobs, nodes, _dirs = ps_cluster(tmp_path / "jobs", sizes)
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(dl2_config(tmp_path, trained_cpu_model), fake, at(start_of(jobs, 28), 1000.0))
     report = daemon.run_pass()
     assert report.dl2 is not None and report.dl2.status == "active"
     # what the network decided, brought into the ranges: a request exactly where it differs from what runs
     assert [p.partition for p in report.dl2.plans] == ["cpu"]
-    views = daemon.dl2._views(report.observation, frozenset())  # type: ignore[union-attr,arg-type]
+    views = daemon.dl2._views(report.observation, frozenset(), report.now)  # type: ignore[union-attr,arg-type]
     inp = slot_input(loaded.spec, TYPES_BY_NAME, (8, 8), views, slot=report.dl2.slot or 0, slot_seconds=1200.0)
     assert not isinstance(inp, str)
     decision = decide(loaded.spec, inp, loaded.scorer())
+    sent = notices(fake.calls)
     for job_id, (workers, ps) in sizes.items():
         w, p = decision.of(job_id)
         want = (min(max(w, 1), 4), min(max(p, 1), 2))
-        if want == (workers, ps):
-            assert not dirs[job_id].scale_path.exists()
-        else:
-            request = parse_scale(dirs[job_id].scale_path.read_text())
-            assert (request.workers, request.ps) == want
+        assert sent.get(job_id) == (None if want == (workers, ps) else want)
 
 
 def test_a_ps_job_whose_stop_is_under_way_is_not_resized(tmp_path: Path) -> None:
     model = tmp_path / "dl2.model"
     hand_set_model(model, SPEC, WORKERS_FIRST)
-    jobs, nodes, dirs = ps_cluster(tmp_path / "jobs", {26: (1, 1), 28: (1, 1)})
+    jobs, nodes, _dirs = ps_cluster(tmp_path / "jobs", {26: (1, 1), 28: (1, 1)})
     now = at(start_of(jobs, 28), 1000.0)
     stopping = JobRecord(28, now - 1000.0, now - 1000.0, stop_kind="preempt", stop_at=now - 5.0, stop_restarts=0)
     Store(tmp_path).save([stopping], (), None)
-    daemon, _ = make(dl2_config(tmp_path, model), FakeSlurm(jobs, nodes), now)
+    fake = FakeSlurm(jobs, nodes)
+    daemon, _ = make(dl2_config(tmp_path, model), fake, now)
     daemon.run_pass()
-    assert not dirs[28].scale_path.exists()  # checkpointing for its preemption: it stops, it is not resized
-    assert parse_scale(dirs[26].scale_path.read_text()).workers == 4
+    assert notices(fake.calls) == {26: (4, 1)}  # 28 checkpoints for its preemption: it stops, it is not resized

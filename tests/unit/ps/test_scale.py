@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from hpc_elastic.cli.main import cli
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment
-from hpc_elastic.jobdir import JobDir, ScaleReply, ScaleRequest, parse_scale
+from hpc_elastic.jobdir import JobDir, ScaleNotice, ScaleReply, ScaleRequest, parse_scale
 from hpc_elastic.launch.scale import ScaleConfig, request_scale
 from hpc_elastic.launch.spec import JobMarker, MarkerError, MarkerUnit, PsShape, decode_marker
 from hpc_elastic.ps.allocation import Books, PsWrapper, apply_sizes, decide_scale, parse_args
@@ -284,3 +284,46 @@ def test_scale_requests_take_the_job_from_brain_and_keep_every_sample_exactly_on
     progress = ps_wrapper.job_dir.read_progress()
     assert progress is not None and progress.epochs_total == 1.0 and progress.epochs_done in (0.0, 1.0)
     assert progress.ps in (1, 2) and 1 <= progress.world_size <= 4 and progress.restart_count == 0
+
+
+@dataclass
+class NoticeSlurm:
+    """Slurm's view of the wrapper's own job: its AdminComment (what the scheduler daemon set)."""
+
+    admin_comment: str = ""
+    reads: int = 0
+
+    def job(self, job_id: int) -> Any:
+        self.reads += 1
+        return type("Current", (), {"admin_comment": self.admin_comment})()
+
+
+def test_usr2_takes_the_daemons_scale_notice_of_this_run_once(tmp_path: Path) -> None:
+    config = parse_args(["--mode=ps", f"--ckpt-root={tmp_path}", "--workers-range=1:4", "--ps-range=1:2"])
+    slurm = NoticeSlurm(ScaleNotice(4, 2, 1_700_000_000.5, 0).encode())
+    wrapper = PsWrapper(config, JobEnvironment(job_id=8, job_name="ps"), slurm)  # type: ignore[arg-type]
+    assert wrapper.scale_notice() is None and slurm.reads == 0  # no USR2: Slurm is not asked
+    wrapper._on_usr2(12, None)
+    assert wrapper.wanted()
+    assert wrapper.scale_notice() == ScaleRequest(4, 2, 1_700_000_000.5)
+    assert not wrapper.usr2
+    wrapper._on_usr2(12, None)
+    assert wrapper.scale_notice() is None  # the same notice again (a second USR2): taken once
+    for comment in (
+        ScaleNotice(3, 1, 1_700_000_100.0, 1).encode(),  # for the next run
+        "hpc-elastic-stop:reason=preempt,at=1700000100.000,restarts=0",
+        "hpc-elastic-scale:workers=3,ps=1;rm -rf /,at=1,restarts=0",
+        "",
+    ):
+        slurm.admin_comment = comment
+        wrapper._on_usr2(12, None)
+        assert wrapper.scale_notice() is None, comment
+    slurm.admin_comment = ScaleNotice(3, 1, 1_700_000_200.0, 0).encode()
+    wrapper._on_usr2(12, None)
+    assert wrapper.scale_notice() == ScaleRequest(3, 1, 1_700_000_200.0)
+
+
+@pytest.mark.parametrize("bad", [(0, 1, 1.0, 0), (1, 5000, 1.0, 0), (1, 1, -1.0, 0), (1, 1, 1.0, -1)])
+def test_a_bad_scale_notice_is_refused(bad: tuple[int, int, float, int]) -> None:
+    with pytest.raises(ValueError, match="scale notice"):
+        ScaleNotice(*bad)
