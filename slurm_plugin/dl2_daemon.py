@@ -159,7 +159,7 @@ class Dl2Scaler:
 
     def run(self, obs: Observation, nodes: Iterable[Node], preempted: frozenset[int], now: float) -> Dl2Report:
         """The pass's DL² part: nothing when this slot was decided already; else the fallback reason, or the slot's
-        decision with its scale requests written (not with ``dry_run``)."""
+        decision with its scale notices sent (not with ``dry_run``)."""
         slot = int(now // self.slot_s)
         if self._slot == slot:
             return Dl2Report(self.status)

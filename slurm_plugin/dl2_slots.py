@@ -3,14 +3,14 @@
 Once per slot the daemon describes a CPU partition's running ps-mode jobs as DL²'s slot problem (§3.1: every job
 gets its numbers of workers and PS anew each slot; §4.1: the state the policy network reads), lets the trained
 policy network decide it greedily (§4.1's inference loop, :func:`hpc_elastic.policy.dl2.decide`), and turns the
-decision into scale targets of the jobs whose sizes change (written back as ``hpc-elastic scale`` requests by
+decision into scale targets of the jobs whose sizes change (sent to their wrappers as scale notices by
 :mod:`slurm_plugin.dl2_daemon`). Where the network must not decide (§4.1's state has no column for it, or the
 job shows values the training never came near: :func:`hpc_elastic.policy.dl2.in_training_range`), the plan says
 why and the daemon keeps its default (2D-LAS) plan alone.
 
 What stays the default policy's: the order and preemption of pending ps jobs
 (:func:`slurm_plugin.cpu_policy.plan_ps_jobs`); DL² here only resizes running jobs within their ranges, since a
-running ps job cannot be stopped and restarted at another size by a scale request.
+running ps job cannot be stopped and restarted at another size by a scale notice.
 """
 
 from __future__ import annotations
