@@ -189,6 +189,8 @@ class Supervisor:
         self.sleep = sleep
         self.job_dir = job_dir_of(config.ckpt_root, job)
         self._usr1 = False
+        #: when Slurm's time-limit warning is due, if it does not come (:meth:`_time_limit_warning`)
+        self._warn_at: float | None = None
         self._fatal: int | None = None
         self._stop_at_step: int | None = None
         # the loop's state (run())
@@ -321,6 +323,7 @@ class Supervisor:
             log.info("the allocation has %d tasks (submitted with %d): resized", ntasks, self.job.world_size)
         self._ntasks = ntasks
         self._started_at = self.clock()
+        self._warn_at = self._time_limit_warning()
         previous = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_fatal),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_fatal),
@@ -478,6 +481,34 @@ class Supervisor:
             log.info("time limit: %d of %d time-limit requeue(s) used", done, self.config.max_requeues)
         return after_stop(reason, timelimit_requeues=done, max_requeues=self.config.max_requeues)
 
+    def _time_limit_warning(self) -> float | None:
+        """When Slurm's time-limit warning is due: this run's end less the grace (None without a limit, or when
+        Slurm cannot tell). Slurm sends ``USR1`` at a limit check once the grace is reached, and the first check may
+        come within a second of the run's start, before the batch script's ``trap`` or while Python starts before
+        ``wrappers/hpc-elastic-run`` blocks it: such a signal is lost (seen on the dev cluster under load), and the
+        job would reach its limit without a checkpoint. So the loop stops the workers at this time as if the
+        warning had come (:meth:`_take_stop_request`), once."""
+        if self.job.job_id is None:
+            return None
+        try:
+            current = self.slurm.job(self.job.job_id)
+        except SlurmError as exc:
+            log.warning("cannot read the job's time limit from Slurm (%s): only its USR1 warns", exc)
+            return None
+        if current.start_time is None or current.time_limit_s is None:
+            return None
+        return current.start_time.timestamp() + current.time_limit_s - self.config.grace_s
+
+    def _warning_due(self) -> bool:
+        """Whether the time-limit warning is due and has not come (consumed once: see :meth:`_time_limit_warning`)."""
+        if self._usr1 or self._warn_at is None or self.clock() < self._warn_at:
+            return False
+        log.warning(
+            "Slurm's time-limit warning did not come %.0fs before the limit: stopping as if it had", self.config.grace_s
+        )
+        self._warn_at = None
+        return True
+
     def _take_stop_request(self) -> tuple[StopReason, float] | None:
         """A stop to act on, and when it was requested: a ``control/stop`` already there (a stop at a chosen step,
         or one we wrote), else our own after a ``USR1`` (the scheduler daemon's checkpoint signal, or the time-limit
@@ -490,7 +521,7 @@ class Supervisor:
             log.info("stop requested (%s): workers checkpoint at %s", reason.value, when)
             # An unreadable request has no time: the grace period starts now.
             return reason, request.requested_at if request.requested_at is not None else self.clock()
-        if not self._usr1:
+        if not self._usr1 and not self._warning_due():
             return None
         reason = self._usr1_reason()
         requested_at = self.clock()

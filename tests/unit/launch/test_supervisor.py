@@ -168,10 +168,13 @@ ATTEMPT_LOG = "import os, sys; open(sys.argv[1], 'a').write(os.environ['HPC_ELAS
 
 
 class NoSlurm:
-    """The wrapper must not call Slurm when no stop was requested."""
+    """The wrapper must not call Slurm when no stop was requested (but to read its job's time limit: none)."""
 
     def requeue(self, job_ids: list[int]) -> None:
         raise AssertionError(f"unexpected requeue of {job_ids}")
+
+    def job(self, job_id: int) -> object:
+        return type("Job", (), {"admin_comment": "", "start_time": None, "time_limit_s": None})()
 
 
 def supervise(
@@ -464,3 +467,20 @@ def test_the_time_limit_is_requeued_within_the_budget_then_ends_the_job(
     assert job_dir.timelimit_requeues() == (0, 3)
     assert incarnation(4, "kill") == (128 + signal.SIGTERM, [])  # spent: the job waits for Slurm's TERM (TIMEOUT)
     assert job_dir.timelimit_requeues() == (0, 3)
+
+
+def test_a_lost_time_limit_warning_stops_the_workers_at_the_limit_less_the_grace_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slurm's USR1 came before the wrapper could hold it (lost): 50 s are left of the hour, the grace is 120 s
+    control = tmp_path / "jobs" / "t-5" / "control"
+    worker = TIMELIMIT_WORKER.replace("os.kill(os.getppid(), signal.SIGUSR1)", "pass")
+    command = (sys.executable, "-c", worker, "-", str(control), "0", "exit")
+    monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
+    slurm = NearTheLimit()
+    config = WrapperConfig(tmp_path / "jobs", command, max_requeues=1, kill_timeout_s=2)
+    supervisor = Supervisor(config, JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
+    supervisor.prepare()
+    assert supervisor.run() == 0
+    assert slurm.requeued == [JobRef(5)]
+    assert JobDir(tmp_path / "jobs" / "t-5").timelimit_requeues() == (0,)
