@@ -51,7 +51,7 @@ UPDATABLE_FIELDS: Mapping[str, re.Pattern[str]] = {
     "TimeLimit": _TIME,
     "Comment": re.compile(r"[^\n\r\x00]*"),
     # administrators only: the scheduler daemon's stop notice (hpc_elastic.jobdir.StopNotice), or empty
-    "AdminComment": re.compile(r"(hpc-elastic-stop:[a-z0-9=,.]{1,120})?"),
+    "AdminComment": re.compile(r"(hpc-elastic-(stop|scale):[a-z0-9=,.]{1,120})?"),
     # A pending job's GPUs: 22.05 keeps the GPU request of the submission when NumTasks changes (a job shrunk
     # below it cannot start where only the new count is free; measured on the dev cluster): TresPerJob follows it
     "TresPerJob": re.compile(r"gres:gpu(:[A-Za-z0-9_.-]+)?:[1-9]\d*"),

@@ -13,7 +13,7 @@ from typing import cast
 import pytest
 
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, find_job_dir
-from hpc_elastic.slurm import Job, JobRef, JobState, Node, Partition, PermissionDenied, SlurmUnavailable
+from hpc_elastic.slurm import Job, JobRef, JobState, Node, Partition, PermissionDenied, SlurmUnavailable, commands
 from hpc_elastic.slurm.commands import JobAction
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.daemon import STATE_NAME, Daemon, DaemonLocked, state_lock
@@ -68,6 +68,7 @@ class FakeSlurm:
         self.calls.append((action.value, list(job_ids)))
 
     def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
+        commands.scontrol_update(job_id, fields)  # what CliSlurm would run: a field or value it refuses fails here
         self.calls.append(("update", (job_id, dict(fields))))
         if "SiteFactor" in fields:  # what sprio then reports
             self._jobs = [

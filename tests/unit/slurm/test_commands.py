@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from hpc_elastic.jobdir import ScaleNotice, StopNotice, StopReason
 from hpc_elastic.slurm import commands
 from hpc_elastic.slurm.commands import JobAction
 from hpc_elastic.slurm.types import JobRef
@@ -82,6 +83,16 @@ def test_scontrol_update() -> None:
         commands.scontrol_update(1, {})
     with pytest.raises(ValueError, match="positive integer, got 0"):
         commands.scontrol_update(0, {"Priority": 1})
+
+
+def test_the_daemons_notices_are_the_only_admin_comments_it_sets() -> None:
+    stop = StopNotice(StopReason.PREEMPT, 1_700_000_000.25, 3).encode()
+    scale = ScaleNotice(4, 2, 1_700_000_000.25, 3).encode()
+    for notice in (stop, scale, ""):
+        assert commands.scontrol_update(5, {"AdminComment": notice})[3] == f"AdminComment={notice}"
+    for bad in ("hpc-elastic-scale:workers=4 Priority=9", "anything", "hpc-elastic-grow:workers=4"):
+        with pytest.raises(ValueError, match="bad value for AdminComment"):
+            commands.scontrol_update(5, {"AdminComment": bad})
 
 
 def test_actions_and_scancel() -> None:
