@@ -15,6 +15,7 @@ slot is out of the model's training range; each reason is logged once and kept f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
@@ -72,28 +73,14 @@ def read_model(path: Path) -> model_file.ModelFile:
 
 @dataclass(frozen=True)
 class ScaleRequested:
-    """A target of the slot and what became of it (written, or why not)."""
+    """A target of the slot and what became of it (``written``: sent to the job; else ``detail`` says why not)."""
 
-    job_id: int
-    workers: int
-    ps: int
-    old_workers: int
-    old_ps: int
-    reason: str
+    target: ScaleTarget
     written: bool
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "workers": self.workers,
-            "ps": self.ps,
-            "old_workers": self.old_workers,
-            "old_ps": self.old_ps,
-            "reason": self.reason,
-            "written": self.written,
-            "detail": self.detail,
-        }
+        return {**dataclasses.asdict(self.target), "written": self.written, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -253,16 +240,7 @@ class Dl2Scaler:
                 target.reason,
                 detail,
             )
-            return ScaleRequested(
-                target.job_id,
-                target.workers,
-                target.ps,
-                target.old_workers,
-                target.old_ps,
-                target.reason,
-                written,
-                detail,
-            )
+            return ScaleRequested(target, written, detail)
 
         if self.dry_run:
             return result(False, "dry run")

@@ -17,34 +17,21 @@ pytest.importorskip("torch", reason="DL² training needs torch")
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.train import TrainConfig, base_spec, history_samples, load_networks, save_model, train
+from hpc_elastic.dl2.train import base_spec, history_samples, load_networks, save_model, train
 from hpc_elastic.policy.dl2_history import TeacherSlot, collect, history_slots
 from hpc_elastic.policy.slots import Servers
 from hpc_elastic.sim.ps_jobs import JOB_TYPES
 from hpc_elastic.slurm import parse
 from hpc_elastic.slurm.client import CliSlurm
 from hpc_elastic.slurm.runner import CommandResult
+from tests.unit.dl2.test_train import TINY as TRAIN_TINY
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 SINFO = Path(__file__).parents[2] / "data" / "slurm-22.05" / "sinfo.json"
 START = datetime(2026, 11, 27, 0, 0, tzinfo=UTC)
 END = datetime(2026, 11, 27, 1, 0, tzinfo=UTC)
 
-TINY = TrainConfig(
-    seed=7,
-    jobs=12,
-    traces=2,
-    held_out=1,
-    validation_jobs=12,
-    servers=(2, 4, 16),
-    max_jobs=8,
-    width_factor=0.25,
-    hidden=16,
-    row_hidden=8,
-    supervised_epochs=2,
-    rl_episodes=0,
-    batch=32,
-)
+TINY = dataclasses.replace(TRAIN_TINY, rl_episodes=0)  # the supervised phase only: what the teacher changes
 
 
 def fixture(name: str) -> str:
