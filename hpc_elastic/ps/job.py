@@ -64,6 +64,21 @@ START_TIMEOUT_S = 120.0
 POLL_S = 0.05
 #: seconds a step may wait for its resources inside the allocation before it fails (``srun --immediate``)
 STEP_PENDING_S = 30
+#: seconds a worker asked to leave (SIGTERM) has before it is killed (SIGKILL)
+LEAVE_GRACE_S = 10.0
+
+
+def end_process(popen: subprocess.Popen[bytes], sig: signal.Signals, grace_s: float = LEAVE_GRACE_S) -> int:
+    """Send ``sig`` to a process and reap it; one still there after ``grace_s`` is killed (SIGKILL). A worker's
+    ``srun`` asked to leave while its step still starts (a scale request that came as Brain's new workers were
+    launching, seen on the dev cluster) held a scale-in for 90 s: the shards of a worker killed go back to TODO as
+    a lost worker's, so nothing is lost by not waiting longer. The exit status."""
+    popen.send_signal(sig)
+    try:
+        return popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        return popen.wait()
 
 
 class ProcessFailed(HpcElasticError):
@@ -402,9 +417,7 @@ class PsJob:
 
     def kill_worker(self, worker: str, sig: signal.Signals = signal.SIGKILL) -> dict[str, Any]:
         """Kill a worker's process (SIGKILL: a failure; SIGTERM: scale in) and report it lost to the master."""
-        proc = self.workers[worker]
-        proc.popen.send_signal(sig)
-        proc.popen.wait()
+        end_process(self.workers[worker].popen, sig)
         return self._lost(worker)
 
     def _lost(self, worker: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ lands on a worker known to hold a shard, and the added worker trains while the o
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,7 +24,7 @@ from hpc_elastic.policy.brain import Role
 from hpc_elastic.ps import checkpoint
 from hpc_elastic.ps.__main__ import main
 from hpc_elastic.ps.config import PsJobConfig
-from hpc_elastic.ps.job import OutOfMemory, PsJob
+from hpc_elastic.ps.job import OutOfMemory, PsJob, end_process
 from hpc_elastic.slurm.types import JobState, Step
 
 SMALL = {"num_ps": 2, "num_samples": 2000, "shard_size": 100, "batch_size": 50}
@@ -316,3 +318,15 @@ def test_an_out_of_memory_end_without_a_memory_decision_is_a_lost_worker(tmp_pat
     assert_exactly_once(status)
     (record,) = job.oom
     assert record.new_mem_mb is None and record.replaced_by is None and record.refused == "no memory decision given"
+
+
+def test_a_process_that_does_not_leave_when_asked_is_killed_after_the_grace() -> None:
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "print('ready', flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    assert end_process(stubborn, signal.SIGTERM, grace_s=0.5) == -signal.SIGKILL
+    polite = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(60)"])
+    assert end_process(polite, signal.SIGTERM, grace_s=30) == -signal.SIGTERM
