@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -557,6 +557,22 @@ def _job_from_sacct(raw: Mapping[str, Any]) -> Job:
 
 # ------------------------------------------------------------------------------------------------ text
 
+
+def _rows(
+    text: str, count: int, what: str, *, separator: str = "|", free_last: bool = False
+) -> Iterator[tuple[int, list[str]]]:
+    """The non-blank lines of a delimited text output with their numbers, each split into ``count`` fields
+    (``free_last``: the last field is free text that may hold the separator); :class:`SlurmParseError` naming
+    the line otherwise."""
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        values = line.split(separator, count - 1) if free_last else line.split(separator)
+        if len(values) != count:
+            raise SlurmParseError(f"{what} line {line_number}: expected {count} fields, got {len(values)}")
+        yield line_number, values
+
+
 #: ``sacct --format`` of :func:`parse_sacct_steps` (text: 22.05's ``--json`` reports a failed step's exit code as 0)
 SACCT_STEP_FIELDS: tuple[str, ...] = ("JobID", "JobName", "State", "ExitCode", "MaxRSS", "AllocTRES")
 
@@ -565,14 +581,7 @@ def parse_sacct_steps(text: str) -> list[Step]:
     """The steps in ``sacct --parsable2 --noheader --format=<SACCT_STEP_FIELDS> --jobs=ID`` (the job's own line,
     ``JobID`` without a dot, skipped): ``MaxRSS`` such as ``423076K``, the step's memory from ``AllocTRES``."""
     steps: list[Step] = []
-    for line_number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        values = line.split("|")
-        if len(values) != len(SACCT_STEP_FIELDS):
-            raise SlurmParseError(
-                f"sacct line {line_number}: expected {len(SACCT_STEP_FIELDS)} fields, got {len(values)}"
-            )
+    for line_number, values in _rows(text, len(SACCT_STEP_FIELDS), "sacct"):
         job_text, name, state, exit_code, max_rss, alloc = values
         job, dot, step_id = job_text.partition(".")
         if not dot:
@@ -606,14 +615,7 @@ def parse_sacct_step_times(text: str) -> list[Step]:
     over a time window (jobs' own lines, ``JobIDRaw`` without a dot, skipped): ``Unknown`` or ``None`` for a step
     not started or still running is None."""
     steps: list[Step] = []
-    for line_number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        values = line.split("|", len(SACCT_STEP_TIME_FIELDS) - 1)
-        if len(values) != len(SACCT_STEP_TIME_FIELDS):
-            raise SlurmParseError(
-                f"sacct line {line_number}: expected {len(SACCT_STEP_TIME_FIELDS)} fields, got {len(values)}"
-            )
+    for line_number, values in _rows(text, len(SACCT_STEP_TIME_FIELDS), "sacct", free_last=True):
         job_text, state, start, end, cpus, name = values
         job, dot, step_id = job_text.partition(".")
         if not dot:
@@ -731,12 +733,7 @@ def parse_squeue_text(text: str) -> list[Job]:
     """Jobs from ``squeue --noheader --format=<SQUEUE_TEXT_FIELDS joined by FIELD_SEPARATOR>``."""
     names = [name for name, _ in SQUEUE_TEXT_FIELDS]
     jobs = []
-    for number_, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        values = line.split(FIELD_SEPARATOR)
-        if len(values) != len(names):
-            raise SlurmParseError(f"squeue line {number_}: expected {len(names)} fields, got {len(values)}")
+    for _, values in _rows(text, len(names), "squeue", separator=FIELD_SEPARATOR):
         row = dict(zip(names, values, strict=True))
         state = job_state(row["state"])
         limit = duration_s(row["time_limit"]) if row["time_limit"] else None
@@ -773,12 +770,7 @@ def parse_squeue_text(text: str) -> list[Job]:
 def parse_sacct_text(text: str) -> list[Job]:
     """Jobs from ``sacct --parsable2 --noheader --format=<SACCT_TEXT_FIELDS>`` (comment last: may hold ``|``)."""
     jobs = []
-    for number_, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        values = line.split("|", len(SACCT_TEXT_FIELDS) - 1)
-        if len(values) != len(SACCT_TEXT_FIELDS):
-            raise SlurmParseError(f"sacct line {number_}: expected {len(SACCT_TEXT_FIELDS)} fields, got {len(values)}")
+    for _, values in _rows(text, len(SACCT_TEXT_FIELDS), "sacct", free_last=True):
         row = dict(zip(SACCT_TEXT_FIELDS, values, strict=True))
         if not row["JobIDRaw"].isdigit():  # job steps: 12.batch, 12.0
             continue
