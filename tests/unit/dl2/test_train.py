@@ -107,23 +107,16 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     assert code == 2 and "cannot read" in text, text
 
 
+#: ``dl2 train``'s options for a few seconds of supervised training on a small cluster
+CLI_SMALL = [
+    "--jobs", "10", "--traces", "1", "--validation-jobs", "10", "--servers", "2x4x16", "--max-jobs", "8",
+    "--supervised-epochs", "1", "--rl-episodes", "0",
+]  # fmt: skip
+
+
 def test_cli_trains_and_evaluates(tmp_path: Path) -> None:
     out = tmp_path / "m.dl2"
-    args = [
-        "--seed",
-        "3",
-        "--jobs",
-        "10",
-        "--traces",
-        "1",
-        "--validation-jobs",
-        "10",
-        "--supervised-epochs",
-        "1",
-        "--rl-episodes",
-        "0",
-    ]
-    code, text = run("train", "--out", str(out), "--servers", "2x4x16", "--max-jobs", "8", *args)
+    code, text = run("train", "--out", str(out), "--seed", "3", *CLI_SMALL)
     assert code == 0, text
     assert "held_out_match" in text
     code, text = run("evaluate", str(out), "--jobs", "10", "--policy", "drf", "--json")

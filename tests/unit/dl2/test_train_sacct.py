@@ -24,6 +24,7 @@ from hpc_elastic.sim.ps_jobs import JOB_TYPES
 from hpc_elastic.slurm import parse
 from hpc_elastic.slurm.client import CliSlurm
 from hpc_elastic.slurm.runner import CommandResult
+from tests.unit.dl2.test_train import CLI_SMALL
 from tests.unit.dl2.test_train import TINY as TRAIN_TINY
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
@@ -104,22 +105,6 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> Slurm:
     return fake
 
 
-SMALL = [
-    "--jobs",
-    "10",
-    "--traces",
-    "1",
-    "--validation-jobs",
-    "10",
-    "--servers",
-    "2x4x16",
-    "--max-jobs",
-    "8",
-    "--supervised-epochs",
-    "1",
-    "--rl-episodes",
-    "0",
-]
 WINDOW = ["--since", "2026-11-27", "--until", "2026-11-27T01:00:00Z"]
 
 
@@ -130,7 +115,7 @@ def run(*args: str) -> tuple[int, str, str]:
 
 def test_cli_trains_on_sacct(tmp_path: Path, slurm: Slurm) -> None:
     out = tmp_path / "m.dl2"
-    code, text, err = run("--out", str(out), "--teacher", "sacct", *WINDOW, *SMALL, "--json")
+    code, text, err = run("--out", str(out), "--teacher", "sacct", *WINDOW, *CLI_SMALL, "--json")
     assert code == 0, text + err
     summary = json.loads(text.strip().splitlines()[-1])
     assert summary["teacher"] == "sacct" and summary["supervised_samples"] == 11
@@ -153,7 +138,7 @@ def test_cli_bad_input_exits_2_and_writes_no_model(tmp_path: Path, slurm: Slurm)
         (["--teacher", "sacct", *WINDOW, "--partition", "gpu"], "no usable samples in sacct history of partition gpu"),
         (["--teacher", "sacct", "--since", "2026-11-27T00:30", "--until", "2026-11-27T00:40"], "shorter than one"),
     ):
-        code, text, err = run("--out", str(out), *args, *SMALL)
+        code, text, err = run("--out", str(out), *args, *CLI_SMALL)
         assert code == 2 and message in err and not text, (args, text, err)
         assert len(err.strip().splitlines()) == 1, err
     assert list(tmp_path.iterdir()) == []
@@ -168,7 +153,7 @@ def test_cli_on_captured_sacct_names_the_unknown_types(tmp_path: Path, monkeypat
     )
     monkeypatch.setattr("hpc_elastic.cli.dl2.connect", lambda environment=None: CliSlurm(fake, use_json=True))  # type: ignore[arg-type]
     out = tmp_path / "m.dl2"
-    code, text, err = run("--out", str(out), "--teacher", "sacct", "--since", "2026-11-27", *SMALL)
+    code, text, err = run("--out", str(out), "--teacher", "sacct", "--since", "2026-11-27", *CLI_SMALL)
     assert code == 2 and not out.exists(), text + err
     assert "no usable samples in sacct history of partition cpu" in err  # the partition found from the jobs' steps
     assert "ps-mode-test (8)" in err and "0 PS-mode jobs of a DL² type" in err
