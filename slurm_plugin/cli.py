@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from hpc_elastic.profile import ProfileError, ProfileNotFound, default_profile_d
 from hpc_elastic.profile.schema import Profile, slugify
 from hpc_elastic.slurm import RetryPolicy, Runner, connect
 from slurm_plugin.config import ConfigError, PluginConfig, load_config
-from slurm_plugin.daemon import CapabilityLookup, Daemon, DaemonLocked, SkewLookup, state_lock
+from slurm_plugin.daemon import CapabilityLookup, Daemon, DaemonLocked, SkewLookup, StopRequested, state_lock
 from slurm_plugin.easyscale import Capability, profiled_rates
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.queue_view import NoState, load_state, render
@@ -148,6 +149,8 @@ def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no
         skew_lookup=profile_skew(environment),
         capability_lookup=profile_capability(default_profile_dir(environment)),
     )
+    for number in (signal.SIGTERM, signal.SIGINT):  # finish the pass in progress, then exit 0
+        signal.signal(number, lambda _number, _frame: daemon.request_stop())
     try:
         if dry_run:
             code = daemon.run(once=once)
@@ -157,6 +160,8 @@ def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no
     except DaemonLocked as exc:
         click.echo(f"hpc-elastic-sched: {exc}", err=True)
         code = 4
+    except StopRequested:  # before the first pass
+        code = 0
     finally:
         store.close()
     sys.exit(code)

@@ -110,6 +110,10 @@ def build_policy(config: PluginConfig) -> Policy:
     return make_policy(config.policy, options)
 
 
+class StopRequested(BaseException):  # not an Exception: a handler of errors must not swallow it
+    """Unwinds a daemon that was asked to stop between passes (:meth:`Daemon.request_stop`)."""
+
+
 class Daemon:
     def __init__(
         self,
@@ -147,6 +151,17 @@ class Daemon:
         self._grows: dict[int, ScaleOutWatch] = store.load_grows()
         #: ``dl2``: DL² sizes the running ps-mode jobs of CPU partitions once per slot
         self.dl2 = Dl2Scaler(config, client, dry_run=dry_run) if config.policy == Dl2GpuFallback.name else None
+        self._in_pass = False
+        self._stop_requested = False
+
+    def request_stop(self) -> None:
+        """Stop for good (the CLI calls it on SIGTERM and SIGINT): a pass in progress runs to its end, its Slurm
+        actions and its store write included, then :meth:`run` returns; a daemon between passes stops at once
+        (:class:`StopRequested` unwinds its wait). Killed mid-pass instead, a daemon would lose what that pass did
+        in Slurm but had not stored yet: the nodes a reservation holds for a resized job, a stop in flight."""
+        self._stop_requested = True
+        if not self._in_pass:
+            raise StopRequested
 
     # ------------------------------------------------------------------------------------------ one pass
 
@@ -323,10 +338,20 @@ class Daemon:
     # ------------------------------------------------------------------------------------------ the loop
 
     def run(self, *, once: bool = False) -> int:
+        """Passes until a stop is requested (0), or one pass with ``once``; 1 after too many failed passes in a
+        row, 3 when ``once``'s pass was skipped."""
+        try:
+            return self._loop(once=once)
+        except StopRequested:
+            pass
+        log.info("stop requested: exiting")
+        return 0
+
+    def _loop(self, *, once: bool) -> int:
         errors = 0
-        while True:
+        while not self._stop_requested:
             try:
-                report = self.run_pass()
+                report = self._pass()
                 if once:
                     self._settle(report)
                 errors = 0
@@ -335,11 +360,25 @@ class Daemon:
                 log.error("pass failed (%d/%d in a row): %s", errors, self.config.max_consecutive_errors, exc)
                 if once or errors >= self.config.max_consecutive_errors:
                     return 1
-                self.sleep(min(self.config.interval_s * 2**errors, 300.0))
+                self._between_passes(self.sleep, min(self.config.interval_s * 2**errors, 300.0))
                 continue
             if once:
                 return 0 if not report.skipped else 3
-            self._wait(self._sleep_time(report))
+            self._between_passes(self._wait, self._sleep_time(report))
+        raise StopRequested
+
+    def _pass(self, *, followups_only: bool = False) -> PassReport:
+        """:meth:`run_pass`, which a stop request lets finish."""
+        self._in_pass = True
+        try:
+            return self.run_pass(followups_only=followups_only)
+        finally:
+            self._in_pass = False
+
+    def _between_passes(self, wait: Callable[[float], None], seconds: float) -> None:
+        if self._stop_requested:  # asked during the pass that just ended
+            raise StopRequested
+        wait(seconds)
 
     def _settle(self, report: PassReport) -> None:
         """``--once``: finish the checkpoint + requeue (and new sizes) that this pass started, with follow-up
@@ -347,8 +386,8 @@ class Daemon:
         p = self.config.preemption
         deadline = self.monotonic() + p.grace_s + p.requeue_wait_s + SETTLE_SLACK_S
         while report.result is not None and unsettled(report.result.records) and self.monotonic() < deadline:
-            self.sleep(self.config.stop_poll_s)
-            report = self.run_pass(followups_only=True)
+            self._between_passes(self.sleep, self.config.stop_poll_s)
+            report = self._pass(followups_only=True)
 
     def _wait(self, seconds: float) -> None:
         """Sleep until the next pass, but start it early when managed jobs arrive, start or finish (issue 4:

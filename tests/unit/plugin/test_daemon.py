@@ -363,3 +363,42 @@ def test_an_array_task_is_stopped_and_requeued_as_array_underscore_task(
     daemon.run_pass()
     assert ("requeue", [JobRef(20, 1)]) in fake.calls
     assert not any(kind == "requeue" and isinstance(ids, list) and 24 in ids for kind, ids in fake.calls)
+
+
+def test_a_stop_asked_mid_pass_lets_the_pass_store_what_it_did(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    """SIGTERM while a pass acts: the pass ends and stores its stop in flight, then the daemon exits 0 without
+    another pass. Killed there instead, the next daemon would not know that the job was signalled."""
+    jobs, nodes = busy
+    cfg = config(tmp_path, **PREEMPTING)
+    (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
+
+    class StoppedWhileSignalling(FakeSlurm):
+        def cancel(
+            self, job_ids: Iterable[int | JobRef], signal: str | None = None, *, batch: bool = False, full: bool = False
+        ) -> None:
+            daemon.request_stop()  # what the CLI's SIGTERM handler calls
+            super().cancel(job_ids, signal, batch=batch, full=full)
+
+    fake = StoppedWhileSignalling(jobs, nodes)
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
+    assert daemon.run() == 0
+    assert [c[0] for c in fake.calls] == ["update", "update", "cancel"] and clock.slept == []
+    assert Store(tmp_path).load()[24].stop_kind == "preempt"
+    assert json.loads((tmp_path / STATE_NAME).read_text())["recent_actions"][1]["kind"] == "preempt"
+
+
+def test_a_stop_asked_between_passes_ends_the_wait(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    jobs, nodes = busy
+    cfg = config(tmp_path, interval_s=30, event_poll_s=0)
+    fake = FakeSlurm(jobs, nodes)
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        daemon.request_stop()  # the signal comes while the daemon sleeps: the handler's exception ends the nap
+
+    daemon = Daemon(cfg, fake, Store(cfg.state_dir), clock=Clock(at(start_of(jobs, 24), 60)), sleep=sleep)
+    assert daemon.run() == 0
+    assert naps == [30.0] and [c[0] for c in fake.calls] == ["update"]  # one pass, then no other
