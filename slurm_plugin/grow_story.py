@@ -41,7 +41,7 @@ from hpc_elastic.jobdir import output_path
 from hpc_elastic.launch.workers import Launcher, WorkerStep, start_workers
 from hpc_elastic.slurm import Job, JobState, SlurmClient, SlurmError
 from slurm_plugin.daemon import release_held_nodes
-from slurm_plugin.scenario import DaemonProcess, ScenarioError
+from slurm_plugin.scenario import DaemonProcess, ScenarioError, cancel_active
 from slurm_plugin.timeline import LossRecord, Sample, loss_by_step, parse_loss_line
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,6 +192,7 @@ class GrowResult:
     bystander_starts: list[str] = field(default_factory=list)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (what, seconds since t0) as each was reached
     loss: list[tuple[int, float]] = field(default_factory=list)  # the elastic job's training loss after each step
+    daemon_exit: int | None = None  # the daemon's exit status after the story's SIGTERM
 
     @property
     def identical(self) -> bool:
@@ -217,6 +218,7 @@ class GrowResult:
             "bystander_starts": self.bystander_starts,
             "phases": [list(p) for p in self.phases],
             "loss": [list(p) for p in self.loss],
+            "daemon_exit": self.daemon_exit,
         }
 
 
@@ -310,17 +312,17 @@ def _starts(path: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess, state_dir: Path) -> Iterator[None]:
-    """The story's jobs cancelled and the nodes its stopped daemon still held for a resize released (a job that
-    ended right after its resize was decided leaves them held until the reservation's end time)."""
+def _cleanup(
+    slurm: SlurmClient, ids: list[int], daemon: DaemonProcess, state_dir: Path, result: GrowResult
+) -> Iterator[None]:
+    """The daemon stopped (SIGTERM: it ends its pass; its exit status in ``result``), the story's jobs cancelled and
+    the nodes the stopped daemon still held for a resize released (a job that ended right after its resize was
+    decided leaves them held until the reservation's end time)."""
     try:
         yield
     finally:
-        daemon.kill(signal.SIGTERM)
-        with contextlib.suppress(SlurmError):
-            active = [j.job_id for j in slurm.jobs(ids) if j.state.is_active] if ids else []
-            if active:
-                slurm.cancel(active)
+        result.daemon_exit = daemon.kill(signal.SIGTERM)
+        cancel_active(slurm, ids)
         release_held_nodes(slurm, state_dir)
 
 
@@ -335,7 +337,7 @@ def run_grow_story(
     config = write_resize_config(workdir, prefix, grace_s=cfg.grace_s, policy="tiresias-las+easyscale")
     daemon = DaemonProcess(config, workdir / "daemon.log")
     watch = _Watch(slurm, result, time.monotonic() + cfg.timeout_s, daemon)
-    with _cleanup(slurm, watch.ids, daemon, config.parent / "state"):
+    with _cleanup(slurm, watch.ids, daemon, config.parent / "state", result):
         released: list[int] = []
         for index, options in enumerate((*cfg.fillers, *cfg.released)):
             name = f"{prefix}-f{index}"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,15 +125,18 @@ class DaemonProcess:
                 start_new_session=True,
             )
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> int | None:
+        """Send ``sig`` and wait for the exit (SIGKILL after 20 s); its exit status, None when none was running."""
+        code = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
-                self.proc.wait(timeout=20)
+                code = self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                code = self.proc.wait()
         self.proc = None
+        return code
 
     @property
     def alive(self) -> bool:
@@ -209,6 +212,29 @@ def _attained(workdir: Path, job_id: int) -> float | None:
     return next((float(j["attained_gpu_s"]) for j in doc["jobs"] if j["job_id"] == job_id), None)
 
 
+def cancel_active(slurm: SlurmClient, ids: Iterable[int], timeout_s: float = 120.0) -> list[int]:
+    """Cancel those of ``ids`` still pending, running or completing and wait until they have ended: what a
+    scenario or a test leaves must not hold GPUs for the next one. Only the active ones are named to scancel
+    (:meth:`~hpc_elastic.slurm.CliSlurm.cancel` refuses a list with a job slurmctld has forgotten, MinJobAge
+    after its end, and would cancel none); a failed squeue or scancel is tried again. The ids still active at
+    ``timeout_s``."""
+    wanted = sorted(set(ids))
+    deadline = time.monotonic() + timeout_s
+    active = wanted
+    while wanted:
+        try:
+            active = [job.job_id for job in slurm.jobs(wanted) if job.state.is_active]
+            if not active:
+                return []
+            slurm.cancel(active)
+        except SlurmError:
+            pass  # a loaded controller: look again
+        if time.monotonic() > deadline:
+            return active
+        time.sleep(2.0)
+    return []
+
+
 @contextlib.contextmanager
 def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess | None) -> Iterator[None]:
     try:
@@ -216,9 +242,7 @@ def _cleanup(slurm: SlurmClient, ids: list[int], daemon: DaemonProcess | None) -
     finally:
         if daemon is not None:
             daemon.kill(signal.SIGTERM)
-        if ids:
-            with contextlib.suppress(SlurmError):
-                slurm.cancel(ids)
+        cancel_active(slurm, ids)
 
 
 def run_mix(

@@ -18,23 +18,45 @@ import pytest
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.files import wait_for_lock
 from hpc_elastic.slurm import CliSlurm, JobState, RetryPolicy, Runner, SlurmError, connect
+from slurm_plugin.scenario import cancel_active
 from tests.conftest import REPO, require_cluster
-from tests.integration.plugin_helpers import ended, job_of
 
 T = TypeVar("T")
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = 90.0, every_s: float = 0.5) -> T:
-    """Poll ``probe`` until it returns a truthy value; fail the test (not hang) after ``timeout_s``."""
+    """Poll ``probe`` until it returns a truthy value; fail the test (not hang) after ``timeout_s``, with what the
+    cluster showed then (:func:`cluster_snapshot`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}\n{cluster_snapshot()}")
         time.sleep(every_s)
+
+
+SNAPSHOT = (
+    ["squeue", "--all", "--noheader", "--format=%i %j %u %T %r %b %N"],
+    ["sinfo", "--Node", "--noheader", "--format=%N %P %T %G %E"],
+    ["scontrol", "--oneliner", "show", "reservation"],
+)
+
+
+def cluster_snapshot() -> str:
+    """The queue (with each waiting job's reason), the nodes' states and the reservations: why a job a test
+    waits for does not start (a node drained or held, a job left running by an earlier test)."""
+    parts = []
+    for argv in SNAPSHOT:
+        try:
+            out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=20)
+            text = (out.stdout + out.stderr).strip()
+        except (OSError, subprocess.SubprocessError) as exc:
+            text = str(exc)
+        parts.append(f"$ {' '.join(argv)}\n{text}")
+    return "\n".join(parts)
 
 
 TEST_ROOT_NAME = "tests"  # every test job writes its output under <gpfs_root>/tests/<lane>/
@@ -158,12 +180,11 @@ def workdir(lane_root: Path) -> Path:
 
 @pytest.fixture
 def submitted(slurm: CliSlurm) -> Iterator[list[int]]:
-    """Job ids a test submits; they are cancelled when it ends."""
+    """Job ids a test submits: those still active are cancelled when it ends, and it waits until they ended."""
     ids: list[int] = []
     yield ids
-    if ids:
-        with contextlib.suppress(SlurmError):
-            slurm.cancel(ids)
+    left = cancel_active(slurm, ids)
+    assert not left, f"jobs {left} still active 120 s after their cancel{chr(10)}{cluster_snapshot()}"
 
 
 @pytest.fixture
@@ -171,11 +192,8 @@ def cleanup(slurm: CliSlurm) -> Iterator[list[int]]:
     """Job ids a test submits: those still active are cancelled when it ends, and it waits until they ended."""
     ids: list[int] = []
     yield ids
-    with contextlib.suppress(SlurmError):
-        active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
-        if active:
-            slurm.cancel(active)
-    wait_for("the test's jobs to end", lambda: all(ended(slurm, i) or job_of(slurm, i) is None for i in ids), 120)
+    left = cancel_active(slurm, ids)
+    assert not left, f"jobs {left} still active 120 s after their cancel{chr(10)}{cluster_snapshot()}"
 
 
 def hpc_submit(workdir: Path, script: Path, *options: str, args: tuple[str, ...] = ()) -> int:

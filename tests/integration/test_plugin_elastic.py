@@ -13,7 +13,6 @@ job's final parameters must equal those of an uninterrupted run with the same N=
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -27,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from hpc_elastic.slurm import CliSlurm, Job, JobState, SlurmError
-from slurm_plugin.scenario import TRAINER, DaemonProcess
+from hpc_elastic.slurm import CliSlurm, Job, JobState
+from slurm_plugin.scenario import TRAINER, DaemonProcess, cancel_active
 from tests.conftest import DATA
 from tests.integration.conftest import hpc_submit, root_of, wait_for
-from tests.integration.plugin_helpers import MARK, ended, job_of, run_once, running, write_config, write_resize_config
+from tests.integration.plugin_helpers import MARK, ended, run_once, running, write_config, write_resize_config
 
 pytestmark = pytest.mark.integration
 STEPPER = DATA / "workers" / "stepper.py"
@@ -160,11 +159,7 @@ def elastic_run(slurm: CliSlurm, request: pytest.FixtureRequest) -> Iterator[Ela
         assert done.state is JobState.COMPLETED, f"elastic job ended {done.state.value} (see {workdir})"
         actions = _actions(workdir)
         daemon.kill(signal.SIGTERM)
-        with contextlib.suppress(SlurmError):  # free the GPUs now: the next tests of the module need them
-            active = [i for i in ids if (job := job_of(slurm, i)) is not None and job.state.is_active]
-            if active:
-                slurm.cancel(active)
-        wait_for("the story's jobs to end", lambda: all(ended(slurm, i) for i in ids), timeout_s=120)
+        assert not cancel_active(slurm, ids), "the story's jobs did not end"  # the module's next tests need the GPUs
         yield ElasticRun(
             workdir=workdir,
             job_dir=workdir / f"{prefix}-elastic-{elastic}",
@@ -180,8 +175,7 @@ def elastic_run(slurm: CliSlurm, request: pytest.FixtureRequest) -> Iterator[Ela
         )
     finally:
         daemon.kill(signal.SIGTERM)
-        with contextlib.suppress(SlurmError):
-            slurm.cancel(ids)
+        cancel_active(slurm, ids)
 
 
 def _resizes(run: ElasticRun) -> list[dict[str, Any]]:

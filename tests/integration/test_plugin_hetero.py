@@ -57,6 +57,7 @@ def test_easyscale_grows_a_d2_job_across_gpu_types_and_shrinks_it_back_to_its_a1
     # the gang job (not elastic) is never resized, stopped or placed by the daemon
     assert not [a for a in result.daemon_actions if a["job_id"] == gang and a["kind"] != "order"], where
     assert result.identical, (result.elastic_sha, result.reference_sha, where)
+    assert result.daemon_exit == 0, where  # SIGTERM: the daemon ended its pass and exited cleanly
     # the model D2 does not cover: on its 2 a100 until the D2 job had ended, while v100 were idle and the other job
     # took them; the daemon may grow it afterwards, into the a100 the D2 job left, never across types
     ended = min(s.t for s in result.samples if s.job_id == elastic and s.state is JobState.COMPLETED)
