@@ -40,7 +40,7 @@ Pure: frozen dataclasses and arrays in, decisions out; the random generator used
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -310,19 +310,26 @@ class _Batch:
         self._max_p = np.array([job.max_ps for job in jobs], dtype=np.int64)
         self.workers = np.array([packing.workers(row) for row in self._rows], dtype=np.int64)
         self.ps = np.array([packing.ps(row) for row in self._rows], dtype=np.int64)
+        # the rows in numpy, column by column: the same float64 operations as :meth:`_update` and
+        # :meth:`SlotInput.dominant_share` make one job at a time, so the same bits
+        n, base = len(jobs), spec.types
         matrix = np.zeros((spec.jobs, spec.columns), dtype=np.float64)
-        base = spec.types
-        for k, job in enumerate(jobs):
-            matrix[k, job.job_type] = 1.0
-            matrix[k, base] = job.slots_run / spec.slots_scale
-            matrix[k, base + 1] = job.epochs_left / spec.epochs_scale
-            matrix[k, base + 5] = job.request_workers / spec.tasks_scale
-            matrix[k, base + 6] = job.request_ps / spec.tasks_scale
-            matrix[k, base + 7] = job.workers / spec.tasks_scale
-            matrix[k, base + 8] = job.ps / spec.tasks_scale
+        matrix[np.arange(n), types] = 1.0
+        fields = np.array(
+            [(j.slots_run, j.epochs_left, j.request_workers, j.request_ps, j.workers, j.ps) for j in jobs],
+            dtype=np.float64,
+        ).reshape(n, 6)
+        matrix[:n, base] = fields[:, 0] / spec.slots_scale
+        matrix[:n, base + 1] = fields[:, 1] / spec.epochs_scale
+        matrix[:n, base + 5 : base + 9] = fields[:, 2:] / spec.tasks_scale
+        demand = np.array([(t.worker_gpus, t.worker_cpus, t.ps_cpus) for t in inp.types], dtype=np.int64)[types]
+        servers = inp.servers
+        gpu = self.workers * demand[:, 0] / servers.total_gpus if servers.total_gpus else np.zeros(n, dtype=np.float64)
+        cpu = (self.workers * demand[:, 1] + self.ps * demand[:, 2]) / servers.total_cpus
+        matrix[:n, base + 2] = np.maximum(gpu, cpu) / spec.share_scale
+        matrix[:n, base + 3] = self.workers / spec.tasks_scale
+        matrix[:n, base + 4] = self.ps / spec.tasks_scale
         self.matrix = matrix
-        for k in range(len(jobs)):
-            self._update(k)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -398,6 +405,20 @@ class _Batch:
         self._update(k)
 
 
+def _batches(spec: StateSpec, inp: SlotInput, packing: Packing, dead: set[tuple[int, SlotAction]]) -> Iterator[_Batch]:
+    """The slot's batches of ``J`` jobs in order, less those with nothing left to place: the batches whose every
+    job type and action is dead already (their inference loop would stop before its first inference) are not
+    built, and once every type and action is dead the slot has none left. The same inferences as building them."""
+    every = len(inp.types) * len(JOB_ACTIONS)
+    for start in range(0, len(inp.jobs), spec.jobs):
+        if len(dead) == every:
+            return
+        present = {job.job_type for job in inp.jobs[start : start + spec.jobs]}
+        if all((t, action) in dead for t in present for action in JOB_ACTIONS):
+            continue
+        yield _Batch(spec, inp, packing, start, dead)
+
+
 def infer(
     spec: StateSpec, inp: SlotInput, scorer: Scorer, choose: Chooser = greedy, *, explore: bool = False
 ) -> tuple[SlotDecision, tuple[Step, ...]]:
@@ -409,8 +430,7 @@ def infer(
     packing = Packing(inp)
     steps: list[Step] = []
     dead: set[tuple[int, SlotAction]] = set()  # (type, action) that no longer fits anywhere this slot
-    for start in range(0, len(inp.jobs), spec.jobs):
-        batch = _Batch(spec, inp, packing, start, dead)
+    for batch in _batches(spec, inp, packing, dead):
         while True:
             mask = batch.mask()
             if not mask[: spec.void].any():
@@ -438,8 +458,7 @@ def decide(spec: StateSpec, inp: SlotInput, scorer: Scorer) -> SlotDecision:
     batch, when void comes first, to tell a void (something else still fits) from a full cluster."""
     packing = Packing(inp)
     dead: set[tuple[int, SlotAction]] = set()
-    for start in range(0, len(inp.jobs), spec.jobs):
-        batch = _Batch(spec, inp, packing, start, dead)
+    for batch in _batches(spec, inp, packing, dead):
         while not batch.exhausted():
             logits = np.asarray(scorer(batch.state()), dtype=np.float64)
             if logits.shape != (spec.action_size,):

@@ -16,6 +16,7 @@ from hpc_elastic.policy.dl2 import (
     greedy,
     in_training_range,
     infer,
+    initial_state,
     manual_action,
     sampler,
     teacher_steps,
@@ -326,3 +327,45 @@ def test_the_fast_greedy_decision_is_the_inference_loops() -> None:
             return out
 
         assert decide(SPEC, inp, scorer) == infer(SPEC, inp, scorer)[0], trial
+
+
+def test_a_batch_built_in_numpy_has_the_bits_of_the_per_job_formula() -> None:
+    """Every row of a batch's first state, job by job in Python floats (the one-hot, then EXTRA_COLUMNS' order):
+    the batch builds them column-wise in numpy and must give the same bits, or a model would see other states
+    in deployment than in training."""
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        count = int(rng.integers(1, 3 * SPEC.jobs))
+        jobs = tuple(
+            SlotJob(
+                k,
+                int(rng.integers(0, 2)),
+                k,
+                float(rng.uniform(10, 100)),
+                epochs_done=float(rng.uniform(0, 9)),
+                slots_run=int(rng.integers(0, 30)),
+                workers=int(rng.integers(0, 5)),
+                ps=int(rng.integers(0, 5)),
+                request_workers=int(rng.integers(1, 5)),
+                request_ps=int(rng.integers(1, 5)),
+            )
+            for k in range(count)
+        )
+        servers = Servers.uniform(int(rng.integers(1, 5)), int(rng.integers(0, 3)), 8)
+        inp = slot(jobs, servers)
+        rows = initial_state(SPEC, inp).reshape(SPEC.jobs, SPEC.columns)
+        for k, job in enumerate(jobs[: SPEC.jobs]):
+            expected = [0.0] * SPEC.types + [
+                job.slots_run / SPEC.slots_scale,
+                job.epochs_left / SPEC.epochs_scale,
+                inp.dominant_share(job, 0, 0) / SPEC.share_scale,
+                0 / SPEC.tasks_scale,
+                0 / SPEC.tasks_scale,
+                job.request_workers / SPEC.tasks_scale,
+                job.request_ps / SPEC.tasks_scale,
+                job.workers / SPEC.tasks_scale,
+                job.ps / SPEC.tasks_scale,
+            ]
+            expected[job.job_type] = 1.0
+            assert rows[k].tobytes() == np.array(expected, dtype=np.float64).tobytes(), (k, rows[k], expected)
+        assert not rows[len(jobs) :].any()  # the rows of a short batch stay zero
