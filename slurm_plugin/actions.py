@@ -28,6 +28,7 @@ class ActionKind(StrEnum):
     REQUEUE = "requeue"
     SIZE = "size"
     RELEASE = "release"
+    SCALE = "scale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +147,21 @@ class ReleaseNodes:
     kind: ActionKind = ActionKind.RELEASE
 
 
-Action = SetOrder | Preempt | Place | Resize | Requeue | SetSize | ReleaseNodes
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """DL²'s new size of a running ps-mode job (its slot's decision, DL² §3.1): a scale notice in the job's
+    AdminComment (for its run ``restart_count``), then ``USR2`` to its batch shell; the job's wrapper applies or
+    refuses it as it does a user's ``hpc-elastic scale`` request and answers in the job directory."""
+
+    job_id: int
+    workers: int
+    ps: int
+    restart_count: int
+    reason: str
+    kind: ActionKind = ActionKind.SCALE
+
+
+Action = SetOrder | Preempt | Place | Resize | Requeue | SetSize | ReleaseNodes | Scale
 Stop = Preempt | Resize
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, ack_answers, find_job_dir
+from hpc_elastic.jobdir import JobDir, ScaleNotice, StopNotice, StopReason, ack_answers, find_job_dir
 from hpc_elastic.slurm import Job, JobRef, JobState, SlurmClient, SlurmError, commands
 from slurm_plugin.actions import (
     SPAN_WAIT_S,
@@ -27,6 +27,7 @@ from slurm_plugin.actions import (
     ReleaseNodes,
     Requeue,
     Resize,
+    Scale,
     SetOrder,
     SetSize,
     Span,
@@ -211,6 +212,12 @@ class Applier:
             except SlurmError as exc:  # gone already, or it ends at its end time by itself
                 return f"reservation {action.reservation} not ended ({exc}); it ends at its end time"
             return f"reservation {action.reservation} ended"
+        if isinstance(action, Scale):
+            notice = ScaleNotice(action.workers, action.ps, round(self.clock(), 3), action.restart_count)
+            ref = self._ref(action.job_id)
+            self.client.update_job(ref, {"AdminComment": notice.encode()})
+            self.client.cancel([ref], "USR2", batch=True)
+            return "notice in its AdminComment, USR2 to its batch shell"
         if isinstance(action, Requeue):
             self.client.requeue([self._ref(action.job_id)])
             record = result.records.get(action.job_id)
@@ -325,4 +332,6 @@ def _describe(action: Action) -> str:
         return "requeue"
     if isinstance(action, ReleaseNodes):
         return f"end reservation {action.reservation}"
+    if isinstance(action, Scale):
+        return f"scale to {action.workers} workers, {action.ps} PS"
     return "checkpoint, then requeue"

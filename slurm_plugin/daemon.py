@@ -150,7 +150,7 @@ class Daemon:
         #: in the state store (a restarted daemon goes on watching them)
         self._grows: dict[int, ScaleOutWatch] = store.load_grows()
         #: ``dl2``: DL² sizes the running ps-mode jobs of CPU partitions once per slot
-        self.dl2 = Dl2Scaler(config, client, dry_run=dry_run) if config.policy == Dl2GpuFallback.name else None
+        self.dl2 = Dl2Scaler(config) if config.policy == Dl2GpuFallback.name else None
         self._in_pass = False
         self._stop_requested = False
 
@@ -225,7 +225,12 @@ class Daemon:
             if cpu_decision is None:  # a follow-up pass decides nothing new
                 report.dl2 = Dl2Report(self.dl2.status)
             else:
-                report.dl2 = self.dl2.run(obs, nodes, frozenset(cpu_decision.preempt), now)
+                dl2 = self.dl2.run(obs, nodes, frozenset(cpu_decision.preempt), now)
+                scales = dl2.scale_actions(obs.managed)
+                sent = self.applier.apply(scales, result.records, obs.managed)
+                actions += scales
+                result.outcomes.extend(sent.outcomes)
+                report.dl2 = dl2.with_outcomes(sent.outcomes, dry_run=self.dry_run)
         grows: dict[int, ScaleOutWatch] | None = None
         if profiles is not None:
             self._watch_grows(result, profiles, obs.managed)

@@ -2,10 +2,11 @@
 
 Once per slot (``[dl2] slot_s``, DL² §3.1) this reads what :mod:`slurm_plugin.dl2_slots` needs that a Slurm read
 does not show (each running ps-mode job's progress record and scale reply, through the job directory's reader
-for the daemon, :mod:`hpc_elastic.jobdir`), runs its pure decision, and sends the targets that changed to the jobs'
-wrappers the way a stop goes: a :class:`hpc_elastic.jobdir.ScaleNotice` in the job's ``AdminComment`` (a field
-only Slurm administrators set), then ``USR2`` to the batch shell; the wrapper applies or refuses it as it does a
-user's ``hpc-elastic scale`` request and answers in the job directory. The daemon writes nothing into a user's
+for the daemon, :mod:`hpc_elastic.jobdir`) and runs its pure decision; the targets that changed become
+:class:`~slurm_plugin.actions.Scale` actions, which the daemon's applier sends to the jobs' wrappers the way a stop
+goes: a :class:`hpc_elastic.jobdir.ScaleNotice` in the job's ``AdminComment`` (a field only Slurm administrators
+set), then ``USR2`` to the batch shell; the wrapper applies or refuses it as it does a user's ``hpc-elastic scale``
+request and answers in the job directory. The daemon writes nothing into a user's
 directory (``site-config/SECURITY.md``), so it scales the jobs of every user. A notice not answered within a slot
 may be sent again; one answered, or newer than the reply, is read back from Slurm (a restarted daemon knows its
 requests in flight). It falls back to the default plan alone (2D-LAS, nothing scaled) when the model file is
@@ -29,8 +30,9 @@ from hpc_elastic.jobdir import ScaleNotice, ScaleReply
 from hpc_elastic.policy.dl2 import Scorer, StateSpec
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import TYPES_BY_NAME
-from hpc_elastic.slurm import Job, Node, SlurmClient, SlurmError
-from slurm_plugin.apply import job_dir_of, job_uid
+from hpc_elastic.slurm import Job, Node
+from slurm_plugin.actions import Scale
+from slurm_plugin.apply import Outcome, job_dir_of, job_uid
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.dl2_slots import Dl2Plan, PsSlotView, ScaleTarget, plan_slot, slot_input
 from slurm_plugin.observe import Observation
@@ -86,12 +88,36 @@ class ScaleRequested:
 @dataclass(frozen=True)
 class Dl2Report:
     """One pass's DL² part: ``status`` (:data:`ACTIVE` or the fallback reason), the slot decided (None: none this
-    pass) and the scale requests."""
+    pass), its plans and what became of their targets (:meth:`with_outcomes`)."""
 
     status: str
     slot: int | None = None
     requests: tuple[ScaleRequested, ...] = ()
     plans: tuple[Dl2Plan, ...] = field(default=())
+
+    def scale_actions(self, managed: Mapping[int, Job]) -> list[Scale]:
+        """The slot's targets as actions (none when no slot was decided this pass)."""
+        if self.slot is None:
+            return []
+        return [
+            Scale(t.job_id, t.workers, t.ps, managed[t.job_id].restart_count, t.reason)
+            for plan in self.plans
+            for t in plan.targets
+        ]
+
+    def with_outcomes(self, outcomes: Iterable[Outcome], *, dry_run: bool) -> Dl2Report:
+        """The report with what the applier did of its :meth:`scale_actions`."""
+        targets = {(t.job_id, t.workers, t.ps): t for plan in self.plans for t in plan.targets}
+        requests = []
+        for outcome in outcomes:
+            action = outcome.action
+            if isinstance(action, Scale):
+                target = targets[(action.job_id, action.workers, action.ps)]
+                written = outcome.ok and not dry_run
+                requests.append(
+                    ScaleRequested(target, written, outcome.detail if outcome.ok else f"not sent: {outcome.detail}")
+                )
+        return dataclasses.replace(self, requests=tuple(requests))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,17 +129,14 @@ class Dl2Report:
 
 
 class Dl2Scaler:
-    """DL² for the running ps-mode jobs of CPU partitions, once per slot (module docstring); ``client`` sends the
-    scale notices."""
+    """DL² for the running ps-mode jobs of CPU partitions, once per slot (module docstring)."""
 
-    def __init__(self, config: PluginConfig, client: SlurmClient, *, dry_run: bool = False) -> None:
+    def __init__(self, config: PluginConfig) -> None:
         if config.dl2.model is None:
             raise ValueError('policy "dl2" needs [dl2] model')
         self.path: Path = config.dl2.model
         self.slot_s = config.dl2.slot_s
         self.roots = config.ckpt_roots
-        self.dry_run = dry_run
-        self.client = client
         self.status = ""
         self._model: tuple[tuple[int, ...], StateSpec, Scorer] | tuple[tuple[int, ...], str] | None = None
         self._slot: int | None = None
@@ -146,7 +169,7 @@ class Dl2Scaler:
 
     def run(self, obs: Observation, nodes: Iterable[Node], preempted: frozenset[int], now: float) -> Dl2Report:
         """The pass's DL² part: nothing when this slot was decided already; else the fallback reason, or the slot's
-        decision with its scale notices sent (not with ``dry_run``)."""
+        decision (:meth:`Dl2Report.scale_actions` are its notices to send)."""
         slot = int(now // self.slot_s)
         if self._slot == slot:
             return Dl2Report(self.status)
@@ -167,8 +190,7 @@ class Dl2Scaler:
         if fallbacks and len(fallbacks) == len(plans):
             return Dl2Report(self.status, plans=tuple(plans))  # nothing decided: look again next pass
         self._slot = slot
-        requests = tuple(self._request(obs, target, now) for plan in plans for target in plan.targets)
-        return Dl2Report(self.status, slot, requests, tuple(plans))
+        return Dl2Report(self.status, slot, plans=tuple(plans))
 
     def _views(self, obs: Observation, preempted: frozenset[int], now: float) -> list[PsSlotView]:
         """The running ps-mode jobs (not those this pass preempts or whose stop is under way) with their progress
@@ -222,36 +244,6 @@ class Dl2Scaler:
         if notice is None or notice.restarts != job.restart_count or now - notice.requested_at >= self.slot_s:
             return False
         return reply is None or reply.requested_at is None or reply.requested_at < notice.requested_at
-
-    def _request(self, obs: Observation, target: ScaleTarget, now: float) -> ScaleRequested:
-        """Send one target to the job's wrapper: the notice in its AdminComment, then ``USR2`` to its batch shell
-        (not with ``dry_run``). Only a job whose wrapper recorded progress in this run has a target (the epochs are in
-        DL²'s state), and its wrapper takes USR2 from before its first record."""
-        job = obs.managed[target.job_id]
-
-        def result(written: bool, detail: str) -> ScaleRequested:
-            level = logging.INFO if written or self.dry_run else logging.WARNING
-            log.log(
-                level,
-                "job %d: scale to %d workers, %d PS: %s (%s)",
-                job.job_id,
-                target.workers,
-                target.ps,
-                target.reason,
-                detail,
-            )
-            return ScaleRequested(target, written, detail)
-
-        if self.dry_run:
-            return result(False, "dry run")
-        notice = ScaleNotice(target.workers, target.ps, round(now, 3), job.restart_count)
-        ref = job.ref if job.array_task_id is not None else job.job_id
-        try:
-            self.client.update_job(ref, {"AdminComment": notice.encode()})
-            self.client.cancel([ref], "USR2", batch=True)
-        except SlurmError as exc:
-            return result(False, f"not sent: {exc}")
-        return result(True, "notice in its AdminComment, USR2 to its batch shell")
 
 
 def partition_cores(nodes: Iterable[Node]) -> Mapping[str, tuple[int, ...]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from hpc_elastic.policy.dl2 import StateSpec, decide
 from hpc_elastic.policy.slots import SlotAction
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, TYPES_BY_NAME
-from hpc_elastic.slurm import Job, JobRef, Node
+from hpc_elastic.slurm import Job, JobRef, Node, PermissionDenied
 from slurm_plugin.config import ConfigError, PluginConfig, parse_config
 from slurm_plugin.daemon import STATE_NAME
 from slurm_plugin.dl2_slots import PsSlotView, plan_slot, slot_input
@@ -244,6 +245,38 @@ def test_the_daemon_sends_a_scale_notice_only_to_the_job_whose_size_changes(
     ] * 2  # the first daemon, the restarted one
 
 
+def test_a_refused_notice_is_reported_not_sent_and_a_dry_run_sends_none(tmp_path: Path) -> None:
+    """The scale notices go through the daemon's applier like its other actions: a notice Slurm refuses is an
+    action that failed (said in the state file, no USR2 without its notice), ``--dry-run`` changes nothing."""
+    model = tmp_path / "dl2.model"
+    hand_set_model(model, SPEC, WORKERS_FIRST)
+    jobs, nodes, _dirs = ps_cluster(tmp_path / "jobs", {26: (4, 1), 28: (2, 1)})
+
+    class Refusing(FakeSlurm):
+        def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
+            if "AdminComment" in fields:
+                raise PermissionDenied(["scontrol"], 1, "Access/permission denied")
+            super().update_job(job_id, fields)
+
+    fake = Refusing(jobs, nodes)
+    daemon, _ = make(dl2_config(tmp_path, model), fake, at(start_of(jobs, 28), 1000.0))
+    daemon.run_pass()
+    assert fake.calls == []  # no USR2 without the notice it announces
+    state = json.loads((tmp_path / STATE_NAME).read_text())
+    (request,) = state["dl2"]["requests"]
+    assert (request["job_id"], request["written"]) == (28, False)
+    assert request["detail"].startswith("not sent: ") and "permission denied" in request["detail"]
+    assert [(a["kind"], a["job_id"], a["ok"]) for a in state["recent_actions"]] == [("scale", 28, False)]
+    assert daemon.metrics.errors.labels("apply")._value.get() == 1
+
+    dry = FakeSlurm(jobs, nodes)
+    daemon, _ = make(dl2_config(tmp_path, model), dry, at(start_of(jobs, 28), 1000.0), dry_run=True)
+    report = daemon.run_pass()
+    assert dry.calls == []
+    assert report.dl2 is not None
+    assert [(r.target.job_id, r.written, r.detail) for r in report.dl2.requests] == [(28, False, "dry-run")]
+
+
 def test_a_users_scale_request_waiting_in_the_job_directory_is_left_to_it(tmp_path: Path) -> None:
     model = tmp_path / "dl2.model"
     hand_set_model(model, SPEC, WORKERS_FIRST)
@@ -344,10 +377,17 @@ def test_the_same_cluster_with_a_usable_model_scales_a_ps_job_and_changes_nothin
     daemon, _ = make(cfg, fake, at(start_of(jobs, 28), 1000.0))
     daemon.run_pass()
     state = json.loads((cfg.state_dir / STATE_NAME).read_text())
-    assert (without_notices(fake.calls), state["jobs"]) == las
+    scaled = {26, 28}
+    # the state file's jobs as tiresias-las's, but the two scaled jobs' planned action
+    assert [j["planned"] for j in state["jobs"] if j["job_id"] in scaled] == ["scale", "scale"]
+    assert [j["planned"] for j in las[1] if j["job_id"] in scaled] == ["", ""]
+    unplanned = [{**j, "planned": ""} if j["job_id"] in scaled else j for j in state["jobs"]]
+    assert (without_notices(fake.calls), unplanned) == las
     # GPU job 25's order and the preemption of 24 (no job directory: requeued at once), as tiresias-las's
     assert las[0] == [("update", (25, {"SiteFactor": 11_000})), ("requeue", [24])]
     assert notices(fake.calls) == {26: (4, 1), 28: (4, 1)}
+    scales = [a for a in state["recent_actions"] if a["kind"] == "scale"]
+    assert [(a["job_id"], a["ok"]) for a in scales] == [(26, True), (28, True)]
 
 
 def test_a_model_file_over_the_size_limit_is_refused_before_it_is_read(
