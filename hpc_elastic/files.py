@@ -61,6 +61,10 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     fsync_dir(path.parent)
 
 
+#: the most one read of :func:`read_owned` asks for
+READ_CHUNK = 1 << 20
+
+
 def read_owned(base: Path, parts: Sequence[str], *, limit: int, owner: int | None = None) -> bytes:
     """The content of the regular file ``base/parts[0]/.../parts[-1]``, read safely where others may have planted
     links, FIFOs or huge files: ``base`` is trusted (a site path); below it no component is followed if it is a
@@ -86,10 +90,16 @@ def read_owned(base: Path, parts: Sequence[str], *, limit: int, owner: int | Non
         _check_owner(info, owner, base, where)
         if info.st_size > limit:
             raise UnsafeFile(f"{where} holds {info.st_size} bytes, more than the {limit} allowed")
-        data = os.read(fd, limit + 1)
-        if len(data) > limit:
-            raise UnsafeFile(f"{where} holds more than the {limit} bytes allowed")
-        return data
+        chunks: list[bytes] = []
+        size = 0
+        # read to the end (a read may return less than asked: a network filesystem, a large file), one byte past
+        # the limit at most: a file grown since fstat is refused too
+        while chunk := os.read(fd, min(READ_CHUNK, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise UnsafeFile(f"{where} holds more than the {limit} bytes allowed")
+        return b"".join(chunks)
     finally:
         for fd in reversed(fds):
             os.close(fd)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpc_elastic.dl2 import model_file
+from hpc_elastic.files import UnsafeFile, read_owned
 from hpc_elastic.jobdir import ScaleNotice, ScaleReply
 from hpc_elastic.policy.dl2 import Scorer, StateSpec
 from hpc_elastic.ps.model import MODEL_NAME
@@ -45,32 +45,17 @@ ACTIVE = "active"
 
 def read_model(path: Path) -> model_file.ModelFile:
     """The model file at ``path``, read strictly (site-owned): a regular file reached without following a link at
-    its end, at most ``model_file.MAX_BYTES``, then checked by :func:`model_file.decode`; ``ValueError`` saying why
-    it cannot be used."""
+    its end, at most ``model_file.MAX_BYTES`` (:func:`hpc_elastic.files.read_owned`), then checked by
+    :func:`model_file.decode`; ``ValueError`` saying why it cannot be used."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_owned(path.parent, [path.name], limit=model_file.MAX_BYTES)
     except FileNotFoundError:
         raise ValueError(f"{path}: no model file") from None
-    except OSError as exc:
-        if os.path.islink(path):
-            raise ValueError(f"{path}: a symbolic link, not the model file itself") from None
-        raise ValueError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        if info.st_size > model_file.MAX_BYTES:
-            raise ValueError(f"{path}: {info.st_size} bytes, more than a model file may have ({model_file.MAX_BYTES})")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-            if sum(len(c) for c in chunks) > model_file.MAX_BYTES:
-                raise ValueError(f"{path}: more than a model file may have ({model_file.MAX_BYTES} bytes)")
+    except UnsafeFile as exc:
+        raise ValueError(str(exc)) from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-    return model_file.decode(b"".join(chunks), str(path))
+    return model_file.decode(data, str(path))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_elastic import files
 from hpc_elastic.checkpoint.layout import FileEntry, Manifest
 from hpc_elastic.files import UnsafeFile, atomic_write_bytes, read_owned
 from hpc_elastic.jobdir import (
@@ -94,6 +95,24 @@ def test_atomic_write_never_follows_a_planted_temp_name_or_link(tmp_path: Path) 
     atomic_write_bytes(control / "stop", b"new")
     assert target.read_text() == "precious"
     assert not (control / "stop").is_symlink() and (control / "stop").read_bytes() == b"new"
+
+
+def test_a_read_takes_the_whole_file_in_chunks_up_to_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = os.urandom(3 * files.READ_CHUNK + 17)
+    (tmp_path / "big").write_bytes(data)
+    assert read_owned(tmp_path, ["big"], limit=len(data)) == data  # exactly at the limit
+    reads: list[int] = []
+    real_read = os.read
+
+    def short_read(fd: int, n: int) -> bytes:  # a filesystem that returns less than asked
+        reads.append(n)
+        return real_read(fd, min(n, 4096))
+
+    monkeypatch.setattr(os, "read", short_read)
+    assert read_owned(tmp_path, ["big"], limit=len(data) + 5) == data
+    assert len(reads) > len(data) // 4096 and max(reads) <= files.READ_CHUNK
+    with pytest.raises(UnsafeFile, match="more than"):
+        read_owned(tmp_path, ["big"], limit=len(data) - 1)
 
 
 def test_reads_refuse_links_fifos_devices_and_huge_files(tmp_path: Path) -> None:

@@ -333,7 +333,7 @@ def las_config(tmp_path: Path) -> PluginConfig:
     [
         (lambda path: None, "model unusable: {model}: no model file"),
         (corrupt, "model unusable: {model}: checksum mismatch (corrupt or truncated)"),
-        (symlinked, "model unusable: {model}: a symbolic link, not the model file itself"),
+        (symlinked, "model unusable: {model.name} under {model.parent} is a symbolic link or not a directory"),
         (
             lambda path: hand_set_model(path, replace(SPEC, slot_seconds=600.0), WORKERS_FIRST),
             "partition cpu: slot of 1200 s, trained on 600 s slots",
@@ -402,7 +402,7 @@ def test_a_model_file_over_the_size_limit_is_refused_before_it_is_read(
     daemon.run_pass()
     state = json.loads((tmp_path / STATE_NAME).read_text())
     size = model.stat().st_size
-    assert state["dl2"]["status"] == f"model unusable: {model}: {size} bytes, more than a model file may have (100)"
+    assert state["dl2"]["status"] == f"model unusable: {model} holds {size} bytes, more than the 100 allowed"
     assert notices(fake.calls) == {}
 
 
