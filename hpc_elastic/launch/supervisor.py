@@ -139,6 +139,46 @@ def sigterm_reason_now(slurm: SlurmClient, job: JobEnvironment, now: float) -> S
     return sigterm_reason(current, job.restart_count, datetime.fromtimestamp(now, tz=UTC))
 
 
+class WarningDeadline:
+    """When Slurm's time-limit warning is due, for a wrapper to act on it if it never comes: this run's end less the
+    grace. Slurm sends ``USR1`` at a limit check once the grace is reached, and the first check may come within a
+    second of the run's start, before the batch script's ``trap`` or while Python starts before
+    ``wrappers/hpc-elastic-run`` blocks it: such a signal is lost (seen on the dev cluster under load), and the job
+    would reach its limit without a checkpoint. Both wrappers (the data-parallel :class:`Supervisor` and the
+    ps-mode one) then stop as if the warning had come, once (:meth:`due`)."""
+
+    def __init__(self, at: float | None, grace_s: float) -> None:
+        self.at, self.grace_s = at, grace_s
+
+    @classmethod
+    def read(cls, slurm: SlurmClient, job: JobEnvironment, grace_s: float) -> WarningDeadline:
+        """The deadline of the job's run as Slurm tells it (none without a limit, or when Slurm cannot tell)."""
+        if job.job_id is None:
+            return cls(None, grace_s)
+        try:
+            current = slurm.job(job.job_id)
+        except SlurmError as exc:
+            log.warning("cannot read the job's time limit from Slurm (%s): only its USR1 warns", exc)
+            return cls(None, grace_s)
+        if current.start_time is None or current.time_limit_s is None:
+            return cls(None, grace_s)
+        return cls(current.start_time.timestamp() + current.time_limit_s - grace_s, grace_s)
+
+    def reached(self, now: float) -> bool:
+        """Whether the deadline has come and :meth:`due` has not said so yet."""
+        return self.at is not None and now >= self.at
+
+    def due(self, now: float) -> bool:
+        """Whether the warning is due at ``now`` (ask only while no ``USR1`` came): True once, then never again."""
+        if not self.reached(now):
+            return False
+        log.warning(
+            "Slurm's time-limit warning did not come %.0fs before the limit: stopping as if it had", self.grace_s
+        )
+        self.at = None
+        return True
+
+
 @contextlib.contextmanager
 def term_ignored() -> Iterator[None]:
     """``TERM`` ignored meanwhile, and by the children started meanwhile: a requeue of the wrapper's own job makes
@@ -189,8 +229,8 @@ class Supervisor:
         self.sleep = sleep
         self.job_dir = job_dir_of(config.ckpt_root, job)
         self._usr1 = False
-        #: when Slurm's time-limit warning is due, if it does not come (:meth:`_time_limit_warning`)
-        self._warn_at: float | None = None
+        #: when Slurm's time-limit warning is due, if it does not come (read when the run starts)
+        self._warning = WarningDeadline(None, config.grace_s)
         self._fatal: int | None = None
         self._stop_at_step: int | None = None
         # the loop's state (run())
@@ -323,7 +363,7 @@ class Supervisor:
             log.info("the allocation has %d tasks (submitted with %d): resized", ntasks, self.job.world_size)
         self._ntasks = ntasks
         self._started_at = self.clock()
-        self._warn_at = self._time_limit_warning()
+        self._warning = WarningDeadline.read(self.slurm, self.job, self.config.grace_s)
         previous = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_fatal),
             signal.SIGINT: signal.signal(signal.SIGINT, self._on_fatal),
@@ -481,34 +521,6 @@ class Supervisor:
             log.info("time limit: %d of %d time-limit requeue(s) used", done, self.config.max_requeues)
         return after_stop(reason, timelimit_requeues=done, max_requeues=self.config.max_requeues)
 
-    def _time_limit_warning(self) -> float | None:
-        """When Slurm's time-limit warning is due: this run's end less the grace (None without a limit, or when
-        Slurm cannot tell). Slurm sends ``USR1`` at a limit check once the grace is reached, and the first check may
-        come within a second of the run's start, before the batch script's ``trap`` or while Python starts before
-        ``wrappers/hpc-elastic-run`` blocks it: such a signal is lost (seen on the dev cluster under load), and the
-        job would reach its limit without a checkpoint. So the loop stops the workers at this time as if the
-        warning had come (:meth:`_take_stop_request`), once."""
-        if self.job.job_id is None:
-            return None
-        try:
-            current = self.slurm.job(self.job.job_id)
-        except SlurmError as exc:
-            log.warning("cannot read the job's time limit from Slurm (%s): only its USR1 warns", exc)
-            return None
-        if current.start_time is None or current.time_limit_s is None:
-            return None
-        return current.start_time.timestamp() + current.time_limit_s - self.config.grace_s
-
-    def _warning_due(self) -> bool:
-        """Whether the time-limit warning is due and has not come (consumed once: see :meth:`_time_limit_warning`)."""
-        if self._usr1 or self._warn_at is None or self.clock() < self._warn_at:
-            return False
-        log.warning(
-            "Slurm's time-limit warning did not come %.0fs before the limit: stopping as if it had", self.config.grace_s
-        )
-        self._warn_at = None
-        return True
-
     def _take_stop_request(self) -> tuple[StopReason, float] | None:
         """A stop to act on, and when it was requested: a ``control/stop`` already there (a stop at a chosen step,
         or one we wrote), else our own after a ``USR1`` (the scheduler daemon's checkpoint signal, or the time-limit
@@ -521,7 +533,7 @@ class Supervisor:
             log.info("stop requested (%s): workers checkpoint at %s", reason.value, when)
             # An unreadable request has no time: the grace period starts now.
             return reason, request.requested_at if request.requested_at is not None else self.clock()
-        if not self._usr1 and not self._warning_due():
+        if not self._usr1 and not self._warning.due(self.clock()):
             return None
         reason = self._usr1_reason()
         requested_at = self.clock()

@@ -29,7 +29,8 @@ end goes into the status (``oom``).
 
 Stops, as a data-parallel job's (:mod:`hpc_elastic.launch.stops` decides, :class:`PsWrapper` acts): on ``USR1``
 (the scheduler daemon's checkpoint signal with its notice in the job's ``AdminComment``, the time-limit warning of
-``--signal=B:USR1@grace``, a user's ``scancel --signal=USR1 --batch``) or a ``control/stop`` request, the wrapper
+``--signal=B:USR1@grace``, a user's ``scancel --signal=USR1 --batch``; at the run's end less the grace when that
+warning was lost: :class:`~hpc_elastic.launch.supervisor.WarningDeadline`) or a ``control/stop`` request, the wrapper
 has the master checkpoint the PS parameters, its queues and the ledger as one cut, acknowledges it in
 ``control/ack.json``, stops the steps and requeues the job (a time limit while ``--max-requeues`` lasts; a cancel
 or Slurm's own requeue is left to Slurm). A run that finds a checkpoint in the job directory restores it (the
@@ -68,6 +69,7 @@ from hpc_elastic.jobdir import (
 from hpc_elastic.launch.spec import parse_range, ps_job_config
 from hpc_elastic.launch.stops import Action, after_stop
 from hpc_elastic.launch.supervisor import (
+    WarningDeadline,
     job_dir_of,
     job_ref_of,
     sigterm_reason_now,
@@ -255,6 +257,8 @@ class PsWrapper:
         #: the stop acted on: its reason and when it was requested
         self.stop: tuple[StopReason, float] | None = None
         self.progress: Progress | None = None  # this run's last progress record
+        #: when Slurm's time-limit warning is due, if it does not come (read when the run starts)
+        self.warning = WarningDeadline(None, config.grace_s)
 
     def _on_usr1(self, signum: int, frame: FrameType | None) -> None:
         self.usr1 = True
@@ -272,6 +276,7 @@ class PsWrapper:
     def run(self) -> int:
         """Run the PS job in this allocation; the exit status (see the module's docstring)."""
         restore = self.prepare()
+        self.warning = WarningDeadline.read(self.slurm, self.job, self.config.grace_s)
         previous = {
             signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),  # a cancel, the time limit: stop the steps
             signal.SIGINT: signal.signal(signal.SIGINT, _terminate),
@@ -520,9 +525,15 @@ class PsWrapper:
         return reply
 
     def wanted(self) -> bool:
-        """Whether the wrapper has something to do: a stop (``USR1``, ``control/stop``) or a scale request (the
-        user's file, the daemon's ``USR2``)."""
-        return self.usr1 or self.usr2 or self.job_dir.stop_path.exists() or self.job_dir.scale_path.exists()
+        """Whether the wrapper has something to do: a stop (``USR1``, ``control/stop``, the time-limit warning due
+        and lost) or a scale request (the user's file, the daemon's ``USR2``)."""
+        return (
+            self.usr1
+            or self.usr2
+            or self.warning.reached(self.clock())
+            or self.job_dir.stop_path.exists()
+            or self.job_dir.scale_path.exists()
+        )
 
     def take_stop(self) -> tuple[StopReason, float] | None:
         """A stop to act on: a ``control/stop`` of this run, else one after a ``USR1`` (the scheduler daemon's
@@ -532,7 +543,7 @@ class PsWrapper:
         if request is not None:  # prepare() set aside older ones: this request is for this run
             reason = request.reason if request.reason is not StopReason.UNKNOWN else self.usr1_reason()
             return reason, request.requested_at if request.requested_at is not None else self.clock()
-        if not self.usr1:
+        if not self.usr1 and not self.warning.due(self.clock()):
             return None
         reason, requested_at = self.usr1_reason(), self.clock()
         self.job_dir.request_stop(StopRequest(reason, requested_at))

@@ -133,6 +133,25 @@ def test_the_reason_of_usr1_is_recorded_and_the_job_requeued(
     assert ps_wrapper.job_dir.timelimit_requeues() == timelimit_record
 
 
+def test_a_lost_time_limit_warning_checkpoints_and_requeues_all_the_same(tmp_path: Path) -> None:
+    """Slurm's USR1 came before the wrapper could hold it (lost): at the run's end less the grace the wrapper stops
+    as if it had come, checkpoints and requeues for the time limit; the next run restores and finishes exactly once."""
+    probe = wrapper(tmp_path / "probe", RequeueSlurm(), 0)
+    limit_s, grace_s = 3600, probe.config.grace_s
+    slurm = RequeueSlurm(limit_s=limit_s, started=time.time() - limit_s + grace_s + 2.0)  # the deadline in 2 s
+    first = wrapper(tmp_path, slurm, 0, "--max-requeues=1")
+    assert first.run() == 0  # no USR1 was sent
+    assert first.stop is not None and first.stop[0] is StopReason.TIMELIMIT
+    assert slurm.requeued == [JobRef(7)]
+    assert first.job_dir.timelimit_requeues() == (0,)
+    ack = first.job_dir.read_ack()
+    assert ack is not None and ack.reason is StopReason.TIMELIMIT
+    second = wrapper(tmp_path, RequeueSlurm(), 1)
+    assert second.run() == 0
+    status = json.loads((second.job_dir.ps / "status.json").read_text())
+    assert status["finished"] and all(e["exactly_once"] for e in status["epochs"])
+
+
 def kill_master_when(run_dir: Path, shards_done: int) -> threading.Thread:
     """A thread that SIGKILLs the job master (as Slurm's signal to the steps would end it) once it has accepted
     ``shards_done`` shards."""
