@@ -104,6 +104,15 @@ class FakeSlurm:
                     job_dir.acknowledge(Ack(job.job_id, job.restart_count, 42, Path("/x"), at))
 
 
+class RefusesAdminComment(FakeSlurm):
+    """A daemon whose account may not set a job's AdminComment (not a Slurm operator)."""
+
+    def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
+        if "AdminComment" in fields:
+            raise PermissionDenied(["scontrol"], 1, "Access/permission denied")
+        super().update_job(job_id, fields)
+
+
 class Clock:
     def __init__(self, now: float) -> None:
         self.now = now
@@ -327,13 +336,7 @@ def test_a_refused_notice_still_signals_the_job(tmp_path: Path, busy: tuple[list
     cfg = config(tmp_path, **PREEMPTING)
     (tmp_path / "jobs" / "fill|a100-24" / "control").mkdir(parents=True)
 
-    class Refusing(FakeSlurm):
-        def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
-            if "AdminComment" in fields:
-                raise PermissionDenied(["scontrol"], 1, "Access/permission denied")
-            super().update_job(job_id, fields)
-
-    fake = Refusing(jobs, nodes)
+    fake = RefusesAdminComment(jobs, nodes)
     daemon, _ = make(cfg, fake, at(start_of(jobs, 24), 60))
     daemon.run_pass()
     assert ("cancel", ([24], "USR1", True)) in fake.calls

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,14 +19,14 @@ from hpc_elastic.policy.dl2 import StateSpec, decide
 from hpc_elastic.policy.slots import SlotAction
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, TYPES_BY_NAME
-from hpc_elastic.slurm import Job, JobRef, Node, PermissionDenied
+from hpc_elastic.slurm import Job, JobRef, Node
 from slurm_plugin.config import ConfigError, PluginConfig, parse_config
 from slurm_plugin.daemon import STATE_NAME
 from slurm_plugin.dl2_slots import PsSlotView, plan_slot, slot_input
 from slurm_plugin.store import JobRecord, Store
 from tests.unit.plugin.conftest import at, config, start_of
 from tests.unit.plugin.test_cpu_policy import cpu_jobs
-from tests.unit.plugin.test_daemon import FakeSlurm, make
+from tests.unit.plugin.test_daemon import FakeSlurm, RefusesAdminComment, make
 
 SPEC = StateSpec(jobs=4, type_names=(MODEL_NAME,), slot_seconds=1200.0, max_slots_run=100, max_epochs_left=100.0)
 
@@ -252,13 +251,7 @@ def test_a_refused_notice_is_reported_not_sent_and_a_dry_run_sends_none(tmp_path
     hand_set_model(model, SPEC, WORKERS_FIRST)
     jobs, nodes, _dirs = ps_cluster(tmp_path / "jobs", {26: (4, 1), 28: (2, 1)})
 
-    class Refusing(FakeSlurm):
-        def update_job(self, job_id: int | JobRef, fields: Mapping[str, str | int]) -> None:
-            if "AdminComment" in fields:
-                raise PermissionDenied(["scontrol"], 1, "Access/permission denied")
-            super().update_job(job_id, fields)
-
-    fake = Refusing(jobs, nodes)
+    fake = RefusesAdminComment(jobs, nodes)
     daemon, _ = make(dl2_config(tmp_path, model), fake, at(start_of(jobs, 28), 1000.0))
     daemon.run_pass()
     assert fake.calls == []  # no USR2 without the notice it announces
