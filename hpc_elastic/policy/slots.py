@@ -309,12 +309,12 @@ class Packing:
         return int(self._free_cpu.sum())
 
     def _server(self, gpus: int, cpus: int) -> int:
-        """The server the task goes to (most free units of what it needs most), or -1 when none fits."""
+        """The server the task goes to (most free units of what it needs most, the first of equals), or -1 when
+        none fits. A server that does not fit counts -1, below any that does (their free units are >= 0)."""
         fits = (self._free_gpu >= gpus) & (self._free_cpu >= cpus)
-        if not fits.any():
-            return -1
         key = self._free_gpu if gpus > 0 else self._free_cpu
-        return int(np.flatnonzero(fits)[np.argmax(key[fits])])
+        best = int(np.where(fits, key, -1).argmax())
+        return best if fits[best] else -1
 
     def fits(self, row: int, action: SlotAction) -> bool:
         """Whether ``action`` on job ``row`` is possible now: within its maxima and the free resources."""
@@ -344,22 +344,35 @@ class Packing:
         return ok
 
     def add(self, row: int, action: SlotAction) -> bool:
-        """Carry out ``action`` on job ``row`` and record it; False (and nothing changed) when it does not fit."""
-        if not self.fits(row, action):
-            return False
+        """Carry out ``action`` on job ``row`` and record it; False (and nothing changed) when it does not fit
+        (:meth:`fits`: the same servers, chosen once)."""
         if action is SlotAction.VOID:
             self._actions.append((-1, action))
             return True
-        kind = self._inp.job_type(self._inp.jobs[row])
-        if action in (SlotAction.WORKER, SlotAction.BOTH):
-            server = self._server(kind.worker_gpus, kind.worker_cpus)
-            self._free_gpu[server] -= kind.worker_gpus
-            self._free_cpu[server] -= kind.worker_cpus
-            self._placed_workers[row].append(server)
-        if action in (SlotAction.PS, SlotAction.BOTH):
-            server = self._server(0, kind.ps_cpus)
-            self._free_cpu[server] -= kind.ps_cpus
-            self._placed_ps[row].append(server)
+        job = self._inp.jobs[row]
+        kind = self._inp.job_type(job)
+        add_w = action in (SlotAction.WORKER, SlotAction.BOTH)
+        add_p = action in (SlotAction.PS, SlotAction.BOTH)
+        if (add_w and self.workers(row) >= job.max_workers) or (add_p and self.ps(row) >= job.max_ps):
+            return False
+        worker = -1
+        if add_w:
+            worker = self._server(kind.worker_gpus, kind.worker_cpus)
+            if worker < 0:
+                return False
+            self._free_gpu[worker] -= kind.worker_gpus
+            self._free_cpu[worker] -= kind.worker_cpus
+        if add_p:
+            ps = self._server(0, kind.ps_cpus)
+            if ps < 0:  # both, and the PS does not fit beside the worker: undo the worker
+                if worker >= 0:
+                    self._free_gpu[worker] += kind.worker_gpus
+                    self._free_cpu[worker] += kind.worker_cpus
+                return False
+            self._free_cpu[ps] -= kind.ps_cpus
+            self._placed_ps[row].append(ps)
+        if worker >= 0:
+            self._placed_workers[row].append(worker)
         self._actions.append((row, action))
         return True
 

@@ -130,6 +130,37 @@ def test_packing_balances_and_refuses() -> None:
     assert decision.actions == ((0, SlotAction.BOTH), (0, SlotAction.WORKER), (0, SlotAction.WORKER))
 
 
+def test_an_add_does_what_fits_says_and_a_refused_one_changes_nothing() -> None:
+    """``add`` chooses its servers itself (one ``_server`` per task): it must agree with ``fits`` in every state,
+    place a worker + PS on the servers ``fits`` tried, and leave a refused action without a trace."""
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        servers = Servers(tuple(int(g) for g in rng.integers(0, 3, 3)), tuple(int(c) for c in rng.integers(1, 9, 3)))
+        jobs = tuple(
+            SlotJob(k, int(rng.integers(0, len(JOB_TYPES))), k, 1.0, max_workers=3, max_ps=2) for k in range(4)
+        )
+        packing = Packing(SlotInput(0, 100.0, JOB_TYPES, servers, jobs))
+        for _ in range(40):
+            row, action = int(rng.integers(0, 4)), list(SlotAction)[int(rng.integers(0, 4))]
+            before = packing.decision(), packing.free_gpus, packing.free_cpus
+            fits = packing.fits(row, action)
+            assert packing.add(row, action) is fits
+            if not fits:
+                assert (packing.decision(), packing.free_gpus, packing.free_cpus) == before
+        for alloc in packing.decision().allocations:  # every task where the resources allowed it
+            kind = JOB_TYPES[jobs[[j.job_id for j in jobs].index(alloc.job_id)].job_type]
+            for server in alloc.worker_servers:
+                assert servers.gpus[server] >= kind.worker_gpus
+        used_cpu = np.zeros(3, dtype=np.int64)
+        for alloc in packing.decision().allocations:
+            kind = JOB_TYPES[jobs[[j.job_id for j in jobs].index(alloc.job_id)].job_type]
+            for server in alloc.worker_servers:
+                used_cpu[server] += kind.worker_cpus
+            for server in alloc.ps_servers:
+                used_cpu[server] += kind.ps_cpus
+        assert (used_cpu <= np.array(servers.cpus)).all()
+
+
 # --- generator ----------------------------------------------------------------------------------------------------
 
 
