@@ -320,61 +320,61 @@ class Packing:
         """Whether ``action`` on job ``row`` is possible now: within its maxima and the free resources."""
         if action is SlotAction.VOID:
             return True
-        job = self._inp.jobs[row]
-        kind = self._inp.job_type(job)
-        add_w = action in (SlotAction.WORKER, SlotAction.BOTH)
-        add_p = action in (SlotAction.PS, SlotAction.BOTH)
-        if add_w and self.workers(row) >= job.max_workers:
+        taken = self._take(row, action)
+        if taken is None:
             return False
-        if add_p and self.ps(row) >= job.max_ps:
-            return False
-        if not add_p:
-            return self._server(kind.worker_gpus, kind.worker_cpus) >= 0
-        if not add_w:
-            return self._server(0, kind.ps_cpus) >= 0
-        # both: place the worker, then see whether the PS still fits, and undo
-        server = self._server(kind.worker_gpus, kind.worker_cpus)
-        if server < 0:
-            return False
-        self._free_gpu[server] -= kind.worker_gpus
-        self._free_cpu[server] -= kind.worker_cpus
-        ok = self._server(0, kind.ps_cpus) >= 0
-        self._free_gpu[server] += kind.worker_gpus
-        self._free_cpu[server] += kind.worker_cpus
-        return ok
+        self._give(row, *taken)
+        return True
 
     def add(self, row: int, action: SlotAction) -> bool:
-        """Carry out ``action`` on job ``row`` and record it; False (and nothing changed) when it does not fit
-        (:meth:`fits`: the same servers, chosen once)."""
+        """Carry out ``action`` on job ``row`` and record it; False (and nothing changed) when it does not fit."""
         if action is SlotAction.VOID:
             self._actions.append((-1, action))
             return True
+        taken = self._take(row, action)
+        if taken is None:
+            return False
+        worker, ps = taken
+        if worker >= 0:
+            self._placed_workers[row].append(worker)
+        if ps >= 0:
+            self._placed_ps[row].append(ps)
+        self._actions.append((row, action))
+        return True
+
+    def _take(self, row: int, action: SlotAction) -> tuple[int, int] | None:
+        """Take the free resources of the tasks ``action`` (not void) adds to job ``row``: the servers of its worker
+        and of its PS (-1: none), or None, with nothing taken, when the job is at its maxima or they do not fit (a
+        worker and a PS: the PS in what the worker leaves)."""
         job = self._inp.jobs[row]
         kind = self._inp.job_type(job)
         add_w = action in (SlotAction.WORKER, SlotAction.BOTH)
         add_p = action in (SlotAction.PS, SlotAction.BOTH)
         if (add_w and self.workers(row) >= job.max_workers) or (add_p and self.ps(row) >= job.max_ps):
-            return False
-        worker = -1
+            return None
+        worker = ps = -1
         if add_w:
             worker = self._server(kind.worker_gpus, kind.worker_cpus)
             if worker < 0:
-                return False
+                return None
             self._free_gpu[worker] -= kind.worker_gpus
             self._free_cpu[worker] -= kind.worker_cpus
         if add_p:
             ps = self._server(0, kind.ps_cpus)
-            if ps < 0:  # both, and the PS does not fit beside the worker: undo the worker
-                if worker >= 0:
-                    self._free_gpu[worker] += kind.worker_gpus
-                    self._free_cpu[worker] += kind.worker_cpus
-                return False
+            if ps < 0:
+                self._give(row, worker, -1)
+                return None
             self._free_cpu[ps] -= kind.ps_cpus
-            self._placed_ps[row].append(ps)
+        return worker, ps
+
+    def _give(self, row: int, worker: int, ps: int) -> None:
+        """Give back what :meth:`_take` took for job ``row``'s worker and PS on these servers (-1: none)."""
+        kind = self._inp.job_type(self._inp.jobs[row])
         if worker >= 0:
-            self._placed_workers[row].append(worker)
-        self._actions.append((row, action))
-        return True
+            self._free_gpu[worker] += kind.worker_gpus
+            self._free_cpu[worker] += kind.worker_cpus
+        if ps >= 0:
+            self._free_cpu[ps] += kind.ps_cpus
 
     def mark(self) -> PackingMark:
         """The state now, for :meth:`rollback` (an all-or-nothing gang of tasks)."""
