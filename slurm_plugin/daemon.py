@@ -354,7 +354,7 @@ class Daemon:
 
     def _loop(self, *, once: bool) -> int:
         errors = 0
-        while not self._stop_requested:
+        while True:  # until _between_passes raises StopRequested
             try:
                 report = self._pass()
                 if once:
@@ -370,7 +370,6 @@ class Daemon:
             if once:
                 return 0 if not report.skipped else 3
             self._between_passes(self._wait, self._sleep_time(report))
-        raise StopRequested
 
     def _pass(self, *, followups_only: bool = False) -> PassReport:
         """:meth:`run_pass`, which a stop request lets finish."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,19 +90,14 @@ class Dl2Report:
             for t in plan.targets
         ]
 
-    def with_outcomes(self, outcomes: Iterable[Outcome], *, dry_run: bool) -> Dl2Report:
-        """The report with what the applier did of its :meth:`scale_actions`."""
-        targets = {(t.job_id, t.workers, t.ps): t for plan in self.plans for t in plan.targets}
-        requests = []
-        for outcome in outcomes:
-            action = outcome.action
-            if isinstance(action, Scale):
-                target = targets[(action.job_id, action.workers, action.ps)]
-                written = outcome.ok and not dry_run
-                requests.append(
-                    ScaleRequested(target, written, outcome.detail if outcome.ok else f"not sent: {outcome.detail}")
-                )
-        return dataclasses.replace(self, requests=tuple(requests))
+    def with_outcomes(self, outcomes: Sequence[Outcome], *, dry_run: bool) -> Dl2Report:
+        """The report with what the applier did of its :meth:`scale_actions` (their outcomes, in their order)."""
+        targets = [t for plan in self.plans for t in plan.targets] if self.slot is not None else []
+        requests = tuple(
+            ScaleRequested(target, o.ok and not dry_run, o.detail if o.ok else f"not sent: {o.detail}")
+            for target, o in zip(targets, outcomes, strict=True)
+        )
+        return dataclasses.replace(self, requests=requests)
 
     def to_dict(self) -> dict[str, Any]:
         return {

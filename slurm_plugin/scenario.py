@@ -218,21 +218,17 @@ def cancel_active(slurm: SlurmClient, ids: Iterable[int], timeout_s: float = 120
     (:meth:`~hpc_elastic.slurm.CliSlurm.cancel` refuses a list with a job slurmctld has forgotten, MinJobAge
     after its end, and would cancel none); a failed squeue or scancel is tried again. The ids still active at
     ``timeout_s``."""
-    wanted = sorted(set(ids))
+    active = sorted(set(ids))
     deadline = time.monotonic() + timeout_s
-    active = wanted
-    while wanted:
-        try:
-            active = [job.job_id for job in slurm.jobs(wanted) if job.state.is_active]
-            if not active:
-                return []
-            slurm.cancel(active)
-        except SlurmError:
-            pass  # a loaded controller: look again
-        if time.monotonic() > deadline:
-            return active
+    while active:
+        with contextlib.suppress(SlurmError):  # a loaded controller: look again
+            active = [job.job_id for job in slurm.jobs(active) if job.state.is_active]
+            if active:
+                slurm.cancel(active)
+        if not active or time.monotonic() > deadline:
+            break
         time.sleep(2.0)
-    return []
+    return active
 
 
 @contextlib.contextmanager
