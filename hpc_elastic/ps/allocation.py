@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -99,6 +100,9 @@ BRAIN_WINDOW_S = 2.0
 POLL_S = 0.2
 #: seconds Slurm's accounting may take to record how a step ended
 STEP_END_WAIT_S = 10.0
+#: seconds a job master that stopped answering may take to exit: its connection resets as the kernel closes its
+#: sockets, before the process (or the srun that runs it) can be reaped
+MASTER_EXIT_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -420,8 +424,8 @@ class PsWrapper:
                 status = ps_job.status()
                 self.record_progress(ps_job, status)
             except HpcElasticError:
-                if _master_ended(ps_job):  # Slurm signalled the steps: the PS and the master went first
-                    return Outcome.LOST, {}
+                if _master_ended(ps_job, within_s=MASTER_EXIT_WAIT_S):  # Slurm signalled the steps: the PS and
+                    return Outcome.LOST, {}  # the master went first
                 raise
             if status["finished"] and not ps_job.workers:
                 return Outcome.FINISHED, status
@@ -605,8 +609,15 @@ class PsWrapper:
         return 0 if outcome is Outcome.STOPPED else 1
 
 
-def _master_ended(ps_job: PsJob) -> bool:
-    return ps_job.master_proc is not None and ps_job.master_proc.popen.poll() is not None
+def _master_ended(ps_job: PsJob, within_s: float = 0.0) -> bool:
+    """Whether the job master's process has exited, waiting up to ``within_s`` seconds for it."""
+    if ps_job.master_proc is None:
+        return False
+    try:
+        ps_job.master_proc.popen.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 class Scalable(Protocol):

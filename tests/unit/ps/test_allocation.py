@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -188,6 +189,39 @@ def test_a_master_ended_under_the_wrapper_is_requeued_and_restores_the_periodic_
     assert status["restored_from"] is not None and status["restored_from"] >= 2  # a periodic one (every 8 shards)
     for epoch in status["epochs"]:
         assert epoch["exactly_once"] and sum(epoch["samples_by_worker"].values()) == SAMPLES
+
+
+class ResetMaster:
+    """A :class:`PsJob` whose master's connection resets (SIGKILL closes its sockets) while its process, or the srun
+    running it, has not exited yet: it exits ``exits_after_s`` later."""
+
+    def __init__(self, exits_after_s: float) -> None:
+        popen = subprocess.Popen(["sleep", str(exits_after_s)])
+        self.master_proc = type("Proc", (), {"popen": popen})()
+        self.workers = {"w0": object()}
+
+    def poll(self) -> None:
+        pass
+
+    def status(self) -> dict[str, Any]:
+        raise PeerUnavailable("127.0.0.1:1 did not answer status: StatusCode.UNAVAILABLE")
+
+
+def test_a_master_whose_connection_resets_before_it_exits_is_lost_not_a_failure(tmp_path: Path) -> None:
+    ps_job = ResetMaster(exits_after_s=0.5)
+    outcome, status = wrapper(tmp_path, RequeueSlurm(), 0).watch(ps_job)  # type: ignore[arg-type]
+    assert (outcome, status) == (Outcome.LOST, {})
+
+
+def test_a_master_alive_that_does_not_answer_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocation, "MASTER_EXIT_WAIT_S", 0.2)
+    ps_job = ResetMaster(exits_after_s=30)
+    try:
+        with pytest.raises(PeerUnavailable):
+            wrapper(tmp_path, RequeueSlurm(), 0).watch(ps_job)  # type: ignore[arg-type]
+    finally:
+        ps_job.master_proc.popen.kill()
+        ps_job.master_proc.popen.wait()
 
 
 def test_a_worker_out_of_memory_comes_back_with_brains_doubled_memory(tmp_path: Path) -> None:
