@@ -1,9 +1,9 @@
 """DL² against the slot baselines: average JCT on held-in and other-shape traces, training wall time, and the
 inference time of one scheduling pass at 1,000 jobs.
 
-One run: train a model (supervised bootstrap from DRF, then online actor-critic; :mod:`hpc_elastic.dl2.train`)
-or load one with ``--model``, then run DL² (greedy) and every slot baseline the registry has (drf, optimus,
-tiresias-las, tiresias-las+elastic) on:
+One run: train a model (supervised bootstrap from DRF, or from the Optimus-like policy with ``--teacher optimus``,
+then online actor-critic; :mod:`hpc_elastic.dl2.train`) or load one with ``--model``, then run DL² (greedy) and
+every slot baseline the registry has (drf, optimus, tiresias-las, tiresias-las+elastic) on:
 
 - held-in traces: the training's generator setting (diurnal, the training load, 200 jobs), seeds the training
   never saw;
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from hpc_elastic.dl2 import model_file
 from hpc_elastic.dl2.net import numpy_scorer
-from hpc_elastic.dl2.train import TrainConfig, compare, save_model, train
+from hpc_elastic.dl2.train import BOOTSTRAP_TEACHERS, TrainConfig, compare, save_model, train
 from hpc_elastic.policy.dl2 import Dl2Policy, NumpyScorer, StateSpec, infer
 from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
@@ -108,6 +108,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="Evaluate this model file instead of training one.")
     parser.add_argument("--save", type=Path, help="Write the trained model here.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--teacher", choices=sorted(BOOTSTRAP_TEACHERS), default=TrainConfig.bootstrap, help="The supervised teacher."
+    )
     parser.add_argument("--jobs", type=int, default=TrainConfig.jobs)
     parser.add_argument("--traces", type=int, default=TrainConfig.traces)
     parser.add_argument("--max-jobs", type=int, default=TrainConfig.max_jobs, help="J")
@@ -131,6 +134,7 @@ def main() -> None:
     else:
         config = TrainConfig(
             seed=args.seed,
+            bootstrap=args.teacher,
             jobs=args.jobs,
             traces=args.traces,
             max_jobs=args.max_jobs,
@@ -157,7 +161,7 @@ def main() -> None:
             updates=result.curve[-1].update,
         )
         print(
-            f"training: {wall:.0f} s; DRF match {result.supervised.train_match:.3f} (training), "
+            f"training: {wall:.0f} s; {config.bootstrap} match {result.supervised.train_match:.3f} (training), "
             f"{result.supervised.held_out_match:.3f} (held out); validation JCT: DRF "
             f"{result.drf_validation_jct / SLOT_SECONDS:.2f}, supervised {result.supervised_jct / SLOT_SECONDS:.2f}, "
             f"best {result.best.avg_jct / SLOT_SECONDS:.2f} slots (update {result.best.update} of "

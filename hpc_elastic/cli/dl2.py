@@ -49,9 +49,9 @@ def _writable(path: Path) -> Path:
 
 def _summary(result: TrainResult) -> dict[str, object]:
     best = result.best
-    teacher = {} if result.teacher is None else {"teacher": result.teacher["teacher"]}
+    teacher = result.config.bootstrap if result.teacher is None else result.teacher["teacher"]
     return {
-        **teacher,
+        "teacher": teacher,
         "supervised_samples": result.supervised.samples,
         "supervised_skipped_slots": result.supervised.skipped_slots,
         "train_match": result.supervised.train_match,
@@ -67,8 +67,10 @@ def _summary(result: TrainResult) -> dict[str, object]:
 class Teacher(StrEnum):
     """Where the supervised phase's samples come from (DL² §4.2)."""
 
-    #: DRF's decisions in the simulator
+    #: DRF's decisions in the simulator (the paper's teacher)
     DRF = "drf"
+    #: the Optimus-like policy's decisions in the simulator
+    OPTIMUS = "optimus"
     #: Slurm's decisions, from its accounting (``sacct``)
     SACCT = "sacct"
 
@@ -161,7 +163,12 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
 @click.option("--rl-episodes", type=int, default=TrainConfig.rl_episodes, show_default=True)
 @click.option("--eval-every", type=int, default=TrainConfig.eval_every, show_default=True, help="Updates.")
 @click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, help="Training-curve PNG.")
-@click.option("--teacher", default=Teacher.DRF.value, show_default=True, help="drf (simulator) or sacct (Slurm).")
+@click.option(
+    "--teacher",
+    default=Teacher.DRF.value,
+    show_default=True,
+    help="drf or optimus (their decisions in the simulator) or sacct (Slurm's, from its accounting).",
+)
 @click.option("--since", default=None, help="--teacher sacct: history from this ISO date or time (UTC).")
 @click.option("--until", default=None, help="--teacher sacct: history up to this ISO date or time (default: now).")
 @click.option("--partition", default=None, help="--teacher sacct: the CPU partition (default: the PS-mode jobs').")
@@ -186,8 +193,8 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     partition: str | None,
     as_json: bool,
 ) -> None:
-    """Supervised bootstrap from DRF (or from Slurm's history, ``--teacher sacct``), then online actor-critic, in
-    the slot simulator; writes the model file."""
+    """Supervised bootstrap from DRF (``--teacher optimus``: the Optimus-like policy; ``--teacher sacct``: Slurm's
+    history), then online actor-critic, in the slot simulator; writes the model file."""
     kind = Teacher.parse(teacher)
     sacct: SacctTeacher | None = None
     if kind is Teacher.SACCT:
@@ -211,6 +218,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         load=load,
         servers=(len(cluster.gpus), cluster.gpus[0], cluster.cpus[0]),
         catalogue=catalogue,
+        bootstrap=Teacher.DRF.value if kind is Teacher.SACCT else kind.value,
         max_jobs=max_jobs,
         supervised_epochs=supervised_epochs,
         rl_episodes=rl_episodes,

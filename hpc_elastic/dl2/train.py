@@ -5,12 +5,14 @@
 one sample (state, mask, DRF's action) through :func:`teacher_steps` (slots with more than ``J`` jobs have no
 single-batch state and are left out, and counted). The policy network is trained on them with the cross entropy
 of the masked softmax (Adam, mini-batches, ``supervised_epochs`` passes), and its *match rate* (greedy action ==
-DRF's) is measured on DRF's trajectories of held-out traces (other seeds).
+DRF's) is measured on DRF's trajectories of held-out traces (other seeds). §4.2 bootstraps from whatever scheduler
+the cluster runs: ``bootstrap`` names the simulated one (:data:`BOOTSTRAP_TEACHERS`: DRF, the paper's, or the
+Optimus-like policy), whose runs give the samples and the episode bounds; DRF stays the validation's baseline.
 
 **Supervised from Slurm's history** (§4.2 at a Slurm site, :mod:`hpc_elastic.policy.dl2_history`): the samples
 come from the slots of sacct history instead of DRF's runs (the slots of the last fifth of the window, in time,
-are the held-out ones); DRF still runs the training traces, for the online phase's episode bounds and the
-training range.
+are the held-out ones); the ``bootstrap`` teacher still runs the training traces, for the online phase's episode
+bounds and the training range.
 
 **Online actor-critic** (§4.3): episodes of the simulator on the training traces, in turn. Each slot the policy
 samples its inferences (masked softmax, job-aware ε-exploration); the slot's reward (Eq. 1, the simulator's
@@ -66,12 +68,16 @@ from hpc_elastic.policy.dl2 import (
 )
 from hpc_elastic.policy.dl2_history import TeacherSlot
 from hpc_elastic.policy.drf import Drf
+from hpc_elastic.policy.optimus import OptimusLike
 from hpc_elastic.policy.slots import JobType, Servers, SlotDecision, SlotInput, SlotPolicy
 from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Catalogue, SlotTraceJob, generate
 from hpc_elastic.sim.slots import SlotConfig, SlotOutcome, SlotResult, SlotSimulator
 
-#: an episode or evaluation may run this many times the slots DRF needed on the trace before it is cut
+#: an episode may run this many times the slots its teacher needed on the trace before it is cut, an evaluation
+#: this many times DRF's
 SLOT_BOUND_FACTOR = 4
+#: the simulated schedulers the supervised phase may imitate (§4.2), by their slot policy names
+BOOTSTRAP_TEACHERS: dict[str, Callable[[], SlotPolicy]] = {"drf": Drf, "optimus": OptimusLike}
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class TrainConfig:
     #: the job types (:class:`~hpc_elastic.sim.ps_jobs.Catalogue`): DL² Table 1's on GPU servers, or the ps-mode
     #: model on a CPU partition (``cpu``, with ``servers`` such as ``(2, 0, 8)``: a model the daemon can use there)
     catalogue: str = Catalogue.TABLE1.value
+    #: the simulated scheduler the supervised phase imitates (:data:`BOOTSTRAP_TEACHERS`)
+    bootstrap: str = "drf"
     #: J, and the networks' shape
     max_jobs: int = 64
     width_factor: float = 0.05
@@ -149,6 +157,8 @@ class TrainConfig:
             raise ValueError(f"servers must be (count, gpus, cores), got {self.servers!r}")
         Servers.uniform(*self.servers)
         Catalogue(self.catalogue)  # ValueError naming it
+        if self.bootstrap not in BOOTSTRAP_TEACHERS:
+            raise ValueError(f"bootstrap must be one of {', '.join(BOOTSTRAP_TEACHERS)}, got {self.bootstrap!r}")
         NetShape(self.width_factor, self.hidden, self.row_hidden)
 
     @property
@@ -318,8 +328,10 @@ class _Samples:
         )
 
 
-def _teacher_run(spec: StateSpec, config: SlotConfig, trace: Sequence[SlotTraceJob], into: _Samples) -> SlotResult:
-    return SlotSimulator(config, trace).run(Drf(), lambda inp, decision, _: into.observe(spec, inp, decision))
+def _teacher_run(
+    spec: StateSpec, config: SlotConfig, trace: Sequence[SlotTraceJob], into: _Samples, teacher: SlotPolicy
+) -> SlotResult:
+    return SlotSimulator(config, trace).run(teacher, lambda inp, decision, _: into.observe(spec, inp, decision))
 
 
 def match_rate(policy: PolicyNet, states: torch.Tensor, masks: torch.Tensor, actions: torch.Tensor) -> float:
@@ -541,7 +553,8 @@ def _traces(
 
 
 def _bound(teacher: SlotResult) -> int:
-    """The slots a DL² run may take on a trace DRF finished in ``teacher.makespan``."""
+    """The slots a DL² run may take on a trace its teacher (DRF, or the bootstrap's) finished in
+    ``teacher.makespan``."""
     return SLOT_BOUND_FACTOR * (math.ceil(teacher.makespan / SLOT_SECONDS) + 1)
 
 
@@ -589,7 +602,8 @@ def train(
     history: Sequence[TeacherSlot] | None = None,
     teacher: dict[str, object] | None = None,
 ) -> TrainResult:
-    """Supervised bootstrap from DRF, or from Slurm's ``history`` (its slots, :func:`history_samples`;
+    """Supervised bootstrap from the simulated ``config.bootstrap`` teacher, or from Slurm's ``history`` (its slots,
+    :func:`history_samples`;
     ``teacher`` describes it for the model file), then online actor-critic (module docstring)."""
     say = progress or (lambda _: None)
     torch_seed, sample_seed, batch_seed = seeds(config.seed + 1_000_003, 3)
@@ -598,12 +612,13 @@ def train(
     sim = sim_config(config)
     samples, held = _Samples(), _Samples()
     bounds = []
+    teacher_policy = BOOTSTRAP_TEACHERS[config.bootstrap]()
     for trace in train_traces:
-        result = _teacher_run(spec, sim, trace, samples)
+        result = _teacher_run(spec, sim, trace, samples, teacher_policy)
         bounds.append(_bound(result))
     if history is None:
         for trace in held_traces:
-            _teacher_run(spec, sim, trace, held)
+            _teacher_run(spec, sim, trace, held, teacher_policy)
     else:
         simulated = samples
         samples, held = history_samples(spec, history)

@@ -130,7 +130,7 @@ def test_cli_trains_on_sacct(tmp_path: Path, slurm: Slurm) -> None:
 def test_cli_bad_input_exits_2_and_writes_no_model(tmp_path: Path, slurm: Slurm) -> None:
     out = tmp_path / "m.dl2"
     for args, message in (
-        (["--teacher", "slurm"], "unknown --teacher 'slurm': one of drf, sacct"),
+        (["--teacher", "slurm"], "unknown --teacher 'slurm': one of drf, optimus, sacct"),
         (["--teacher", "sacct"], "--teacher sacct needs --since"),
         (["--teacher", "sacct", "--since", "2999-01-01"], "--since 2999-01-01 is in the future"),
         (["--teacher", "sacct", "--since", "yesterday"], "not an ISO 8601 date"),
