@@ -1,4 +1,4 @@
-"""Only the C extension lives here; every other piece of metadata is in setup.cfg."""
+"""Only the C extensions live here; every other piece of metadata is in setup.cfg."""
 
 from setuptools import Extension, setup
 
@@ -10,6 +10,12 @@ setup(
             # No -ffast-math and no FMA contraction: the kernels' bits must match the NumPy reference and
             # the CUDA twin on every machine.
             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math"],
-        )
+        ),
+        Extension(
+            "hpc_elastic._dl2",
+            sources=["kernels/dl2.c"],
+            # The same: the greedy loop's logits must be the bits of its single forward pass.
+            extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math"],
+        ),
     ]
 )

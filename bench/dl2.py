@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.net import numpy_scorer
+from hpc_elastic.dl2.net import inference_network
 from hpc_elastic.dl2.train import BOOTSTRAP_TEACHERS, TrainConfig, compare, save_model, train
-from hpc_elastic.policy.dl2 import Dl2Policy, NumpyScorer, StateSpec, infer
+from hpc_elastic.policy.dl2 import Dl2Policy, Network, StateSpec, infer
 from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
 from hpc_elastic.policy.slots import Servers, SlotInput, SlotJob
@@ -88,9 +88,9 @@ def big_slot(servers: Servers, jobs: int = 1000) -> SlotInput:
     return SlotInput(0, SLOT_SECONDS, JOB_TYPES, servers, slot_jobs)
 
 
-def time_pass(scorer: NumpyScorer, spec: StateSpec, inp: SlotInput, repeats: int) -> dict[str, float]:
-    dl2, drf = Dl2Policy(scorer, spec), Drf()
-    _, steps = infer(spec, inp, scorer)
+def time_pass(network: Network, spec: StateSpec, inp: SlotInput, repeats: int) -> dict[str, float]:
+    dl2, drf = Dl2Policy(network, spec), Drf()
+    _, steps = infer(spec, inp, network)
     out: dict[str, float] = {"inferences": float(len(steps))}
     for name, policy in (("dl2", dl2), ("drf", drf)):
         samples = []
@@ -127,7 +127,7 @@ def main() -> None:
     if args.model is not None:
         loaded = model_file.load(args.model)
         config = TrainConfig.from_dict(loaded.config)
-        scorer, spec = loaded.scorer(), loaded.spec
+        network, spec = loaded.network(), loaded.spec
         summary["model"] = str(args.model)
         meta_sup = loaded.meta.get("supervised", {})
         summary["held_out_match"] = meta_sup.get("held_out_match")
@@ -148,7 +148,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         if args.save is not None:
             save_model(args.save, result)
-        scorer, spec = numpy_scorer(result.policy), result.spec
+        network, spec = inference_network(result.policy), result.spec
         summary.update(
             train_wall_s=round(wall, 1),
             supervised_samples=result.supervised.samples,
@@ -177,7 +177,7 @@ def main() -> None:
     print(f"\naverage JCT (slots), cluster {'x'.join(map(str, config.servers))}")
     print(f"{'trace':<48} {'kind':<8} " + " ".join(f"{n:>12}" for n in names) + "  drf/dl2  las/dl2")
     for name, kind, jobs in traces(config, args.pollux):
-        jct = compare(Dl2Policy(scorer, spec), baselines, sim, jobs)
+        jct = compare(Dl2Policy(network, spec), baselines, sim, jobs)
         slots = {k: v / SLOT_SECONDS for k, v in jct.items()}
         ratio_drf = slots["drf"] / slots["dl2"]
         ratio_las = slots["tiresias-las"] / slots["dl2"] if "tiresias-las" in slots else float("nan")
@@ -198,7 +198,7 @@ def main() -> None:
 
     print("\ninference per pass, 1,000 waiting jobs (median of repeats)")
     for label, servers in (("model cluster", config.cluster), ("250x4x16", Servers.uniform(250, 4, 16))):
-        timing = time_pass(scorer, spec, big_slot(servers), args.repeats)
+        timing = time_pass(network, spec, big_slot(servers), args.repeats)
         print(
             f"{label:<14} dl2 {timing['dl2_ms']:8.2f} ms ({timing['inferences']:.0f} inferences, "
             f"{timing['dl2_us_per_inference']:.1f} us each)   drf {timing['drf_ms']:8.2f} ms"

@@ -27,7 +27,7 @@ from typing import Any
 from hpc_elastic.dl2 import model_file
 from hpc_elastic.files import UnsafeFile, read_owned
 from hpc_elastic.jobdir import ScaleNotice, ScaleReply
-from hpc_elastic.policy.dl2 import Scorer, StateSpec
+from hpc_elastic.policy.dl2 import Network, StateSpec
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import TYPES_BY_NAME
 from hpc_elastic.slurm import Job, Node
@@ -118,11 +118,11 @@ class Dl2Scaler:
         self.slot_s = config.dl2.slot_s
         self.roots = config.ckpt_roots
         self.status = ""
-        self._model: tuple[tuple[int, ...], StateSpec, Scorer] | tuple[tuple[int, ...], str] | None = None
+        self._model: tuple[tuple[int, ...], StateSpec, Network] | tuple[tuple[int, ...], str] | None = None
         self._slot: int | None = None
 
-    def _load(self) -> tuple[StateSpec, Scorer] | str:
-        """The model's spec and scorer, or why there is none; read again only when the file changed."""
+    def _load(self) -> tuple[StateSpec, Network] | str:
+        """The model's spec and network, or why there is none; read again only when the file changed."""
         try:
             info = os.lstat(self.path)
             key: tuple[int, ...] = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode)
@@ -131,7 +131,7 @@ class Dl2Scaler:
         if self._model is None or self._model[0] != key:
             try:
                 loaded = read_model(self.path)
-                self._model = (key, loaded.spec, loaded.scorer())
+                self._model = (key, loaded.spec, loaded.network())
             except ValueError as exc:
                 self._model = (key, f"model unusable: {exc}")
         if len(self._model) == 2:
@@ -157,14 +157,14 @@ class Dl2Scaler:
         if isinstance(model, str):
             self._say(model)
             return Dl2Report(model)
-        spec, scorer = model
+        spec, network = model
         views = self._views(obs, preempted, now)
         cores = partition_cores(nodes)
         plans = []
         for partition in sorted({v.partition for v in views}):
             mine = [v for v in views if v.partition == partition]
             inp = slot_input(spec, TYPES_BY_NAME, cores.get(partition, ()), mine, slot=slot, slot_seconds=self.slot_s)
-            plans.append(plan_slot(spec, scorer, partition, inp, jobs=mine, free_cores=obs.cpu_free.get(partition, 0)))
+            plans.append(plan_slot(spec, network, partition, inp, jobs=mine, free_cores=obs.cpu_free.get(partition, 0)))
         fallbacks = [f"partition {p.partition}: {p.fallback}" for p in plans if p.fallback]
         self._say("; ".join(fallbacks) if fallbacks else ACTIVE)
         if fallbacks and len(fallbacks) == len(plans):

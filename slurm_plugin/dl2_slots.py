@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from hpc_elastic.policy.dl2 import Scorer, StateSpec, decide, in_training_range
+from hpc_elastic.policy.dl2 import Network, StateSpec, decide, in_training_range
 from hpc_elastic.policy.slots import JobType, Servers, SlotInput, SlotJob
 
 
@@ -147,7 +147,7 @@ def slot_input(
 
 def plan_slot(
     spec: StateSpec,
-    scorer: Scorer,
+    network: Network,
     partition: str,
     inp: SlotInput | str,
     *,
@@ -168,7 +168,7 @@ def plan_slot(
     why = in_training_range(spec, inp)
     if why is not None:
         return Dl2Plan(partition, fallback=why)
-    decision = decide(spec, inp, scorer)
+    decision = decide(spec, inp, network)
     decided = {job.job_id for job in inp.jobs}
     left = max(0, free_cores)
     targets: list[ScaleTarget] = []

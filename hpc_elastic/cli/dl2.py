@@ -277,7 +277,7 @@ def evaluate_model(config: EvalConfig) -> dict[str, float]:
     if config.plot is not None:
         plot_model(config.plot, loaded)
     sim = SlotConfig(train_cfg.cluster, train_cfg.types)
-    jct = compare(Dl2Policy(loaded.scorer(), loaded.spec), policies, sim, trace)
+    jct = compare(Dl2Policy(loaded.network(), loaded.spec), policies, sim, trace)
     return {name: value / SLOT_SECONDS for name, value in jct.items()}
 
 

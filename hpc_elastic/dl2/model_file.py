@@ -8,14 +8,13 @@ Layout (little endian)::
 The header holds the format version, the spec, the training configuration, the supervised report, the curve, and
 for every tensor its name, shape and byte offset in the tensor section. The final sha256 covers everything before
 it. Nothing is unpickled: a file is JSON and raw numbers, so a corrupt or foreign file can only be refused
-(``ValueError`` saying why), never run. Reading needs numpy only: a daemon gets a numpy scorer from
-:meth:`ModelFile.scorer` without torch.
+(``ValueError`` saying why), never run. Reading needs numpy only: a daemon gets the policy network from
+:meth:`ModelFile.network` without torch.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -29,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hpc_elastic.files import atomic_write_bytes
-from hpc_elastic.policy.dl2 import Dl2Policy, Layers, NumpyScorer, StateSpec
+from hpc_elastic.policy.dl2 import Dl2Policy, Layers, Network, StateSpec
 from hpc_elastic.policy.slot_registry import SlotPolicyFactory
 
 MAGIC = b"HPC-ELASTIC-DL2\n"
@@ -63,8 +62,8 @@ class ModelFile:
             out.append((self.arrays[f"{prefix}.{k}.weight"], bias))
         return out
 
-    def scorer(self) -> NumpyScorer:
-        """The policy network as a numpy forward pass (checked against the spec's sizes)."""
+    def network(self) -> Network:
+        """The policy network for inference (checked against the spec's sizes)."""
         layers = self.layers("policy.layers")
         if not layers:
             raise ValueError("model file: no policy network")
@@ -73,13 +72,13 @@ class ModelFile:
                 f"model file: policy network {layers[0][0].shape[1]} -> {layers[-1][0].shape[0]} does not fit the "
                 f"spec's {self.spec.state_size} -> {self.spec.action_size}"
             )
-        chained = all(w_next.shape[1] == w.shape[0] for (w, _), (w_next, _) in itertools.pairwise(layers))
-        if not chained or any(w.ndim != 2 or b.shape != (w.shape[0],) for w, b in layers):
-            raise ValueError("model file: the policy network's layer shapes do not chain")
         rows = self.layers("policy.rows")
         if rows and (rows[0][0].shape[1] != self.spec.columns + 1 or rows[-1][0].shape[0] != 3):
             raise ValueError("model file: the per-job head does not fit the spec")
-        return NumpyScorer(layers, rows, self.spec.columns)
+        try:
+            return Network(layers, rows, self.spec.columns)
+        except ValueError as exc:
+            raise ValueError(f"model file: {exc}") from None
 
 
 def _clean(value: Any) -> Any:
@@ -186,5 +185,5 @@ def slot_policies(path: Path) -> dict[str, SlotPolicyFactory]:
     """``{"dl2": factory}`` for :func:`~hpc_elastic.policy.slot_registry.make_slot_policy`'s ``extra``, from the
     model file at ``path`` (read and checked now: ``ValueError`` when it cannot be used)."""
     loaded = load(path)
-    scorer = loaded.scorer()
-    return {Dl2Policy.name: lambda: Dl2Policy(scorer, loaded.spec)}
+    network = loaded.network()
+    return {Dl2Policy.name: lambda: Dl2Policy(network, loaded.spec)}

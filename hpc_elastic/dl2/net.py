@@ -5,9 +5,8 @@ Both: the flattened state -> a fully connected layer with ReLU whose width is pr
 outputs one logit per action (the softmax of §4.1 is applied by whoever reads them: the masked choice, the
 losses); the value network has the same body and one linear output neuron (§4.3).
 
-Inference outside training runs in numpy from the weights (:class:`~hpc_elastic.policy.dl2.NumpyScorer`): a
-torch call's overhead is several times the work of a forward pass this small, and a slot takes one pass per
-allocated task.
+Inference outside training runs from the weights in C (:class:`~hpc_elastic.policy.dl2.Network`): a torch call's
+overhead is several times the work of a forward pass this small, and a slot takes one pass per allocated task.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from hpc_elastic.policy.dl2 import FloatArray, Layers, NumpyScorer, StateSpec
+from hpc_elastic.policy.dl2 import FloatArray, Layers, Network, StateSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +102,10 @@ def masked_log_softmax(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tenso
     return torch.log_softmax(logits.masked_fill(~masks, -1e9), dim=-1)
 
 
-def numpy_scorer(net: PolicyNet) -> NumpyScorer:
-    """The network's forward pass in numpy, from a copy of its current weights."""
+def inference_network(net: PolicyNet) -> Network:
+    """The network for inference (:class:`Network`), from a copy of its current weights."""
     rows = linears(net.rows) if net.rows is not None else []
-    return NumpyScorer(linears(net.layers), rows, net.columns)
+    return Network(linears(net.layers), rows, net.columns)
 
 
 def linears(module: nn.Sequential) -> Layers:
@@ -117,7 +116,7 @@ def linears(module: nn.Sequential) -> Layers:
 
 
 class TorchScorer:
-    """The policy network's forward pass in torch, one state at a time (to compare with :class:`NumpyScorer`)."""
+    """The policy network's forward pass in torch, one state at a time (to compare with :class:`Network`)."""
 
     __slots__ = ("_net",)
 

@@ -50,15 +50,15 @@ from hpc_elastic.dl2.net import (
     NetShape,
     PolicyNet,
     ValueNet,
+    inference_network,
     load_arrays,
     masked_log_softmax,
-    numpy_scorer,
     to_arrays,
 )
 from hpc_elastic.policy.dl2 import (
     Dl2Policy,
     FloatArray,
-    NumpyScorer,
+    Network,
     StateSpec,
     Step,
     infer,
@@ -267,13 +267,13 @@ def score(result: SlotResult, trace: Sequence[SlotTraceJob], slot_seconds: float
 
 
 def evaluate(
-    scorer: Callable[[FloatArray], FloatArray],
+    network: Network,
     spec: StateSpec,
     config: SlotConfig,
     trace: Sequence[SlotTraceJob],
 ) -> float:
     """Average JCT (s) of the greedy policy on ``trace`` (:func:`score`)."""
-    result = SlotSimulator(config, trace).run(Dl2Policy(scorer, spec))
+    result = SlotSimulator(config, trace).run(Dl2Policy(network, spec))
     return score(result, trace, config.slot_seconds)
 
 
@@ -419,14 +419,14 @@ class _Explorer(SlotPolicy):
 
     name = "dl2-train"
 
-    def __init__(self, spec: StateSpec, scorer: NumpyScorer, rng: np.random.Generator, epsilon: float) -> None:
+    def __init__(self, spec: StateSpec, network: Network, rng: np.random.Generator, epsilon: float) -> None:
         self.spec = spec
-        self.scorer = scorer
+        self.network = network
         self._choose = sampler(rng, epsilon)
         self.steps: tuple[Step, ...] = ()
 
     def allocate(self, inp: SlotInput) -> SlotDecision:
-        decision, self.steps = infer(self.spec, inp, self.scorer, self._choose, explore=True)
+        decision, self.steps = infer(self.spec, inp, self.network, self._choose, explore=True)
         return decision
 
 
@@ -471,16 +471,16 @@ class Online:
         spec: StateSpec,
         config: TrainConfig,
         *,
-        validate: Callable[[NumpyScorer], float],
+        validate: Callable[[Network], float],
         rng: np.random.Generator,
     ) -> None:
         self.policy, self.spec, self.config = policy, spec, config
         self._learner = _ActorCritic(policy, value, config)
         self._replay = _Replay(spec, config.replay)
-        self._explorer = _Explorer(spec, numpy_scorer(policy), rng, config.epsilon)
+        self._explorer = _Explorer(spec, inference_network(policy), rng, config.epsilon)
         self._validate = validate
         self._rng = rng
-        self.curve = [CurvePoint(0, 0, validate(self._explorer.scorer), math.nan)]
+        self.curve = [CurvePoint(0, 0, validate(self._explorer.network), math.nan)]
         self.best: tuple[float, dict[str, torch.Tensor]] = (self.curve[0].avg_jct, copy.deepcopy(policy.state_dict()))
         self.updates = 0
         self.episodes = 0
@@ -522,9 +522,9 @@ class Online:
         batch = self._replay.sample(self._rng, self.config.batch)
         self._learner.update(batch, policy=self.updates >= self.config.value_warmup)
         self.updates += 1
-        self._explorer.scorer = numpy_scorer(self.policy)
+        self._explorer.network = inference_network(self.policy)
         if self.updates % self.config.eval_every == 0:
-            jct = self._validate(self._explorer.scorer)
+            jct = self._validate(self._explorer.network)
             self.curve.append(CurvePoint(self.updates, self.episodes, jct, self._reward))
             if jct < self.best[0]:
                 self.best = (jct, copy.deepcopy(self.policy.state_dict()))
@@ -666,7 +666,7 @@ def train(
             value,
             spec,
             config,
-            validate=lambda scorer: evaluate(scorer, spec, val_sim, validation_trace),
+            validate=lambda network: evaluate(network, spec, val_sim, validation_trace),
             rng=np.random.default_rng(sample_seed),
         )
         for trace, bound in episodes:

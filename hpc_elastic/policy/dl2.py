@@ -1,8 +1,9 @@
 """DL²'s policy network as a slot policy (DL², §4.1 and §4.3): state, action space, mask and inference loop.
 
-The network itself is a function ``state -> action logits`` given to this module (:data:`Scorer`): the torch
-networks and their training live in :mod:`hpc_elastic.dl2`; here is only what a daemon or the simulator needs to
-turn a slot's input into decisions with a trained network, in numpy.
+The torch networks and their training live in :mod:`hpc_elastic.dl2`; here is only what a daemon or the
+simulator needs to turn a slot's input into decisions with a trained network: its weights as a :class:`Network`,
+whose forward pass and greedy loop are C (``kernels/dl2.c``), and the loop for any ``state -> logits`` function
+(:data:`Scorer`) and chooser, which training samples with.
 
 **State** (§4.1, Fig. 6): a ``J x F`` matrix, one row per job in arrival order, rows beyond the jobs all zero,
 flattened row by row. ``F = L + 9`` columns:
@@ -27,7 +28,8 @@ flattened row by row. ``F = L + 9`` columns:
 
 **Inference** (§4.1): repeat {state -> logits -> masked choice -> :meth:`Packing.add`} until void or until no
 job action fits. More than ``J`` jobs (§6.4 "Concurrent job number"): batches of ``J`` jobs in arrival order,
-each batch its own loop on the resources the earlier batches left.
+each batch its own loop on the resources the earlier batches left. :func:`infer` is the loop's definition;
+:func:`decide`, the deployed greedy policy, runs the same loop in C, one inference per task placed.
 
 **Exploration** (§4.3, job-aware ε-greedy): in a *poor* state (a job with several workers and no PS, several PS
 and no worker, or workers and PS differing by more than a factor :data:`POOR_RATIO`), with probability ε the
@@ -47,7 +49,17 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from hpc_elastic.policy.slots import JOB_ACTIONS, Packing, SlotAction, SlotDecision, SlotInput, SlotPolicy
+from hpc_elastic import _dl2
+from hpc_elastic.policy.slots import (
+    JOB_ACTIONS,
+    Packing,
+    SlotAction,
+    SlotDecision,
+    SlotInput,
+    SlotJob,
+    SlotPolicy,
+    slot_decision,
+)
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -278,6 +290,38 @@ def manual_action(workers: npt.NDArray[np.int64], ps: npt.NDArray[np.int64], mas
     return -1
 
 
+def _rows(
+    spec: StateSpec,
+    inp: SlotInput,
+    jobs: list[SlotJob],
+    types: npt.NDArray[np.int64],
+    *,
+    workers: npt.NDArray[np.int64],
+    ps: npt.NDArray[np.int64],
+) -> FloatArray:
+    """The state rows of ``jobs`` (``len(jobs) x F``) with ``workers`` and ``ps`` allocated so far, built column
+    by column in numpy: the same float64 operations as :meth:`_Batch._update` and :meth:`SlotInput.dominant_share`
+    make one job at a time, so the same bits."""
+    n, base = len(jobs), spec.types
+    matrix = np.zeros((n, spec.columns), dtype=np.float64)
+    matrix[np.arange(n), types] = 1.0
+    fields = np.array(
+        [(j.slots_run, j.epochs_left, j.request_workers, j.request_ps, j.workers, j.ps) for j in jobs],
+        dtype=np.float64,
+    ).reshape(n, 6)
+    matrix[:, base] = fields[:, 0] / spec.slots_scale
+    matrix[:, base + 1] = fields[:, 1] / spec.epochs_scale
+    matrix[:, base + 5 : base + 9] = fields[:, 2:] / spec.tasks_scale
+    demand = np.array([(t.worker_gpus, t.worker_cpus, t.ps_cpus) for t in inp.types], dtype=np.int64)[types]
+    servers = inp.servers
+    gpu = workers * demand[:, 0] / servers.total_gpus if servers.total_gpus else np.zeros(n, dtype=np.float64)
+    cpu = (workers * demand[:, 1] + ps * demand[:, 2]) / servers.total_cpus
+    matrix[:, base + 2] = np.maximum(gpu, cpu) / spec.share_scale
+    matrix[:, base + 3] = workers / spec.tasks_scale
+    matrix[:, base + 4] = ps / spec.tasks_scale
+    return matrix
+
+
 class _Batch:
     """The state of one batch of at most ``J`` jobs while a slot's tasks are placed."""
 
@@ -310,26 +354,8 @@ class _Batch:
         self._max_p = np.array([job.max_ps for job in jobs], dtype=np.int64)
         self.workers = np.array([packing.workers(row) for row in self._rows], dtype=np.int64)
         self.ps = np.array([packing.ps(row) for row in self._rows], dtype=np.int64)
-        # the rows in numpy, column by column: the same float64 operations as :meth:`_update` and
-        # :meth:`SlotInput.dominant_share` make one job at a time, so the same bits
-        n, base = len(jobs), spec.types
-        matrix = np.zeros((spec.jobs, spec.columns), dtype=np.float64)
-        matrix[np.arange(n), types] = 1.0
-        fields = np.array(
-            [(j.slots_run, j.epochs_left, j.request_workers, j.request_ps, j.workers, j.ps) for j in jobs],
-            dtype=np.float64,
-        ).reshape(n, 6)
-        matrix[:n, base] = fields[:, 0] / spec.slots_scale
-        matrix[:n, base + 1] = fields[:, 1] / spec.epochs_scale
-        matrix[:n, base + 5 : base + 9] = fields[:, 2:] / spec.tasks_scale
-        demand = np.array([(t.worker_gpus, t.worker_cpus, t.ps_cpus) for t in inp.types], dtype=np.int64)[types]
-        servers = inp.servers
-        gpu = self.workers * demand[:, 0] / servers.total_gpus if servers.total_gpus else np.zeros(n, dtype=np.float64)
-        cpu = (self.workers * demand[:, 1] + self.ps * demand[:, 2]) / servers.total_cpus
-        matrix[:n, base + 2] = np.maximum(gpu, cpu) / spec.share_scale
-        matrix[:n, base + 3] = self.workers / spec.tasks_scale
-        matrix[:n, base + 4] = self.ps / spec.tasks_scale
-        self.matrix = matrix
+        self.matrix = np.zeros((spec.jobs, spec.columns), dtype=np.float64)
+        self.matrix[: len(jobs)] = _rows(spec, inp, jobs, types, workers=self.workers, ps=self.ps)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -369,28 +395,6 @@ class _Batch:
                 else:  # free resources only shrink during a slot: it never fits again
                     self._dead.add(key)
         return mask
-
-    def allows(self, action: int) -> bool:
-        """Whether the mask would allow job action ``action`` (one :meth:`Packing.fits` at most)."""
-        k, a = divmod(action, 3)
-        if k >= len(self._rows):
-            return False
-        kind = JOB_ACTIONS[a]
-        if (kind is not SlotAction.PS and self.workers[k] >= self._max_w[k]) or (
-            kind is not SlotAction.WORKER and self.ps[k] >= self._max_p[k]
-        ):
-            return False
-        key = (int(self._types[k]), kind)
-        if key in self._dead:
-            return False
-        if self._packing.fits(self._rows[k], kind):
-            return True
-        self._dead.add(key)  # free resources only shrink during a slot: it never fits again
-        return False
-
-    def exhausted(self) -> bool:
-        """True when no job action of this batch can fit any more (every type and action of it is dead)."""
-        return all((int(self._types[m[0]]), action) in self._dead for m in self._by_type for action in JOB_ACTIONS)
 
     def apply(self, action: int) -> None:
         """Carry out a job action (not void) on the packing and the state."""
@@ -451,32 +455,52 @@ def infer(
     return packing.decision(), tuple(steps)
 
 
-def decide(spec: StateSpec, inp: SlotInput, scorer: Scorer) -> SlotDecision:
-    """The greedy decision of :func:`infer` (the same decision and action sequence), faster: instead of the
-    whole mask, the actions are tried in decreasing logit order until one is allowed, so an inference costs
-    one or two :meth:`Packing.fits` instead of one per job type and action. The whole mask is computed once per
-    batch, when void comes first, to tell a void (something else still fits) from a full cluster."""
-    packing = Packing(inp)
-    dead: set[tuple[int, SlotAction]] = set()
-    for batch in _batches(spec, inp, packing, dead):
-        while not batch.exhausted():
-            logits = np.asarray(scorer(batch.state()), dtype=np.float64)
-            if logits.shape != (spec.action_size,):
-                raise ValueError(f"the scorer gave {logits.shape} logits, expected ({spec.action_size},)")
-            # argmax's tie rule (the lowest index first) in a stable descending sort
-            for action in np.argsort(-logits, kind="stable"):
-                if action == spec.void:
-                    if batch.mask()[: spec.void].any():
-                        packing.add(-1, SlotAction.VOID)
-                    break
-                if batch.allows(int(action)):
-                    batch.apply(int(action))
-                    break
-            else:  # pragma: no cover - void is always among the actions
-                break
-            if action == spec.void:
-                break
-    return packing.decision()
+def decide(spec: StateSpec, inp: SlotInput, network: Network) -> SlotDecision:
+    """The decision of :func:`infer` with the :func:`greedy` chooser on ``network``: the same actions, each task on
+    the same server. The whole loop runs in C (``kernels/dl2.c``, :mod:`hpc_elastic._dl2`): a slot of a large
+    cluster takes one inference per task, thousands of them. An action changes one job's row of the state, so an
+    inference recomputes that row's part of the first layer and its per-job head, and the rest of the network."""
+    if (network.jobs, network.columns) != (spec.jobs, spec.columns):
+        raise ValueError(
+            f"the network takes states of {network.jobs} x {network.columns}, "
+            f"the spec's are {spec.jobs} x {spec.columns}"
+        )
+    jobs, servers = inp.jobs, inp.servers
+    n = len(jobs)
+    fields = np.array([(j.job_type, j.max_workers, j.max_ps) for j in jobs], dtype=np.int64).reshape(n, 3)
+    none = np.zeros(n, dtype=np.int64)
+    rows = _rows(spec, inp, list(jobs), fields[:, 0], workers=none, ps=none)
+    demands = np.array([(t.worker_gpus, t.worker_cpus, t.ps_cpus) for t in inp.types], dtype=np.int64).reshape(-1, 3)
+    # every job action adds a task within the job's maxima; one void per batch at most
+    out = np.empty((int(fields[:, 1:].sum()) + n // spec.jobs + 1, 4), dtype=np.int64)
+    count = _dl2.decide(
+        network.dims,
+        network.weights,
+        spec.jobs,
+        spec.columns,
+        spec.types,
+        spec.share_scale,
+        spec.tasks_scale,
+        servers.total_gpus,
+        servers.total_cpus,
+        np.ascontiguousarray(rows),
+        np.ascontiguousarray(fields),
+        demands,
+        np.array(servers.gpus, dtype=np.int64),
+        np.array(servers.cpus, dtype=np.int64),
+        out,
+    )
+    kinds = (*JOB_ACTIONS, SlotAction.VOID)
+    workers: list[list[int]] = [[] for _ in jobs]
+    ps: list[list[int]] = [[] for _ in jobs]
+    actions: list[tuple[int, SlotAction]] = []
+    for row, kind, worker, server in out[:count].tolist():
+        actions.append((row, kinds[kind]))
+        if worker >= 0:
+            workers[row].append(worker)
+        if server >= 0:
+            ps[row].append(server)
+    return slot_decision(inp, workers, ps, actions)
 
 
 def initial_state(spec: StateSpec, inp: SlotInput) -> FloatArray:
@@ -507,41 +531,65 @@ def teacher_steps(spec: StateSpec, inp: SlotInput, decision: SlotDecision) -> tu
     return tuple(steps)
 
 
-#: (weight, bias) per linear layer
+#: (weight, bias) per linear layer, torch's ``(out, in)`` weights
 Layers = list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]
 
 
-def _mlp(layers: Layers, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    last = len(layers) - 1
-    for k, (w, b) in enumerate(layers):
-        x = x @ w + b
-        if k < last:
-            x = np.maximum(x, 0.0)
-    return x
+class Network:
+    """DL²'s policy network for inference: its weights in float32, run by ``kernels/dl2.c`` (no torch).
 
+    ``layers`` are the MLP's (weight, bias) pairs, ``rows`` the per-job head's (may be empty: the paper's plain
+    MLP), ``columns`` the state's ``F``; ``J`` follows from the last layer's ``3J + 1`` outputs. Calling it gives
+    one state's logits (a :data:`Scorer`, for :func:`infer`); :func:`decide` runs the greedy loop on it. Each
+    output is a sum in one fixed order (``kernels/dl2.c``), so both give the same bits.
+    """
 
-class NumpyScorer:
-    """The policy network's forward pass in numpy (float32, as torch computes it) from its weights: ``layers``
-    the MLP's (weight, bias) pairs (torch's ``(out, in)`` weights), ``rows`` the per-job head's (may be empty)."""
-
-    __slots__ = ("_columns", "_layers", "_position", "_rows")
+    __slots__ = ("columns", "dims", "jobs", "weights")
 
     def __init__(self, layers: Layers, rows: Layers, columns: int) -> None:
-        self._layers = [(np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32)) for w, b in layers]
-        self._rows = [(np.ascontiguousarray(w.T, dtype=np.float32), b.astype(np.float32)) for w, b in rows]
-        self._columns = columns
-        jobs = layers[-1][0].shape[0] // 3
-        self._position = (np.arange(jobs, dtype=np.float32) / np.float32(jobs)).reshape(-1, 1)
+        if isinstance(columns, bool) or not isinstance(columns, int) or columns < 1:
+            raise ValueError(f"Network: columns must be an int >= 1, got {columns!r}")
+        if not layers:
+            raise ValueError("Network: no layers")
+        outputs = int(layers[-1][0].shape[0])
+        if outputs < 4 or (outputs - 1) % 3:
+            raise ValueError(f"Network: {outputs} outputs, not 3J + 1 for a J >= 1")
+        self.jobs, self.columns = (outputs - 1) // 3, columns
+        _chain("layers", layers, self.jobs * columns, outputs)
+        if rows:
+            _chain("rows", rows, columns + 1, 3)
+        self.dims = np.array(
+            [len(layers), len(rows), *(n for w, _ in (*layers, *rows) for n in (w.shape[1], w.shape[0]))],
+            dtype=np.int64,
+        )
+        self.weights = np.concatenate(
+            [
+                part
+                for w, b in (*layers, *rows)
+                for part in (np.ascontiguousarray(w.T, dtype=np.float32).reshape(-1), np.asarray(b, dtype=np.float32))
+            ]
+        )
 
     def __call__(self, state: FloatArray) -> FloatArray:
-        x = state.astype(np.float32)
-        out = _mlp(self._layers, x)
-        if self._rows:
-            rows: npt.NDArray[np.float32] = np.concatenate((x.reshape(-1, self._columns), self._position), axis=1)
-            local = _mlp(self._rows, rows).reshape(-1)
-            out[: len(local)] += local
+        x = np.ascontiguousarray(state, dtype=np.float32).reshape(-1)
+        if x.size != self.jobs * self.columns:
+            raise ValueError(f"Network: a state of {x.size} values, expected {self.jobs * self.columns}")
+        out = np.empty(3 * self.jobs + 1, dtype=np.float32)
+        _dl2.forward(self.dims, self.weights, self.jobs, self.columns, x, out)
         result: FloatArray = out.astype(np.float64)
         return result
+
+
+def _chain(name: str, layers: Layers, inputs: int, outputs: int) -> None:
+    """``ValueError`` unless the layers take ``inputs`` values, each the one before's outputs, and give ``outputs``."""
+    for k, (w, b) in enumerate(layers):
+        if w.ndim != 2 or b.shape != (w.shape[0],):
+            raise ValueError(f"Network: {name}[{k}] is a {w.shape} weight with a {b.shape} bias")
+        if w.shape[1] != inputs:
+            raise ValueError(f"Network: {name}[{k}] takes {w.shape[1]} inputs, it is given {inputs}")
+        inputs = int(w.shape[0])
+    if inputs != outputs:
+        raise ValueError(f"Network: {name} give {inputs} outputs, expected {outputs}")
 
 
 class Dl2Policy(SlotPolicy):
@@ -549,9 +597,9 @@ class Dl2Policy(SlotPolicy):
 
     name: ClassVar[str] = "dl2"
 
-    def __init__(self, scorer: Scorer, spec: StateSpec) -> None:
-        self.scorer = scorer
+    def __init__(self, network: Network, spec: StateSpec) -> None:
+        self.network = network
         self.spec = spec
 
     def allocate(self, inp: SlotInput) -> SlotDecision:
-        return decide(self.spec, inp, self.scorer)
+        return decide(self.spec, inp, self.network)

@@ -397,12 +397,22 @@ class Packing:
         return [(row, action) for row in rows for action in JOB_ACTIONS if self.fits(row, action)]
 
     def decision(self) -> SlotDecision:
-        allocations = tuple(
-            Allocation(job.job_id, len(w), len(p), tuple(w), tuple(p))
-            for job, w, p in zip(self._inp.jobs, self._placed_workers, self._placed_ps, strict=True)
-            if w or p
-        )
-        return SlotDecision(allocations, tuple(self._actions))
+        return slot_decision(self._inp, self._placed_workers, self._placed_ps, self._actions)
+
+
+def slot_decision(
+    inp: SlotInput,
+    worker_servers: Sequence[Sequence[int]],
+    ps_servers: Sequence[Sequence[int]],
+    actions: Sequence[tuple[int, SlotAction]],
+) -> SlotDecision:
+    """The decision of the tasks placed on these servers (per job row, in placement order) by these actions."""
+    allocations = tuple(
+        Allocation(job.job_id, len(w), len(p), tuple(w), tuple(p))
+        for job, w, p in zip(inp.jobs, worker_servers, ps_servers, strict=True)
+        if w or p
+    )
+    return SlotDecision(allocations, tuple(actions))
 
 
 class SlotPolicy(ABC):

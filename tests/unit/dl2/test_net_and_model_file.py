@@ -18,9 +18,9 @@ from hpc_elastic.dl2.net import (
     PolicyNet,
     TorchScorer,
     ValueNet,
+    inference_network,
     load_arrays,
     masked_log_softmax,
-    numpy_scorer,
     to_arrays,
 )
 from hpc_elastic.policy.dl2 import Dl2Policy, StateSpec, infer
@@ -77,10 +77,10 @@ def test_masked_log_softmax_gives_masked_actions_no_probability() -> None:
     assert float(probs.sum()) == pytest.approx(1.0)
 
 
-def test_numpy_and_torch_make_the_same_decisions() -> None:
+def test_the_c_network_and_torch_make_the_same_decisions() -> None:
     policy, _ = nets(3)
     rng = np.random.default_rng(5)
-    fast, slow = numpy_scorer(policy), TorchScorer(policy)
+    fast, slow = inference_network(policy), TorchScorer(policy)
     for _ in range(25):
         inp = random_slot(rng)
         state = rng.random(SPEC.state_size)
@@ -125,7 +125,7 @@ def test_model_file_round_trip(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for _ in range(10):
         state = rng.random(SPEC.state_size)
-        assert np.array_equal(loaded.scorer()(state), numpy_scorer(policy)(state))
+        assert np.array_equal(loaded.network()(state), inference_network(policy)(state))
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
     # the same content gives the same bytes
     again = tmp_path / "again.dl2"
@@ -164,7 +164,7 @@ def test_a_well_formed_file_with_wrong_tensors_is_refused(tmp_path: Path) -> Non
     }
     model_file.save(path, SPEC, {}, {}, arrays)
     with pytest.raises(ValueError, match="does not fit the spec"):
-        model_file.load(path).scorer()
+        model_file.load(path).network()
 
 
 def test_the_model_file_gives_the_registry_a_dl2_policy(tmp_path: Path) -> None:
@@ -173,4 +173,4 @@ def test_the_model_file_gives_the_registry_a_dl2_policy(tmp_path: Path) -> None:
     made = make_slot_policy("dl2", model_file.slot_policies(path))
     assert isinstance(made, Dl2Policy) and made.spec == SPEC
     inp = random_slot(np.random.default_rng(2))
-    assert made.allocate(inp) == infer(SPEC, inp, numpy_scorer(policy))[0]
+    assert made.allocate(inp) == infer(SPEC, inp, inference_network(policy))[0]

@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="DL² training needs torch")
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.net import numpy_scorer, to_arrays
+from hpc_elastic.dl2.net import inference_network, to_arrays
 from hpc_elastic.dl2.train import (
     TrainConfig,
     TrainResult,
@@ -189,7 +189,7 @@ def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) ->
     # the returned policy is the best validated one: running it again gives its JCT to the bit
     trace, config, drf = validation(SMALL)
     assert drf == small.drf_validation_jct
-    assert evaluate(numpy_scorer(small.policy), small.spec, config, trace) == small.best.avg_jct
+    assert evaluate(inference_network(small.policy), small.spec, config, trace) == small.best.avg_jct
 
 
 def test_the_cpu_catalogue_generates_ps_jobs_that_fit_a_cpu_partition_and_names_the_ps_model() -> None:

@@ -59,7 +59,7 @@ def test_a_model_trained_on_sacct_samples_loads(tmp_path: Path) -> None:
     assert loaded.meta["supervised"]["samples"] == 11
     config, _, _ = load_networks(loaded)
     assert config == TINY
-    assert loaded.scorer()(np.zeros(loaded.spec.state_size)).shape == (loaded.spec.action_size,)
+    assert loaded.network()(np.zeros(loaded.spec.state_size)).shape == (loaded.spec.action_size,)
 
 
 def test_the_latest_fifth_of_the_slots_is_held_out() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from hpc_elastic.dl2 import model_file
 from hpc_elastic.jobdir import JobDir, Progress, ScaleNotice, ScaleReply, ScaleRequest, parse_scale
-from hpc_elastic.policy.dl2 import StateSpec, decide
+from hpc_elastic.policy.dl2 import Network, StateSpec, decide
 from hpc_elastic.policy.slots import SlotAction
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, TYPES_BY_NAME
@@ -120,26 +120,28 @@ def test_the_builder_gives_dl2_the_partitions_nodes_and_the_jobs_as_the_pass_saw
 
 def test_targets_only_for_jobs_whose_size_changes_within_their_ranges_and_the_free_cores() -> None:
     prefer = {(0, SlotAction.BOTH): 3.0, (0, SlotAction.WORKER): 2.0}  # job row 0: grow to its most, row 1: none
-    scorer = lambda state: logits(SPEC, prefer).astype(np.float64)  # noqa: E731
+    network = Network(
+        [(np.zeros((SPEC.action_size, SPEC.state_size), dtype=np.float32), logits(SPEC, prefer))], [], SPEC.columns
+    )
     jobs = [view(1, 2, 1), view(2, 1, 1), view(3, 2, 2)]
     inp = slot_input(SPEC, TYPES_BY_NAME, (8, 8), jobs, slot=3, slot_seconds=1200.0)
     assert not isinstance(inp, str)
-    assert decide(SPEC, inp, scorer).of(1) == (4, 2)  # both up to its most PS, then workers up to its most
-    plan = plan_slot(SPEC, scorer, "cpu", inp, jobs=jobs, free_cores=8)
+    assert decide(SPEC, inp, network).of(1) == (4, 2)  # both up to its most PS, then workers up to its most
+    plan = plan_slot(SPEC, network, "cpu", inp, jobs=jobs, free_cores=8)
     assert plan.fallback == ""
     # job 1 grows to (4, 2); job 2 got nothing, kept at its ranges' lows (1, 1): unchanged; job 3 shrinks
     got = [(t.job_id, t.workers, t.ps, t.old_workers, t.old_ps) for t in plan.targets]
     assert got == [(1, 4, 2, 2, 1), (3, 1, 1, 2, 2)]
     assert plan.targets[0].reason.startswith("DL² slot 3: 4 workers and 2 PS")
     # a grow needing more cores than are free is left out (shrinking frees none); a request unanswered: nothing
-    assert [t.job_id for t in plan_slot(SPEC, scorer, "cpu", inp, jobs=jobs, free_cores=2).targets] == [3]
-    assert [t.job_id for t in plan_slot(SPEC, scorer, "cpu", inp, jobs=jobs, free_cores=3).targets] == [1, 3]
+    assert [t.job_id for t in plan_slot(SPEC, network, "cpu", inp, jobs=jobs, free_cores=2).targets] == [3]
+    assert [t.job_id for t in plan_slot(SPEC, network, "cpu", inp, jobs=jobs, free_cores=3).targets] == [1, 3]
     pending = [replace(jobs[0], scale_pending=True), jobs[1], replace(jobs[2], scale_pending=True)]
-    assert plan_slot(SPEC, scorer, "cpu", inp, jobs=pending, free_cores=8).targets == ()
+    assert plan_slot(SPEC, network, "cpu", inp, jobs=pending, free_cores=8).targets == ()
     # out of the training range: the reason, no target
     far = [view(1, 2, 1, epochs_total=1000.0)]
     inp = slot_input(SPEC, TYPES_BY_NAME, (8, 8), far, slot=3, slot_seconds=1200.0)
-    assert plan_slot(SPEC, scorer, "cpu", inp, jobs=far, free_cores=8).fallback == (
+    assert plan_slot(SPEC, network, "cpu", inp, jobs=far, free_cores=8).fallback == (
         "job 1 has 999 epochs left, training saw at most 100"
     )
 
@@ -432,7 +434,7 @@ def test_a_model_trained_on_the_cpu_catalogue_decides_the_dev_clusters_ps_jobs(
     views = daemon.dl2._views(report.observation, frozenset(), report.now)  # type: ignore[union-attr,arg-type]
     inp = slot_input(loaded.spec, TYPES_BY_NAME, (8, 8), views, slot=report.dl2.slot or 0, slot_seconds=1200.0)
     assert not isinstance(inp, str)
-    decision = decide(loaded.spec, inp, loaded.scorer())
+    decision = decide(loaded.spec, inp, loaded.network())
     sent = notices(fake.calls)
     for job_id, (workers, ps) in sizes.items():
         w, p = decision.of(job_id)

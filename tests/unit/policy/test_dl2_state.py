@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from hpc_elastic.policy.dl2 import (
     EXTRA_COLUMNS,
     Dl2Policy,
     FloatArray,
+    Layers,
+    Network,
     StateSpec,
     decide,
     greedy,
@@ -255,15 +259,40 @@ def test_teacher_steps_replay_a_decision() -> None:
     assert teacher_steps(SPEC, many, SlotDecision(())) is None
 
 
+def fixed(logits: FloatArray, spec: StateSpec = SPEC) -> Network:
+    """A network whose logits are ``logits`` whatever the state (one layer, zero weights)."""
+    weight = np.zeros((spec.action_size, spec.state_size), dtype=np.float32)
+    return Network([(weight, logits.astype(np.float32))], [], spec.columns)
+
+
 def test_policy_decides_like_the_greedy_loop() -> None:
     inp = two_jobs()
-    scorer = lambda s: prefer(5, 2, SPEC.void)  # noqa: E731
-    policy = Dl2Policy(scorer, SPEC)
+    network = fixed(prefer(5, 2, SPEC.void))
+    policy = Dl2Policy(network, SPEC)
     assert policy.name == "dl2"
-    assert policy.allocate(inp) == infer(SPEC, inp, scorer)[0]
-    bad = Dl2Policy(lambda s: np.zeros(3), SPEC)
-    with pytest.raises(ValueError, match="logits"):
-        bad.allocate(inp)
+    assert policy.allocate(inp) == infer(SPEC, inp, network)[0]
+    # job 9 (a worker and a PS of 4 cores each) twice fills both servers' cores: no void, nothing else fits
+    assert policy.allocate(inp).actions == ((1, SlotAction.BOTH), (1, SlotAction.BOTH))
+    other = dataclasses.replace(SPEC, jobs=4)
+    with pytest.raises(ValueError, match="states of 4 x 11, the spec's are 3 x 11"):
+        Dl2Policy(fixed(np.zeros(other.action_size), other), SPEC).allocate(inp)
+
+
+def test_a_network_refuses_layers_that_do_not_chain() -> None:
+    w = np.zeros((SPEC.action_size, SPEC.state_size), dtype=np.float32)
+    b = np.zeros(SPEC.action_size, dtype=np.float32)
+    with pytest.raises(ValueError, match="not 3J \\+ 1"):
+        Network([(w[:-1], b[:-1])], [], SPEC.columns)
+    with pytest.raises(ValueError, match="takes 33 inputs, it is given 30"):
+        Network([(w, b)], [], 10)
+    with pytest.raises(ValueError, match="bias"):
+        Network([(w, b[:-1])], [], SPEC.columns)
+    with pytest.raises(ValueError, match="rows give 4 outputs, expected 3"):
+        Network([(w, b)], [(np.zeros((4, SPEC.columns + 1), dtype=np.float32), np.zeros(4, dtype=np.float32))], 11)
+    with pytest.raises(ValueError, match="columns"):
+        Network([(w, b)], [], 0)
+    with pytest.raises(ValueError, match="a state of 5 values, expected 33"):
+        Network([(w, b)], [], SPEC.columns)(np.zeros(5))
 
 
 def test_training_range() -> None:
@@ -300,9 +329,25 @@ def test_spec_round_trip_and_validation() -> None:
         StateSpec(jobs=1, type_names=("a",), slot_seconds=1.0, share_scale=0.0)
 
 
-def test_the_fast_greedy_decision_is_the_inference_loops() -> None:
+def random_network(rng: np.random.Generator, depth: int, head: bool, spread: float) -> Network:
+    """Small integer weights (many ties between actions) over a few layers, with or without the per-job head."""
+    widths = [SPEC.state_size, *(int(rng.integers(2, 9)) for _ in range(depth - 1)), SPEC.action_size]
+
+    def layer(inputs: int, outputs: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        weight = rng.integers(-2, 3, size=(outputs, inputs)) * (rng.random((outputs, inputs)) < 0.5)
+        return weight.astype(np.float32), np.round(rng.normal(size=outputs) * spread).astype(np.float32)
+
+    layers = [layer(a, b) for a, b in itertools.pairwise(widths)]
+    rows = [layer(SPEC.columns + 1, 4), layer(4, 3)] if head else []
+    return Network(layers, rows, SPEC.columns)
+
+
+def test_the_compiled_greedy_decision_is_the_inference_loops() -> None:
+    """``decide`` (the loop in C, one row refreshed per action) against ``infer`` with the greedy chooser (the
+    network called on each whole state): the same actions on the same servers, over random slots with more jobs
+    than ``J`` (batches), full clusters, jobs at their maxima and ties between logits."""
     rng = np.random.default_rng(11)
-    for trial in range(60):
+    for trial in range(120):
         count = int(rng.integers(1, 10))
         jobs = tuple(
             SlotJob(
@@ -311,22 +356,72 @@ def test_the_fast_greedy_decision_is_the_inference_loops() -> None:
                 k,
                 float(rng.uniform(10, 100)),
                 slots_run=int(rng.integers(0, 5)),
+                workers=int(rng.integers(0, 3)),
                 request_workers=int(rng.integers(1, 3)),
                 max_workers=int(rng.integers(2, 6)),
                 max_ps=int(rng.integers(2, 6)),
             )
             for k in range(count)
         )
-        inp = slot(jobs, Servers.uniform(int(rng.integers(1, 5)), 2, 8))
-        # a fixed map from state to logits, rounded so that ties happen
-        weights = rng.normal(size=(SPEC.action_size, SPEC.state_size))
-        bias = rng.normal(size=SPEC.action_size) * (2.0 if trial % 2 else 0.1)
+        inp = slot(jobs, Servers.uniform(int(rng.integers(1, 5)), int(rng.integers(0, 3)), 8))
+        network = random_network(rng, depth=1 + trial % 3, head=trial % 2 == 0, spread=2.0 if trial % 4 else 0.1)
+        assert decide(SPEC, inp, network) == infer(SPEC, inp, network)[0], trial
 
-        def scorer(state: FloatArray, w: FloatArray = weights, b: FloatArray = bias) -> FloatArray:
-            out: FloatArray = np.round(w @ state + b)
-            return out
 
-        assert decide(SPEC, inp, scorer) == infer(SPEC, inp, scorer)[0], trial
+def reference_forward(layers: Layers, rows: Layers, columns: int, state: FloatArray) -> FloatArray:
+    """The network's definition in numpy float32, one rounded product and one rounded sum at a time: every dense
+    layer sums in increasing input order from +0, then adds its bias; the first global layer sums each job row's
+    inputs, then the rows in increasing order; ReLU between layers; the per-job head's three outputs add to its
+    row's logits."""
+
+    def dense(
+        x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], b: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.float32]:
+        acc = np.zeros(w.shape[0], dtype=np.float32)
+        for k in range(w.shape[1]):
+            acc = acc + x[k] * w[:, k]
+        out: npt.NDArray[np.float32] = acc + b
+        return out
+
+    def relu(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        return np.where(x > 0, x, np.float32(0.0)).astype(np.float32)
+
+    x = state.astype(np.float32)
+    w0, b0 = layers[0]
+    jobs = (layers[-1][0].shape[0] - 1) // 3
+    h = np.zeros(w0.shape[0], dtype=np.float32)
+    for r in range(jobs):
+        part = slice(r * columns, (r + 1) * columns)
+        h = h + dense(x[part], w0[:, part], np.zeros(w0.shape[0], dtype=np.float32))
+    h = h + b0
+    for w, b in layers[1:]:
+        h = dense(relu(h), w, b)
+    out = h.copy()
+    for r in range(jobs):
+        y = np.concatenate((x[r * columns : (r + 1) * columns], [np.float32(r) / np.float32(jobs)])).astype(np.float32)
+        for k, (w, b) in enumerate(rows):
+            y = dense(y if k == 0 else relu(y), w, b)
+        if rows:
+            out[3 * r : 3 * r + 3] = out[3 * r : 3 * r + 3] + y
+    return out.astype(np.float64)
+
+
+def test_the_compiled_forward_pass_is_the_fixed_order_definition() -> None:
+    rng = np.random.default_rng(3)
+    widths = (SPEC.state_size, 7, 5, SPEC.action_size)
+    layers = [
+        (rng.normal(size=(b, a)).astype(np.float32), rng.normal(size=b).astype(np.float32))
+        for a, b in itertools.pairwise(widths)
+    ]
+    rows = [
+        (rng.normal(size=(6, SPEC.columns + 1)).astype(np.float32), rng.normal(size=6).astype(np.float32)),
+        (rng.normal(size=(3, 6)).astype(np.float32), rng.normal(size=3).astype(np.float32)),
+    ]
+    for head in (rows, []):
+        network = Network(layers, head, SPEC.columns)
+        for _ in range(20):
+            state = rng.random(SPEC.state_size) * (rng.random(SPEC.state_size) < 0.6)
+            assert np.array_equal(network(state), reference_forward(layers, head, SPEC.columns, state))
 
 
 def test_a_batch_built_in_numpy_has_the_bits_of_the_per_job_formula() -> None:
