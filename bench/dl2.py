@@ -13,8 +13,9 @@ every slot baseline the registry has (drf, optimus, tiresias-las, tiresias-las+e
 
 Average JCT in slots (an unfinished job counts to the end of the run; every run is cut after 4x DRF's slots);
 ratios JCT(baseline) / JCT(dl2) (> 1: DL² is better) against DRF and tiresias-las. Inference: one
-``Dl2Policy.allocate`` (the numpy forward pass, batches of J jobs) on a slot of 1,000 waiting jobs, on the model's
-cluster and on a 250-server cluster (1,000 GPUs), median of repeats, next to DRF's ``allocate`` on the same slot.
+``Dl2Policy.allocate`` (the greedy loop in C, batches of J jobs) on a slot of 1,000 waiting jobs, on the model's
+cluster and on a 250-server cluster (1,000 GPUs), median of repeats, next to the same loop in Python (``infer``,
+the loop's definition; its decision must be the same) and DRF's ``allocate`` on the same slot.
 Goals (to compare with, not tuned to): JCT >= 1.4x better than DRF (DL² reports -44.1 %), better than
 tiresias-las, inference <= 10 ms per pass. Last line: one JSON object.
 """
@@ -27,6 +28,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpc_elastic.dl2 import model_file
@@ -89,17 +91,25 @@ def big_slot(servers: Servers, jobs: int = 1000) -> SlotInput:
 
 
 def time_pass(network: Network, spec: StateSpec, inp: SlotInput, repeats: int) -> dict[str, float]:
+    """One slot's pass, median of ``repeats``: DL²'s deployed greedy loop (C), the same loop in Python (``infer``
+    with the greedy chooser, the loop's definition: the whole mask at every inference) and DRF."""
     dl2, drf = Dl2Policy(network, spec), Drf()
-    _, steps = infer(spec, inp, network)
-    out: dict[str, float] = {"inferences": float(len(steps))}
-    for name, policy in (("dl2", dl2), ("drf", drf)):
+    timed: dict[str, Callable[[], object]] = {
+        "dl2": lambda: dl2.allocate(inp),
+        "python_loop": lambda: infer(spec, inp, network),
+        "drf": lambda: drf.allocate(inp),
+    }
+    reference, steps = infer(spec, inp, network)
+    out: dict[str, float] = {"inferences": float(len(steps)), "same_decision": float(dl2.allocate(inp) == reference)}
+    for name, run in timed.items():
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
-            policy.allocate(inp)
+            run()
             samples.append(time.perf_counter() - start)
         out[f"{name}_ms"] = 1e3 * statistics.median(samples)
     out["dl2_us_per_inference"] = 1e3 * out["dl2_ms"] / max(out["inferences"], 1.0)
+    out["python_loop_over_dl2"] = out["python_loop_ms"] / out["dl2_ms"]
     return out
 
 
@@ -201,7 +211,9 @@ def main() -> None:
         timing = time_pass(network, spec, big_slot(servers), args.repeats)
         print(
             f"{label:<14} dl2 {timing['dl2_ms']:8.2f} ms ({timing['inferences']:.0f} inferences, "
-            f"{timing['dl2_us_per_inference']:.1f} us each)   drf {timing['drf_ms']:8.2f} ms"
+            f"{timing['dl2_us_per_inference']:.1f} us each)   python loop {timing['python_loop_ms']:8.2f} ms "
+            f"({timing['python_loop_over_dl2']:.1f}x)   drf {timing['drf_ms']:8.2f} ms   same decision: "
+            f"{bool(timing['same_decision'])}"
         )
         summary[f"inference_{label.replace(' ', '_')}"] = timing
     summary["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
