@@ -7,6 +7,7 @@ setup(
         Extension(
             "hpc_elastic._detreduce",
             sources=["kernels/detreduce.c"],
+            depends=["kernels/pybuffer.h"],
             # No -ffast-math and no FMA contraction: the kernels' bits must match the NumPy reference and
             # the CUDA twin on every machine.
             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math"],
@@ -14,6 +15,7 @@ setup(
         Extension(
             "hpc_elastic._dl2",
             sources=["kernels/dl2.c"],
+            depends=["kernels/pybuffer.h"],
             # The same: the greedy loop's logits must be the bits of its single forward pass.
             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math"],
         ),

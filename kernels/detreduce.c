@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pybuffer.h"
+
 #define NONFINITE_TOP 255
 #define EXP_BIAS 127
 #define DOT_LANES 8
@@ -47,57 +49,7 @@
 #define CLONES
 #endif
 
-/* ---------------------------------------------------------------- buffer helpers */
-
-typedef struct {
-    Py_buffer view;
-    int held;
-} buf_t;
-
-static void release(buf_t *b) {
-    if (b->held) {
-        PyBuffer_Release(&b->view);
-        b->held = 0;
-    }
-}
-
-/* kind: 'f' float32, 'q' int64, 'B' uint8 */
-static int acquire(PyObject *obj, buf_t *b, char kind, int writable, const char *name) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    b->held = 0;
-    if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s buffer", name, writable ? " writable" : "");
-        return -1;
-    }
-    b->held = 1;
-    const char *fmt = b->view.format ? b->view.format : "B";
-    size_t flen = strlen(fmt);
-    char last = flen ? fmt[flen - 1] : 'B';
-    if (flen > 1 && fmt[0] != '<' && fmt[0] != '=' && fmt[0] != '@') {
-        last = '?';
-    }
-    int ok = 0;
-    switch (kind) {
-    case 'f':
-        ok = (last == 'f' && b->view.itemsize == 4);
-        break;
-    case 'q':
-        ok = ((last == 'q' || last == 'l') && b->view.itemsize == 8);
-        break;
-    case 'B':
-        ok = (last == 'B' && b->view.itemsize == 1);
-        break;
-    default:
-        ok = 0;
-    }
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must hold %s, got format '%s' with itemsize %zd", name,
-                     kind == 'f' ? "float32" : (kind == 'q' ? "int64" : "uint8"), fmt, b->view.itemsize);
-        release(b);
-        return -1;
-    }
-    return 0;
-}
+/* ---------------------------------------------------------------- buffer helpers: pybuffer.h */
 
 static Py_ssize_t count(const buf_t *b) { return b->view.len / b->view.itemsize; }
 

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pybuffer.h"
+
 /* The dense loops have x86-64-v3 (AVX2) and x86-64-v4 (AVX-512) clones (GCC target_clones): each vector lane is
    one output's own product and sum, rounded as the scalar code rounds them, so every clone gives the same bits. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && !defined(DL2_NO_CLONES)
@@ -32,42 +34,12 @@
 
 /* ---------------------------------------------------------------- buffers */
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} buf_t;
-
-static void release(buf_t *b) {
-    if (b->held) {
-        PyBuffer_Release(&b->view);
-        b->held = 0;
-    }
-}
-
-/* kind: 'f' float32, 'd' float64, 'q' int64; count: the number of elements it must hold (-1: any) */
-static int acquire(PyObject *obj, buf_t *b, char kind, int writable, Py_ssize_t count, const char *name) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    b->held = 0;
-    if (PyObject_GetBuffer(obj, &b->view, flags) != 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous%s buffer", name, writable ? " writable" : "");
-        return -1;
-    }
-    b->held = 1;
-    const char *fmt = b->view.format ? b->view.format : "B";
-    size_t flen = strlen(fmt);
-    char last = flen ? fmt[flen - 1] : 'B';
-    if (flen > 1 && fmt[0] != '<' && fmt[0] != '=' && fmt[0] != '@') last = '?';
-    Py_ssize_t size = kind == 'f' ? 4 : 8;
-    int ok = b->view.itemsize == size &&
-             (kind == 'q' ? (last == 'q' || last == 'l') : last == kind);
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must hold %s", name,
-                     kind == 'f' ? "float32" : kind == 'd' ? "float64" : "int64");
-        release(b);
-        return -1;
-    }
-    if (count >= 0 && b->view.len / size != count) {
-        PyErr_Format(PyExc_ValueError, "%s holds %zd elements, expected %zd", name, b->view.len / size, count);
+/* acquire (pybuffer.h), then exactly `count` elements */
+static int acquire_n(PyObject *obj, buf_t *b, char kind, int writable, Py_ssize_t count, const char *name) {
+    if (acquire(obj, b, kind, writable, name)) return -1;
+    if (b->view.len / b->view.itemsize != count) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd elements, expected %zd", name, b->view.len / b->view.itemsize,
+                     count);
         release(b);
         return -1;
     }
@@ -266,11 +238,11 @@ static PyObject *py_forward(PyObject *self, PyObject *args) {
     net_t net;
     work_t w;
     PyObject *result = NULL;
-    if (acquire(odims, &dims, 'q', 0, -1, "dims") || acquire(oweights, &weights, 'f', 0, -1, "weights")) goto done;
+    if (acquire(odims, &dims, 'q', 0, "dims") || acquire(oweights, &weights, 'f', 0, "weights")) goto done;
     if (parse_net(dims.view.buf, dims.view.len / 8, weights.view.buf, weights.view.len / 4, jobs, columns, &net))
         goto done;
-    if (acquire(ox, &x, 'f', 0, (Py_ssize_t)(jobs * columns), "state") ||
-        acquire(oout, &out, 'f', 1, (Py_ssize_t)(3 * jobs + 1), "logits"))
+    if (acquire_n(ox, &x, 'f', 0, (Py_ssize_t)(jobs * columns), "state") ||
+        acquire_n(oout, &out, 'f', 1, (Py_ssize_t)(3 * jobs + 1), "logits"))
         goto done;
     if (work_alloc(&w, &net)) goto done;
     memcpy(w.x, x.view.buf, (size_t)(jobs * columns) * sizeof(float));
@@ -550,20 +522,20 @@ static PyObject *py_decide(PyObject *self, PyObject *args) {
     memset(&s, 0, sizeof(s));
     int have_work = 0;
     PyObject *result = NULL;
-    if (acquire(odims, &dims, 'q', 0, -1, "dims") || acquire(oweights, &weights, 'f', 0, -1, "weights")) goto done;
+    if (acquire(odims, &dims, 'q', 0, "dims") || acquire(oweights, &weights, 'f', 0, "weights")) goto done;
     if (parse_net(dims.view.buf, dims.view.len / 8, weights.view.buf, weights.view.len / 4, J, F, &net)) goto done;
     if (base < 0 || base + 5 > F || !(share_scale > 0) || !(tasks_scale > 0) || total_gpus < 0 || total_cpus < 1) {
         PyErr_SetString(PyExc_ValueError, "decide: bad state layout, scales or cluster totals");
         goto done;
     }
-    if (acquire(ojobs, &jobs, 'q', 0, -1, "jobs") || acquire(otypes, &types, 'q', 0, -1, "types") ||
-        acquire(ogpus, &gpus, 'q', 0, -1, "gpus") || acquire(oout, &out, 'q', 1, -1, "out"))
+    if (acquire(ojobs, &jobs, 'q', 0, "jobs") || acquire(otypes, &types, 'q', 0, "types") ||
+        acquire(ogpus, &gpus, 'q', 0, "gpus") || acquire(oout, &out, 'q', 1, "out"))
         goto done;
     s.n = jobs.view.len / 8 / 3;
     s.types = types.view.len / 8 / 3;
     s.pack.servers = gpus.view.len / 8;
-    if (acquire(orows, &rows, 'd', 0, (Py_ssize_t)(s.n * F), "rows") ||
-        acquire(ocpus, &cpus, 'q', 0, s.pack.servers, "cpus"))
+    if (acquire_n(orows, &rows, 'd', 0, (Py_ssize_t)(s.n * F), "rows") ||
+        acquire_n(ocpus, &cpus, 'q', 0, s.pack.servers, "cpus"))
         goto done;
     s.base = base;
     s.share_scale = share_scale;

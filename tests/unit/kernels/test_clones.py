@@ -27,8 +27,8 @@ from hpc_elastic.est import detsum as d
 from tests.conftest import REPO
 
 SOURCE = REPO / "kernels" / "detreduce.c"
-#: the package build's flags (setup.py), clones off
-FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-DDETREDUCE_NO_CLONES"]
+#: the package build's flags (setup.py)
+FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
 #: instruction sets and the CPU flags each needs
 ARCHES = {
     "x86-64": (),
@@ -47,8 +47,8 @@ def _cpu_flags() -> set[str]:
     return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
 
 
-def _load(so: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_detreduce", so)
+def _load(so: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, so)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot load {so}")
     module = importlib.util.module_from_spec(spec)
@@ -56,28 +56,35 @@ def _load(so: Path) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d.CKernels]:
+def build_each_arch(tmp_path_factory: pytest.TempPathFactory, source: Path, module: str) -> dict[str, ModuleType]:
+    """``source`` built as the extension ``module`` once per instruction set this CPU runs, with the package
+    build's flags and its clones off (``-D<MODULE>_NO_CLONES``); skips where that cannot be done."""
     if platform.machine() != "x86_64":
         pytest.skip(f"the clones are x86-64 ones; this machine is {platform.machine()}")
     cc = shutil.which("gcc")
     if cc is None:
         pytest.skip("no gcc to build the kernels per instruction set")
     flags = _cpu_flags()
-    out: dict[str, d.CKernels] = {}
+    out: dict[str, ModuleType] = {}
     for arch, needs in ARCHES.items():
         if not set(needs) <= flags:
             continue  # this CPU cannot run that build
-        target = tmp_path_factory.mktemp(arch) / f"_detreduce{sysconfig.get_config_var('EXT_SUFFIX')}"
+        target = tmp_path_factory.mktemp(arch) / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
         include = sysconfig.get_paths()["include"]
+        no_clones = f"-D{module.strip('_').upper()}_NO_CLONES"
         subprocess.run(
-            [cc, *FLAGS, f"-march={arch}", f"-I{include}", str(SOURCE), "-o", str(target)],
+            [cc, *FLAGS, no_clones, f"-march={arch}", f"-I{include}", str(source), "-o", str(target)],
             check=True,
             capture_output=True,
             timeout=300,
         )
-        out[arch] = d.CKernels(_load(target))
+        out[arch] = _load(target, module)
     return out
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d.CKernels]:
+    return {arch: d.CKernels(m) for arch, m in build_each_arch(tmp_path_factory, SOURCE, "_detreduce").items()}
 
 
 def _contributions(seed: int, n: int) -> list[np.ndarray]:

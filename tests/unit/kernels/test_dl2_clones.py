@@ -8,13 +8,7 @@ the bits of the fixed-order definition, and its greedy loop the installed module
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import platform
-import shutil
-import subprocess
-import sysconfig
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -25,46 +19,16 @@ from hpc_elastic.policy import dl2 as policy
 from hpc_elastic.policy.dl2 import Network, decide
 from hpc_elastic.policy.slots import Servers, SlotJob
 from tests.conftest import REPO
-from tests.unit.kernels.test_clones import ARCHES, _cpu_flags
+from tests.unit.kernels.test_clones import build_each_arch
 from tests.unit.policy.test_dl2_state import SPEC, reference_forward, slot
 from tests.unit.policy.test_dl2_state import random_network as integer_network
 
 SOURCE = REPO / "kernels" / "dl2.c"
-#: the package build's flags (setup.py), clones off
-FLAGS = ["-O3", "-std=c11", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-DDL2_NO_CLONES"]
-
-
-def _load(so: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_dl2", so)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {so}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModuleType]:
-    if platform.machine() != "x86_64":
-        pytest.skip(f"the clones are x86-64 ones; this machine is {platform.machine()}")
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no gcc to build the kernel per instruction set")
-    flags = _cpu_flags()
-    out: dict[str, ModuleType] = {}
-    for arch, needs in ARCHES.items():
-        if not set(needs) <= flags:
-            continue  # this CPU cannot run that build
-        target = tmp_path_factory.mktemp(arch) / f"_dl2{sysconfig.get_config_var('EXT_SUFFIX')}"
-        include = sysconfig.get_paths()["include"]
-        subprocess.run(
-            [cc, *FLAGS, f"-march={arch}", f"-I{include}", str(SOURCE), "-o", str(target)],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        out[arch] = _load(target)
-    return out
+    return build_each_arch(tmp_path_factory, SOURCE, "_dl2")
 
 
 def test_every_instruction_set_gives_the_definitions_logits(builds: dict[str, ModuleType]) -> None:
