@@ -8,8 +8,8 @@ Layout (little endian)::
 The header holds the format version, the spec, the training configuration, the supervised report, the curve, and
 for every tensor its name, shape and byte offset in the tensor section. The final sha256 covers everything before
 it. Nothing is unpickled: a file is JSON and raw numbers, so a corrupt or foreign file can only be refused
-(``ValueError`` saying why), never run. Reading needs numpy only: a daemon gets the policy network from
-:meth:`ModelFile.network` without torch.
+(``ValueError`` saying why), never run. Reading needs no torch: a daemon gets the policy network from
+:meth:`ModelFile.network` (numpy and the package's C extension).
 """
 
 from __future__ import annotations
