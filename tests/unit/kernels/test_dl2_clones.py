@@ -8,7 +8,6 @@ the bits of the fixed-order definition, and its greedy loop the installed module
 
 from __future__ import annotations
 
-import itertools
 from types import ModuleType
 
 import numpy as np
@@ -20,7 +19,7 @@ from hpc_elastic.policy.dl2 import Network, decide
 from hpc_elastic.policy.slots import Servers, SlotJob
 from tests.conftest import REPO
 from tests.unit.kernels.test_clones import build_each_arch
-from tests.unit.policy.test_dl2_state import SPEC, reference_forward, slot
+from tests.unit.policy.test_dl2_state import SPEC, normal_layers, reference_forward, slot
 from tests.unit.policy.test_dl2_state import random_network as integer_network
 
 SOURCE = REPO / "kernels" / "dl2.c"
@@ -35,15 +34,8 @@ def test_every_instruction_set_gives_the_definitions_logits(builds: dict[str, Mo
     assert "x86-64" in builds  # every x86-64 CPU runs the baseline build
     rng = np.random.default_rng(8)
     # widths that are not multiples of the vectors' 4, 8 and 16 lanes
-    widths = (SPEC.state_size, 37, 19, SPEC.action_size)
-    layers = [
-        (rng.normal(size=(b, a)).astype(np.float32), rng.normal(size=b).astype(np.float32))
-        for a, b in itertools.pairwise(widths)
-    ]
-    rows = [
-        (rng.normal(size=(21, SPEC.columns + 1)).astype(np.float32), rng.normal(size=21).astype(np.float32)),
-        (rng.normal(size=(3, 21)).astype(np.float32), rng.normal(size=3).astype(np.float32)),
-    ]
+    layers = normal_layers(rng, SPEC.state_size, 37, 19, SPEC.action_size)
+    rows = normal_layers(rng, SPEC.columns + 1, 21, 3)
     network = Network(layers, rows, SPEC.columns)
     for _ in range(10):
         state = rng.random(SPEC.state_size) * (rng.random(SPEC.state_size) < 0.6)

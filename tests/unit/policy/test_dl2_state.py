@@ -406,17 +406,18 @@ def reference_forward(layers: Layers, rows: Layers, columns: int, state: FloatAr
     return out.astype(np.float64)
 
 
-def test_the_compiled_forward_pass_is_the_fixed_order_definition() -> None:
-    rng = np.random.default_rng(3)
-    widths = (SPEC.state_size, 7, 5, SPEC.action_size)
-    layers = [
+def normal_layers(rng: np.random.Generator, *widths: int) -> Layers:
+    """Layers of normal float32 weights and biases from ``widths[0]`` inputs through each width in turn."""
+    return [
         (rng.normal(size=(b, a)).astype(np.float32), rng.normal(size=b).astype(np.float32))
         for a, b in itertools.pairwise(widths)
     ]
-    rows = [
-        (rng.normal(size=(6, SPEC.columns + 1)).astype(np.float32), rng.normal(size=6).astype(np.float32)),
-        (rng.normal(size=(3, 6)).astype(np.float32), rng.normal(size=3).astype(np.float32)),
-    ]
+
+
+def test_the_compiled_forward_pass_is_the_fixed_order_definition() -> None:
+    rng = np.random.default_rng(3)
+    layers = normal_layers(rng, SPEC.state_size, 7, 5, SPEC.action_size)
+    rows = normal_layers(rng, SPEC.columns + 1, 6, 3)
     for head in (rows, []):
         network = Network(layers, head, SPEC.columns)
         for _ in range(20):
