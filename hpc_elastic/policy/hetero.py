@@ -318,12 +318,13 @@ def easyscale_walk(
             extra = min(max(keep[p] - int(take[row, p]), 0), left[p])
             take[row, p] += extra
             left[p] -= extra
-    # 3. the free GPUs by Role 2's proposals, greedily by speedup per GPU
+    # 3. the free GPUs by Role 2's proposals, greedily by speedup per GPU (not to a job within its minimum run
+    #    time: it keeps its GPUs as they are, so what its plan would take or release is not handed out)
     _grant(
         inp,
         take=take,
         left=left,
-        holding=holding,
+        holding=holding if pinned is None else holding & ~pinned,
         profiles=profiles,
         cap=cap,
         limits=limits,

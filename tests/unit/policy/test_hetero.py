@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hpc_elastic.policy import ClusterState, Decision, JobStatus, JobTable, JobView, NodeView, PassInput, make_policy
 from hpc_elastic.policy.easyscale import evaluate
 from hpc_elastic.policy.hetero import EstProfile, ScaleOut, est_profile
+from hpc_elastic.policy.policies import PolicyOptions
 from hpc_elastic.sim.cluster import NodeSpec
 from hpc_elastic.sim.engine import SimConfig, Simulator
 from hpc_elastic.sim.trace import TraceJob
@@ -176,3 +179,28 @@ def test_the_daemons_easyscale_proposes_only_types_a_job_may_run_on() -> None:
     )
     assert not run("tiresias-las+easyscale", [pinned], nodes).resizes  # the daemon's: only v100, none idle
     assert gpus_after(run("easyscale-homo", [pinned], nodes)) == {1: {"a0": 4}}  # the simulator's ignores it
+
+
+@pytest.mark.parametrize("name", ["easyscale-homo", "easyscale-heter", "tiresias-las+easyscale"])
+def test_a_job_within_its_minimum_run_time_is_not_granted_a_proposal(name: str) -> None:
+    # A ran 10 s of a 300 s minimum run time: it keeps its 2 v100 as they are. Its proposal (to move to, or mix
+    # in, the 4 a100 where it runs 6x faster) is not granted, so the a100 it would have taken or the v100 it
+    # would have released are not handed to B on paper while A still holds them: B, past its minimum, grows on
+    # the a100 instead.
+    nodes = [NodeView("v0", 4, 0, "v100"), NodeView("a0", 4, 4, "a100")]
+    profile = est_profile({"v100": 1.0, "a100": 6.0}, 8, "v100")
+    types = frozenset({"v100", "a100"})
+    young = JobView(1, 2, 0.0, R, 10.0, allocation=(("v0", 2),), min_gpus=1, max_gpus=8, scaling=profile)
+    old = JobView(2, 2, 0.0, R, 900.0, allocation=(("v0", 2),), min_gpus=1, max_gpus=8, scaling=profile)
+    young, old = (replace(j, run_time=j.attained_service, gpu_types=types) for j in (young, old))
+    cluster = ClusterState.from_nodes(nodes)
+    policy = make_policy(name, PolicyOptions(min_run_time=300.0))
+    decision = policy.schedule(PassInput(1000.0, JobTable.from_views([young, old], cluster), cluster))
+    after = gpus_after(decision)
+    assert 1 not in after and not decision.preemptions
+    assert after[2].get("a0", 0) >= 1
+    used = {"v0": 2, "a0": 0}  # A's, kept
+    for alloc in after.values():
+        for node, count in alloc.items():
+            used[node] += count
+    assert used["v0"] <= 4 and used["a0"] <= 4
