@@ -7,6 +7,7 @@ import math
 from hypothesis import strategies as st
 
 from hpc_elastic.policy import ClusterState, JobStatus, JobTable, JobView, NodeView, PassInput
+from hpc_elastic.policy.hetero import est_profile
 
 
 @st.composite
@@ -16,7 +17,10 @@ def pass_inputs(
     max_jobs: int = 14,
     types: tuple[str, ...] = ("",),
     max_queue: int = 2,
+    elastic: bool = False,
 ) -> tuple[PassInput, list[JobView], list[NodeView]]:
+    """Nodes of ``types`` and jobs on them; with ``elastic``, some jobs run on [min, max] GPUs with an EasyScale
+    profile (maxP = their maximum, a capability per type)."""
     n_nodes = draw(st.integers(1, 4))
     totals = [draw(st.integers(1, 8)) for _ in range(n_nodes)]
     node_types = [draw(st.sampled_from(types)) for _ in range(n_nodes)]
@@ -47,6 +51,12 @@ def pass_inputs(
                     allocation = ((f"n{node}", gpus),)
                     break
         status = JobStatus.RUNNING if allocation else JobStatus.PENDING
+        bounds: dict[str, object] = {}
+        if elastic and draw(st.booleans()):
+            low = draw(st.integers(1, gpus))
+            top = draw(st.integers(max(gpus, low + 1), 2 * gpus + 1))
+            capability = {t: draw(st.sampled_from([0.5, 1.0, 3.0])) for t in types}
+            bounds = {"min_gpus": low, "max_gpus": top, "scaling": est_profile(capability, top, types[0])}
         jobs.append(
             JobView(
                 job_id=i,
@@ -66,6 +76,7 @@ def pass_inputs(
                 remaining_time=remaining,
                 time_limit=remaining * 2,
                 queue_position=position,
+                **bounds,  # type: ignore[arg-type]
             )
         )
     nodes = [NodeView(f"n{i}", totals[i], totals[i] - used[i], node_types[i]) for i in range(n_nodes)]

@@ -31,6 +31,7 @@ from tests.unit.policy.strategies import level, pass_inputs
 THRESHOLDS = (1000.0, 5000.0)
 MLFQ = ("tiresias-las", "tiresias-gittins")
 PREEMPTIVE = ("srtf", "srsf", "gandiva", *MLFQ)
+ELASTIC = ("tiresias-las+elastic", "easyscale-homo", "easyscale-heter", "tiresias-las+easyscale")
 
 
 def apply(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> dict[str, int]:
@@ -84,6 +85,37 @@ def test_capacity_and_roles(
         assert not preempted
     for row in preempted:
         assert jobs[row].run_time + 1e-6 >= min_run, "pinned job preempted"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    case=pass_inputs(types=("v100", "a100"), elastic=True),
+    name=st.sampled_from(ELASTIC),
+    min_run=st.sampled_from([0.0, 300.0]),
+)
+def test_elastic_passes_fit_and_keep_pinned_and_rigid_jobs(
+    case: tuple[PassInput, list[JobView], list[NodeView]], name: str, min_run: float
+) -> None:
+    """The elastic policies on two GPU types: after the preemptions, resizes (each job lets go of its GPUs first)
+    and starts no node is over-full; a job within its minimum run time is neither preempted nor resized; a rigid
+    job is never resized; every size is within the job's [min, max]."""
+    inp, jobs, nodes = case
+    decision = make_policy(name, options(math.inf, min_run)).schedule(inp)
+    free = {node.name: node.free_gpus for node in nodes}
+    for row in [p.row for p in decision.preemptions] + [r.row for r in decision.resizes]:
+        for node, count in jobs[row].allocation:
+            free[node] += count
+    for allocation in [s.allocation for s in decision.starts] + [r.allocation for r in decision.resizes]:
+        for node, count in allocation:
+            free[node] -= count
+    assert all(count >= 0 for count in free.values()), free
+    for resize in decision.resizes:
+        job = jobs[resize.row]
+        assert job.status is JobStatus.RUNNING and job.min_gpus is not None and job.max_gpus is not None
+        assert min(job.min_gpus, job.gpus) <= resize.gpus <= max(job.max_gpus, job.gpus)
+        assert sum(c for _, c in resize.allocation) == resize.gpus
+    for row in {p.row for p in decision.preemptions} | {r.row for r in decision.resizes}:
+        assert jobs[row].run_time + 1e-6 >= min_run, f"job {jobs[row].job_id} within its minimum run time"
 
 
 @settings(max_examples=60, deadline=None)
