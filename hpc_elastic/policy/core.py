@@ -454,12 +454,10 @@ def nonpreemptive_idle(
         mask = int(inp.jobs.pool_mask[row])
         lack = NEVER
         for p in _pools_of(mask, cluster.n_pools):
-            size = int(cluster.node_size[p])
-            if size == 0 or gpus > int(cluster.capacity[p]):
+            if gpus > int(cluster.capacity[p]):
                 continue
             in_pool = np.sort(free[cluster.pool == p])[::-1]
-            want = -(-gpus // size)
-            lack = min(lack, gpus - int(in_pool[:want].sum()))
+            lack = min(lack, gpus - int(in_pool[: cluster.fewest_nodes(gpus, p)].sum()))
     return max(lack, 1)
 
 

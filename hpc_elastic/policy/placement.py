@@ -166,9 +166,6 @@ class FreeIndex:
             self._switched = bool(switch.size) and int(switch.max()) != int(switch.min())
         return self._switched
 
-    def _size_of_pool(self, pool: int) -> int:
-        return int(self._cluster.node_size[pool])
-
     def _several(self, pool: int, gpus: int, consolidate: bool) -> list[tuple[int, int]] | None:
         """GPUs on several nodes (no single node holds ``gpus``)."""
         buckets = self._bucketed()[pool]
@@ -221,14 +218,14 @@ class FreeIndex:
         return chosen
 
     def _strict(self, pool: int, gpus: int) -> list[tuple[int, int]] | None:
-        """YARN-CS consolidation: exactly ceil(gpus / node size) nodes, the ones with the most free GPUs."""
-        size = self._size_of_pool(pool)
-        if size == 0:
+        """YARN-CS consolidation: at most the fewest nodes an empty pool would need
+        (:meth:`ClusterState.fewest_nodes`), the ones with the most free GPUs."""
+        if gpus > int(self._cluster.capacity[pool]):
             return None
-        if gpus <= size:
+        want = self._cluster.fewest_nodes(gpus, pool)
+        if want == 1:
             single = self._best_fit(pool, gpus)
             return None if single is None else [(single, gpus)]
-        want = -(-gpus // size)
         buckets = self._bucketed()[pool]
         chosen: list[tuple[int, int]] = []
         need = gpus

@@ -267,7 +267,7 @@ class JobView:
 class ClusterState:
     """The nodes of a pass, column by column. Nodes are grouped in *pools* by GPU type.
 
-    ``capacity`` (GPUs per pool) and ``node_size`` (GPUs of a pool's largest node) are derived.
+    ``capacity`` (GPUs per pool) is derived, and so is what :meth:`fewest_nodes` reads.
     """
 
     names: tuple[str, ...]
@@ -278,7 +278,8 @@ class ClusterState:
     pool_names: tuple[str, ...]
     index: Mapping[str, int] = field(repr=False)
     capacity: IntArray = field(init=False, repr=False)
-    node_size: IntArray = field(init=False, repr=False)
+    #: per pool, then for the whole cluster, the running sums of the nodes' GPUs, largest node first
+    _largest_first: tuple[IntArray, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -290,10 +291,10 @@ class ClusterState:
         self._check_free(self.free)
         n_pools = len(self.pool_names)
         capacity = np.bincount(self.pool, weights=self.total, minlength=n_pools).astype(np.int64)
-        node_size = np.zeros(n_pools, dtype=np.int64)
-        np.maximum.at(node_size, self.pool, self.total)
         object.__setattr__(self, "capacity", capacity)
-        object.__setattr__(self, "node_size", node_size)
+        sums = tuple(np.cumsum(np.sort(self.total[self.pool == p])[::-1]) for p in range(n_pools))
+        sums += (np.cumsum(np.sort(self.total)[::-1]),)
+        object.__setattr__(self, "_largest_first", sums)
 
     def _check_free(self, free: IntArray) -> None:
         if len(free) != len(self.names):
@@ -315,6 +316,16 @@ class ClusterState:
     @property
     def n_pools(self) -> int:
         return len(self.pool_names)
+
+    def fewest_nodes(self, gpus: int, pool: int | None = None) -> int:
+        """The fewest nodes of ``pool`` (None: of any pool) that hold ``gpus`` GPUs when they are empty: the
+        largest nodes first (with nodes of one size, ceil(gpus / size)). YARN-CS's consolidation (§2.2), and what
+        placing a job on more nodes than this spreads it."""
+        sums = self._largest_first[pool] if pool is not None else self._largest_first[-1]
+        if gpus < 1 or not sums.size or gpus > int(sums[-1]):
+            where = f"pool {self.pool_names[pool]!r}" if pool is not None else "the cluster"
+            raise ValueError(f"{gpus!r} GPUs do not fit {where} ({int(sums[-1]) if sums.size else 0} GPUs)")
+        return int(np.searchsorted(sums, gpus)) + 1
 
     def pool_mask(self, gpu_types: Iterable[str] | None) -> int:
         """Bit mask of the pools a job may use (all pools for None; 0 if none of its types exists here)."""

@@ -340,7 +340,6 @@ class _Replay:
         stop_cost = np.zeros(n) if sim.reference else 2.0 * sim.ckpt / cfg.bandwidth + cfg.restart_overhead
         self.stop_cost: list[float] = stop_cost.tolist()
         self.spread_slowdown = 1.0 if sim.reference else cfg.spread_slowdown
-        self.node_size = sim.cluster0.node_size.tolist()  # GPUs of each pool's largest node
         self.node_pool: list[int] = sim.cluster0.pool.tolist()
         self.skew: list[float] = sim.skew.tolist()
         self.base_gpus: list[int] = sim.gpus.tolist()
@@ -427,6 +426,12 @@ class _Replay:
             b_log.append(self.busy_gpus)
         if self.progress is not None:
             self.progress(self.completed, n)
+        if self.completed < n:  # nothing is left to happen: a job that never ends is the policy's fault
+            row = next(r for r in range(n) if math.isnan(self.end[r]))
+            raise RuntimeError(
+                f"policy {self.policy.name} left {n - self.completed} of {n} jobs unfinished on a cluster where "
+                f"nothing else happens (first: {self.sim.jobs[row].name!r}, {int(self.sim.gpus[row])} GPUs)"
+            )
         return self.result(time.perf_counter() - started)
 
     def pass_due(self, now: float) -> bool:
@@ -767,8 +772,9 @@ class _Replay:
         pool = self.node_pool[node_rows[0][0]]
         i[_GPUS], i[_STATUS], i[_POOL] = gpus, _RUNNING, pool
         self.alloc[row] = node_rows
-        # spread: on more nodes than the fewest that hold its GPUs (ceil(GPUs / node size) in its pool)
-        spread = len(node_rows) > 1 and len(node_rows) > -(-gpus // self.node_size[pool])
+        # spread: on more nodes than the fewest that hold its GPUs (of its pool; of any, for a job on several types)
+        one_type = all(self.node_pool[node] == pool for node, _ in node_rows)
+        spread = len(node_rows) > 1 and len(node_rows) > sim.cluster0.fewest_nodes(gpus, pool if one_type else None)
         skew = self.skew[row]
         skewed = not math.isnan(skew) and skew > self.cfg.skew_sensitive
         speed = 1.0 / self.spread_slowdown if (spread and skewed) else 1.0

@@ -56,6 +56,20 @@ def test_strict_requires_minimum_nodes() -> None:
     assert nodes_of(idx2.place(0, 8, PlacementMode.STRICT, math.nan, 0.5)) == [0, 1]
 
 
+def test_strict_counts_the_nodes_an_empty_pool_of_mixed_sizes_needs() -> None:
+    # nodes of 1, 2, 2 and 8 GPUs: 12 GPUs need three of them (8 + 2 + 2), not ceil(12 / 8) = 2
+    nodes = [NodeView(f"n{i}", size, size) for i, size in enumerate([1, 2, 2, 8])]
+    cluster = ClusterState.from_nodes(nodes)
+    assert [cluster.fewest_nodes(g) for g in (1, 8, 9, 10, 12, 13)] == [1, 1, 2, 2, 3, 4]
+    assert cluster.fewest_nodes(12, 0) == 3
+    with pytest.raises(ValueError, match="14"):
+        cluster.fewest_nodes(14)
+    assert nodes_of(FreeIndex(cluster).place(0, 12, PlacementMode.STRICT, math.nan, 0.5)) == [1, 2, 3]
+    assert nodes_of(FreeIndex(cluster).place(0, 13, PlacementMode.STRICT, math.nan, 0.5)) == [0, 1, 2, 3]
+    partly = ClusterState.from_nodes([NodeView("n0", 1, 1), NodeView("n1", 2, 2), NodeView("n2", 8, 6)])
+    assert FreeIndex(partly).place(0, 9, PlacementMode.STRICT, math.nan, 0.5) is None  # 6 + 2: on two, not three
+
+
 def test_place_fails_without_enough_free() -> None:
     idx = index([1, 1])
     assert idx.place(0, 3, PlacementMode.SPREAD, math.nan, 0.5) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -216,6 +217,29 @@ def test_job_on_the_fewest_nodes_it_needs_is_consolidated() -> None:
         job = TraceJob("j", 0.0, gpus, 100.0, skew=0.9, line=0)
         result = Simulator([job], parse_cluster_spec(cluster), make_policy("tiresias-las"), cfg).run()
         assert result.jct.tolist() == [pytest.approx(100.0)], cluster
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_job_ends_on_nodes_of_mixed_sizes(name: str) -> None:
+    """A job that needs every node of 1, 2, 2 and 8 GPUs, and one that needs three of them, start once the
+    cluster is empty, under every policy (YARN-CS's consolidation counted them as ceil(GPUs / largest node))."""
+    nodes = tuple(NodeSpec(f"n{i}", size) for i, size in enumerate((1, 2, 2, 8)))
+    jobs = [TraceJob("all", 0.0, 13, 100.0, line=0), TraceJob("most", 1.0, 12, 100.0, line=1)]
+    result = Simulator(jobs, nodes, make_policy(name)).run()
+    assert np.isfinite(result.end).all() and not result.dropped
+
+
+class _Never(TiresiasLas):
+    """Starts nothing."""
+
+    def schedule(self, inp: PassInput) -> Decision:
+        return replace(super().schedule(inp), starts=(), preemptions=())
+
+
+def test_a_replay_that_leaves_jobs_waiting_forever_fails_loudly() -> None:
+    jobs = [TraceJob("a", 0.0, 1, 10.0, line=0)]
+    with pytest.raises(RuntimeError, match="left 1 of 1 jobs unfinished.*'a'"):
+        Simulator(jobs, parse_cluster_spec("1x2"), _Never()).run()
 
 
 def test_periodic_scheduling_delays_starts_to_ticks() -> None:
