@@ -180,6 +180,14 @@ class SlotSimulator:
         for job in jobs:
             if job.job_type >= len(config.types):
                 raise ValueError(f"job {job.job_id}: job_type {job.job_type} is not one of {len(config.types)}")
+        never = [job for job in jobs if not config.servers.hold(config.types[job.job_type])]
+        if never:  # it would wait until max_slots under every policy
+            kind = config.types[never[0].job_type]
+            raise ValueError(
+                f"{len(never)} job(s) can never run on these servers: one worker ({kind.worker_gpus} GPUs, "
+                f"{kind.worker_cpus} cores) and one PS ({kind.ps_cpus} cores) of {kind.name} do not fit "
+                f"(job {never[0].job_id})"
+            )
         self.config = config
         self.jobs: tuple[SlotTraceJob, ...] = tuple(sorted(jobs, key=lambda job: (job.arrival, job.job_id)))
 

@@ -308,6 +308,20 @@ def test_bad_config_and_trace() -> None:
         SlotTraceJob(0, 0, 0, 1.0, 5, 1, 4, 4)
 
 
+def test_a_job_that_fits_no_server_is_refused_up_front() -> None:
+    # LINEAR: a worker of 1 GPU and 1 core, a PS of 1 core
+    assert Servers((1,), (2,)).hold(LINEAR)  # both on the one server
+    assert Servers((1, 0), (1, 1)).hold(LINEAR)  # the worker on the GPU server, the PS beside it
+    assert not Servers((1,), (1,)).hold(LINEAR)  # one core for two tasks
+    assert not Servers((0, 0), (8, 8)).hold(LINEAR)  # no GPU for the worker
+    for servers in (Servers((1,), (1,)), Servers((0, 0), (8, 8))):
+        with pytest.raises(ValueError, match=r"1 job\(s\) can never run on these servers: .* of linear .*job 7"):
+            SlotSimulator(SlotConfig(servers, (LINEAR,)), [_job(7, 0, 1.0)])
+    result = CliRunner().invoke(cli, ["simulate-ps", "--jobs", "5", "--servers", "2x0x16"])
+    assert result.exit_code == 2 and "can never run on these servers" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 # --- GPU traces as PS jobs ----------------------------------------------------------------------------------------
 
 
