@@ -24,7 +24,16 @@ import numpy as np
 
 from hpc_elastic.policy.drf import next_task
 from hpc_elastic.policy.mlfq import MlfqConfig
-from hpc_elastic.policy.slots import Packing, SlotAction, SlotDecision, SlotInput, SlotPolicy
+from hpc_elastic.policy.slots import (
+    JobType,
+    Packing,
+    Servers,
+    SlotAction,
+    SlotDecision,
+    SlotInput,
+    SlotJob,
+    SlotPolicy,
+)
 
 #: MLFQ thresholds for PS jobs in slots, GPU-seconds (module docstring)
 SLOT_THRESHOLDS: tuple[float, ...] = (10_000.0, 100_000.0, 1_000_000.0)
@@ -47,6 +56,13 @@ def add_gang(packing: Packing, row: int, workers: int, ps: int) -> bool:
             packing.rollback(mark)
             return False
     return True
+
+
+def gang_fits(servers: Servers, kind: JobType, workers: int, ps: int) -> bool:
+    """Whether ``workers``/``ps`` of ``kind`` place as one gang (:func:`add_gang`, the slot policies' placement) on
+    these servers when they are empty: whether a gang of that request can ever start there."""
+    job = SlotJob(0, 0, 0, 1.0, request_workers=workers, request_ps=ps, max_workers=workers, max_ps=ps)
+    return add_gang(Packing(SlotInput(0, 1.0, (kind,), servers, (job,))), 0, workers, ps)
 
 
 def grow(packing: Packing, row: int, max_workers: int, max_ps: int, ratio: float) -> None:

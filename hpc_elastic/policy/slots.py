@@ -200,18 +200,6 @@ class Servers:
     def total_cpus(self) -> int:
         return sum(self.cpus)
 
-    def hold(self, kind: JobType) -> bool:
-        """Whether one worker and one PS of ``kind`` fit on these servers when they are empty: whether a job of
-        the type can run here at all."""
-        for k, (gpus, cpus) in enumerate(zip(self.gpus, self.cpus, strict=True)):
-            if gpus < kind.worker_gpus or cpus < kind.worker_cpus:
-                continue
-            if cpus - kind.worker_cpus >= kind.ps_cpus:
-                return True
-            if any(c >= kind.ps_cpus for j, c in enumerate(self.cpus) if j != k):
-                return True
-        return False
-
 
 @dataclass(frozen=True, slots=True)
 class SlotInput:

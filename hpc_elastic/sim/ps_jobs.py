@@ -37,6 +37,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from hpc_elastic.policy.slot_tiresias import gang_fits
 from hpc_elastic.policy.slots import JobType, Servers, SpeedModel
 from hpc_elastic.ps.model import MODEL_NAME
 from hpc_elastic.sim.trace import TraceJob
@@ -207,13 +208,14 @@ def parse_servers(spec: str) -> Servers:
 
 
 def fit_request(kind: JobType, workers: int, ps: int, servers: Servers | None) -> tuple[int, int]:
-    """Shrink a request (workers first, PS kept at the request's ratio, then PS; both at least 1) until the
-    whole cluster's GPUs and cores hold it: a gang scheduler would otherwise never start the job."""
+    """Shrink a request (workers first, PS kept at the request's ratio, then PS; both at least 1) until it places
+    as one gang on the empty servers (:func:`~hpc_elastic.policy.slot_tiresias.gang_fits`): a gang scheduler
+    would otherwise never start the job (the cluster's totals are not enough: a task does not span servers)."""
     if servers is None:
         return workers, ps
     ratio = ps / workers
     w, p = workers, ps
-    while w * kind.worker_gpus > servers.total_gpus or w * kind.worker_cpus + p * kind.ps_cpus > servers.total_cpus:
+    while not gang_fits(servers, kind, w, p):
         if w > 1:
             w -= 1
             p = max(1, min(ps, math.ceil(w * ratio)))
@@ -266,9 +268,9 @@ def generate(
     cluster's GPUs can serve at the jobs' requested allocations (so ``load > 1`` makes jobs wait). ``arrival``,
     ``diurnal`` (the day/night swing, 0-1), ``duration_sigma`` (the log-normal's spread), ``type_weights`` (the
     mix of :data:`JOB_TYPES`) and ``variation`` (§6.4: each job's speed factor uniform in [1 - v, 1 + v]) change
-    the trace's shape. A request the whole cluster cannot hold is shrunk (:func:`fit_request`). Durations are
-    log-normal with mean ``mean_minutes`` at the requested allocation and the type's nominal speed; the variation
-    changes the true speed, not the epochs (§6.4).
+    the trace's shape. A request that does not place as one gang on the empty cluster is shrunk
+    (:func:`fit_request`). Durations are log-normal with mean ``mean_minutes`` at the requested allocation and the
+    type's nominal speed; the variation changes the true speed, not the epochs (§6.4).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, SlotPolicyFactory, make_slot_policy
+from hpc_elastic.policy.slot_tiresias import gang_fits
 from hpc_elastic.policy.slots import JobType, Servers, SlotDecision, SlotInput, SlotJob, SlotPolicy
 from hpc_elastic.sim.ps_jobs import (
     DEFAULT_SERVERS,
@@ -180,7 +181,7 @@ class SlotSimulator:
         for job in jobs:
             if job.job_type >= len(config.types):
                 raise ValueError(f"job {job.job_id}: job_type {job.job_type} is not one of {len(config.types)}")
-        never = [job for job in jobs if not config.servers.hold(config.types[job.job_type])]
+        never = [job for job in jobs if not gang_fits(config.servers, config.types[job.job_type], 1, 1)]
         if never:  # it would wait until max_slots under every policy
             kind = config.types[never[0].job_type]
             raise ValueError(

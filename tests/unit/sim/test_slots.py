@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.policy.drf import Drf
+from hpc_elastic.policy.slot_tiresias import SlotTiresiasLas, gang_fits
 from hpc_elastic.policy.slots import (
     Allocation,
     JobType,
@@ -310,10 +311,10 @@ def test_bad_config_and_trace() -> None:
 
 def test_a_job_that_fits_no_server_is_refused_up_front() -> None:
     # LINEAR: a worker of 1 GPU and 1 core, a PS of 1 core
-    assert Servers((1,), (2,)).hold(LINEAR)  # both on the one server
-    assert Servers((1, 0), (1, 1)).hold(LINEAR)  # the worker on the GPU server, the PS beside it
-    assert not Servers((1,), (1,)).hold(LINEAR)  # one core for two tasks
-    assert not Servers((0, 0), (8, 8)).hold(LINEAR)  # no GPU for the worker
+    assert gang_fits(Servers((1,), (2,)), LINEAR, 1, 1)  # both on the one server
+    assert gang_fits(Servers((1, 0), (1, 1)), LINEAR, 1, 1)  # the worker on the GPU server, the PS beside it
+    assert not gang_fits(Servers((1,), (1,)), LINEAR, 1, 1)  # one core for two tasks
+    assert not gang_fits(Servers((0, 0), (8, 8)), LINEAR, 1, 1)  # no GPU for the worker
     for servers in (Servers((1,), (1,)), Servers((0, 0), (8, 8))):
         with pytest.raises(ValueError, match=r"1 job\(s\) can never run on these servers: .* of linear .*job 7"):
             SlotSimulator(SlotConfig(servers, (LINEAR,)), [_job(7, 0, 1.0)])
@@ -390,6 +391,20 @@ def test_cli_bad_input_exits_2(args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["simulate-ps", "--jobs", "5", *args])
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_request_shrinks_until_its_gang_places_not_until_the_totals_hold_it() -> None:
+    # dssm-like: a worker of 1 GPU and 4 cores, a PS of 2 cores. 7 workers and 2 PS use 7 of 8 GPUs and all 32
+    # cores of two 4-GPU, 16-core servers, but the placement (each task on the server with the most free units
+    # of what it needs most, worker-and-PS pairs first) strands cores, so that gang would never start
+    kind = JobType("dssm-like", 1, 4, 2, SpeedModel.ASYNC, (1.0, 0.0, 0.0, 0.0), 100.0)
+    servers = Servers.uniform(2, 4, 16)
+    assert not gang_fits(servers, kind, 7, 2)
+    w, p = fit_request(kind, 7, 2, servers)
+    assert gang_fits(servers, kind, w, p) and (w, p) == (6, 2)
+    job = SlotTraceJob(0, 0, 0, 50.0, w, p, 16, 8)
+    result = SlotSimulator(SlotConfig(servers, (kind,)), [job]).run(SlotTiresiasLas())
+    assert not result.unfinished
 
 
 def test_requests_shrink_to_fit_the_cluster() -> None:
