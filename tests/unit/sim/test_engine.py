@@ -66,9 +66,15 @@ def replay_usage(result: SimResult, nodes: tuple[NodeSpec, ...]) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(jobs=traces(), name=st.sampled_from(POLICY_NAMES), knob=st.sampled_from([math.inf, 1.0]))
-def test_capacity_completion_and_queue_events(jobs: list[TraceJob], name: str, knob: float) -> None:
-    nodes = parse_cluster_spec("2x4")
+@given(
+    jobs=traces(),
+    name=st.sampled_from(POLICY_NAMES),
+    knob=st.sampled_from([math.inf, 1.0]),
+    sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=4).filter(lambda s: sum(s) >= 8),
+)
+def test_capacity_completion_and_queue_events(jobs: list[TraceJob], name: str, knob: float, sizes: list[int]) -> None:
+    """On nodes of mixed sizes, every job ends (none larger than the cluster), no node is over-full."""
+    nodes = tuple(NodeSpec(f"n{i}", size) for i, size in enumerate(sizes))
     policy = make_policy(name, PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=5.0))
     result = Simulator(jobs, nodes, policy, SimConfig(record_events=True)).run()
     assert result.finished == len(jobs) and not result.dropped
