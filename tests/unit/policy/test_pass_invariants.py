@@ -35,15 +35,17 @@ ELASTIC = ("tiresias-las+elastic", "easyscale-homo", "easyscale-heter", "tiresia
 
 
 def apply(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> dict[str, int]:
-    """Free GPUs per node after the decision; fails if a node would go negative."""
+    """Free GPUs per node after the decision (preempted and resized jobs let go of their GPUs first); fails if a
+    node would go negative."""
     free = {node.name: node.free_gpus for node in nodes}
-    for pre in decision.preemptions:
-        for name, count in jobs[pre.row].allocation:
+    for row in [p.row for p in decision.preemptions] + [r.row for r in decision.resizes]:
+        for name, count in jobs[row].allocation:
             free[name] += count
-    for start in decision.starts:
-        for name, count in start.allocation:
+    placed = [(s.job_id, s.allocation) for s in decision.starts] + [(r.job_id, r.allocation) for r in decision.resizes]
+    for job_id, allocation in placed:
+        for name, count in allocation:
             free[name] -= count
-            assert free[name] >= 0, f"{start.job_id} overfills {name}"
+            assert free[name] >= 0, f"{job_id} overfills {name}"
     return free
 
 
@@ -101,14 +103,7 @@ def test_elastic_passes_fit_and_keep_pinned_and_rigid_jobs(
     job is never resized; every size is within the job's [min, max]."""
     inp, jobs, nodes = case
     decision = make_policy(name, options(math.inf, min_run)).schedule(inp)
-    free = {node.name: node.free_gpus for node in nodes}
-    for row in [p.row for p in decision.preemptions] + [r.row for r in decision.resizes]:
-        for node, count in jobs[row].allocation:
-            free[node] += count
-    for allocation in [s.allocation for s in decision.starts] + [r.allocation for r in decision.resizes]:
-        for node, count in allocation:
-            free[node] -= count
-    assert all(count >= 0 for count in free.values()), free
+    apply(decision, jobs, nodes)
     for resize in decision.resizes:
         job = jobs[resize.row]
         assert job.status is JobStatus.RUNNING and job.min_gpus is not None and job.max_gpus is not None
