@@ -181,7 +181,8 @@ class SlotSimulator:
         for job in jobs:
             if job.job_type >= len(config.types):
                 raise ValueError(f"job {job.job_id}: job_type {job.job_type} is not one of {len(config.types)}")
-        never = [job for job in jobs if not gang_fits(config.servers, config.types[job.job_type], 1, 1)]
+        runs = {t: gang_fits(config.servers, config.types[t], 1, 1) for t in {job.job_type for job in jobs}}
+        never = [job for job in jobs if not runs[job.job_type]]
         if never:  # it would wait until max_slots under every policy
             kind = config.types[never[0].job_type]
             raise ValueError(
