@@ -266,8 +266,10 @@ class SlotSimulator:
                 left = job.epochs_total - done[i]
                 useful = slot_s - cost
                 busy = slot_s  # seconds the job holds its resources this slot
-                if rate > 0 and rate * useful >= left:
-                    busy = cost + left / rate
+                # finished when what it has done reaches the total as the sum is kept (``rate x useful`` a hair
+                # below ``left`` can still round ``done + rate x useful`` up to the total)
+                if rate > 0 and done[i] + rate * useful >= job.epochs_total:
+                    busy = cost + min(useful, left / rate)
                     epochs = left
                     finish[job.job_id] = slot * slot_s + busy
                     ended.append(job.job_id)

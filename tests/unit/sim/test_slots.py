@@ -420,3 +420,15 @@ def test_requests_shrink_to_fit_the_cluster() -> None:
     big = TraceJob("big", 0.0, 32, 3600.0, model="resnet50")
     (job,) = from_gpu_trace([big], servers=small)
     assert (job.request_workers, job.request_ps) == (4, 2)
+
+
+def test_a_job_whose_summed_epochs_round_to_its_total_finishes_in_that_slot() -> None:
+    """A slot's epochs a hair below what a job has left can still round its running sum up to the total; the job
+    then finishes in that slot. Before, the simulator kept it for the next slot, where its input had nothing left
+    and the run raised (here tiresias-las on a generated trace at load 2: job 16, 398 epochs)."""
+    servers = Servers.uniform(16, 4, 16)
+    jobs = generate(121, 200, servers, load=2.0)
+    result = SlotSimulator(SlotConfig(servers), jobs).run(SlotTiresiasLas())
+    assert not result.unfinished
+    assert len(result.jct) == 200
+    assert all(jct > 0 for _, jct in result.jct)
