@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--supervised-epochs", type=int, default=TrainConfig.supervised_epochs)
     parser.add_argument("--rl-episodes", type=int, default=TrainConfig.rl_episodes)
     parser.add_argument("--rl-lr", type=float, default=TrainConfig.rl_lr)
+    parser.add_argument("--immediate", type=float, default=TrainConfig.immediate, help="Immediate advantage weight.")
     parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     parser.add_argument("--pollux", type=Path, default=TRACES / "pollux_workloads" / "workload-1.csv")
     parser.add_argument("--repeats", type=int, default=5)
@@ -152,6 +153,7 @@ def main() -> None:
             rl_episodes=args.rl_episodes,
             rl_lr=args.rl_lr,
             eval_every=args.eval_every,
+            immediate=args.immediate,
         )
         start = time.perf_counter()
         result = train(config, progress=lambda line: print(f"[{time.perf_counter() - start:7.1f} s] {line}"))

@@ -162,6 +162,13 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
 @click.option("--supervised-epochs", type=int, default=TrainConfig.supervised_epochs, show_default=True)
 @click.option("--rl-episodes", type=int, default=TrainConfig.rl_episodes, show_default=True)
 @click.option("--eval-every", type=int, default=TrainConfig.eval_every, show_default=True, help="Updates.")
+@click.option(
+    "--immediate",
+    type=float,
+    default=TrainConfig.immediate,
+    show_default=True,
+    help="Weight of each inference's own share of the slot's reward in its advantage (0: the slot's alone).",
+)
 @click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, help="Training-curve PNG.")
 @click.option(
     "--teacher",
@@ -186,6 +193,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     supervised_epochs: int,
     rl_episodes: int,
     eval_every: int,
+    immediate: float,
     plot: Path | None,
     teacher: str,
     since: str | None,
@@ -223,6 +231,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         supervised_epochs=supervised_epochs,
         rl_episodes=rl_episodes,
         eval_every=eval_every,
+        immediate=immediate,
     )
     _writable(out)
     if plot is not None:

@@ -23,8 +23,17 @@ buffer updates both networks: the value network by (n-step) temporal difference,
 ``G + γ^n V(s')`` (``G`` alone at the episode's end), the policy network by the policy gradient with advantage
 ``G + γ^n V(s') - V(s)`` (the discounted return minus the value; normalised per mini-batch) plus ``entropy``
 times the policy's entropy. The first ``value_warmup`` updates train the value network alone. Every
-``eval_every`` updates the greedy policy runs the validation trace; the best average JCT is kept (the supervised
-policy is the first point of the curve).
+``eval_every`` updates the greedy policy runs the validation traces (one per load fraction: the traces' loads
+vary, ``load_fractions``); the best average JCT over their jobs is kept (the supervised policy is the first point
+of the curve).
+
+**The immediate advantage** (ours, not the paper's): every inference of a slot shares that slot's return, so
+one action's own effect is a few percent of the signal. But Eq. 1's reward is a sum of per-job terms, and the
+type's speed model tells how much of a job's term one added task makes: :func:`immediate_gains` gives, at every
+inference, each action's marginal normalised epochs, and in the order taken a job's gains add up to its term of
+the slot. The policy's advantage adds ``immediate`` times the chosen action's gain less the policy's expected
+gain at that state (normalised per mini-batch). The slot's return still carries what the allocation does to
+later slots (README, DL²: what each part changes, measured).
 
 Deterministic: the traces come from seeds derived from ``seed``; the networks' initial weights from a seeded
 torch generator, sampling and mini-batches from seeded numpy generators; torch runs one thread with
@@ -69,7 +78,16 @@ from hpc_elastic.policy.dl2 import (
 from hpc_elastic.policy.dl2_history import TeacherSlot
 from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.optimus import OptimusLike
-from hpc_elastic.policy.slots import JobType, Servers, SlotDecision, SlotInput, SlotPolicy
+from hpc_elastic.policy.slots import (
+    JOB_ACTIONS,
+    JobType,
+    Servers,
+    SlotAction,
+    SlotDecision,
+    SlotInput,
+    SlotJob,
+    SlotPolicy,
+)
 from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Catalogue, SlotTraceJob, generate
 from hpc_elastic.sim.slots import SlotConfig, SlotOutcome, SlotResult, SlotSimulator
 
@@ -92,6 +110,10 @@ class TrainConfig:
     validation_jobs: int = 100
     #: the generator's load (arrival rate over the cluster's capacity, >1: jobs wait) and cluster
     load: float = 3.0
+    #: the training, held-out and validation traces' loads as fractions of ``load``, in turn (one validation trace
+    #: per fraction): a site's load varies, and a policy trained at one load only learns what pays there (at
+    #: load 3 alone, to hold tasks back from long jobs, which costs at light load)
+    load_fractions: tuple[float, ...] = (1 / 6, 1 / 3, 2 / 3, 1.0)
     servers: tuple[int, int, int] = (16, 4, 16)
     #: the job types (:class:`~hpc_elastic.sim.ps_jobs.Catalogue`): DL² Table 1's on GPU servers, or the ps-mode
     #: model on a CPU partition (``cpu``, with ``servers`` such as ``(2, 0, 8)``: a model the daemon can use there)
@@ -117,6 +139,10 @@ class TrainConfig:
     value_warmup: int = 200
     epsilon: float = 0.4
     entropy: float = 0.01
+    #: weight of the immediate advantage: each inference's own share of its slot's Eq. 1 reward (the marginal
+    #: normalised epochs of the task it adds, by the type's speed model) against the policy's expected share at
+    #: that state; 0 leaves the slot's advantage alone (:func:`immediate_gains`)
+    immediate: float = 1.0
     replay: int = 8192
     batch: int = 64
     eval_every: int = 100
@@ -151,8 +177,17 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-        if not isinstance(self.entropy, (int, float)) or not math.isfinite(self.entropy) or self.entropy < 0:
-            raise ValueError(f"entropy must be a number >= 0, got {self.entropy!r}")
+        for name in ("entropy", "immediate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        fractions = self.load_fractions
+        if (
+            not isinstance(fractions, tuple)
+            or not fractions
+            or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in fractions)
+        ):
+            raise ValueError(f"load_fractions must be numbers in (0, 1], at least one, got {fractions!r}")
         if len(self.servers) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in self.servers):
             raise ValueError(f"servers must be (count, gpus, cores), got {self.servers!r}")
         Servers.uniform(*self.servers)
@@ -176,6 +211,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         raw = dataclasses.asdict(self)
         raw["servers"] = list(self.servers)
+        raw["load_fractions"] = list(self.load_fractions)
         return raw
 
     @classmethod
@@ -185,8 +221,9 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training setting(s) {sorted(unknown)}")
         values = dict(raw)
-        if "servers" in values:
-            values["servers"] = tuple(values["servers"])
+        for name in ("servers", "load_fractions"):
+            if name in values and isinstance(values[name], list):
+                values[name] = tuple(values[name])
         return cls(**values)
 
 
@@ -389,10 +426,19 @@ class _Replay:
         self.rewards = np.zeros(capacity, dtype=np.float32)
         self.next_states = np.zeros((capacity, spec.state_size), dtype=np.float32)
         self.discounts = np.zeros(capacity, dtype=np.float32)
+        self.gains = np.zeros((capacity, spec.action_size), dtype=np.float32)
 
-    def push(self, steps: Sequence[Step], reward: float, next_state: FloatArray | None, discount: float) -> None:
-        for step in steps:
+    def push(
+        self,
+        steps: Sequence[Step],
+        gains: FloatArray,
+        reward: float,
+        next_state: FloatArray | None,
+        discount: float,
+    ) -> None:
+        for i, step in enumerate(steps):
             k = self._next
+            self.gains[k] = gains[i] if len(gains) else 0.0
             self.states[k] = step.state
             self.masks[k] = step.mask
             self.actions[k] = step.action
@@ -411,6 +457,7 @@ class _Replay:
             torch.from_numpy(self.rewards[idx]),
             torch.from_numpy(self.next_states[idx]),
             torch.from_numpy(self.discounts[idx]),
+            torch.from_numpy(self.gains[idx]),
         )
 
 
@@ -430,6 +477,49 @@ class _Explorer(SlotPolicy):
         return decision
 
 
+_NO_GAINS: FloatArray = np.zeros((0, 0))
+
+
+def immediate_gains(spec: StateSpec, inp: SlotInput, steps: Sequence[Step]) -> FloatArray:
+    """Per inference of a slot, per action: the normalised epochs (Eq. 1's terms) the action would add to the
+    slot's reward, from the type's speed model with the allocation so far (``(len(steps), 3J + 1)``; void and
+    masked actions 0). A job's epochs in the slot are ``min(epochs left, speed(w, p) x slot)``, so the gains of a
+    job's actions in the order taken sum to its Eq. 1 term of the slot (less the start and rescale overheads and
+    the job's own speed factor, which no policy sees)."""
+    out = np.zeros((len(steps), spec.action_size))
+    alloc: dict[int, tuple[int, int]] = {}
+
+    def term(job: SlotJob, w: int, p: int) -> float:
+        if w == 0 or p == 0:
+            return 0.0
+        speed = inp.job_type(job).epochs_per_second(w, p)
+        return min(job.epochs_left, speed * inp.slot_seconds) / job.epochs_total
+
+    def row_gains(index: int) -> tuple[float, float, float]:
+        job = inp.jobs[index]
+        w, p = alloc.get(index, (0, 0))
+        now = term(job, w, p)
+        return (term(job, w + 1, p) - now, term(job, w, p + 1) - now, term(job, w + 1, p + 1) - now)
+
+    start = -1
+    table = np.zeros((spec.jobs, 3))
+    for i, step in enumerate(steps):
+        if step.start != start:
+            start = step.start
+            table[:] = 0.0
+            for k in range(min(spec.jobs, len(inp.jobs) - start)):
+                table[k] = row_gains(start + k)
+        out[i, : 3 * spec.jobs] = table.reshape(-1)
+        if step.action == spec.void:
+            continue
+        k, a = divmod(step.action, 3)
+        kind = JOB_ACTIONS[a]
+        w, p = alloc.get(start + k, (0, 0))
+        alloc[start + k] = (w + (kind is not SlotAction.PS), p + (kind is not SlotAction.WORKER))
+        table[k] = row_gains(start + k)
+    return out
+
+
 class _ActorCritic:
     def __init__(self, policy: PolicyNet, value: ValueNet, config: TrainConfig) -> None:
         self.policy, self.value, self.config = policy, value, config
@@ -437,7 +527,7 @@ class _ActorCritic:
         self.value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
 
     def update(self, batch: tuple[torch.Tensor, ...], *, policy: bool = True) -> None:
-        states, masks, actions, returns, next_states, discounts = batch
+        states, masks, actions, returns, next_states, discounts, gains = batch
         cfg = self.config
         with torch.no_grad():
             target = returns + discounts * self.value(next_states)
@@ -453,6 +543,13 @@ class _ActorCritic:
         if len(advantage) > 1:
             advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
         logp = masked_log_softmax(self.policy(states), masks)
+        if cfg.immediate > 0:
+            with torch.no_grad():
+                expected = (logp.exp() * gains.masked_fill(~masks, 0.0)).sum(dim=1)
+                own = gains.gather(1, actions.unsqueeze(1)).squeeze(1) - expected
+                if len(own) > 1:
+                    own = own / (own.std() + 1e-8)
+            advantage = advantage + cfg.immediate * own
         chosen = logp.gather(1, actions.unsqueeze(1)).squeeze(1)
         entropy = -(logp.exp() * logp.masked_fill(~masks, 0.0)).sum(dim=1)
         policy_loss = -(advantage * chosen).mean() - cfg.entropy * entropy.mean()
@@ -485,7 +582,7 @@ class Online:
         self.updates = 0
         self.episodes = 0
         self._reward = 0.0
-        self._pending: list[tuple[tuple[Step, ...], float]] = []
+        self._pending: list[tuple[tuple[Step, ...], FloatArray, float]] = []
 
     def episode(self, trace: Sequence[SlotTraceJob], bound: int) -> None:
         """One episode on ``trace``, cut after ``bound`` slots."""
@@ -504,18 +601,20 @@ class Online:
         if next_state is not None:
             if len(self._pending) < self.config.n_step:
                 return
-            ret = sum(gamma**k * reward for k, (_, reward) in enumerate(self._pending))
-            self._replay.push(self._pending[0][0], ret, next_state, gamma ** len(self._pending))
-            self._pending.pop(0)
+            ret = sum(gamma**k * reward for k, (_, _, reward) in enumerate(self._pending))
+            steps, gains, _ = self._pending.pop(0)
+            self._replay.push(steps, gains, ret, next_state, gamma ** (len(self._pending) + 1))
             return
         while self._pending:
-            ret = sum(gamma**k * reward for k, (_, reward) in enumerate(self._pending))
-            self._replay.push(self._pending[0][0], ret, None, 0.0)
-            self._pending.pop(0)
+            ret = sum(gamma**k * reward for k, (_, _, reward) in enumerate(self._pending))
+            steps, gains, _ = self._pending.pop(0)
+            self._replay.push(steps, gains, ret, None, 0.0)
 
     def _observe(self, inp: SlotInput, decision: SlotDecision, outcome: SlotOutcome) -> None:
         self._flush(initial_state(self.spec, inp))
-        self._pending.append((self._explorer.steps, outcome.reward))
+        steps = self._explorer.steps
+        gains = immediate_gains(self.spec, inp, steps) if self.config.immediate > 0 else _NO_GAINS
+        self._pending.append((steps, gains, outcome.reward))
         self._reward += outcome.reward
         if self._replay.size == 0:
             return
@@ -535,21 +634,27 @@ class Online:
 
 def _traces(
     config: TrainConfig,
-) -> tuple[list[tuple[SlotTraceJob, ...]], list[tuple[SlotTraceJob, ...]], tuple[SlotTraceJob, ...]]:
+) -> tuple[list[tuple[SlotTraceJob, ...]], list[tuple[SlotTraceJob, ...]], list[tuple[SlotTraceJob, ...]]]:
+    """The training, held-out and validation traces; the ``k``-th of each kind at ``load x load_fractions[k % n]``
+    (one validation trace per fraction)."""
+    fractions = config.load_fractions
     # three independent streams: the training traces do not change with the held-out count, and so on
-    train_seeds, held_seeds, (val_seed,) = (
+    train_seeds, held_seeds, val_seeds = (
         [int(v) for v in child.generate_state(n, dtype=np.uint32)]
         for child, n in zip(
-            np.random.SeedSequence(config.seed).spawn(3), (config.traces, config.held_out, 1), strict=True
+            np.random.SeedSequence(config.seed).spawn(3),
+            (config.traces, config.held_out, len(fractions)),
+            strict=True,
         )
     )
 
-    def make(seed: int, jobs: int) -> tuple[SlotTraceJob, ...]:
-        return generate(seed, jobs=jobs, servers=config.cluster, load=config.load, types=config.types)
+    def make(k: int, seed: int, jobs: int) -> tuple[SlotTraceJob, ...]:
+        load = config.load * fractions[k % len(fractions)]
+        return generate(seed, jobs=jobs, servers=config.cluster, load=load, types=config.types)
 
-    train = [make(s, config.jobs) for s in train_seeds]
-    held = [make(s, config.jobs) for s in held_seeds]
-    return train, held, make(val_seed, config.validation_jobs)
+    train = [make(k, s, config.jobs) for k, s in enumerate(train_seeds)]
+    held = [make(k, s, config.jobs) for k, s in enumerate(held_seeds)]
+    return train, held, [make(k, s, config.validation_jobs) for k, s in enumerate(val_seeds)]
 
 
 def _bound(teacher: SlotResult) -> int:
@@ -558,13 +663,30 @@ def _bound(teacher: SlotResult) -> int:
     return SLOT_BOUND_FACTOR * (math.ceil(teacher.makespan / SLOT_SECONDS) + 1)
 
 
-def validation(config: TrainConfig) -> tuple[tuple[SlotTraceJob, ...], SlotConfig, float]:
-    """The validation trace of a run, the simulator configuration it is run with (cut after
-    :data:`SLOT_BOUND_FACTOR` times DRF's slots), and DRF's average JCT on it (s)."""
-    trace = _traces(config)[2]
+@dataclass(frozen=True)
+class Validation:
+    """A run's validation traces (one per load fraction), each with the simulator configuration it runs with (cut
+    after :data:`SLOT_BOUND_FACTOR` times DRF's slots), and DRF's average JCT over all their jobs (s)."""
+
+    runs: tuple[tuple[tuple[SlotTraceJob, ...], SlotConfig], ...]
+    drf_jct: float
+
+    def evaluate(self, network: Network, spec: StateSpec) -> float:
+        """The greedy policy's average JCT (s) over all the traces' jobs (:func:`score` on each)."""
+        total = sum(evaluate(network, spec, sim, trace) * len(trace) for trace, sim in self.runs)
+        return total / sum(len(trace) for trace, _ in self.runs)
+
+
+def validation(config: TrainConfig) -> Validation:
+    """The validation traces of a run (:class:`Validation`)."""
     sim = sim_config(config)
-    drf = SlotSimulator(sim, trace).run(Drf())
-    return trace, dataclasses.replace(sim, max_slots=_bound(drf)), score(drf, trace, SLOT_SECONDS)
+    runs, total, jobs = [], 0.0, 0
+    for trace in _traces(config)[2]:
+        drf = SlotSimulator(sim, trace).run(Drf())
+        runs.append((trace, dataclasses.replace(sim, max_slots=_bound(drf))))
+        total += score(drf, trace, SLOT_SECONDS) * len(trace)
+        jobs += len(trace)
+    return Validation(tuple(runs), total / jobs)
 
 
 def base_spec(config: TrainConfig) -> StateSpec:
@@ -633,7 +755,7 @@ def train(
         max_epochs_left=samples.max_epochs_left,
         max_tasks=samples.max_tasks,
     )
-    validation_trace, val_sim, drf_jct = validation(config)
+    checks = validation(config)
     say(f"supervised: {len(samples.actions)} samples, {samples.skipped} slots of more than {spec.jobs} jobs left out")
 
     with deterministic_torch(torch_seed):
@@ -666,7 +788,7 @@ def train(
             value,
             spec,
             config,
-            validate=lambda network: evaluate(network, spec, val_sim, validation_trace),
+            validate=lambda network: checks.evaluate(network, spec),
             rng=np.random.default_rng(sample_seed),
         )
         for trace, bound in episodes:
@@ -674,7 +796,7 @@ def train(
             last = online.curve[-1]
             say(f"episode {online.episodes}: {online.updates} updates, validation JCT {last.avg_jct:.0f} s")
         policy.load_state_dict(online.best[1])
-    return TrainResult(policy, value, spec, config, report, tuple(online.curve), drf_jct, teacher)
+    return TrainResult(policy, value, spec, config, report, tuple(online.curve), checks.drf_jct, teacher)
 
 
 # -- the model file ----------------------------------------------------------------------------------------------

@@ -225,12 +225,14 @@ def in_training_range(spec: StateSpec, inp: SlotInput) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One inference: its state, mask, chosen action index, and whether the action was the manual one (§4.3)."""
+    """One inference: its state, mask, chosen action index, whether the action was the manual one (§4.3), and
+    where its batch of ``J`` jobs starts in the slot's jobs (row ``k`` of the state is job ``start + k``)."""
 
     state: FloatArray
     mask: BoolArray
     action: int
     manual: bool = False
+    start: int = 0
 
 
 #: chooses an action index from (logits, mask, manual action or -1)
@@ -337,12 +339,14 @@ class _Batch:
         "_types",
         "matrix",
         "ps",
+        "start",
         "workers",
     )
 
     def __init__(
         self, spec: StateSpec, inp: SlotInput, packing: Packing, start: int, dead: set[tuple[int, SlotAction]]
     ) -> None:
+        self.start = start
         self._spec, self._inp, self._packing, self._dead = spec, inp, packing, dead
         self._rows = range(start, min(start + spec.jobs, len(inp.jobs)))
         jobs = [inp.jobs[row] for row in self._rows]
@@ -447,7 +451,7 @@ def infer(
             action, was_manual = choose(logits, mask, manual)
             if not mask[action]:
                 raise ValueError(f"the chooser picked masked action {action}")
-            steps.append(Step(state, mask, action, was_manual))
+            steps.append(Step(state, mask, action, was_manual, batch.start))
             if action == spec.void:
                 packing.add(-1, SlotAction.VOID)
                 break

@@ -14,20 +14,24 @@ pytest.importorskip("torch", reason="DL² training needs torch")
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.net import inference_network, to_arrays
+from hpc_elastic.dl2.net import NetShape, PolicyNet, inference_network, to_arrays
 from hpc_elastic.dl2.train import (
     TrainConfig,
     TrainResult,
-    evaluate,
+    base_spec,
+    immediate_gains,
     load_networks,
     save_model,
     score,
     train,
     validation,
 )
+from hpc_elastic.policy.dl2 import infer, sampler
+from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.optimus import OptimusLike
+from hpc_elastic.policy.slots import JOB_ACTIONS, Servers, SlotInput, SlotJob
 from hpc_elastic.ps.model import MODEL_NAME
-from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, CPU_SERVERS, generate
+from hpc_elastic.sim.ps_jobs import CPU_JOB_TYPES, CPU_SERVERS, JOB_TYPES, SLOT_SECONDS, Arrival, generate
 from hpc_elastic.sim.slots import SlotSimulator
 
 #: a few seconds of training: 2 small traces, 2 supervised epochs, 1 episode
@@ -85,6 +89,13 @@ def test_training_configuration_is_checked() -> None:
         TrainConfig.from_dict({"nope": 1})
     with pytest.raises(ValueError, match="bootstrap must be one of drf, optimus, got 'yarn'"):
         TrainConfig(bootstrap="yarn")
+    for fractions in ((), (0.0,), (0.5, 1.5), (float("nan"),), (True,)):
+        with pytest.raises(ValueError, match="load_fractions"):
+            TrainConfig(load_fractions=fractions)
+    with pytest.raises(ValueError, match="immediate must be a number >= 0, got -1"):
+        TrainConfig(immediate=-1)
+    config = TrainConfig(load_fractions=(0.25, 1.0), immediate=0.5)
+    assert TrainConfig.from_dict(config.to_dict()) == config
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -175,9 +186,12 @@ def test_the_optimus_bootstrap_imitates_the_optimus_like_policy() -> None:
     below DRF's on this case; bootstrapped from DRF it is not."""
     result = train(dataclasses.replace(SMALL, bootstrap="optimus", rl_episodes=0))
     assert result.supervised.held_out_match >= 0.8  # against Optimus-like's decisions on the held-out traces
-    trace, config, drf = validation(SMALL)
-    optimus = score(SlotSimulator(config, trace).run(OptimusLike()), trace, config.slot_seconds)
-    assert optimus < drf
+    checks = validation(SMALL)
+    optimus = sum(
+        score(SlotSimulator(config, trace).run(OptimusLike()), trace, config.slot_seconds) * len(trace)
+        for trace, config in checks.runs
+    ) / sum(len(trace) for trace, _ in checks.runs)
+    assert optimus < checks.drf_jct
     assert abs(result.supervised_jct / optimus - 1.0) < 0.05
 
 
@@ -187,9 +201,10 @@ def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) ->
     assert [p.update for p in curve[1:]] == list(range(SMALL.eval_every, curve[-1].update + 1, SMALL.eval_every))
     assert small.best.avg_jct <= small.supervised_jct
     # the returned policy is the best validated one: running it again gives its JCT to the bit
-    trace, config, drf = validation(SMALL)
-    assert drf == small.drf_validation_jct
-    assert evaluate(inference_network(small.policy), small.spec, config, trace) == small.best.avg_jct
+    checks = validation(SMALL)
+    assert len(checks.runs) == len(SMALL.load_fractions)
+    assert checks.drf_jct == small.drf_validation_jct
+    assert checks.evaluate(inference_network(small.policy), small.spec) == small.best.avg_jct
 
 
 def test_the_cpu_catalogue_generates_ps_jobs_that_fit_a_cpu_partition_and_names_the_ps_model() -> None:
@@ -215,3 +230,60 @@ def test_cli_trains_on_the_cpu_catalogue_and_evaluates_on_it(tmp_path: Path) -> 
     assert '"dl2"' in text and '"drf"' in text
     code, text = run("train", "--out", str(out), "--catalogue", "gpu")
     assert code == 2 and "'gpu'" in text, text
+
+
+def test_immediate_gains_of_a_slots_inferences_add_up_to_each_jobs_eq1_term() -> None:
+    """Each inference's gain, summed over a job's actions in the order taken, is that job's Eq. 1 term of the slot
+    at the allocation it ends with (the type's speed model, capped at the epochs left); batches of J jobs are
+    followed, and rows beyond a batch's jobs and void gain nothing."""
+    servers = Servers.uniform(16, 4, 16)
+    trace = generate(5, 21, servers, arrival=Arrival.BATCH)
+    jobs = tuple(
+        SlotJob(
+            job.job_id,
+            job.job_type,
+            0,
+            job.epochs_total,
+            epochs_done=job.epochs_total * (0.97 if k % 3 == 0 else 0.0),  # some finish within the slot: the cap
+            request_workers=job.request_workers,
+            request_ps=job.request_ps,
+            max_workers=job.max_workers,
+            max_ps=job.max_ps,
+        )
+        for k, job in enumerate(trace)
+    )
+    inp = SlotInput(0, SLOT_SECONDS, JOB_TYPES, servers, jobs)
+    spec = base_spec(dataclasses.replace(TINY, servers=(4, 4, 16)))  # J = 8: three batches
+    network = inference_network(PolicyNet(spec, NetShape(0.25, 8, 8)))
+    decision, steps = infer(spec, inp, network, sampler(np.random.default_rng(3), 0.4), explore=True)
+    assert len({step.start for step in steps}) == 3
+    gains = immediate_gains(spec, inp, steps)
+    assert gains.shape == (len(steps), spec.action_size)
+    assert not gains[:, spec.void].any()
+    last = steps[-1]
+    assert not gains[-1, 3 * (len(jobs) - last.start) : 3 * spec.jobs].any()  # the last batch has 5 jobs of 8
+
+    own: dict[int, float] = {}
+    for step, row in zip(steps, gains, strict=True):
+        if step.action != spec.void:
+            index = step.start + step.action // 3
+            own[index] = own.get(index, 0.0) + float(row[step.action])
+    for index, job in enumerate(jobs):
+        w, p = decision.of(job.job_id)
+        speed = JOB_TYPES[job.job_type].epochs_per_second(w, p) if w and p else 0.0
+        term = min(job.epochs_left, speed * SLOT_SECONDS) / job.epochs_total
+        assert own.get(index, 0.0) == pytest.approx(term, rel=1e-9, abs=1e-12)
+    assert any(own.values())
+    assert {JOB_ACTIONS[step.action % 3] for step in steps if step.action != spec.void} >= set(JOB_ACTIONS[:2])
+
+
+def test_the_validation_traces_run_at_each_load_fraction() -> None:
+    """One validation trace per fraction of the load (a site's load varies): the lighter one spreads its arrivals
+    over more slots, and DRF's validation JCT is over all their jobs."""
+    config = dataclasses.replace(TINY, load_fractions=(0.25, 1.0), validation_jobs=40)
+    checks = validation(config)
+    (light, _), (heavy, _) = checks.runs
+    assert len(light) == len(heavy) == 40
+    assert max(job.arrival for job in light) > 2 * max(job.arrival for job in heavy)
+    drf = [score(SlotSimulator(sim, trace).run(Drf()), trace, SLOT_SECONDS) for trace, sim in checks.runs]
+    assert checks.drf_jct == pytest.approx(sum(drf) / 2, rel=1e-12)
