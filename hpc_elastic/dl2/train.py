@@ -28,7 +28,7 @@ vary, ``load_fractions``); the best average JCT over their jobs is kept (the sup
 of the curve).
 
 **The immediate advantage** (ours, not the paper's): every inference of a slot shares that slot's return, so
-one action's own effect is a few percent of the signal. But Eq. 1's reward is a sum of per-job terms, and the
+one action's own effect is a small part of its signal. But Eq. 1's reward is a sum of per-job terms, and the
 type's speed model tells how much of a job's term one added task makes: :func:`immediate_gains` gives, at every
 inference, each action's marginal normalised epochs, and in the order taken a job's gains add up to its term of
 the slot. The policy's advantage adds ``immediate`` times the chosen action's gain less the policy's expected
@@ -482,10 +482,11 @@ _NO_GAINS: FloatArray = np.zeros((0, 0))
 
 def immediate_gains(spec: StateSpec, inp: SlotInput, steps: Sequence[Step]) -> FloatArray:
     """Per inference of a slot, per action: the normalised epochs (Eq. 1's terms) the action would add to the
-    slot's reward, from the type's speed model with the allocation so far (``(len(steps), 3J + 1)``; void and
-    masked actions 0). A job's epochs in the slot are ``min(epochs left, speed(w, p) x slot)``, so the gains of a
-    job's actions in the order taken sum to its Eq. 1 term of the slot (less the start and rescale overheads and
-    the job's own speed factor, which no policy sees)."""
+    slot's reward, from the type's speed model with the allocation so far (``(len(steps), 3J + 1)``; void and rows
+    beyond the batch's jobs 0; the update weighs only the actions the mask allowed). A job's epochs in the slot
+    are ``min(epochs left, speed(w, p) x slot)``, so the gains of a job's actions in the order taken sum to its
+    Eq. 1 term of the slot (less the start and rescale overheads and the job's own speed factor, which no policy
+    sees)."""
     out = np.zeros((len(steps), spec.action_size))
     alloc: dict[int, tuple[int, int]] = {}
 
