@@ -303,17 +303,6 @@ def score(result: SlotResult, trace: Sequence[SlotTraceJob], slot_seconds: float
     return total / len(trace)
 
 
-def evaluate(
-    network: Network,
-    spec: StateSpec,
-    config: SlotConfig,
-    trace: Sequence[SlotTraceJob],
-) -> float:
-    """Average JCT (s) of the greedy policy on ``trace`` (:func:`score`)."""
-    result = SlotSimulator(config, trace).run(Dl2Policy(network, spec))
-    return score(result, trace, config.slot_seconds)
-
-
 def compare(
     policy: SlotPolicy, baselines: Sequence[SlotPolicy], config: SlotConfig, trace: Sequence[SlotTraceJob]
 ) -> dict[str, float]:
@@ -438,7 +427,7 @@ class _Replay:
     ) -> None:
         for i, step in enumerate(steps):
             k = self._next
-            self.gains[k] = gains[i] if len(gains) else 0.0
+            self.gains[k] = gains[i]
             self.states[k] = step.state
             self.masks[k] = step.mask
             self.actions[k] = step.action
@@ -475,9 +464,6 @@ class _Explorer(SlotPolicy):
     def allocate(self, inp: SlotInput) -> SlotDecision:
         decision, self.steps = infer(self.spec, inp, self.network, self._choose, explore=True)
         return decision
-
-
-_NO_GAINS: FloatArray = np.zeros((0, 0))
 
 
 def immediate_gains(spec: StateSpec, inp: SlotInput, steps: Sequence[Step]) -> FloatArray:
@@ -614,7 +600,11 @@ class Online:
     def _observe(self, inp: SlotInput, decision: SlotDecision, outcome: SlotOutcome) -> None:
         self._flush(initial_state(self.spec, inp))
         steps = self._explorer.steps
-        gains = immediate_gains(self.spec, inp, steps) if self.config.immediate > 0 else _NO_GAINS
+        gains = (
+            immediate_gains(self.spec, inp, steps)
+            if self.config.immediate > 0
+            else np.zeros((len(steps), self.spec.action_size))
+        )
         self._pending.append((steps, gains, outcome.reward))
         self._reward += outcome.reward
         if self._replay.size == 0:
@@ -672,22 +662,27 @@ class Validation:
     runs: tuple[tuple[tuple[SlotTraceJob, ...], SlotConfig], ...]
     drf_jct: float
 
+    def jct(self, policy: SlotPolicy) -> float:
+        """``policy``'s average JCT (s) over all the traces' jobs (:func:`score` on each)."""
+        return _pooled([(SlotSimulator(sim, trace).run(policy), trace) for trace, sim in self.runs])
+
     def evaluate(self, network: Network, spec: StateSpec) -> float:
-        """The greedy policy's average JCT (s) over all the traces' jobs (:func:`score` on each)."""
-        total = sum(evaluate(network, spec, sim, trace) * len(trace) for trace, sim in self.runs)
-        return total / sum(len(trace) for trace, _ in self.runs)
+        """The greedy policy's average JCT (s) over all the traces' jobs."""
+        return self.jct(Dl2Policy(network, spec))
+
+
+def _pooled(results: Sequence[tuple[SlotResult, Sequence[SlotTraceJob]]]) -> float:
+    """Average JCT (s) over the jobs of several runs, each scored by :func:`score`."""
+    total = sum(score(result, trace, SLOT_SECONDS) * len(trace) for result, trace in results)
+    return total / sum(len(trace) for _, trace in results)
 
 
 def validation(config: TrainConfig) -> Validation:
     """The validation traces of a run (:class:`Validation`)."""
     sim = sim_config(config)
-    runs, total, jobs = [], 0.0, 0
-    for trace in _traces(config)[2]:
-        drf = SlotSimulator(sim, trace).run(Drf())
-        runs.append((trace, dataclasses.replace(sim, max_slots=_bound(drf))))
-        total += score(drf, trace, SLOT_SECONDS) * len(trace)
-        jobs += len(trace)
-    return Validation(tuple(runs), total / jobs)
+    drf = [(SlotSimulator(sim, trace).run(Drf()), trace) for trace in _traces(config)[2]]
+    runs = tuple((trace, dataclasses.replace(sim, max_slots=_bound(result))) for result, trace in drf)
+    return Validation(runs, _pooled(drf))
 
 
 def base_spec(config: TrainConfig) -> StateSpec:
