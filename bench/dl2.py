@@ -128,6 +128,12 @@ def main() -> None:
     parser.add_argument("--rl-episodes", type=int, default=TrainConfig.rl_episodes)
     parser.add_argument("--rl-lr", type=float, default=TrainConfig.rl_lr)
     parser.add_argument("--immediate", type=float, default=TrainConfig.immediate, help="Immediate advantage weight.")
+    parser.add_argument(
+        "--online-confidence",
+        type=float,
+        default=TrainConfig.online_confidence,
+        help="The supervised policy's mean greedy probability when the online phase starts (1: untempered).",
+    )
     parser.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     parser.add_argument("--pollux", type=Path, default=TRACES / "pollux_workloads" / "workload-1.csv")
     parser.add_argument("--repeats", type=int, default=5)
@@ -154,6 +160,7 @@ def main() -> None:
             rl_lr=args.rl_lr,
             eval_every=args.eval_every,
             immediate=args.immediate,
+            online_confidence=args.online_confidence,
         )
         start = time.perf_counter()
         result = train(config, progress=lambda line: print(f"[{time.perf_counter() - start:7.1f} s] {line}"))
@@ -166,6 +173,7 @@ def main() -> None:
             supervised_samples=result.supervised.samples,
             train_match=round(result.supervised.train_match, 4),
             held_out_match=round(result.supervised.held_out_match, 4),
+            temperature=round(result.supervised.temperature, 3),
             validation_jct_drf_slots=round(result.drf_validation_jct / SLOT_SECONDS, 3),
             validation_jct_supervised_slots=round(result.supervised_jct / SLOT_SECONDS, 3),
             validation_jct_best_slots=round(result.best.avg_jct / SLOT_SECONDS, 3),

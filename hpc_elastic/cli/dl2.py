@@ -56,6 +56,7 @@ def _summary(result: TrainResult) -> dict[str, object]:
         "supervised_skipped_slots": result.supervised.skipped_slots,
         "train_match": result.supervised.train_match,
         "held_out_match": result.supervised.held_out_match,
+        "temperature": result.supervised.temperature,
         "drf_validation_jct_s": result.drf_validation_jct,
         "supervised_validation_jct_s": result.supervised_jct,
         "best_validation_jct_s": best.avg_jct,
@@ -169,6 +170,13 @@ def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySam
     show_default=True,
     help="Weight of each inference's own share of the slot's reward in its advantage (0: the slot's alone).",
 )
+@click.option(
+    "--online-confidence",
+    type=float,
+    default=TrainConfig.online_confidence,
+    show_default=True,
+    help="Mean probability of the supervised policy's greedy action when the online phase starts (1: untempered).",
+)
 @click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, help="Training-curve PNG.")
 @click.option(
     "--teacher",
@@ -194,6 +202,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     rl_episodes: int,
     eval_every: int,
     immediate: float,
+    online_confidence: float,
     plot: Path | None,
     teacher: str,
     since: str | None,
@@ -232,6 +241,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         rl_episodes=rl_episodes,
         eval_every=eval_every,
         immediate=immediate,
+        online_confidence=online_confidence,
     )
     _writable(out)
     if plot is not None:

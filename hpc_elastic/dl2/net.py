@@ -11,6 +11,7 @@ overhead is several times the work of a forward pass this small, and a slot take
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -83,6 +84,19 @@ class PolicyNet(nn.Module):
         position = self.get_buffer("position").expand(rows.shape[0], -1, -1)
         local = self.rows(torch.cat((rows, position), dim=2)).reshape(-1, 3 * self.jobs)
         return out + torch.nn.functional.pad(local, (0, 1))
+
+    def temper(self, temperature: float) -> None:
+        """Divide every logit by ``temperature`` (> 0): the output layers' weights and biases, so the greedy
+        action (the argmax) stays the same while the softmax flattens; ``ValueError`` naming a bad value."""
+        number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+        if not number or not math.isfinite(temperature) or temperature <= 0:
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        outputs = [self.layers[-1]] + ([self.rows[-1]] if self.rows is not None else [])
+        with torch.no_grad():
+            for layer in outputs:
+                assert isinstance(layer, nn.Linear)
+                layer.weight.div_(temperature)
+                layer.bias.div_(temperature)
 
 
 class ValueNet(nn.Module):

@@ -129,6 +129,10 @@ class TrainConfig:
     supervised_epochs: int = 50
     supervised_lr: float = 1e-2
     #: online phase (§4.3)
+    #: the supervised policy's logits are divided by the temperature at which its greedy action's mean probability
+    #: over the training samples is this (:func:`temperature_for`; 1: left as trained): the greedy decisions stay
+    #: the teacher's, but the sampled inferences explore, and the policy gradient is not lost in a saturated softmax
+    online_confidence: float = 0.5
     rl_episodes: int = 20
     rl_lr: float = 3e-4
     value_lr: float = 1e-3
@@ -177,6 +181,9 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        confidence = self.online_confidence
+        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence <= 1:
+            raise ValueError(f"online_confidence must be in (0, 1], got {confidence!r}")
         for name in ("entropy", "immediate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -237,6 +244,8 @@ class SupervisedReport:
     losses: tuple[float, ...]
     train_match: float
     held_out_match: float
+    #: what the logits were divided by before the online phase (``TrainConfig.online_confidence``)
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +376,39 @@ def match_rate(policy: PolicyNet, states: torch.Tensor, masks: torch.Tensor, act
     with torch.no_grad():
         chosen = policy(states).masked_fill(~masks, -math.inf).argmax(dim=1)
     return float((chosen == actions).float().mean())
+
+
+def temperature_for(
+    policy: PolicyNet, states: torch.Tensor, masks: torch.Tensor, confidence: float, *, chunk: int = 4096
+) -> float:
+    """The temperature ``T >= 1`` at which the mean over ``states`` of the greedy action's probability (the masked
+    softmax of the logits / T) is ``confidence``; 1 when it is that or lower untempered, or there are no states.
+
+    A supervised policy that matches its teacher 98 % of the time gives that action a probability near 1 (logits
+    tens apart): sampled inferences then repeat the teacher, and the policy gradient of §4.3 through a saturated
+    softmax is about 0 wherever the policy is sure, so an action the policy drifts into (ending a slot early)
+    is never corrected. Dividing the logits flattens the softmax and keeps every argmax. The mean probability
+    falls as T grows, so a bisection on log T finds it (to a relative 1e-4)."""
+    if len(states) == 0:
+        return 1.0
+    with torch.no_grad():
+        logits = torch.cat([policy(states[k : k + chunk]) for k in range(0, len(states), chunk)]).double()
+
+    def confidence_at(temperature: float) -> float:
+        probs = masked_log_softmax(logits / temperature, masks).exp()
+        return float(probs.max(dim=1).values.mean())
+
+    if confidence_at(1.0) <= confidence:
+        return 1.0
+    low, high = 0.0, 1.0  # log10 T, with confidence_at(10**low) > confidence
+    while confidence_at(math.pow(10.0, high)) > confidence:
+        if high >= 12:  # the mean never goes below 1 / (the actions allowed): as flat as the softmax gets
+            return math.pow(10.0, high)
+        low, high = high, high + 1.0
+    while high - low > 4e-5:
+        mid = (low + high) / 2
+        low, high = (mid, high) if confidence_at(math.pow(10.0, mid)) > confidence else (low, mid)
+    return math.pow(10.0, high)
 
 
 def supervised(
@@ -767,6 +809,7 @@ def train(
             batch=config.batch,
             rng=np.random.default_rng(batch_seed),
         )
+        temperature = temperature_for(policy, data[0], data[1], config.online_confidence)
         report = SupervisedReport(
             samples=len(samples.actions),
             held_out_samples=len(held.actions),
@@ -774,8 +817,13 @@ def train(
             losses=tuple(losses),
             train_match=match_rate(policy, *data),
             held_out_match=match_rate(policy, *held_data),
+            temperature=temperature,
         )
-        say(f"supervised: match {report.train_match:.3f} on training, {report.held_out_match:.3f} held out")
+        policy.temper(temperature)
+        say(
+            f"supervised: match {report.train_match:.3f} on training, {report.held_out_match:.3f} held out; "
+            f"logits / {temperature:.4g} for the online phase"
+        )
         episodes = [
             (train_traces[k % len(train_traces)], bounds[k % len(train_traces)]) for k in range(config.rl_episodes)
         ]

@@ -69,6 +69,21 @@ def test_shapes() -> None:
     assert plain.rows is None and plain(states).shape == (5, SPEC.action_size)
 
 
+def test_tempering_divides_every_logit_and_keeps_the_argmax() -> None:
+    states = torch.rand(20, SPEC.state_size)
+    for shape in (SHAPE, dataclasses.replace(SHAPE, row_hidden=0)):
+        policy = PolicyNet(SPEC, shape)
+        with torch.no_grad():
+            before = policy(states)
+            policy.temper(8.0)
+            after = policy(states)
+        assert torch.allclose(after * 8.0, before, rtol=1e-5, atol=1e-5)
+        assert torch.equal(after.argmax(dim=1), before.argmax(dim=1))
+        for bad in (0, -1.0, float("inf"), float("nan"), True):
+            with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+                policy.temper(bad)
+
+
 def test_masked_log_softmax_gives_masked_actions_no_probability() -> None:
     logits = torch.tensor([[5.0, 1.0, 0.0, 2.0]])
     mask = torch.tensor([[False, True, True, True]])

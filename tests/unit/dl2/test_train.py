@@ -3,6 +3,7 @@ supervised policy, determinism, and the ``hpc-elastic dl2`` commands."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch", reason="DL² training needs torch")
 
+import torch
+
 from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.net import NetShape, PolicyNet, inference_network, to_arrays
+from hpc_elastic.dl2.net import NetShape, PolicyNet, inference_network, masked_log_softmax, to_arrays
 from hpc_elastic.dl2.train import (
     TrainConfig,
     TrainResult,
@@ -23,6 +26,7 @@ from hpc_elastic.dl2.train import (
     load_networks,
     save_model,
     score,
+    temperature_for,
     train,
     validation,
 )
@@ -94,7 +98,10 @@ def test_training_configuration_is_checked() -> None:
             TrainConfig(load_fractions=fractions)
     with pytest.raises(ValueError, match="immediate must be a number >= 0, got -1"):
         TrainConfig(immediate=-1)
-    config = TrainConfig(load_fractions=(0.25, 1.0), immediate=0.5)
+    for confidence in (0, 1.5, float("nan"), True):
+        with pytest.raises(ValueError, match=r"online_confidence must be in \(0, 1\]"):
+            TrainConfig(online_confidence=confidence)
+    config = TrainConfig(load_fractions=(0.25, 1.0), immediate=0.5, online_confidence=0.3)
     assert TrainConfig.from_dict(config.to_dict()) == config
 
 
@@ -110,6 +117,7 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
         (["--servers", "4x4"], "servers"),
         (["--max-jobs", "0"], "max_jobs"),
         (["--teacher", "optimus", "--since", "2026-11-27"], "go with --teacher sacct"),
+        (["--online-confidence", "0"], "online_confidence must be in (0, 1]"),
     ):
         code, text = run("train", "--out", str(out), *args)
         assert code == 2 and message in text, text
@@ -190,6 +198,50 @@ def test_the_optimus_bootstrap_imitates_the_optimus_like_policy() -> None:
     optimus = checks.jct(OptimusLike())
     assert optimus < checks.drf_jct
     assert abs(result.supervised_jct / optimus - 1.0) < 0.05
+
+
+def greedy_confidence(policy: PolicyNet, states: torch.Tensor, masks: torch.Tensor) -> float:
+    """The mean probability of the greedy action over ``states``."""
+    with torch.no_grad():
+        return float(masked_log_softmax(policy(states), masks).exp().max(dim=1).values.mean())
+
+
+def test_the_temperature_brings_the_greedy_actions_mean_probability_to_the_target() -> None:
+    spec = dataclasses.replace(base_spec(TINY), max_slots_run=10, max_epochs_left=100, max_tasks=8)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        policy = PolicyNet(spec, TINY.shape)
+        states = torch.rand(300, spec.state_size)
+        masks = torch.rand(300, spec.action_size) < 0.3
+    masks[:, spec.void] = True
+    policy.temper(0.01)  # a sure policy, as a supervised phase leaves it
+    sure = greedy_confidence(policy, states, masks)
+    assert sure > 0.95
+    for target in (0.8, 0.5, 0.2):
+        temperature = temperature_for(policy, states, masks, target, chunk=64)
+        assert temperature > 1
+        tempered = copy.deepcopy(policy)
+        tempered.temper(temperature)
+        assert greedy_confidence(tempered, states, masks) == pytest.approx(target, abs=1e-3)
+    assert temperature_for(policy, states, masks, sure) == 1.0  # as sure as asked already: left alone
+    assert temperature_for(policy, states, masks, 1.0) == 1.0
+    assert temperature_for(policy, states[:0], masks[:0], 0.5) == 1.0
+
+
+def test_tempering_keeps_the_supervised_policys_decisions() -> None:
+    """The online phase starts from the supervised policy's logits divided by the calibrated temperature: the
+    same greedy decisions (the same validation JCT, to the bit), a flatter softmax."""
+    config = dataclasses.replace(TINY, supervised_epochs=20, rl_episodes=0)
+    plain = train(dataclasses.replace(config, online_confidence=1.0))
+    tempered = train(config)
+    assert plain.supervised.temperature == 1.0
+    temperature = tempered.supervised.temperature
+    assert temperature > 1
+    assert tempered.supervised_jct == plain.supervised_jct
+    assert tempered.supervised.train_match == plain.supervised.train_match
+    states = torch.rand(50, plain.spec.state_size)
+    with torch.no_grad():
+        assert torch.allclose(tempered.policy(states) * temperature, plain.policy(states), rtol=1e-4, atol=1e-3)
 
 
 def test_online_phase_validates_and_keeps_its_best_policy(small: TrainResult) -> None:
