@@ -35,6 +35,14 @@ the slot. The policy's advantage adds ``immediate`` times the chosen action's ga
 gain at that state (normalised per mini-batch). The slot's return still carries what the allocation does to
 later slots (README, DL²: what each part changes, measured).
 
+**The tempered start** (ours): the supervised policy matches its teacher by giving the teacher's action a
+probability near 1 (logits tens apart). Sampled from as trained, the online phase's inferences repeat the teacher,
+and the policy gradient through a saturated softmax is about 0 wherever the policy is sure: an action the policy
+drifts into there (a void that ends the slot with tasks still fitting) is never corrected, and the greedy policy
+left GPUs idle as the updates went on. Before the online phase the logits are divided by the temperature at which
+the greedy action's mean probability over the training samples is ``online_confidence`` (:func:`temperature_for`,
+:meth:`~hpc_elastic.dl2.net.PolicyNet.temper`): every greedy decision stays the teacher's, the sampled ones explore.
+
 Deterministic: the traces come from seeds derived from ``seed``; the networks' initial weights from a seeded
 torch generator, sampling and mini-batches from seeded numpy generators; torch runs one thread with
 deterministic algorithms. The same configuration gives the same model bits.
