@@ -37,11 +37,14 @@ later slots (README, DL²: what each part changes, measured).
 
 **The tempered start** (ours): the supervised policy matches its teacher by giving the teacher's action a
 probability near 1 (logits tens apart). Sampled from as trained, the online phase's inferences repeat the teacher,
-and the policy gradient through a saturated softmax is about 0 wherever the policy is sure: an action the policy
-drifts into there (a void that ends the slot with tasks still fitting) is never corrected, and the greedy policy
-left GPUs idle as the updates went on. Before the online phase the logits are divided by the temperature at which
-the greedy action's mean probability over the training samples is ``online_confidence`` (:func:`temperature_for`,
-:meth:`~hpc_elastic.dl2.net.PolicyNet.temper`): every greedy decision stays the teacher's, the sampled ones explore.
+and the policy gradient through a saturated softmax is about 0 wherever the policy is sure. Before the online phase
+the logits are divided by the temperature at which the greedy action's mean probability over the training samples
+is ``online_confidence`` (:func:`temperature_for`, :meth:`~hpc_elastic.dl2.net.PolicyNet.temper`): every greedy
+decision stays the teacher's, the sampled ones explore.
+
+**A replay of the last slots**: the update weighs the replay's samples as the current policy's (no importance
+weights), so ``replay`` holds only the last few dozen slots' samples (512). With 8,192 (hundreds of slots of older
+policies) the greedy policy drifted, after its best, into ending slots with a void while tasks still fitted.
 
 Deterministic: the traces come from seeds derived from ``seed``; the networks' initial weights from a seeded
 torch generator, sampling and mini-batches from seeded numpy generators; torch runs one thread with
@@ -155,7 +158,10 @@ class TrainConfig:
     #: normalised epochs of the task it adds, by the type's speed model) against the policy's expected share at
     #: that state; 0 leaves the slot's advantage alone (:func:`immediate_gains`)
     immediate: float = 1.0
-    replay: int = 8192
+    #: the replay buffer's samples, the latest (§4.3). Small: its samples are the policy's of the last slots, since
+    #: the update weighs them as the current policy's (no importance weights); 8,192 (hundreds of slots of older
+    #: policies) drifted the greedy policy into ending slots early, 512 did not (README, DL²)
+    replay: int = 512
     batch: int = 64
     eval_every: int = 100
 
