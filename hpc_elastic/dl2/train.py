@@ -400,9 +400,8 @@ def temperature_for(
 
     A supervised policy that matches its teacher 98 % of the time gives that action a probability near 1 (logits
     tens apart): sampled inferences then repeat the teacher, and the policy gradient of §4.3 through a saturated
-    softmax is about 0 wherever the policy is sure, so an action the policy drifts into (ending a slot early)
-    is never corrected. Dividing the logits flattens the softmax and keeps every argmax. The mean probability
-    falls as T grows, so a bisection on log T finds it (to a relative 1e-4)."""
+    softmax is about 0 wherever the policy is sure. Dividing the logits flattens the softmax and keeps every
+    argmax. The mean probability falls as T grows, so a bisection on log T finds it (to a relative 1e-4)."""
     if len(states) == 0:
         return 1.0
     with torch.no_grad():
