@@ -140,11 +140,11 @@ class TrainConfig:
     supervised_epochs: int = 50
     supervised_lr: float = 1e-2
     #: online phase (§4.3)
+    rl_episodes: int = 20
     #: the supervised policy's logits are divided by the temperature at which its greedy action's mean probability
     #: over the training samples is this (:func:`temperature_for`; 1: left as trained): the greedy decisions stay
     #: the teacher's, but the sampled inferences explore, and the policy gradient is not lost in a saturated softmax
     online_confidence: float = 0.5
-    rl_episodes: int = 20
     rl_lr: float = 3e-4
     value_lr: float = 1e-3
     gamma: float = 0.9
@@ -250,7 +250,8 @@ class TrainConfig:
 
 @dataclass(frozen=True, slots=True)
 class SupervisedReport:
-    """§4.2's phase: samples, slots left out (more than J jobs), losses per epoch, match rates."""
+    """§4.2's phase: samples, slots left out (more than J jobs), losses per epoch, match rates, and the temperature
+    the online phase starts from."""
 
     samples: int
     held_out_samples: int
