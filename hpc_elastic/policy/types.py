@@ -327,6 +327,16 @@ class ClusterState:
             raise ValueError(f"{gpus!r} GPUs do not fit {where} ({int(sums[-1]) if sums.size else 0} GPUs)")
         return int(np.searchsorted(sums, gpus)) + 1
 
+    def spread(self, node_rows: Sequence[tuple[int, int]]) -> bool:
+        """Whether an allocation ((node index, GPUs), ...) is on more nodes than the fewest that hold its GPUs (of
+        its pool when it is on one type, of the whole cluster otherwise): Tiresias' spread placement, the one
+        PACKLIMIT's refit compares with a consolidated one (§3.3.2)."""
+        if len(node_rows) <= 1:
+            return False
+        pools = {int(self.pool[node]) for node, _ in node_rows}
+        gpus = sum(count for _, count in node_rows)
+        return len(node_rows) > self.fewest_nodes(gpus, pools.pop() if len(pools) == 1 else None)
+
     def pool_mask(self, gpu_types: Iterable[str] | None) -> int:
         """Bit mask of the pools a job may use (all pools for None; 0 if none of its types exists here)."""
         if gpu_types is None:

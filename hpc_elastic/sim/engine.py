@@ -772,9 +772,7 @@ class _Replay:
         pool = self.node_pool[node_rows[0][0]]
         i[_GPUS], i[_STATUS], i[_POOL] = gpus, _RUNNING, pool
         self.alloc[row] = node_rows
-        # spread: on more nodes than the fewest that hold its GPUs (of its pool; of any, for a job on several types)
-        one_type = all(self.node_pool[node] == pool for node, _ in node_rows)
-        spread = len(node_rows) > 1 and len(node_rows) > sim.cluster0.fewest_nodes(gpus, pool if one_type else None)
+        spread = sim.cluster0.spread(node_rows)
         skew = self.skew[row]
         skewed = not math.isnan(skew) and skew > self.cfg.skew_sensitive
         speed = 1.0 / self.spread_slowdown if (spread and skewed) else 1.0
