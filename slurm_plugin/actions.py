@@ -554,11 +554,11 @@ def _kept(record: JobRecord) -> tuple[str, ...]:
     return tuple(n for n in record.resize_keep.partition(":")[2].split(",") if n)
 
 
-def plan(obs: Observation, decision: Decision, config: PluginConfig) -> list[Action]:
+def plan(obs: Observation, decision: Decision, config: PluginConfig, *, pack_limit: float) -> list[Action]:
     """All actions of a pass: placement and order of the pending jobs first, then the preemptions that free their
     GPUs (a victim without a job directory is requeued at once, and Slurm may start the waiting job right away:
-    its node constraints and SiteFactor must already be set), then resizes."""
-    pack_limit = config.tiresias.pack_limit
+    its node constraints and SiteFactor must already be set), then resizes. ``pack_limit``: PACKLIMIT in force
+    (the configured one, or as the daemon refitted it)."""
     actions: list[Action] = []
     actions += place_actions(obs, decision, config, pack_limit)
     actions += order_actions(obs, decision, config)

@@ -81,18 +81,21 @@ def job_dir_of(roots: Sequence[Path], job: Job) -> JobDir | None:
 class Telemetry:
     """What the running jobs report to the scheduler (:class:`~hpc_elastic.jobdir.Progress`): the observed
     capability per device type of each (job id -> sorted (type, C_i) pairs), and the jobs whose current run trains
-    at D2 with every operator of its model covered (the D2 guard: only those may be planned across GPU types)."""
+    at D2 with every operator of its model covered (the D2 guard: only those may be planned across GPU types).
+    ``speeds``: each job's EST mini-batches per second per process in its current run, communication included
+    (its steps per second x its ESTs / its processes; PACKLIMIT's refit, :mod:`slurm_plugin.pack_limit`)."""
 
     capabilities: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     d2: frozenset[int] = frozenset()
+    speeds: dict[int, float] = field(default_factory=dict)
 
 
 def telemetry(roots: Sequence[Path], jobs: Mapping[int, Job]) -> Telemetry:
     """Each running job's report, read as the job's user's files only
     (:meth:`~hpc_elastic.jobdir.JobDir.read_progress_as`); capabilities only from the job's current incarnation (a
     record of an earlier run may name other devices), D2 from any (a requeued job runs the same script at the same
-    level: its new run would otherwise be planned on one type until its first record); a job without a valid
-    report is left out."""
+    level: its new run would otherwise be planned on one type until its first record), speeds from the current
+    incarnation; a job without a valid report is left out."""
     out = Telemetry()
     d2: set[int] = set()
     for job_id, job in jobs.items():
@@ -105,8 +108,13 @@ def telemetry(roots: Sequence[Path], jobs: Mapping[int, Job]) -> Telemetry:
             continue
         if progress.d2:  # the job's level and model: the same in every incarnation (its script and marker)
             d2.add(job_id)
-        if progress.capability and progress.restart_count == job.restart_count:
+        if progress.restart_count != job.restart_count:
+            continue
+        if progress.capability:
             out.capabilities[job_id] = progress.capability
+        if progress.steps_per_s is not None and progress.steps_per_s > 0:
+            ests = progress.workers or progress.world_size
+            out.speeds[job_id] = progress.steps_per_s * ests / progress.world_size
     return replace(out, d2=frozenset(d2))
 
 

@@ -55,6 +55,11 @@ class TiresiasConfig(_Section):
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     promote_knob: float = Field(default=math.inf, allow_inf_nan=True)
     pack_limit: float = Field(default=DEFAULT_PACK_LIMIT, ge=0)
+    #: refit PACKLIMIT from the placements and speeds the jobs report (§3.3.2; ``pack_limit`` stands until the
+    #: reports separate two models: :mod:`slurm_plugin.pack_limit`)
+    refit_pack_limit: bool = True
+    #: a model is placement-sensitive when it ran at least this many times as fast consolidated as spread
+    refit_tolerance: float = Field(default=1.1, ge=1, le=100)
     #: 2D-Gittins runs as 2D-LAS until sacct gave it this many job sizes
     min_history: int = Field(default=DEFAULT_MIN_HISTORY, ge=0)
 

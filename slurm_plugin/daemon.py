@@ -38,12 +38,13 @@ from slurm_plugin.actions import (
     ps_plan,
     ps_preempt_actions,
 )
-from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, telemetry
+from slurm_plugin.apply import Applier, ApplyResult, Outcome, Telemetry, acknowledgements, job_uid, telemetry
 from slurm_plugin.config import PluginConfig
 from slurm_plugin.dl2_daemon import Dl2Report, Dl2Scaler
 from slurm_plugin.easyscale import Capability, ScaleOutWatch, job_profile, may_span_types, observe_grow, watch_grow
 from slurm_plugin.metrics import Metrics
 from slurm_plugin.observe import Observation, PartialRead, Selection, apply_queue_changes, observe, service_samples
+from slurm_plugin.pack_limit import PlacementReport, merge, refit, reports_of
 from slurm_plugin.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class PassReport:
     capabilities: Mapping[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     #: ``policy = "dl2"``: DL²'s part of the pass (None under the other policies)
     dl2: Dl2Report | None = None
+    #: PACKLIMIT in force (Tiresias §3.3.2: the configured one, or refitted from the jobs' placement reports) and
+    #: how many reports the refit has kept
+    pack_limit: float | None = None
+    placement_reports: int = 0
 
 
 @contextlib.contextmanager
@@ -97,12 +102,13 @@ def state_lock(state_dir: Path) -> Iterator[IO[str]]:
         handle.close()
 
 
-def build_policy(config: PluginConfig) -> Policy:
+def build_policy(config: PluginConfig, pack_limit: float | None = None) -> Policy:
+    """The configured policy; ``pack_limit``: PACKLIMIT as refitted (None: the configured one)."""
     t = config.tiresias
     options = PolicyOptions(
         thresholds=t.thresholds,
         promote_knob=t.promote_knob,
-        pack_limit=t.pack_limit,
+        pack_limit=t.pack_limit if pack_limit is None else pack_limit,
         min_run_time=config.preemption.min_run_time_s,
         min_history=t.min_history,
         fallback_hold=config.resize.fallback_hold_s,
@@ -139,7 +145,12 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.skew_lookup = skew_lookup
         self.capability_lookup = capability_lookup
-        self.policy = build_policy(config)
+        #: PACKLIMIT's refit (Tiresias §3.3.2): the jobs' placement reports, kept in the state store
+        self._placements: tuple[PlacementReport, ...] = store.load_placements()
+        self.pack_limit = config.tiresias.pack_limit
+        if config.tiresias.refit_pack_limit:
+            self.pack_limit = refit(self._placements, config.tiresias.pack_limit, config.tiresias.refit_tolerance)
+        self.policy = build_policy(config, self.pack_limit)
         self.selection = Selection(config.manage_all, config.job_name_pattern)
         self.applier = Applier(client, config, clock=clock, dry_run=dry_run)
         self._history_at: float | None = None
@@ -173,7 +184,7 @@ class Daemon:
             return
         end = datetime.fromtimestamp(now, tz=UTC)
         records = self.client.history(end - timedelta(days=self.config.history_window_days), end)
-        self.policy = build_policy(self.config).with_history(service_samples(records))
+        self.policy = build_policy(self.config, self.pack_limit).with_history(service_samples(records))
         self._history_at = now
 
     def run_pass(self, *, followups_only: bool = False) -> PassReport:
@@ -205,6 +216,8 @@ class Daemon:
             return report
         self._log_rejections(obs.rejected)
         self._signature = signature(obs.managed.values())
+        if self.config.tiresias.refit_pack_limit:
+            self._refit_pack_limit(obs, cluster, reports, now)
         decision = self.policy.schedule(PassInput(now, table, cluster))
         if not followups_only:
             records_after = apply_queue_changes(obs.records, decision, now)
@@ -217,7 +230,7 @@ class Daemon:
         actions: list[Action] = list(followup_actions(obs, acks, self.config))
         cpu_decision = None
         if not followups_only:
-            actions += plan(obs, decision, self.config)
+            actions += plan(obs, decision, self.config, pack_limit=self.pack_limit)
             cpu_decision = ps_plan(obs, self.config)
             actions += ps_preempt_actions(obs, cpu_decision)
         result = self.applier.apply(actions, obs.records, obs.managed)
@@ -236,9 +249,33 @@ class Daemon:
             self._watch_grows(result, profiles, obs.managed)
             self._grows = {k: v for k, v in self._grows.items() if k in result.records}  # forgotten with the job
             grows = self._grows
-        self.store.save(result.records.values(), obs.forget, grows)
+        placements = self._placements if self.config.tiresias.refit_pack_limit else None
+        self.store.save(result.records.values(), obs.forget, grows, placements)
         self._export(report, obs=obs, decision=decision, actions=actions, result=result, started=started)
         return report
+
+    def _refit_pack_limit(self, obs: Observation, cluster: ClusterState, reports: Telemetry, now: float) -> None:
+        """PACKLIMIT refitted from the jobs' placement reports with this pass's (:mod:`slurm_plugin.pack_limit`);
+        the policy places with it from this pass on."""
+        runs: dict[int, tuple[int, int, str]] = {}
+        for job_id, job in obs.managed.items():
+            _, marker, _ = self.selection.judge(job)
+            uid = job_uid(job)
+            if marker is not None and marker.profile and uid is not None:  # a profile is "<model>@<device type>"
+                runs[job_id] = (job.restart_count, uid, marker.profile.partition("@")[0])
+        new = reports_of(obs.jobs, cluster, runs=runs, speeds=reports.speeds, now=now)
+        self._placements = merge(self._placements, new)
+        t = self.config.tiresias
+        fitted = refit(self._placements, t.pack_limit, t.refit_tolerance)
+        if fitted != self.pack_limit:
+            log.info(
+                "PACKLIMIT %.3g -> %.3g, refitted from %d placement reports",
+                self.pack_limit,
+                fitted,
+                len(self._placements),
+            )
+            self.pack_limit = fitted
+            self.policy = self.policy.with_options(replace(self.policy.options, pack_limit=fitted))
 
     def _managed(self, jobs: list[Job]) -> dict[int, Job]:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
@@ -317,6 +354,7 @@ class Daemon:
         started: float,
     ) -> None:
         report.actions, report.result, report.decision, report.observation = actions, result, decision, obs
+        report.pack_limit, report.placement_reports = self.pack_limit, len(self._placements)
         for outcome in result.outcomes:
             label = "dry-run" if self.dry_run else ("ok" if outcome.ok else "failed")
             self.metrics.actions.labels(outcome.action.kind.value, label).inc()
@@ -466,6 +504,7 @@ def state_document(report: PassReport) -> dict[str, Any]:
         doc["dl2"] = report.dl2.to_dict()
     if obs is None or decision is None or result is None:
         return doc
+    doc["pack_limit"], doc["placement_reports"] = report.pack_limit, report.placement_reports
     planned = planned_by_job(report.actions)
     rank = {obs.jobs[row].job_id: i + 1 for i, row in enumerate(decision.priority_order.tolist())}
     for view in obs.jobs:

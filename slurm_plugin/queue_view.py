@@ -87,5 +87,7 @@ def render(doc: dict[str, Any]) -> None:
     if not console.is_terminal:  # a pipe or a file: do not cut columns at 80 characters
         console = Console(width=200)
     console.print(table)
+    if isinstance(doc.get("pack_limit"), int | float):
+        console.print(f"PACKLIMIT {doc['pack_limit']:.3g} ({doc.get('placement_reports', 0)} placement reports)")
     if doc.get("skipped"):
         console.print(f"last pass skipped: {doc['skipped']}")

@@ -6,6 +6,10 @@ daemon restart (or crash mid-pass) loses nothing that was committed. Records are
 how they evolve from Slurm's view is pure and lives in :mod:`slurm_plugin.observe` and
 :mod:`slurm_plugin.easyscale`.
 
+PACKLIMIT's refit keeps the jobs' placement reports in a table of their own too, ``placements`` (one row per job
+incarnation, the newest :data:`~slurm_plugin.pack_limit.MAX_REPORTS`; a row that does not make a valid report is
+dropped alone, said in the log).
+
 Role 3's record has its own table, ``grows`` (one row per job the daemon grew: throughput before, the GPUs per
 type before, the restart count then, the throughput observed after and the GPUs per type it was observed on, when
 the grow was seen slower (the fallback) and how many grows in a row before it were, for the back-off of the cap),
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_plugin.easyscale import ScaleOutWatch, parse_split, split_text
+from slurm_plugin.pack_limit import PlacementReport
 
 DB_NAME = "state.sqlite3"
 log = logging.getLogger(__name__)
@@ -220,6 +225,11 @@ class Store:
                 "previous TEXT NOT NULL, restart_count INTEGER NOT NULL, after REAL, fallen_at REAL, "
                 "earlier INTEGER NOT NULL DEFAULT 0, grown TEXT NOT NULL DEFAULT '')"
             )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS placements (job_id INTEGER NOT NULL, restart_count INTEGER NOT NULL, "
+                "uid INTEGER NOT NULL, model TEXT NOT NULL, skew REAL NOT NULL, consolidated INTEGER NOT NULL, "
+                "speed REAL NOT NULL, at REAL NOT NULL, PRIMARY KEY (job_id, restart_count))"
+            )
             have_grows = {row[1] for row in db.execute("PRAGMA table_info(grows)")}
             for name, kind in _GROWS_ADDED.items():
                 if name not in have_grows:
@@ -260,9 +270,10 @@ class Store:
         records: Iterable[JobRecord],
         forget: Iterable[int] = (),
         grows: Mapping[int, ScaleOutWatch] | None = None,
+        placements: Iterable[PlacementReport] | None = None,
     ) -> None:
         """Insert or replace ``records`` and delete ``forget`` in one transaction (no-op when read-only); ``grows``
-        (when given) replaces every grow watched."""
+        (when given) replaces every grow watched, ``placements`` (when given) every placement report."""
         if self.read_only:
             return
         marks = ", ".join("?" for _ in _COLUMNS)
@@ -291,6 +302,35 @@ class Store:
                         for job_id, w in sorted(grows.items())
                     ],
                 )
+            if placements is not None:
+                self._db.execute("DELETE FROM placements")
+                self._db.executemany(
+                    "INSERT INTO placements (job_id, restart_count, uid, model, skew, consolidated, speed, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (r.job_id, r.restart_count, r.uid, r.model, r.skew, int(r.consolidated), r.speed, r.at)
+                        for r in placements
+                    ],
+                )
+
+    def load_placements(self) -> tuple[PlacementReport, ...]:
+        """The placement reports kept for PACKLIMIT's refit, oldest first; a row that does not make a valid
+        report is left out, said in the log."""
+        if not any(True for _ in self._db.execute("PRAGMA table_info(placements)")):
+            return ()  # a read-only view of a database older than the table
+        rows = self._db.execute(
+            "SELECT job_id, restart_count, uid, model, skew, consolidated, speed, at FROM placements "
+            "ORDER BY at, job_id, restart_count"
+        ).fetchall()
+        out: list[PlacementReport] = []
+        for job_id, restart_count, uid, model, skew, consolidated, speed, at in rows:
+            try:
+                if consolidated not in (0, 1) or isinstance(consolidated, float):
+                    raise ValueError(f"consolidated {consolidated!r}")
+                out.append(PlacementReport(job_id, restart_count, uid, model, skew, bool(consolidated), speed, at))
+            except ValueError as exc:
+                log.warning("placement report of job %r in %s is invalid, left out: %s", job_id, self.path, exc)
+        return tuple(out)
 
     def load_grows(self) -> dict[int, ScaleOutWatch]:
         """The grows watched (Role 3), by job id; a row that does not make a valid record is left out, said in the

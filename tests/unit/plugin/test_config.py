@@ -76,6 +76,8 @@ def test_missing_state_dir_key_and_relative_paths() -> None:
         ({"preemption": {"min_run_time_s": float("inf")}}, "preemption.min_run_time_s"),
         ({"preemption": {"requeue_wait_s": float("nan")}}, "preemption.requeue_wait_s"),
         ({"tiresias": {"pack_limit": -0.5}}, "tiresias.pack_limit"),
+        ({"tiresias": {"refit_tolerance": 0.9}}, "tiresias.refit_tolerance"),
+        ({"tiresias": {"refit_pack_limit": "sometimes"}}, "tiresias.refit_pack_limit"),
         ({"tiresias": {"promote_knob": float("nan")}}, "tiresias.promote_knob"),
     ],
 )

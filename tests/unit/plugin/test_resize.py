@@ -135,7 +135,7 @@ def test_elastic_job_grows_into_idle_gpus_only_when_nothing_waits(tmp_path: Path
     assert resize_actions(obs, decision, cfg) == []
     assert resize_actions(*_one_node_obs(None), config(tmp_path)) == []  # resize disabled (the default)
     busy_obs = replace(obs, records={**obs.records, 7: replace(obs.records[7], stop_kind="preempt")})
-    assert not [a for a in plan(busy_obs, decision, cfg) if isinstance(a, Resize)]
+    assert not [a for a in plan(busy_obs, decision, cfg, pack_limit=cfg.tiresias.pack_limit) if isinstance(a, Resize)]
 
 
 def test_requeue_follows_ack_or_grace(tmp_path: Path) -> None:
