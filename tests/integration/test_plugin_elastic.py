@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -259,7 +260,7 @@ def test_skewed_job_consolidated_others_placed_against_fragmentation(
         *PARTITION,
         "--profile=mlp",
         f"--job-name={prefix}-spread",
-        args=("100000",),
+        args=("100000", "--progress"),
     )
     submitted.append(spread)
     packed = hpc_submit(
@@ -269,7 +270,7 @@ def test_skewed_job_consolidated_others_placed_against_fragmentation(
         *PARTITION,
         "--profile=vgg_like",
         f"--job-name={prefix}-packed",
-        args=("100000",),
+        args=("100000", "--progress"),
     )
     submitted.append(packed)
     wait_for(
@@ -297,3 +298,23 @@ def test_skewed_job_consolidated_others_placed_against_fragmentation(
     assert packed_job.nodes == ("node2",) and packed_job.gpu_count == 4
     assert spread_job.nodes == ("node1",) and spread_job.gpu_count == 2
     assert planned[packed] == "N=1;L=node2" and planned[spread] == "N=;L=node1"
+    # PACKLIMIT's refit (§3.3.2) reads the jobs' reports: once both have recorded a speed, a pass keeps one
+    # placement report of each, on one node (consolidated), of its profile's model and skew; one placement per model
+    # separates nothing, so PACKLIMIT stays the configured one. (The victims, requeued and waiting, are cancelled
+    # first: the pass has nothing else to do.)
+    slurm.cancel(victims)
+
+    def speed_of(job: Job) -> float | None:
+        path = workdir / f"{job.name}-{job.job_id}" / "control" / "progress.json"
+        rate = json.loads(path.read_text()).get("steps_per_s") if path.is_file() else None
+        return rate if isinstance(rate, float) and rate > 0 else None
+
+    wait_for("both jobs to report a speed", lambda: all(speed_of(j) for j in (spread_job, packed_job)), timeout_s=60)
+    doc = run_once(config)
+    assert doc["placement_reports"] == 2 and doc["pack_limit"] == 0.5, doc
+    with sqlite3.connect(workdir / "state" / "state.sqlite3") as db:
+        rows = db.execute("SELECT job_id, model, skew, consolidated, speed FROM placements ORDER BY job_id").fetchall()
+    assert [(r[0], r[1], round(r[2], 2), r[3]) for r in rows] == sorted(
+        [(spread, "mlp on a100", 0.25, 1), (packed, "vgg_like on a100", 0.79, 1)]
+    )
+    assert all(r[4] > 0 for r in rows)

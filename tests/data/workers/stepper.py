@@ -1,7 +1,9 @@
 """A minimal stop-aware worker for the wrapper's integration tests (the training library is not used here).
 
 Each rank counts steps from the last committed step; on a stop request every rank exits at the next step
-boundary and rank 0 commits the step and acknowledges. Prints one line per start with its placement.
+boundary and rank 0 commits the step and acknowledges. Prints one line per start with its placement. With
+``--progress`` rank 0 also writes the job's progress record every second (its steps per second: the speed the
+scheduler reads, as the training runtime's records give it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from hpc_elastic.env import read_job_environment
+from hpc_elastic.jobdir import JobDir, Progress
 
 
 def main() -> int:
@@ -29,7 +32,16 @@ def main() -> int:
             f"gpus={','.join(job.gpus)} step={step} workers={job.workers}\n"
         )
     stop = job.job_dir / "control" / "stop"
+    report = "--progress" in sys.argv[2:] and job.rank == 0
+    since, since_step = time.monotonic(), step
     while step < total:
+        if report and time.monotonic() - since >= 1.0:
+            rate = (step - since_step) / (time.monotonic() - since)
+            progress = Progress(
+                step, time.time(), rate, job.world_size, job.restart_count, job.attempt, (), job.workers
+            )
+            JobDir(job.job_dir).record_progress(progress)
+            since, since_step = time.monotonic(), step
         if stop.exists():
             if job.rank == 0:
                 write(state, {"step": step})
