@@ -42,6 +42,7 @@ def test_queue_shows_the_last_pass(tmp_path: Path, busy: tuple[list[Job], list[N
     assert by_id[24]["planned"] == "preempt" and by_id[25]["planned"] == "order"
     table = CliRunner().invoke(cli, ["queue", "--config", str(path)])
     assert table.exit_code == 0 and "fill|a100" in table.output and "waiter" in table.output
+    assert "PACKLIMIT 0.5 (0 placement reports)" in table.output  # the configured one: no job reported a speed
 
 
 def test_queue_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
