@@ -147,9 +147,7 @@ class Daemon:
         self.capability_lookup = capability_lookup
         #: PACKLIMIT's refit (Tiresias §3.3.2): the jobs' placement reports, kept in the state store
         self._placements: tuple[PlacementReport, ...] = store.load_placements()
-        self.pack_limit = config.tiresias.pack_limit
-        if config.tiresias.refit_pack_limit:
-            self.pack_limit = refit(self._placements, config.tiresias.pack_limit, config.tiresias.refit_tolerance)
+        self.pack_limit = self._fitted_pack_limit()
         self.policy = build_policy(config, self.pack_limit)
         self.selection = Selection(config.manage_all, config.job_name_pattern)
         self.applier = Applier(client, config, clock=clock, dry_run=dry_run)
@@ -265,8 +263,7 @@ class Daemon:
                 runs[job_id] = (job.restart_count, uid, marker.profile.partition("@")[0])
         new = reports_of(obs.jobs, cluster, runs=runs, speeds=reports.speeds, now=now)
         self._placements = merge(self._placements, new)
-        t = self.config.tiresias
-        fitted = refit(self._placements, t.pack_limit, t.refit_tolerance)
+        fitted = self._fitted_pack_limit()
         if fitted != self.pack_limit:
             log.info(
                 "PACKLIMIT %.3g -> %.3g, refitted from %d placement reports",
@@ -276,6 +273,11 @@ class Daemon:
             )
             self.pack_limit = fitted
             self.policy = self.policy.with_options(replace(self.policy.options, pack_limit=fitted))
+
+    def _fitted_pack_limit(self) -> float:
+        """PACKLIMIT from the placement reports kept (the configured one when the refit is off)."""
+        t = self.config.tiresias
+        return refit(self._placements, t.pack_limit, t.refit_tolerance) if t.refit_pack_limit else t.pack_limit
 
     def _managed(self, jobs: list[Job]) -> dict[int, Job]:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
