@@ -12,6 +12,9 @@ policies against 2D-LAS and YARN-CS on a 3-type cluster (§5.2), and one pass at
    may run on [ceil(GPUs / 2), 2 GPUs] with 2 GPUs of ESTs (as ``bench/sched_quality.py``). Traces: the Tiresias
    60-job trace at load x4, the Pollux workloads 1-8 (mean), and the held-out synthetic trace (1,500 jobs, log-normal
    sizes, nominal load 1.2; nothing was tuned on it). Goals: heter >= 1.5x homo and >= 8x fifo in average JCT.
+   With each trace, the bound no policy's average JCT goes below in this model
+   (:func:`hpc_elastic.sim.bounds.jct_bound`: each job alone at its fastest, and SRPT on one machine of the
+   cluster's capacity), so the most any policy could gain over homo and over fifo there.
 3. One pass of easyscale-heter over 10k jobs (``Policy.schedule`` on a PassInput: 2,000 GPUs of 3 types, 1,500
    running jobs, a third of the jobs elastic, 40 GPUs free). Goal: <= 100 ms.
 
@@ -26,7 +29,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,7 @@ import numpy as np
 from hpc_elastic.policy import ClusterState, JobStatus, JobTable, JobView, NodeView, PassInput, make_policy
 from hpc_elastic.policy.easyscale import best_plan, plan_frontier, propose
 from hpc_elastic.policy.hetero import est_profile
+from hpc_elastic.sim.bounds import JctBound, jct_bound
 from hpc_elastic.sim.cluster import NodeSpec
 from hpc_elastic.sim.engine import Simulator
 from hpc_elastic.sim.metrics import summarize
@@ -50,6 +54,11 @@ BASE_TYPE = "v100"
 CLUSTER = (("v100", 8), ("p100", 4), ("k80", 4))  # (type, nodes of 4 GPUs)
 SYNTHETIC_JOBS = 1500
 SYNTHETIC_SEED = 5
+_BOUND_PARTS: tuple[Callable[[JctBound], float], ...] = (
+    lambda b: b.value,
+    lambda b: b.isolated,
+    lambda b: b.fluid,
+)
 
 
 def gavel_capabilities(path: Path) -> dict[str, dict[str, float]]:
@@ -62,8 +71,8 @@ def hetero_nodes() -> tuple[NodeSpec, ...]:
     return tuple(NodeSpec(f"{t}-{i}", 4, t) for t, count in CLUSTER for i in range(count))
 
 
-def replay(jobs: tuple[TraceJob, ...], path: Path) -> dict[str, dict[str, float]]:
-    """Average JCT, makespan and counts of every policy on the 3-type cluster."""
+def replay(jobs: tuple[TraceJob, ...], path: Path) -> tuple[dict[str, dict[str, float]], JctBound]:
+    """Average JCT, makespan and counts of every policy on the 3-type cluster, and the bound no policy goes below."""
     hetero = make_heterogeneous(jobs, FACTOR, load_gavel_curves(path), load_gavel_capabilities(path), BASE_TYPE)
     out: dict[str, dict[str, float]] = {}
     for name in POLICIES:
@@ -71,11 +80,14 @@ def replay(jobs: tuple[TraceJob, ...], path: Path) -> dict[str, dict[str, float]
         m = summarize(Simulator(hetero, hetero_nodes(), make_policy(name)).run())
         out[name] = {k: float(m[k]) for k in ("avg_jct", "makespan", "preemptions", "resizes", "utilization")}
         out[name]["seconds"] = time.perf_counter() - started
-    return out
+    return out, jct_bound(hetero, hetero_nodes())
 
 
-def print_jct(title: str, per: dict[str, dict[str, float]]) -> dict[str, float]:
+def print_jct(title: str, per: dict[str, dict[str, float]], bounds: Sequence[JctBound]) -> dict[str, float]:
+    """The table, the gains, and the bound (with several traces: each one's average JCT is at least its bound, so
+    the mean of their average JCTs is at least the mean of their bounds)."""
     heter = per["easyscale-heter"]["avg_jct"]
+    floor, isolated, fluid = (statistics.fmean(f(b) for b in bounds) for f in _BOUND_PARTS)
     print(f"\n{title}")
     print(
         f"  {'policy':16s} {'avg JCT s':>10s} {'makespan s':>11s} {'heter gain':>10s} {'preempt':>8s} {'resizes':>8s}"
@@ -89,8 +101,16 @@ def print_jct(title: str, per: dict[str, dict[str, float]]) -> dict[str, float]:
         "heter_vs_homo": per["easyscale-homo"]["avg_jct"] / heter,
         "heter_vs_fifo": per["fifo"]["avg_jct"] / heter,
         "homo_vs_fifo": per["fifo"]["avg_jct"] / per["easyscale-homo"]["avg_jct"],
+        "bound_s": floor,
+        "ceiling_vs_homo": per["easyscale-homo"]["avg_jct"] / floor,
+        "ceiling_vs_fifo": per["fifo"]["avg_jct"] / floor,
     }
-    print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in gains.items()))
+    print("  " + ", ".join(f"{k} {gains[k]:.2f}x" for k in ("heter_vs_homo", "heter_vs_fifo", "homo_vs_fifo")))
+    print(
+        f"  no policy below {floor:.0f} s (alone at its fastest {isolated:.0f} s, SRPT on the cluster's "
+        f"capacity {fluid:.0f} s): at most {gains['ceiling_vs_homo']:.2f}x better than homo, "
+        f"{gains['ceiling_vs_fifo']:.2f}x than fifo"
+    )
     return gains
 
 
@@ -162,19 +182,26 @@ def main() -> None:
 
     results: dict[str, dict[str, object]] = {}
     tiresias = load_trace(args.traces / "tiresias_60_job.csv", "tiresias").scaled(4.0)
-    per = replay(tiresias.jobs, path)
-    results["tiresias60@4"] = {"per_policy": per, "gains": print_jct("Tiresias 60-job trace, load x4", per)}
+    per, bound = replay(tiresias.jobs, path)
+    results["tiresias60@4"] = {"per_policy": per, "gains": print_jct("Tiresias 60-job trace, load x4", per, [bound])}
     by_workload = [
         replay(load_trace(args.traces / "pollux_workloads" / f"workload-{k}.csv", "pollux").jobs, path)
         for k in range(1, 9)
     ]
-    mean = {p: {k: statistics.fmean(w[p][k] for w in by_workload) for k in by_workload[0][p]} for p in POLICIES}
-    results["pollux1-8"] = {"per_policy": mean, "gains": print_jct("Pollux workloads 1-8 (mean), load x1", mean)}
+    mean = {p: {k: statistics.fmean(w[p][k] for w, _ in by_workload) for k in by_workload[0][0][p]} for p in POLICIES}
+    bounds = [b for _, b in by_workload]
+    results["pollux1-8"] = {
+        "per_policy": mean,
+        "gains": print_jct("Pollux workloads 1-8 (mean), load x1", mean, bounds),
+    }
     capacity = sum(4 * count for _, count in CLUSTER)
     sizes = np.random.default_rng(SYNTHETIC_SEED).lognormal(math.log(3000.0), 1.5, size=5000).tolist()
     synthetic = synthesize(sizes, SYNTHETIC_JOBS, capacity, load=1.2, seed=SYNTHETIC_SEED)
-    per = replay(synthetic, path)
-    results["synthetic@1.2"] = {"per_policy": per, "gains": print_jct("Held-out synthetic, nominal load 1.2", per)}
+    per, bound = replay(synthetic, path)
+    results["synthetic@1.2"] = {
+        "per_policy": per,
+        "gains": print_jct("Held-out synthetic, nominal load 1.2", per, [bound]),
+    }
 
     inp = pass_input(path)
     policy = make_policy("easyscale-heter")
