@@ -4,6 +4,7 @@
 - :mod:`hpc_elastic.sim.cluster`: ``NxG`` clusters and node files;
 - :mod:`hpc_elastic.sim.engine`: the discrete-event simulator;
 - :mod:`hpc_elastic.sim.metrics`: JCT / queueing / makespan / preemption / utilisation summary;
+- :mod:`hpc_elastic.sim.bounds`: lower bounds on a trace's average JCT that no policy goes below;
 - :mod:`hpc_elastic.sim.synth`: synthetic traces resampled from the shared ones (scale tests).
 - :mod:`hpc_elastic.sim.ps_jobs` and :mod:`hpc_elastic.sim.slots`: parameter-server jobs in time slots (DL²'s
   model): the job catalogue, synthetic workloads and the slotted simulator.
