@@ -58,6 +58,7 @@ _BOUND_PARTS: tuple[Callable[[JctBound], float], ...] = (
     lambda b: b.value,
     lambda b: b.isolated,
     lambda b: b.fluid,
+    lambda b: b.isolated_one_type,
 )
 
 
@@ -87,7 +88,7 @@ def print_jct(title: str, per: dict[str, dict[str, float]], bounds: Sequence[Jct
     """The table, the gains, and the bound (with several traces: each one's average JCT is at least its bound, so
     the mean of their average JCTs is at least the mean of their bounds)."""
     heter = per["easyscale-heter"]["avg_jct"]
-    floor, isolated, fluid = (statistics.fmean(f(b) for b in bounds) for f in _BOUND_PARTS)
+    floor, isolated, fluid, one_type = (statistics.fmean(f(b) for b in bounds) for f in _BOUND_PARTS)
     print(f"\n{title}")
     print(
         f"  {'policy':16s} {'avg JCT s':>10s} {'makespan s':>11s} {'heter gain':>10s} {'preempt':>8s} {'resizes':>8s}"
@@ -104,12 +105,18 @@ def print_jct(title: str, per: dict[str, dict[str, float]], bounds: Sequence[Jct
         "bound_s": floor,
         "ceiling_vs_homo": per["easyscale-homo"]["avg_jct"] / floor,
         "ceiling_vs_fifo": per["fifo"]["avg_jct"] / floor,
+        "alone_mixed_s": isolated,
+        "alone_one_type_s": one_type,
     }
     print("  " + ", ".join(f"{k} {gains[k]:.2f}x" for k in ("heter_vs_homo", "heter_vs_fifo", "homo_vs_fifo")))
     print(
         f"  no policy below {floor:.0f} s (alone at its fastest {isolated:.0f} s, SRPT on the cluster's "
         f"capacity {fluid:.0f} s): at most {gains['ceiling_vs_homo']:.2f}x better than homo, "
         f"{gains['ceiling_vs_fifo']:.2f}x than fifo"
+    )
+    print(
+        f"  alone at its fastest, a job's average JCT is {one_type:.0f} s on plans of one type and {isolated:.0f} s "
+        f"on mixed plans: mixing buys {one_type / isolated:.3f}x there"
     )
     return gains
 

@@ -57,13 +57,15 @@ def _counts(job: TraceJob, total: int) -> range:
     return range(1, min(top, total) + 1) if job.elastic else range(job.gpus, job.gpus + 1)
 
 
-def isolated_jct(job: TraceJob, cluster: Mapping[str, int]) -> float:
+def isolated_jct(job: TraceJob, cluster: Mapping[str, int], *, one_type: bool = False) -> float:
     """Seconds from its submission that ``job`` needs at least: its work at its fastest on ``cluster``'s GPUs
-    (type -> count), alone."""
+    (type -> count), alone; with ``one_type``, at its fastest on the GPUs of one type (what plans on one type can
+    reach: the difference is what mixing types buys a job at best)."""
     _check(job, cluster)
     curve = job.scaling
     if isinstance(curve, EstProfile):
-        fastest = curve.throughput(cluster)
+        one = (curve.throughput({t: n}) for t, n in cluster.items())
+        fastest = max(one) if one_type else curve.throughput(cluster)
         if fastest <= 0:
             return math.inf  # no GPU of the cluster runs it
         return job.duration * curve.throughput({curve.base_type: job.gpus}) / fastest
@@ -126,14 +128,21 @@ def srpt_mean_flow(jobs: Sequence[tuple[float, float]]) -> float:
 
 @dataclass(frozen=True)
 class JctBound:
-    """The two lower bounds on a trace's average JCT (seconds) and the one that holds for both."""
+    """The two lower bounds on a trace's average JCT (seconds) and the one that holds for both; and the first for
+    policies that run a job's plan on one GPU type at a time (``isolated_one_type``)."""
 
     isolated: float
     fluid: float
+    isolated_one_type: float
 
     @property
     def value(self) -> float:
         return max(self.isolated, self.fluid)
+
+    @property
+    def one_type_value(self) -> float:
+        """The bound of policies whose plans use one GPU type at a time."""
+        return max(self.isolated_one_type, self.fluid)
 
 
 def _weightings(jobs: Sequence[TraceJob], cluster: Mapping[str, int]) -> list[dict[str, float]]:
@@ -159,9 +168,10 @@ def jct_bound(jobs: Sequence[TraceJob], nodes: Sequence[NodeSpec]) -> JctBound:
         raise ValueError("no jobs to bound")
     cluster = gpus_by_type(nodes)
     isolated = statistics.fmean(isolated_jct(job, cluster) for job in jobs)
+    one_type = statistics.fmean(isolated_jct(job, cluster, one_type=True) for job in jobs)
     fluid = 0.0
     for weight in _weightings(jobs, cluster):
         capacity = sum(cluster[t] * w for t, w in weight.items())
         work = [(job.submit, least_capacity_seconds(job, cluster, weight) / capacity) for job in jobs]
         fluid = max(fluid, srpt_mean_flow(work))
-    return JctBound(isolated, fluid)
+    return JctBound(isolated, fluid, one_type)

@@ -52,6 +52,10 @@ def test_isolated_jct_of_a_profile_is_eq_1d_on_the_whole_cluster() -> None:
     assert isolated_jct(job, {"v100": 2, "k80": 2}) == pytest.approx(100.0)  # 1 EST each: the k80 take 1 s
     assert isolated_jct(job, {"k80": 4}) == pytest.approx(100.0)
     assert isolated_jct(job, {"k80": 2}) == pytest.approx(200.0)  # 2 ESTs on a k80: 2 s a step
+    # on one type: 2 v100 (2 ESTs each, 1 s) or 2 k80 (2 s): no faster than asked
+    assert isolated_jct(job, {"v100": 2, "k80": 2}, one_type=True) == pytest.approx(100.0)
+    assert isolated_jct(job, {"v100": 1, "k80": 3}) == pytest.approx(100.0)  # 1 EST each: 1 s a step
+    assert isolated_jct(job, {"v100": 1, "k80": 3}, one_type=True) == pytest.approx(200.0)  # 1 v100 or 3 k80: 2 s
     assert isolated_jct(job, {"p100": 8}) == math.inf  # no capability there
 
 
@@ -86,6 +90,8 @@ def test_jct_bound_takes_the_larger_relaxation() -> None:
     assert bound.isolated == pytest.approx(100.0)
     assert bound.fluid == pytest.approx(400.0 / 6.0 * 5.5)
     assert bound.value == bound.fluid
+    assert bound.isolated_one_type == pytest.approx(100.0)  # on its 2 v100 as asked
+    assert bound.one_type_value == bound.fluid
     with pytest.raises(ValueError, match="no jobs"):
         jct_bound([], nodes)
 
@@ -127,3 +133,18 @@ def test_no_simulated_policy_beats_the_bounds(policy: str, jobs: list[TraceJob])
     assert np.all(result.jct >= floor * (1 - 1e-9))
     bound = jct_bound(sim.jobs, NODES)
     assert float(result.jct.mean()) >= bound.value * (1 - 1e-9)
+    if policy != "easyscale-heter":  # each job's plan on one type at a time
+        floor = np.array([isolated_jct(job, cluster, one_type=True) for job in sim.jobs])
+        assert np.all(result.jct >= floor * (1 - 1e-9))
+        assert float(result.jct.mean()) >= bound.one_type_value * (1 - 1e-9)
+
+
+def test_heter_alone_beats_what_plans_on_one_type_can_reach() -> None:
+    nodes = (NodeSpec("v0", 1, "v100"), NodeSpec("k0", 3, "k80"))
+    job = est_job(gpus=1)  # 4 ESTs asked on 1 v100: 2 s a step
+    cluster = gpus_by_type(nodes)
+    heter = Simulator([job], nodes, make_policy("easyscale-heter"), SimConfig()).run()
+    homo = Simulator([job], nodes, make_policy("easyscale-homo"), SimConfig()).run()
+    assert isolated_jct(job, cluster) == pytest.approx(50.0)  # 1 v100 + 3 k80, 1 EST each: 1 s a step
+    assert isolated_jct(job, cluster, one_type=True) == pytest.approx(100.0)
+    assert 50.0 <= float(heter.jct[0]) < 100.0 <= float(homo.jct[0])
