@@ -224,6 +224,11 @@ def _profile(curve: ScalingCurve | None, types: tuple[str, ...], ests: int, elas
     return _plain(types, ests) if elastic else None
 
 
+def _spans(prof: EstProfile | None, mixed: bool) -> bool:
+    """Whether a job's plan may use several GPU types: the policy's plans, or the job's D2 guard."""
+    return mixed or (prof is not None and prof.mixed)
+
+
 def easyscale_walk(
     inp: PassInput,
     order: IntArray,
@@ -302,6 +307,7 @@ def easyscale_walk(
     #    GPUs they had before a scale-out that did not pay; while the back-off holds, no plan the cap refuses)
     cap = list(top)
     limits: list[tuple[tuple[str, int], ...]] = [()] * n
+    mixed_held: dict[int, list[int]] = {}  # row -> the GPUs per type it would keep of its mixed plan
     for row in order.tolist():
         if not (holding[row] and running[row] and low[row] < top[row]) or (pinned is not None and pinned[row]):
             continue
@@ -314,6 +320,12 @@ def easyscale_walk(
                 limits[row] = prof.scale_out.limits
                 if not limits[row]:  # the configuration is not known: no plan beyond the GPUs before
                     cap[row] = prof.scale_out.previous_gpus
+        if _spans(prof, mixed) and sum(1 for k in keep if k) > 1:
+            # a mixed plan keeps its type of the most capability; its other types' GPUs go back to step 3, where
+            # plans on one type come first and the job's own mixed plan is formed again from what they leave
+            mixed_held[row] = [max(k, int(take[row, p])) for p, k in enumerate(keep)]
+            primary = max(range(n_pools), key=lambda p: (keep[p] * speed_of(row, p), -p))
+            keep = [k if p == primary else 0 for p, k in enumerate(keep)]
         for p in range(n_pools):
             extra = min(max(keep[p] - int(take[row, p]), 0), left[p])
             take[row, p] += extra
@@ -331,7 +343,17 @@ def easyscale_walk(
         low=low,
         mixed=mixed,
         own_types=own_types,
+        mixed_held=set(mixed_held),
     )
+    for row, kept in mixed_held.items():
+        # a job whose new plan is no faster than the mixed plan it runs keeps that plan where its GPUs are still
+        # left (a resize costs a checkpoint and a restore, and buys nothing then)
+        prof, now = profiles[row], take[row].tolist()
+        if prof is None or any(k > t + a for k, t, a in zip(kept, now, left, strict=True)):
+            continue
+        if prof.throughput(dict(zip(types, kept, strict=True))) >= prof.throughput(dict(zip(types, now, strict=True))):
+            left = [a + t - k for a, t, k in zip(left, now, kept, strict=True)]
+            take[row] = kept
     target = take.sum(axis=1)
     return _place(inp, held=held, take=take, holding=holding, target=target, pinned=pinned, pack_limit=pack_limit)
 
@@ -348,16 +370,20 @@ def _grant(
     low: list[int],
     mixed: bool,
     own_types: bool,
+    mixed_held: set[int],
 ) -> None:
     """Step 3: one grant at a time to the best proposal of all jobs (a granted job proposes again from its new
-    plan; a proposal that no longer fits is formed again on what is left)."""
+    plan; a proposal that no longer fits is formed again on what is left). Two rounds: plans on one type first
+    (a GPU then runs at its full capability, where a mixed plan's step waits for its slowest GPU), for every job but
+    those ``mixed_held`` (running a mixed plan, whose other types step 2 handed back: their next plan is mixed
+    again, formed with the jobs that may span types in the second round, on what the first left)."""
     types = inp.cluster.pool_names
     jobs = inp.jobs
     elastic = (np.minimum(jobs.min_gpus, jobs.gpus) < np.maximum(jobs.max_gpus, jobs.gpus)) & holding
     heap: list[tuple[tuple[float, int, int, str], int, Proposal]] = []
     masks = jobs.pool_mask.tolist()
 
-    def push(row: int) -> None:
+    def push(row: int, spans: bool) -> None:
         prof = profiles[row]
         if prof is None:
             return
@@ -367,28 +393,33 @@ def _grant(
         free = tuple((types[p], min(left[p], cap[row])) for p in range(len(types)) if left[p] > 0 and mask >> p & 1)
         if not free:
             return
-        spans = mixed or prof.mixed  # the policy's plans, or this job's D2 guard
         best = _best_scale_out(current, free, prof.capability, prof.ests, (low[row], cap[row]), spans, limits[row])
         if best is not None and best.speedup > 1.0:
             best = replace(best, job_id=int(jobs.job_ids[row]))
             heapq.heappush(heap, (proposal_rank(best), row, best))
 
+    def greedy(rows: list[int], spans: bool) -> None:
+        for row in rows:
+            push(row, spans)
+        while heap:
+            _, row, best = heapq.heappop(heap)
+            p = types.index(best.gpu_type)
+            if best.count > left[p]:
+                push(row, spans)  # stale: what is left of its type shrank since it was formed
+                continue
+            plan = dict(best.plan.gpus)  # the job runs its plan: the GPUs it leaves out go back
+            for q, gpu_type in enumerate(types):
+                left[q] += int(take[row, q]) - plan.get(gpu_type, 0)
+                take[row, q] = plan.get(gpu_type, 0)
+            if any(left):
+                push(row, spans)
+
     if not any(left):
         return
-    for row in np.flatnonzero(elastic).tolist():
-        push(row)
-    while heap:
-        _, row, best = heapq.heappop(heap)
-        p = types.index(best.gpu_type)
-        if best.count > left[p]:
-            push(row)  # stale: what is left of its type shrank since it was formed
-            continue
-        plan = dict(best.plan.gpus)  # the job runs its plan: the GPUs it leaves out go back
-        for q, gpu_type in enumerate(types):
-            left[q] += int(take[row, q]) - plan.get(gpu_type, 0)
-            take[row, q] = plan.get(gpu_type, 0)
-        if any(left):
-            push(row)
+    rows = np.flatnonzero(elastic).tolist()
+    greedy([row for row in rows if row not in mixed_held], False)
+    if any(left):
+        greedy([row for row in rows if _spans(profiles[row], mixed)], True)  # then mixed plans, on what is left
 
 
 def _place(
