@@ -9,14 +9,19 @@ decides who waits, EasyScale how many GPUs of which types the elastic jobs get);
    preempted: the order's decision, as in ``tiresias-las``);
 2. a running elastic job keeps the GPUs it holds beyond its minimum where the minimums leave them (a resize costs
    a checkpoint and a restore), in the same order; GPUs it borrowed come back whenever a job ranked higher needs
-   them for its minimum. A running rigid job keeps exactly its GPUs: never shrunk, grown or moved;
+   them for its minimum. A running rigid job keeps exactly its GPUs: never shrunk, grown or moved. A job running a
+   mixed plan keeps here only its GPUs of the type of most capability; the others go back to step 3;
 3. the GPUs left free go to elastic jobs by Role 2's proposals (:func:`_best_scale_out`: k more GPUs of one type
    with the estimated Eq. 1d speedup, as :func:`~hpc_elastic.policy.easyscale.propose` forms them), greedily by
    speedup per GPU, a tie to the proposal with more GPUs (the ranking of
    :func:`~hpc_elastic.policy.easyscale.accept_proposals`); a granted job runs Role 1's top-1 plan on the fewest of
    its GPUs, releases the others, and proposes again from its new plan. ``easyscale-homo`` only lets a job's plan
    use one type (a proposal of k GPUs of another type than it holds moves it there when its plan on them alone is
-   faster), ``easyscale-heter`` several;
+   faster), ``easyscale-heter`` several. Plans on one type are granted first, to every job but those running a
+   mixed plan: on one type a GPU runs at its full capability, where a mixed plan's step waits for its slowest GPU
+   (Eq. 1b), so a GPU goes to a mixed plan only when no plan on one type wants it. Mixed plans are then granted on
+   what is left. A job whose new plan is no faster than the mixed plan it ran keeps that one where its GPUs are
+   still left;
 4. Role 3's fallback: a job whose last scale-out was observed to run slower than before
    (:func:`~hpc_elastic.policy.easyscale.keep_scale_out`) goes back to the GPUs it had before it. The cap that
    follows is bounded, in what and for how long (:meth:`ScaleOut.capped`, :meth:`ScaleOut.refuses`): it refuses
