@@ -54,12 +54,6 @@ BASE_TYPE = "v100"
 CLUSTER = (("v100", 8), ("p100", 4), ("k80", 4))  # (type, nodes of 4 GPUs)
 SYNTHETIC_JOBS = 1500
 SYNTHETIC_SEED = 5
-_BOUND_PARTS: tuple[Callable[[JctBound], float], ...] = (
-    lambda b: b.value,
-    lambda b: b.isolated,
-    lambda b: b.fluid,
-    lambda b: b.isolated_one_type,
-)
 
 
 def gavel_capabilities(path: Path) -> dict[str, dict[str, float]]:
@@ -88,7 +82,10 @@ def print_jct(title: str, per: dict[str, dict[str, float]], bounds: Sequence[Jct
     """The table, the gains, and the bound (with several traces: each one's average JCT is at least its bound, so
     the mean of their average JCTs is at least the mean of their bounds)."""
     heter = per["easyscale-heter"]["avg_jct"]
-    floor, isolated, fluid, one_type = (statistics.fmean(f(b) for b in bounds) for f in _BOUND_PARTS)
+    floor = statistics.fmean(b.value for b in bounds)
+    isolated = statistics.fmean(b.isolated for b in bounds)
+    fluid = statistics.fmean(b.fluid for b in bounds)
+    one_type = statistics.fmean(b.isolated_one_type for b in bounds)
     print(f"\n{title}")
     print(
         f"  {'policy':16s} {'avg JCT s':>10s} {'makespan s':>11s} {'heter gain':>10s} {'preempt':>8s} {'resizes':>8s}"

@@ -257,8 +257,7 @@ class Daemon:
         the policy places with it from this pass on."""
         runs: dict[int, tuple[int, int, str]] = {}
         for job_id, job in obs.managed.items():
-            _, marker, _ = self.selection.judge(job)
-            uid = job_uid(job)
+            marker, uid = obs.markers.get(job_id), job_uid(job)  # (the pass's markers: jobs the policy sees)
             if marker is not None and marker.profile and uid is not None:  # a profile is "<model>@<device type>"
                 runs[job_id] = (job.restart_count, uid, marker.profile.partition("@")[0])
         new = reports_of(obs.jobs, cluster, runs=runs, speeds=reports.speeds, now=now)

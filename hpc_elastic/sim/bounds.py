@@ -25,21 +25,19 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.policy.types import LINEAR
 from hpc_elastic.sim.cluster import NodeSpec
+from hpc_elastic.sim.engine import count_nodes
 from hpc_elastic.sim.trace import TraceJob
 
 
-def gpus_by_type(nodes: Iterable[NodeSpec]) -> dict[str, int]:
+def gpus_by_type(nodes: Sequence[NodeSpec]) -> dict[str, int]:
     """The cluster's GPUs per type (the empty type for untyped nodes)."""
-    out: dict[str, int] = {}
-    for node in nodes:
-        out[node.gpu_type] = out.get(node.gpu_type, 0) + node.gpus
-    return out
+    return {node.gpu_type: node.gpus for node in count_nodes(nodes)}
 
 
 def _check(job: TraceJob, cluster: Mapping[str, int]) -> None:
@@ -53,8 +51,9 @@ def _check(job: TraceJob, cluster: Mapping[str, int]) -> None:
 
 def _counts(job: TraceJob, total: int) -> range:
     """The GPU counts a job may run on, relaxed to every count from 1 up to its maximum (or its request)."""
-    top = max(job.gpus, job.max_gpus) if job.max_gpus is not None and job.elastic else job.gpus
-    return range(1, min(top, total) + 1) if job.elastic else range(job.gpus, job.gpus + 1)
+    if not job.elastic or job.max_gpus is None:
+        return range(job.gpus, job.gpus + 1)
+    return range(1, min(max(job.gpus, job.max_gpus), total) + 1)
 
 
 def isolated_jct(job: TraceJob, cluster: Mapping[str, int], *, one_type: bool = False) -> float:
