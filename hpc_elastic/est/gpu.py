@@ -1,8 +1,9 @@
 """CUDA twin of the CPU kernels, compiled on first use from ``kernels/detreduce_cuda.cu``.
 
 Imported lazily (only when a tensor lives on a CUDA device); nothing here runs at import time.
-NOT YET RUN ON A GPU: no GPU was lent while this was written; the tests that run it skip without CUDA.  Where nvcc
-is installed, tests/unit/kernels/test_cuda_build.py compiles it to PTX and checks its float arithmetic.
+Where nvcc is installed, tests/unit/kernels/test_cuda_build.py compiles it to PTX and checks its float arithmetic;
+on a GPU the CUDA tests of tests/unit/kernels and tests/unit/est compare its bits with the CPU kernels' (they
+passed on an H200 with torch 2.11; they skip without CUDA).
 """
 
 from __future__ import annotations

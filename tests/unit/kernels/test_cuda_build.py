@@ -21,7 +21,15 @@ from torch.utils.cpp_extension import include_paths
 
 from hpc_elastic.est.gpu import NVCC_FLAGS, source_path
 
-KERNELS = ("deposit_kernel", "combine_kernel", "tops_kernel", "fold_kernel", "finalize_kernel", "matmul_nt_kernel")
+KERNELS = (
+    "deposit_kernel",
+    "combine_kernel",
+    "tops_kernel",
+    "fold_kernel",
+    "finalize_kernel",
+    "matmul_nt_kernel",
+    "matmul_nt_lanes_kernel",
+)
 #: a CPU build of torch ships the CUDA headers but not this generated one; what a CUDA build's says
 CMAKE_MACROS = "c10/cuda/impl/cuda_cmake_macros.h"
 
@@ -76,7 +84,7 @@ def test_only_the_product_fuses_and_only_as_its_definition_says(ptx: str) -> Non
     bodies = _entry_bodies(ptx)
     for name, body in bodies.items():
         fused = [op for op in _float_ops(body) if op.startswith("fma")]
-        if "matmul_nt_kernel" in name:
+        if "matmul_nt" in name:  # matmul_nt_kernel and matmul_nt_lanes_kernel
             assert fused and set(fused) == {"fma.rn.f32"}, f"{name}: {sorted(set(fused))}"
             assert not [op for op in _float_ops(body) if op.startswith("mul")], "the product's steps are fmas"
         else:

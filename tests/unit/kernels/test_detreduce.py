@@ -284,6 +284,38 @@ def test_cuda_kernels_equal_cpu_kernels_bitwise() -> None:  # pragma: no cover -
     assert same(got, d.ref_matmul_nt(a, b))
 
 
+@requires_cuda
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    # one output; tiles' edges in rows and columns (32) with k tails (k mod 8); k over several shared-memory tiles
+    [(1, 1, 1), (1, 1, 0), (33, 17, 9), (31, 65, 40), (70, 45, 100), (5, 300, 1030), (64, 64, 64)],
+)
+@pytest.mark.parametrize("kernel", ["tiled", "lanes", "auto"])
+def test_cuda_product_is_the_fixed_order_reference_at_tile_edges(
+    m: int, n: int, k: int, kernel: str
+) -> None:  # pragma: no cover
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-3, 4, (m, k))).astype(np.float32)
+    b = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-3, 4, (n, k))).astype(np.float32)
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    assert same(cuda_extension().matmul_nt(ta, tb, kernel=kernel).cpu().numpy(), d.ref_matmul_nt(a, b))
+
+
+@requires_cuda
+def test_cuda_product_keeps_lanes_of_negative_zero_through_the_padding() -> None:  # pragma: no cover
+    """Every product underflows to -0.  From k = 8 on every lane holds -0 and the output is -0: padding past k
+    with +0 * +0 would turn the lanes that read padding into +0.  Below 8 the lanes no k reaches stay +0."""
+    for k, kernel in itertools.product((5, 13, 40), ("tiled", "lanes")):
+        a = np.full((3, k), 1e-30, np.float32)
+        b = np.full((35, k), -1e-30, np.float32)
+        ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        got = cuda_extension().matmul_nt(ta, tb, kernel=kernel).cpu().numpy()
+        assert same(got, d.ref_matmul_nt(a, b))
+        assert not got.any() and bool(np.all(np.signbit(got))) is (k >= 8)
+    with pytest.raises(RuntimeError, match="kernel must be auto, tiled or lanes, got fast"):
+        cuda_extension().matmul_nt(ta, tb, kernel="fast")
+
+
 def one_est_each(kern: d.Kernels, xs: list[np.ndarray], chunk: int, divisor: float) -> tuple[np.ndarray, np.ndarray]:
     """The one-EST-per-process path at an owner: all contributions as the rows of one buffer (in the given order),
     their exact sum with the top bins found over them, finalize.  Returns (result, top bins)."""
