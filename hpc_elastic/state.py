@@ -58,7 +58,7 @@ from hpc_elastic.est.checkpoint import (
 )
 from hpc_elastic.est.comm import Communicator, local_communicator
 from hpc_elastic.est.context import ESTContext, RNGState
-from hpc_elastic.est.d2 import scan_model, to_d2
+from hpc_elastic.est.d2 import D2Status, optimizer_to_d2, scan_model, scan_optimizer, to_d2
 from hpc_elastic.est.data import DataPlan, ESTLoader
 from hpc_elastic.est.detsum import DEFAULT_CHUNK, MAX_ESTS, bin_width
 from hpc_elastic.est.kernels import TensorKernels
@@ -145,6 +145,9 @@ class State:
             report = scan_model(model)
             if not report.holds:
                 raise HpcElasticError(f"D2 does not hold for this model: {report.first_problem()}")
+            finding = scan_optimizer(optimizer_to_d2(optimizer))
+            if finding.status is not D2Status.COVERED:
+                raise HpcElasticError(f"D2 does not hold for this optimizer ({finding.kind}): {finding.note}")
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

@@ -17,6 +17,10 @@ Everything else is reported with its reason: Dropout (CPU and CUDA generators dr
 InstanceNorm, MultiheadAttention and RNNs (no D2 kernel), other activations, and modules with their own ``forward``
 code, which the scanner cannot see.  The loss function is outside the scan: use
 :func:`hpc_elastic.est.d2_ops.det_cross_entropy`.
+
+The optimizer's update is scanned apart (:func:`scan_optimizer`): torch's SGD, Adam and AdamW become their D2 twins
+of :mod:`hpc_elastic.est.d2_optim` (:func:`optimizer_to_d2`, the class swapped, options and state kept); any other
+optimizer, or one with ``fused``, ``capturable``, ``differentiable`` or a tensor learning rate, is not covered.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import torch
 from torch import nn
 
-from hpc_elastic.est import d2_ops
+from hpc_elastic.est import d2_ops, d2_optim
 from hpc_elastic.models import D2_COMPOSITE_MODULES
 
 
@@ -173,3 +178,42 @@ def to_d2(model: nn.Module) -> nn.Module:
         if conversion is not None and conversion[1](module) is None:
             module.__class__ = conversion[0]
     return model
+
+
+#: torch optimizer class -> its D2 twin (the same class with a device-independent ``step``)
+_OPTIMIZER_CONVERSIONS: dict[type[torch.optim.Optimizer], type[torch.optim.Optimizer]] = {
+    torch.optim.SGD: d2_optim.DetSGD,
+    torch.optim.Adam: d2_optim.DetAdam,
+    torch.optim.AdamW: d2_optim.DetAdamW,
+}
+
+
+def scan_optimizer(optimizer: torch.optim.Optimizer) -> D2Finding:
+    """Whether D2 holds for ``optimizer``'s update (path ``optimizer``, kind its class)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"scan_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    cls = type(optimizer)
+    if cls in d2_optim.D2_OPTIMIZERS:
+        status, note = D2Status.COVERED, "D2 update (hpc_elastic/est/d2_optim.py)"
+    elif cls in _OPTIMIZER_CONVERSIONS:
+        det = _OPTIMIZER_CONVERSIONS[cls]
+        reason = d2_optim.optimizer_unsupported(optimizer)
+        if reason is None:
+            status, note = D2Status.CONVERTIBLE, f"optimizer_to_d2() replaces it by {det.__name__}"
+        else:
+            status, note = D2Status.NOT_COVERED, f"{det.__name__} does not support {reason}"
+    else:
+        status, note = (
+            D2Status.NOT_COVERED,
+            "no D2 update for this optimizer (torch's CUDA and CPU updates round differently): use SGD, Adam or AdamW",
+        )
+    return D2Finding("optimizer", cls.__name__, status, note)
+
+
+def optimizer_to_d2(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Swap, in place, ``optimizer``'s class for its D2 twin when it has one and supports its options: the
+    parameter groups, options and state are kept, only ``step`` changes."""
+    det = _OPTIMIZER_CONVERSIONS.get(type(optimizer))
+    if det is not None and d2_optim.optimizer_unsupported(optimizer) is None:
+        optimizer.__class__ = det
+    return optimizer

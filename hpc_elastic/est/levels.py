@@ -20,7 +20,8 @@ class DeterminismLevel(StrEnum):
     - ``D2`` heterogeneous determinism: D1 + hardware-agnostic operators for the layers a model uses
       (Linear, Conv2d, BatchNorm, LayerNorm, Embedding, pooling, the common activations, softmax and
       cross-entropy: :mod:`hpc_elastic.est.d2_ops`; :func:`hpc_elastic.est.d2.scan_model` says whether they
-      cover a model): identical bits on CPU and on any GPU model where every operator is covered.
+      cover a model; the optimizer's update: :mod:`hpc_elastic.est.d2_optim`): identical bits on CPU and on any
+      GPU model where every operator is covered.
     """
 
     D0 = "d0"

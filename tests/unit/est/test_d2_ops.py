@@ -393,18 +393,19 @@ def test_unsupported_configurations_stay_not_covered() -> None:
 # ---------------------------------------------------------------------------------------------- with the runtime
 
 
-def train_resnet_d2(threads: int, steps: int = 2) -> str:
+def train_resnet_d2(threads: int, steps: int = 2, device: str = "cpu") -> str:
     torch.set_num_threads(threads)
     torch.manual_seed(5)
     model, batch = models.resnet_like()[:2]
     data = torch.utils.data.TensorDataset(*batch(16))  # type: ignore[arg-type]
-    session = Session.local(None, num_workers=2, seed=5, level=DeterminismLevel.D2)
+    session = Session.local(None, num_workers=2, seed=5, level=DeterminismLevel.D2, device=device)
+    model.to(session.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     state = session.state(model, opt, data=data, batch_size=2)
     assert any(isinstance(m, DetConv2d) for m in model.modules())
     while state.step < steps:
         for x, y in state.batches():
-            det_cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+            det_cross_entropy(model(x.to(session.device)), y.to(session.device)).backward()  # type: ignore[no-untyped-call]
         state.finish_step()
     return state.params_sha256()
 
@@ -449,6 +450,14 @@ def test_cuda_resnet_step_gives_the_cpu_bits() -> None:
         loss.backward()  # type: ignore[no-untyped-call]
         results.append([bits(loss)] + [bits(p.grad) for p in model.parameters() if p.grad is not None])
     assert results[0] == results[1]
+
+
+@needs_cuda
+def test_cuda_d2_training_with_the_runtime_gives_the_cpu_bits() -> None:
+    """Two ESTs, the deterministic allreduce's CUDA kernels, the D2 operators and the optimizer on the GPU: the
+    parameters after each number of steps are the CPU run's bits."""
+    for steps in (1, 3):
+        assert train_resnet_d2(1, steps, device="cuda") == train_resnet_d2(1, steps)
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(7, 13, 45), (130, 11, 1100)])
