@@ -5,16 +5,17 @@ non-deterministic elsewhere is here, and the runtime keeps the bits anyway.
 
     python -m hpc_elastic.est.example --steps 40            # under hpc-elastic-run, srun, mpirun or alone
 
-Options: ``--steps`` (global steps of the whole run, across restarts), ``--model`` ``bn-dropout`` (default) or
-``mlp`` (Linear/ReLU only: D2 covers it), ``--batch-size`` (per EST), ``--dataset-size``, ``--loader-workers``,
+Options: ``--steps`` (global steps of the whole run, across restarts), ``--model`` ``bn-dropout`` (default) or ``mlp``
+(Linear/ReLU only: D2 covers it; at D2 the loss is :func:`hpc_elastic.est.d2_ops.det_cross_entropy`, the same bits on
+every device, else ``F.cross_entropy``), ``--batch-size`` (per EST), ``--dataset-size``, ``--loader-workers``,
 ``--hidden``, ``--lr``, ``--seed``, ``--ckpt-every`` (periodic commits), ``--step-delay`` (seconds after each step:
 tests and demos), ``--slow-rank``/``--slow-ms`` (a sleep inside each EST of one rank: a straggler for demos of
-``--balance est``).  The job's balance mode (``hpc-elastic submit --balance``) is the runtime's: in EST mode a line
-``balance est: ...`` is logged (rank 0) whenever ESTs move.  ``--loss-log DIR``: each process appends, after every
-step, the sum of its ESTs' losses and their count to ``DIR/loss-<requeues>-<rank>.jsonl`` (the mean over the N ESTs
-is the sum over the processes of one step divided by N: ``make demo`` plots it).  It commits its final state,
-prints ``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (rank 0, with the balance mode, the final EST
-placement and the moves), and on a stop request checkpoints, acknowledges and exits 0.
+``--balance est``). The job's balance mode (``hpc-elastic submit --balance``) is the runtime's: in EST mode a line
+``balance est: ...`` is logged (rank 0) whenever ESTs move. ``--loss-log DIR``: each process appends, after every
+step, the sum of its ESTs' losses and their count to ``DIR/loss-<requeues>-<rank>.jsonl`` (the mean over the N ESTs is
+the sum over the processes of one step divided by N: ``make demo`` plots it). It commits its final state, prints
+``final-params-sha256 <hex>`` and one ``RESULT <json>`` line (rank 0, with the balance mode, the final EST placement
+and the moves), and on a stop request checkpoints, acknowledges and exits 0.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import hpc_elastic
+from hpc_elastic.est.d2_ops import det_cross_entropy
+from hpc_elastic.est.levels import DeterminismLevel
 
 FEATURES = 16
 CLASSES = 4
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args.model, args.hidden).to(session.device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = det_cross_entropy if session.level is DeterminismLevel.D2 else F.cross_entropy
     state = session.state(
         model,
         optimizer,
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         loss_sum, ests = 0.0, 0
         for x, y in state.batches():
-            loss = F.cross_entropy(model(x.to(session.device)), y.to(session.device))
+            loss = loss_fn(model(x.to(session.device)), y.to(session.device))
             loss.backward()  # type: ignore[no-untyped-call]
             if args.loss_log is not None:
                 loss_sum, ests = loss_sum + float(loss.detach()), ests + 1

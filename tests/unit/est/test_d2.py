@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from hpc_elastic.est import example
 from hpc_elastic.est.d2 import D2Status, register_d2_module, scan_model, to_d2
 from hpc_elastic.est.d2_math import det_matmul_nt
-from hpc_elastic.est.d2_ops import DetLinear
+from hpc_elastic.est.d2_ops import DetLinear, det_cross_entropy
 from hpc_elastic.est.detsum import ref_matmul_nt
 from hpc_elastic.est.example import build_model
 
@@ -79,3 +85,29 @@ def test_custom_modules_are_unknown_until_registered() -> None:
     assert scan_model(block).holds
     with pytest.raises(ValueError, match="needs an nn.Module subclass"):
         register_d2_module(int)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("level", "det_loss"), [("d2", True), ("d1", False)])
+def test_the_bundled_example_takes_the_d2_loss_at_d2_only(
+    level: str, det_loss: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The stock cross-entropy's log-softmax rounds differently on CPU and CUDA: at D2 the example trains with
+    det_cross_entropy, and with F.cross_entropy below D2."""
+    calls: list[str] = []
+
+    def counting(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+        def wrapped(*args: object, **kwargs: object) -> torch.Tensor:
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr("hpc_elastic.est.example.det_cross_entropy", counting(det_cross_entropy, "d2"))
+    monkeypatch.setattr("torch.nn.functional.cross_entropy", counting(F.cross_entropy, "stock"))
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "HPC_ELASTIC_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HPC_ELASTIC_LEVEL", level)
+    monkeypatch.setenv("HPC_ELASTIC_WORKERS", "2")
+    monkeypatch.setenv("HPC_ELASTIC_JOB_DIR", str(tmp_path / "job"))
+    assert example.main(["--model=mlp", "--steps=1", "--dataset-size=16", "--loader-workers=0"]) == 0
+    assert calls == (["d2"] if det_loss else ["stock"]) * 2  # one mini-batch per EST
