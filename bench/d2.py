@@ -20,7 +20,8 @@ product's step this CPU runs (``avx512``, ``avx2``, ``scalar`` unless ``--paths`
 widest), next to torch's ``a @ b.T`` on dense copies of the same operands: process CPU time, medians, GF/s (2 m n k
 per product) and each path's total over the step.  Usage::
 
-    python bench/d2.py [--batch 32] [--reps 5] [--threads N] [--devices cpu,cuda] [--products [--paths avx512,avx2]]
+    python bench/d2.py [--batch 32] [--reps 5] [--threads N] [--devices cpu,cuda] [--paths avx2]
+    python bench/d2.py --products [--paths avx512,avx2]
 """
 
 from __future__ import annotations
@@ -197,7 +198,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--products", action="store_true", help="time the product alone on resnet_like's products")
-    p.add_argument("--paths", default=None, help="with --products: comma-separated paths to time (default: all)")
+    p.add_argument(
+        "--paths",
+        default=None,
+        help="with --products: comma-separated paths to time (default: all); else one path the steps' products take",
+    )
     p.add_argument("--devices", default=None, help="comma-separated devices (default: cpu, and cuda if present)")
     args = p.parse_args()
     if args.threads:
@@ -210,6 +215,8 @@ def main() -> None:
         print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
         print(json.dumps({"threads": torch.get_num_threads(), "load": [load_before, load_after], **summary}))
         return
+    if args.paths:
+        detsum.c_extension()._matmul_path(args.paths)  # ValueError naming it if this CPU has no such path
     if args.devices:
         devices = [torch.device(name) for name in args.devices.split(",")]
     else:
@@ -227,7 +234,12 @@ def main() -> None:
             )
     load_after = os.getloadavg()[0]
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
-    summary = {"threads": torch.get_num_threads(), "torch": torch.__version__, "load": [load_before, load_after]}
+    summary = {
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load": [load_before, load_after],
+        "path": args.paths or "auto",
+    }
     print(json.dumps({**summary, "results": results}))
 
 
