@@ -186,17 +186,23 @@ __global__ void finalize_kernel(const long long* v, const uint8_t* gtops, float*
   out[i] = f;
 }
 
-// out[i, j] = sum_k a[i, k] * b[j, k], lanes k mod 8 (acc = fma(a, b, acc), one rounding: __fmaf_rn, written out; the
-// build's --fmad=false only forbids the compiler's own contraction), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+// The definition's tree over the eight lanes of an output held by eight neighbouring threads of a warp (lane =
+// thread mod 8), every thread of the warp taking part: three xor-shuffles; IEEE addition is commutative, so lane 1's
+// l1 + l0 has the bits of l0 + l1 and every lane ends with ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+__device__ __forceinline__ float lane_tree(float v) {
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));  // l0 + l1, l2 + l3, ...
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));  // (l0 + l1) + (l2 + l3), ...
+  return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+}
+
 // The fixed-order product a @ b.T (matmul_nt in detreduce.c): output (i, j) has eight lanes, lane l accumulating
-// acc = fma(a[i,k], b[j,k], acc) for k = l mod 8 in increasing k from +0, then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+// acc = fma(a[i,k], b[j,k], acc) for k = l mod 8 in increasing k from +0 (one rounding: __fmaf_rn, written out; the
+// build's --fmad=false only forbids the compiler's own contraction), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
 // Tiled: a block of MM_THREADS computes an MM_BM x MM_BN tile of outputs.  The eight lanes of one output live in
 // eight neighbouring threads (lane = thread mod 8), each thread holding its lane of MM_TM x MM_TN outputs; k is
 // walked in increasing tiles of MM_BK (a multiple of 8) staged in shared memory, so each lane still sees its k in
 // increasing order.  Past k the operands are padded with a = +0, b = -0: the lane adds the exact product -0, and
-// x + (-0) = x for every x (the C kernel's padded tail).  The final tree is three xor-shuffles among the eight
-// lanes; IEEE addition is commutative, so lane 1's l1 + l0 has the bits of l0 + l1 and every lane ends with the
-// definition's sum.
+// x + (-0) = x for every x (the C kernel's padded tail).  The final tree is lane_tree.
 constexpr int MM_BM = 32, MM_BN = 32, MM_BK = 32, MM_TM = 4, MM_TN = 4;
 constexpr int MM_GN = MM_BN / MM_TN;                   // output groups across a tile's columns
 constexpr int MM_THREADS = LANES * (MM_BM / MM_TM) * MM_GN;  // 512
@@ -245,10 +251,7 @@ __global__ void __launch_bounds__(MM_THREADS) matmul_nt_kernel(const float* a, c
   for (int r = 0; r < MM_TM; ++r) {
 #pragma unroll
     for (int c = 0; c < MM_TN; ++c) {
-      float v = acc[r][c];
-      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));  // l0 + l1, l2 + l3, ...
-      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));  // (l0 + l1) + (l2 + l3), ...
-      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+      const float v = lane_tree(acc[r][c]);
       const long long i = row0 + gm * MM_TM + r, j = col0 + gn * MM_TN + c;
       if ((r * MM_TN + c) % LANES == lane && i < m && j < n) out[i * n + j] = v;
     }
@@ -274,9 +277,7 @@ __global__ void __launch_bounds__(MM_LANE_OUTPUTS* LANES)
   float v = 0.0f;
   if (live)
     for (long long kk = lane; kk < k; kk += LANES) v = __fmaf_rn(ar[kk], br[kk], v);
-  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = lane_tree(v);
   if (live && lane == 0) out[o] = v;
 }
 

@@ -186,6 +186,7 @@ _OPTIMIZER_CONVERSIONS: dict[type[torch.optim.Optimizer], type[torch.optim.Optim
     torch.optim.Adam: d2_optim.DetAdam,
     torch.optim.AdamW: d2_optim.DetAdamW,
 }
+_D2_OPTIMIZERS: frozenset[type[torch.optim.Optimizer]] = frozenset(_OPTIMIZER_CONVERSIONS.values())
 
 
 def scan_optimizer(optimizer: torch.optim.Optimizer) -> D2Finding:
@@ -193,7 +194,7 @@ def scan_optimizer(optimizer: torch.optim.Optimizer) -> D2Finding:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"scan_optimizer needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
     cls = type(optimizer)
-    if cls in d2_optim.D2_OPTIMIZERS:
+    if cls in _D2_OPTIMIZERS:
         status, note = D2Status.COVERED, "D2 update (hpc_elastic/est/d2_optim.py)"
     elif cls in _OPTIMIZER_CONVERSIONS:
         det = _OPTIMIZER_CONVERSIONS[cls]

@@ -128,9 +128,6 @@ class DetAdamW(torch.optim.AdamW):
         return _step(self, _adam_update, closure)
 
 
-D2_OPTIMIZERS: tuple[type[torch.optim.Optimizer], ...] = (DetSGD, DetAdam, DetAdamW)
-
-
 def optimizer_unsupported(optimizer: torch.optim.Optimizer) -> str | None:
     """Why the D2 twin cannot take ``optimizer``'s options over, or None."""
     for group in optimizer.param_groups:
