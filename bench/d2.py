@@ -7,6 +7,10 @@ sees one), times interleaved repetitions of
   CPU, cuDNN/cuBLAS on the GPU);
 - ``d2``: the same model after :func:`hpc_elastic.est.d2.to_d2` with :func:`det_cross_entropy` (the D2 operators:
   the same bits on every device),
+- on a GPU also ``stock_graph`` and ``d2_graph``: each step captured once in a CUDA graph
+  (:func:`hpc_elastic.est.gpu.capture_step`) and replayed (the D2 step launches some 2,000 small kernels; a replay
+  launches them without Python), with ``graph_ratio`` = d2_graph / stock (eager) and ``graph_ratio_both`` =
+  d2_graph / stock_graph,
 
 and reports the median step times (wall clock, and the process's CPU time: on a shared machine the CPU time of a
 one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock, with the machine's load
@@ -45,16 +49,22 @@ from hpc_elastic import models
 from hpc_elastic.est import detsum
 from hpc_elastic.est.d2 import scan_model, to_d2
 from hpc_elastic.est.d2_ops import det_cross_entropy
+from hpc_elastic.est.gpu import CapturedStep, capture_step
 
 MODELS: dict[str, Callable[[], models.ModelBundle]] = {"resnet_like": models.resnet_like, "vgg_like": models.vgg_like}
 
 
-def step(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x: Any, y: Any) -> float:
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def forward_backward(model: nn.Module, loss_fn: LossFn, x: Any, y: Any) -> torch.Tensor:
+    """One step without the optimizer: fresh gradients (set to None, so that a captured backward allocates them in
+    its graph's memory), the loss, its backward; returns the loss."""
     for p in model.parameters():
         p.grad = None
     loss = loss_fn(model(x), y)
     loss.backward()  # type: ignore[no-untyped-call]
-    return float(loss.item())
+    return loss.detach()
 
 
 def timed(device: torch.device, fn: Callable[[], float]) -> tuple[float, float, float]:
@@ -67,7 +77,7 @@ def timed(device: torch.device, fn: Callable[[], float]) -> tuple[float, float, 
     return time.perf_counter() - start, time.process_time() - cpu, loss
 
 
-def measure(name: str, device: torch.device, batch: int, reps: int) -> dict[str, Any]:
+def measure(name: str, device: torch.device, batch: int, reps: int, graphs: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     model, sample = MODELS[name]()[:2]
     x, y = sample(batch)
@@ -75,33 +85,43 @@ def measure(name: str, device: torch.device, batch: int, reps: int) -> dict[str,
     det = to_d2(copy.deepcopy(stock))
     assert scan_model(det).holds, scan_model(det).first_problem()
     x, y = x.to(device), y.to(device)  # type: ignore[union-attr]
-    runs: dict[str, tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] = {
-        "stock": (stock, F.cross_entropy),
-        "d2": (det, det_cross_entropy),
-    }
+    runs: dict[str, Callable[[], float]] = {}
+    for key, module, loss_fn in (("stock", stock, F.cross_entropy), ("d2", det, det_cross_entropy)):
+        runs[key] = functools.partial(eager_step, module, loss_fn, x, y)
+        if graphs:
+            # a copy of the model, so that the eager runs' gradients stay theirs
+            captured = capture_step(functools.partial(forward_backward, copy.deepcopy(module), loss_fn, x, y))
+            runs[f"{key}_graph"] = functools.partial(replayed_step, captured)
     times: dict[str, list[float]] = {k: [] for k in runs}
     cpu_times: dict[str, list[float]] = {k: [] for k in runs}
     losses: dict[str, float] = {}
     for rep in range(reps + 1):  # the first round warms up (allocator, CUDA extension build, oneDNN plans)
-        for key, (module, loss_fn) in runs.items():
-            seconds, cpu, losses[key] = timed(device, lambda m=module, f=loss_fn: step(m, f, x, y))
+        for key, run in runs.items():
+            seconds, cpu, losses[key] = timed(device, run)
             if rep:
                 times[key].append(seconds)
                 cpu_times[key].append(cpu)
-    result = {
-        "model": name,
-        "device": device.type,
-        "batch": batch,
-        "stock_s": statistics.median(times["stock"]),
-        "d2_s": statistics.median(times["d2"]),
-        "stock_cpu_s": statistics.median(cpu_times["stock"]),
-        "d2_cpu_s": statistics.median(cpu_times["d2"]),
-        "loss_stock": losses["stock"],
-        "loss_d2": losses["d2"],
-    }
+    result: dict[str, Any] = {"model": name, "device": device.type, "batch": batch}
+    for key in runs:
+        result[f"{key}_s"] = statistics.median(times[key])
+        result[f"{key}_cpu_s"] = statistics.median(cpu_times[key])
+        result[f"loss_{key}"] = losses[key]
     result["ratio"] = result["d2_s"] / result["stock_s"]
     result["cpu_ratio"] = result["d2_cpu_s"] / result["stock_cpu_s"]
+    if graphs:
+        # the D2 step replayed from a graph against the stock step as users run it (eager), and against the stock
+        # step replayed from a graph too
+        result["graph_ratio"] = result["d2_graph_s"] / result["stock_s"]
+        result["graph_ratio_both"] = result["d2_graph_s"] / result["stock_graph_s"]
     return result
+
+
+def eager_step(model: nn.Module, loss_fn: LossFn, x: Any, y: Any) -> float:
+    return float(forward_backward(model, loss_fn, x, y).item())
+
+
+def replayed_step(captured: CapturedStep[torch.Tensor]) -> float:
+    return float(captured.replay().item())
 
 
 def record_products(batch: int) -> list[tuple[Any, ...]]:
@@ -125,7 +145,7 @@ def record_products(batch: int) -> list[tuple[Any, ...]]:
     torch.set_num_threads(1)
     kernels.matmul_nt_view = recording  # type: ignore[method-assign,assignment]
     try:
-        step(det, det_cross_entropy, x, y)
+        eager_step(det, det_cross_entropy, x, y)
     finally:
         del kernels.matmul_nt_view
         torch.set_num_threads(threads)
@@ -225,13 +245,20 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     for device in devices:
         for name in MODELS:
-            r = measure(name, device, args.batch, args.reps)
+            r = measure(name, device, args.batch, args.reps, graphs=device.type == "cuda")
             results.append(r)
             print(
                 f"{r['model']:12s} {r['device']:4s} batch {r['batch']}: stock {r['stock_s'] * 1e3:8.1f} ms, "
                 f"d2 {r['d2_s'] * 1e3:8.1f} ms, ratio {r['ratio']:.2f}; process CPU time ratio {r['cpu_ratio']:.2f} "
                 f"(loss {r['loss_stock']:.6f} / {r['loss_d2']:.6f})"
             )
+            if "graph_ratio" in r:
+                print(
+                    f"{'':12s} {r['device']:4s} in CUDA graphs: stock {r['stock_graph_s'] * 1e3:8.1f} ms, "
+                    f"d2 {r['d2_graph_s'] * 1e3:8.1f} ms; d2 graph / stock eager {r['graph_ratio']:.2f}, "
+                    f"d2 graph / stock graph {r['graph_ratio_both']:.2f} (losses {r['loss_stock_graph']:.6f} / "
+                    f"{r['loss_d2_graph']:.6f})"
+                )
     load_after = os.getloadavg()[0]
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     summary = {

@@ -10,6 +10,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <map>
+#include <mutex>
+
 namespace {
 
 constexpr int NONFINITE_TOP = 255;
@@ -379,6 +382,21 @@ void finalize(torch::Tensor v, torch::Tensor gtops, torch::Tensor out, int64_t c
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The device's multiprocessors, asked once per device (the first, eager call; not again while a CUDA graph is
+// captured, and not on every product).
+int sm_count(const torch::Tensor& t) {
+  static std::mutex lock;
+  static std::map<int, int> known;
+  std::lock_guard<std::mutex> hold(lock);
+  const int device = t.get_device();
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  known[device] = sms;
+  return sms;
+}
+
 // kernel: "tiled", "lanes" or "auto" (tests force each: both give the definition's bits).  "auto" takes the lanes
 // below MM_LANE_OUTPUTS_PER_SM outputs per multiprocessor: a tiled product below that is one wave of blocks whose
 // time grows with k alone, the lanes' with m * n * k.  Measured on an H200 (132 SMs) over the 77 product shapes of
@@ -396,9 +414,7 @@ torch::Tensor matmul_nt(torch::Tensor a, torch::Tensor b, const std::string& ker
   if (m * n == 0) return out;
   const long long tiles_m = (m + MM_BM - 1) / MM_BM, tiles_n = (n + MM_BN - 1) / MM_BN;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.get_device()));
-  const bool tiled = kernel == "tiled" || (kernel == "auto" && m * n >= MM_LANE_OUTPUTS_PER_SM * sms);
+  const bool tiled = kernel == "tiled" || (kernel == "auto" && m * n >= MM_LANE_OUTPUTS_PER_SM * sm_count(a));
   if (tiled) {
     TORCH_CHECK(tiles_m < (1ll << 31) && tiles_n <= 65535, "matmul_nt: too many outputs for one launch");
     matmul_nt_kernel<<<dim3((unsigned)tiles_m, (unsigned)tiles_n), MM_THREADS, 0, stream>>>(

@@ -52,6 +52,7 @@ from hpc_elastic.est.d2_math import (
     f32,
     reciprocal,
 )
+from hpc_elastic.est.gpu import capturing
 
 Grads = tuple[torch.Tensor | None, ...]
 Pair = tuple[int, int]
@@ -721,7 +722,9 @@ class _CrossEntropyFn(torch.autograd.Function):
 
 def det_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Cross-entropy of [N, C] logits against class indices [N], mean over the batch (``F.cross_entropy`` with its
-    defaults and optional label smoothing), the same bits on every device."""
+    defaults and optional label smoothing), the same bits on every device.  The targets' range is checked on the host,
+    except while a CUDA graph is captured, where a read back is not allowed (a target out of range then trips the
+    gather's device-side check, as it does with ``F.cross_entropy``)."""
     if logits.dim() != 2 or target.shape != (logits.shape[0],):
         raise ValueError(
             f"det_cross_entropy needs [N, C] logits and [N] targets, got {tuple(logits.shape)} and "
@@ -731,7 +734,11 @@ def det_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothin
         raise ValueError(f"det_cross_entropy needs int64 class indices, got {target.dtype}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    if target.numel() and (int(target.min().item()) < 0 or int(target.max().item()) >= logits.shape[1]):
+    if (
+        target.numel()
+        and not capturing(target)
+        and (int(target.min().item()) < 0 or int(target.max().item()) >= logits.shape[1])
+    ):
         raise ValueError(f"targets must be class indices in [0, {logits.shape[1]}) (ignore_index is not supported)")
     out: torch.Tensor = _CrossEntropyFn.apply(logits, target, float(label_smoothing))  # type: ignore[no-untyped-call]
     return out

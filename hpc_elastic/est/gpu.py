@@ -9,9 +9,11 @@ passed on an H200 with torch 2.11; they skip without CUDA).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -21,6 +23,8 @@ SOURCE_NAME = "detreduce_cuda.cu"
 #: no FMA contraction, IEEE division, no flush to zero: the bits must equal the CPU kernels' (the PTX is checked for
 #: it in tests/unit/kernels/test_cuda_build.py)
 NVCC_FLAGS = ("--fmad=false", "-prec-div=true", "-ftz=false")
+
+T = TypeVar("T")
 
 
 def source_path() -> Path:
@@ -46,3 +50,48 @@ def cuda_extension() -> Any:
         verbose=False,
     )
     return ext
+
+
+def capturing(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a CUDA tensor and the current stream is capturing a CUDA graph (host reads of device values
+    are not allowed then)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+@dataclass(frozen=True)
+class CapturedStep(Generic[T]):
+    """A step captured in a CUDA graph: :meth:`replay` runs its kernels again on the same memory (new inputs are
+    copied into the tensors the step read when it was captured) and returns what the captured run returned, whose
+    tensors the replay overwrites."""
+
+    graph: torch.cuda.CUDAGraph
+    outputs: T
+
+    def replay(self) -> T:
+        self.graph.replay()
+        return self.outputs
+
+
+def capture_step(step: Callable[[], T], warmup: int = 3) -> CapturedStep[T]:
+    """Capture ``step`` (a D2 forward, loss and backward on fixed-shape CUDA tensors) in one CUDA graph.
+
+    A D2 step on a GPU runs some 2,000 small single-operation kernels (one per IEEE operation, so that every device
+    gets the same bits), and launching them from Python costs more than running them; a graph replays them with one
+    launch.  The kernels and their order are the eager step's, so a replay gives its bits.  ``step`` runs ``warmup``
+    times eagerly on a side stream first (the CUDA extension's build, the allocator's pools), as torch's whole-network
+    capture does; set the parameters' ``.grad`` to None before, so that the backward allocates them in the graph's
+    memory and each replay writes them afresh."""
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 eager run, got {warmup}")
+    if not torch.cuda.is_available():
+        raise HpcElasticError("a CUDA graph needs a CUDA device, and torch sees none")
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return CapturedStep(graph, outputs)
