@@ -143,20 +143,23 @@ class _TransformerSmall(nn.Module):
     def __init__(self, d_model: int = 128, heads: int = 4, layers: int = 2, ff: int = 256) -> None:
         super().__init__()
         self.embedding = nn.Embedding(VOCAB_SIZE, d_model)
-        self.position = nn.Parameter(torch.zeros(SEQUENCE_LENGTH, d_model))
+        self.position = nn.Embedding(SEQUENCE_LENGTH, d_model)
         layer = nn.TransformerEncoderLayer(d_model, heads, ff, dropout=0.0, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, NUM_CLASSES)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(self.embedding(tokens) + self.position[: tokens.shape[1]])
-        out: torch.Tensor = self.head(hidden.mean(dim=1))
+        # learned positions looked up for every token, so the sum has equal shapes (a broadcast add's gradient would
+        # be a reduction over the batch); the first token's state classifies (BERT's pooling): no mean here either
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape)
+        hidden = self.encoder(self.embedding(tokens) + self.position(positions))
+        out: torch.Tensor = self.head(hidden[:, 0])
         return out
 
 
-#: modules whose own forward only composes their children with exact element-wise ops (ReLU, a residual add of two
-#: tensors): the D2 scanner (hpc_elastic.est.d2) vouches for them
-D2_COMPOSITE_MODULES: tuple[type[nn.Module], ...] = (_VggLike, _BasicBlock, _ResNetLike)
+#: modules whose own forward only composes their children with exact element-wise ops (ReLU, adds of two tensors of
+#: one shape, selecting a token): the D2 scanner (hpc_elastic.est.d2) vouches for them
+D2_COMPOSITE_MODULES: tuple[type[nn.Module], ...] = (_VggLike, _BasicBlock, _ResNetLike, _TransformerSmall)
 
 
 def _token_batch(batch_size: int) -> tuple[Inputs, torch.Tensor]:

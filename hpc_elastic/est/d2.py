@@ -7,15 +7,17 @@ Covered operators (identical bits on any CPU and any CUDA GPU by construction: s
   ``nn.Linear``, ``nn.Conv2d`` (groups 1, zero padding), ``nn.BatchNorm1d/2d/3d``, ``nn.LayerNorm``,
   ``nn.Embedding`` (no max_norm, dense gradients), ``nn.MaxPool2d`` (no ceil_mode), ``nn.AdaptiveAvgPool2d``
   (output sizes dividing the input's; others fail at the forward), ``nn.Sigmoid``, ``nn.Tanh``, ``nn.SiLU``,
-  ``nn.GELU``, ``nn.Softmax`` and ``nn.LogSoftmax`` (with a dim);
+  ``nn.GELU``, ``nn.Softmax`` and ``nn.LogSoftmax`` (with a dim), ``nn.MultiheadAttention`` (no dropout, bias_kv
+  or zero attention), ``nn.TransformerEncoderLayer`` (ReLU, GELU or a module as activation) and
+  ``nn.TransformerEncoder`` (their forwards without torch's fused inference paths), ``nn.Dropout`` with ``p = 0``;
 - exact as they are: ``nn.ReLU``, ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten`` (comparisons and copies);
 - containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) and the classes vouched for by
   :func:`register_d2_module` (forward code that only composes covered children with exact element-wise ops; the
   reference models of :mod:`hpc_elastic.models` listed in ``D2_COMPOSITE_MODULES`` are vouched for here).
 
-Everything else is reported with its reason: Dropout (CPU and CUDA generators draw different masks), GroupNorm and
-InstanceNorm, MultiheadAttention and RNNs (no D2 kernel), other activations, and modules with their own ``forward``
-code, which the scanner cannot see.  The loss function is outside the scan: use
+Everything else is reported with its reason: Dropout with ``p > 0`` (CPU and CUDA generators draw different masks),
+GroupNorm and InstanceNorm, RNNs and transformer decoders (no D2 kernel), other activations, and modules with their
+own ``forward`` code, which the scanner cannot see.  The loss function is outside the scan: use
 :func:`hpc_elastic.est.d2_ops.det_cross_entropy`.
 
 The optimizer's update is scanned apart (:func:`scan_optimizer`): torch's SGD, Adam and AdamW become their D2 twins
@@ -69,11 +71,16 @@ _CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str |
     nn.GELU: (d2_ops.DetGELU, _always),
     nn.Softmax: (d2_ops.DetSoftmax, d2_ops.softmax_unsupported),
     nn.LogSoftmax: (d2_ops.DetLogSoftmax, d2_ops.softmax_unsupported),
+    nn.Dropout: (d2_ops.DetDropout, d2_ops.dropout_unsupported),
+    nn.MultiheadAttention: (d2_ops.DetMultiheadAttention, d2_ops.mha_unsupported),
+    nn.modules.linear.NonDynamicallyQuantizableLinear: (d2_ops.DetLinear, _always),  # attention's out_proj
+    nn.TransformerEncoderLayer: (d2_ops.DetTransformerEncoderLayer, d2_ops.encoder_layer_unsupported),
+    nn.TransformerEncoder: (d2_ops.DetTransformerEncoder, _always),
 }
 _D2_CLASSES: frozenset[type[nn.Module]] = frozenset(det for det, _ in _CONVERSIONS.values())
 _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
     (
-        (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout),
+        (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout),
         "CPU and CUDA generators draw different masks",
     ),
     (
@@ -81,7 +88,10 @@ _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
         "no D2 operator for this normalisation",
     ),
     ((nn.modules.conv._ConvNd,), "no D2 operator for this convolution (Conv2d alone is covered)"),
-    ((nn.MultiheadAttention, nn.RNNBase, nn.RNNCellBase, nn.Transformer), "no D2 operator (composite kernels)"),
+    (
+        (nn.RNNBase, nn.RNNCellBase, nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer),
+        "no D2 operator (composite kernels)",
+    ),
     (
         (nn.ELU, nn.Softplus, nn.Mish, nn.CELU, nn.SELU, nn.Hardswish, nn.LogSigmoid, nn.Softmin, nn.Softmax2d),
         "no D2 operator for this activation (transcendental functions round differently in libm and CUDA)",

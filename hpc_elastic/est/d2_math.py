@@ -174,6 +174,50 @@ def det_matmul_nt(
     return result
 
 
+def det_bmm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a[i] @ b[i].T`` for every i of [B, m, k] and [B, n, k] float32 operands (any strides): each entry is one
+    :func:`det_matmul_nt` product, so an entry's result depends on its operands alone.  On the CPU the entries'
+    views are named by one geometry whose offset moves (no per-entry checks or views) and split over the threads
+    by whole entries; on a GPU one product per entry."""
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
+        raise ValueError(
+            f"det_bmm_nt needs [B, m, k] and [B, n, k] operands, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise ValueError(f"det_bmm_nt supports float32 only, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"operands on different devices: {a.device} and {b.device}")
+    batch, m, n = a.shape[0], a.shape[1], b.shape[1]
+    out = torch.empty((batch, m, n), dtype=torch.float32, device=a.device)
+    if a.device.type != "cpu":
+        for i in range(batch):
+            det_matmul_nt(a[i], b[i], out=out[i].unsqueeze(1))
+        return out
+    if batch == 0 or m * n == 0:
+        return out
+    a, b = a.detach(), b.detach()
+    an, ag = _geometry(a[0], 1)
+    bn, bg = _geometry(b[0], 1)
+    on = out.numpy()
+    kernels = cpu_kernels()
+
+    def entries(lo: int, hi: int) -> None:
+        ga, gb = ag.copy(), bg.copy()
+        for i in range(lo, hi):
+            ga[0] = a.storage_offset() + i * a.stride(0)
+            gb[0] = b.storage_offset() + i * b.stride(0)
+            kernels.matmul_nt_view(an, ga, bn, gb, on[i], rows=(0, m))
+
+    threads = min(torch.get_num_threads(), batch)
+    if threads < 2 or batch * m * n * a.shape[2] < PARALLEL_MIN_WORK:
+        entries(0, batch)
+        return out
+    bounds = [batch * t // threads for t in range(threads + 1)]
+    for job in [_pool(threads).submit(entries, lo, hi) for lo, hi in itertools.pairwise(bounds)]:
+        job.result()
+    return out
+
+
 def det_sum(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     """Sum over ``dim`` by a fixed pairwise tree: pad with +0.0 to a power of two, then halve with element-wise
     additions (element i of the first half plus element i of the second).  The tree depends on the length only."""

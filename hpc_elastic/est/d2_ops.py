@@ -39,6 +39,7 @@ from hpc_elastic.est.d2_math import (
     batch_norm_train,
     batch_norm_train_backward,
     c_kernels,
+    det_bmm_nt,
     det_erfc,
     det_exp,
     det_log,
@@ -742,6 +743,223 @@ def det_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothin
         raise ValueError(f"targets must be class indices in [0, {logits.shape[1]}) (ignore_index is not supported)")
     out: torch.Tensor = _CrossEntropyFn.apply(logits, target, float(label_smoothing))  # type: ignore[no-untyped-call]
     return out
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+class _BmmNtFn(torch.autograd.Function):
+    """Batched ``a @ b.transpose(1, 2)`` by the fixed-order product, and its gradients by the same product."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return det_bmm_nt(a, b)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        a, b = ctx.saved_tensors
+        g = grad_out.contiguous()
+        ga = det_bmm_nt(g, b.transpose(1, 2)) if ctx.needs_input_grad[0] else None  # g[i] @ b[i]
+        gb = det_bmm_nt(g.transpose(1, 2), a.transpose(1, 2)) if ctx.needs_input_grad[1] else None  # g[i].T @ a[i]
+        return ga, gb
+
+
+def _float_mask(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """An attention mask as values to add to the scores: a boolean mask's True (not allowed) is -inf."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=like.dtype, device=like.device).masked_fill_(mask, float("-inf"))
+    if not mask.is_floating_point():
+        raise ValueError(f"attention masks must be bool or floating point, got {mask.dtype}")
+    return mask.to(like.dtype)
+
+
+def mha_unsupported(mha: nn.MultiheadAttention) -> str | None:
+    """Why :class:`DetMultiheadAttention` cannot stand in for ``mha``, or None."""
+    if mha.dropout:
+        return f"dropout={mha.dropout} (CPU and CUDA generators draw different masks; 0 only)"
+    if mha.bias_k is not None or mha.bias_v is not None:
+        return "add_bias_kv"
+    if mha.add_zero_attn:
+        return "add_zero_attn"
+    return None
+
+
+class DetMultiheadAttention(nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` (no dropout, bias_kv or zero attention) by its definition ("Attention Is All You
+    Need" §3.2.2): the projections and the two batched products by the fixed-order product, the scores scaled by
+    ``1 / sqrt(head_dim)`` (one float32 multiplication of the queries, as torch scales them), masks added (a boolean
+    mask's True is -inf), :class:`DetSoftmax`'s operation over the keys.  Each sample's outputs depend on that
+    sample alone.  The same parameters and state dict as the stock module."""
+
+    def forward(  # noqa: PLR0917 (torch's signature)
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _refuse(self, mha_unsupported(self))
+        batched = query.dim() == 3
+        if not batched:  # [L, E]: a batch of one
+            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        if self.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        length, n, embed = query.shape  # sequence first from here
+        heads, head_dim = self.num_heads, self.head_dim
+        q, k, v = self._project(query, key, value)
+        source = k.shape[0]
+
+        def split(t: torch.Tensor, steps: int) -> torch.Tensor:  # [steps, N, E] -> [N * heads, steps, head_dim]
+            return t.reshape(steps, n * heads, head_dim).transpose(0, 1).contiguous()
+
+        q = split(q * f32(1.0 / math.sqrt(head_dim)), length)
+        scores = _apply(_BmmNtFn, q, split(k, source))  # [N * heads, L, S]
+        if attn_mask is None and is_causal:
+            attn_mask = torch.ones((length, source), dtype=torch.bool, device=query.device).triu_(1)
+        mask = _float_mask(attn_mask, scores)
+        if mask is not None:
+            if mask.dim() == 2:
+                mask = mask.reshape(1, length, source)
+            elif mask.shape != (n * heads, length, source):
+                raise ValueError(
+                    f"attn_mask must be [L, S] or [N * heads, L, S] = {[n * heads, length, source]}, "
+                    f"got {list(mask.shape)}"
+                )
+            scores = scores + mask
+        padding = _float_mask(key_padding_mask, scores)
+        if padding is not None:
+            if padding.shape != (n, source):
+                raise ValueError(f"key_padding_mask must be [N, S] = {[n, source]}, got {list(padding.shape)}")
+            scores = (scores.reshape(n, heads, length, source) + padding.reshape(n, 1, 1, source)).reshape(
+                n * heads, length, source
+            )
+        weights = _apply(_SoftmaxFn, scores, -1)
+        out = _apply(_BmmNtFn, weights, split(v, source).transpose(1, 2))  # [N * heads, L, head_dim]
+        out = out.transpose(0, 1).reshape(length, n, embed)
+        out = _apply(_LinearFn, out, self.out_proj.weight, self.out_proj.bias)
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        attention: torch.Tensor | None = None
+        if need_weights:
+            attention = weights.reshape(n, heads, length, source)
+            if average_attn_weights:
+                attention = div_count(det_sum(attention, 1), heads)
+        if not batched:
+            out = out.squeeze(1 if not self.batch_first else 0)
+            attention = None if attention is None else attention.squeeze(0)
+        return out, attention
+
+    def _project(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The input projections of [L, N, E] sequences: one product for self-attention with packed weights (then
+        split), else one per input with its slice of the packed weights or its own weight."""
+        bias = self.in_proj_bias
+        if self._qkv_same_embed_dim:
+            if query is key and key is value:
+                return _apply(_LinearFn, query, self.in_proj_weight, bias).chunk(3, dim=-1)  # type: ignore[return-value]
+            weights = self.in_proj_weight.chunk(3)
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        biases = (None, None, None) if bias is None else bias.chunk(3)
+        q, k, v = (_apply(_LinearFn, t, w, b) for t, w, b in zip((query, key, value), weights, biases, strict=True))
+        return q, k, v
+
+
+def _activation(fn: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The D2 form of a transformer layer's activation: ReLU (exact), GELU, or a module the scanner checks (a child
+    of the layer); None for another function."""
+    if fn is F.relu:
+        return torch.relu
+    if fn is F.gelu:
+        return lambda x: _apply(_GeluErfFn, x)
+    if isinstance(fn, nn.Module):
+        return fn
+    return None
+
+
+def encoder_layer_unsupported(layer: nn.TransformerEncoderLayer) -> str | None:
+    if _activation(layer.activation) is None:
+        return f"activation {getattr(layer.activation, '__name__', layer.activation)!r} (relu, gelu or a module)"
+    return None
+
+
+class DetTransformerEncoderLayer(nn.TransformerEncoderLayer):
+    """``nn.TransformerEncoderLayer``'s forward without its fused inference path (``norm_first`` or not): the
+    children (attention, linears, norms, dropouts) are scanned and converted on their own; the layer adds residuals
+    of equal shapes (exact) and applies ReLU or D2's GELU."""
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        act = _activation(self.activation)
+        if act is None:
+            raise ValueError(f"{type(self).__name__} does not support {encoder_layer_unsupported(self)}")
+
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            out = self.self_attn(
+                x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask, need_weights=False,
+                is_causal=is_causal,
+            )[0]  # fmt: skip
+            dropped: torch.Tensor = self.dropout1(out)
+            return dropped
+
+        def feed_forward(x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.dropout2(self.linear2(self.dropout(act(self.linear1(x)))))
+            return out
+
+        x = src
+        if self.norm_first:
+            x = x + attend(self.norm1(x))
+            return x + feed_forward(self.norm2(x))
+        x = self.norm1(x + attend(x))
+        out: torch.Tensor = self.norm2(x + feed_forward(x))
+        return out
+
+
+class DetTransformerEncoder(nn.TransformerEncoder):
+    """``nn.TransformerEncoder``'s forward without its nested-tensor and fused paths: the layers in turn, then the
+    optional norm."""
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        src_key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool | None = None,
+    ) -> torch.Tensor:
+        out = src
+        for layer in self.layers:
+            out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+        if self.norm is not None:
+            out = self.norm(out)
+        return out
+
+
+def dropout_unsupported(dropout: nn.Dropout) -> str | None:
+    return None if dropout.p == 0 else f"p={dropout.p} (CPU and CUDA generators draw different masks; 0 only)"
+
+
+class DetDropout(nn.Dropout):
+    """``nn.Dropout`` with ``p = 0``: the identity, drawing nothing (a transformer layer built with ``dropout=0``)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            _refuse(self, dropout_unsupported(self))
+        return input
 
 
 # ---------------------------------------------------------------------------------------------- modules

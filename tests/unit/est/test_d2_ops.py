@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,8 +16,8 @@ from torch import nn
 
 from hpc_elastic import models
 from hpc_elastic.est import d2_math, d2_ops
-from hpc_elastic.est.d2 import D2Status, scan_model, to_d2
-from hpc_elastic.est.d2_ops import DetConv2d, DetEmbedding, det_cross_entropy
+from hpc_elastic.est.d2 import D2Status, register_d2_module, scan_model, to_d2
+from hpc_elastic.est.d2_ops import DetEmbedding, det_cross_entropy
 from hpc_elastic.est.detsum import ref_matmul_nt
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.session import Session
@@ -161,6 +162,36 @@ def _logsoftmax() -> nn.Module:
     return nn.LogSoftmax(dim=-1)
 
 
+def _encoder_layer() -> nn.Module:
+    return nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+
+def _encoder_layer_norm_first_gelu() -> nn.Module:
+    return nn.TransformerEncoderLayer(8, 2, 12, dropout=0.0, activation="gelu", batch_first=True, norm_first=True)
+
+
+def _encoder() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(8, 4, 16, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8), enable_nested_tensor=False)
+
+
+@register_d2_module
+class _MaskedSelfAttention(nn.Module):
+    """Causal self-attention with the keys whose first feature exceeds 1 padded out (never the first key, so that
+    no query sees only masked keys); [N, L, E] in and out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        padded = x[..., 0] > 1.0
+        padded[:, 0] = False
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(1)
+        out: torch.Tensor = self.attention(x, x, x, key_padding_mask=padded, attn_mask=causal, need_weights=False)[0]
+        return out
+
+
 #: (factory, input shape, relative bound of forward and gradients against float64, atol)
 OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_conv, (4, 3, 9, 8)),
@@ -180,6 +211,10 @@ OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_softmax, (4, 5, 7)),
     (_logsoftmax, (4, 5, 7)),
     (lambda: nn.Linear(7, 4), (3, 2, 7)),
+    (_encoder_layer, (3, 5, 8)),
+    (_encoder_layer_norm_first_gelu, (3, 6, 8)),
+    (_encoder, (2, 7, 8)),
+    (_MaskedSelfAttention, (3, 6, 8)),
 ]
 OP_IDS = [
     "conv",
@@ -199,6 +234,10 @@ OP_IDS = [
     "softmax",
     "logsoftmax",
     "linear",
+    "encoder-layer",
+    "encoder-layer-norm-first-gelu",
+    "encoder",
+    "masked-attention",
 ]
 
 
@@ -331,6 +370,72 @@ def test_embedding_gradient_adds_each_ids_rows_in_input_order() -> None:
     torch.testing.assert_close(det.weight.grad, emb.weight.grad)
 
 
+ATTENTION_CASES = [
+    # (module options, shapes of query, key, value (sequence first unless batch_first), self-attention)
+    ({}, ((5, 3, 8), (5, 3, 8), (5, 3, 8)), True),
+    ({}, ((5, 3, 8), (7, 3, 8), (7, 3, 8)), False),
+    ({"kdim": 6, "vdim": 10, "batch_first": True}, ((3, 5, 8), (3, 7, 6), (3, 7, 10)), False),
+    ({"bias": False, "batch_first": True}, ((2, 4, 8), (2, 4, 8), (2, 4, 8)), True),
+    ({}, ((5, 8), (6, 8), (6, 8)), False),  # unbatched
+]
+
+
+@pytest.mark.parametrize(("options", "shapes", "self_attention"), ATTENTION_CASES)
+@pytest.mark.parametrize("per_head", [False, True])
+def test_attention_matches_float64_with_masks_and_weights(
+    options: dict[str, Any], shapes: tuple[tuple[int, ...], ...], self_attention: bool, per_head: bool
+) -> None:
+    """Outputs, attention weights (averaged over the heads or per head) and every gradient against torch's module in
+    float64, with float masks (``_MaskedSelfAttention`` above has boolean ones)."""
+    torch.manual_seed(4)
+    stock = nn.MultiheadAttention(8, 2, **options)
+    det = to_d2(copy.deepcopy(stock))
+    assert isinstance(det, d2_ops.DetMultiheadAttention)
+    tensors = [torch.randn(shape) for shape in shapes]
+    if self_attention:
+        tensors = [tensors[0]] * 3
+    batched = len(shapes[0]) == 3
+    first = options.get("batch_first", False)
+    length = shapes[0][1 if first else 0] if batched else shapes[0][0]
+    source = shapes[1][1 if first else 0] if batched else shapes[1][0]
+    n = shapes[0][0 if first else 1] if batched else 1
+    attn_mask = torch.randn(length, source)
+    padding = torch.zeros((n, source) if batched else (source,))
+    padding[..., -1] = float("-inf")  # a float mask, as the float attention mask (torch warns when they differ)
+    results = []
+    for module, dtype in ((det, torch.float32), (stock.double(), torch.float64)):
+        inputs_ = [t.detach().to(dtype).clone().requires_grad_(True) for t in tensors[:1]]
+        if self_attention:
+            q = k = v = inputs_[0]
+        else:
+            inputs_ = [t.detach().to(dtype).clone().requires_grad_(True) for t in tensors]
+            q, k, v = inputs_
+        masks = {"key_padding_mask": padding.to(dtype), "attn_mask": attn_mask.to(dtype)}
+        out, weights = module(q, k, v, **masks, average_attn_weights=not per_head)
+        assert weights is not None
+        (out.sum() + (weights * torch.arange(weights.numel()).reshape(weights.shape).to(dtype)).sum()).backward()
+        grads = [t.grad for t in inputs_] + [p.grad for p in module.parameters()]
+        assert all(g is not None for g in grads)
+        results.append([out.detach(), weights.detach(), *[g for g in grads if g is not None]])
+    for a, b in zip(*results, strict=True):
+        scale = max(float(b.abs().max()), 1e-6)
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_attention_refuses_dropout_set_after_conversion() -> None:
+    det = to_d2(nn.MultiheadAttention(4, 2))
+    assert isinstance(det, d2_ops.DetMultiheadAttention)
+    det.dropout = 0.1
+    x = torch.randn(3, 2, 4)
+    with pytest.raises(ValueError, match="DetMultiheadAttention does not support dropout=0.1"):
+        det(x, x, x)
+    dropout = to_d2(nn.Dropout(0.0))
+    assert isinstance(dropout, d2_ops.DetDropout) and dropout(x) is x
+    dropout.p = 0.5
+    with pytest.raises(ValueError, match="p=0.5"):
+        dropout(x)
+
+
 def test_cross_entropy_matches_torch_with_and_without_label_smoothing() -> None:
     torch.manual_seed(4)
     logits = torch.randn(9, 6) * 3.0
@@ -365,11 +470,15 @@ def test_scanner_covers_the_reference_cnns_after_conversion() -> None:
         after = model.state_dict()
         assert before.keys() == after.keys()
         assert all(before[k].data_ptr() == after[k].data_ptr() for k in before)
-    transformer = to_d2(models.transformer_small()[0])
-    status = {f.kind: f.status for f in scan_model(transformer).findings}
-    assert status["DetEmbedding"] is D2Status.COVERED and status["DetLayerNorm"] is D2Status.COVERED
-    assert status["MultiheadAttention"] is D2Status.NOT_COVERED
-    assert status["Dropout"] is D2Status.NOT_COVERED
+
+
+def test_scanner_covers_the_reference_transformer_after_conversion() -> None:
+    transformer = models.transformer_small()[0]
+    before = scan_model(transformer)
+    assert before.holds_after_conversion and not before.holds
+    kinds = {f.kind for f in scan_model(to_d2(transformer)).findings}
+    assert {"DetMultiheadAttention", "DetTransformerEncoderLayer", "DetDropout", "DetEmbedding"} <= kinds
+    assert scan_model(transformer).holds, scan_model(transformer).first_problem()
 
 
 def test_unsupported_configurations_stay_not_covered() -> None:
@@ -381,10 +490,16 @@ def test_unsupported_configurations_stay_not_covered() -> None:
         (nn.Softmax(), "dim=None"),
         (nn.GroupNorm(2, 4), "no D2 operator"),
         (nn.Conv1d(2, 2, 3), "Conv2d alone"),
+        (nn.Dropout(0.1), "p=0.1"),
+        (nn.MultiheadAttention(4, 2, dropout=0.1), "dropout=0.1"),
+        (nn.MultiheadAttention(4, 2, add_bias_kv=True), "add_bias_kv"),
+        (nn.MultiheadAttention(4, 2, add_zero_attn=True), "add_zero_attn"),
+        (nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, activation=torch.tanh), "activation 'tanh'"),
+        (nn.TransformerDecoderLayer(4, 2, 8, dropout=0.0), "no D2 operator"),
     ]
     for module, reason in cases:
         to_d2(module)
-        (finding,) = scan_model(module).findings
+        finding = scan_model(module).findings[0]  # the module itself (then its children)
         assert finding.status is D2Status.NOT_COVERED and reason in finding.note, finding
     with pytest.raises(ValueError, match="output sizes that divide"):
         to_d2(nn.AdaptiveAvgPool2d(3))(torch.randn(1, 2, 7, 7))
@@ -393,16 +508,19 @@ def test_unsupported_configurations_stay_not_covered() -> None:
 # ---------------------------------------------------------------------------------------------- with the runtime
 
 
-def train_resnet_d2(threads: int, steps: int = 2, device: str = "cpu") -> str:
+def train_d2(
+    threads: int, steps: int = 2, device: str = "cpu", factory: Callable[[], models.ModelBundle] = models.resnet_like
+) -> str:
     torch.set_num_threads(threads)
     torch.manual_seed(5)
-    model, batch = models.resnet_like()[:2]
+    model, batch = factory()[:2]
     data = torch.utils.data.TensorDataset(*batch(16))  # type: ignore[arg-type]
     session = Session.local(None, num_workers=2, seed=5, level=DeterminismLevel.D2, device=device)
     model.to(session.device)
+    assert not scan_model(model).holds
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     state = session.state(model, opt, data=data, batch_size=2)
-    assert any(isinstance(m, DetConv2d) for m in model.modules())
+    assert scan_model(model).holds  # the runtime converted it
     while state.step < steps:
         for x, y in state.batches():
             det_cross_entropy(model(x.to(session.device)), y.to(session.device)).backward()  # type: ignore[no-untyped-call]
@@ -410,8 +528,9 @@ def train_resnet_d2(threads: int, steps: int = 2, device: str = "cpu") -> str:
     return state.params_sha256()
 
 
-def test_d2_training_of_the_resnet_gives_the_same_bits_at_1_and_4_threads() -> None:
-    assert train_resnet_d2(1) == train_resnet_d2(4)
+@pytest.mark.parametrize("factory", [models.resnet_like, models.transformer_small], ids=["resnet", "transformer"])
+def test_d2_training_gives_the_same_bits_at_1_and_4_threads(factory: Callable[[], models.ModelBundle]) -> None:
+    assert train_d2(1, factory=factory) == train_d2(4, factory=factory)
 
 
 # ---------------------------------------------------------------------------------------------- CPU == CUDA
@@ -453,11 +572,12 @@ def test_cuda_resnet_step_gives_the_cpu_bits() -> None:
 
 
 @needs_cuda
-def test_cuda_d2_training_with_the_runtime_gives_the_cpu_bits() -> None:
+@pytest.mark.parametrize("factory", [models.resnet_like, models.transformer_small], ids=["resnet", "transformer"])
+def test_cuda_d2_training_with_the_runtime_gives_the_cpu_bits(factory: Callable[[], models.ModelBundle]) -> None:
     """Two ESTs, the deterministic allreduce's CUDA kernels, the D2 operators and the optimizer on the GPU: the
     parameters after each number of steps are the CPU run's bits."""
     for steps in (1, 3):
-        assert train_resnet_d2(1, steps, device="cuda") == train_resnet_d2(1, steps)
+        assert train_d2(1, steps, device="cuda", factory=factory) == train_d2(1, steps, factory=factory)
 
 
 @pytest.mark.parametrize(("m", "n", "k"), [(7, 13, 45), (130, 11, 1100)])
@@ -470,6 +590,23 @@ def test_product_is_the_fixed_order_reference_for_blocks_chunks_and_threads(m: i
     for threads in (1, 4):
         torch.set_num_threads(threads)
         assert d2_math.det_matmul_nt(torch.from_numpy(a), torch.from_numpy(b)).numpy().tobytes() == ref
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_batched_product_gives_each_entrys_product_bits(threads: int) -> None:
+    """Strided operands (a transposed view, a slice of a larger tensor), enough work to split over threads, and an
+    empty batch: every entry is det_matmul_nt's bits for that entry alone."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(9)
+    a = torch.randn(12, 40, 70)[:, 3:33, 5:69]  # [12, 30, 64], strided
+    b = torch.randn(12, 64, 50).transpose(1, 2)  # [12, 50, 64], k strided
+    out = d2_math.det_bmm_nt(a, b)
+    assert out.shape == (12, 30, 50)
+    for i in range(12):
+        assert bits(out[i]) == bits(d2_math.det_matmul_nt(a[i].contiguous(), b[i].contiguous()))
+    assert d2_math.det_bmm_nt(torch.empty(0, 3, 4), torch.empty(0, 5, 4)).shape == (0, 3, 5)
+    with pytest.raises(ValueError, match=r"needs \[B, m, k\] and \[B, n, k\]"):
+        d2_math.det_bmm_nt(torch.randn(2, 3, 4), torch.randn(3, 3, 4))
 
 
 @pytest.mark.parametrize("seed", range(8))
