@@ -24,6 +24,7 @@ from hpc_elastic.est import d2_math, d2_ops
 from hpc_elastic.est.d2 import optimizer_to_d2, to_d2
 from hpc_elastic.est.d2_ops import det_cross_entropy
 from hpc_elastic.est.gpu import capture_step
+from tests.unit.est.test_d2_ops import OP_IDS, OPS, inputs, make_pair, run_op
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -41,10 +42,11 @@ HOST_READS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.mas
 _ALLOWED = """
     _to_copy _unsafe_view alias as_strided clone contiguous copy_ detach expand lift_fresh permute reshape select
     select_backward slice split squeeze t transpose unsqueeze view cat constant_pad_nd
-    arange empty full_like new_empty new_zeros ones ones_like zero_ zeros zeros_like fill_ masked_fill_
+    arange empty full_like new_empty new_empty_strided new_zeros ones ones_like zero_ zeros zeros_like fill_
+    masked_fill_
     eq ne gt lt ge le isinf isnan where gather scatter_ index index_put_ index_select relu relu_ threshold_backward
-    amax max min cummax sort clamp round neg abs bitwise_and bitwise_or bitwise_not bitwise_left_shift
-    bitwise_right_shift maximum add add_ sub sub_ mul mul_ div div_ sqrt _local_scalar_dense triu_
+    amax max min cummax sort clamp round neg abs copysign bitwise_and bitwise_or bitwise_not bitwise_left_shift
+    bitwise_right_shift maximum add add_ sub sub_ rsub mul mul_ div div_ sqrt _local_scalar_dense triu triu_
 """
 EXACT_OR_ONE_ROUNDING = {f"aten.{name}" for name in _ALLOWED.split()}
 
@@ -69,7 +71,7 @@ class Dispatched(TorchDispatchMode):  # type: ignore[no-untyped-call]
             name in ("aten.div", "aten.div_") and args[0].is_floating_point() and not isinstance(args[1], torch.Tensor)
         ):
             name = f"{name}(by a number)"
-        elif name in ("aten.add", "aten.add_", "aten.sub", "aten.sub_") and kwargs.get("alpha", 1) != 1:
+        elif name in ("aten.add", "aten.add_", "aten.sub", "aten.sub_", "aten.rsub") and kwargs.get("alpha", 1) != 1:
             name = f"{name}(alpha)"
         self.ops[name] += 1
         masked = name in ("aten.index", "aten.index_put", "aten.index_put_") and any(
@@ -155,6 +157,29 @@ def test_the_audit_names_the_forbidden_forms() -> None:
         "aten.div(by a number)",
         "aten.add(alpha)",
     }
+
+
+@pytest.mark.parametrize(("factory", "shape"), OPS, ids=OP_IDS)
+def test_each_d2_operator_dispatches_only_exact_or_once_rounded_operations(
+    factory: Callable[[], torch.nn.Module], shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every operator case of ``test_d2_ops`` (those the reference models do not use too: the other activations, the
+    softmax modules, GELU's two forms, the average pool, the masked attention), forward and backward."""
+    gpu_operator_path(monkeypatch)
+    _, det = make_pair(factory)
+    x, g = inputs(shape, det)
+    seen = Dispatched()
+    with seen:
+        run_op(det, x, g)
+    assert set(seen.ops) - EXACT_OR_ONE_ROUNDING == set()
+
+
+def test_the_loss_with_label_smoothing_dispatches_only_exact_or_once_rounded_operations() -> None:
+    logits = torch.randn(6, 5, requires_grad=True)
+    seen = Dispatched()
+    with seen:
+        det_cross_entropy(logits, torch.tensor([0, 4, 1, 2, 3, 0]), label_smoothing=0.1).backward()  # type: ignore[no-untyped-call]
+    assert set(seen.ops) - EXACT_OR_ONE_ROUNDING == set()
 
 
 def test_the_audit_sees_stock_kernels() -> None:
