@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -218,6 +219,10 @@ __global__ void __launch_bounds__(MM_THREADS) matmul_nt_kernel(const float* a, c
   const int tid = threadIdx.x, lane = tid % LANES, group = tid / LANES;
   const int gm = group / MM_GN, gn = group % MM_GN;
   const long long row0 = (long long)blockIdx.x * MM_BM, col0 = (long long)blockIdx.y * MM_BN;
+  // a batch of products: entry z's operands and output follow entry z - 1's
+  a += (long long)blockIdx.z * m * k;
+  b += (long long)blockIdx.z * n * k;
+  out += (long long)blockIdx.z * m * n;
   float acc[MM_TM][MM_TN];
 #pragma unroll
   for (int r = 0; r < MM_TM; ++r)
@@ -275,6 +280,9 @@ __global__ void __launch_bounds__(MM_LANE_OUTPUTS* LANES)
   const int lane = threadIdx.x % LANES;
   const long long o = (long long)blockIdx.x * MM_LANE_OUTPUTS + threadIdx.x / LANES;
   const bool live = o < m * n;
+  a += (long long)blockIdx.y * m * k;  // entry y of a batch of products
+  b += (long long)blockIdx.y * n * k;
+  out += (long long)blockIdx.y * m * n;
   const float* ar = a + (live ? o / n : 0) * k;
   const float* br = b + (live ? o % n : 0) * k;
   float v = 0.0f;
@@ -397,6 +405,38 @@ int sm_count(const torch::Tensor& t) {
   return sms;
 }
 
+// `batch` products of contiguous [batch, m, k] and [batch, n, k] operands into [batch, m, n]: one launch per 65535
+// entries (the grid's limit in y and z).
+void launch_products(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& out, long long batch, long long m,
+                     long long n, long long k, const std::string& kernel) {
+  TORCH_CHECK(kernel == "auto" || kernel == "tiled" || kernel == "lanes", "kernel must be auto, tiled or lanes, got ",
+              kernel);
+  if (batch * m * n == 0) return;
+  const long long tiles_m = (m + MM_BM - 1) / MM_BM, tiles_n = (n + MM_BN - 1) / MM_BN;
+  const long long blocks = (m * n + MM_LANE_OUTPUTS - 1) / MM_LANE_OUTPUTS;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const bool tiled =
+      kernel == "tiled" || (kernel == "auto" && batch * m * n >= MM_LANE_OUTPUTS_PER_SM * sm_count(a));
+  TORCH_CHECK(tiles_m < (1ll << 31) && tiles_n <= 65535 && blocks < (1ll << 31),
+              "matmul_nt: too many outputs for one launch");
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  float* po = out.data_ptr<float>();
+  for (long long first = 0; first < batch; first += 65535) {
+    const unsigned entries = (unsigned)std::min(batch - first, 65535ll);
+    const float* ea = pa + first * m * k;
+    const float* eb = pb + first * n * k;
+    float* eo = po + first * m * n;
+    if (tiled)
+      matmul_nt_kernel<<<dim3((unsigned)tiles_m, (unsigned)tiles_n, entries), MM_THREADS, 0, stream>>>(ea, eb, eo, m,
+                                                                                                       n, k);
+    else
+      matmul_nt_lanes_kernel<<<dim3((unsigned)blocks, entries), MM_LANE_OUTPUTS * LANES, 0, stream>>>(ea, eb, eo, m, n,
+                                                                                                       k);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 // kernel: "tiled", "lanes" or "auto" (tests force each: both give the definition's bits).  "auto" takes the lanes
 // below MM_LANE_OUTPUTS_PER_SM outputs per multiprocessor: a tiled product below that is one wave of blocks whose
 // time grows with k alone, the lanes' with m * n * k.  Measured on an H200 (132 SMs) over the 77 product shapes of
@@ -407,25 +447,21 @@ torch::Tensor matmul_nt(torch::Tensor a, torch::Tensor b, const std::string& ker
   check(a, at::kFloat, "a");
   check(b, at::kFloat, "b");
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "shapes do not fit a @ b.T");
-  TORCH_CHECK(kernel == "auto" || kernel == "tiled" || kernel == "lanes", "kernel must be auto, tiled or lanes, got ",
-              kernel);
   const long long m = a.size(0), n = b.size(0), k = a.size(1);
   auto out = torch::empty({m, n}, a.options());
-  if (m * n == 0) return out;
-  const long long tiles_m = (m + MM_BM - 1) / MM_BM, tiles_n = (n + MM_BN - 1) / MM_BN;
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  const bool tiled = kernel == "tiled" || (kernel == "auto" && m * n >= MM_LANE_OUTPUTS_PER_SM * sm_count(a));
-  if (tiled) {
-    TORCH_CHECK(tiles_m < (1ll << 31) && tiles_n <= 65535, "matmul_nt: too many outputs for one launch");
-    matmul_nt_kernel<<<dim3((unsigned)tiles_m, (unsigned)tiles_n), MM_THREADS, 0, stream>>>(
-        a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), m, n, k);
-  } else {
-    const long long blocks = (m * n + MM_LANE_OUTPUTS - 1) / MM_LANE_OUTPUTS;
-    TORCH_CHECK(blocks < (1ll << 31), "matmul_nt: too many outputs for one launch");
-    matmul_nt_lanes_kernel<<<(unsigned)blocks, MM_LANE_OUTPUTS * LANES, 0, stream>>>(
-        a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), m, n, k);
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_products(a, b, out, 1, m, n, k, kernel);
+  return out;
+}
+
+// a[i] @ b[i].T for every i of [B, m, k] and [B, n, k]: each entry the product above, all in one launch.
+torch::Tensor bmm_nt(torch::Tensor a, torch::Tensor b, const std::string& kernel) {
+  check(a, at::kFloat, "a");
+  check(b, at::kFloat, "b");
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(2),
+              "shapes do not fit a[i] @ b[i].T");
+  const long long batch = a.size(0), m = a.size(1), n = b.size(1), k = a.size(2);
+  auto out = torch::empty({batch, m, n}, a.options());
+  launch_products(a, b, out, batch, m, n, k, kernel);
   return out;
 }
 
@@ -443,4 +479,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("finalize", &finalize, py::arg("v"), py::arg("global_tops"), py::arg("out"), py::arg("chunk"),
         py::arg("width"), py::arg("divisor"));
   m.def("matmul_nt", &matmul_nt, py::arg("a"), py::arg("b"), py::arg("kernel") = "auto");
+  m.def("bmm_nt", &bmm_nt, py::arg("a"), py::arg("b"), py::arg("kernel") = "auto");
 }

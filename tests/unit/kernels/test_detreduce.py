@@ -316,6 +316,23 @@ def test_cuda_product_keeps_lanes_of_negative_zero_through_the_padding() -> None
         cuda_extension().matmul_nt(ta, tb, kernel="fast")
 
 
+@requires_cuda
+@pytest.mark.parametrize(("batch", "m", "n", "k"), [(1, 33, 17, 9), (7, 31, 65, 40), (128, 32, 32, 32), (3, 1, 5, 0)])
+@pytest.mark.parametrize("kernel", ["tiled", "lanes", "auto"])
+def test_cuda_batched_product_is_each_entrys_reference(
+    batch: int, m: int, n: int, k: int, kernel: str
+) -> None:  # pragma: no cover
+    """One launch for all entries (the grid's third or second dimension): entry i is the reference product of
+    entry i's operands alone."""
+    rng = np.random.default_rng(batch * 100 + m + n + k)
+    a = (rng.standard_normal((batch, m, k)) * 10.0 ** rng.integers(-3, 4, (batch, m, k))).astype(np.float32)
+    b = (rng.standard_normal((batch, n, k)) * 10.0 ** rng.integers(-3, 4, (batch, n, k))).astype(np.float32)
+    got = cuda_extension().bmm_nt(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), kernel=kernel).cpu().numpy()
+    assert got.shape == (batch, m, n)
+    for i in range(batch):
+        assert same(got[i], d.ref_matmul_nt(a[i], b[i]))
+
+
 def one_est_each(kern: d.Kernels, xs: list[np.ndarray], chunk: int, divisor: float) -> tuple[np.ndarray, np.ndarray]:
     """The one-EST-per-process path at an owner: all contributions as the rows of one buffer (in the given order),
     their exact sum with the top bins found over them, finalize.  Returns (result, top bins)."""
