@@ -417,7 +417,7 @@ void launch_products(const torch::Tensor& a, const torch::Tensor& b, torch::Tens
   auto stream = c10::cuda::getCurrentCUDAStream();
   const bool tiled =
       kernel == "tiled" || (kernel == "auto" && batch * m * n >= MM_LANE_OUTPUTS_PER_SM * sm_count(a));
-  TORCH_CHECK(tiles_m < (1ll << 31) && tiles_n <= 65535 && blocks < (1ll << 31),
+  TORCH_CHECK(tiled ? tiles_m < (1ll << 31) && tiles_n <= 65535 : blocks < (1ll << 31),
               "matmul_nt: too many outputs for one launch");
   const float* pa = a.data_ptr<float>();
   const float* pb = b.data_ptr<float>();
