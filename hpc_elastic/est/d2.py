@@ -4,20 +4,23 @@ Covered operators (identical bits on any CPU and any CUDA GPU by construction: s
 :mod:`hpc_elastic.est.d2_math` for why, :mod:`hpc_elastic.est.d2_ops` for the operators):
 
 - after :func:`to_d2`, which swaps the class of each module (parameters, buffers and state dict unchanged):
-  ``nn.Linear``, ``nn.Conv2d`` (groups 1, zero padding), ``nn.BatchNorm1d/2d/3d``, ``nn.LayerNorm``,
+  ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` (groups 1, zero padding), ``nn.BatchNorm1d/2d/3d``,
+  ``nn.LayerNorm``, ``nn.GroupNorm``,
   ``nn.Embedding`` (no max_norm, dense gradients), ``nn.MaxPool2d`` (no ceil_mode), ``nn.AdaptiveAvgPool2d``
   (output sizes dividing the input's; others fail at the forward), ``nn.Sigmoid``, ``nn.Tanh``, ``nn.SiLU``,
   ``nn.GELU``, ``nn.Softmax`` and ``nn.LogSoftmax`` (with a dim), ``nn.MultiheadAttention`` (no dropout, bias_kv
-  or zero attention), ``nn.TransformerEncoderLayer`` (ReLU, GELU or a module as activation) and
-  ``nn.TransformerEncoder`` (their forwards without torch's fused inference paths), ``nn.Dropout`` with ``p = 0``;
+  or zero attention), ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` (ReLU, GELU or a module
+  as activation) and ``nn.TransformerEncoder`` (their forwards without torch's fused inference paths),
+  ``nn.Dropout`` with ``p = 0``;
 - exact as they are: ``nn.ReLU``, ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten`` (comparisons and copies);
-- containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) and the classes vouched for by
+- containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``), ``nn.TransformerDecoder`` and
+  ``nn.Transformer`` (forwards that pass tensors between their children), and the classes vouched for by
   :func:`register_d2_module` (forward code that only composes covered children with exact element-wise ops; the
   reference models of :mod:`hpc_elastic.models` listed in ``D2_COMPOSITE_MODULES`` are vouched for here).
 
 Everything else is reported with its reason: Dropout with ``p > 0`` (CPU and CUDA generators draw different masks),
-GroupNorm and InstanceNorm, RNNs and transformer decoders (no D2 kernel), other activations, and modules with their
-own ``forward`` code, which the scanner cannot see.  The loss function is outside the scan: use
+InstanceNorm, other convolutions, RNNs (no D2 kernel), other activations, and modules with their own ``forward``
+code, which the scanner cannot see.  The loss function is outside the scan: use
 :func:`hpc_elastic.est.d2_ops.det_cross_entropy`.
 
 The optimizer's update is scanned apart (:func:`scan_optimizer`): torch's SGD, Adam and AdamW become their D2 twins
@@ -48,6 +51,9 @@ class D2Status(StrEnum):
 
 _EXACT: tuple[type[nn.Module], ...] = (nn.ReLU, nn.Identity, nn.Flatten, nn.Unflatten)
 _CONTAINERS: tuple[type[nn.Module], ...] = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+#: torch modules whose forward only passes tensors between their children (shape checks, a host-side comparison of a
+#: mask with the causal one): covered when the children are
+_TORCH_COMPOSITES: tuple[type[nn.Module], ...] = (nn.TransformerDecoder, nn.Transformer)
 
 
 def _always(module: Any) -> str | None:
@@ -57,11 +63,13 @@ def _always(module: Any) -> str | None:
 #: stock class -> (its D2 operator, why a given instance cannot be converted or None)
 _CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str | None]]] = {
     nn.Linear: (d2_ops.DetLinear, _always),
+    nn.Conv1d: (d2_ops.DetConv1d, d2_ops.conv1d_unsupported),
     nn.Conv2d: (d2_ops.DetConv2d, d2_ops.conv2d_unsupported),
     nn.BatchNorm1d: (d2_ops.DetBatchNorm1d, _always),
     nn.BatchNorm2d: (d2_ops.DetBatchNorm2d, _always),
     nn.BatchNorm3d: (d2_ops.DetBatchNorm3d, _always),
     nn.LayerNorm: (d2_ops.DetLayerNorm, _always),
+    nn.GroupNorm: (d2_ops.DetGroupNorm, _always),
     nn.Embedding: (d2_ops.DetEmbedding, d2_ops.embedding_unsupported),
     nn.MaxPool2d: (d2_ops.DetMaxPool2d, d2_ops.maxpool2d_unsupported),
     nn.AdaptiveAvgPool2d: (d2_ops.DetAdaptiveAvgPool2d, _always),
@@ -76,6 +84,7 @@ _CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str |
     nn.modules.linear.NonDynamicallyQuantizableLinear: (d2_ops.DetLinear, _always),  # attention's out_proj
     nn.TransformerEncoderLayer: (d2_ops.DetTransformerEncoderLayer, d2_ops.encoder_layer_unsupported),
     nn.TransformerEncoder: (d2_ops.DetTransformerEncoder, _always),
+    nn.TransformerDecoderLayer: (d2_ops.DetTransformerDecoderLayer, d2_ops.decoder_layer_unsupported),
 }
 _D2_CLASSES: frozenset[type[nn.Module]] = frozenset(det for det, _ in _CONVERSIONS.values())
 _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
@@ -84,14 +93,11 @@ _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
         "CPU and CUDA generators draw different masks",
     ),
     (
-        (nn.GroupNorm, nn.modules.instancenorm._InstanceNorm, nn.SyncBatchNorm, nn.LocalResponseNorm),
+        (nn.modules.instancenorm._InstanceNorm, nn.SyncBatchNorm, nn.LocalResponseNorm),
         "no D2 operator for this normalisation",
     ),
-    ((nn.modules.conv._ConvNd,), "no D2 operator for this convolution (Conv2d alone is covered)"),
-    (
-        (nn.RNNBase, nn.RNNCellBase, nn.Transformer, nn.TransformerDecoder, nn.TransformerDecoderLayer),
-        "no D2 operator (composite kernels)",
-    ),
+    ((nn.modules.conv._ConvNd,), "no D2 operator for this convolution (Conv1d and Conv2d are covered)"),
+    ((nn.RNNBase, nn.RNNCellBase), "no D2 operator (composite kernels)"),
     (
         (nn.ELU, nn.Softplus, nn.Mish, nn.CELU, nn.SELU, nn.Hardswish, nn.LogSigmoid, nn.Softmin, nn.Softmax2d),
         "no D2 operator for this activation (transcendental functions round differently in libm and CUDA)",
@@ -161,6 +167,8 @@ def _classify(module: nn.Module) -> tuple[D2Status, str]:
         return D2Status.COVERED, "exact on every device"
     if cls in _CONTAINERS:
         return D2Status.COVERED, "container"
+    if cls in _TORCH_COMPOSITES:
+        return D2Status.COVERED, "composes its children (torch's forward)"
     if cls in _VOUCHED:
         return D2Status.COVERED, "registered with register_d2_module"
     for types, reason in _REASONS:

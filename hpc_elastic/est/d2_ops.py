@@ -949,6 +949,63 @@ class DetTransformerEncoder(nn.TransformerEncoder):
         return out
 
 
+def decoder_layer_unsupported(layer: nn.TransformerDecoderLayer) -> str | None:
+    if _activation(layer.activation) is None:
+        return f"activation {getattr(layer.activation, '__name__', layer.activation)!r} (relu, gelu or a module)"
+    return None
+
+
+class DetTransformerDecoderLayer(nn.TransformerDecoderLayer):
+    """``nn.TransformerDecoderLayer``'s forward (``norm_first`` or not) with ReLU or D2's GELU: self-attention,
+    attention over the memory, feed-forward, each added as a residual of equal shape; the children are converted on
+    their own."""
+
+    def forward(  # noqa: PLR0917 (torch's signature)
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+    ) -> torch.Tensor:
+        act = _activation(self.activation)
+        if act is None:
+            raise ValueError(f"{type(self).__name__} does not support {decoder_layer_unsupported(self)}")
+
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            out = self.self_attn(
+                x, x, x, attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask, need_weights=False,
+                is_causal=tgt_is_causal,
+            )[0]  # fmt: skip
+            dropped: torch.Tensor = self.dropout1(out)
+            return dropped
+
+        def attend_memory(x: torch.Tensor) -> torch.Tensor:
+            out = self.multihead_attn(
+                x, memory, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
+                need_weights=False, is_causal=memory_is_causal,
+            )[0]  # fmt: skip
+            dropped: torch.Tensor = self.dropout2(out)
+            return dropped
+
+        def feed_forward(x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.dropout3(self.linear2(self.dropout(act(self.linear1(x)))))
+            return out
+
+        x = tgt
+        if self.norm_first:
+            x = x + attend(self.norm1(x))
+            x = x + attend_memory(self.norm2(x))
+            return x + feed_forward(self.norm3(x))
+        x = self.norm1(x + attend(x))
+        x = self.norm2(x + attend_memory(x))
+        out: torch.Tensor = self.norm3(x + feed_forward(x))
+        return out
+
+
 def dropout_unsupported(dropout: nn.Dropout) -> str | None:
     return None if dropout.p == 0 else f"p={dropout.p} (CPU and CUDA generators draw different masks; 0 only)"
 
@@ -977,7 +1034,7 @@ class DetLinear(nn.Linear):
         return _apply(_LinearFn, input, self.weight, self.bias)
 
 
-def conv2d_unsupported(conv: nn.Conv2d) -> str | None:
+def conv2d_unsupported(conv: nn.Conv1d | nn.Conv2d) -> str | None:
     """Why :class:`DetConv2d` cannot stand in for ``conv``, or None."""
     if conv.groups != 1:
         return f"groups={conv.groups} (only 1)"
@@ -1008,6 +1065,27 @@ class DetConv2d(nn.Conv2d):
         padding = (0, 0) if isinstance(self.padding, str) else _pair(self.padding)
         window = Window(_pair(self.kernel_size), _pair(self.stride), padding, _pair(self.dilation))
         return _as_batch(input, lambda x: _apply(_Conv2dFn, x, self.weight, self.bias, window))
+
+
+def conv1d_unsupported(conv: nn.Conv1d) -> str | None:
+    """Why :class:`DetConv1d` cannot stand in for ``conv``, or None."""
+    return conv2d_unsupported(conv)
+
+
+class DetConv1d(nn.Conv1d):
+    """``nn.Conv1d`` (groups 1, zero padding) as :class:`DetConv2d`'s convolution of a height-1 image: the weight
+    [O, C, k] viewed as [O, C, 1, k], the input [N, C, L] as [N, C, 1, L] (views: the same parameters)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        _refuse(self, conv1d_unsupported(self))
+        padding = 0 if isinstance(self.padding, str) else int(self.padding[0])
+        window = Window(
+            (1, int(self.kernel_size[0])), (1, int(self.stride[0])), (0, padding), (1, int(self.dilation[0]))
+        )
+        batched = input.dim() == 3
+        x = (input if batched else input.unsqueeze(0)).unsqueeze(2)
+        out = _apply(_Conv2dFn, x, self.weight.unsqueeze(2), self.bias, window).squeeze(2)
+        return out if batched else out.squeeze(0)
 
 
 class _DetBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -1056,6 +1134,50 @@ class DetLayerNorm(nn.LayerNorm):
         if tuple(input.shape[input.dim() - dims :]) != tuple(self.normalized_shape):
             raise ValueError(f"LayerNorm over {tuple(self.normalized_shape)} got input {tuple(input.shape)}")
         return _apply(_LayerNormFn, input, self.weight, self.bias, (dims, self.eps))
+
+
+class _ChannelAffineFn(torch.autograd.Function):
+    """``y = x * weight + bias`` per channel (dimension 1) of [N, C, ...], its parameters' gradients by fixed-tree
+    sums over the other dimensions (a broadcast's gradient in autograd would be torch's own sum)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+        y = x
+        if weight is not None:
+            y = y * _bcast(weight, x)
+        if bias is not None:
+            y = y + _bcast(bias, x)
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return y if y is not x else y.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
+        x, weight = ctx.saved_tensors
+        dims = _channel_dims(x)
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = grad_out if weight is None else grad_out * _bcast(weight, x)
+        if weight is not None and ctx.needs_input_grad[1]:
+            gw = det_sum_dims(grad_out * x, dims)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = det_sum_dims(grad_out, dims)
+        return gx, gw, gb
+
+
+class DetGroupNorm(nn.GroupNorm):
+    """``nn.GroupNorm``: each (sample, group) normalised over its channels and positions by :class:`DetLayerNorm`'s
+    operation (fixed-tree mean and variance, one rounding per step), then the per-channel affine."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        n, c = input.shape[0], input.shape[1]
+        if c != self.num_channels:
+            raise ValueError(f"GroupNorm over {self.num_channels} channels got input {tuple(input.shape)}")
+        grouped = input.reshape(n, self.num_groups, -1)
+        xhat = _apply(_LayerNormFn, grouped, None, None, (1, self.eps)).reshape(input.shape)
+        if not self.affine:
+            return xhat
+        return _apply(_ChannelAffineFn, xhat, self.weight, self.bias)
 
 
 def embedding_unsupported(emb: nn.Embedding) -> str | None:

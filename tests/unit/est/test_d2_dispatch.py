@@ -41,8 +41,8 @@ HOST_READS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.mas
 #: fixed trees of additions
 _ALLOWED = """
     _to_copy _unsafe_view alias as_strided clone contiguous copy_ detach expand lift_fresh permute reshape select
-    select_backward slice split squeeze t transpose unsqueeze view cat constant_pad_nd
-    arange empty full_like new_empty new_empty_strided new_zeros ones ones_like zero_ zeros zeros_like fill_
+    select_backward slice slice_backward split squeeze t transpose unsqueeze view cat constant_pad_nd flip
+    arange empty full full_like new_empty new_empty_strided new_zeros ones ones_like zero_ zeros zeros_like fill_
     masked_fill_
     eq ne gt lt ge le isinf isnan where gather scatter_ index index_put_ index_select relu relu_ threshold_backward
     amax max min cummax sort clamp round neg abs copysign bitwise_and bitwise_or bitwise_not bitwise_left_shift

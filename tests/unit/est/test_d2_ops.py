@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,6 +193,31 @@ class _MaskedSelfAttention(nn.Module):
         return out
 
 
+def _conv1d() -> nn.Module:
+    return nn.Conv1d(3, 5, 3, stride=2, padding=2, dilation=2)
+
+
+def _groupnorm() -> nn.Module:
+    return nn.GroupNorm(3, 6)
+
+
+@register_d2_module
+class _TinyTransformer(nn.Module):
+    """``nn.Transformer`` (one encoder and one decoder layer) on [N, L, 8]: the sequence reversed as the source, its
+    first 4 positions as the target, with a causal target mask."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        with warnings.catch_warnings():  # torch's note that norm_first turns its nested-tensor path off
+            warnings.simplefilter("ignore", UserWarning)
+            self.model = nn.Transformer(8, 2, 1, 1, 12, dropout=0.0, batch_first=True, **options)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(4)
+        out: torch.Tensor = self.model(x.flip(1), x[:, :4], tgt_mask=mask, tgt_is_causal=True)
+        return out
+
+
 #: (factory, input shape, relative bound of forward and gradients against float64, atol)
 OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_conv, (4, 3, 9, 8)),
@@ -215,6 +241,10 @@ OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_encoder_layer_norm_first_gelu, (3, 6, 8)),
     (_encoder, (2, 7, 8)),
     (_MaskedSelfAttention, (3, 6, 8)),
+    (_conv1d, (4, 3, 11)),
+    (_groupnorm, (3, 6, 5, 4)),
+    (_TinyTransformer, (3, 6, 8)),
+    (lambda: _TinyTransformer(activation="gelu", norm_first=True), (2, 5, 8)),
 ]
 OP_IDS = [
     "conv",
@@ -238,6 +268,10 @@ OP_IDS = [
     "encoder-layer-norm-first-gelu",
     "encoder",
     "masked-attention",
+    "conv1d",
+    "groupnorm",
+    "transformer",
+    "transformer-norm-first-gelu",
 ]
 
 
@@ -488,14 +522,16 @@ def test_unsupported_configurations_stay_not_covered() -> None:
         (nn.Embedding(5, 3, max_norm=1.0), "max_norm"),
         (nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
         (nn.Softmax(), "dim=None"),
-        (nn.GroupNorm(2, 4), "no D2 operator"),
-        (nn.Conv1d(2, 2, 3), "Conv2d alone"),
+        (nn.InstanceNorm2d(4), "no D2 operator"),
+        (nn.Conv3d(2, 2, 3), "Conv1d and Conv2d are covered"),
+        (nn.Conv1d(4, 4, 3, groups=2), "groups=2"),
         (nn.Dropout(0.1), "p=0.1"),
         (nn.MultiheadAttention(4, 2, dropout=0.1), "dropout=0.1"),
         (nn.MultiheadAttention(4, 2, add_bias_kv=True), "add_bias_kv"),
         (nn.MultiheadAttention(4, 2, add_zero_attn=True), "add_zero_attn"),
         (nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, activation=torch.tanh), "activation 'tanh'"),
-        (nn.TransformerDecoderLayer(4, 2, 8, dropout=0.0), "no D2 operator"),
+        (nn.TransformerDecoderLayer(4, 2, 8, dropout=0.0, activation=torch.tanh), "activation 'tanh'"),
+        (nn.LSTM(4, 4), "no D2 operator"),
     ]
     for module, reason in cases:
         to_d2(module)
