@@ -11,7 +11,8 @@ Covered operators (identical bits on any CPU and any CUDA GPU by construction: s
   ``nn.GELU``, ``nn.Softmax`` and ``nn.LogSoftmax`` (with a dim), ``nn.MultiheadAttention`` (no dropout, bias_kv
   or zero attention), ``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` (ReLU, GELU or a module
   as activation) and ``nn.TransformerEncoder`` (their forwards without torch's fused inference paths),
-  ``nn.Dropout`` with ``p = 0``;
+  ``nn.RNN``, ``nn.LSTM`` and ``nn.GRU`` (no dropout, projections or packed sequences), ``nn.Dropout`` with
+  ``p = 0``;
 - exact as they are: ``nn.ReLU``, ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten`` (comparisons and copies);
 - containers (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``), ``nn.TransformerDecoder`` and
   ``nn.Transformer`` (forwards that pass tensors between their children), and the classes vouched for by
@@ -19,7 +20,7 @@ Covered operators (identical bits on any CPU and any CUDA GPU by construction: s
   reference models of :mod:`hpc_elastic.models` listed in ``D2_COMPOSITE_MODULES`` are vouched for here).
 
 Everything else is reported with its reason: Dropout with ``p > 0`` (CPU and CUDA generators draw different masks),
-InstanceNorm, other convolutions, RNNs (no D2 kernel), other activations, and modules with their own ``forward``
+InstanceNorm, other convolutions, RNN cells (no D2 kernel), other activations, and modules with their own ``forward``
 code, which the scanner cannot see.  The loss function is outside the scan: use
 :func:`hpc_elastic.est.d2_ops.det_cross_entropy`.
 
@@ -85,6 +86,9 @@ _CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str |
     nn.TransformerEncoderLayer: (d2_ops.DetTransformerEncoderLayer, d2_ops.encoder_layer_unsupported),
     nn.TransformerEncoder: (d2_ops.DetTransformerEncoder, _always),
     nn.TransformerDecoderLayer: (d2_ops.DetTransformerDecoderLayer, d2_ops.decoder_layer_unsupported),
+    nn.RNN: (d2_ops.DetRNN, d2_ops.rnn_unsupported),
+    nn.LSTM: (d2_ops.DetLSTM, d2_ops.rnn_unsupported),
+    nn.GRU: (d2_ops.DetGRU, d2_ops.rnn_unsupported),
 }
 _D2_CLASSES: frozenset[type[nn.Module]] = frozenset(det for det, _ in _CONVERSIONS.values())
 _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
@@ -97,7 +101,7 @@ _REASONS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
         "no D2 operator for this normalisation",
     ),
     ((nn.modules.conv._ConvNd,), "no D2 operator for this convolution (Conv1d and Conv2d are covered)"),
-    ((nn.RNNBase, nn.RNNCellBase), "no D2 operator (composite kernels)"),
+    ((nn.RNNBase, nn.RNNCellBase), "no D2 operator (RNN, LSTM and GRU are covered, their cells are not)"),
     (
         (nn.ELU, nn.Softplus, nn.Mish, nn.CELU, nn.SELU, nn.Hardswish, nn.LogSigmoid, nn.Softmin, nn.Softmax2d),
         "no D2 operator for this activation (transcendental functions round differently in libm and CUDA)",

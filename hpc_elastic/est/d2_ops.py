@@ -1006,6 +1006,111 @@ class DetTransformerDecoderLayer(nn.TransformerDecoderLayer):
         return out
 
 
+def rnn_unsupported(rnn: nn.RNNBase) -> str | None:
+    """Why :class:`DetRNN`, :class:`DetLSTM` or :class:`DetGRU` cannot stand in for ``rnn``, or None."""
+    if rnn.dropout:
+        return f"dropout={rnn.dropout} (CPU and CUDA generators draw different masks; 0 only)"
+    if getattr(rnn, "proj_size", 0):
+        return f"proj_size={rnn.proj_size}"
+    return None
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return _apply(_SigmoidFn, x)
+
+
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    return _apply(_TanhFn, x)
+
+
+class _DetRNNBase(nn.RNNBase):
+    """The recurrences of torch's RNN (tanh or ReLU), LSTM and GRU, by their documented equations, one time step
+    after the other: the input projections of all steps in one fixed-order product, each step's hidden projection
+    in another (biases added inside them), the gates by D2's sigmoid and tanh, the rest element-wise with one
+    rounding each.  Layers and directions as torch's (outputs of both directions concatenated); no dropout between
+    layers, no projections, no packed sequences."""
+
+    def forward(self, input: Any, hx: Any = None) -> tuple[torch.Tensor, Any]:
+        _refuse(self, rnn_unsupported(self))
+        if not isinstance(input, torch.Tensor):
+            raise ValueError(f"{type(self).__name__} does not support packed sequences")
+        lstm = self.mode == "LSTM"
+        batched = input.dim() == 3
+        x = input if batched else input.unsqueeze(1)
+        if self.batch_first and batched:
+            x = x.transpose(0, 1)
+        n = x.shape[1]
+        directions = 2 if self.bidirectional else 1
+        states = self.num_layers * directions
+        zeros = x.new_zeros((states, n, self.hidden_size))
+        h0, c0 = (hx if lstm else (hx, None)) if hx is not None else (zeros, zeros if lstm else None)
+        if not batched and hx is not None:
+            h0 = h0.unsqueeze(1)
+            c0 = None if c0 is None else c0.unsqueeze(1)
+        last_h, last_c = [], []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(directions):
+                k = layer * directions + direction
+                h = h0[k]
+                c = None if c0 is None else c0[k]
+                ys, h, c = self._run(x, h, c, layer, direction)
+                outputs.append(torch.stack(ys))
+                last_h.append(h)
+                if c is not None:
+                    last_c.append(c)
+            x = outputs[0] if directions == 1 else torch.cat(outputs, dim=2)
+        out = x.transpose(0, 1) if self.batch_first and batched else x
+        h_n = torch.stack(last_h)
+        c_n = torch.stack(last_c) if lstm else None
+        if not batched:
+            out = out.squeeze(1)
+            h_n = h_n.squeeze(1)
+            c_n = None if c_n is None else c_n.squeeze(1)
+        return out, ((h_n, c_n) if lstm else h_n)
+
+    def _run(
+        self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, layer: int, direction: int
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        suffix = f"_l{layer}" + ("_reverse" if direction else "")
+        w_ih, w_hh = getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix)
+        b_ih = getattr(self, "bias_ih" + suffix) if self.bias else None
+        b_hh = getattr(self, "bias_hh" + suffix) if self.bias else None
+        projected = _apply(_LinearFn, x, w_ih, b_ih)  # [T, N, gates * H]: every step's input projection at once
+        order = range(x.shape[0] - 1, -1, -1) if direction else range(x.shape[0])
+        ys: list[torch.Tensor] = [h] * x.shape[0]
+        for t in order:
+            gh = _apply(_LinearFn, h, w_hh, b_hh)
+            gi = projected[t]
+            if self.mode == "LSTM":
+                assert c is not None
+                i, f, g, o = (gi + gh).chunk(4, dim=1)
+                c = _sigmoid(f) * c + _sigmoid(i) * _tanh(g)
+                h = _sigmoid(o) * _tanh(c)
+            elif self.mode == "GRU":
+                ir, iz, in_ = gi.chunk(3, dim=1)
+                hr, hz, hn = gh.chunk(3, dim=1)
+                r, z = _sigmoid(ir + hr), _sigmoid(iz + hz)
+                h = (1.0 - z) * _tanh(in_ + r * hn) + z * h
+            else:
+                pre = gi + gh
+                h = _tanh(pre) if self.mode == "RNN_TANH" else torch.relu(pre)
+            ys[t] = h
+        return ys, h, c
+
+
+class DetRNN(_DetRNNBase, nn.RNN):  # type: ignore[misc]  # one forward for the three, typed loosely
+    pass
+
+
+class DetLSTM(_DetRNNBase, nn.LSTM):  # type: ignore[misc]  # one forward for the three, typed loosely
+    pass
+
+
+class DetGRU(_DetRNNBase, nn.GRU):  # type: ignore[misc]  # one forward for the three, typed loosely
+    pass
+
+
 def dropout_unsupported(dropout: nn.Dropout) -> str | None:
     return None if dropout.p == 0 else f"p={dropout.p} (CPU and CUDA generators draw different masks; 0 only)"
 

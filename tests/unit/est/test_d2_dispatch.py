@@ -41,7 +41,7 @@ HOST_READS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.mas
 #: fixed trees of additions
 _ALLOWED = """
     _to_copy _unsafe_view alias as_strided clone contiguous copy_ detach expand lift_fresh permute reshape select
-    select_backward slice slice_backward split squeeze t transpose unsqueeze view cat constant_pad_nd flip
+    select_backward slice slice_backward split squeeze t transpose unsqueeze view cat constant_pad_nd flip stack
     arange empty full full_like new_empty new_empty_strided new_zeros ones ones_like zero_ zeros zeros_like fill_
     masked_fill_
     eq ne gt lt ge le isinf isnan where gather scatter_ index index_put_ index_select relu relu_ threshold_backward

@@ -218,6 +218,23 @@ class _TinyTransformer(nn.Module):
         return out
 
 
+@register_d2_module
+class _Recurrent(nn.Module):
+    """A batch-first recurrent layer whose output, final hidden states (and cell states) are returned as one
+    [N, T + states, features] tensor, so that every gradient path is tested."""
+
+    def __init__(self, kind: Callable[..., nn.RNNBase], **options: Any) -> None:
+        super().__init__()
+        self.rnn = kind(5, 4, batch_first=True, **options)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, state = self.rnn(x)
+        parts = [out]
+        for s in state if isinstance(state, tuple) else (state,):
+            parts.append(s.transpose(0, 1).reshape(x.shape[0], -1, out.shape[2]))
+        return torch.cat(parts, dim=1)
+
+
 #: (factory, input shape, relative bound of forward and gradients against float64, atol)
 OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_conv, (4, 3, 9, 8)),
@@ -245,6 +262,10 @@ OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_groupnorm, (3, 6, 5, 4)),
     (_TinyTransformer, (3, 6, 8)),
     (lambda: _TinyTransformer(activation="gelu", norm_first=True), (2, 5, 8)),
+    (lambda: _Recurrent(nn.LSTM, num_layers=2), (3, 6, 5)),
+    (lambda: _Recurrent(nn.GRU, bidirectional=True), (3, 6, 5)),
+    (lambda: _Recurrent(nn.RNN, nonlinearity="relu", bias=False), (3, 6, 5)),
+    (lambda: _Recurrent(nn.RNN, num_layers=2, bidirectional=True), (2, 4, 5)),
 ]
 OP_IDS = [
     "conv",
@@ -272,6 +293,10 @@ OP_IDS = [
     "groupnorm",
     "transformer",
     "transformer-norm-first-gelu",
+    "lstm-2-layers",
+    "gru-bidirectional",
+    "rnn-relu-no-bias",
+    "rnn-tanh-2-layers-bidirectional",
 ]
 
 
@@ -456,6 +481,41 @@ def test_attention_matches_float64_with_masks_and_weights(
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN])
+@pytest.mark.parametrize("batched", [True, False])
+def test_recurrent_layers_match_float64_sequence_first_with_initial_states(
+    kind: Callable[..., nn.RNNBase], batched: bool
+) -> None:
+    torch.manual_seed(6)
+    stock = kind(3, 4, num_layers=2, bidirectional=True)
+    det = to_d2(copy.deepcopy(stock))
+    assert type(det).__name__ == f"Det{type(stock).__name__}"
+    x = torch.randn((7, 2, 3) if batched else (7, 3))
+    states = torch.randn((4, 2, 4) if batched else (4, 4))
+    results = []
+    for module, dtype in ((det, torch.float32), (stock.double(), torch.float64)):
+        xi, hi, ci = (t.detach().to(dtype).clone().requires_grad_(True) for t in (x, states, states * 0.5))
+        out, state = module(xi, (hi, ci) if kind is nn.LSTM else hi)
+        finals = state if isinstance(state, tuple) else (state,)
+        total = out.sum() + sum(((f * f).sum() for f in finals), torch.zeros((), dtype=dtype))
+        total.backward()
+        inputs_ = [xi, hi] + ([ci] if kind is nn.LSTM else [])
+        grads = [t.grad for t in inputs_] + [p.grad for p in module.parameters()]
+        assert all(g is not None for g in grads)
+        results.append([out.detach(), *[f.detach() for f in finals], *[g for g in grads if g is not None]])
+    assert results[0][0].shape == results[1][0].shape
+    for a, b in zip(*results, strict=True):
+        scale = max(float(b.abs().max()), 1e-6)
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_recurrent_layers_refuse_packed_sequences() -> None:
+    lstm = to_d2(nn.LSTM(3, 4))
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 2, 3), [5, 3])
+    with pytest.raises(ValueError, match="DetLSTM does not support packed sequences"):
+        lstm(packed)
+
+
 def test_attention_refuses_dropout_set_after_conversion() -> None:
     det = to_d2(nn.MultiheadAttention(4, 2))
     assert isinstance(det, d2_ops.DetMultiheadAttention)
@@ -531,7 +591,9 @@ def test_unsupported_configurations_stay_not_covered() -> None:
         (nn.MultiheadAttention(4, 2, add_zero_attn=True), "add_zero_attn"),
         (nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, activation=torch.tanh), "activation 'tanh'"),
         (nn.TransformerDecoderLayer(4, 2, 8, dropout=0.0, activation=torch.tanh), "activation 'tanh'"),
-        (nn.LSTM(4, 4), "no D2 operator"),
+        (nn.LSTM(4, 4, num_layers=2, dropout=0.5), "dropout=0.5"),
+        (nn.LSTM(4, 4, proj_size=2), "proj_size=2"),
+        (nn.LSTMCell(4, 4), "their cells are not"),
     ]
     for module, reason in cases:
         to_d2(module)
