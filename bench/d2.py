@@ -1,7 +1,7 @@
 """D2 operators vs the stock kernels: one training step (forward, loss, backward) of the reference models.
 
-For ``hpc_elastic.models.resnet_like``, ``vgg_like`` and ``transformer_small`` and every device present (the CPU,
-and the GPU when torch sees one), times interleaved repetitions of
+For ``hpc_elastic.models.resnet_like``, ``vgg_like``, ``transformer_small`` and ``lstm_small`` and every device
+present (the CPU, and the GPU when torch sees one), times interleaved repetitions of
 
 - ``stock``: the model as built, ``F.cross_entropy``, autograd's backward (torch's own kernels: oneDNN/MKL on the
   CPU, cuDNN/cuBLAS on the GPU);
@@ -10,7 +10,7 @@ and the GPU when torch sees one), times interleaved repetitions of
 - on a GPU also ``stock_graph`` and ``d2_graph``: each step captured once in a CUDA graph
   (:func:`hpc_elastic.est.gpu.capture_step`) and replayed (the D2 step launches some 2,000 small kernels; a replay
   launches them without Python), with ``graph_ratio`` = d2_graph / stock (eager) and ``graph_ratio_both`` =
-  d2_graph / stock_graph (the CNNs: the transformer's D2 embeddings read back to the host in their backward),
+  d2_graph / stock_graph (the CNNs: the sequence models' D2 embeddings read back to the host in their backward),
 
 and reports the median step times (wall clock, and the process's CPU time: on a shared machine the CPU time of a
 one-thread run, ``--threads 1``, is the steadier measure) and their ratios d2 / stock, with the machine's load
@@ -55,6 +55,7 @@ MODELS: dict[str, Callable[[], models.ModelBundle]] = {
     "resnet_like": models.resnet_like,
     "vgg_like": models.vgg_like,
     "transformer_small": models.transformer_small,
+    "lstm_small": models.lstm_small,
 }
 #: the models whose D2 step a CUDA graph can capture (DetEmbedding's backward reads back to the host)
 CAPTURABLE = ("resnet_like", "vgg_like")

@@ -157,9 +157,22 @@ class _TransformerSmall(nn.Module):
         return out
 
 
+class _LstmSmall(nn.Module):
+    def __init__(self, d_model: int = 128, hidden: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB_SIZE, d_model)
+        self.lstm = nn.LSTM(d_model, hidden, layers, batch_first=True)
+        self.head = nn.Linear(hidden, NUM_CLASSES)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.lstm(self.embedding(tokens))
+        out: torch.Tensor = self.head(hidden[:, -1])  # the last step's state classifies
+        return out
+
+
 #: modules whose own forward only composes their children with exact element-wise ops (ReLU, adds of two tensors of
 #: one shape, selecting a token): the D2 scanner (hpc_elastic.est.d2) vouches for them
-D2_COMPOSITE_MODULES: tuple[type[nn.Module], ...] = (_VggLike, _BasicBlock, _ResNetLike, _TransformerSmall)
+D2_COMPOSITE_MODULES: tuple[type[nn.Module], ...] = (_VggLike, _BasicBlock, _ResNetLike, _TransformerSmall, _LstmSmall)
 
 
 def _token_batch(batch_size: int) -> tuple[Inputs, torch.Tensor]:
@@ -172,6 +185,11 @@ def _token_batch(batch_size: int) -> tuple[Inputs, torch.Tensor]:
 def transformer_small() -> ModelBundle:
     """2-layer transformer encoder classifier (d=128, 4 heads, 2000-token vocabulary, sequence 32)."""
     return _TransformerSmall(), _token_batch
+
+
+def lstm_small() -> ModelBundle:
+    """2-layer LSTM classifier (embedding 128, hidden 256) over the same token batches, from the last step's state."""
+    return _LstmSmall(), _token_batch
 
 
 def _mlp_batch(batch_size: int) -> tuple[Inputs, torch.Tensor]:

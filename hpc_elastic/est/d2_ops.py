@@ -1082,16 +1082,19 @@ class _DetRNNBase(nn.RNNBase):
         for t in order:
             gh = _apply(_LinearFn, h, w_hh, b_hh)
             gi = projected[t]
+            # one sigmoid over all gates (element-wise: each element's bits as alone), fewer small kernels
             if self.mode == "LSTM":
                 assert c is not None
-                i, f, g, o = (gi + gh).chunk(4, dim=1)
-                c = _sigmoid(f) * c + _sigmoid(i) * _tanh(g)
-                h = _sigmoid(o) * _tanh(c)
+                gates = gi + gh
+                i, f, _, o = _sigmoid(gates).chunk(4, dim=1)
+                g = _tanh(gates.chunk(4, dim=1)[2])
+                c = f * c + i * g
+                h = o * _tanh(c)
             elif self.mode == "GRU":
-                ir, iz, in_ = gi.chunk(3, dim=1)
-                hr, hz, hn = gh.chunk(3, dim=1)
-                r, z = _sigmoid(ir + hr), _sigmoid(iz + hz)
-                h = (1.0 - z) * _tanh(in_ + r * hn) + z * h
+                width = self.hidden_size
+                r, z = _sigmoid(gi[:, : 2 * width] + gh[:, : 2 * width]).chunk(2, dim=1)
+                hn = gh[:, 2 * width :]
+                h = (1.0 - z) * _tanh(gi[:, 2 * width :] + r * hn) + z * h
             else:
                 pre = gi + gh
                 h = _tanh(pre) if self.mode == "RNN_TANH" else torch.relu(pre)

@@ -28,8 +28,8 @@ from tests.unit.est.test_d2_ops import OP_IDS, OPS, inputs, make_pair, run_op
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-REFERENCE_MODELS = [models.resnet_like, models.vgg_like, models.resnet18, models.transformer_small]
-REFERENCE_IDS = ["resnet_like", "vgg_like", "resnet18", "transformer_small"]
+REFERENCE_MODELS = [models.resnet_like, models.vgg_like, models.resnet18, models.transformer_small, models.lstm_small]
+REFERENCE_IDS = ["resnet_like", "vgg_like", "resnet18", "transformer_small", "lstm_small"]
 
 #: operations that read a device value back to the host (a synchronisation, refused while a graph is captured)
 HOST_READS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique",
@@ -195,11 +195,11 @@ def test_the_device_path_of_a_d2_step_reads_nothing_back(
     factory: Callable[[], models.ModelBundle], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The operations a D2 forward, loss and backward run on a GPU, with a capture under way: no host read among them
-    (the CNNs; the transformer's embeddings read back in their backward, below)."""
+    (the CNNs; the sequence models' embeddings read back in their backward, below)."""
     gpu_operator_path(monkeypatch)
     monkeypatch.setattr(d2_ops, "capturing", lambda t: True)
     reads = collections.Counter(record_step(factory).host_reads)
-    if factory is models.transformer_small:
+    if factory in (models.transformer_small, models.lstm_small):
         # DetEmbedding's backward: as many rounds as an id repeats, counted on the host, and masks by id
         assert reads and set(reads) <= {"aten._local_scalar_dense", "aten.index", "aten.index_put_"}
     else:

@@ -566,6 +566,13 @@ def test_scanner_covers_the_reference_cnns_after_conversion() -> None:
         assert all(before[k].data_ptr() == after[k].data_ptr() for k in before)
 
 
+def test_scanner_covers_the_reference_lstm_after_conversion() -> None:
+    lstm = models.lstm_small()[0]
+    assert scan_model(lstm).holds_after_conversion and not scan_model(lstm).holds
+    assert scan_model(to_d2(lstm)).holds, scan_model(lstm).first_problem()
+    assert isinstance(lstm.lstm, d2_ops.DetLSTM)
+
+
 def test_scanner_covers_the_reference_transformer_after_conversion() -> None:
     transformer = models.transformer_small()[0]
     before = scan_model(transformer)
@@ -626,7 +633,9 @@ def train_d2(
     return state.params_sha256()
 
 
-@pytest.mark.parametrize("factory", [models.resnet_like, models.transformer_small], ids=["resnet", "transformer"])
+@pytest.mark.parametrize(
+    "factory", [models.resnet_like, models.transformer_small, models.lstm_small], ids=["resnet", "transformer", "lstm"]
+)
 def test_d2_training_gives_the_same_bits_at_1_and_4_threads(factory: Callable[[], models.ModelBundle]) -> None:
     assert train_d2(1, factory=factory) == train_d2(4, factory=factory)
 
@@ -670,7 +679,9 @@ def test_cuda_resnet_step_gives_the_cpu_bits() -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("factory", [models.resnet_like, models.transformer_small], ids=["resnet", "transformer"])
+@pytest.mark.parametrize(
+    "factory", [models.resnet_like, models.transformer_small, models.lstm_small], ids=["resnet", "transformer", "lstm"]
+)
 def test_cuda_d2_training_with_the_runtime_gives_the_cpu_bits(factory: Callable[[], models.ModelBundle]) -> None:
     """Two ESTs, the deterministic allreduce's CUDA kernels, the D2 operators and the optimizer on the GPU: the
     parameters after each number of steps are the CPU run's bits."""
