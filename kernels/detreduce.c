@@ -2114,6 +2114,122 @@ static PyObject *py_max_pool_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- exp and expm1 (D2)
+ *
+ * hpc_elastic/est/d2_math.py's det_exp and det_expm1, element by element: the same float32 operations in the same
+ * order (this file is built with -ffp-contract=off: no multiply is fused into an add), so the same bits as the
+ * torch definitions, which the GPU runs.  The constants come from Python (one source of truth):
+ * LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI, then the seven Taylor coefficients 1/2! .. 1/8!.
+ *   x clamped to [EXP_LO, EXP_HI]; k = round-half-even(x * LOG2E); r = (x - k LN2_HI) - k LN2_LO (two roundings);
+ *   q = r + (r * r) * P(r) (Horner, one multiply and one add per step) = expm1(r);
+ *   exp: (q + 1) 2^k; expm1: q 2^k + (2^k - 1); 2^k as two exact power-of-two factors (2^128 alone overflows);
+ *   x < EXP_LO gives 0 (exp) or -1 (expm1), x > EXP_HI inf, NaN stays NaN.
+ * And from them det_sigmoid (e = exp(-|x|), 1 / (e + 1) for x >= 0, else e / (e + 1)) and det_tanh
+ * (t = expm1(-2 |x|), -t / (t + 2) with the sign of x). */
+
+#define EXP_CONSTANTS 12
+
+static inline float pow2_bits(int32_t k) {
+    const uint32_t bits = (uint32_t)(k + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float scale_pow2(float y, int32_t k) {
+    const int32_t half = (k - (k & 1)) / 2; /* floor(k / 2) */
+    return (y * pow2_bits(half)) * pow2_bits(k - half);
+}
+
+static float det_exp_one(float x, const float *c, int expm1) {
+    if (x != x) return x;
+    const float lo = c[3], hi = c[4];
+    const float xc = x < lo ? lo : (x > hi ? hi : x);
+    const float kf = nearbyintf(xc * c[0]);
+    float t = kf * c[1];
+    float r = xc - t;
+    t = kf * c[2];
+    r = r - t;
+    float acc = c[5 + 6];
+    for (int j = 5; j >= 0; --j) {
+        acc = acc * r;
+        acc = acc + c[5 + j];
+    }
+    float q = (r * r) * acc;
+    q = r + q;
+    const int32_t k = (int32_t)kf;
+    float value;
+    if (expm1) {
+        const float p = scale_pow2(1.0f, k);
+        value = scale_pow2(q, k) + (p - 1.0f);
+    } else {
+        value = scale_pow2(q + 1.0f, k);
+    }
+    if (x < lo) value = expm1 ? -1.0f : 0.0f;
+    if (x > hi) value = INFINITY;
+    return value;
+}
+
+enum { FN_EXP = 0, FN_EXPM1 = 1, FN_SIGMOID = 2, FN_TANH = 3 };
+
+static inline float det_fn_one(float x, const float *c, int fn) {
+    switch (fn) {
+    case FN_EXP: return det_exp_one(x, c, 0);
+    case FN_EXPM1: return det_exp_one(x, c, 1);
+    case FN_SIGMOID: {
+        const float e = det_exp_one(-fabsf(x), c, 0);
+        const float d = e + 1.0f;
+        return x >= 0.0f ? 1.0f / d : e / d;
+    }
+    default: {
+        const float t = det_exp_one(fabsf(x) * -2.0f, c, 1);
+        const float y = (-t) / (t + 2.0f);
+        return copysignf(y, x);
+    }
+    }
+}
+
+PyDoc_STRVAR(exp_doc,
+    "exp(x, out, constants, fn)\n"
+    "det_exp (fn 0), det_expm1 (1), det_sigmoid (2) or det_tanh (3) of float32 x into out, element by element,\n"
+    "with d2_math's 12 float32 constants: the torch definitions' operations, the same bits.");
+
+static PyObject *py_exp(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ox, *oo, *oc;
+    int fn;
+    if (!PyArg_ParseTuple(args, "OOOi", &ox, &oo, &oc, &fn)) return NULL;
+    if (fn < FN_EXP || fn > FN_TANH) {
+        PyErr_Format(PyExc_ValueError, "fn: 0 (exp), 1 (expm1), 2 (sigmoid) or 3 (tanh), got %d", fn);
+        return NULL;
+    }
+    buf_t bx, bo, bc;
+    buf_t *held[3] = {&bx, &bo, &bc};
+    int got = 0;
+    if (acquire(ox, &bx, 'f', 0, "x") == 0 && ++got && acquire(oo, &bo, 'f', 1, "out") == 0 && ++got &&
+        acquire(oc, &bc, 'f', 0, "constants") == 0 && ++got) {
+    }
+    int rc = -1;
+    if (got == 3) {
+        if (count(&bc) != EXP_CONSTANTS) {
+            PyErr_Format(PyExc_ValueError, "constants: %d float32 values, got %zd", EXP_CONSTANTS, count(&bc));
+        } else if (count(&bo) != count(&bx)) {
+            PyErr_Format(PyExc_ValueError, "out has %zd elements, x %zd", count(&bo), count(&bx));
+        } else {
+            const float *x = (const float *)bx.view.buf, *c = (const float *)bc.view.buf;
+            float *out = (float *)bo.view.buf;
+            const Py_ssize_t n = count(&bx);
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < n; ++i) out[i] = det_fn_one(x[i], c, fn);
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -2131,6 +2247,7 @@ static PyMethodDef methods[] = {
     {"batch_norm_backward", py_batch_norm_backward, METH_VARARGS, bn_backward_doc},
     {"max_pool_forward", py_max_pool_forward, METH_VARARGS, max_pool_forward_doc},
     {"max_pool_backward", py_max_pool_backward, METH_VARARGS, max_pool_backward_doc},
+    {"exp", py_exp, METH_VARARGS, exp_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -85,6 +85,8 @@ _ERFC_P = tuple(
     )
 )
 ERF_SMALL = f32(0.5)
+#: the constants of exp's C kernel, in its order (kernels/detreduce.c)
+_EXP_CONSTANTS = np.array([LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI, *_EXPM1_P], dtype=np.float32)
 
 
 #: below this many multiply-adds a product runs on the calling thread
@@ -417,14 +419,40 @@ def _special(x: torch.Tensor, value: torch.Tensor, low: float, high: float) -> t
     return torch.where(torch.isnan(x), x, value)
 
 
+#: the functions of the C kernel ``exp``
+_EXP, _EXPM1, _SIGMOID, _TANH = 0, 1, 2, 3
+
+
+def _c_exp(x: torch.Tensor, fn: int) -> torch.Tensor | None:
+    """:func:`det_exp`, :func:`det_expm1`, :func:`det_sigmoid` or :func:`det_tanh` (``fn``) of a float32 CPU tensor
+    by the C kernel (``exp`` in ``kernels/detreduce.c``: the torch definitions' operations element by element, the
+    same bits, one pass instead of some 25-30 small torch calls); None where the torch definition runs (another
+    device or dtype, no extension, or a tensor autograd would have to follow)."""
+    ext = c_kernels()
+    if ext is None or x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    if x.requires_grad and torch.is_grad_enabled():
+        return None
+    xc = x.detach().contiguous()
+    out = torch.empty_like(xc)
+    ext.exp(xc.numpy(), out.numpy(), _EXP_CONSTANTS, fn)
+    return out
+
+
 def det_exp(x: torch.Tensor) -> torch.Tensor:
     """exp(x) within 2 ulps of the exact value, the same bits on every device (float32)."""
+    fast = _c_exp(x, _EXP)
+    if fast is not None:
+        return fast
     _, q, k = _exp_reduce(x)
     return _special(x, _scale_pow2(q + 1.0, k), 0.0, float("inf"))
 
 
 def det_expm1(x: torch.Tensor) -> torch.Tensor:
     """exp(x) - 1 without cancellation near 0: 2^k * expm1(r) + (2^k - 1)."""
+    fast = _c_exp(x, _EXPM1)
+    if fast is not None:
+        return fast
     _, q, k = _exp_reduce(x)
     p = _scale_pow2(torch.ones_like(x), k)
     value = _scale_pow2(q, k) + (p - 1.0)
@@ -499,6 +527,9 @@ def det_erf(x: torch.Tensor) -> torch.Tensor:
 
 def det_sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, with e = exp(-|x|) (no overflow, no cancellation)."""
+    fast = _c_exp(x, _SIGMOID)
+    if fast is not None:
+        return fast
     e = det_exp(-torch.abs(x))
     d = e + 1.0
     return torch.where(x >= 0, reciprocal(d), torch.div(e, d))
@@ -506,6 +537,9 @@ def det_sigmoid(x: torch.Tensor) -> torch.Tensor:
 
 def det_tanh(x: torch.Tensor) -> torch.Tensor:
     """tanh(|x|) = -t / (2 + t) with t = expm1(-2|x|), then the sign of x (relative accuracy near 0 too)."""
+    fast = _c_exp(x, _TANH)
+    if fast is not None:
+        return fast
     t = det_expm1(torch.abs(x) * -2.0)
     y = torch.div(-t, t + 2.0)
     return torch.copysign(y, x)

@@ -42,8 +42,8 @@ HOST_READS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.mas
 _ALLOWED = """
     _to_copy _unsafe_view alias as_strided clone contiguous copy_ detach expand lift_fresh permute reshape select
     select_backward slice slice_backward split squeeze t transpose unsqueeze view cat constant_pad_nd flip stack
-    arange empty full full_like new_empty new_empty_strided new_zeros ones ones_like zero_ zeros zeros_like fill_
-    masked_fill_
+    arange empty empty_like full full_like new_empty new_empty_strided new_zeros ones ones_like zero_ zeros
+    zeros_like fill_ masked_fill_
     eq ne gt lt ge le isinf isnan where gather scatter_ index index_put_ index_select relu relu_ threshold_backward
     amax max min cummax sort clamp round neg abs copysign bitwise_and bitwise_or bitwise_not bitwise_left_shift
     bitwise_right_shift maximum add add_ sub sub_ rsub mul mul_ div div_ sqrt _local_scalar_dense triu triu_
@@ -174,7 +174,10 @@ def test_each_d2_operator_dispatches_only_exact_or_once_rounded_operations(
     assert set(seen.ops) - EXACT_OR_ONE_ROUNDING == set()
 
 
-def test_the_loss_with_label_smoothing_dispatches_only_exact_or_once_rounded_operations() -> None:
+def test_the_loss_with_label_smoothing_dispatches_only_exact_or_once_rounded_operations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpu_operator_path(monkeypatch)
     logits = torch.randn(6, 5, requires_grad=True)
     seen = Dispatched()
     with seen:

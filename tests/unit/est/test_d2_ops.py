@@ -87,6 +87,48 @@ def test_transcendentals_are_within_a_few_ulps_of_float64(
         assert max_ulps(fn(x), ref(x.numpy().astype(np.float64))) <= bound
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [d2_math.det_exp, d2_math.det_expm1, d2_math.det_sigmoid, d2_math.det_tanh],
+    ids=["exp", "expm1", "sigmoid", "tanh"],
+)
+def test_exp_kernel_gives_the_torch_definitions_bits(
+    fn: Callable[[torch.Tensor], torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C kernel (the CPU's path) against the torch definition (the GPU's): a dense sweep across the clamps,
+    inputs whose x * log2(e) is a tie, the clamps' neighbours, and random bit patterns (subnormals, infinities,
+    NaNs of any payload)."""
+    assert d2_math.c_kernels() is not None
+    rng = np.random.default_rng(11)
+    ties = (np.arange(-250, 250, dtype=np.float32) + np.float32(0.5)) / np.float32(d2_math.LOG2E)
+    edges = [d2_math.EXP_LO, d2_math.EXP_HI, 0.0, -0.0, 1e-45, -1e-45, float("inf"), float("-inf"), float("nan")]
+    edges += [float(np.nextafter(np.float32(e), np.float32(d))) for e in edges[:2] for d in (-200.0, 200.0)]
+    patterns = rng.integers(-(2**31), 2**31 - 1, 1_000_000, dtype=np.int64).astype(np.int32).view(np.float32)
+    x = torch.from_numpy(
+        np.concatenate(
+            [np.linspace(-110, 100, 1_000_001, dtype=np.float32), ties, np.array(edges, dtype=np.float32), patterns]
+        )
+    )
+    kernel = fn(x)
+    monkeypatch.setattr(d2_math, "c_kernels", lambda: None)
+    definition = fn(x)
+    assert bits(kernel) == bits(definition)
+    # a tensor autograd follows takes the torch definition (the kernel is outside the graph)
+    monkeypatch.undo()
+    y = torch.tensor([0.5, -1.0], requires_grad=True)
+    assert fn(y).grad_fn is not None
+
+
+def test_exp_kernel_refuses_bad_arguments() -> None:
+    ext, x = d2_math.c_kernels(), np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="fn: 0 \\(exp\\), 1 \\(expm1\\), 2 \\(sigmoid\\) or 3 \\(tanh\\), got 7"):
+        ext.exp(x, x.copy(), d2_math._EXP_CONSTANTS, 7)
+    with pytest.raises(ValueError, match="constants: 12 float32 values, got 3"):
+        ext.exp(x, x.copy(), d2_math._EXP_CONSTANTS[:3], 0)
+    with pytest.raises(ValueError, match="out has 3 elements, x 4"):
+        ext.exp(x, x[:3].copy(), d2_math._EXP_CONSTANTS, 0)
+
+
 def test_special_values() -> None:
     x = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 100.0, -100.0])
     assert d2_math.det_exp(x)[:4].tolist() == [1.0, 1.0, math.inf, 0.0]
