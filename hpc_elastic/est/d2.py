@@ -83,9 +83,9 @@ _CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str |
     nn.Dropout: (d2_ops.DetDropout, d2_ops.dropout_unsupported),
     nn.MultiheadAttention: (d2_ops.DetMultiheadAttention, d2_ops.mha_unsupported),
     nn.modules.linear.NonDynamicallyQuantizableLinear: (d2_ops.DetLinear, _always),  # attention's out_proj
-    nn.TransformerEncoderLayer: (d2_ops.DetTransformerEncoderLayer, d2_ops.encoder_layer_unsupported),
+    nn.TransformerEncoderLayer: (d2_ops.DetTransformerEncoderLayer, d2_ops.transformer_layer_unsupported),
     nn.TransformerEncoder: (d2_ops.DetTransformerEncoder, _always),
-    nn.TransformerDecoderLayer: (d2_ops.DetTransformerDecoderLayer, d2_ops.decoder_layer_unsupported),
+    nn.TransformerDecoderLayer: (d2_ops.DetTransformerDecoderLayer, d2_ops.transformer_layer_unsupported),
     nn.RNN: (d2_ops.DetRNN, d2_ops.rnn_unsupported),
     nn.LSTM: (d2_ops.DetLSTM, d2_ops.rnn_unsupported),
     nn.GRU: (d2_ops.DetGRU, d2_ops.rnn_unsupported),

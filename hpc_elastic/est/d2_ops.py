@@ -887,10 +887,48 @@ def _activation(fn: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     return None
 
 
-def encoder_layer_unsupported(layer: nn.TransformerEncoderLayer) -> str | None:
+def transformer_layer_unsupported(layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> str | None:
     if _activation(layer.activation) is None:
         return f"activation {getattr(layer.activation, '__name__', layer.activation)!r} (relu, gelu or a module)"
     return None
+
+
+def _layer_activation(
+    layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    act = _activation(layer.activation)
+    if act is None:
+        raise ValueError(f"{type(layer).__name__} does not support {transformer_layer_unsupported(layer)}")
+    return act
+
+
+class _Masks(NamedTuple):
+    attn_mask: torch.Tensor | None
+    key_padding_mask: torch.Tensor | None
+    is_causal: bool
+
+
+def _attention(
+    mha: nn.Module, dropout: nn.Module, x: torch.Tensor, memory: torch.Tensor, masks: _Masks
+) -> torch.Tensor:
+    """A transformer layer's attention block: ``x`` attending to ``memory`` (``x`` itself for self-attention), no
+    weights returned, then the block's dropout."""
+    out = mha(
+        x, memory, memory, attn_mask=masks.attn_mask, key_padding_mask=masks.key_padding_mask, need_weights=False,
+        is_causal=masks.is_causal,
+    )[0]  # fmt: skip
+    dropped: torch.Tensor = dropout(out)
+    return dropped
+
+
+def _feed_forward(
+    layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    dropout: nn.Module,
+    x: torch.Tensor,
+) -> torch.Tensor:
+    out: torch.Tensor = dropout(layer.linear2(layer.dropout(act(layer.linear1(x)))))
+    return out
 
 
 class DetTransformerEncoderLayer(nn.TransformerEncoderLayer):
@@ -905,28 +943,15 @@ class DetTransformerEncoderLayer(nn.TransformerEncoderLayer):
         src_key_padding_mask: torch.Tensor | None = None,
         is_causal: bool = False,
     ) -> torch.Tensor:
-        act = _activation(self.activation)
-        if act is None:
-            raise ValueError(f"{type(self).__name__} does not support {encoder_layer_unsupported(self)}")
-
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            out = self.self_attn(
-                x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask, need_weights=False,
-                is_causal=is_causal,
-            )[0]  # fmt: skip
-            dropped: torch.Tensor = self.dropout1(out)
-            return dropped
-
-        def feed_forward(x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.dropout2(self.linear2(self.dropout(act(self.linear1(x)))))
-            return out
-
+        act = _layer_activation(self)
+        masks = _Masks(src_mask, src_key_padding_mask, is_causal)
         x = src
         if self.norm_first:
-            x = x + attend(self.norm1(x))
-            return x + feed_forward(self.norm2(x))
-        x = self.norm1(x + attend(x))
-        out: torch.Tensor = self.norm2(x + feed_forward(x))
+            h = self.norm1(x)
+            x = x + _attention(self.self_attn, self.dropout1, h, h, masks)
+            return x + _feed_forward(self, act, self.dropout2, self.norm2(x))
+        x = self.norm1(x + _attention(self.self_attn, self.dropout1, x, x, masks))
+        out: torch.Tensor = self.norm2(x + _feed_forward(self, act, self.dropout2, x))
         return out
 
 
@@ -949,12 +974,6 @@ class DetTransformerEncoder(nn.TransformerEncoder):
         return out
 
 
-def decoder_layer_unsupported(layer: nn.TransformerDecoderLayer) -> str | None:
-    if _activation(layer.activation) is None:
-        return f"activation {getattr(layer.activation, '__name__', layer.activation)!r} (relu, gelu or a module)"
-    return None
-
-
 class DetTransformerDecoderLayer(nn.TransformerDecoderLayer):
     """``nn.TransformerDecoderLayer``'s forward (``norm_first`` or not) with ReLU or D2's GELU: self-attention,
     attention over the memory, feed-forward, each added as a residual of equal shape; the children are converted on
@@ -971,38 +990,18 @@ class DetTransformerDecoderLayer(nn.TransformerDecoderLayer):
         tgt_is_causal: bool = False,
         memory_is_causal: bool = False,
     ) -> torch.Tensor:
-        act = _activation(self.activation)
-        if act is None:
-            raise ValueError(f"{type(self).__name__} does not support {decoder_layer_unsupported(self)}")
-
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            out = self.self_attn(
-                x, x, x, attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask, need_weights=False,
-                is_causal=tgt_is_causal,
-            )[0]  # fmt: skip
-            dropped: torch.Tensor = self.dropout1(out)
-            return dropped
-
-        def attend_memory(x: torch.Tensor) -> torch.Tensor:
-            out = self.multihead_attn(
-                x, memory, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
-                need_weights=False, is_causal=memory_is_causal,
-            )[0]  # fmt: skip
-            dropped: torch.Tensor = self.dropout2(out)
-            return dropped
-
-        def feed_forward(x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.dropout3(self.linear2(self.dropout(act(self.linear1(x)))))
-            return out
-
+        act = _layer_activation(self)
+        own = _Masks(tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+        over_memory = _Masks(memory_mask, memory_key_padding_mask, memory_is_causal)
         x = tgt
         if self.norm_first:
-            x = x + attend(self.norm1(x))
-            x = x + attend_memory(self.norm2(x))
-            return x + feed_forward(self.norm3(x))
-        x = self.norm1(x + attend(x))
-        x = self.norm2(x + attend_memory(x))
-        out: torch.Tensor = self.norm3(x + feed_forward(x))
+            h = self.norm1(x)
+            x = x + _attention(self.self_attn, self.dropout1, h, h, own)
+            x = x + _attention(self.multihead_attn, self.dropout2, self.norm2(x), memory, over_memory)
+            return x + _feed_forward(self, act, self.dropout3, self.norm3(x))
+        x = self.norm1(x + _attention(self.self_attn, self.dropout1, x, x, own))
+        x = self.norm2(x + _attention(self.multihead_attn, self.dropout2, x, memory, over_memory))
+        out: torch.Tensor = self.norm3(x + _feed_forward(self, act, self.dropout3, x))
         return out
 
 
