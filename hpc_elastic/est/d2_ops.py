@@ -807,8 +807,9 @@ class DetMultiheadAttention(nn.MultiheadAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         _refuse(self, mha_unsupported(self))
         batched = query.dim() == 3
-        if not batched:  # [L, E]: a batch of one
-            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
+        batch_dim = 0 if self.batch_first else 1
+        if not batched:  # [L, E]: a batch of one, in the module's layout
+            query, key, value = (t.unsqueeze(batch_dim) for t in (query, key, value))
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         if self.batch_first:
@@ -854,7 +855,7 @@ class DetMultiheadAttention(nn.MultiheadAttention):
             if average_attn_weights:
                 attention = div_count(det_sum(attention, 1), heads)
         if not batched:
-            out = out.squeeze(1 if not self.batch_first else 0)
+            out = out.squeeze(batch_dim)
             attention = None if attention is None else attention.squeeze(0)
         return out, attention
 

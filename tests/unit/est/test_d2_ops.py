@@ -478,6 +478,7 @@ ATTENTION_CASES = [
     ({"kdim": 6, "vdim": 10, "batch_first": True}, ((3, 5, 8), (3, 7, 6), (3, 7, 10)), False),
     ({"bias": False, "batch_first": True}, ((2, 4, 8), (2, 4, 8), (2, 4, 8)), True),
     ({}, ((5, 8), (6, 8), (6, 8)), False),  # unbatched
+    ({"batch_first": True}, ((5, 8), (6, 8), (6, 8)), False),  # unbatched: [L, E] whatever the layout
 ]
 
 
