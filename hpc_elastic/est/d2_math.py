@@ -34,6 +34,7 @@ within 4 and erf within 2.  Results out of the normal float32 range are clamped 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -98,6 +99,19 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="d2-matmul")
 
 
+def _split_over_threads(count: int, work: int, run: Callable[[int, int], None]) -> None:
+    """``run(lo, hi)`` over [0, count) cut into whole items, one range per torch thread (the C kernels release the
+    GIL), or once on the calling thread below :data:`PARALLEL_MIN_WORK` multiply-adds: an item is never split, so
+    the bits do not depend on the cut."""
+    threads = min(torch.get_num_threads(), count)
+    if threads < 2 or work < PARALLEL_MIN_WORK:
+        run(0, count)
+        return
+    bounds = [count * t // threads for t in range(threads + 1)]
+    for job in [_pool(threads).submit(run, lo, hi) for lo, hi in itertools.pairwise(bounds)]:
+        job.result()
+
+
 def _geometry(t: torch.Tensor, row_dims: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """``t``'s storage as a flat float32 array and the geometry that names ``t`` in it as a matrix (its first
     ``row_dims`` dimensions the rows), for ``matmul_nt_view``: the kernel reads the view in place."""
@@ -160,19 +174,12 @@ def det_matmul_nt(
         on = out.as_strided((out.untyped_storage().nbytes() // 4,), (1,), 0).numpy()
         og = np.array([out.storage_offset(), out.stride(0), out.shape[2], out.stride(1)], dtype=np.int64)
     kernels = cpu_kernels()
-    threads = min(torch.get_num_threads(), m)
-    if threads < 2 or m * n * k < PARALLEL_MIN_WORK:
-        kernels.matmul_nt_view(an, ag, bn, bg, on, rows=(0, m), out_geometry=og)
-        return result
-    bounds = [m * t // threads for t in range(threads + 1)]
-    jobs = [
-        _pool(threads).submit(
-            kernels.matmul_nt_view, an, ag, bn, bg, on if og is not None else on[lo:hi], rows=(lo, hi), out_geometry=og
-        )
-        for lo, hi in itertools.pairwise(bounds)
-    ]
-    for job in jobs:
-        job.result()
+
+    def rows(lo: int, hi: int) -> None:
+        part = on if og is not None else on[lo:hi]
+        kernels.matmul_nt_view(an, ag, bn, bg, part, rows=(lo, hi), out_geometry=og)
+
+    _split_over_threads(m, m * n * k, rows)
     return result
 
 
@@ -211,13 +218,7 @@ def det_bmm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             gb[0] = b.storage_offset() + i * b.stride(0)
             kernels.matmul_nt_view(an, ga, bn, gb, on[i], rows=(0, m))
 
-    threads = min(torch.get_num_threads(), batch)
-    if threads < 2 or batch * m * n * a.shape[2] < PARALLEL_MIN_WORK:
-        entries(0, batch)
-        return out
-    bounds = [batch * t // threads for t in range(threads + 1)]
-    for job in [_pool(threads).submit(entries, lo, hi) for lo, hi in itertools.pairwise(bounds)]:
-        job.result()
+    _split_over_threads(batch, batch * m * n * a.shape[2], entries)
     return out
 
 
