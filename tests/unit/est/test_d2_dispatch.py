@@ -24,7 +24,7 @@ from hpc_elastic.est import d2_math, d2_ops
 from hpc_elastic.est.d2 import optimizer_to_d2, to_d2
 from hpc_elastic.est.d2_ops import det_cross_entropy
 from hpc_elastic.est.gpu import capture_step
-from tests.unit.est.test_d2_ops import OP_IDS, OPS, inputs, make_pair, run_op
+from tests.unit.est.test_d2_ops import OP_IDS, OPS, bits, inputs, make_pair, run_op
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -232,10 +232,6 @@ def test_capture_step_refuses_no_warmup_and_a_machine_without_cuda() -> None:
     if not CUDA:
         with pytest.raises(HpcElasticError, match="needs a CUDA device"):
             capture_step(lambda: None)
-
-
-def bits(t: torch.Tensor) -> bytes:
-    return t.detach().cpu().contiguous().numpy().tobytes()
 
 
 @needs_cuda
