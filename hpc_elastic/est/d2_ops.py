@@ -13,8 +13,9 @@ broadcast's backward sums with ``torch.sum`` and ``index_select``'s scatters wit
   offsets that reach the phase; no ``F.fold``, no scatter-add);
 - BatchNorm1d/2d/3d (batch statistics by fixed trees, running statistics by torch's formula with the unbiased
   variance), LayerNorm;
-- Embedding: forward gathers; backward sorts the ids stably and adds the r-th occurrence of every id in round r
-  with ``index_put_`` on distinct rows (no accumulation race);
+- Embedding: forward gathers; backward sums every id's gradient rows by a segmented scan over the stably sorted
+  ids, a tree fixed by the id's count, and gathers each row's sum (no scatter, no accumulation race, no host read
+  in a graph capture: :func:`embedding_row_sums`);
 - MaxPool2d (comparisons over the kernel offsets in a fixed order: ties go to the first offset by construction),
   AdaptiveAvgPool2d for output sizes that divide the input;
 - Sigmoid, Tanh, SiLU, GELU (erf and tanh forms), Softmax, LogSoftmax and :func:`det_cross_entropy`.
@@ -428,31 +429,59 @@ class _EmbeddingFn(torch.autograd.Function):
         ctx.save_for_backward(flat)
         ctx.rows = weight.shape[0]
         ctx.padding_idx = padding_idx
-        ctx.shape = ids.shape
         return weight[ids]  # a gather into a new tensor
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         (flat,) = ctx.saved_tensors
-        dim = grad_out.shape[-1]
-        g = grad_out.reshape(-1, dim)
-        gw = g.new_zeros((ctx.rows, dim))
-        if ctx.padding_idx is not None:
-            keep = flat != ctx.padding_idx
-            flat, g = flat[keep], g[keep]
-        if flat.numel():
-            ids, order = torch.sort(flat, stable=True)
-            g = g.index_select(0, order)
-            position = torch.arange(ids.numel(), device=ids.device)
-            starts = torch.ones_like(ids, dtype=torch.bool)
-            starts[1:] = ids[1:] != ids[:-1]
-            first = torch.cummax(torch.where(starts, position, torch.zeros_like(position)), 0).values
-            rank = position - first  # the occurrence number of each id, in the order of the input
-            for r in range(int(rank.max().item()) + 1):
-                sel = rank == r
-                rows = ids[sel]  # distinct within a round
-                gw.index_put_((rows,), gw.index_select(0, rows) + g[sel])
-        return None, gw, None
+        g = grad_out.reshape(-1, grad_out.shape[-1])
+        if not flat.numel():
+            return None, g.new_zeros((ctx.rows, g.shape[1])), None
+        return None, embedding_row_sums(flat, g, ctx.rows, ctx.padding_idx), None
+
+
+def embedding_row_sums(ids: torch.Tensor, g: torch.Tensor, rows: int, padding_idx: int | None) -> torch.Tensor:
+    """The embedding's weight gradient: for every row, the sum of the [T, E] gradient ``g``'s rows at the positions
+    where the [T] ``ids`` name it, by a fixed tree that depends only on how often the id occurs.
+
+    The ids are sorted stably (an id's occurrences stay in input order, as one segment), then a segmented inclusive
+    scan in the manner of Hillis and Steele runs in rounds of shift s = 1, 2, 4...: position p becomes
+    ``v[p] + v[p - s]`` where ``p - s`` lies in p's segment (the previous round's values).  At a segment's last
+    position this is the sum of the segment's L occurrences by a tree fixed by L (ranges aligned on the segment's
+    end).  Each row gathers the value at its segment's last position (a binary search of the sorted ids: no
+    scatter, so no race), the padding id's row and the rows of absent ids are +0.
+
+    While a CUDA graph is captured the rounds run up to T, a count fixed by the shape, and nothing is read back to
+    the host; otherwise they stop at the longest segment (one host read), as the later rounds add -0.0 everywhere."""
+    total = ids.numel()
+    order = torch.sort(ids, stable=True)
+    sorted_ids = order.values
+    # the gradient rows in sorted order, then a row of -0.0, the identity of IEEE addition (x + -0.0 == x for every
+    # x, -0.0 included), which a position adds in a round where it has nothing to add, and a row of +0.0
+    v = g.new_empty((total + 2, g.shape[1]))
+    torch.index_select(g, 0, order.indices, out=v[:total])
+    v[total].fill_(-0.0)
+    v[total + 1].fill_(0.0)
+    position = torch.arange(total, device=ids.device)
+    starts = torch.ones_like(sorted_ids, dtype=torch.bool)
+    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    first = torch.cummax(torch.where(starts, position, torch.zeros_like(position)), 0).values
+    # rounds past the longest segment change nothing: outside a graph capture they stop there (one host read)
+    rounds_to = total if capturing(ids) else int((position - first).max().item()) + 1
+    shift = 1
+    while shift < rounds_to:
+        source = position[shift:] - shift
+        addend = v.index_select(0, torch.where(source >= first[shift:], source, total))  # the previous round's
+        v[shift:total] += addend
+        shift *= 2
+    # every row gathers its segment's last position, found by a binary search of the sorted ids (no scatter), or
+    # the +0.0 row
+    row = torch.arange(rows, device=ids.device, dtype=sorted_ids.dtype)
+    last = torch.searchsorted(sorted_ids, row, right=True) - 1
+    present = (last >= 0) & (sorted_ids.index_select(0, last.clamp(min=0)) == row)
+    if padding_idx is not None:
+        present = present & (row != padding_idx)
+    return v.index_select(0, torch.where(present, last, total + 1))
 
 
 def max_pool_torch(x: torch.Tensor, window: Window) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ from torch import nn
 from hpc_elastic import models
 from hpc_elastic.est import d2_math, d2_ops
 from hpc_elastic.est.d2 import D2Status, register_d2_module, scan_model, to_d2
-from hpc_elastic.est.d2_ops import DetEmbedding, det_cross_entropy
+from hpc_elastic.est.d2_ops import DetEmbedding, det_cross_entropy, embedding_row_sums
 from hpc_elastic.est.detsum import ref_matmul_nt
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.session import Session
@@ -448,27 +448,66 @@ def test_max_pool_ties_go_to_the_first_offset() -> None:
     assert x.grad.tolist() == [[[[2.0, 0.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]]]]
 
 
-def test_embedding_gradient_adds_each_ids_rows_in_input_order() -> None:
+def segment_scan_sum(occurrences: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """The sum of one id's gradient rows (in input order) by D2's definition, written per segment: an inclusive scan
+    whose round of shift s adds the value s places back, until s reaches the count; the last position's value."""
+    v = list(occurrences)
+    shift = 1
+    while shift < len(v):
+        v = [v[j] if j < shift else (v[j - shift] + v[j]).astype(np.float32) for j in range(len(v))]
+        shift *= 2
+    return v[-1]
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["eager", "capturing"])
+def test_embedding_gradient_sums_each_ids_rows_by_a_tree_fixed_by_its_count(
+    capture: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside a capture the scan stops at the longest segment, during one it runs rounds up to T: the same bits."""
+    monkeypatch.setattr(d2_ops, "capturing", lambda t: capture)
     torch.manual_seed(3)
     emb = nn.Embedding(7, 5, padding_idx=2)
     det = to_d2(nn.Embedding(7, 5, padding_idx=2))
     det.load_state_dict(emb.state_dict())
     assert isinstance(det, DetEmbedding)
-    ids = torch.tensor([[3, 1, 3, 2], [3, 0, 1, 3]])
-    g = torch.randn(2, 4, 5) * torch.logspace(-4, 4, 5)
+    # id 3 occurs 13 times (a tree of 4 rounds), 1 twice, 0 once, the padding id 2 three times, 4-6 never
+    ids = torch.tensor([[3, 1, 3, 2, 3, 3, 0, 3, 2], [3, 1, 3, 3, 2, 3, 3, 3, 3]])
+    g = torch.randn(2, 9, 5) * torch.logspace(-4, 4, 5)
+    g[0, 6] = -0.0  # a lone -0 occurrence keeps its sign
     out = det(ids)
     assert bits(out) == bits(emb(ids))
     out.backward(g)
-    expected = np.zeros((7, 5), np.float32)
     flat, gn = ids.reshape(-1).tolist(), g.reshape(-1, 5).numpy()
-    for row, vec in zip(flat, gn, strict=True):  # input order, one float32 addition each
-        if row != 2:
-            expected[row] = expected[row] + vec
+    expected = np.zeros((7, 5), np.float32)
+    sequential = np.zeros((7, 5), np.float32)
+    for row in set(flat) - {2}:
+        occurrences = [vec for r, vec in zip(flat, gn, strict=True) if r == row]
+        expected[row] = segment_scan_sum(occurrences)
+        for vec in occurrences:
+            sequential[row] = sequential[row] + vec
     assert det.weight.grad is not None
     assert bits(det.weight.grad) == expected.tobytes()
+    assert expected.tobytes() != sequential.tobytes()  # the tree is not the left-to-right sum
+    assert bits(det.weight.grad[0]) == bits(g[0, 6])
     emb(ids).backward(g)
     assert emb.weight.grad is not None
     torch.testing.assert_close(det.weight.grad, emb.weight.grad)
+
+
+def test_embedding_gradient_of_an_id_does_not_depend_on_the_other_ids() -> None:
+    """More occurrences of id 0, which sorts first, move every other id's segment in the sorted ids: their rows keep
+    their bits (a segment's tree is aligned on its end, whatever its offset).  Unused rows and the padding row stay
+    zero."""
+    torch.manual_seed(4)
+    ids = torch.randint(1, 6, (40,))
+    g = torch.randn(40, 3) * torch.logspace(-3, 3, 3)
+    base = embedding_row_sums(ids, g, 9, None)
+    for extra in (1, 3, 6, 13):
+        more_ids = torch.cat([torch.zeros(extra, dtype=ids.dtype), ids])
+        more_g = torch.cat([torch.randn(extra, 3), g])
+        assert bits(embedding_row_sums(more_ids, more_g, 9, None)[1:]) == bits(base[1:])
+    assert bits(base[6:]) == bits(torch.zeros(3, 3))
+    assert bits(embedding_row_sums(ids, g, 9, 4)[4]) == bits(torch.zeros(3))
 
 
 ATTENTION_CASES = [
