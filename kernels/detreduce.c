@@ -2141,11 +2141,22 @@ static inline float scale_pow2(float y, int32_t k) {
     return (y * pow2_bits(half)) * pow2_bits(k - half);
 }
 
-static float det_exp_one(float x, const float *c, int expm1) {
-    if (x != x) return x;
+/* nearbyintf(v) in the default rounding mode (to nearest, ties to even) for |v| <= 2^22: v + 1.5 2^23 lies where
+   the float32 spacing is 1, so that addition rounds v to an integer and the subtraction is exact; the sign of a zero
+   result is v's, as nearbyintf's.  Branch-free and vectorisable, unlike the libm call. */
+static inline float round_half_even(float v) {
+    const float shifter = 12582912.0f;
+    return copysignf((v + shifter) - shifter, v);
+}
+
+/* One element, without branches (selects only), so that the loops below vectorise; the clamp keeps
+   |x LOG2E| <= 128, and a NaN takes the path of 0 and is returned as it came. */
+static inline float det_exp_one(float x, const float *c, int expm1) {
+    const int nan = x != x;
     const float lo = c[3], hi = c[4];
-    const float xc = x < lo ? lo : (x > hi ? hi : x);
-    const float kf = nearbyintf(xc * c[0]);
+    float xc = x < lo ? lo : (x > hi ? hi : x);
+    xc = nan ? 0.0f : xc;
+    const float kf = round_half_even(xc * c[0]);
     float t = kf * c[1];
     float r = xc - t;
     t = kf * c[2];
@@ -2165,27 +2176,44 @@ static float det_exp_one(float x, const float *c, int expm1) {
     } else {
         value = scale_pow2(q + 1.0f, k);
     }
-    if (x < lo) value = expm1 ? -1.0f : 0.0f;
-    if (x > hi) value = INFINITY;
-    return value;
+    value = x < lo ? (expm1 ? -1.0f : 0.0f) : value;
+    value = x > hi ? INFINITY : value;
+    return nan ? x : value;
 }
 
 enum { FN_EXP = 0, FN_EXPM1 = 1, FN_SIGMOID = 2, FN_TANH = 3 };
 
-static inline float det_fn_one(float x, const float *c, int fn) {
+static inline float det_sigmoid_one(float x, const float *c) {
+    const float e = det_exp_one(-fabsf(x), c, 0);
+    const float d = e + 1.0f;
+    return x >= 0.0f ? 1.0f / d : e / d;
+}
+
+static inline float det_tanh_one(float x, const float *c) {
+    const float t = det_exp_one(fabsf(x) * -2.0f, c, 1);
+    const float y = (-t) / (t + 2.0f);
+    return copysignf(y, x);
+}
+
+/* One loop per function (the choice outside the loop), the constants copied to a local array (no aliasing with
+   out), compiled per instruction set: each clone runs the same operations per element. */
+CLONES
+static void det_fn_loop(const float *restrict x, float *restrict out, Py_ssize_t n, const float *constants, int fn) {
+    float c[EXP_CONSTANTS];
+    memcpy(c, constants, sizeof c);
     switch (fn) {
-    case FN_EXP: return det_exp_one(x, c, 0);
-    case FN_EXPM1: return det_exp_one(x, c, 1);
-    case FN_SIGMOID: {
-        const float e = det_exp_one(-fabsf(x), c, 0);
-        const float d = e + 1.0f;
-        return x >= 0.0f ? 1.0f / d : e / d;
-    }
-    default: {
-        const float t = det_exp_one(fabsf(x) * -2.0f, c, 1);
-        const float y = (-t) / (t + 2.0f);
-        return copysignf(y, x);
-    }
+    case FN_EXP:
+        for (Py_ssize_t i = 0; i < n; ++i) out[i] = det_exp_one(x[i], c, 0);
+        break;
+    case FN_EXPM1:
+        for (Py_ssize_t i = 0; i < n; ++i) out[i] = det_exp_one(x[i], c, 1);
+        break;
+    case FN_SIGMOID:
+        for (Py_ssize_t i = 0; i < n; ++i) out[i] = det_sigmoid_one(x[i], c);
+        break;
+    default:
+        for (Py_ssize_t i = 0; i < n; ++i) out[i] = det_tanh_one(x[i], c);
+        break;
     }
 }
 
@@ -2220,7 +2248,7 @@ static PyObject *py_exp(PyObject *self, PyObject *args) {
             float *out = (float *)bo.view.buf;
             const Py_ssize_t n = count(&bx);
             Py_BEGIN_ALLOW_THREADS
-            for (Py_ssize_t i = 0; i < n; ++i) out[i] = det_fn_one(x[i], c, fn);
+            det_fn_loop(x, out, n, c, fn);
             Py_END_ALLOW_THREADS
             rc = 0;
         }
