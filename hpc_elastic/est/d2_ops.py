@@ -1056,8 +1056,9 @@ class _DetRNNBase(nn.RNNBase):
     """The recurrences of torch's RNN (tanh or ReLU), LSTM and GRU, by their documented equations, one time step
     after the other: the input projections of all steps in one fixed-order product, each step's hidden projection
     in another (biases added inside them), the gates by D2's sigmoid and tanh, the rest element-wise with one
-    rounding each.  Layers and directions as torch's (outputs of both directions concatenated); no dropout between
-    layers, no projections, no packed sequences."""
+    rounding each, and a hand-written backward through time (:class:`_RecurrenceFn`).  Layers and directions as
+    torch's (outputs of both directions concatenated); no dropout between layers, no projections, no packed
+    sequences."""
 
     def forward(self, input: Any, hx: Any = None) -> tuple[torch.Tensor, Any]:
         _refuse(self, rnn_unsupported(self))
@@ -1084,7 +1085,7 @@ class _DetRNNBase(nn.RNNBase):
                 h = h0[k]
                 c = None if c0 is None else c0[k]
                 ys, h, c = self._run(x, h, c, layer, direction)
-                outputs.append(torch.stack(ys))
+                outputs.append(ys)
                 last_h.append(h)
                 if c is not None:
                     last_c.append(c)
@@ -1100,35 +1101,129 @@ class _DetRNNBase(nn.RNNBase):
 
     def _run(
         self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor | None, layer: int, direction: int
-    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         suffix = f"_l{layer}" + ("_reverse" if direction else "")
         w_ih, w_hh = getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix)
         b_ih = getattr(self, "bias_ih" + suffix) if self.bias else None
         b_hh = getattr(self, "bias_hh" + suffix) if self.bias else None
         projected = _apply(_LinearFn, x, w_ih, b_ih)  # [T, N, gates * H]: every step's input projection at once
-        order = range(x.shape[0] - 1, -1, -1) if direction else range(x.shape[0])
-        ys: list[torch.Tensor] = [h] * x.shape[0]
+        c_in = h.new_empty(0) if c is None else c
+        args = (projected, h, c_in, w_hh, b_hh, self.mode, bool(direction))
+        ys, h, c_out = _RecurrenceFn.apply(*args)  # type: ignore[no-untyped-call]
+        return ys, h, (c_out if c is not None else None)
+
+
+class _RecurrenceFn(torch.autograd.Function):
+    """One layer and direction of :class:`_DetRNNBase`: the steps' recurrences forward, and a hand-written
+    backward through time.  Forward, per step: the hidden projection ``h W_hh^T + b_hh`` (a fixed-order product),
+    then the mode's gates, every element-wise operation one rounding:
+
+    - LSTM: ``i, f, o = sigmoid`` of their gates (one D2 sigmoid over all four), ``g = tanh``, ``c = f c + i g``,
+      ``h = o tanh(c)``;
+    - GRU: ``r, z = sigmoid(gi + gh)`` (first two gates), ``n = tanh(gi_n + r gh_n)``, ``h = (1 - z) n + z h``;
+    - RNN: ``h = tanh(gi + gh)`` or ``relu``.
+
+    Backward, from the last step to the first: each step's gate gradients by the same element-wise rules as the D2
+    activations' backward (``(g y)(1 - y)`` for a sigmoid, ``g (1 - y^2)`` for a tanh), the gradient to the previous
+    hidden state by one product with ``W_hh`` per step (its data dependency).  ``W_hh``'s and ``b_hh``'s gradients
+    are then one fixed-order product each over all steps and samples (rows in time order), instead of one product
+    per step added up by autograd; the input projection's gradient is returned for all steps at once."""
+
+    @staticmethod
+    def forward(  # noqa: PLR0917 - Function.apply passes every input as an argument
+        ctx: Any,
+        projected: torch.Tensor,
+        h: torch.Tensor,
+        c: torch.Tensor,
+        w_hh: torch.Tensor,
+        b_hh: torch.Tensor | None,
+        mode: str,
+        reverse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        steps, width = projected.shape[0], h.shape[1]
+        order = range(steps - 1, -1, -1) if reverse else range(steps)
+        ys = projected.new_empty((steps, h.shape[0], width))
+        h_prev = projected.new_empty((steps, h.shape[0], width))
+        saved: list[torch.Tensor] = []  # per step in time order: what the mode's backward needs
+        per_step: list[tuple[torch.Tensor, ...]] = [()] * steps
         for t in order:
-            gh = _apply(_LinearFn, h, w_hh, b_hh)
+            h_prev[t] = h
+            gh = det_matmul_nt(h, w_hh)
+            if b_hh is not None:
+                gh = gh + b_hh
             gi = projected[t]
-            # one sigmoid over all gates (element-wise: each element's bits as alone), fewer small kernels
-            if self.mode == "LSTM":
-                assert c is not None
+            if mode == "LSTM":
                 gates = gi + gh
-                i, f, _, o = _sigmoid(gates).chunk(4, dim=1)
-                g = _tanh(gates.chunk(4, dim=1)[2])
+                s = det_sigmoid(gates)
+                i, f, _, o = s.chunk(4, dim=1)
+                g = det_tanh(gates.chunk(4, dim=1)[2])
+                c_before = c
                 c = f * c + i * g
-                h = o * _tanh(c)
-            elif self.mode == "GRU":
-                width = self.hidden_size
-                r, z = _sigmoid(gi[:, : 2 * width] + gh[:, : 2 * width]).chunk(2, dim=1)
+                tc = det_tanh(c)
+                h = o * tc
+                per_step[t] = (s, g, c_before, tc)
+            elif mode == "GRU":
+                r, z = det_sigmoid(gi[:, : 2 * width] + gh[:, : 2 * width]).chunk(2, dim=1)
                 hn = gh[:, 2 * width :]
-                h = (1.0 - z) * _tanh(gi[:, 2 * width :] + r * hn) + z * h
+                n = det_tanh(gi[:, 2 * width :] + r * hn)
+                h = (1.0 - z) * n + z * h
+                per_step[t] = (r, z, n, hn)
             else:
                 pre = gi + gh
-                h = _tanh(pre) if self.mode == "RNN_TANH" else torch.relu(pre)
+                h = det_tanh(pre) if mode == "RNN_TANH" else torch.relu(pre)
+                per_step[t] = (h,)
             ys[t] = h
-        return ys, h, c
+        for parts in zip(*per_step, strict=True):
+            saved.append(torch.stack(parts))
+        ctx.save_for_backward(h_prev, w_hh, *saved)
+        ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_hh is not None
+        c_out = c.clone()
+        if mode != "LSTM":
+            ctx.mark_non_differentiable(c_out)
+        return ys, h.clone(), c_out
+
+    @staticmethod
+    def backward(ctx: Any, g_ys: torch.Tensor, g_h: torch.Tensor, g_c: torch.Tensor) -> Grads:
+        h_prev, w_hh, *saved = ctx.saved_tensors
+        mode = ctx.mode
+        steps, batch, width = h_prev.shape
+        backward_order = range(steps) if ctx.reverse else range(steps - 1, -1, -1)
+        d_gh = h_prev.new_empty((steps, batch, w_hh.shape[0]))
+        d_gi = d_gh if mode != "GRU" else h_prev.new_empty((steps, batch, w_hh.shape[0]))
+        dh, dc = g_h, g_c
+        for t in backward_order:
+            dh = dh + g_ys[t]
+            if mode == "LSTM":
+                s, g, c_before, tc = (part[t] for part in saved)
+                i, f, _, o = s.chunk(4, dim=1)
+                dc = dc + (dh * o) * (1.0 - tc * tc)
+                di, df, do = dc * g, dc * c_before, dh * tc
+                dg = dc * i
+                dc = dc * f
+                sigmoid_grads = [(d * y) * (1.0 - y) for d, y in ((di, i), (df, f), (do, o))]
+                d_gh[t] = torch.cat([*sigmoid_grads[:2], dg * (1.0 - g * g), sigmoid_grads[2]], 1)
+            elif mode == "GRU":
+                r, z, n, hn = (part[t] for part in saved)
+                dn = (dh * (1.0 - z)) * (1.0 - n * n)
+                dz = dh * h_prev[t] - dh * n
+                dr = dn * hn
+                d_rz = torch.cat([(dr * r) * (1.0 - r), (dz * z) * (1.0 - z)], 1)
+                d_gh[t] = torch.cat([d_rz, dn * r], 1)
+                d_gi[t] = torch.cat([d_rz, dn], 1)
+                direct = dh * z
+            else:
+                (y,) = (part[t] for part in saved)
+                d_gh[t] = dh * (1.0 - y * y) if mode == "RNN_TANH" else torch.where(y > 0, dh, 0.0)
+            dh = det_matmul_nt(d_gh[t], w_hh.t())
+            if mode == "GRU":
+                dh = dh + direct
+        flat = d_gh.reshape(steps * batch, -1)
+        gw = det_matmul_nt(flat.t(), h_prev.reshape(steps * batch, width).t())
+        gb = None
+        if ctx.has_bias:
+            ones = torch.ones((1, flat.shape[0]), dtype=torch.float32, device=flat.device)
+            gb = det_matmul_nt(ones, flat.t()).reshape(-1)
+        return d_gi, dh, (dc if mode == "LSTM" else None), gw, gb, None, None
 
 
 class DetRNN(_DetRNNBase, nn.RNN):  # type: ignore[misc]  # one forward for the three, typed loosely
