@@ -1044,14 +1044,6 @@ def rnn_unsupported(rnn: nn.RNNBase) -> str | None:
     return None
 
 
-def _sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return _apply(_SigmoidFn, x)
-
-
-def _tanh(x: torch.Tensor) -> torch.Tensor:
-    return _apply(_TanhFn, x)
-
-
 class _DetRNNBase(nn.RNNBase):
     """The recurrences of torch's RNN (tanh or ReLU), LSTM and GRU, by their documented equations, one time step
     after the other: the input projections of all steps in one fixed-order product, each step's hidden projection
@@ -1144,8 +1136,7 @@ class _RecurrenceFn(torch.autograd.Function):
         order = range(steps - 1, -1, -1) if reverse else range(steps)
         ys = projected.new_empty((steps, h.shape[0], width))
         h_prev = projected.new_empty((steps, h.shape[0], width))
-        saved: list[torch.Tensor] = []  # per step in time order: what the mode's backward needs
-        per_step: list[tuple[torch.Tensor, ...]] = [()] * steps
+        per_step: list[tuple[torch.Tensor, ...]] = [()] * steps  # what the mode's backward needs, by step
         for t in order:
             h_prev[t] = h
             gh = det_matmul_nt(h, w_hh)
@@ -1173,8 +1164,7 @@ class _RecurrenceFn(torch.autograd.Function):
                 h = det_tanh(pre) if mode == "RNN_TANH" else torch.relu(pre)
                 per_step[t] = (h,)
             ys[t] = h
-        for parts in zip(*per_step, strict=True):
-            saved.append(torch.stack(parts))
+        saved = [torch.stack(parts) for parts in zip(*per_step, strict=True)]  # each part over the steps
         ctx.save_for_backward(h_prev, w_hh, *saved)
         ctx.mode, ctx.reverse, ctx.has_bias = mode, reverse, b_hh is not None
         c_out = c.clone()
@@ -1217,7 +1207,7 @@ class _RecurrenceFn(torch.autograd.Function):
             dh = det_matmul_nt(d_gh[t], w_hh.t())
             if mode == "GRU":
                 dh = dh + direct
-        flat = d_gh.reshape(steps * batch, -1)
+        flat = d_gh.reshape(steps * batch, w_hh.shape[0])
         gw = det_matmul_nt(flat.t(), h_prev.reshape(steps * batch, width).t())
         gb = None
         if ctx.has_bias:
