@@ -182,8 +182,12 @@ def small() -> TrainResult:
     return train(SMALL)
 
 
-def test_supervised_phase_reproduces_drf_on_held_out_traces(small: TrainResult) -> None:
-    report = small.supervised
+def test_supervised_phase_reproduces_drf_on_held_out_traces() -> None:
+    """Trained to convergence: 60 epochs matched DRF on 0.967-0.984 of the held-out samples for seeds 1-4 on an AMD
+    EPYC host.  ``SMALL``'s 40 epochs, the online tests' imperfect start, are still moving at Adam's step of 1e-2:
+    where they end depends on the CPU's float rounding (0.834 held out on that host; this check passed on the Intel
+    hosts of earlier runs)."""
+    report = train(dataclasses.replace(SMALL, supervised_epochs=60, rl_episodes=0)).supervised
     assert report.held_out_samples > 1000
     assert report.held_out_match >= 0.9
     assert report.losses[-1] < report.losses[0] / 5
@@ -223,7 +227,8 @@ def test_the_temperature_brings_the_greedy_actions_mean_probability_to_the_targe
         tempered = copy.deepcopy(policy)
         tempered.temper(temperature)
         assert greedy_confidence(tempered, states, masks) == pytest.approx(target, abs=1e-3)
-    assert temperature_for(policy, states, masks, sure) == 1.0  # as sure as asked already: left alone
+    # as sure as asked already: left alone (the test's mean is float32, the function's float64: a margin for rounding)
+    assert temperature_for(policy, states, masks, sure + 1e-4) == 1.0
     assert temperature_for(policy, states, masks, 1.0) == 1.0
     assert temperature_for(policy, states[:0], masks[:0], 0.5) == 1.0
 
