@@ -606,6 +606,16 @@ class _AvgPoolDividingFn(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------- activations
 
 
+def sigmoid_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The gradient through ``y = sigmoid(x)``: ``(grad y)(1 - y)``, one rounding per operation."""
+    return (grad * y) * (1.0 - y)
+
+
+def tanh_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The gradient through ``y = tanh(x)``: ``grad (1 - y^2)``, one rounding per operation."""
+    return grad * (1.0 - y * y)
+
+
 class _SigmoidFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -616,7 +626,7 @@ class _SigmoidFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         (y,) = ctx.saved_tensors
-        return ((grad_out * y) * (1.0 - y),)
+        return (sigmoid_backward(grad_out, y),)
 
 
 class _TanhFn(torch.autograd.Function):
@@ -629,7 +639,7 @@ class _TanhFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         (y,) = ctx.saved_tensors
-        return (grad_out * (1.0 - y * y),)
+        return (tanh_backward(grad_out, y),)
 
 
 class _SiLUFn(torch.autograd.Function):
@@ -1115,11 +1125,11 @@ class _RecurrenceFn(torch.autograd.Function):
     - GRU: ``r, z = sigmoid(gi + gh)`` (first two gates), ``n = tanh(gi_n + r gh_n)``, ``h = (1 - z) n + z h``;
     - RNN: ``h = tanh(gi + gh)`` or ``relu``.
 
-    Backward, from the last step to the first: each step's gate gradients by the same element-wise rules as the D2
-    activations' backward (``(g y)(1 - y)`` for a sigmoid, ``g (1 - y^2)`` for a tanh), the gradient to the previous
-    hidden state by one product with ``W_hh`` per step (its data dependency).  ``W_hh``'s and ``b_hh``'s gradients
-    are then one fixed-order product each over all steps and samples (rows in time order), instead of one product
-    per step added up by autograd; the input projection's gradient is returned for all steps at once."""
+    Backward, from the last step to the first: each step's gate gradients by the D2 activations' backward rules
+    (:func:`sigmoid_backward`, :func:`tanh_backward`), the gradient to the previous hidden state by one product with
+    ``W_hh`` per step (its data dependency).  ``W_hh``'s and ``b_hh``'s gradients are then one fixed-order product
+    each over all steps and samples (rows in time order), instead of one product per step added up by autograd; the
+    input projection's gradient is returned for all steps at once."""
 
     @staticmethod
     def forward(  # noqa: PLR0917 - Function.apply passes every input as an argument
@@ -1186,24 +1196,25 @@ class _RecurrenceFn(torch.autograd.Function):
             if mode == "LSTM":
                 s, g, c_before, tc = (part[t] for part in saved)
                 i, f, _, o = s.chunk(4, dim=1)
-                dc = dc + (dh * o) * (1.0 - tc * tc)
+                dc = dc + tanh_backward(dh * o, tc)
                 di, df, do = dc * g, dc * c_before, dh * tc
                 dg = dc * i
                 dc = dc * f
-                sigmoid_grads = [(d * y) * (1.0 - y) for d, y in ((di, i), (df, f), (do, o))]
-                d_gh[t] = torch.cat([*sigmoid_grads[:2], dg * (1.0 - g * g), sigmoid_grads[2]], 1)
+                d_gh[t] = torch.cat(
+                    [sigmoid_backward(di, i), sigmoid_backward(df, f), tanh_backward(dg, g), sigmoid_backward(do, o)], 1
+                )
             elif mode == "GRU":
                 r, z, n, hn = (part[t] for part in saved)
-                dn = (dh * (1.0 - z)) * (1.0 - n * n)
+                dn = tanh_backward(dh * (1.0 - z), n)
                 dz = dh * h_prev[t] - dh * n
                 dr = dn * hn
-                d_rz = torch.cat([(dr * r) * (1.0 - r), (dz * z) * (1.0 - z)], 1)
+                d_rz = torch.cat([sigmoid_backward(dr, r), sigmoid_backward(dz, z)], 1)
                 d_gh[t] = torch.cat([d_rz, dn * r], 1)
                 d_gi[t] = torch.cat([d_rz, dn], 1)
                 direct = dh * z
             else:
                 (y,) = (part[t] for part in saved)
-                d_gh[t] = dh * (1.0 - y * y) if mode == "RNN_TANH" else torch.where(y > 0, dh, 0.0)
+                d_gh[t] = tanh_backward(dh, y) if mode == "RNN_TANH" else torch.where(y > 0, dh, 0.0)
             dh = det_matmul_nt(d_gh[t], w_hh.t())
             if mode == "GRU":
                 dh = dh + direct
