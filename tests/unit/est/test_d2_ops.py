@@ -87,6 +87,19 @@ def test_transcendentals_are_within_a_few_ulps_of_float64(
         assert max_ulps(fn(x), ref(x.numpy().astype(np.float64))) <= bound
 
 
+def exp_kernel_inputs(seed: int, size: int) -> np.ndarray[Any, Any]:
+    """Inputs for the exp kernel against its definitions: a dense sweep of ``size + 1`` points across the clamps,
+    inputs whose x * log2(e) is a tie, the clamps and their neighbours, and ``size`` random bit patterns
+    (subnormals, infinities, NaNs of any payload)."""
+    rng = np.random.default_rng(seed)
+    ties = (np.arange(-250, 250, dtype=np.float32) + np.float32(0.5)) / np.float32(d2_math.LOG2E)
+    edges = [d2_math.EXP_LO, d2_math.EXP_HI, 0.0, -0.0, 1e-45, -1e-45, float("inf"), float("-inf"), float("nan")]
+    edges += [float(np.nextafter(np.float32(e), np.float32(d))) for e in edges[:2] for d in (-200.0, 200.0)]
+    patterns = rng.integers(-(2**31), 2**31 - 1, size, dtype=np.int64).astype(np.int32).view(np.float32)
+    sweep_ = np.linspace(-110, 100, size + 1, dtype=np.float32)
+    return np.concatenate([sweep_, ties, np.array(edges, dtype=np.float32), patterns])
+
+
 @pytest.mark.parametrize(
     "fn",
     [d2_math.det_exp, d2_math.det_expm1, d2_math.det_sigmoid, d2_math.det_tanh],
@@ -95,20 +108,9 @@ def test_transcendentals_are_within_a_few_ulps_of_float64(
 def test_exp_kernel_gives_the_torch_definitions_bits(
     fn: Callable[[torch.Tensor], torch.Tensor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The C kernel (the CPU's path) against the torch definition (the GPU's): a dense sweep across the clamps,
-    inputs whose x * log2(e) is a tie, the clamps' neighbours, and random bit patterns (subnormals, infinities,
-    NaNs of any payload)."""
+    """The C kernel (the CPU's path) against the torch definition (the GPU's), on :func:`exp_kernel_inputs`."""
     assert d2_math.c_kernels() is not None
-    rng = np.random.default_rng(11)
-    ties = (np.arange(-250, 250, dtype=np.float32) + np.float32(0.5)) / np.float32(d2_math.LOG2E)
-    edges = [d2_math.EXP_LO, d2_math.EXP_HI, 0.0, -0.0, 1e-45, -1e-45, float("inf"), float("-inf"), float("nan")]
-    edges += [float(np.nextafter(np.float32(e), np.float32(d))) for e in edges[:2] for d in (-200.0, 200.0)]
-    patterns = rng.integers(-(2**31), 2**31 - 1, 1_000_000, dtype=np.int64).astype(np.int32).view(np.float32)
-    x = torch.from_numpy(
-        np.concatenate(
-            [np.linspace(-110, 100, 1_000_001, dtype=np.float32), ties, np.array(edges, dtype=np.float32), patterns]
-        )
-    )
+    x = torch.from_numpy(exp_kernel_inputs(11, 1_000_000))
     kernel = fn(x)
     monkeypatch.setattr(d2_math, "c_kernels", lambda: None)
     definition = fn(x)

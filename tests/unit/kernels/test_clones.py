@@ -25,6 +25,7 @@ import torch
 from hpc_elastic.est import d2_math
 from hpc_elastic.est import detsum as d
 from tests.conftest import REPO
+from tests.unit.est.test_d2_ops import exp_kernel_inputs
 
 SOURCE = REPO / "kernels" / "detreduce.c"
 #: the package build's flags (setup.py)
@@ -208,14 +209,9 @@ def test_every_instruction_set_gives_the_exp_definitions_bits(
     builds: dict[str, d.CKernels], fn: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The element loops of exp, expm1, sigmoid and tanh (branch-free, vectorised per instruction set) against their
-    definition in torch operations (d2_math's, the CUDA path): a sweep across the clamps, the ties of x log2(e), the
-    edges, and random bit patterns (NaNs of any payload)."""
+    definition in torch operations (d2_math's, the CUDA path), on the D2 operator tests' inputs for the kernel."""
     definition = (d2_math.det_exp, d2_math.det_expm1, d2_math.det_sigmoid, d2_math.det_tanh)[fn]
-    rng = np.random.default_rng(fn)
-    ties = (np.arange(-250, 250, dtype=np.float32) + np.float32(0.5)) / np.float32(d2_math.LOG2E)
-    edges = np.array([d2_math.EXP_LO, d2_math.EXP_HI, 0.0, -0.0, 1e-45, -1e-45, np.inf, -np.inf, np.nan], np.float32)
-    patterns = rng.integers(-(2**31), 2**31 - 1, 200_000, dtype=np.int64).astype(np.int32).view(np.float32)
-    x = np.concatenate([np.linspace(-110, 100, 200_001, dtype=np.float32), ties, edges, patterns])
+    x = exp_kernel_inputs(fn, 200_000)
     monkeypatch.setattr(d2_math, "c_kernels", lambda: None)
     want = definition(torch.from_numpy(x)).numpy()
     for arch, kern in builds.items():
