@@ -64,7 +64,7 @@ def _always(module: Any) -> str | None:
 #: stock class -> (its D2 operator, why a given instance cannot be converted or None)
 _CONVERSIONS: dict[type[nn.Module], tuple[type[nn.Module], Callable[[Any], str | None]]] = {
     nn.Linear: (d2_ops.DetLinear, _always),
-    nn.Conv1d: (d2_ops.DetConv1d, d2_ops.conv1d_unsupported),
+    nn.Conv1d: (d2_ops.DetConv1d, d2_ops.conv2d_unsupported),
     nn.Conv2d: (d2_ops.DetConv2d, d2_ops.conv2d_unsupported),
     nn.BatchNorm1d: (d2_ops.DetBatchNorm1d, _always),
     nn.BatchNorm2d: (d2_ops.DetBatchNorm2d, _always),

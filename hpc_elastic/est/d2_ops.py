@@ -1268,7 +1268,7 @@ class DetLinear(nn.Linear):
 
 
 def conv2d_unsupported(conv: nn.Conv1d | nn.Conv2d) -> str | None:
-    """Why :class:`DetConv2d` cannot stand in for ``conv``, or None."""
+    """Why :class:`DetConv2d` (or :class:`DetConv1d`, the same convolution) cannot stand in for ``conv``, or None."""
     if conv.groups != 1:
         return f"groups={conv.groups} (only 1)"
     if conv.padding_mode != "zeros":
@@ -1300,17 +1300,12 @@ class DetConv2d(nn.Conv2d):
         return _as_batch(input, lambda x: _apply(_Conv2dFn, x, self.weight, self.bias, window))
 
 
-def conv1d_unsupported(conv: nn.Conv1d) -> str | None:
-    """Why :class:`DetConv1d` cannot stand in for ``conv``, or None."""
-    return conv2d_unsupported(conv)
-
-
 class DetConv1d(nn.Conv1d):
     """``nn.Conv1d`` (groups 1, zero padding) as :class:`DetConv2d`'s convolution of a height-1 image: the weight
     [O, C, k] viewed as [O, C, 1, k], the input [N, C, L] as [N, C, 1, L] (views: the same parameters)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        _refuse(self, conv1d_unsupported(self))
+        _refuse(self, conv2d_unsupported(self))
         padding = 0 if isinstance(self.padding, str) else int(self.padding[0])
         window = Window(
             (1, int(self.kernel_size[0])), (1, int(self.stride[0])), (0, padding), (1, int(self.dilation[0]))
