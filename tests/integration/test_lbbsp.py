@@ -135,7 +135,9 @@ def test_est_mode_moves_ests_off_a_cpu_limited_worker_and_keeps_the_bits(
 
     assert (result["balance"], result["world_size"], result["num_workers"]) == ("est", 4, 8)
     assert expected["balance"] == "none" and expected["rebalances"] == []
-    assert moves and moves[0][2] == str(SLOWED)  # the first move takes an EST off the slowed process
+    # an EST leaves the slowed process once its quota binds; a move before that follows the readings of unthrottled
+    # steps (the quota is added after the worker starts: on a fast CPU the first 10 steps can all run before it)
+    assert any(source == str(SLOWED) for _, _, source, _, _ in moves), moves
     for _, _, source, dest, readings in moves:  # each move: from the slowest process of its readings to the fastest
         ms = [float(x) for x in readings.split(",")]
         assert (int(source), int(dest)) == (ms.index(max(ms)), ms.index(min(ms))), readings
