@@ -176,17 +176,22 @@ class SlurmRunner:
     def _wait(self, job_id: int, what: str, done: Callable[[Job], bool]) -> Job:
         """Poll squeue until ``done(job)`` (a finished job stays there for MinJobAge); cancel it on timeout."""
         deadline = time.monotonic() + self.timeout_s
+        last = None
         while time.monotonic() < deadline:
             found = self.slurm.jobs([job_id])
             if not found:
                 raise HpcElasticError(f"job {job_id} left the queue before {what}")
-            if done(found[0]):
-                return found[0]
-            if not found[0].state.is_active:
-                raise HpcElasticError(f"job {job_id} ended {found[0].state.value} before {what}")
+            last = found[0]
+            if done(last):
+                return last
+            if not last.state.is_active:
+                raise HpcElasticError(f"job {job_id} ended {last.state.value} before {what}")
             time.sleep(1.0)
         self.slurm.cancel([job_id])
-        raise HpcElasticError(f"job {job_id}: no {what} within {self.timeout_s:.0f} s (cancelled)")
+        seen = "" if last is None else f"; it was {last.state.value}"
+        if last is not None and last.pending_reason:
+            seen += f" ({last.pending_reason})"
+        raise HpcElasticError(f"job {job_id}: no {what} within {self.timeout_s:.0f} s (cancelled{seen})")
 
     def fixed(self, name: str, procs: int) -> JobDir:
         job_id, job_dir = self._submit(name, procs)

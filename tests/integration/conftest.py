@@ -56,7 +56,35 @@ def cluster_snapshot() -> str:
         except (OSError, subprocess.SubprocessError) as exc:
             text = str(exc)
         parts.append(f"$ {' '.join(argv)}\n{text}")
-    return "\n".join(parts)
+    return "\n".join([*parts, *running_outputs()])
+
+
+def running_outputs(lines: int = 12) -> list[str]:
+    """The last ``lines`` lines of each running job's output file: whether a job a test waits on is training,
+    stuck or dying (an empty list when squeue does not answer)."""
+    try:
+        out = subprocess.run(
+            ["squeue", "--all", "--noheader", "--states=RUNNING", "--Format=JobID:24,STDOUT:4000"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    tails = []
+    for row in out.stdout.splitlines():
+        fields = row.split(maxsplit=1)
+        if len(fields) != 2:
+            continue
+        try:
+            text = Path(fields[1].strip()).read_text(errors="replace")
+        except OSError as exc:
+            text = str(exc)
+        tails.append(
+            f"$ tail -n {lines} {fields[1].strip()}  # job {fields[0]}\n" + "\n".join(text.splitlines()[-lines:])
+        )
+    return tails
 
 
 TEST_ROOT_NAME = "tests"  # every test job writes its output under <gpfs_root>/tests/<lane>/

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_elastic.slurm import CliSlurm, JobState
+from hpc_elastic.slurm import CliSlurm, Job, JobState
 from slurm_plugin.store import Store
 from tests.conftest import DATA
 from tests.integration.conftest import wait_for
@@ -136,7 +136,13 @@ def test_higher_priority_job_preempts_with_checkpoint(slurm: CliSlurm, workdir: 
         lambda: slurm.job(short).state in (JobState.RUNNING, JobState.COMPLETED) or None,
         timeout_s=60,
     )
-    requeued = slurm.job(victim)
-    assert requeued.restart_count == 1 and requeued.state.is_pending
+
+    # a requeued job passes through COMPLETING (its epilog) before it waits again; the short job can start meanwhile
+    def waiting_victim() -> Job | None:
+        job = slurm.job(victim)
+        return job if job.state.is_pending else None
+
+    requeued = wait_for("the victim to wait, requeued", waiting_victim)
+    assert requeued.restart_count == 1
     record = Store(config.parent / "state", read_only=True).load()[victim]
     assert record.preemptions == 1 and record.queue == 1 and record.attained_service > 1.0

@@ -1,14 +1,23 @@
-"""``hpc-elastic verify-determinism``'s input checks and the launcher's availability checks (no process starts)."""
+"""``hpc-elastic verify-determinism``'s input checks, the launcher's availability checks (no process starts) and how
+``--submit`` gives up on a case job."""
 
 from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import cast
 
 import pytest
 from click.testing import CliRunner
 
+import hpc_elastic.cli.verify as verify_mod
 import hpc_elastic.launch.workers as workers_mod
 from hpc_elastic.cli.main import cli
 from hpc_elastic.collective import Backend
+from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.launch.spec import SubmitSpec
 from hpc_elastic.launch.workers import unavailable_reason
+from hpc_elastic.slurm import Job, JobState, SlurmClient
 
 
 @pytest.mark.parametrize(
@@ -35,3 +44,32 @@ def test_horovod_backend_reports_why_it_cannot_run(monkeypatch: pytest.MonkeyPat
     result = CliRunner().invoke(cli, ["verify-determinism", "--backend", "horovod", "--procs", "1"])
     assert result.exit_code == 2
     assert "backend horovod cannot run here: Horovod is not installed" in result.output
+
+
+class WaitingSlurm:
+    """squeue's view of one job that waits for resources all along; records the cancels."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[int] = []
+
+    def jobs(self, job_ids: list[int]) -> list[Job]:
+        return [Job(job_id=job_ids[0], name="case", user="u", state=JobState.PENDING, pending_reason="Resources")]
+
+    def submit(self, *, options: tuple[str, ...], script_text: str) -> int:
+        return 7
+
+    def cancel(self, job_ids: list[int]) -> None:
+        self.cancelled.extend(job_ids)
+
+
+def test_a_case_job_that_never_completes_is_cancelled_and_the_error_says_how_it_was_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    slurm = WaitingSlurm()
+    spec = SubmitSpec(script=tmp_path / "train.py", ckpt_root=tmp_path)
+    runner = verify_mod.SlurmRunner(cast(SlurmClient, slurm), spec, ["hpc-elastic-run"], timeout_s=0.05)
+    with pytest.raises(HpcElasticError) as failed:
+        runner.fixed("case", 2)
+    assert slurm.cancelled == [7]
+    assert str(failed.value) == "job 7: no completion within 0 s (cancelled; it was PENDING (Resources))"
