@@ -61,29 +61,25 @@ def cluster_snapshot() -> str:
 
 def running_outputs(lines: int = 12) -> list[str]:
     """The last ``lines`` lines of each running job's output file: whether a job a test waits on is training,
-    stuck or dying (an empty list when squeue does not answer)."""
+    stuck or dying (an empty list when scontrol does not answer). scontrol, not squeue: squeue leaves ``%j`` and
+    ``%x`` in the path unexpanded."""
     try:
         out = subprocess.run(
-            ["squeue", "--all", "--noheader", "--states=RUNNING", "--Format=JobID:24,STDOUT:4000"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=20,
+            ["scontrol", "--oneliner", "show", "job"], check=False, capture_output=True, text=True, timeout=20
         )
     except (OSError, subprocess.SubprocessError):
         return []
     tails = []
     for row in out.stdout.splitlines():
-        fields = row.split(maxsplit=1)
-        if len(fields) != 2:
+        fields = dict(field.split("=", 1) for field in row.split() if "=" in field)
+        if fields.get("JobState") != "RUNNING" or "StdOut" not in fields:
             continue
+        path = fields["StdOut"]
         try:
-            text = Path(fields[1].strip()).read_text(errors="replace")
+            text = Path(path).read_text(errors="replace")
         except OSError as exc:
             text = str(exc)
-        tails.append(
-            f"$ tail -n {lines} {fields[1].strip()}  # job {fields[0]}\n" + "\n".join(text.splitlines()[-lines:])
-        )
+        tails.append(f"$ tail -n {lines} {path}  # job {fields.get('JobId')}\n" + "\n".join(text.splitlines()[-lines:]))
     return tails
 
 
