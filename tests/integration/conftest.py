@@ -18,6 +18,7 @@ import pytest
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.files import wait_for_lock
 from hpc_elastic.slurm import CliSlurm, JobState, RetryPolicy, Runner, SlurmError, connect
+from hpc_elastic.slurm.parse import parse_key_values
 from slurm_plugin.scenario import cancel_active
 from tests.conftest import REPO, require_cluster
 
@@ -71,7 +72,7 @@ def running_outputs(lines: int = 12) -> list[str]:
         return []
     tails = []
     for row in out.stdout.splitlines():
-        fields = dict(field.split("=", 1) for field in row.split() if "=" in field)
+        fields = parse_key_values(row)
         if fields.get("JobState") != "RUNNING" or "StdOut" not in fields:
             continue
         path = fields["StdOut"]
