@@ -188,9 +188,10 @@ class SlurmRunner:
                 raise HpcElasticError(f"job {job_id} ended {last.state.value} before {what}")
             time.sleep(1.0)
         self.slurm.cancel([job_id])
-        seen = "" if last is None else f"; it was {last.state.value}"
-        if last is not None and last.pending_reason:
-            seen += f" ({last.pending_reason})"
+        seen = ""
+        if last is not None:
+            reason = f" ({last.pending_reason})" if last.pending_reason else ""
+            seen = f"; it was {last.state.value}{reason}"
         raise HpcElasticError(f"job {job_id}: no {what} within {self.timeout_s:.0f} s (cancelled{seen})")
 
     def fixed(self, name: str, procs: int) -> JobDir:

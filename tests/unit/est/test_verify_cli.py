@@ -10,9 +10,9 @@ from typing import cast
 import pytest
 from click.testing import CliRunner
 
-import hpc_elastic.cli.verify as verify_mod
 import hpc_elastic.launch.workers as workers_mod
 from hpc_elastic.cli.main import cli
+from hpc_elastic.cli.verify import SlurmRunner
 from hpc_elastic.collective import Backend
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.launch.spec import SubmitSpec
@@ -68,7 +68,7 @@ def test_a_case_job_that_never_completes_is_cancelled_and_the_error_says_how_it_
     monkeypatch.setattr(time, "sleep", lambda _s: None)
     slurm = WaitingSlurm()
     spec = SubmitSpec(script=tmp_path / "train.py", ckpt_root=tmp_path)
-    runner = verify_mod.SlurmRunner(cast(SlurmClient, slurm), spec, ["hpc-elastic-run"], timeout_s=0.05)
+    runner = SlurmRunner(cast(SlurmClient, slurm), spec, ["hpc-elastic-run"], timeout_s=0.05)
     with pytest.raises(HpcElasticError) as failed:
         runner.fixed("case", 2)
     assert slurm.cancelled == [7]
