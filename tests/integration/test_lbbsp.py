@@ -11,7 +11,8 @@ How the process is slowed, in order of preference (the test prints which it used
    once, the reference job beside this one) the other processes' readings were as slow, so Alg. 2 saw noise,
    switched to its fine phase and at times moved nothing in 60 steps. ``--hidden 1024`` makes an EST ~7 ms of CPU per
    step (measured here), more than the quota grants even with one EST: measured with three busy loops beside the
-   test, the slowed process read 210-277 ms per step against 21-27 ms, and the first reading pair moved an EST off it;
+   test (5 runs), the slowed process read 209-277 ms per step against 20.7-28.4 ms, and the first reading pair moved
+   an EST off it;
 2. cgroup v2: the same with ``cpu.max`` = ``5000 100000`` in a group of the unified hierarchy;
 3. neither writable: no quota at all, the example's own ``--slow-rank 3 --slow-ms 60`` (a sleep inside each EST of
    rank 3).  Only the first two are a CPU quota; the third still exercises the balancer and the hand-over."""
