@@ -19,6 +19,7 @@ import contextlib
 import enum
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -84,11 +85,48 @@ def unavailable_reason(backend: Backend) -> str | None:
     return None
 
 
-def free_port() -> int:
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Linux's default ephemeral range, where the file cannot be read
+DEFAULT_EPHEMERAL = (32768, 60999)
+#: the lowest port :func:`free_port` draws (above the registered services most hosts run)
+LOWEST_PORT = 10240
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (and for a bind to port 0)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+    return low, high
+
+
+def _bindable(port: int) -> bool:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | None = None) -> int:
+    """A TCP port no socket holds now, for rank 0's rendezvous listener (and any other listener started by another
+    process). Drawn below the kernel's ephemeral range when there is room: a port the kernel hands out for a bind to
+    port 0 lies in that range, and any outgoing connection of the host can be given it before the listener binds it
+    (a TCPStore failed so with EADDRINUSE on a loaded host). Below the range only an explicit bind takes a port.
+    Without room, or after 64 held draws, the kernel's choice."""
+    low, _ = ephemeral if ephemeral is not None else ephemeral_ports()
+    if low > LOWEST_PORT:
+        draw = rng if rng is not None else random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(LOWEST_PORT, low)
+            if _bindable(port):
+                return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def master_address(launcher: Launcher) -> str:
