@@ -37,7 +37,6 @@ import csv
 import itertools
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from hpc_elastic.balance.sampler import BalancedSampler, SamplerState
 from hpc_elastic.balancer import ESTBalanceConfig
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.comm import open_communicator
+from hpc_elastic.launch.workers import free_port
 from hpc_elastic.state import RuntimeConfig, State
 
 WORKERS = 4
@@ -173,12 +173,6 @@ def best_est_split(ests: int, per_est_ms: float) -> tuple[float, list[int]]:
         slowest = max(c * per_est_ms / v for c, v in zip(counts, SPEEDS, strict=True))
         best = min(best, (slowest, counts))
     return best
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from torch.distributed import rpc
 
+from hpc_elastic.launch.workers import free_port
 from hpc_elastic.ps import rpc as grpc_rpc
 
 DENSE_BYTES = (1 << 10, 64 << 10, 1 << 20, 16 << 20)
@@ -104,13 +104,6 @@ def serve_grpc(port: int, rows: int, dim: int) -> None:
     while not done:
         time.sleep(0.05)
     server.stop(grace=1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def timed(op: Callable[[], object], budget: float = 0.1) -> Callable[[], float]:

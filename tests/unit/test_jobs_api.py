@@ -20,6 +20,7 @@ from hpc_elastic import jobs
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.launch import call
+from hpc_elastic.launch.workers import free_port
 from tests.conftest import REPO
 from tests.integration.api_functions import fail, train_linear
 
@@ -82,13 +83,6 @@ def test_with_cloudpickle_closures_go_but_unpicklable_arguments_are_refused() ->
 def test_an_unpicklable_return_value_becomes_a_failure_that_says_so() -> None:
     outcome = pickle.loads(call.encode(call.Outcome(ok=True, value=lambda: 0)))
     assert not outcome.ok and "cannot be pickled" in outcome.message
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_call(
