@@ -507,59 +507,43 @@ def state_document(report: PassReport) -> dict[str, Any]:
         return doc
     doc["pack_limit"], doc["placement_reports"] = report.pack_limit, report.placement_reports
     planned = planned_by_job(report.actions)
+
+    def add(job: Job, state: str, gpus: int, service: tuple[float, float, float | None], rank: int | None) -> None:
+        record = result.records[job.job_id]
+        attained, executed, waiting = service
+        doc["jobs"].append(
+            {
+                "job_id": job.job_id,
+                "name": job.name,
+                "state": state,
+                "gpus": gpus,
+                "queue": record.queue,
+                "attained_gpu_s": round(attained, 1),
+                "executed_s": round(executed, 1),
+                "waiting_s": None if waiting is None else round(waiting, 1),
+                "rank": rank,
+                "site_factor": job.site_factor,
+                "nodes": list(job.nodes),
+                "preemptions": record.preemptions,
+                "planned": planned.get(job.job_id, ""),
+                "in_flight": record.stop_kind,
+                "resize_to": record.resize_to or None,
+                "placement": record.placement,
+                "capability": dict(report.capabilities.get(job.job_id, ())),
+            }
+        )
+
     rank = {obs.jobs[row].job_id: i + 1 for i, row in enumerate(decision.priority_order.tolist())}
     for view in obs.jobs:
-        job_id = view.job_id
-        record = result.records[job_id]
-        job = obs.slurm_jobs[view.job_id]
-        doc["jobs"].append(
-            {
-                "job_id": job_id,
-                "name": job.name,
-                "state": view.status.value,
-                "gpus": view.gpus,
-                "queue": record.queue,
-                "attained_gpu_s": round(view.attained_service, 1),
-                "executed_s": round(view.executed_time, 1),
-                "waiting_s": round(view.waiting_time, 1),
-                "rank": rank[job_id],
-                "site_factor": job.site_factor,
-                "nodes": list(job.nodes),
-                "preemptions": record.preemptions,
-                "planned": planned.get(job_id, ""),
-                "in_flight": record.stop_kind,
-                "resize_to": record.resize_to or None,
-                "placement": record.placement,
-                "capability": dict(report.capabilities.get(job_id, ())),
-            }
-        )
+        times = (view.attained_service, view.executed_time, view.waiting_time)
+        add(obs.slurm_jobs[view.job_id], view.status.value, view.gpus, times, rank[view.job_id])
     seen = {view.job_id for view in obs.jobs}
     for job_id, job in sorted(obs.managed.items()):
-        if job_id in seen:
-            continue
-        record = result.records[job_id]
-        why = f" ({job.pending_reason})" if job.pending_reason else ""
-        doc["jobs"].append(
-            {
-                "job_id": job_id,
-                "name": job.name,
-                "state": f"{job.state.value.lower()}{why}",
-                "gpus": job.gpu_count,
-                "queue": record.queue,
-                "attained_gpu_s": round(record.attained_service, 1),
-                "executed_s": round(record.executed_time, 1),
-                "waiting_s": None,
-                "rank": None,
-                "site_factor": job.site_factor,
-                "nodes": list(job.nodes),
-                "preemptions": record.preemptions,
-                "planned": planned.get(job_id, ""),
-                "in_flight": record.stop_kind,
-                "resize_to": record.resize_to or None,
-                "placement": record.placement,
-                "capability": dict(report.capabilities.get(job_id, ())),
-            }
-        )
+        if job_id not in seen:
+            record = result.records[job_id]
+            why = f" ({job.pending_reason})" if job.pending_reason else ""
+            service = (record.attained_service, record.executed_time, None)
+            add(job, f"{job.state.value.lower()}{why}", job.gpu_count, service, None)
     doc["actions"] = [outcome_document(report.now, outcome) for outcome in result.outcomes]
     return doc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -53,3 +54,24 @@ def test_queue_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["queue", "--config", str(bad)])
     assert out.exit_code == 2
     assert "interval_s" in out.output and "unknown key 'frobnicate'" in out.output
+
+
+def test_queue_lists_a_held_managed_job_without_rank(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    """A managed job the policy does not see (held) is listed with its reason, its record, and no rank or wait."""
+    jobs, nodes = busy
+    waiter = next(j for j in jobs if j.job_id == 25)
+    held = dataclasses.replace(waiter, job_id=26, pending_reason="JobHeldUser")
+    state = tmp_path / "state"
+    state.mkdir()
+    path = _config_file(tmp_path, state)
+    cfg = parse_config({"state_dir": str(state), "ckpt_roots": [str(tmp_path / "jobs")], **PREEMPTING})
+    daemon, _ = make(cfg, FakeSlurm([*jobs, held], nodes), at(start_of(jobs, 24), 60))
+    daemon.run_pass()
+    out = CliRunner().invoke(cli, ["queue", "--config", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    by_id = {job["job_id"]: job for job in json.loads(out.output)["jobs"]}
+    assert set(by_id) == {24, 25, 26}
+    row = by_id[26]
+    assert row["state"] == "pending (JobHeldUser)" and row["rank"] is None and row["waiting_s"] is None
+    assert row["gpus"] == waiter.gpu_count and row["attained_gpu_s"] == 0.0 and row["planned"] == ""
+    assert by_id[25]["rank"] == 1 and by_id[25]["waiting_s"] is not None
