@@ -1,4 +1,4 @@
-"""Small reference models for ``hpc-elastic profile`` (issue 7).
+"""Small reference models for ``hpc-elastic profile``.
 
 The MODEL protocol
 ==================

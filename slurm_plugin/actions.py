@@ -76,7 +76,7 @@ class Place:
 class Resize:
     """Change an elastic job's GPUs within [min, max]: checkpoint (stop reason ``resize``) -> requeue ->
     :class:`SetSize` on the pending job. GPU jobs cannot change size in place: their worker step has a fixed
-    task count, and Slurm 22.05 cannot grow a job that holds GRES (../shared/notes/local-slurm.md)."""
+    task count, and Slurm 22.05 cannot grow a job that holds GRES."""
 
     job_id: int
     name: str

@@ -1,4 +1,5 @@
-"""The pass loop: observe -> policy -> actions -> apply -> store and export (issue 4, "Each pass").
+"""The pass loop: observe -> policy -> actions -> apply -> store and export (the README's "The scheduler
+plugin").
 
 Robustness: a pass that cannot read Slurm completely takes no action; consecutive failures are retried with
 backoff up to ``max_consecutive_errors`` and then the daemon exits non-zero (systemd restarts it). A lock file
@@ -186,8 +187,8 @@ class Daemon:
         self._history_at = now
 
     def run_pass(self, *, followups_only: bool = False) -> PassReport:
-        """One pass (issue 4 "Each pass" 1-4). ``followups_only``: only finish the stops in flight (requeue,
-        new size), decide nothing new (``--once`` uses it to complete the preemptions of its pass)."""
+        """One pass: read, order, decide, act. ``followups_only``: only finish the stops in flight (requeue, new
+        size), decide nothing new (``--once`` uses it to complete the preemptions of its pass)."""
         now = self.clock()
         report = PassReport(now)
         started = self.monotonic()
@@ -433,8 +434,8 @@ class Daemon:
             report = self._pass(followups_only=True)
 
     def _wait(self, seconds: float) -> None:
-        """Sleep until the next pass, but start it early when managed jobs arrive, start or finish (issue 4:
-        "and when jobs arrive or finish"): one squeue every ``event_poll_s`` compared with the last pass."""
+        """Sleep until the next pass, but start it early when managed jobs arrive, start or finish: one squeue
+        every ``event_poll_s`` compared with the last pass."""
         deadline = self.monotonic() + seconds
         poll = self.config.event_poll_s
         while True:

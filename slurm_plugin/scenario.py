@@ -1,4 +1,4 @@
-"""The issue-4 story on a real Slurm cluster: a mix of short and long training jobs, with and without the daemon.
+"""The daemon's story on a real Slurm cluster: a mix of short and long training jobs, with and without the daemon.
 
 Used by ``make demo`` (``scripts/demo.py``) and the integration tests. Jobs are submitted through
 ``hpc-elastic submit`` and run ``wrappers/examples/train_mlp.py`` (a real training loop that checkpoints on a stop

@@ -1,4 +1,4 @@
-"""``hpc-elastic profile``: measure and inspect model profiles (issue 7).
+"""``hpc-elastic profile``: measure and inspect model profiles (the README's "Profiles").
 
 ``run`` measures skew (Tiresias §3.3), throughput, Γ(x) and the memory limit x^o (LB-BSP §3.1, §3.3.1) of a
 MODEL (``package.module:factory``, protocol in :mod:`hpc_elastic.models`) and writes ``profiles/<name>.json``;

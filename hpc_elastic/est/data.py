@@ -2,7 +2,7 @@
 
 EasyScale §3.2 ("Optimizing data pre-processing"): the data workers of a process serve every EST it runs,
 in the order the ESTs consume batches, and "each sample request carries the EST's RNG state so
-augmentation is identical to the fixed-N run" (issue 6).  Here a request carries the seeds of Python's
+augmentation is identical to the fixed-N run".  Here a request carries the seeds of Python's
 ``random``, NumPy's global generator and torch for that (EST, mini-batch); the worker installs them
 before calling ``dataset[i]`` for the batch's indices.  The seeds are a pure function of
 (job seed, virtual rank, batch number), so augmentation does not depend on the number of worker

@@ -5,8 +5,8 @@ Why this method
 EasyScale (SC'23, §3.3, "communication mechanism") traces elastic non-determinism in data-parallel
 training to the gradient allreduce: the order in which floating-point gradients are added depends on the
 number of processes, on the bucket mapping and on the collective algorithm, and fp32 addition is not
-associative.  The issue lists three cures; we use **exact fixed-point accumulation on absolutely aligned
-bins** (a ReproBLAS-flavoured binned sum carried in int64):
+associative.  Of the cures (a fixed reduction order, wider accumulators, exact sums) we use **exact fixed-point
+accumulation on absolutely aligned bins** (a ReproBLAS-flavoured binned sum carried in int64):
 
 * **Exact, hence order-free.**  Every gradient value is mapped to an integer on a window shared by a
   chunk of ``chunk`` consecutive elements, and integer addition is associative.  The reduced gradient

@@ -16,7 +16,7 @@ _CLASSES: tuple[type[Policy], ...] = (*BUILTIN_POLICIES, EasyScaleHomo, EasyScal
 _DAEMON_ONLY: tuple[type[Policy], ...] = (TiresiasLasEasyScale, Dl2GpuFallback)
 _BUILTIN: dict[str, PolicyFactory] = {cls.name: cls for cls in (*_CLASSES, *_DAEMON_ONLY)}
 
-#: The built-in policy names (the simulator's), in the order the issue lists them.
+#: The built-in policy names (the simulator's).
 POLICY_NAMES: tuple[str, ...] = tuple(cls.name for cls in _CLASSES)
 #: Those the Slurm daemon can carry out: not the policies that plan a job's GPUs on several types at once
 #: (``Policy.plans_per_type``), and EasyScale with one type per job's plan.

@@ -1,9 +1,9 @@
 """``hpc-elastic profile run --submit``: the sbatch command and batch script of a profile job (pure).
 
 Nothing here runs a process: the Slurm adapter (``SlurmClient.submit(options=..., script_text=...)`` in
-:mod:`hpc_elastic.slurm`) submits what this builds, so that a site can profile each GPU type it has
-(issue 7). The job runs the same ``profile run`` with ``--device cuda --device-type <GPU type>``, so the
-profile is keyed by the site's Slurm GPU type.
+:mod:`hpc_elastic.slurm`) submits what this builds, so that a site can profile each GPU type it has. The job runs
+the same ``profile run`` with ``--device cuda --device-type <GPU type>``, so the profile is keyed by the site's
+Slurm GPU type.
 """
 
 from __future__ import annotations

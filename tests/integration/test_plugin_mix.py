@@ -1,4 +1,4 @@
-"""The issue's story on the real dev cluster, with and without hpc-elastic-sched (slurm_plugin.scenario).
+"""The daemon's story on the real dev cluster, with and without hpc-elastic-sched (slurm_plugin.scenario).
 
 One mix (a long 2-GPU training job, then two short 1-GPU ones, competing for 2 free v100 GPUs) runs twice. The
 tests assert the order of events, never durations: with the daemon the long job is preempted with a checkpoint,
