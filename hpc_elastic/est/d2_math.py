@@ -250,12 +250,12 @@ def det_sum_dims(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = False) 
     return x
 
 
-def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A per-channel [C] vector shaped [1, C, 1, ...] against an [N, C, ...] input."""
     return v.reshape(1, -1, *([1] * (like.dim() - 2)))
 
 
-def _channel_dims(x: torch.Tensor) -> tuple[int, ...]:
+def channel_dims(x: torch.Tensor) -> tuple[int, ...]:
     """The dimensions a batch norm reduces: all but the channels (1)."""
     return (0, *range(2, x.dim()))
 
@@ -288,18 +288,18 @@ def batch_norm_train_torch(
     """Batch norm's training forward over [N, C, ...] by its definition: ``mean = det_sum_dims(x) / count``,
     ``sq = det_sum_dims((x - mean)^2)``, ``invstd = 1 / sqrt(sq / count + eps)``, ``xhat = (x - mean) * invstd``,
     ``y = xhat * weight + bias``, every operation one rounding (the CUDA path, and the reference of the C kernel)."""
-    dims = _channel_dims(x)
+    dims = channel_dims(x)
     count = x.numel() // x.shape[1]
     mean = div_count(det_sum_dims(x, dims), count)
-    d = x - _bcast(mean, x)
+    d = x - bcast(mean, x)
     sq = det_sum_dims(d * d, dims)
     invstd = reciprocal(det_sqrt(div_count(sq, count) + f32(eps)))
-    xhat = d * _bcast(invstd, x)
+    xhat = d * bcast(invstd, x)
     y = xhat
     if weight is not None:
-        y = y * _bcast(weight, x)
+        y = y * bcast(weight, x)
     if bias is not None:
-        y = y + _bcast(bias, x)
+        y = y + bcast(bias, x)
     return BatchNormForward(y, xhat, mean, sq, invstd)
 
 
@@ -328,7 +328,7 @@ def batch_norm_train_backward_torch(
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(gx, gw, gb) of :func:`batch_norm_train_torch` by its definition: ``gb = det_sum_dims(g)``,
     ``gw = det_sum_dims(g * xhat)``, ``gx = ((g w - gb w / count) - xhat (gw w / count)) invstd``."""
-    dims = _channel_dims(xhat)
+    dims = channel_dims(xhat)
     count = xhat.numel() // xhat.shape[1]
     gb = det_sum_dims(g, dims)
     gw = det_sum_dims(g * xhat, dims)
@@ -336,12 +336,12 @@ def batch_norm_train_backward_torch(
         return None, gw, gb
     gxhat, sum_g, sum_gx = g, gb, gw
     if weight is not None:
-        gxhat = g * _bcast(weight, xhat)
+        gxhat = g * bcast(weight, xhat)
         sum_g = gb * weight
         sum_gx = gw * weight
-    gx = gxhat - _bcast(div_count(sum_g, count), xhat)
-    gx = gx - xhat * _bcast(div_count(sum_gx, count), xhat)
-    return gx * _bcast(invstd, xhat), gw, gb
+    gx = gxhat - bcast(div_count(sum_g, count), xhat)
+    gx = gx - xhat * bcast(div_count(sum_gx, count), xhat)
+    return gx * bcast(invstd, xhat), gw, gb
 
 
 def batch_norm_train_backward(

@@ -39,7 +39,9 @@ from torch import nn
 from hpc_elastic.est.d2_math import (
     batch_norm_train,
     batch_norm_train_backward,
+    bcast,
     c_kernels,
+    channel_dims,
     det_bmm_nt,
     det_erfc,
     det_exp,
@@ -291,16 +293,6 @@ class _Conv2dFn(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------- normalisation
 
 
-def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A per-channel [C] vector shaped [1, C, 1, ...] against an [N, C, ...] input."""
-    return v.reshape(1, -1, *([1] * (like.dim() - 2)))
-
-
-def _channel_dims(x: torch.Tensor) -> tuple[int, ...]:
-    """The dimensions a batch norm reduces: all but the channels (1)."""
-    return (0, *range(2, x.dim()))
-
-
 def _fresh(t: torch.Tensor) -> torch.Tensor:
     """An output that is not a view (autograd forbids in-place changes of a custom Function's view outputs)."""
     return t if t._base is None else t.clone(memory_format=torch.contiguous_format)
@@ -350,12 +342,12 @@ class _BatchNormEvalFn(torch.autograd.Function):
     ) -> torch.Tensor:
         running_mean, running_var, eps = stats
         invstd = reciprocal(det_sqrt(running_var + f32(eps)))
-        xhat = (x - _bcast(running_mean, x)) * _bcast(invstd, x)
+        xhat = (x - bcast(running_mean, x)) * bcast(invstd, x)
         y = xhat
         if weight is not None:
-            y = y * _bcast(weight, x)
+            y = y * bcast(weight, x)
         if bias is not None:
-            y = y + _bcast(bias, x)
+            y = y + bcast(bias, x)
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.has_bias = bias is not None
         return y
@@ -363,11 +355,11 @@ class _BatchNormEvalFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         xhat, invstd, weight = ctx.saved_tensors
-        dims = _channel_dims(xhat)
+        dims = channel_dims(xhat)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             scale = invstd if weight is None else weight * invstd
-            gx = grad_out * _bcast(scale, xhat)
+            gx = grad_out * bcast(scale, xhat)
         if weight is not None and ctx.needs_input_grad[1]:
             gw = det_sum_dims(grad_out * xhat, dims)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -1372,9 +1364,9 @@ class _ChannelAffineFn(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
         y = x
         if weight is not None:
-            y = y * _bcast(weight, x)
+            y = y * bcast(weight, x)
         if bias is not None:
-            y = y + _bcast(bias, x)
+            y = y + bcast(bias, x)
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         return y if y is not x else y.clone()
@@ -1382,10 +1374,10 @@ class _ChannelAffineFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         x, weight = ctx.saved_tensors
-        dims = _channel_dims(x)
+        dims = channel_dims(x)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = grad_out if weight is None else grad_out * _bcast(weight, x)
+            gx = grad_out if weight is None else grad_out * bcast(weight, x)
         if weight is not None and ctx.needs_input_grad[1]:
             gw = det_sum_dims(grad_out * x, dims)
         if ctx.has_bias and ctx.needs_input_grad[2]:
