@@ -94,6 +94,8 @@ def child_environment(overrides: Mapping[str, str], environ: Mapping[str, str] |
 #                            SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID or Open MPI's OMPI_COMM_WORLD_*)
 #   MASTER_ADDR, MASTER_PORT torch.distributed rendezvous
 #   HPC_ELASTIC_ATTEMPT      which start of the worker step inside this allocation (0, then 1.. after a restart)
+#   HPC_ELASTIC_RESTART_COUNT
+#                            the job's requeues as the wrapper read them (else SLURM_RESTART_COUNT)
 # Control files (in HPC_ELASTIC_JOB_DIR/control): ``stop`` asks workers to checkpoint at the next mini-batch
 # boundary and exit; ``ack.json`` is written by rank 0 once that checkpoint is committed.
 # ----------------------------------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ def read_job_environment(environ: Mapping[str, str] | None = None) -> JobEnviron
         job_name=env.get("SLURM_JOB_NAME", ""),
         array_job_id=array_job_id if array_task_id is not None else None,
         array_task_id=array_task_id,
-        restart_count=_int(env, "SLURM_RESTART_COUNT", 0) or 0,
+        restart_count=_first_int(env, ("HPC_ELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"), 0),
         attempt=_int(env, "HPC_ELASTIC_ATTEMPT", 0) or 0,
         node_list=env.get("SLURM_JOB_NODELIST", ""),
         num_nodes=_int(env, "SLURM_JOB_NUM_NODES", 1) or 1,

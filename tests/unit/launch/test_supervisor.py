@@ -77,6 +77,10 @@ def test_worker_environment_is_the_runtimes_contract() -> None:
     parsed = read_job_environment({**env, "SLURMD_NODENAME": "node3"})
     assert parsed.level is DeterminismLevel.D2 and dict(parsed.node_gpu_types)["node3"] == "v100"
     assert env["HPC_ELASTIC_BALANCE"] == "lbbsp" and parsed.balance is BalanceMode.LBBSP
+    assert (parsed.restart_count, parsed.attempt) == (2, 1)
+    # the wrapper's reading wins over a stale SLURM_RESTART_COUNT the worker inherited
+    assert read_job_environment({**env, "SLURM_RESTART_COUNT": "0"}).restart_count == 2
+    assert read_job_environment({"SLURM_RESTART_COUNT": "3"}).restart_count == 3
 
 
 def test_parse_wrapper_args() -> None:
