@@ -110,6 +110,10 @@ MAX_MANIFEST_BYTES = 1 << 20
 MAX_LISTED = 20
 #: the most bytes a control file may hold (a stop request or an acknowledgement is ~200)
 MAX_CONTROL_BYTES = 4096
+#: the largest count (processes, logical workers, parameter servers) and rate (steps per second) a progress record
+#: may report: far past any job's, and small enough that the daemon's arithmetic on them stays finite
+MAX_REPORTED_COUNT = 1 << 20
+MAX_STEPS_PER_S = 1e9
 #: an acknowledgement counts when written between the stop request and now, give or take this much clock skew
 ACK_CLOCK_SLACK_S = 5.0
 JOB_DIR_MODE = 0o711
@@ -146,6 +150,13 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
+def _bounded_count(value: Any, what: str) -> int:
+    count = _count(value, what)
+    if not 1 <= count <= MAX_REPORTED_COUNT:
+        raise ValueError(f"{what} must be in [1, {MAX_REPORTED_COUNT}], got {value!r}")
+    return count
+
+
 def _reason(value: Any) -> StopReason:
     try:
         reason = StopReason(value) if isinstance(value, str) else None
@@ -176,7 +187,7 @@ class StopRequest:
 def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder goes
         raise ValueError(f"{what} is not JSON: {text[:80]!r}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{what} must hold a JSON object, got {str(doc)[:80]!r}")
@@ -396,8 +407,8 @@ class Progress:
 
     def __post_init__(self) -> None:
         _count(self.step, "progress step")
-        if self.ps is not None and _count(self.ps, "progress ps") < 1:
-            raise ValueError(f"progress ps must be >= 1, got {self.ps}")
+        if self.ps is not None:
+            _bounded_count(self.ps, "progress ps")
         if (self.epochs_done is None) != (self.epochs_total is None):
             raise ValueError("progress epochs_done and epochs_total go together")
         if self.epochs_done is not None and self.epochs_total is not None:
@@ -409,13 +420,12 @@ class Progress:
         if not isinstance(self.d2, bool):
             raise ValueError(f"progress d2 must be true or false, got {self.d2!r}")
         object.__setattr__(self, "capability", check_capability(self.capability, "progress capability"))
-        if self.workers is not None and _count(self.workers, "progress workers") < 1:
-            raise ValueError(f"progress workers must be >= 1, got {self.workers}")
+        if self.workers is not None:
+            _bounded_count(self.workers, "progress workers")
         _epoch(self.written_at, "progress written_at")
-        if self.steps_per_s is not None:
-            _epoch(self.steps_per_s, "progress steps_per_s")
-        if _count(self.world_size, "progress world_size") < 1:
-            raise ValueError(f"progress world_size must be >= 1, got {self.world_size}")
+        if self.steps_per_s is not None and _epoch(self.steps_per_s, "progress steps_per_s") > MAX_STEPS_PER_S:
+            raise ValueError(f"progress steps_per_s must be <= {MAX_STEPS_PER_S:g}, got {self.steps_per_s!r}")
+        _bounded_count(self.world_size, "progress world_size")
         _count(self.restart_count, "progress restart_count")
         _count(self.attempt, "progress attempt")
         if not all(isinstance(t, str) and 0 < len(t) <= 64 for t in self.device_types):

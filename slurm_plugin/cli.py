@@ -71,8 +71,6 @@ def profile_capability(directory: Path) -> CapabilityLookup:
             return None
         except (ProfileError, ValueError) as exc:  # a bad name or file
             warn(f"profile {name!r} refused: {exc}")
-        except RecursionError:  # JSON nested deeper than the decoder goes
-            warn(f"profile {name!r} refused: nested too deep")
         return None
 
     def lookup(name: str, types: tuple[str, ...]) -> Capability:

@@ -156,6 +156,7 @@ class Daemon:
         self._signature: frozenset[tuple[int, str, int]] | None = None
         self._recent: list[dict[str, Any]] | None = None
         self._rejected: dict[int, str] = {}  # the disqualified jobs already logged, and why
+        self._unmodelled: dict[int, str] = {}  # elastic jobs of this pass whose speed model failed, and why
         #: ``tiresias-las+easyscale``'s Role 3: the grows carried out and what the grown jobs observed since, kept
         #: in the state store (a restarted daemon goes on watching them)
         self._grows: dict[int, ScaleOutWatch] = store.load_grows()
@@ -182,7 +183,8 @@ class Daemon:
         if self._history_at is not None and now - self._history_at < self.config.history_refresh_s:
             return
         end = datetime.fromtimestamp(now, tz=UTC)
-        records = self.client.history(end - timedelta(days=self.config.history_window_days), end)
+        # job sizes only: no field a user writes, which could forge records in sacct's text
+        records = self.client.history(end - timedelta(days=self.config.history_window_days), end, user_text=False)
         self.policy = build_policy(self.config, self.pack_limit).with_history(service_samples(records))
         self._history_at = now
 
@@ -213,7 +215,7 @@ class Daemon:
             report.skipped = f"partial read, no action this pass: {exc}"
             log.warning("%s", report.skipped)
             return report
-        self._log_rejections(obs.rejected)
+        self._log_rejections({**obs.rejected, **self._unmodelled})
         self._signature = signature(obs.managed.values())
         if self.config.tiresias.refit_pack_limit:
             self._refit_pack_limit(obs, cluster, reports, now)
@@ -262,8 +264,14 @@ class Daemon:
             if marker is not None and marker.profile and uid is not None:  # a profile is "<model>@<device type>"
                 runs[job_id] = (job.restart_count, uid, marker.profile.partition("@")[0])
         new = reports_of(obs.jobs, cluster, runs=runs, speeds=reports.speeds, now=now)
-        self._placements = merge(self._placements, new)
-        fitted = self._fitted_pack_limit()
+        placements = merge(self._placements, new)
+        t = self.config.tiresias
+        try:
+            fitted = refit(placements, t.pack_limit, t.refit_tolerance)
+        except (ValueError, ArithmeticError) as exc:  # the jobs' words: the reports of this pass are not kept
+            log.warning("PACKLIMIT not refitted from this pass's placement reports: %s", exc)
+            return
+        self._placements = placements
         if fitted != self.pack_limit:
             log.info(
                 "PACKLIMIT %.3g -> %.3g, refitted from %d placement reports",
@@ -289,6 +297,7 @@ class Daemon:
         the job's profile (the one its marker names, :attr:`capability_lookup`) corrected by what it observed,
         Role 3's observation of the last grow the daemon carried out, and whether its plans may span GPU types (the
         D2 guard) (:mod:`slurm_plugin.easyscale`)."""
+        self._unmodelled = {}
         if not isinstance(self.policy, TiresiasLasEasyScale):
             return None
         types = tuple(sorted({t for node in nodes for t, count in node.gpus.by_type if t and count > 0}))
@@ -307,7 +316,11 @@ class Daemon:
                 if marker.profile not in rates:
                     rates[marker.profile] = self.capability_lookup(marker.profile, types)
                 profiled = rates[marker.profile]
-            profile = job_profile(marker, job, types, seen, mixed=mixed, profiled=profiled)
+            try:
+                profile = job_profile(marker, job, types, seen, mixed=mixed, profiled=profiled)
+            except (ValueError, ArithmeticError) as exc:  # one job's figures: that job is left out, not the pass
+                self._unmodelled[job.job_id] = f"no speed model from its profile and telemetry: {exc}"
+                continue
             watch = self._grows.get(job.job_id)
             if watch is not None:
                 watch = self._grows[job.job_id] = observe_grow(watch, profile, job, reported=bool(seen), now=now)
@@ -400,9 +413,10 @@ class Daemon:
                 if once:
                     self._settle(report)
                 errors = 0
-            except SlurmError as exc:
+            except Exception as exc:  # a pass that fails is retried with back-off, whatever failed
                 errors += 1
-                log.error("pass failed (%d/%d in a row): %s", errors, self.config.max_consecutive_errors, exc)
+                how = log.error if isinstance(exc, SlurmError) else log.exception
+                how("pass failed (%d/%d in a row): %s", errors, self.config.max_consecutive_errors, exc)
                 if once or errors >= self.config.max_consecutive_errors:
                     return 1
                 self._between_passes(self.sleep, min(self.config.interval_s * 2**errors, 300.0))

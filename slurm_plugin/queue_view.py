@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from slurm_plugin.daemon import STATE_NAME
 
@@ -51,6 +52,11 @@ def _rank_key(job: dict[str, Any]) -> tuple[int, int]:
     return (rank if isinstance(rank, int) else 1 << 30, int(job.get("job_id", 0)))
 
 
+def _printable(text: str) -> str:
+    """``text`` with control characters (escape sequences, newlines) shown as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
     """One row of strings per managed job, highest priority first (jobs the policy does not rank last)."""
     out: list[tuple[str, ...]] = []
@@ -81,8 +87,8 @@ def render(doc: dict[str, Any]) -> None:
     table = Table(title=f"hpc-elastic managed jobs (daemon pass at {when})")
     for column in COLUMNS:
         table.add_column(column)
-    for row in rows(doc):
-        table.add_row(*row)
+    for row in rows(doc):  # users' words (job names): plain text, never rich markup
+        table.add_row(*(Text(_printable(cell)) for cell in row))
     console = Console()
     if not console.is_terminal:  # a pipe or a file: do not cut columns at 80 characters
         console = Console(width=200)
@@ -90,4 +96,4 @@ def render(doc: dict[str, Any]) -> None:
     if isinstance(doc.get("pack_limit"), int | float):
         console.print(f"PACKLIMIT {doc['pack_limit']:.3g} ({doc.get('placement_reports', 0)} placement reports)")
     if doc.get("skipped"):
-        console.print(f"last pass skipped: {doc['skipped']}")
+        console.print(Text(_printable(f"last pass skipped: {doc['skipped']}")))

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 MAX_TYPES = 16
 #: the longest device type name accepted
 MAX_TYPE_NAME = 64
+#: the range of a reported rate (EST mini-batches per second per device): a microsecond's step to one in eleven
+#: days, so that ratios and sums of rates stay finite in the planners
+MIN_RATE, MAX_RATE = 1e-6, 1e6
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,9 @@ def capability_by_type(readings: Sequence[ProcessReading]) -> tuple[tuple[str, f
 
 
 def check_capability(pairs: object, what: str = "capability") -> tuple[tuple[str, float], ...]:
-    """``pairs`` as a sorted tuple of (device type, finite positive rate) with distinct short names and at most
-    :data:`MAX_TYPES` of them; ``ValueError`` naming what is wrong otherwise (the daemon reads it from a job)."""
+    """``pairs`` as a sorted tuple of (device type, rate in [:data:`MIN_RATE`, :data:`MAX_RATE`]) with distinct
+    short names and at most :data:`MAX_TYPES` of them; ``ValueError`` naming what is wrong otherwise (the daemon
+    reads it from a job)."""
     if not isinstance(pairs, (list, tuple)):
         raise ValueError(f"{what} must be a list of [type, rate] pairs, got {pairs!r}")
     if len(pairs) > MAX_TYPES:
@@ -64,8 +68,8 @@ def check_capability(pairs: object, what: str = "capability") -> tuple[tuple[str
         name, rate = pair
         if not isinstance(name, str) or not 0 < len(name) <= MAX_TYPE_NAME:
             raise ValueError(f"{what} device type must be a name of 1-{MAX_TYPE_NAME} characters, got {name!r}")
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"{what} of {name} must be a finite number > 0, got {rate!r}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not MIN_RATE <= rate <= MAX_RATE:
+            raise ValueError(f"{what} of {name} must be a number in [{MIN_RATE:g}, {MAX_RATE:g}], got {rate!r}")
         out.append((name, float(rate)))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):

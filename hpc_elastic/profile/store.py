@@ -89,7 +89,7 @@ def _decode(data: bytes, source: Path) -> Profile:
     """A profile from a file's bytes (UTF-8 JSON, validated); ``source`` names it in errors."""
     try:
         decoded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # (nested past the decoder's depth)
         raise ProfileError(f"{source}: not valid JSON: {exc}") from None
     return parse_profile(decoded, str(source))
 

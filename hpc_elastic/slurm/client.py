@@ -38,7 +38,12 @@ class SlurmClient(Protocol):
     def nodes(self) -> list[Node]: ...
     def partitions(self) -> list[Partition]: ...
     def history(
-        self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None
+        self,
+        start: datetime,
+        end: datetime | None = None,
+        job_ids: Iterable[int] | None = None,
+        *,
+        user_text: bool = True,
     ) -> list[Job]: ...
     def submit(
         self, script_path: str | None = None, options: Sequence[str] = (), *, script_text: str | None = None
@@ -142,17 +147,25 @@ class CliSlurm:
         """The accounts of Slurm's accounting (slurmdbd), lower case."""
         return parse.parse_sacctmgr_accounts(self.runner.run(commands.sacctmgr_accounts()).stdout)
 
-    def history(self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[Job]:
-        """Finished and active jobs from accounting (``sacct``) in a window; each requeue is its own record."""
+    def history(
+        self,
+        start: datetime,
+        end: datetime | None = None,
+        job_ids: Iterable[int] | None = None,
+        *,
+        user_text: bool = True,
+    ) -> list[Job]:
+        """Finished and active jobs from accounting (``sacct``) in a window; each requeue is its own record.
+        Without ``user_text`` the text output leaves out what users write (names, comments: empty in the records),
+        which could otherwise forge fields or records (the daemon reads history so)."""
         ids = None if job_ids is None else commands.job_id_list(job_ids)
         if ids is not None and not ids:
             return []
+        text_argv = commands.sacct_text(start, end, ids, user_text=user_text)
         if not self._history_json:
-            return parse.parse_sacct_text(self.runner.run(commands.sacct_text(start, end, ids)).stdout)
-        is_json, out = self._read_json_or_text(
-            commands.sacct_json(start, end, ids), commands.sacct_text(start, end, ids)
-        )
-        return parse.parse_sacct_json(out) if is_json else parse.parse_sacct_text(out)
+            return parse.parse_sacct_text(self.runner.run(text_argv).stdout, user_text=user_text)
+        is_json, out = self._read_json_or_text(commands.sacct_json(start, end, ids), text_argv)
+        return parse.parse_sacct_json(out) if is_json else parse.parse_sacct_text(out, user_text=user_text)
 
     def steps(self, job_id: int) -> list[Step]:
         """The steps of a job from accounting (``sacct``): ended ones with how they ended, running ones."""

@@ -15,8 +15,8 @@ from hpc_elastic.slurm.parse import (
     FIELD_SEPARATOR,
     SACCT_STEP_FIELDS,
     SACCT_STEP_TIME_FIELDS,
-    SACCT_TEXT_FIELDS,
     SQUEUE_TEXT_FIELDS,
+    sacct_text_fields,
 )
 from hpc_elastic.slurm.types import JobRef
 
@@ -203,13 +203,17 @@ def sacct_json(start: datetime, end: datetime | None = None, job_ids: Iterable[i
     return ["sacct", "--json", *_sacct_window(start, end, job_ids)]
 
 
-def sacct_text(start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[str]:
+def sacct_text(
+    start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None, *, user_text: bool = True
+) -> list[str]:
+    """Jobs in a time window as ``|``-separated text; without ``user_text`` not the fields a user writes (see
+    :data:`~hpc_elastic.slurm.parse.SACCT_USER_TEXT`)."""
     return [
         "sacct",
         "--parsable2",
         "--noheader",
         "--allocations",
-        f"--format={','.join(SACCT_TEXT_FIELDS)}",
+        f"--format={','.join(sacct_text_fields(user_text=user_text))}",
         *_sacct_window(start, end, job_ids),
     ]
 

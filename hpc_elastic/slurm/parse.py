@@ -98,6 +98,15 @@ SACCT_TEXT_FIELDS: tuple[str, ...] = (
     "ReqMem",
     "Comment",
 )
+#: the fields of :data:`SACCT_TEXT_FIELDS` a user writes: sacct prints them as they are, a ``|`` or a newline
+#: included, so a name can forge the fields after it or a whole record; a reader that needs neither (the
+#: scheduler daemon's job sizes) leaves them out
+SACCT_USER_TEXT: frozenset[str] = frozenset({"JobName", "Comment"})
+
+
+def sacct_text_fields(*, user_text: bool = True) -> tuple[str, ...]:
+    """The fields of ``sacct --parsable2`` this module reads, with or without those a user writes."""
+    return SACCT_TEXT_FIELDS if user_text else tuple(f for f in SACCT_TEXT_FIELDS if f not in SACCT_USER_TEXT)
 
 
 # --------------------------------------------------------------------------------------------- scalars
@@ -564,7 +573,7 @@ def _rows(
     """The non-blank lines of a delimited text output with their numbers, each split into ``count`` fields
     (``free_last``: the last field is free text that may hold the separator); :class:`SlurmParseError` naming
     the line otherwise."""
-    for line_number, line in enumerate(text.splitlines(), start=1):
+    for line_number, line in enumerate(text.split("\n"), start=1):  # not splitlines: \x1c-\x1e, \x85, \u2028 ...
         if not line.strip():
             continue
         values = line.split(separator, count - 1) if free_last else line.split(separator)
@@ -767,11 +776,13 @@ def parse_squeue_text(text: str) -> list[Job]:
     return jobs
 
 
-def parse_sacct_text(text: str) -> list[Job]:
-    """Jobs from ``sacct --parsable2 --noheader --format=<SACCT_TEXT_FIELDS>`` (comment last: may hold ``|``)."""
+def parse_sacct_text(text: str, *, user_text: bool = True) -> list[Job]:
+    """Jobs from ``sacct --parsable2 --noheader --format=<sacct_text_fields(user_text=...)>`` (comment last: may
+    hold ``|``); without ``user_text`` their names and comments are empty."""
+    fields = sacct_text_fields(user_text=user_text)
     jobs = []
-    for _, values in _rows(text, len(SACCT_TEXT_FIELDS), "sacct", free_last=True):
-        row = dict(zip(SACCT_TEXT_FIELDS, values, strict=True))
+    for _, values in _rows(text, len(fields), "sacct", free_last=user_text):
+        row = {"JobName": "", "Comment": "", **dict(zip(fields, values, strict=True))}
         if not row["JobIDRaw"].isdigit():  # job steps: 12.batch, 12.0
             continue
         alloc = parse_tres(row["AllocTRES"])

@@ -137,7 +137,8 @@ class Runner:
                 command,
                 input=stdin,
                 capture_output=True,
-                text=True,
+                encoding="utf-8",
+                errors="replace",  # a job name or comment may hold any byte (squeue --json passes them through)
                 timeout=self.timeout_s,
                 check=True,
                 shell=False,

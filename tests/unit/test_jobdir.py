@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from hpc_elastic.files import UnsafeFile, atomic_write_bytes, read_owned
 from hpc_elastic.jobdir import (
     ACK_CLOCK_SLACK_S,
     MAX_CONTROL_BYTES,
+    MAX_REPORTED_COUNT,
     PROGRESS_EVERY_S,
     Ack,
     CheckpointRecord,
@@ -214,6 +216,21 @@ def test_progress_carries_the_observed_capability_and_the_daemon_reads_it_as_the
         assert job.read_progress_as(ME) is None
     job.progress_path.write_text(record.to_json()[:-2] + " " * MAX_CONTROL_BYTES + "}\n")  # too long to read
     assert job.read_progress_as(ME) is None
+    # counts and rates whose products would overflow the daemon's arithmetic, and nesting past the decoder's depth
+    big = "9" * 400
+    for old, new in (
+        ('"workers": 8', f'"workers": {big}'),
+        ('"world_size": 3', f'"world_size": {big}'),
+        ('"steps_per_s": 2.0', '"steps_per_s": 1e308'),
+        ('"workers": 8', '"workers": 1048577'),
+    ):
+        job.progress_path.write_text(record.to_json().replace(old, new))
+        assert new in job.progress_path.read_text()
+        assert job.read_progress_as(ME) is None
+    job.progress_path.write_text("[" * 3000)
+    assert job.read_progress_as(ME) is None
+    job.progress_path.write_text(record.to_json().replace('"workers": 8', f'"workers": {MAX_REPORTED_COUNT}'))
+    assert job.read_progress_as(ME) == replace(record, workers=MAX_REPORTED_COUNT)
 
 
 def test_progress_says_whether_the_run_is_at_d2_and_only_a_json_boolean_counts(tmp_path: Path) -> None:

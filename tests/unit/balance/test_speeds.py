@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from hpc_elastic.balance.speeds import MAX_TYPES, ProcessReading, capability_by_type, check_capability
+from hpc_elastic.balance.speeds import (
+    MAX_RATE,
+    MAX_TYPES,
+    MIN_RATE,
+    ProcessReading,
+    capability_by_type,
+    check_capability,
+)
 
 
 def test_capability_is_the_mean_of_ests_per_second_over_each_types_processes() -> None:
@@ -33,14 +40,17 @@ def test_a_reading_names_what_is_wrong(kind: str, ests: int, seconds: float, mat
 
 def test_a_report_is_sorted_and_hostile_ones_are_refused() -> None:
     assert check_capability([["v100", 5], ["a100", 35.5]]) == (("a100", 35.5), ("v100", 5.0))
+    assert check_capability([["a", MIN_RATE], ["b", MAX_RATE]]) == (("a", MIN_RATE), ("b", MAX_RATE))
     bad = [
         ({"a100": 1.0}, "list of"),
         ([["a100", 1.0, 2.0]], "pair"),
-        ([["a100", math.inf]], "finite number > 0"),
-        ([["a100", float("nan")]], "finite number > 0"),
-        ([["a100", 0]], "finite number > 0"),
-        ([["a100", True]], "finite number > 0"),
-        ([["a100", "9"]], "finite number > 0"),
+        ([["a100", math.inf]], r"a number in \[1e-06, 1e\+06\]"),
+        ([["a100", float("nan")]], "a number in"),
+        ([["a100", 0]], "a number in"),
+        ([["a100", True]], "a number in"),
+        ([["a100", "9"]], "a number in"),
+        ([["a100", 1e308]], "a number in"),  # finite, but its ratios to others overflow in the planner
+        ([["a100", 5e-324]], "a number in"),
         ([[7, 1.0]], "device type"),
         ([["y" * 65, 1.0]], "device type"),
         ([["a100", 1.0], ["a100", 2.0]], "twice"),

@@ -40,7 +40,15 @@ class FakeSlurm:
     def nodes(self) -> list[Node]:
         return self._nodes
 
-    def history(self, start: datetime, end: datetime | None = None, job_ids: Iterable[int] | None = None) -> list[Job]:
+    def history(
+        self,
+        start: datetime,
+        end: datetime | None = None,
+        job_ids: Iterable[int] | None = None,
+        *,
+        user_text: bool = True,
+    ) -> list[Job]:
+        self.calls.append(("history", user_text))
         return []
 
     def version(self) -> str:
@@ -130,6 +138,17 @@ def make(cfg: PluginConfig, fake: FakeSlurm, now: float, *, dry_run: bool = Fals
     clock = Clock(now)
     store = Store(cfg.state_dir, read_only=dry_run)
     return Daemon(cfg, fake, store, clock=clock, sleep=clock.sleep, dry_run=dry_run), clock
+
+
+def test_the_gittins_history_is_read_without_what_users_write(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]]
+) -> None:
+    """sacct's text prints a job name as it is, newlines and ``|`` included: the job sizes are read without names
+    and comments, so no name can forge a record of the 2D-Gittins distribution."""
+    fake = FakeSlurm(*busy)
+    daemon, _ = make(config(tmp_path, policy="tiresias-gittins"), fake, at(start_of(busy[0], 24), 60))
+    daemon.run_pass()
+    assert ("history", False) in fake.calls and ("history", True) not in fake.calls
 
 
 PREEMPTING: dict[str, object] = {
@@ -269,6 +288,25 @@ def test_unreachable_slurm_means_no_action_and_a_bounded_restart_budget(
     assert daemon.metrics.errors.labels("read")._value.get() == 3
     fake.fail_reads = 1
     assert daemon.run(once=True) == 1 and fake.calls == []
+
+
+def test_a_pass_that_fails_on_anything_is_retried_with_backoff_not_the_end_of_the_daemon(
+    tmp_path: Path, busy: tuple[list[Job], list[Node]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error no code path foresaw (here in a pass's read) counts like an unreachable Slurm: logged with its
+    traceback, retried with back-off, and the daemon exits 1 after ``max_consecutive_errors`` in a row."""
+    jobs, nodes = busy
+    cfg = config(tmp_path, max_consecutive_errors=2, interval_s=5)
+    fake = FakeSlurm(jobs, nodes)
+
+    def broken() -> list[Node]:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    fake.nodes = broken  # type: ignore[method-assign]
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 60))
+    assert daemon.run() == 1 and clock.slept == [10] and fake.calls == []
+    assert sum("pass failed" in r.getMessage() and r.exc_info is not None for r in caplog.records) == 2
+    assert daemon.run(once=True) == 1
 
 
 def test_partial_read_skips_the_pass(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:

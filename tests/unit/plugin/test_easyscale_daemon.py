@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import slurm_plugin.daemon as daemon_module
 from hpc_elastic.jobdir import JobDir
 from hpc_elastic.policy.hetero import EstProfile
 from hpc_elastic.slurm import GpuCounts, Job, Node
@@ -303,3 +304,32 @@ def test_a_restarted_daemon_holds_the_cap_until_it_lapses_then_grows_again(
     assert (regrow.old_gpus, regrow.new_gpus, regrow.gpu_type) == (2, 8, "v100")
     watch = second.store.load_grows()[es.job_id]
     assert watch.earlier == 1 and watch.after is None and watch.restart_count == 2
+
+
+def test_a_speed_model_that_fails_leaves_out_its_job_not_the_pass(
+    tmp_path: Path,
+    busy: tuple[list[Job], list[Node]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job whose speed model cannot be built from its figures (a ValueError or an overflow in the planner's
+    arithmetic) is left without a model, logged once; the pass goes on and orders both jobs."""
+    jobs, nodes = busy
+    rigid = marked(next(j for j in jobs if j.job_id == 24))
+    es = _v100_job(jobs, 2, 0)
+    cfg = config(tmp_path, policy="tiresias-las+easyscale", resize={"enabled": True})
+    fake = FakeSlurm([rigid, es], _nodes(nodes, {"node3": 2}))
+    daemon, clock = make(cfg, fake, at(start_of(jobs, 24), 600))
+
+    def overflowing(*_args: object, **_kwargs: object) -> EstProfile:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(daemon_module, "job_profile", overflowing)
+    for _ in range(2):
+        report = daemon.run_pass()
+        assert report.observation is not None and report.decision is not None
+        assert next(v.scaling for v in report.observation.jobs if v.job_id == es.job_id) is None
+        assert {v.job_id for v in report.observation.jobs} == {24, es.job_id}
+        clock.now += 30
+    logged = [r.getMessage() for r in caplog.records if "no speed model" in r.getMessage()]
+    assert len(logged) == 1 and f"job {es.job_id} left out" in logged[0] and "infinity" in logged[0]

@@ -75,3 +75,21 @@ def test_queue_lists_a_held_managed_job_without_rank(tmp_path: Path, busy: tuple
     assert row["state"] == "pending (JobHeldUser)" and row["rank"] is None and row["waiting_s"] is None
     assert row["gpus"] == waiter.gpu_count and row["attained_gpu_s"] == 0.0 and row["planned"] == ""
     assert by_id[25]["rank"] == 1 and by_id[25]["waiting_s"] is not None
+
+
+def test_queue_prints_job_names_as_plain_text(tmp_path: Path, busy: tuple[list[Job], list[Node]]) -> None:
+    """A user's job name is neither rich markup (``[/]`` would fail the view for everyone, ``[link=...]`` would
+    put hyperlinks into an admin's terminal) nor terminal escapes."""
+    jobs, nodes = busy
+    hostile = "wait[/]er[link=https://evil.example]x[/link]\x1b[5;31m\nz"
+    jobs = [dataclasses.replace(j, name=hostile) if j.job_id == 25 else j for j in jobs]
+    state = tmp_path / "state"
+    state.mkdir()
+    path = _config_file(tmp_path, state)
+    cfg = parse_config({"state_dir": str(state), "ckpt_roots": [str(tmp_path / "jobs")], **PREEMPTING})
+    daemon, _ = make(cfg, FakeSlurm(jobs, nodes), at(start_of(jobs, 24), 60))
+    daemon.run_pass()
+    table = CliRunner().invoke(cli, ["queue", "--config", str(path)])
+    assert table.exit_code == 0, table.output
+    assert "wait[/]er[link=https://evil.example]x[/link]?[5;31m?z" in table.output.replace("\n", "")
+    assert "\x1b" not in table.output

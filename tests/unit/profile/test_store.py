@@ -111,6 +111,9 @@ def test_unreadable_files(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(api.ProfileError, match="not valid JSON"):
         api.read_profile_file(bad)
+    bad.write_text('{"points": ' + "[" * 5000)  # nested past the decoder's depth
+    with pytest.raises(api.ProfileError, match="not valid JSON"):
+        api.read_profile_file(bad)
 
 
 def test_load_by_name_path_and_unique_model_name(tmp_path: Path) -> None:

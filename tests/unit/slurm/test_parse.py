@@ -311,3 +311,28 @@ def test_sacct_steps_out_of_memory_state_and_bad_lines() -> None:
 )
 def test_size_mib(text: str, mib: float | None) -> None:
     assert parse.size_mib(text) == (pytest.approx(mib) if mib is not None else None)
+
+
+def test_sacct_text_of_names_with_newlines_and_pipes_and_the_reading_without_user_text(slurm_data: Path) -> None:
+    """Captured on the dev cluster: job names with a newline and a ``|`` (1386), \\x1e (1387), and bytes sacct
+    printed as ``?``. With names, the newline splits job 1386's record in two; without the fields a user writes
+    every record reads right, with empty names and comments."""
+    with pytest.raises(SlurmParseError, match="sacct line 1: expected 23 fields"):
+        parse.parse_sacct_text(read(slurm_data, "sacct_parsable2_hostile_names.txt"))
+    jobs = parse.parse_sacct_text(read(slurm_data, "sacct_parsable2_no_user_text.txt"), user_text=False)
+    assert [j.job_id for j in jobs] == [1386, 1387, 1388, 1389, 1391]
+    assert all(j.name == "" and j.comment == "" and j.user == "root" for j in jobs)
+    assert [j.state for j in jobs] == [JobState.COMPLETED] * 4 + [JobState.FAILED]
+    assert jobs[-1].exit_code == 3 and jobs[0].elapsed_s == 1
+    assert parse.sacct_text_fields(user_text=False) == tuple(
+        f for f in parse.SACCT_TEXT_FIELDS if f not in {"JobName", "Comment"}
+    )
+
+
+def test_text_records_end_at_newlines_only() -> None:
+    """A name with \\x1e, \\x0c or \\u2028 (str.splitlines would end a record there) stays in its field."""
+    names = [name for name, _ in parse.SQUEUE_TEXT_FIELDS]
+    for odd in ("rs\x1ename", "ff\x0cname", "ls\u2028x", "nel\x85x"):
+        row = {name: "" for name in names} | {"job_id": "7", "name": odd, "state": "PENDING", "user": "alice"}
+        (job,) = parse.parse_squeue_text(parse.FIELD_SEPARATOR.join(row[n] for n in names) + "\n")
+        assert job.name == odd and job.job_id == 7

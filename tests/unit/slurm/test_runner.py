@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hpc_elastic.slurm.errors import JobNotFound, PermissionDenied, SlurmCommandError, SlurmUnavailable
+from hpc_elastic.slurm.parse import parse_squeue_json
 from hpc_elastic.slurm.runner import RetryPolicy, Runner, backoff_delays, classify
 
 
@@ -129,3 +131,14 @@ def test_backoff_is_capped_exponential_with_jitter() -> None:
         RetryPolicy(attempts=0)
     with pytest.raises(ValueError, match="base <= cap"):
         RetryPolicy(base_s=5, cap_s=1)
+
+
+def test_output_that_is_not_utf8_is_read_with_replacements(slurm_data: Path) -> None:
+    """squeue --json of Slurm 22.05 passes a job name's bytes through as they are (captured: a name and a comment
+    with byte 0xff); the real executor reads them with U+FFFD instead of failing the daemon's pass."""
+    path = slurm_data / "squeue_hostile_name.json"
+    assert b"\xff" in path.read_bytes()
+    out = Runner(10.0).run(["cat", str(path)]).stdout
+    jobs = {job.job_id: job for job in parse_squeue_json(out)}
+    assert jobs[1392].name == "pay\ufffdload\nname|x" and jobs[1392].comment == "hpc-elastic:v=1\ufffd|y"
+    assert jobs[1386].name == "nl\nname|x" and jobs[1389].name == "ls\u2028x"  # (JSON escapes, and UTF-8 as is)
