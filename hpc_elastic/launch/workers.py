@@ -36,6 +36,8 @@ from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.est.levels import child_environment as determinism_environment
 from hpc_elastic.slurm import commands
+from hpc_elastic.slurm.errors import SlurmUnavailable
+from hpc_elastic.slurm.runner import spawn
 
 MPIRUN_FLAGS = ("--oversubscribe", "--bind-to", "none")
 
@@ -255,17 +257,14 @@ def start_workers(
         env = child_environment({**base, **extra}, environ)
         try:
             if logs is None:
-                procs.append(subprocess.Popen(list(command), env=env, start_new_session=True))
+                procs.append(spawn(command, env))
                 return
             logs.mkdir(parents=True, exist_ok=True)
             with open(logs / log_name, "ab") as out:
-                proc = subprocess.Popen(
-                    list(command), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            procs.append(proc)
-        except FileNotFoundError as exc:
+                procs.append(spawn(command, env, output=out))
+        except SlurmUnavailable as exc:
             WorkerGroup(procs, kill_timeout_s).stop()
-            raise HpcElasticError(f"cannot start the workers: {command[0]} not found") from exc
+            raise HpcElasticError(f"cannot start the workers: {exc}") from exc
 
     if step.launcher is Launcher.LOCAL and step.backend is Backend.TORCH:
         for rank in range(step.ntasks):

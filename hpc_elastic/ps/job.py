@@ -57,6 +57,7 @@ from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
 from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.ps.rpc import Client, PeerUnavailable
 from hpc_elastic.slurm import commands
+from hpc_elastic.slurm.runner import spawn
 from hpc_elastic.slurm.types import Step
 
 #: how long a server process may take to listen
@@ -220,7 +221,7 @@ class PsJob:
         if self.launcher is PsLauncher.SRUN:
             pending = STEP_PENDING_S if node is not None else None
             argv = commands.srun_single(argv, name=name, cpus=cpus, mem_mb=mem_mb, node=node, immediate_s=pending)
-        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
+        popen = spawn(argv, output=log, cwd=os.getcwd(), new_session=False)
         if node is not None:
             self._held[popen.pid] = (node, cpus)
         if self.launcher is PsLauncher.LOCAL and pin and len(self._free_cores) >= cpus:

@@ -14,8 +14,9 @@ import random
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 from hpc_elastic.env import child_environment
 from hpc_elastic.slurm.errors import JobNotFound, PermissionDenied, SlurmCommandError, SlurmUnavailable
@@ -165,12 +166,29 @@ def _text(value: str | bytes | None) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start a long-running Slurm step (``srun``/``mpirun``) in its own process group, so that the wrapper
-    can signal it and everything it started as one (``os.killpg``), and nothing outlives the wrapper."""
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    output: IO[bytes] | None = None,
+    cwd: str | None = None,
+    new_session: bool = True,
+) -> subprocess.Popen[bytes]:
+    """Start a long-running step (``srun``, ``mpirun``, or the workers themselves on one host) and return at once:
+    ``output`` takes its stdout and stderr (else they are ours); ``new_session``: in its own process group, so that
+    the wrapper can signal it and everything it started as one (``os.killpg``). ``SlurmUnavailable`` when the
+    command is not installed."""
     command = list(argv)
     log.info("starting %s", command)
     try:
-        return subprocess.Popen(command, env=env, shell=False, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            stdout=output,
+            stderr=None if output is None else subprocess.STDOUT,
+            shell=False,
+            start_new_session=new_session,
+        )
     except FileNotFoundError as exc:
-        raise SlurmUnavailable(f"{command[0]} not found: are Slurm's client commands installed?") from exc
+        raise SlurmUnavailable(f"{command[0]} not found: is it installed?") from exc

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_elastic.slurm.errors import JobNotFound, PermissionDenied, SlurmCommandError, SlurmUnavailable
 from hpc_elastic.slurm.parse import parse_squeue_json
-from hpc_elastic.slurm.runner import RetryPolicy, Runner, backoff_delays, classify
+from hpc_elastic.slurm.runner import RetryPolicy, Runner, backoff_delays, classify, spawn
 
 
 class FakeExecute:
@@ -142,3 +142,16 @@ def test_output_that_is_not_utf8_is_read_with_replacements(slurm_data: Path) -> 
     jobs = {job.job_id: job for job in parse_squeue_json(out)}
     assert jobs[1392].name == "pay\ufffdload\nname|x" and jobs[1392].comment == "hpc-elastic:v=1\ufffd|y"
     assert jobs[1386].name == "nl\nname|x" and jobs[1389].name == "ls\u2028x"  # (JSON escapes, and UTF-8 as is)
+
+
+def test_spawn_starts_a_step_with_its_output_and_its_own_process_group(tmp_path: Path) -> None:
+    log = tmp_path / "step.log"
+    with log.open("ab") as out:
+        proc = spawn(["sh", "-c", "echo out; echo err >&2; ps -o pgid= -p $$"], {"PATH": "/usr/bin:/bin"}, output=out)
+    assert proc.wait(timeout=30) == 0
+    lines = log.read_text().split()
+    assert lines[:2] == ["out", "err"] and int(lines[2]) == proc.pid  # the leader of its own group
+    inherited = spawn(["sh", "-c", "exit 0"], new_session=False, cwd=str(tmp_path))
+    assert inherited.wait(timeout=30) == 0
+    with pytest.raises(SlurmUnavailable, match="no-such-srun not found"):
+        spawn(["no-such-srun", "--version"])
