@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any
 
 import click
 
 from hpc_elastic import __version__
-from hpc_elastic.errors import HpcElasticError
-
-USAGE_EXIT_CODE = 2
-
-
-class UserError(click.ClickException):
-    """One clear line on stderr and exit code 2 (bad input, Slurm unreachable, ...)."""
-
-    exit_code = USAGE_EXIT_CODE
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"hpc-elastic: error: {self.format_message()}", err=True)
-
+from hpc_elastic.cli.group import Group
 
 #: the subcommands, each imported only when it is invoked (its module imports what it needs at its top: a command
 #: that trains needs torch, ``hpc-elastic queue`` does not)
@@ -40,29 +26,7 @@ COMMANDS = {
 }
 
 
-class Group(click.Group):
-    """A click group whose subcommands load when used, and that maps library errors to :class:`UserError`."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *COMMANDS})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
-        if target is None:
-            return super().get_command(ctx, cmd_name)
-        module, attr = target.split(":")
-        command: click.Command = getattr(importlib.import_module(module), attr)
-        return command
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (HpcElasticError, ValueError) as exc:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            raise UserError(message) from exc
-
-
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpc-elastic")
 @click.option("-v", "--verbose", count=True, help="More log output (-v: info, -vv: debug).")
 def cli(verbose: int) -> None:

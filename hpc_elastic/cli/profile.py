@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from hpc_elastic.cli.main import Group
+from hpc_elastic.cli.group import Group
 from hpc_elastic.env import read_environment
 from hpc_elastic.plotting import pyplot
 from hpc_elastic.profile.measure import ProfileRequest, run_profile
