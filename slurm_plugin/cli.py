@@ -1,7 +1,6 @@
-"""``hpc-elastic-sched``: run the scheduler daemon, or show its view of the managed jobs.
+"""``hpc-elastic-sched``: run the scheduler daemon (its view of the managed jobs: ``hpc-elastic queue``).
 
     hpc-elastic-sched --config site-config/hpc-elastic.toml [--once] [--dry-run]
-    hpc-elastic-sched --config site-config/hpc-elastic.toml queue [--json]
 
 Exit codes: 0 ok, 1 Slurm unreachable past the restart budget, 2 bad configuration, 3 (``--once``) the pass
 was skipped because Slurm's answers were partial, 4 another daemon holds the lock.
@@ -9,7 +8,6 @@ was skipped because Slurm's answers were partial, 4 another daemon holds the loc
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -27,7 +25,6 @@ from slurm_plugin.config import ConfigError, PluginConfig, load_config
 from slurm_plugin.daemon import CapabilityLookup, Daemon, DaemonLocked, SkewLookup, StopRequested, state_lock
 from slurm_plugin.easyscale import Capability, profiled_rates
 from slurm_plugin.metrics import Metrics
-from slurm_plugin.queue_view import NoState, load_state, render
 from slurm_plugin.store import Store
 
 log = logging.getLogger("hpc-elastic-sched")
@@ -114,20 +111,16 @@ def _load(path: Path) -> PluginConfig:
         sys.exit(2)
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(path_type=Path), required=True, help="TOML configuration")
 @click.option("--once", is_flag=True, help="run one pass and exit")
 @click.option("--dry-run", is_flag=True, help="log the actions a pass would take; change nothing")
 @click.option("--no-metrics", is_flag=True, help="do not serve Prometheus metrics")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-@click.pass_context
-def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_level: str) -> None:
+def main(*, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_level: str) -> None:
     """Tiresias scheduling for Slurm: order, checkpointed preemption, placement, elastic size."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     config = _load(config_path)
-    if ctx.invoked_subcommand is not None:
-        ctx.obj = config
-        return
     environment = read_environment()
     runner = Runner(timeout_s=environment.slurm_timeout_s, retry=RetryPolicy())
     client = connect(environment, runner)
@@ -163,22 +156,6 @@ def main(ctx: click.Context, *, config_path: Path, once: bool, dry_run: bool, no
     finally:
         store.close()
     sys.exit(code)
-
-
-@main.command("queue")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.pass_obj
-def queue(config: PluginConfig, as_json: bool) -> None:
-    """Managed jobs as of the daemon's last pass: queue, attained service, rank, nodes, planned action."""
-    try:
-        doc = load_state(config.state_dir)
-    except NoState as exc:
-        click.echo(f"hpc-elastic-sched: {exc}", err=True)
-        sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(doc["jobs"], indent=1, sort_keys=True))
-        return
-    render(doc)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The managed jobs as of the daemon's last pass (``state.json`` in the state directory), for people.
 
-Used by ``hpc-elastic queue`` and ``hpc-elastic-sched queue``. Reads one file; renders with rich.
+Used by ``hpc-elastic queue``. Reads one file; renders with rich.
 """
 
 from __future__ import annotations
