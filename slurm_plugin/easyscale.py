@@ -226,7 +226,7 @@ def span_nodes(
         raise ValueError(f"a split needs positive GPU counts per type, got {dict(split)!r}")
     names = [name for name, _, _ in free]
     if len(set(names)) != len(names):
-        raise ValueError("a node appears twice in the free GPUs")
+        raise ValueError(f"a node appears twice in the free GPUs: {sorted({n for n in names if names.count(n) > 1})}")
     usable = sorted(((n, t, f) for n, t, f in free if t in want and f > 0), key=lambda row: node_order_key(row[0]))
     if len(usable) > SPAN_SEARCH_NODES:  # the nodes with the most free GPUs of each type
         usable = sorted(usable, key=lambda row: -row[2])[:SPAN_SEARCH_NODES]

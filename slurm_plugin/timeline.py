@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_elastic.slurm import Job, JobState
+from slurm_plugin.actions import ActionKind
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def resize_actions(actions: Iterable[Mapping[str, Any]], job_ids: Iterable[int] 
     out = []
     for a in actions:
         if (
-            a.get("kind") != "resize"
+            a.get("kind") != ActionKind.RESIZE
             or not isinstance(a.get("time"), int | float)
             or not isinstance(a.get("job_id"), int)
         ):

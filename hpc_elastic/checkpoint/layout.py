@@ -120,7 +120,7 @@ def parse_manifest(text: str) -> Manifest:
     try:
         doc = json.loads(text)
     except ValueError:
-        raise ValueError("manifest is not JSON") from None
+        raise ValueError(f"manifest is not JSON: {text[:80]!r}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"manifest must be a JSON object, got {type(doc).__name__}")
     if doc.get("format") != FORMAT:

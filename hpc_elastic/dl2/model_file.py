@@ -74,7 +74,10 @@ class ModelFile:
             )
         rows = self.layers("policy.rows")
         if rows and (rows[0][0].shape[1] != self.spec.columns + 1 or rows[-1][0].shape[0] != 3):
-            raise ValueError("model file: the per-job head does not fit the spec")
+            raise ValueError(
+                f"model file: the per-job head ({rows[0][0].shape[1]} inputs, {rows[-1][0].shape[0]} outputs) does not"
+                f" fit the spec ({self.spec.columns + 1} inputs, 3 outputs)"
+            )
         try:
             return Network(layers, rows, self.spec.columns)
         except ValueError as exc:

@@ -89,7 +89,10 @@ class GradientReducer:
         sizes = [p.numel() for p in params]
         planned = [s.numel for b in layout.buckets for s in b.slots]
         if planned != sizes:
-            raise ValueError("the bucket layout does not match the model's parameters (different sizes or order)")
+            raise ValueError(
+                "the bucket layout does not match the model's parameters (different sizes or order): layout "
+                f"{planned[:8]}{'...' if len(planned) > 8 else ''}, model {sizes[:8]}{'...' if len(sizes) > 8 else ''}"
+            )
         self.params = list(params)
         self.layout = layout
         self.num_ests = num_ests

@@ -20,6 +20,7 @@ Pure: frozen dataclasses in, frozen dataclasses out; no clock, command or file.
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -225,7 +226,8 @@ class SlotInput:
                 raise ValueError(f"job {job.job_id}: job_type {job.job_type} is not one of {len(self.types)} types")
         order = [(job.arrival, job.job_id) for job in self.jobs]
         if order != sorted(order):
-            raise ValueError("slot jobs must be in arrival order (then job id)")
+            first = next(b for a, b in itertools.pairwise(order) if b < a)
+            raise ValueError(f"slot jobs must be in arrival order (then job id): job {first[1]} comes too late")
 
     def job_type(self, job: SlotJob) -> JobType:
         return self.types[job.job_type]

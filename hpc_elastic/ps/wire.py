@@ -43,7 +43,7 @@ def encode(header: Mapping[str, Any], arrays: Mapping[str, npt.NDArray[Any]] | N
 def decode(data: bytes) -> tuple[dict[str, Any], Arrays]:
     """The header and the arrays (read-only views into ``data``) of a message; ValueError if it is not one."""
     if len(data) < 8 or data[:4] != MAGIC:
-        raise ValueError("not a PS message (bad magic)")
+        raise ValueError(f"not a PS message (bad magic {bytes(data[:4])!r})")
     (n,) = struct.unpack_from("<I", data, 4)
     try:
         doc = json.loads(data[8 : 8 + n])

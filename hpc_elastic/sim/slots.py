@@ -177,7 +177,7 @@ class SlotSimulator:
     def __init__(self, config: SlotConfig, jobs: Sequence[SlotTraceJob]) -> None:
         ids = [job.job_id for job in jobs]
         if len(set(ids)) != len(ids):
-            raise ValueError("job ids of a slot trace must be unique")
+            raise ValueError(f"job ids of a slot trace must be unique: {sorted({i for i in ids if ids.count(i) > 1})}")
         for job in jobs:
             if job.job_type >= len(config.types):
                 raise ValueError(f"job {job.job_id}: job_type {job.job_type} is not one of {len(config.types)}")

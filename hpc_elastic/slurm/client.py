@@ -184,7 +184,8 @@ class CliSlurm:
         if (script_path is None) == (script_text is None):
             raise ValueError("submit needs exactly one of script_path and script_text")
         if script_text is not None and not script_text.startswith("#!"):
-            raise ValueError("a batch script must start with '#!' (e.g. #!/bin/bash)")
+            first = script_text.split("\n", 1)[0][:60]
+            raise ValueError(f"a batch script must start with '#!' (e.g. #!/bin/bash), got {first!r}")
         argv = commands.sbatch(script_path, options)
         out = self.runner.run(argv, stdin=script_text, idempotent=False).stdout
         return parse.parse_sbatch_parsable(out)
