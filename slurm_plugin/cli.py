@@ -25,7 +25,7 @@ from slurm_plugin.config import ConfigError, PluginConfig, load_config
 from slurm_plugin.daemon import CapabilityLookup, Daemon, DaemonLocked, SkewLookup, StopRequested, state_lock
 from slurm_plugin.easyscale import Capability, profiled_rates
 from slurm_plugin.metrics import Metrics
-from slurm_plugin.store import Store
+from slurm_plugin.store import Store, StoreUnavailable
 
 log = logging.getLogger("hpc-elastic-sched")
 
@@ -121,13 +121,17 @@ def main(*, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_
     """Tiresias scheduling for Slurm: order, checkpointed preemption, placement, elastic size."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     config = _load(config_path)
-    environment = read_environment()
+    try:
+        environment = read_environment()
+        store = Store(config.state_dir, read_only=dry_run)
+    except (ValueError, StoreUnavailable) as exc:
+        click.echo(f"hpc-elastic-sched: {exc}", err=True)
+        sys.exit(2)
     runner = Runner(timeout_s=environment.slurm_timeout_s, retry=RetryPolicy())
     client = connect(environment, runner)
     metrics = Metrics()
     if config.metrics.enabled and not no_metrics and not once:
         metrics.serve(config.metrics.address, config.metrics.port)
-    store = Store(config.state_dir, read_only=dry_run)
     daemon = Daemon(
         config,
         client,

@@ -13,7 +13,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
@@ -44,6 +52,21 @@ class _Section(BaseModel):
     #: no NaN or infinity anywhere unless a field says so (an infinite wait would never end)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_coercion(cls, value: Any, info: ValidationInfo) -> Any:
+        """A flag must be a TOML boolean and a number a TOML number: ``manage_all = "yes"`` or ``interval_s = "10"``
+        is a mistake to name, not a value to convert (pydantic would read them as true and 10.0)."""
+        kind = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"must be a number, got {value!r}")
+        return value
+
+
+#: the signals ``[preemption] signal`` may name (scancel's names): those a job can catch
+CATCHABLE_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT", "QUIT", "ALRM", "WINCH"})
 
 #: the longest any wait or period of the daemon may be (a week): beyond it a value is a typo
 WEEK_S = 7 * 24 * 3600.0
@@ -105,8 +128,10 @@ class PreemptionConfig(_Section):
     @field_validator("signal")
     @classmethod
     def _signal(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Z0-9]{1,8}", value):
-            raise ValueError(f"signal must be a signal name such as USR1, got {value!r}")
+        """A signal a job can catch (the wrapper checkpoints on ``USR1``): never KILL or STOP, which would end or
+        freeze the job without its checkpoint."""
+        if value not in CATCHABLE_SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(sorted(CATCHABLE_SIGNALS))}, got {value!r}")
         return value
 
 
@@ -251,9 +276,11 @@ def parse_config(data: dict[str, Any], source: str = "config") -> PluginConfig:
 def load_config(path: Path) -> PluginConfig:
     """Read and validate the TOML file; the state directory must exist and be writable."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start})"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
     problems: list[str] = []

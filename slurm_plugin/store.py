@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import secrets
 import sqlite3
 import time
@@ -175,20 +176,50 @@ def _load_rows(db: sqlite3.Connection) -> dict[int, JobRecord]:
     return out
 
 
+#: sqlite's words for a database it cannot reach, as opposed to one whose content is bad
+_UNAVAILABLE = re.compile(r"unable to open|readonly|read-only|locked|disk I/O|disk is full|permission", re.IGNORECASE)
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be opened or written (permissions, a read-only or full filesystem, a lock): its
+    records are kept as they are, and the daemon does not start."""
+
+
 class Store:
     """SQLite store of :class:`JobRecord` and small key/value metadata."""
 
     def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
         self.path = state_dir / DB_NAME
         self.read_only = read_only
+        if not read_only:
+            self._check_access()
         try:
             self._db = self._open()
+        except sqlite3.OperationalError as exc:
+            if not read_only and _UNAVAILABLE.search(str(exc)):  # the filesystem or a lock, not the file's content
+                raise StoreUnavailable(f"job records at {self.path}: {exc}") from None
+            self._db = self._recover(exc)
         except (sqlite3.DatabaseError, ValueError) as exc:  # not a database, malformed, a wrong schema
-            if read_only:  # a dry run reads nothing it cannot trust, and moves nothing
-                log.warning("job records at %s are unreadable (%s): a dry run starts from Slurm alone", self.path, exc)
-                self._db = self._empty()
-            else:
-                self._db = self._rebuild(exc)
+            self._db = self._recover(exc)
+
+    def _check_access(self) -> None:
+        """The daemon's user must be able to write the state directory and the database (and its WAL files)."""
+        paths = [self.path.parent] + [
+            p for p in (self.path.with_name(self.path.name + s) for s in ("", "-wal", "-shm")) if p.exists()
+        ]
+        for path in paths:
+            if not os.access(path, os.R_OK | os.W_OK | (os.X_OK if path.is_dir() else 0)):
+                raise StoreUnavailable(
+                    f"job records at {self.path}: {path} is not readable and writable by uid {os.getuid()}"
+                )
+
+    def _recover(self, exc: Exception) -> sqlite3.Connection:
+        """A database whose content cannot be trusted: a dry run starts from Slurm alone and moves nothing; the
+        daemon moves it aside and starts an empty one (:meth:`_rebuild`)."""
+        if self.read_only:
+            log.warning("job records at %s are unreadable (%s): a dry run starts from Slurm alone", self.path, exc)
+            return self._empty()
+        return self._rebuild(exc)
 
     def _empty(self) -> sqlite3.Connection:
         db = sqlite3.connect(":memory:")

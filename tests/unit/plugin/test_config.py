@@ -79,6 +79,15 @@ def test_missing_state_dir_key_and_relative_paths() -> None:
         ({"tiresias": {"refit_tolerance": 0.9}}, "tiresias.refit_tolerance"),
         ({"tiresias": {"refit_pack_limit": "sometimes"}}, "tiresias.refit_pack_limit"),
         ({"tiresias": {"promote_knob": float("nan")}}, "tiresias.promote_knob"),
+        # no coercion: a string or a boolean where a flag or a number belongs is a mistake, not a value
+        ({"manage_all": "yes"}, "manage_all: must be true or false"),
+        ({"interval_s": "10"}, "interval_s: must be a number"),
+        ({"max_consecutive_errors": True}, "max_consecutive_errors: must be a number"),
+        ({"placement": {"pin_nodes": "y"}}, "placement.pin_nodes: must be true or false"),
+        # a signal the job cannot catch would end or freeze it without its checkpoint
+        ({"preemption": {"signal": "KILL"}}, "preemption.signal: signal must be one of"),
+        ({"preemption": {"signal": "STOP"}}, "preemption.signal"),
+        ({"preemption": {"signal": "FOO"}}, "preemption.signal"),
     ],
 )
 def test_values_out_of_bounds_are_refused(override: dict[str, object], where: str) -> None:
@@ -102,6 +111,17 @@ def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     broken.write_text("state_dir = \n")
     result = CliRunner().invoke(main, ["--config", str(broken)])
     assert result.exit_code == 2 and "not valid TOML" in result.output
+    undecodable = tmp_path / "latin1.toml"
+    undecodable.write_bytes(f'state_dir = "{tmp_path}"\n# caf\xe9\n'.encode("latin-1"))
+    result = CliRunner().invoke(main, ["--config", str(undecodable)])
+    assert result.exit_code == 2 and "latin1.toml: not UTF-8 text (byte" in result.output
+    good = tmp_path / "good.toml"
+    good.write_text(f'state_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(main, ["--config", str(good), "--once"], env={"HPC_ELASTIC_SLURM_TIMEOUT": "abc"})
+    assert result.exit_code == 2 and "HPC_ELASTIC_SLURM_TIMEOUT" in result.output and result.exception is not None
+    (tmp_path / "state.sqlite3").mkdir()
+    result = CliRunner().invoke(main, ["--config", str(good), "--once"])
+    assert result.exit_code == 2 and "unable to open database file" in result.output
 
 
 def test_skew_comes_from_the_profiles_largest_tensor_share() -> None:

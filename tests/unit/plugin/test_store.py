@@ -3,7 +3,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from slurm_plugin.store import JobRecord, Store
+import pytest
+
+from slurm_plugin.store import JobRecord, Store, StoreUnavailable
 
 
 def test_records_survive_a_reopen(tmp_path: Path) -> None:
@@ -60,6 +62,26 @@ def test_a_file_that_is_not_a_database_is_moved_aside_and_rebuilt(tmp_path: Path
     aside = [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name]
     assert len(aside) == 1 and aside[0].startswith("state.sqlite3.corrupt-")
     assert (tmp_path / aside[0]).read_bytes().startswith(b"this is not SQLite")  # kept for a post-mortem
+
+
+def test_a_database_that_cannot_be_opened_is_unavailable_and_never_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Permissions, a read-only filesystem or a lock say nothing of the records: nothing is moved aside or lost."""
+    first = Store(tmp_path)
+    first.save([JobRecord(job_id=4, first_seen=1.0, waiting_since=1.0)])
+    first.close()
+    monkeypatch.setattr("os.access", lambda path, mode: Path(path).name != "state.sqlite3")
+    with pytest.raises(StoreUnavailable, match="state.sqlite3 is not readable and writable by uid"):
+        Store(tmp_path)
+    monkeypatch.undo()
+    assert set(Store(tmp_path, read_only=True).load()) == {4}
+    other = tmp_path / "other"
+    (other / "state.sqlite3").mkdir(parents=True)  # sqlite: "unable to open database file"
+    with pytest.raises(StoreUnavailable, match="unable to open database file"):
+        Store(other)
+    assert sorted(p.name for p in other.iterdir()) == ["state.sqlite3"]
+    assert set(Store(tmp_path).load()) == {4}
 
 
 def test_a_damaged_page_or_an_impossible_row_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
