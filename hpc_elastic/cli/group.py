@@ -25,7 +25,8 @@ class UserError(click.ClickException):
 class Group(click.Group):
     """A click group whose subcommands named in ``lazy`` (name -> ``"module:attribute"``) are imported only when
     used (a command that trains needs torch, ``hpc-elastic queue`` does not), and that maps library errors
-    (:class:`~hpc_elastic.errors.HpcElasticError`, ``ValueError``) to :class:`UserError`."""
+    (:class:`~hpc_elastic.errors.HpcElasticError`, ``ValueError``) and the system's (``OSError``: a path that cannot
+    be written) to :class:`UserError`."""
 
     def __init__(self, *args: Any, lazy: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,3 +49,6 @@ class Group(click.Group):
         except (HpcElasticError, ValueError) as exc:
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise UserError(message) from exc
+        except OSError as exc:  # a path the user gave that cannot be written or read (permissions, a full disk)
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise UserError(f"{where}{exc.strerror or exc}") from exc
