@@ -7,6 +7,7 @@ MODEL (``package.module:factory``, protocol in :mod:`hpc_elastic.models`) and wr
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import sys
 from collections.abc import Iterator
@@ -230,7 +231,29 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
     sizes = parse_batch_sizes(batch_sizes)
     shards = parse_positive_ints(ps_shards, "--ps-shards")
     cap = parse_size(memory_cap) if memory_cap is not None else None
+    # checked here for both ways: a submitted job would fail on what the local run refuses
+    request = ProfileRequest(
+        model_spec=model,
+        device=parse_device("cuda") if submit and gpu_type is not None else device_spec,
+        batch_sizes=sizes,
+        iters=iters,
+        warmup=warmup,
+        repeats=repeats,
+        max_batch=max_batch,
+        memory_cap_bytes=cap,
+        measure_memory=not no_memory_limit,
+        shard_counts=shards,
+        name=name,
+        device_type=device_type,
+        seed=seed,
+        threads=threads,
+        clock=StepClock(clock),
+    )
     if submit:
+        if parsed.script is not None and not Path(parsed.script).expanduser().is_file():
+            raise ValueError(f"MODEL {model!r}: no script {parsed.script}")
+        if parsed.module is not None and importlib.util.find_spec(parsed.module.split(".")[0]) is None:
+            raise ValueError(f"MODEL {model!r}: no module {parsed.module.split('.')[0]!r} to import")
         forwarded: list[tuple[str, str | None]] = [
             (flag, str(value))
             for flag, value in (
@@ -266,24 +289,6 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
         return
     if partition is not None or gpu_type is not None:
         raise click.UsageError("--partition and --gpu-type go with --submit")
-
-    request = ProfileRequest(
-        model_spec=model,
-        device=device_spec,
-        batch_sizes=sizes,
-        iters=iters,
-        warmup=warmup,
-        repeats=repeats,
-        max_batch=max_batch,
-        memory_cap_bytes=cap,
-        measure_memory=not no_memory_limit,
-        shard_counts=shards,
-        name=name,
-        device_type=device_type,
-        seed=seed,
-        threads=threads,
-        clock=StepClock(clock),
-    )
     with _progress_bar(not quiet) as bar:
         task = bar.add_task(f"profiling {model}", total=None) if bar is not None else None
 
@@ -312,7 +317,6 @@ def _submit(
         raise click.UsageError("--submit needs --partition")
     options = [*forwarded, ("--profiles-dir", str(directory.resolve())), ("--quiet", None)]
     logs = directory.resolve() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create the directory of --output
     request = SubmitRequest(
         partition=partition,
         gpu_type=gpu_type,
@@ -323,6 +327,7 @@ def _submit(
         program=(sys.executable, "-m", "hpc_elastic"),
     )
     client = connect(read_environment())
+    logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create the directory of --output
     job_id = client.submit(options=sbatch_options(request), script_text=job_script(request))
     click.echo(f"submitted profile job {job_id}: {shlex.join(build_sbatch_argv(request))}")
     click.echo(f"  runs: {shlex.join(profile_job_command(request))}")

@@ -296,6 +296,38 @@ def test_submit_a_script_passes_its_absolute_path(
     assert f"profile run {training_script} --batch-sizes auto" in call["script_text"]
 
 
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--iters", "0"], "iters must be an integer >= 1"),
+        (["--repeats", "-1"], "repeats must be an integer >= 1"),
+        (["--threads", "0"], "threads must be a positive integer"),
+        (["--name", "../evil"], "a profile name takes"),
+        (["--clock", "process", "--gpu-type", "a100"], "a CUDA profile needs the wall clock"),
+        (["--time-limit", "bogus"], "time limit must look like"),
+    ],
+)
+def test_submit_refuses_what_the_local_run_refuses_before_anything_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], fragment: str
+) -> None:
+    fake = FakeSlurm()
+    monkeypatch.setattr("hpc_elastic.cli.profile.connect", lambda environment=None: fake)
+    profiles = tmp_path / "profiles"
+    result = invoke("profile", "run", TINY, "--submit", "--partition", "gpu", "--profiles-dir", str(profiles), *extra)
+    assert result.exit_code == 2 and fragment in result.stderr and len(result.stderr.splitlines()) == 1
+    assert fake.calls == [] and not profiles.exists()
+
+
+def test_submit_refuses_a_model_that_is_not_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeSlurm()
+    monkeypatch.setattr("hpc_elastic.cli.profile.connect", lambda environment=None: fake)
+    monkeypatch.chdir(tmp_path)
+    for model, fragment in (("missing.py", "no script missing.py"), ("nosuchpkg.mod:f", "no module 'nosuchpkg'")):
+        result = invoke("profile", "run", model, "--submit", "--partition", "gpu")
+        assert result.exit_code == 2 and fragment in result.stderr
+    assert fake.calls == []
+
+
 def test_submit_needs_a_partition() -> None:
     result = invoke("profile", "run", TINY, "--submit")
     assert result.exit_code == 2
