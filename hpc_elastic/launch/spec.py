@@ -224,6 +224,9 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError("--workers-range and --ps-range need --mode ps")
     if spec.gpus < 0:
         raise ValueError(f"--gpus must be >= 0, got {spec.gpus}")
+    for flag, count in (("--gpus", spec.gpus), ("--procs", spec.procs), ("--workers", spec.workers)):
+        if count is not None and count > MAX_ESTS:  # the deterministic sum's bound on N, hence on M too
+            raise ValueError(f"{flag} must be at most {MAX_ESTS}, got {count}")
     check_balance(spec.balance, spec.level)
     if spec.balance is BalanceMode.LBBSP and (
         spec.logical_workers != spec.processes or spec.elastic_range != (spec.processes, spec.processes)

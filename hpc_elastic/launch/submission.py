@@ -65,8 +65,9 @@ def batch_script(spec: SubmitSpec) -> str:
 def submit_spec(spec: SubmitSpec, slurm: SlurmClient) -> int:
     """Check ``spec`` against the cluster, create its checkpoint root and submit it; the job id."""
     check_against_cluster(spec, slurm)
+    script = batch_script(spec)  # (renders the marker, which checks its counts) before anything is made
     spec.ckpt_root.mkdir(parents=True, exist_ok=True)
-    return slurm.submit(script_text=batch_script(spec))
+    return slurm.submit(script_text=script)
 
 
 def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:

@@ -30,6 +30,8 @@ def script(tmp_path: Path) -> Path:
         (["--account=a;b"], "bad --account 'a;b'"),
         (["--balance=fast"], "balance mode must be one of none, est, lbbsp, got 'fast'"),
         (["--balance=est", "--level=d0"], "balance mode est needs determinism level d1 or d2"),
+        (["--gpus=20000"], "--gpus must be at most 16384, got 20000"),
+        (["--workers=99999999"], "--workers must be at most 16384, got 99999999"),
     ],
 )
 def test_bad_submit_is_one_line_and_exit_2(
@@ -37,8 +39,9 @@ def test_bad_submit_is_one_line_and_exit_2(
 ) -> None:
     monkeypatch.setenv("HPC_ELASTIC_SLURM_BACKEND", "cli")
     monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))  # nothing could be submitted
-    result = CliRunner().invoke(cli, ["submit", str(script), f"--ckpt-root={tmp_path}", *options])
-    assert result.exit_code == 2
+    root = tmp_path / "jobs"
+    result = CliRunner().invoke(cli, ["submit", str(script), f"--ckpt-root={root}", *options])
+    assert result.exit_code == 2 and not root.exists()
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("hpc-elastic: error: ")
     assert message in result.stderr and result.stdout == ""
 
