@@ -30,6 +30,10 @@ COLUMNS = (
 )
 
 
+#: what every job entry of the state must hold (the table reads them)
+_REQUIRED = ("job_id", "name", "state", "gpus", "queue", "attained_gpu_s")
+
+
 class NoState(ValueError):
     """The daemon has not written its state yet (or it is unreadable)."""
 
@@ -44,6 +48,10 @@ def load_state(state_dir: Path) -> dict[str, Any]:
         raise NoState(f"daemon state {path} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise NoState(f"daemon state {path} has no job list")
+    for job in doc["jobs"]:
+        missing = [key for key in _REQUIRED if not isinstance(job, dict) or key not in job]
+        if missing:
+            raise NoState(f"daemon state {path}: a job entry lacks {', '.join(missing)}: {str(job)[:80]}")
     return doc
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import secrets
 import shutil
 import sys
@@ -312,6 +313,8 @@ def verify_determinism(
         raise ValueError(f"--workers must be >= 1, got {workers}")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
     if resize_at is not None and not 0 < resize_at < steps:
         raise ValueError(f"--resize-at must be in [1, {steps - 1}] for --steps {steps}, got {resize_at}")
     if script is not None and not script.is_file():
@@ -332,7 +335,6 @@ def verify_determinism(
         root = read_environment().gpfs_root / "verify" / f"{int(time.time())}-{secrets.token_hex(3)}"
     else:
         root = Path(tempfile.mkdtemp(prefix="hpc-elastic-verify-"))
-    root.mkdir(parents=True, exist_ok=True)
     runner: Runner
     if submit:
         slurm = connect(read_environment())
@@ -359,6 +361,7 @@ def verify_determinism(
     else:
         command = (sys.executable, str(target), *script_args)
         runner = LocalRunner(root, command, backend=be, workers=workers, level=lvl, timeout_s=timeout)
+    root.mkdir(parents=True, exist_ok=True)  # once every option and the cluster agreed
     click.echo(
         f"verify-determinism: N={workers} ESTs, procs {','.join(map(str, counts))}, {steps} steps, "
         f"{be.value}, level {lvl.value}, {'as Slurm jobs' if submit else 'local processes'}, workdir {root}"

@@ -129,7 +129,7 @@ class _Row:
             value = int(float(raw)) if "." in raw or "e" in raw.lower() else int(raw)
             if float(raw) != value:
                 raise ValueError
-        except ValueError:
+        except (ValueError, OverflowError):  # (1e400: an infinity has no integer)
             raise self.fail(f"column {column!r} must be an integer, got {raw!r}") from None
         if value < minimum:
             raise self.fail(f"column {column!r} must be >= {minimum}, got {raw!r}")

@@ -28,6 +28,8 @@ from hpc_elastic.slurm import Job, JobState, SlurmClient
         (["--steps", "4", "--resize-at", "4"], "--resize-at must be in [1, 3] for --steps 4, got 4"),
         (["--workers", "0"], "--workers must be >= 1, got 0"),
         (["/nonexistent/train.py"], "training script /nonexistent/train.py does not exist"),
+        (["--timeout", "-1"], "--timeout must be a finite number of seconds > 0, got -1.0"),
+        (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
     ],
 )
 def test_verify_cli_rejects_bad_input_with_one_line(args: list[str], message: str) -> None:

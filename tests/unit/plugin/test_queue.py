@@ -49,6 +49,11 @@ def test_queue_shows_the_last_pass(tmp_path: Path, busy: tuple[list[Job], list[N
 def test_queue_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
     missing = CliRunner().invoke(cli, ["queue", "--config", str(_config_file(tmp_path, tmp_path))])
     assert missing.exit_code == 2 and "no daemon state in" in missing.output
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    (incomplete / "state.json").write_text('{"jobs": [{"job_id": 1}]}')
+    out = CliRunner().invoke(cli, ["queue", "--config", str(_config_file(tmp_path, incomplete))])
+    assert out.exit_code == 2 and "a job entry lacks name, state, gpus, queue, attained_gpu_s" in out.output
     bad = tmp_path / "bad.toml"
     bad.write_text(f'state_dir = "{tmp_path}"\ninterval_s = -1\nfrobnicate = 1\n')
     out = CliRunner().invoke(cli, ["queue", "--config", str(bad)])

@@ -78,6 +78,11 @@ def test_philly_style_trace(tmp_path: Path) -> None:
             "job_id,num_gpu,submit_time,duration\n1,2,0,-4\n",
             r":2: column 'duration' must be a finite number >= 0.0, got '-4'",
         ),
+        (
+            "tiresias",
+            "job_id,num_gpu,submit_time,duration\n1,1e400,0,10\n",
+            r":2: column 'num_gpu' must be an integer, got '1e400'",
+        ),
         ("tiresias", "job_id,num_gpu,submit_time\n1,2,0\n", r":1: header lacks column\(s\) duration"),
         ("tiresias", "job_id,num_gpu,submit_time,duration\n1,0,0,5\n", r":2: column 'num_gpu' must be >= 1, got '0'"),
         ("tiresias", "job_id,num_gpu,submit_time,duration\n1,1,0,5,7\n", r":2: more fields than the header"),
