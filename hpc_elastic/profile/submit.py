@@ -13,6 +13,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hpc_elastic.slurm import commands
+
 _SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 DEFAULT_TIME_LIMIT = "00:30:00"
@@ -85,7 +87,7 @@ def job_script(request: SubmitRequest) -> str:
 
 def build_sbatch_argv(request: SubmitRequest) -> list[str]:
     """The full sbatch argv; :func:`job_script` goes to its standard input."""
-    return ["sbatch", "--parsable", *sbatch_options(request)]
+    return commands.sbatch(None, sbatch_options(request))
 
 
 def remote_run_args(

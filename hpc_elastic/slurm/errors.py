@@ -26,7 +26,7 @@ class SlurmCommandError(SlurmError):
         self.argv = tuple(argv)
         self.returncode = returncode
         self.stderr = stderr.strip()
-        detail = message or _first_line(self.stderr) or f"exit code {returncode}"
+        detail = message or first_line(self.stderr) or f"exit code {returncode}"
         super().__init__(f"{self.argv[0] if self.argv else 'slurm'}: {detail}")
 
 
@@ -42,8 +42,6 @@ class SlurmParseError(SlurmError):
     """Slurm's output could not be understood (an unexpected format or version)."""
 
 
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
+def first_line(text: str, default: str = "") -> str:
+    """The first line of ``text`` that is not blank, stripped; ``default`` when there is none."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), default)

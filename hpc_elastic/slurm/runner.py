@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from hpc_elastic.env import child_environment
-from hpc_elastic.slurm.errors import JobNotFound, PermissionDenied, SlurmCommandError, SlurmUnavailable
+from hpc_elastic.slurm.errors import (
+    JobNotFound,
+    PermissionDenied,
+    SlurmCommandError,
+    SlurmUnavailable,
+    first_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,22 +86,18 @@ def classify(
     """The typed error for a finished command, or None when it succeeded."""
     failed = returncode != 0
     if failed and not stderr.strip() and re.search(r"\bis DOWN\b", stdout):  # `scontrol ping`
-        return SlurmUnavailable(f"{argv[0]}: Slurm is not reachable: {_first_line(stdout)}")
+        return SlurmUnavailable(f"{argv[0]}: Slurm is not reachable: {first_line(stdout, 'no message')}")
     if not failed and argv and argv[0] in _STDERR_CHECKED_ON_SUCCESS and _NOT_FOUND.search(stderr):
         return JobNotFound(argv, returncode, stderr)
     if not failed:
         return None
     if _UNAVAILABLE.search(stderr):
-        return SlurmUnavailable(f"{argv[0]}: Slurm is not reachable: {_first_line(stderr)}")
+        return SlurmUnavailable(f"{argv[0]}: Slurm is not reachable: {first_line(stderr, 'no message')}")
     if _NOT_FOUND.search(stderr):
         return JobNotFound(argv, returncode, stderr)
     if _DENIED.search(stderr):
         return PermissionDenied(argv, returncode, stderr)
     return SlurmCommandError(argv, returncode, stderr)
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "no message")
 
 
 Execute = Callable[..., "subprocess.CompletedProcess[str]"]
