@@ -129,7 +129,7 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
 @click.option(
     "--plot",
     "plot_path",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, dir_okay=False),
     help="Write a PNG: JCT CDF, queue length and GPU utilisation over time, per policy.",
 )
 @click.option("--load-scale", type=float, default=1.0, show_default=True, help="Divide inter-arrival times by this.")

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from hpc_elastic.policy.types import NodeView
 
+#: the largest simulated cluster: 100k nodes of 64 GPUs (a 10M-node cluster takes GBs before a pass)
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 64
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 _ALIASES = {
     "name": ("name", "sn", "node", "hostname"),
@@ -42,6 +45,8 @@ def parse_cluster_spec(spec: str) -> tuple[NodeSpec, ...]:
     nodes, gpus = int(match.group(1)), int(match.group(2))
     if nodes < 1 or gpus < 1:
         raise ValueError(f"cluster needs at least one node with at least one GPU, got {spec!r}")
+    if nodes > MAX_NODES or gpus > MAX_GPUS_PER_NODE:
+        raise ValueError(f"cluster may have at most {MAX_NODES} nodes of {MAX_GPUS_PER_NODE} GPUs, got {spec!r}")
     width = len(str(nodes - 1))
     return tuple(NodeSpec(f"node{i:0{width}d}", gpus) for i in range(nodes))
 
@@ -78,8 +83,8 @@ def load_cluster_file(path: str | Path) -> tuple[NodeSpec, ...]:
             gpus = int(raw)
         except ValueError:
             raise ValueError(f"{file}:{line}: GPU count must be an integer, got {raw!r}") from None
-        if gpus < 0:
-            raise ValueError(f"{file}:{line}: GPU count must be >= 0, got {raw!r}")
+        if not 0 <= gpus <= MAX_GPUS_PER_NODE:
+            raise ValueError(f"{file}:{line}: GPU count must be in [0, {MAX_GPUS_PER_NODE}], got {raw!r}")
         if gpus == 0:
             continue
         gpu_type = (row.get(columns["gpu_type"]) or "").strip() if "gpu_type" in columns else ""
@@ -87,4 +92,6 @@ def load_cluster_file(path: str | Path) -> tuple[NodeSpec, ...]:
         nodes.append(NodeSpec(name, gpus, gpu_type, switch))
     if not nodes:
         raise ValueError(f"{file}: no node with GPUs")
+    if len(nodes) > MAX_NODES:
+        raise ValueError(f"{file}: {len(nodes)} nodes, at most {MAX_NODES}")
     return tuple(nodes)

@@ -50,6 +50,10 @@ _OVERHEAD = 2.0
 _REFERENCE = (2, 1)
 
 
+#: the most slots a generated trace's arrivals may span (38 years of 20-minute slots; drawn one slot at a time)
+MAX_ARRIVAL_SLOTS = 1_000_000
+
+
 def _comm(params_mb: float) -> float:
     """Seconds per step for one worker's push and pull of the parameters through one PS."""
     return _OVERHEAD * 2.0 * params_mb * 1e6 / _LINK
@@ -308,6 +312,11 @@ def generate(
         gpus_per_job += float(np.mean(REQUEST_PS)) * float(np.dot(weights, [t.ps_cpus for t in types]))
         capacity = float(servers.total_cpus)
     rate = load * capacity * slot_seconds / (gpus_per_job * mean_minutes * 60.0)
+    if pattern is not Arrival.BATCH and jobs / rate > MAX_ARRIVAL_SLOTS:
+        raise ValueError(
+            f"load {load!r} is too low: {jobs} jobs would arrive over ~{jobs / rate:.3g} slots, at most "
+            f"{MAX_ARRIVAL_SLOTS}"
+        )
     arrivals = _arrivals(rng, pattern, jobs, rate, diurnal)
 
     out = []

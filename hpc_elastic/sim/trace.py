@@ -143,7 +143,11 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
         raise ValueError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
     with handle:
         reader = csv.DictReader(handle)
-        header = [name.strip() for name in (reader.fieldnames or [])]
+        try:
+            fieldnames = reader.fieldnames
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(f"{path}:1: not UTF-8 text ({exc.reason})") from None
+        header = [name.strip() for name in (fieldnames or [])]
         if not header:
             raise TraceFormatError(f"{path}:1: empty file, expected a header with {', '.join(required)}")
         missing = [name for name in required if name not in header]

@@ -15,7 +15,7 @@ def test_spec() -> None:
     assert len(nodes) == 15 and {n.gpus for n in nodes} == {4} and len({n.name for n in nodes}) == 15
 
 
-@pytest.mark.parametrize("bad", ["15", "0x4", "4x0", "ax4", ""])
+@pytest.mark.parametrize("bad", ["15", "0x4", "4x0", "ax4", "", "100001x4", "4x65", "99999999x99999999"])
 def test_bad_spec(bad: str) -> None:
     with pytest.raises(ValueError, match="cluster"):
         parse_cluster_spec(bad)

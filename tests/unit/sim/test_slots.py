@@ -384,6 +384,7 @@ def test_cli_runs_and_prints_json() -> None:
         (["--policy", "nope"], "unknown slot policy 'nope'"),
         (["--trace", "x.csv"], "a trace file needs its format"),
         (["--load", "-1"], "load must be"),
+        (["--load", "1e-9"], "load 1e-09 is too low: 5 jobs would arrive over"),  # (not slot after empty slot)
         (["--variation", "2"], "variation must be"),
     ],
 )

@@ -143,3 +143,10 @@ def test_load_scale_compresses_arrivals(tmp_path: Path) -> None:
     assert [j.submit for j in trace.jobs] == [0.0, 25.0]
     with pytest.raises(ValueError, match="load scale"):
         trace.scaled(0.0)
+
+
+def test_a_header_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("job_id,num_gpu,submit_time,dur\xe9e\n".encode("latin-1"))
+    with pytest.raises(TraceFormatError, match=r"latin1\.csv:1: not UTF-8 text"):
+        load_trace(path, "tiresias")
