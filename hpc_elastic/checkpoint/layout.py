@@ -25,9 +25,13 @@ MANIFEST = "MANIFEST.json"
 PREFIX = "ckpt-"
 TMP_PREFIX = ".tmp-ckpt-"
 TRASH_PREFIX = ".trash-"
+#: a committed checkpoint being replaced by a new one of the same step: deleted once the new one is published, and
+#: a candidate to load while no ``ckpt-<step>`` exists (a save killed between the two renames)
+REPLACED_PREFIX = ".replaced-"
 #: newer checkpoints of a timeline a run abandoned, set aside (kept, never loaded, never pruned)
 ABANDONED_PREFIX = "abandoned-"
 _DIR_RE = re.compile(r"^ckpt-(\d{12})$")
+_REPLACED_RE = re.compile(r"^\.replaced-ckpt-(\d{12})-[0-9a-f]+$")
 _SHARD_RE = re.compile(r"^shard-(\d{5})\.pt$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 MAX_STEP = 10**12 - 1
@@ -55,6 +59,12 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def replaced_step(name: str) -> int | None:
+    """The step of a checkpoint set aside while a new one of its step was published, or ``None``."""
+    m = _REPLACED_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
 def shard_name(rank: int) -> str:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 100000:
         raise ValueError(f"rank must be in [0, 100000), got {rank!r}")
@@ -67,8 +77,9 @@ def rank_of_shard(name: str) -> int | None:
 
 
 def is_scratch(name: str) -> bool:
-    """A temporary or to-be-deleted directory left by an interrupted save or prune."""
-    return name.startswith((TMP_PREFIX, TRASH_PREFIX))
+    """A temporary or to-be-deleted directory left by an interrupted save or prune (a replaced checkpoint is
+    deleted only while its step has a published one: :meth:`CheckpointStore._committed_dirs`)."""
+    return name.startswith((TMP_PREFIX, TRASH_PREFIX, REPLACED_PREFIX))
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,8 @@ def open_checkpoint(path: Path) -> Checkpoint:
         manifest = layout.parse_manifest(text)
     except ValueError as exc:
         raise CorruptCheckpoint(f"checkpoint manifest in {path} is invalid: {exc}") from exc
-    if layout.step_of(path.name) != manifest.step:
+    named = layout.step_of(path.name)
+    if (named if named is not None else layout.replaced_step(path.name)) != manifest.step:
         raise CorruptCheckpoint(f"checkpoint {path} holds step {manifest.step}")
     for name, entry in manifest.files.items():
         try:
@@ -281,6 +282,8 @@ class CheckpointStore:
             if coll.rank == 0 and not self.root.is_dir():  # the first save: make the new directory durable
                 self.root.mkdir(parents=True, exist_ok=True)
                 fsync_dir(self.root.parent)
+            elif coll.rank == 0:  # a killed save's partial copy would otherwise hold its space until a commit
+                self._sweep(tmp, keep={path for _, path in self._committed_dirs()})
             tmp.mkdir(parents=True, exist_ok=True)
         self._phase("tmpdir")
         pending = PendingSave(step, final, tmp, None)
@@ -413,14 +416,17 @@ class CheckpointStore:
         # Checkpoints at this step or later belong to a timeline this run abandoned (it resumed from an earlier
         # one, e.g. because they were corrupt, or unreadable by another incarnation): move them aside, kept for
         # the user to inspect or restore, never deleted by an older timeline's commit; then publish.
+        replaced: list[Path] = []
         for step, path in self._committed_dirs():
             if step > pending.step:
                 self._set_aside(path)
-            elif step == pending.step:  # the same step again: the same bits (a retried save, a stop at resume)
-                self._discard(path)
+            elif step == pending.step:  # the same step again (a retried save, a stop at resume): the old copy stays
+                replaced.append(self._replace_aside(path))  # loadable until the new one has its name
         os.rename(tmp, final)
         fsync_dir(self.root)
         self._phase("renamed")
+        for path in replaced:
+            shutil.rmtree(path, ignore_errors=True)
         self.prune(exclude=tmp)
         self._phase("pruned")
 
@@ -429,6 +435,18 @@ class CheckpointStore:
         with contextlib.suppress(FileNotFoundError):
             os.rename(path, aside)
             fsync_dir(path.parent)
+
+    def _replace_aside(self, path: Path) -> Path:
+        """Rename a committed checkpoint of the step being published to ``.replaced-ckpt-<step>-<token>``: no
+        longer its step's name, still a candidate to load until the new one has it."""
+        aside = path.with_name(f"{layout.REPLACED_PREFIX}{path.name}-{secrets.token_hex(4)}")
+        if layout.step_of(path.name) is None:  # itself an orphan of an earlier interrupted replacement
+            aside = path
+        else:
+            os.rename(path, aside)
+            fsync_dir(path.parent)
+        self._phase("replaced")
+        return aside
 
     def _discard(self, path: Path) -> None:
         trash = path.with_name(f"{layout.TRASH_PREFIX}{path.name}-{secrets.token_hex(4)}")
@@ -461,24 +479,34 @@ class CheckpointStore:
         for step, path in committed:  # never-valid directories older than the newest good one
             if step not in valid and step not in unknown and step < newest:
                 self._discard(path)
+        self._sweep(exclude, keep={path for _, path in committed})
+        return doomed
+
+    def _sweep(self, exclude: Path | None, keep: set[Path]) -> None:
+        """Delete the leftovers of interrupted saves and prunes (not ``exclude``, the save in flight, nor the
+        replaced checkpoints in ``keep``, still candidates)."""
         if self.root.is_dir():
             for entry in self.root.iterdir():
-                if layout.is_scratch(entry.name) and entry != exclude and entry.is_dir():
+                if layout.is_scratch(entry.name) and entry != exclude and entry not in keep and entry.is_dir():
                     shutil.rmtree(entry, ignore_errors=True)
-        return doomed
 
     # -- loading --------------------------------------------------------------------------------------------
 
     def _committed_dirs(self) -> list[tuple[int, Path]]:
-        """``(step, path)`` of every ``ckpt-*`` directory, newest first (validity not checked)."""
+        """``(step, path)`` of every ``ckpt-*`` directory, and of every replaced one whose step has none (a save
+        killed between setting it aside and publishing its successor), newest first (validity not checked)."""
         if not self.root.is_dir():
             return []
-        out = []
+        out, replaced = [], []
         for entry in self.root.iterdir():
             step = layout.step_of(entry.name)
             if step is not None and entry.is_dir():
                 out.append((step, entry))
-        return sorted(out, reverse=True)
+            elif (old := layout.replaced_step(entry.name)) is not None and entry.is_dir():
+                replaced.append((old, entry))
+        published = {step for step, _ in out}
+        out += [(step, path) for step, path in replaced if step not in published]
+        return sorted(out, key=lambda item: (item[0], layout.step_of(item[1].name) is not None), reverse=True)
 
     def steps(self) -> list[int]:
         """Steps of the checkpoint directories present, newest first (validity not checked)."""

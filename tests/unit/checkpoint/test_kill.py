@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,11 @@ def child(root: str, phase: str, marker: str, mode: str) -> None:
     os._exit(0)  # reached only when the phase never happened: the parent fails on the missing marker
 
 
-def kill_at(tmp_path: Path, phase: str, mode: str) -> None:
+def kill_at(tmp_path: Path, phase: str, mode: str, target: Callable[[str, str, str, str], None] = child) -> None:
     marker = tmp_path / "marker"
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "hpc_elastic.checkpoint", __name__])
-    proc = ctx.Process(target=child, args=(str(tmp_path / "ckpt"), phase, str(marker), mode))
+    proc = ctx.Process(target=target, args=(str(tmp_path / "ckpt"), phase, str(marker), mode))
     proc.start()
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.is_alive() and time.monotonic() < deadline:
@@ -88,3 +89,49 @@ def test_kill_after_the_rename_leaves_the_new_checkpoint(tmp_path: Path) -> None
     ckpt = CheckpointStore(tmp_path / "ckpt").latest()
     assert ckpt is not None and ckpt.step == 2
     assert torch.equal(ckpt.load_shard(0)["w"], payload(2)["w"])
+
+
+def resave_child(root: str, phase: str, marker: str, mode: str) -> None:
+    """Commits steps 1 and 2, then saves step 2 again (a retried save) with other values, stopped at ``phase``."""
+    CheckpointStore(root).save(1, payload(1))
+    CheckpointStore(root).save(2, payload(2))
+
+    def hook(name: str) -> None:
+        if name == phase:
+            Path(marker).write_text(name)
+            time.sleep(120)
+
+    store = CheckpointStore(root, on_phase=hook)
+    store.save(2, {**payload(2), "w": torch.full((BIG,), 22.0)}, mode=mode)
+    store.wait()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("phase", ["manifest", "replaced"])
+def test_a_retried_save_of_a_step_keeps_the_step_loadable_at_every_kill(tmp_path: Path, phase: str) -> None:
+    """Killed after the old copy of step 2 lost its name and before the new one has it ("replaced"), the old copy
+    is still step 2's checkpoint; the next save of step 2 publishes and deletes it."""
+    kill_at(tmp_path, phase, "sync", target=resave_child)
+    root = tmp_path / "ckpt"
+    store = CheckpointStore(root)
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 2 and torch.equal(ckpt.load_shard(0)["w"], payload(2)["w"])
+    loaded = store.load_latest(lambda c: c.load_shard(0))
+    assert loaded is not None and loaded[0].step == 2
+    store.save(2, {**payload(2), "w": torch.full((BIG,), 23.0)})
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt-000000000001", "ckpt-000000000002"]
+    again = store.latest()
+    assert again is not None and float(again.load_shard(0)["w"][0]) == 23.0
+
+
+def test_a_killed_saves_partial_copy_is_gone_before_the_next_save_writes(tmp_path: Path) -> None:
+    """Not only after the next commit: a full filesystem could refuse every later save, and nothing be freed."""
+    kill_at(tmp_path, "file:shard-00000.pt", "sync")
+    root = tmp_path / "ckpt"
+    assert any(p.name.startswith(".tmp-ckpt-000000000002-") for p in root.iterdir())
+    seen: list[list[str]] = []
+    store = CheckpointStore(root, on_phase=lambda name: seen.append(sorted(p.name for p in root.iterdir())))
+    store.save(3, payload(3))
+    listing = seen[0]  # at "tmpdir": this save's own directory made, nothing written yet
+    assert not any(name.startswith(".tmp-ckpt-000000000002-") for name in listing)
+    assert "ckpt-000000000001" in listing and any(name.startswith(".tmp-ckpt-000000000003-") for name in listing)
