@@ -1,37 +1,23 @@
 """``hpc-elastic dl2``: train DL²'s policy in the slot simulator, and evaluate a model file against the baselines.
 
-A thin layer over :mod:`hpc_elastic.dl2.train` (options -> :class:`TrainConfig` -> :func:`train`) and the slot
-simulator (:mod:`hpc_elastic.sim.slots`). ``--teacher sacct`` reads the supervised samples from Slurm's accounting
-(:mod:`hpc_elastic.slurm`, then the pure :mod:`hpc_elastic.policy.dl2_history`; DL² §4.2).
+A thin layer over :mod:`hpc_elastic.dl2.train` (options -> :class:`TrainConfig` -> :func:`train`), its Slurm
+adapter :mod:`hpc_elastic.dl2.sacct` (``--teacher sacct``) and :mod:`hpc_elastic.dl2.evaluate` (options ->
+:class:`EvalConfig` -> :func:`evaluate_model`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 
 import click
 
-from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.evaluate import EvalConfig, evaluate_model
 from hpc_elastic.dl2.plot import plot_curve
-from hpc_elastic.dl2.train import CurvePoint, TrainConfig, TrainResult, base_spec, compare, save_model, train
-from hpc_elastic.env import read_environment
-from hpc_elastic.policy.dl2 import Dl2Policy
-from hpc_elastic.policy.dl2_history import (
-    HistorySamples,
-    collect,
-    history_slots,
-    partition_servers,
-    ps_partitions,
-)
-from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES, make_slot_policy
-from hpc_elastic.sim.ps_jobs import SLOT_SECONDS, Arrival, Catalogue, generate, parse_servers
-from hpc_elastic.sim.slots import SlotConfig
-from hpc_elastic.slurm import connect
+from hpc_elastic.dl2.sacct import SacctTeacher, train_on_history
+from hpc_elastic.dl2.train import Teacher, TrainConfig, TrainResult, save_model, train
+from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES
+from hpc_elastic.sim.ps_jobs import Arrival, Catalogue, parse_servers
 
 
 @click.group()
@@ -63,85 +49,6 @@ def _summary(result: TrainResult) -> dict[str, object]:
         "best_update": best.update,
         "updates": result.curve[-1].update,
     }
-
-
-class Teacher(StrEnum):
-    """Where the supervised phase's samples come from (DL² §4.2)."""
-
-    #: DRF's decisions in the simulator (the paper's teacher)
-    DRF = "drf"
-    #: the Optimus-like policy's decisions in the simulator
-    OPTIMUS = "optimus"
-    #: Slurm's decisions, from its accounting (``sacct``)
-    SACCT = "sacct"
-
-    @classmethod
-    def parse(cls, raw: str) -> Teacher:
-        try:
-            return cls(raw)
-        except ValueError:
-            raise ValueError(f"unknown --teacher {raw!r}: one of {', '.join(t.value for t in cls)}") from None
-
-
-def parse_moment(option: str, raw: str) -> datetime:
-    """An ISO 8601 date or time (UTC when it names no zone); ``ValueError`` naming the option."""
-    try:
-        moment = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{option} {raw!r} is not an ISO 8601 date or time") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class SacctTeacher:
-    """``--teacher sacct``: the window of history and the CPU partition whose PS-mode jobs teach."""
-
-    since: datetime
-    until: datetime
-    partition: str | None
-
-    def __post_init__(self) -> None:
-        if self.since >= self.until:
-            raise ValueError(f"--since {self.since.isoformat()} is not before {self.until.isoformat()}")
-
-
-def read_history(teacher: SacctTeacher, config: TrainConfig) -> tuple[HistorySamples, dict[str, object]]:
-    """Slurm's history of the window as DL²'s slots (one ``sacct`` for the jobs, one for their steps, one
-    ``sinfo`` for the partition's nodes); ``ValueError`` when it gives no sample."""
-    slurm = connect(read_environment())
-    jobs = slurm.history(teacher.since, teacher.until)
-    steps = slurm.step_history(teacher.since, teacher.until)
-    partition = teacher.partition
-    if partition is None:
-        found = sorted(ps_partitions(jobs, steps))
-        if len(found) != 1:
-            where = f"in partitions {', '.join(found)}" if found else "in no partition"
-            raise ValueError(f"PS-mode jobs since {teacher.since.isoformat()} are {where}: name one with --partition")
-        partition = found[0]
-    collected = collect(jobs, steps, partition)
-    servers = partition_servers(slurm.nodes(), partition)
-    history = history_slots(
-        base_spec(config), config.types, servers, collected.records, start=teacher.since, end=teacher.until
-    )
-    summary: dict[str, object] = {
-        "teacher": Teacher.SACCT.value,
-        "since": teacher.since.isoformat(),
-        "until": teacher.until.isoformat(),
-        "partition": partition,
-        **history.summary(),
-        "not_ps_jobs": collected.not_ps,
-        "bad_markers": collected.bad_marker,
-        "other_partition_jobs": collected.other_partition,
-        "ps_jobs_by_steps": collected.by_steps,
-    }
-    if history.samples == 0:
-        unknown = ", ".join(f"{name} ({count})" for name, count in history.unknown_types) or "none"
-        raise ValueError(
-            f"no usable samples in sacct history of partition {partition} since {teacher.since.isoformat()}: "
-            f"{history.jobs} PS-mode jobs of a DL² type (unknown types: {unknown}), {len(history.slots)} slots with "
-            f"jobs, {history.inexpressible} not expressible in DL²'s actions"
-        )
-    return history, summary
 
 
 @dl2.command("train")
@@ -215,13 +122,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     kind = Teacher.parse(teacher)
     sacct: SacctTeacher | None = None
     if kind is Teacher.SACCT:
-        if since is None:
-            raise ValueError("--teacher sacct needs --since (an ISO date)")
-        now = datetime.now(UTC)
-        start = parse_moment("--since", since)
-        if start > now:
-            raise ValueError(f"--since {since} is in the future")
-        sacct = SacctTeacher(start, parse_moment("--until", until) if until else now, partition)
+        sacct = SacctTeacher.parse(since, until, partition)
     elif since is not None or until is not None or partition is not None:
         raise ValueError("--since, --until and --partition go with --teacher sacct")
     cluster = parse_servers(servers)
@@ -235,7 +136,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         load=load,
         servers=(len(cluster.gpus), cluster.gpus[0], cluster.cpus[0]),
         catalogue=catalogue,
-        bootstrap=Teacher.DRF.value if kind is Teacher.SACCT else kind.value,
+        bootstrap=Teacher.DRF if kind is Teacher.SACCT else kind,
         max_jobs=max_jobs,
         supervised_epochs=supervised_epochs,
         rl_episodes=rl_episodes,
@@ -247,13 +148,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     if plot is not None:
         _writable(plot)
     say = None if as_json else click.echo
-    if sacct is None:
-        result = train(config, progress=say)
-    else:
-        history, described = read_history(sacct, config)
-        if say is not None:
-            say(f"sacct: {json.dumps(described)}")
-        result = train(config, progress=say, history=history.slots, teacher=described)
+    result = train(config, progress=say) if sacct is None else train_on_history(sacct, config, progress=say)
     save_model(out, result)
     if plot is not None:
         plot_curve(plot, result.supervised.losses, result.curve, result.drf_validation_jct)
@@ -263,56 +158,6 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         return
     for key, value in summary.items():
         click.echo(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
-
-
-@dataclass(frozen=True, slots=True)
-class EvalConfig:
-    """One ``dl2 evaluate`` run: the model against baselines on a generated trace."""
-
-    model: Path
-    seed: int
-    jobs: int
-    load: float
-    arrival: Arrival
-    variation: float
-    policies: tuple[str, ...]
-    plot: Path | None
-
-
-def evaluate_model(config: EvalConfig) -> dict[str, float]:
-    """Average JCT (slots) of the model (``dl2``) and of each baseline on one generated trace."""
-    loaded = model_file.load(config.model)
-    train_cfg = TrainConfig.from_dict(loaded.config)
-    policies = [make_slot_policy(name) for name in config.policies]
-    trace = generate(
-        config.seed,
-        config.jobs,
-        train_cfg.cluster,
-        arrival=config.arrival,
-        load=config.load,
-        variation=config.variation,
-        types=train_cfg.types,
-    )
-    if config.plot is not None:
-        plot_model(config.plot, loaded)
-    sim = SlotConfig(train_cfg.cluster, train_cfg.types)
-    jct = compare(Dl2Policy(loaded.network(), loaded.spec), policies, sim, trace)
-    return {name: value / SLOT_SECONDS for name, value in jct.items()}
-
-
-def plot_model(path: Path, loaded: model_file.ModelFile) -> None:
-    """The training curve stored in a model file."""
-    meta = loaded.meta
-    curve = [
-        CurvePoint(int(_num(p["update"])), int(_num(p["episode"])), _num(p["avg_jct"]), _num(p["episode_reward"]))
-        for p in meta.get("curve", [])
-    ]
-    losses = meta.get("supervised", {}).get("losses", [])
-    plot_curve(path, losses, curve, _num(meta.get("drf_validation_jct")))
-
-
-def _num(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 @dl2.command("evaluate")

@@ -59,6 +59,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +106,28 @@ from hpc_elastic.sim.slots import SlotConfig, SlotOutcome, SlotResult, SlotSimul
 #: an episode may run this many times the slots its teacher needed on the trace before it is cut, an evaluation
 #: this many times DRF's
 SLOT_BOUND_FACTOR = 4
-#: the simulated schedulers the supervised phase may imitate (§4.2), by their slot policy names
-BOOTSTRAP_TEACHERS: dict[str, Callable[[], SlotPolicy]] = {"drf": Drf, "optimus": OptimusLike}
+
+
+class Teacher(StrEnum):
+    """Where the supervised phase's samples come from (DL² §4.2)."""
+
+    #: DRF's decisions in the simulator (the paper's teacher)
+    DRF = "drf"
+    #: the Optimus-like policy's decisions in the simulator
+    OPTIMUS = "optimus"
+    #: Slurm's decisions, from its accounting (``sacct``: :mod:`hpc_elastic.dl2.sacct`)
+    SACCT = "sacct"
+
+    @classmethod
+    def parse(cls, raw: str) -> Teacher:
+        try:
+            return cls(raw)
+        except ValueError:
+            raise ValueError(f"unknown --teacher {raw!r}: one of {', '.join(t.value for t in cls)}") from None
+
+
+#: the simulated schedulers the supervised phase may imitate (§4.2): the teachers whose runs the simulator makes
+BOOTSTRAP_TEACHERS: dict[Teacher, Callable[[], SlotPolicy]] = {Teacher.DRF: Drf, Teacher.OPTIMUS: OptimusLike}
 
 
 @dataclass(frozen=True)
@@ -130,7 +151,7 @@ class TrainConfig:
     #: model on a CPU partition (``cpu``, with ``servers`` such as ``(2, 0, 8)``: a model the daemon can use there)
     catalogue: str = Catalogue.TABLE1.value
     #: the simulated scheduler the supervised phase imitates (:data:`BOOTSTRAP_TEACHERS`)
-    bootstrap: str = "drf"
+    bootstrap: Teacher = Teacher.DRF
     #: J, and the networks' shape
     max_jobs: int = 64
     width_factor: float = 0.05
@@ -215,6 +236,7 @@ class TrainConfig:
         Catalogue(self.catalogue)  # ValueError naming it
         if self.bootstrap not in BOOTSTRAP_TEACHERS:
             raise ValueError(f"bootstrap must be one of {', '.join(BOOTSTRAP_TEACHERS)}, got {self.bootstrap!r}")
+        object.__setattr__(self, "bootstrap", Teacher(self.bootstrap))  # a model file's config holds the name
         NetShape(self.width_factor, self.hidden, self.row_hidden)
 
     @property

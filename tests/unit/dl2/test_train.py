@@ -19,6 +19,7 @@ from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
 from hpc_elastic.dl2.net import NetShape, PolicyNet, inference_network, masked_log_softmax, to_arrays
 from hpc_elastic.dl2.train import (
+    Teacher,
     TrainConfig,
     TrainResult,
     base_spec,
@@ -92,7 +93,8 @@ def test_training_configuration_is_checked() -> None:
     with pytest.raises(ValueError, match="unknown training setting"):
         TrainConfig.from_dict({"nope": 1})
     with pytest.raises(ValueError, match="bootstrap must be one of drf, optimus, got 'yarn'"):
-        TrainConfig(bootstrap="yarn")
+        TrainConfig(bootstrap="yarn")  # type: ignore[arg-type]  # a model file's config holds a name
+    assert TrainConfig.from_dict({"bootstrap": "optimus"}).bootstrap is Teacher.OPTIMUS
     for fractions in ((), (0.0,), (0.5, 1.5), (float("nan"),), (True,)):
         with pytest.raises(ValueError, match="load_fractions"):
             TrainConfig(load_fractions=fractions)
@@ -196,7 +198,7 @@ def test_supervised_phase_reproduces_drf_on_held_out_traces() -> None:
 def test_the_optimus_bootstrap_imitates_the_optimus_like_policy() -> None:
     """§4.2 from another teacher: the supervised policy's validation JCT is Optimus-like's (within 5 %), which is
     below DRF's on this case; bootstrapped from DRF it is not."""
-    result = train(dataclasses.replace(SMALL, bootstrap="optimus", rl_episodes=0))
+    result = train(dataclasses.replace(SMALL, bootstrap=Teacher.OPTIMUS, rl_episodes=0))
     assert result.supervised.held_out_match >= 0.8  # against Optimus-like's decisions on the held-out traces
     checks = validation(SMALL)
     optimus = checks.jct(OptimusLike())

@@ -101,7 +101,7 @@ class Slurm:
 @pytest.fixture
 def slurm(monkeypatch: pytest.MonkeyPatch) -> Slurm:
     fake = Slurm()
-    monkeypatch.setattr("hpc_elastic.cli.dl2.connect", lambda environment=None: CliSlurm(fake, use_json=True))  # type: ignore[arg-type]
+    monkeypatch.setattr("hpc_elastic.dl2.sacct.connect", lambda environment=None: CliSlurm(fake, use_json=True))  # type: ignore[arg-type]
     return fake
 
 
@@ -151,7 +151,7 @@ def test_cli_on_captured_sacct_names_the_unknown_types(tmp_path: Path, monkeypat
         (data / "sacct_ps_history_parsable2.txt").read_text(),
         (data / "sacct_ps_step_times_parsable2.txt").read_text(),
     )
-    monkeypatch.setattr("hpc_elastic.cli.dl2.connect", lambda environment=None: CliSlurm(fake, use_json=True))  # type: ignore[arg-type]
+    monkeypatch.setattr("hpc_elastic.dl2.sacct.connect", lambda environment=None: CliSlurm(fake, use_json=True))  # type: ignore[arg-type]
     out = tmp_path / "m.dl2"
     code, text, err = run("--out", str(out), "--teacher", "sacct", "--since", "2026-11-27", *CLI_SMALL)
     assert code == 2 and not out.exists(), text + err

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 
 import hpc_elastic.launch.workers as workers_mod
 from hpc_elastic.cli.main import cli
-from hpc_elastic.cli.verify import SlurmRunner
 from hpc_elastic.collective import Backend
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.launch.spec import SubmitSpec
 from hpc_elastic.launch.workers import unavailable_reason
 from hpc_elastic.slurm import Job, JobState, SlurmClient
+from hpc_elastic.verify import SlurmRunner
 
 
 @pytest.mark.parametrize(
