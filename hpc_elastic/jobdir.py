@@ -716,17 +716,19 @@ class JobDir:
         atomic_write_bytes(self.scale_path, request.to_json().encode(), mode=0o644)
 
     def take_scale(self, stamp: int) -> ScaleRequest | None:
-        """The scale request, set aside (``scale.handled-<stamp>``) once read; None when there is none.
-        ``ValueError`` naming why one is refused: not a plain file of this user (a link, a FIFO, another owner's),
-        too large, or not a valid request."""
+        """The scale request, claimed (renamed ``scale.handled-<stamp>-<token>``) and then read, so that a request
+        written meanwhile waits under ``scale`` for the next call instead of being set aside unread; None when there
+        is none. ``ValueError`` naming why one is refused: not a plain file of this user (a link, a FIFO, another
+        owner's), too large, or not a valid request."""
+        claimed = f"{SCALE}{HANDLED}{stamp}-{secrets.token_hex(3)}"
         try:
-            data = read_owned(self.path, [CONTROL, SCALE], limit=MAX_CONTROL_BYTES, owner=os.getuid())
+            os.rename(self.control / SCALE, self.control / claimed)  # (a link is renamed, not followed)
         except FileNotFoundError:
             return None
+        try:
+            data = read_owned(self.path, [CONTROL, claimed], limit=MAX_CONTROL_BYTES, owner=os.getuid())
         except (OSError, UnsafeFile) as exc:
-            self._set_aside((SCALE,), stamp)
             raise ValueError(f"scale request refused: {exc}") from None
-        self._set_aside((SCALE,), stamp)
         return parse_scale(data.decode("utf-8", errors="replace"))
 
     def reply_scale(self, reply: ScaleReply) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import hpc_elastic.jobdir as jobdir_module
+from hpc_elastic import files
 from hpc_elastic.cli.main import cli
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment
@@ -54,7 +56,30 @@ def test_a_scale_request_round_trips_and_is_set_aside_once_read(tmp_path: Path) 
     job_dir.request_scale(request)
     assert job_dir.take_scale(11) == request
     assert job_dir.take_scale(12) is None
-    assert (job_dir.control / "scale.handled-11").exists()
+    (handled,) = job_dir.control.glob("scale.handled-11-*")
+    assert parse_scale(handled.read_text()) == request  # kept, as read
+
+
+def test_a_request_written_while_one_is_taken_waits_for_the_next_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapper claims the file before it reads it: a second ``hpc-elastic scale`` landing meanwhile is the
+    next request, never set aside unread under the first one's name."""
+    job_dir = JobDir(tmp_path / "j-1").prepare()
+    first, second = ScaleRequest(4, None, 10.0), ScaleRequest(8, None, 11.0)
+    job_dir.request_scale(first)
+    real = files.read_owned
+
+    def read_then_a_new_request(*args: Any, **kwargs: Any) -> bytes:
+        data = real(*args, **kwargs)
+        job_dir.request_scale(second)  # the user's second request, between the read and any set-aside
+        return data
+
+    monkeypatch.setattr(jobdir_module, "read_owned", read_then_a_new_request)
+    assert job_dir.take_scale(11) == first
+    monkeypatch.undo()
+    assert job_dir.take_scale(11) == second  # same second: the claimed names still differ
+    assert len(list(job_dir.control.glob("scale.handled-11-*"))) == 2 and job_dir.take_scale(12) is None
 
 
 @pytest.mark.parametrize("plant", ["link", "fifo", "large", "garbage"])
