@@ -13,6 +13,7 @@ manifest, or whose files do not match it, is not a checkpoint.  Directories bein
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -22,6 +23,8 @@ from typing import Any
 
 FORMAT = "hpc-elastic-checkpoint/1"
 MANIFEST = "MANIFEST.json"
+#: the manifest's checksum of its own content (:func:`body_sha256`)
+BODY_SHA256 = "body_sha256"
 PREFIX = "ckpt-"
 TMP_PREFIX = ".tmp-ckpt-"
 TRASH_PREFIX = ".trash-"
@@ -110,7 +113,15 @@ class Manifest:
             "files": {n: {"sha256": e.sha256, "size": e.size} for n, e in sorted(self.files.items())},
             "meta": dict(self.meta),
         }
+        doc[BODY_SHA256] = body_sha256(doc)
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def body_sha256(doc: Mapping[str, Any]) -> str:
+    """The sha256 of a manifest's content without its own checksum, in canonical JSON: a flipped bit in the
+    manifest (its step, seed or layout in ``meta``) makes the checkpoint corrupt, not a state that fails later."""
+    body = {k: v for k, v in doc.items() if k != BODY_SHA256}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _file_entry(name: str, raw: object) -> FileEntry:
@@ -136,6 +147,8 @@ def parse_manifest(text: str) -> Manifest:
         raise ValueError(f"manifest must be a JSON object, got {type(doc).__name__}")
     if doc.get("format") != FORMAT:
         raise ValueError(f"manifest format must be {FORMAT!r}, got {doc.get('format')!r}")
+    if BODY_SHA256 in doc and doc[BODY_SHA256] != body_sha256(doc):  # (manifests written before it have none)
+        raise ValueError(f"manifest content does not match its {BODY_SHA256} {str(doc[BODY_SHA256])[:16]!r}...")
     step = check_step(doc.get("step"))
     world = doc.get("world_size")
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:

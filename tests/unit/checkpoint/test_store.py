@@ -96,12 +96,20 @@ def corrupt_byte(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["flip-byte", "truncate", "delete-shard", "delete-manifest", "garbage-manifest", "manifest-wrong-step"],
+    [
+        "flip-byte",
+        "truncate",
+        "delete-shard",
+        "delete-manifest",
+        "garbage-manifest",
+        "manifest-wrong-step",
+        "manifest-meta-bit",
+    ],
 )
 def test_damaged_newest_checkpoint_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
     store = CheckpointStore(tmp_path)
-    store.save(1, shard_for(1))
-    newest = store.save(2, shard_for(2)).path
+    store.save(1, shard_for(1), meta={"seed": 3})
+    newest = store.save(2, shard_for(2), meta={"seed": 3}).path
     shard = newest / "shard-00000.pt"
     manifest = newest / "MANIFEST.json"
     if damage == "flip-byte":
@@ -114,6 +122,8 @@ def test_damaged_newest_checkpoint_falls_back_to_previous(tmp_path: Path, damage
         manifest.unlink()
     elif damage == "garbage-manifest":
         manifest.write_text("{not json")
+    elif damage == "manifest-meta-bit":  # 0x33 -> 0x37: still valid JSON, another seed (a restart would refuse it)
+        manifest.write_text(manifest.read_text().replace('"seed": 3', '"seed": 7'))
     else:
         manifest.write_text(manifest.read_text().replace('"step": 2', '"step": 3'))
     ckpt = store.latest()
@@ -393,3 +403,13 @@ def test_pipelined_hashing_writes_and_hashes_every_byte_in_order(cuts: list[int]
             assert writer.write(data[lo:hi]) == hi - lo
     assert sink.getvalue() == data
     assert (writer.hexdigest(), writer.size) == (hashlib.sha256(data).hexdigest(), len(data))
+
+
+def test_a_manifest_written_before_its_checksum_existed_still_opens(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    path = store.save(1, shard_for(1)).path
+    doc = json.loads((path / "MANIFEST.json").read_text())
+    del doc["body_sha256"]
+    (path / "MANIFEST.json").write_text(json.dumps(doc))
+    ckpt = store.latest()
+    assert ckpt is not None and ckpt.step == 1
