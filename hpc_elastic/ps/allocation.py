@@ -54,6 +54,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from hpc_elastic.checkpoint import layout
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.files import atomic_write_bytes
@@ -564,7 +565,7 @@ class PsWrapper:
             ps_job.kill_worker(worker, signal.SIGTERM)
         seq = ps_job.checkpoint()
         assert self.job.job_id is not None
-        where = self.job_dir.checkpoints / f"ckpt-{seq}"
+        where = self.job_dir.checkpoints / layout.dir_name(seq)
         self.job_dir.acknowledge(Ack(self.job.job_id, self.job.restart_count, seq, where, self.clock(), reason))
         status = ps_job.status()
         print(

@@ -1,14 +1,18 @@
 """The PS-mode job's checkpoint: the master's queues and ledger with every parameter server's partition, taken at
 one instant, written atomically through :mod:`hpc_elastic.files`.
 
-Layout under the checkpoint root::
+Layout under the checkpoint root (the directory names and the manifest of :mod:`hpc_elastic.checkpoint.layout`, so
+that ``hpc-elastic job`` lists these checkpoints as it lists an EST-mode job's)::
 
-    ckpt-<seq>/queues.json      the ShardState (TODO, DOING, failed, ledger) as JSON
-    ckpt-<seq>/ps<p>.npz        partition p: row ids, rows, Adagrad accumulators, dense arrays and theirs (no pickle)
-    LATEST                      "<seq>", written last: a checkpoint counts once LATEST names it
+    ckpt-<seq, 12 digits>/queues.json     the ShardState (TODO, DOING, failed, ledger) as JSON, and the loss curve
+    ckpt-<seq, 12 digits>/ps<p>.npz       partition p: row ids, rows, Adagrad accumulators, dense arrays (no pickle)
+    ckpt-<seq, 12 digits>/MANIFEST.json   every file's sha256 and size, written after them
+    LATEST                                "<seq>", written last: a checkpoint counts once LATEST names it
 
 Every file is written with :func:`hpc_elastic.files.atomic_write_bytes`, ``LATEST`` after all the others, so a
-master killed while saving leaves the previous checkpoint the latest. The two newest are kept.
+master killed while saving leaves the previous checkpoint the latest. The two newest are kept, and a restore
+takes the newest of them whose files match its manifest (:func:`latest`): a damaged partition or queue file
+falls back to the previous checkpoint instead of failing every restore or restoring altered queues.
 
 Partitions are keyed by global row id and array name, so a job may restore onto another number of PS: each new PS
 reads every old partition and keeps what hashes to it (:meth:`hpc_elastic.ps.server.ParameterServer.load`).
@@ -16,9 +20,12 @@ reads every old partition and keeps what hashes to it (:meth:`hpc_elastic.ps.ser
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +34,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hpc_elastic.checkpoint import layout
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.ps import wire
 from hpc_elastic.ps.shards import ShardState
 
 LATEST = "LATEST"
+QUEUES = "queues.json"
 KEEP = 2
+
+log = logging.getLogger(__name__)
 
 F32 = npt.NDArray[np.float32]
 
@@ -93,16 +104,24 @@ def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot]
     """Write checkpoint ``seq``; return its directory. The previous ones but the newest :data:`KEEP` go.
     ``losses``: the mean loss of each shard the ledger counts, in order (the job's loss curve survives a restore)."""
     root.mkdir(parents=True, exist_ok=True)
-    where = root / f"ckpt-{seq}"
+    where = root / layout.dir_name(seq)
     where.mkdir(exist_ok=True)
+    files: dict[str, layout.FileEntry] = {}
+
+    def put(name: str, data: bytes) -> None:
+        atomic_write_bytes(where / name, data)
+        files[name] = layout.FileEntry(hashlib.sha256(data).hexdigest(), len(data))
+
     for p, part in enumerate(partitions):
         buf = io.BytesIO()
         np.savez(buf, **part.to_arrays())  # type: ignore[arg-type]
-        atomic_write_bytes(where / f"ps{p}.npz", buf.getvalue())
+        put(f"ps{p}.npz", buf.getvalue())
     doc = {"seq": seq, "num_ps": len(partitions), "queues": queues.to_json(), "losses": [float(x) for x in losses]}
-    atomic_write_bytes(where / "queues.json", json.dumps(doc).encode())
+    put(QUEUES, json.dumps(doc).encode())
+    manifest = layout.Manifest(seq, len(partitions), time.time(), files, {"kind": "ps"})
+    atomic_write_bytes(where / layout.MANIFEST, manifest.to_json().encode())
     atomic_write_bytes(root / LATEST, str(seq).encode())
-    for old in sorted(root.glob("ckpt-*"), key=lambda d: _seq(d.name)):
+    for old in _dirs(root):
         if _seq(old.name) <= seq - KEEP:
             shutil.rmtree(old, ignore_errors=True)
     return where
@@ -113,31 +132,59 @@ def _seq(name: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def latest(root: Path) -> Path | None:
-    """The directory of the latest complete checkpoint, or None when there is none."""
+def _dirs(root: Path) -> list[Path]:
+    """The checkpoint directories under ``root``, newest first (``ckpt-<seq>`` of older versions too)."""
+    return sorted((d for d in root.glob("ckpt-*") if _seq(d.name) >= 0 and d.is_dir()), key=lambda d: -_seq(d.name))
+
+
+def verified(where: Path) -> bool:
+    """Whether every file of the checkpoint in ``where`` has the size and sha256 its manifest gives."""
     try:
-        seq = int((root / LATEST).read_text())
+        manifest = layout.parse_manifest((where / layout.MANIFEST).read_text())
+        if manifest.step != _seq(where.name) or QUEUES not in manifest.files:
+            return False
+        for name, entry in manifest.files.items():
+            data = (where / name).read_bytes()
+            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+                return False
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+def latest(root: Path) -> Path | None:
+    """The newest checkpoint, from the one ``LATEST`` names down, whose files match its manifest (a checkpoint of
+    a version that wrote no manifest counts when ``LATEST`` names it); None when there is none."""
+    try:
+        named = int((root / LATEST).read_text())
     except FileNotFoundError:
         return None
     except ValueError as exc:
         raise ValueError(f"{root / LATEST} does not hold a checkpoint number") from exc
-    return root / f"ckpt-{seq}"
+    for where in _dirs(root):
+        seq = _seq(where.name)
+        if seq > named:  # a save killed before its LATEST
+            continue
+        if verified(where) or (seq == named and not (where / layout.MANIFEST).exists()):
+            return where
+        log.warning("PS checkpoint %s does not match its manifest: trying the previous one", where)
+    return None
 
 
 def read_queues(where: Path) -> tuple[int, ShardState]:
     """The sequence number and the queues of the checkpoint in ``where``."""
-    doc = json.loads((where / "queues.json").read_text())
+    doc = json.loads((where / QUEUES).read_text())
     return int(doc["seq"]), ShardState.from_json(doc["queues"])
 
 
 def read_losses(where: Path) -> list[float]:
     """The per-shard mean losses the checkpoint in ``where`` holds (none in a checkpoint written without them)."""
-    doc = json.loads((where / "queues.json").read_text())
+    doc = json.loads((where / QUEUES).read_text())
     return [float(x) for x in doc.get("losses", [])]
 
 
 def read_partitions(where: Path) -> list[PsSnapshot]:
-    doc = json.loads((where / "queues.json").read_text())
+    doc = json.loads((where / QUEUES).read_text())
     parts = []
     for p in range(int(doc["num_ps"])):
         with np.load(where / f"ps{p}.npz", allow_pickle=False) as data:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hpc_elastic.jobdir import JobDir
 from hpc_elastic.ps import checkpoint, rpc, wire
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.data import NUM_SPARSE, CriteoLike, CriteoSpec, label_entropy, owner
@@ -177,7 +178,7 @@ def test_a_checkpoint_restores_onto_another_number_of_ps(tmp_path: Path) -> None
     assert before.keys() == after.keys() and all(np.array_equal(before[n], after[n]) for n in before)
     for seq in (2, 3):
         checkpoint.write(tmp_path, seq, state, [ps.snapshot() for ps in servers])
-    assert sorted(d.name for d in tmp_path.glob("ckpt-*")) == ["ckpt-2", "ckpt-3"]
+    assert sorted(d.name for d in tmp_path.glob("ckpt-*")) == ["ckpt-000000000002", "ckpt-000000000003"]
 
 
 def test_a_frozen_or_reconfigured_ps_refuses_requests_as_moved_and_loses_no_update() -> None:
@@ -229,3 +230,47 @@ def test_the_held_out_loss_is_the_workers_forward_pass_in_numpy() -> None:
                 torch.from_numpy(batch.dense))  # fmt: skip
     expected = float(F.binary_cross_entropy_with_logits(z.double(), torch.from_numpy(batch.label).double()))
     assert log_loss(spec, dense, ids, rows, batch) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("damage", ["queues", "partition", "truncated", "manifest"])
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, damage: str) -> None:
+    """Every file has its sha256 in the manifest: altered queues (still valid JSON), a flipped partition byte, a
+    truncated file or a broken manifest make the restore take the previous checkpoint, which KEEP kept."""
+    config = PsJobConfig(num_ps=1, num_samples=10, shard_size=5)
+    state = ShardManager(config.shards()).checkpoint()
+    snapshot = ParameterServer(config, 0, 1).snapshot()
+    first = checkpoint.write(tmp_path, 1, state, [snapshot], losses=[2.0])
+    second = checkpoint.write(tmp_path, 2, state, [snapshot], losses=[2.0, 1.5])
+    assert checkpoint.latest(tmp_path) == second and checkpoint.verified(second)
+    if damage == "queues":
+        queues = second / "queues.json"
+        queues.write_text(queues.read_text().replace("[2.0, 1.5]", "[7.0, 1.5]"))
+    elif damage == "partition":
+        data = bytearray((second / "ps0.npz").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (second / "ps0.npz").write_bytes(bytes(data))
+    elif damage == "truncated":
+        (second / "ps0.npz").write_bytes((second / "ps0.npz").read_bytes()[:50])
+    else:
+        (second / "MANIFEST.json").write_text("{")
+    assert checkpoint.latest(tmp_path) == first
+    assert checkpoint.read_losses(first) == [2.0]
+
+
+def test_a_checkpoint_of_the_version_without_manifests_still_restores(tmp_path: Path) -> None:
+    config = PsJobConfig(num_ps=1, num_samples=10, shard_size=5)
+    state = ShardManager(config.shards()).checkpoint()
+    where = checkpoint.write(tmp_path, 3, state, [ParameterServer(config, 0, 1).snapshot()])
+    (where / "MANIFEST.json").unlink()
+    assert checkpoint.latest(tmp_path) == where and checkpoint.read_queues(where) == (3, state)
+
+
+def test_hpc_elastic_job_lists_a_ps_jobs_checkpoints(tmp_path: Path) -> None:
+    """One layout for both modes: the job directory's listing reads a PS checkpoint's manifest too."""
+    job_dir = JobDir(tmp_path / "ps-7").prepare()
+    config = PsJobConfig(num_ps=2, num_samples=10, shard_size=5)
+    state = ShardManager(config.shards()).checkpoint()
+    servers = [ParameterServer(config, p, 2).snapshot() for p in range(2)]
+    for seq in (4, 5):
+        checkpoint.write(job_dir.checkpoints, seq, state, servers)
+    assert [(r.step, r.world_size) for r in job_dir.list_checkpoints()] == [(5, 2), (4, 2)]
