@@ -51,7 +51,9 @@ def test_daemon_kill_and_restart_keeps_attained_service(runs: tuple[MixResult, M
     with_plugin, _ = runs
     before, after = with_plugin.attained_before_kill, with_plugin.attained_after_restart
     assert before is not None and after is not None
-    assert before > MIX.threshold_gpu_s  # it was demoted: its service crossed the threshold
+    # it was demoted: its service reached the threshold (a_J >= Q_1^hi; the daemon wakes at that very moment, so
+    # with a preemption right there the record may say exactly the threshold: seen, 60.0 against 60)
+    assert before >= MIX.threshold_gpu_s
     assert after >= before  # the restarted daemon continued from the store, not from zero
     # and it did not treat the demoted job as new: no second preemption of the long job after the restart
     long_id = with_plugin.jobs["long"].job_id
