@@ -53,15 +53,15 @@ def python_as(user: str, code: str, *args: str) -> subprocess.CompletedProcess[s
     return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=200)
 
 
-def tenant_submit(workdir: Path, name: str, *options: str) -> int:
+def tenant_submit(workdir: Path, name: str, *options: str, job_name: str | None = None) -> int:
     script = workdir / f"{name}.sh"
     script.write_text(STUBBORN)
     script.chmod(0o644)
     logs = workdir / "tenant"  # the tenant's own, for its jobs' output
     logs.mkdir(exist_ok=True)
     os.chown(logs, uid(TENANT), -1)
-    out = as_user(TENANT, "sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/{name}-%j.out", *options,
-                  str(script))  # fmt: skip
+    out = as_user(TENANT, "sbatch", "--parsable", f"--job-name={job_name or name}", f"--output={logs}/{name}-%j.out",
+                  *options, str(script))  # fmt: skip
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip().split(";")[0])
 
@@ -98,7 +98,12 @@ def test_the_service_account_preempts_a_hostile_tenants_job_and_writes_nothing_o
     slurm.release([hostile])
     wait_for("the tenant's jobs to run", lambda: all(j.state.is_running for j in slurm.jobs(submitted[:2])))
     forged = tenant_submit(
-        workdir, "tr-forged", *a100, "--comment=hpc-elastic:v=1,workers=1,min=0,max=1,unit=gpu,backend=torch"
+        workdir,
+        "tr-forged",
+        *a100,
+        "--comment=hpc-elastic:v=1,workers=1,min=0,max=1,unit=gpu,backend=torch",
+        # byte 0xff (squeue --json passes it through: it once failed every pass), a newline and a | in the name
+        job_name="tr-forged\udcff\nname|x",
     )
     submitted.append(forged)  # once made every pass a partial read: no action cluster-wide
     honest = slurm.submit(
