@@ -148,7 +148,7 @@ class Daemon:
         self.capability_lookup = capability_lookup
         #: PACKLIMIT's refit (Tiresias §3.3.2): the jobs' placement reports, kept in the state store
         self._placements: tuple[PlacementReport, ...] = store.load_placements()
-        self.pack_limit = self._fitted_pack_limit()
+        self.pack_limit = self._fitted_pack_limit(self._placements)
         self.policy = build_policy(config, self.pack_limit)
         self.selection = Selection(config.manage_all, config.job_name_pattern)
         self.applier = Applier(client, config, clock=clock, dry_run=dry_run)
@@ -156,7 +156,6 @@ class Daemon:
         self._signature: frozenset[tuple[int, str, int]] | None = None
         self._recent: list[dict[str, Any]] | None = None
         self._rejected: dict[int, str] = {}  # the disqualified jobs already logged, and why
-        self._unmodelled: dict[int, str] = {}  # elastic jobs of this pass whose speed model failed, and why
         #: ``tiresias-las+easyscale``'s Role 3: the grows carried out and what the grown jobs observed since, kept
         #: in the state store (a restarted daemon goes on watching them)
         self._grows: dict[int, ScaleOutWatch] = store.load_grows()
@@ -205,7 +204,8 @@ class Daemon:
         skews = self._skews(jobs)
         reports = telemetry(self.config.ckpt_roots, self._managed(jobs))
         report.capabilities = reports.capabilities
-        profiles = self._profiles(jobs, nodes, reports, now)
+        unmodelled: dict[int, str] = {}  # elastic jobs whose speed model failed, and why
+        profiles = self._profiles(jobs, nodes, reports, now, unmodelled)
         try:
             obs = observe(jobs, nodes, records, self.selection, now=now, skews=skews, profiles=profiles)
             cluster = ClusterState.from_nodes(list(obs.nodes))
@@ -215,7 +215,7 @@ class Daemon:
             report.skipped = f"partial read, no action this pass: {exc}"
             log.warning("%s", report.skipped)
             return report
-        self._log_rejections({**obs.rejected, **self._unmodelled})
+        self._log_rejections({**obs.rejected, **unmodelled})
         self._signature = signature(obs.managed.values())
         if self.config.tiresias.refit_pack_limit:
             self._refit_pack_limit(obs, cluster, reports, now)
@@ -265,9 +265,8 @@ class Daemon:
                 runs[job_id] = (job.restart_count, uid, marker.profile.partition("@")[0])
         new = reports_of(obs.jobs, cluster, runs=runs, speeds=reports.speeds, now=now)
         placements = merge(self._placements, new)
-        t = self.config.tiresias
         try:
-            fitted = refit(placements, t.pack_limit, t.refit_tolerance)
+            fitted = self._fitted_pack_limit(placements)
         except (ValueError, ArithmeticError) as exc:  # the jobs' words: the reports of this pass are not kept
             log.warning("PACKLIMIT not refitted from this pass's placement reports: %s", exc)
             return
@@ -282,22 +281,22 @@ class Daemon:
             self.pack_limit = fitted
             self.policy = self.policy.with_options(replace(self.policy.options, pack_limit=fitted))
 
-    def _fitted_pack_limit(self) -> float:
-        """PACKLIMIT from the placement reports kept (the configured one when the refit is off)."""
+    def _fitted_pack_limit(self, placements: tuple[PlacementReport, ...]) -> float:
+        """PACKLIMIT from ``placements`` (the configured one when the refit is off)."""
         t = self.config.tiresias
-        return refit(self._placements, t.pack_limit, t.refit_tolerance) if t.refit_pack_limit else t.pack_limit
+        return refit(placements, t.pack_limit, t.refit_tolerance) if t.refit_pack_limit else t.pack_limit
 
     def _managed(self, jobs: list[Job]) -> dict[int, Job]:
         return {job.job_id: job for job in jobs if job.state.is_active and self.selection.manages(job)}
 
     def _profiles(
-        self, jobs: list[Job], nodes: list[Node], reports: Telemetry, now: float
+        self, jobs: list[Job], nodes: list[Node], reports: Telemetry, now: float, unmodelled: dict[int, str]
     ) -> dict[int, ScalingCurve] | None:
         """The elastic jobs' speed models for ``tiresias-las+easyscale`` (None for the other policies): C_i from
         the job's profile (the one its marker names, :attr:`capability_lookup`) corrected by what it observed,
         Role 3's observation of the last grow the daemon carried out, and whether its plans may span GPU types (the
-        D2 guard) (:mod:`slurm_plugin.easyscale`)."""
-        self._unmodelled = {}
+        D2 guard) (:mod:`slurm_plugin.easyscale`). A job whose figures fail its model is left out, and said in
+        ``unmodelled``."""
         if not isinstance(self.policy, TiresiasLasEasyScale):
             return None
         types = tuple(sorted({t for node in nodes for t, count in node.gpus.by_type if t and count > 0}))
@@ -319,7 +318,7 @@ class Daemon:
             try:
                 profile = job_profile(marker, job, types, seen, mixed=mixed, profiled=profiled)
             except (ValueError, ArithmeticError) as exc:  # one job's figures: that job is left out, not the pass
-                self._unmodelled[job.job_id] = f"no speed model from its profile and telemetry: {exc}"
+                unmodelled[job.job_id] = f"no speed model from its profile and telemetry: {exc}"
                 continue
             watch = self._grows.get(job.job_id)
             if watch is not None:

@@ -195,11 +195,10 @@ class Store:
             self._check_access()
         try:
             self._db = self._open()
-        except sqlite3.OperationalError as exc:
-            if not read_only and _UNAVAILABLE.search(str(exc)):  # the filesystem or a lock, not the file's content
+        except (sqlite3.DatabaseError, ValueError) as exc:  # not a database, malformed, a wrong schema ...
+            unreachable = isinstance(exc, sqlite3.OperationalError) and _UNAVAILABLE.search(str(exc))
+            if unreachable and not read_only:  # ... or the filesystem or a lock, which says nothing of the content
                 raise StoreUnavailable(f"job records at {self.path}: {exc}") from None
-            self._db = self._recover(exc)
-        except (sqlite3.DatabaseError, ValueError) as exc:  # not a database, malformed, a wrong schema
             self._db = self._recover(exc)
 
     def _check_access(self) -> None:

@@ -506,7 +506,7 @@ class CheckpointStore:
                 replaced.append((old, entry))
         published = {step for step, _ in out}
         out += [(step, path) for step, path in replaced if step not in published]
-        return sorted(out, key=lambda item: (item[0], layout.step_of(item[1].name) is not None), reverse=True)
+        return sorted(out, reverse=True)
 
     def steps(self) -> list[int]:
         """Steps of the checkpoint directories present, newest first (validity not checked)."""

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hpc_elastic.checkpoint import layout
+from hpc_elastic.checkpoint import CheckpointError, layout, open_checkpoint
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.ps import wire
 from hpc_elastic.ps.shards import ShardState
@@ -138,18 +138,14 @@ def _dirs(root: Path) -> list[Path]:
 
 
 def verified(where: Path) -> bool:
-    """Whether every file of the checkpoint in ``where`` has the size and sha256 its manifest gives."""
+    """Whether every file of the checkpoint in ``where`` has the size and sha256 its manifest gives (the check of
+    the EST checkpoints: :func:`~hpc_elastic.checkpoint.open_checkpoint`, then ``verify``)."""
     try:
-        manifest = layout.parse_manifest((where / layout.MANIFEST).read_text())
-        if manifest.step != _seq(where.name) or QUEUES not in manifest.files:
-            return False
-        for name, entry in manifest.files.items():
-            data = (where / name).read_bytes()
-            if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-                return False
-    except (OSError, UnicodeDecodeError, ValueError):
+        ckpt = open_checkpoint(where)
+        ckpt.verify()
+    except CheckpointError:
         return False
-    return True
+    return QUEUES in ckpt.manifest.files
 
 
 def latest(root: Path) -> Path | None:
