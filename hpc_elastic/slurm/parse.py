@@ -141,14 +141,27 @@ def number(value: Any) -> int | None:
     return value
 
 
+FAR_FUTURE = datetime.max.replace(tzinfo=UTC)
+"""A time past Python's last year (9999): Slurm takes ``sbatch --begin=now+3000000days``, and its squeue gives that
+job's eligible, start and end times as epoch seconds beyond it; sacct prints such a year with five digits (and cuts
+the seconds to one digit). Read as this instant, so one user's job cannot fail the parse of everyone's queue."""
+
+_FIVE_DIGIT_YEAR = re.compile(r"\s*\d{5,}-\d{2}-\d{2}T[\d:]*\s*")
+
+
 def epoch(value: Any) -> datetime | None:
-    """A UTC datetime from epoch seconds or ISO 8601 text in UTC (0, sentinels, ``N/A``, ``Unknown`` mean unset)."""
+    """A UTC datetime from epoch seconds or ISO 8601 text in UTC (0, sentinels, ``N/A``, ``Unknown`` mean unset;
+    a time past year 9999 is :data:`FAR_FUTURE`)."""
     try:
         if isinstance(value, str) and re.fullmatch(r"\s*\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\s*", value):
             return datetime.fromisoformat(value.strip()).replace(tzinfo=UTC)
+        if isinstance(value, str) and _FIVE_DIGIT_YEAR.fullmatch(value):
+            return FAR_FUTURE
         seconds = number(value)
         if seconds is None or seconds <= 0:
             return None
+        if seconds >= FAR_FUTURE.timestamp():
+            return FAR_FUTURE
         return datetime.fromtimestamp(seconds, tz=UTC)
     except (ValueError, OverflowError, OSError):
         raise SlurmParseError(f"not a date: {value!r}") from None

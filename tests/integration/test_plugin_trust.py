@@ -106,6 +106,8 @@ def test_the_service_account_preempts_a_hostile_tenants_job_and_writes_nothing_o
         job_name="tr-forged\udcff\nname|x",
     )
     submitted.append(forged)  # once made every pass a partial read: no action cluster-wide
+    # a begin time past year 9999: squeue's epoch seconds for it once failed the parse of the whole queue
+    submitted.append(tenant_submit(workdir, "tr-far", *a100, f"--comment={MARK}", "--begin=now+3000000days"))
     honest = slurm.submit(
         script_text="#!/bin/bash\nsleep 300\n",
         options=["--job-name=tr-honest", *a100, f"--comment={MARK}", f"--output={workdir}/honest-%j.out"],

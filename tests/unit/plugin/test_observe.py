@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -208,3 +209,20 @@ def test_a_resize_in_flight_outlives_the_old_allocation_completing_after_the_req
     again = replace(before[1], restart_count=1, start_time=start + timedelta(seconds=30))
     rec = advance(rec, again, at(start, 40))  # runs again: nothing in flight
     assert (rec.resize_to, rec.resize_set, rec.resize_split) == (0, 0, "")
+
+
+def test_a_job_beginning_past_year_9999_waits_and_the_rest_of_the_queue_is_scheduled(slurm_data: Path) -> None:
+    """A user's ``sbatch --begin=now+3000000days`` (captured) in a busy queue: the pass sees every other job, and
+    the far job is not eligible."""
+    busy = json.loads((slurm_data / "squeue.json").read_text())
+    far = json.loads((slurm_data / "squeue_begin_far_future.json").read_text())["jobs"][0]
+    far = {**far, "job_id": 99_999, "gres_detail": [], "tres_req_str": "cpu=1,mem=2000M,node=1,billing=1,gres/gpu=1"}
+    jobs = parse_squeue_json(json.dumps({**busy, "jobs": [*busy["jobs"], far]}))
+    (late,) = [j for j in jobs if j.job_id == 99_999]
+    assert late.eligible_time is not None and late.eligible_time.year == 9999 and late.gpu_count == 1
+    nodes = parse_sinfo_json((slurm_data / "sinfo_busy.json").read_text())
+    now = datetime.now(UTC).timestamp()
+    obs = observe(jobs, nodes, {}, Selection(manage_all=True), now=now)
+    alone = observe([j for j in jobs if j.job_id != 99_999], nodes, {}, Selection(manage_all=True), now=now)
+    assert 99_999 in obs.records and 99_999 not in {v.job_id for v in obs.jobs}
+    assert obs.jobs == alone.jobs and len(obs.jobs) >= 2

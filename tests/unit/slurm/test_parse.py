@@ -336,3 +336,30 @@ def test_text_records_end_at_newlines_only() -> None:
         row = {name: "" for name in names} | {"job_id": "7", "name": odd, "state": "PENDING", "user": "alice"}
         (job,) = parse.parse_squeue_text(parse.FIELD_SEPARATOR.join(row[n] for n in names) + "\n")
         assert job.name == odd and job.job_id == 7
+
+
+def test_a_begin_time_past_year_9999_is_the_far_future_not_a_failed_queue(slurm_data: Path) -> None:
+    """Captured on the dev cluster: ``sbatch --begin=now+3000000days`` (1939, year 10240), ``--begin=9999-12-31``
+    (1940, whose expected end is past 9999) and ``now+2900000days`` (1941). squeue gives their times as epoch
+    seconds past Python's last year, sacct the year with five digits and the seconds cut to one; before, one such
+    job failed the parse of the whole queue, and with it every pass of the daemon."""
+    raw = json.loads(read(slurm_data, "squeue_begin_far_future.json"))
+    assert raw["jobs"][0]["eligible_time"] > parse.FAR_FUTURE.timestamp()
+    jobs = {job.job_id: job for job in parse.parse_squeue_json(json.dumps(raw))}
+    assert jobs[1939].eligible_time == parse.FAR_FUTURE and jobs[1939].state is JobState.PENDING
+    assert jobs[1940].eligible_time == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    assert jobs[1941].eligible_time == datetime(9966, 11, 5, 13, 44, 51, tzinfo=UTC)
+    accounted = {
+        job.job_id: job for job in parse.parse_sacct_text(read(slurm_data, "sacct_parsable2_begin_far_future.txt"))
+    }
+    assert "10240-08-20T13:44:5|" in read(slurm_data, "sacct_parsable2_begin_far_future.txt")
+    assert (
+        accounted[1939].eligible_time == parse.FAR_FUTURE and accounted[1940].eligible_time == jobs[1940].eligible_time
+    )
+    assert {job.job_id for job in parse.parse_squeue_text(read(slurm_data, "squeue_text_begin_far_future.txt"))} == {
+        1939,
+        1940,
+        1941,
+    }
+    assert parse.epoch(int(parse.FAR_FUTURE.timestamp()) + 1) == parse.FAR_FUTURE
+    assert parse.epoch("12345-01-01T00:00:00") == parse.FAR_FUTURE
