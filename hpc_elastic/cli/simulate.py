@@ -37,6 +37,7 @@ from hpc_elastic.sim.trace import TraceFormat, load_trace
 
 #: Show a progress bar (on a terminal) from this many jobs x policies on.
 PROGRESS_FROM = 2000
+DROPPED_SHOWN = 10  # the names of the first jobs left out for their size
 
 _TABLE_COLUMNS = (
     ("avg_jct", "avg JCT s"),
@@ -284,7 +285,15 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
             err.print(f"{name}: PACKLIMIT {pack_limit:g} -> {result.pack_limit:.3g} (refitted from placements)")
     dropped = next(iter(results.values())).dropped
     if dropped:
-        err.print(f"{len(dropped)} job(s) need more GPUs than the cluster has and were left out")
+        shown = ", ".join(dropped[:DROPPED_SHOWN]) + (
+            f" and {len(dropped) - DROPPED_SHOWN} more" if len(dropped) > DROPPED_SHOWN else ""
+        )
+        err.print(
+            f"{len(dropped)} job(s) need more GPUs than the cluster has and were left out: {shown}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     metrics = {name: summarize(result) for name, result in results.items()}
     if plot_path is not None:
         _plot(results, plot_path)

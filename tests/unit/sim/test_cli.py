@@ -191,3 +191,18 @@ def test_bad_knobs_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], m
     result = runner.invoke(cli, args)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_jobs_larger_than_the_cluster_are_named_on_stderr(runner: CliRunner, tmp_path: Path) -> None:
+    """Twelve 8-GPU jobs on a 1x4 cluster: the count, the first ten names (a trace's names are shown as they are,
+    never read as markup) and how many more."""
+    path = tmp_path / "big.csv"
+    rows = ["job_id,num_gpu,submit_time,iterations,model_name,duration,interval", "ok,1,0,0,vgg16,30,7"]
+    rows += [f"b[red]{i}[/],8,{i},0,vgg16,30,7" for i in range(12)]
+    path.write_text("\n".join(rows) + "\n")
+    args = ["simulate", "--trace", str(path), "--format", "tiresias", "--cluster", "1x4", "--policy", "fifo", "--json"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    names = ", ".join(f"b[red]{i}[/]" for i in range(10))
+    assert f"12 job(s) need more GPUs than the cluster has and were left out: {names} and 2 more" in result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["fifo"]["finished"] == 1
