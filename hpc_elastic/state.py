@@ -156,11 +156,16 @@ class State:
         #: the device types this run trains on (all processes), recorded in checkpoints
         self.device_types = tuple(sorted(set(device_types)))
         self._meta = dict(meta or {})
+        _refuse_in_place_parameters(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        #: the parameters frozen when the State was built (a frozen body, an EMA teacher): not reduced, but synced
+        #: at the start and checkpointed with the trainable ones
+        self.frozen_names = [n for n, p in model.named_parameters() if not p.requires_grad]
+        self.frozen = [p for n, p in model.named_parameters() if not p.requires_grad]
         self._buffers = dict(model.named_buffers())
         self._kernels = kernels
         self.layout: BucketLayout = plan_buckets([p.numel() for p in self.params], config.bucket_elements, config.chunk)
@@ -176,6 +181,8 @@ class State:
         self._loader: ESTLoader | None = None
         self._data: tuple[Any, int, int, Any, bool] | None = None
         self.data_plan: DataPlan | None = None
+        #: the data of the checkpoint restored (:func:`_data_meta`), which a data plan attached later must match
+        self._restored_data: list[Any] | None = None
         self._clock = clock
         self._busy_s = 0.0  # time inside this process's ESTs in the current step
         self._balance = balance
@@ -235,11 +242,11 @@ class State:
         are compared first, so a job that seeded its model identically everywhere moves no tensor."""
         if self.comm.size == 1:
             return
-        mine = digest_tree([self.params, list(self._buffers.values())])
+        mine = digest_tree([self.params, self.frozen, list(self._buffers.values())])
         if len(set(self.comm.allgather_object(mine))) == 1:
             return
         coll = self.comm.collective
-        tensors = [*self.params, *self._buffers.values()]
+        tensors = [*self.params, *self.frozen, *self._buffers.values()]
         mine_or_none = [t.detach().cpu() for t in tensors] if coll.rank == 0 else []
         values: list[torch.Tensor] = coll.broadcast_object(mine_or_none)
         with torch.no_grad():
@@ -293,6 +300,13 @@ class State:
         self._ran.append(vrank)
         self._busy_s += self._clock() - started
 
+    def _show_first_est(self) -> None:
+        """Leave the module with the buffers of this process's lowest EST between steps: on the process that runs
+        EST 0 (rank 0 under contiguous placements) the live model is EST 0's, whatever M, so what a script
+        evaluates or saves from it does not depend on how many processes trained it."""
+        if self._buffers:
+            self._load_buffers(self.contexts[min(self.local_ests)])
+
     def local_steps(self) -> Iterator[ESTContext]:
         """This process's ESTs for the current global step, each one switched in while the loop body runs."""
         for v in self.local_ests:
@@ -313,6 +327,7 @@ class State:
         if sorted(self._ran) != sorted(self.local_ests):
             missing = sorted(set(self.local_ests) - set(self._ran))
             raise RuntimeError(f"step {self.step}: ESTs {missing} of this process did not run")
+        self._check_trainable()
         if self.paper is not None:  # Eq. 7: n·x_i/X before the mean of the n gradients
             self.reducer.flat_grad.mul_(self.paper.factor())
         self.reducer.reduce()
@@ -322,6 +337,7 @@ class State:
         self.reducer.zero()
         self._ran = []
         self.step += 1
+        self._show_first_est()
         busy, self._busy_s = self._busy_s, 0.0
         if self.paper is not None:
             self.paper.finish(busy)
@@ -336,6 +352,24 @@ class State:
         if self._on_step is not None:
             self._on_step(self.step)
 
+    def _check_trainable(self) -> None:
+        """The reducer sums the gradients of the parameters that were trainable when the State was built: one
+        frozen or unfrozen since would be stepped from this process's own gradients (or none), and the processes'
+        copies would part."""
+        for name, p in zip(self.param_names, self.params, strict=True):
+            if not p.requires_grad:
+                raise HpcElasticError(
+                    f"parameter {name} was trainable when the State was built and is frozen now: build the State "
+                    "with the parameters it trains (keep requires_grad, and hold it with lr=0 or a zero gradient)"
+                )
+        for name, p in zip(self.frozen_names, self.frozen, strict=True):
+            if p.requires_grad:
+                raise HpcElasticError(
+                    f"parameter {name} was frozen when the State was built and requires a gradient now: its gradient "
+                    "would not be reduced; build the State with the parameters it trains (unfreeze before, or keep "
+                    "it trainable and hold it with lr=0 or a zero gradient)"
+                )
+
     # ------------------------------------------------------------------ data (EasyScale §3.2, data workers)
 
     def attach_data(
@@ -349,6 +383,7 @@ class State:
     ) -> DataPlan:
         """Serve ``dataset`` to the ESTs: ``batch_size`` samples per EST and step, one shared loader with
         ``loader_workers`` processes, augmentation seeded per (EST, mini-batch)."""
+        self._check_data(len(dataset), batch_size, shuffle)
         self._data = (dataset, batch_size, loader_workers, collate_fn, shuffle)
         self.data_plan = DataPlan(len(dataset), self.config.num_ests, batch_size, self.config.seed, shuffle)
         self._open_paper(len(dataset), batch_size, shuffle)
@@ -396,6 +431,7 @@ class State:
     def plan_data(self, dataset_len: int, batch_size: int, *, shuffle: bool = True) -> DataPlan:
         """A data plan without a loader: :meth:`batches` then yields each EST's dataset indices, and the script
         loads the samples itself (in-memory tensors, say)."""
+        self._check_data(dataset_len, batch_size, shuffle)
         self._data = None
         if self._loader is not None:
             self._loader.close()
@@ -403,6 +439,15 @@ class State:
         self.data_plan = DataPlan(dataset_len, self.config.num_ests, batch_size, self.config.seed, shuffle)
         self._open_paper(dataset_len, batch_size, shuffle)
         return self.data_plan
+
+    def _check_data(self, dataset_len: int, batch_size: int, shuffle: bool) -> None:
+        """A data plan attached after a restore must be the checkpoint's: another one is another sample stream."""
+        restored = self._restored_data
+        if restored is not None and restored != _data_meta(dataset_len, batch_size, shuffle):
+            raise HpcElasticError(
+                f"checkpoint {self.last_checkpoint} was trained on {_describe_data(restored)}, now "
+                f"{_describe_data(_data_meta(dataset_len, batch_size, shuffle))}: another sample stream"
+            )
 
     @property
     def epoch(self) -> int:
@@ -427,6 +472,14 @@ class State:
             "width": bin_width(c.num_ests),
             "layout": self.layout.to_json(),
             "param_names": list(self.param_names),
+            "frozen_names": list(self.frozen_names),
+            "optimizer": type(self.optimizer).__name__,
+            "scheduler": type(self.scheduler).__name__ if self.scheduler is not None else None,
+            "data": (
+                _data_meta(self.data_plan.dataset_len, self.data_plan.batch_size, self.data_plan.shuffle)
+                if self.data_plan is not None
+                else None
+            ),
         }
 
     def replicated(self) -> dict[str, Any]:
@@ -435,6 +488,7 @@ class State:
         return {
             "step": self.step,
             "params": [p.detach() for p in self.params],
+            "frozen": [p.detach() for p in self.frozen],
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "extras": self.extras,
@@ -451,6 +505,16 @@ class State:
                 if tuple(t.shape) != tuple(p.shape):
                     raise ValueError(f"parameter {name} has shape {tuple(t.shape)} in the state, {tuple(p.shape)} now")
                 p.copy_(t)
+            frozen = shared.get("frozen")  # absent in checkpoints written before frozen parameters were kept
+            if frozen is not None:
+                if len(frozen) != len(self.frozen):
+                    raise ValueError(f"the state has {len(frozen)} frozen parameters, the model {len(self.frozen)}")
+                for name, p, t in zip(self.frozen_names, self.frozen, frozen, strict=True):
+                    if tuple(t.shape) != tuple(p.shape):
+                        raise ValueError(
+                            f"parameter {name} has shape {tuple(t.shape)} in the state, {tuple(p.shape)} now"
+                        )
+                    p.copy_(t)
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scheduler is not None and shared.get("scheduler") is not None:
             self.scheduler.load_state_dict(shared["scheduler"])
@@ -518,6 +582,17 @@ class State:
                 raise ValueError(
                     f"checkpoint {state.source} was written with {key}={meta.get(key)!r}, now {mine[key]!r}"
                 )
+        # recorded since frozen parameters, optimizer, scheduler and data are kept: older checkpoints lack them
+        for key in ("frozen_names", "optimizer", "scheduler"):
+            if key in meta and meta[key] != mine[key]:
+                raise HpcElasticError(
+                    f"checkpoint {state.source} was written with {key}={meta[key]!r}, now {mine[key]!r}"
+                )
+        if meta.get("data") is not None and mine["data"] is not None and meta["data"] != mine["data"]:
+            raise HpcElasticError(
+                f"checkpoint {state.source} was trained on {_describe_data(meta['data'])}, now "
+                f"{_describe_data(mine['data'])}: another sample stream"
+            )
         saved_types = tuple(meta.get("device_types") or ())
         if (
             self.config.level is not DeterminismLevel.D2
@@ -543,6 +618,7 @@ class State:
         if found is None:
             return None
         ckpt, state = found
+        self._restored_data = state.meta.get("data")
         self.load_replicated(state.shared)
         for v in self.local_ests:
             ctx = ESTContext.from_state(state.contexts[v])
@@ -550,6 +626,7 @@ class State:
                 raise HpcElasticError(f"checkpoint {state.source}: the context saved for EST {v} is EST {ctx.vrank}'s")
             self.contexts[v] = ctx
         self.last_checkpoint, self.last_step = ckpt.path, ckpt.step
+        self._show_first_est()
         self._open_loader()
         return ckpt
 
@@ -651,3 +728,28 @@ class State:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+
+
+def _refuse_in_place_parameters(model: nn.Module) -> None:
+    """Refuse the modules that change a parameter in their forward, outside the optimizer: an ``nn.Embedding``
+    with ``max_norm`` renormalises, in place, the rows the batch looks up, so each process would change only the
+    rows its own ESTs read and the processes' copies would part."""
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Embedding | nn.EmbeddingBag) and module.max_norm is not None:
+            raise HpcElasticError(
+                f"{type(module).__name__} at '{path or '<root>'}' has max_norm={module.max_norm}: it renormalises "
+                "its weight in place in every forward, outside the optimizer, so the processes' copies would part; "
+                "renormalise in the loss or after the optimizer step instead"
+            )
+
+
+def _data_meta(dataset_len: int, batch_size: int, shuffle: bool) -> list[Any]:
+    return [int(dataset_len), int(batch_size), bool(shuffle)]
+
+
+def _describe_data(data: Any) -> str:
+    try:
+        length, batch, shuffle = data
+    except (TypeError, ValueError):
+        return repr(data)
+    return f"{length} samples, batch {batch} per EST, {'shuffled' if shuffle else 'in order'}"

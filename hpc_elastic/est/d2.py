@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from hpc_elastic.est import d2_ops, d2_optim
 from hpc_elastic.models import D2_COMPOSITE_MODULES
@@ -188,8 +189,33 @@ def scan_model(model: nn.Module) -> D2Report:
     findings = []
     for path, module in model.named_modules():
         status, note = _classify(module)
+        hooks = _hooks(module)
+        if hooks and status in (D2Status.COVERED, D2Status.CONVERTIBLE):
+            # nn.utils.weight_norm / spectral_norm keep the class and reparametrise in a forward pre-hook
+            status, note = D2Status.UNKNOWN, f"{hooks} hook(s) run code the scanner cannot inspect"
         findings.append(D2Finding(path, type(module).__name__, status, note))
+    if _global_hooks():
+        findings.append(
+            D2Finding("", "module hooks", D2Status.UNKNOWN, "global module hooks run code the scanner cannot inspect")
+        )
     return D2Report(tuple(findings))
+
+
+def _hooks(module: nn.Module) -> int:
+    """How many forward and backward hooks ``module`` has (its own; torch's private tables, read only)."""
+    tables = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    return sum(len(getattr(module, table, None) or ()) for table in tables)
+
+
+def _global_hooks() -> bool:
+    """Whether ``torch.nn.modules.module.register_module_forward_hook`` and its kin hooked every module."""
+    tables = (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    )
+    return any(getattr(torch_module, table, None) for table in tables)
 
 
 def to_d2(model: nn.Module) -> nn.Module:
