@@ -74,7 +74,8 @@ def _cluster(spec: str | None, path: Path | None) -> tuple[NodeSpec, ...]:
 
 
 def _clean(value: float) -> float | None:
-    return None if math.isnan(value) else value
+    """A metric for JSON: NaN (no job finished) and ±∞ are null (JSON has no such numbers)."""
+    return value if math.isfinite(value) else None
 
 
 def _plot(results: dict[str, SimResult], path: Path) -> None:
@@ -284,12 +285,15 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
         for name, result in results.items():
             err.print(f"{name}: PACKLIMIT {pack_limit:g} -> {result.pack_limit:.3g} (refitted from placements)")
     dropped = next(iter(results.values())).dropped
+    if len(dropped) == len(jobs):
+        raise ValueError(f"every job of {trace_path.name} needs more GPUs than any pool of a GPU type it may use has")
     if dropped:
         shown = ", ".join(dropped[:DROPPED_SHOWN]) + (
             f" and {len(dropped) - DROPPED_SHOWN} more" if len(dropped) > DROPPED_SHOWN else ""
         )
         err.print(
-            f"{len(dropped)} job(s) need more GPUs than the cluster has and were left out: {shown}",
+            f"{len(dropped)} job(s) need more GPUs than any pool of a GPU type they may use has, and were left "
+            f"out: {shown}",
             markup=False,
             highlight=False,
             soft_wrap=True,

@@ -50,6 +50,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.policy.gittins import ServiceDistribution
 from hpc_elastic.policy.hetero import EstProfile, ScaleOut
 from hpc_elastic.policy.placement import PlacementSample, fit_pack_limit
@@ -68,7 +69,7 @@ from hpc_elastic.policy.types import (
 )
 from hpc_elastic.sim.cluster import NodeSpec
 from hpc_elastic.sim.models import DEFAULT_CHECKPOINT_BYTES
-from hpc_elastic.sim.trace import TraceJob
+from hpc_elastic.sim.trace import MAX_SECONDS, TraceJob
 
 DEFAULT_BANDWIDTH = 1.2e9
 """Shared-filesystem bandwidth, bytes/s: GPFS read/write throughput per machine in Tiresias's testbed (§5.1)."""
@@ -79,11 +80,18 @@ _TICK = -1
 #: the wake-up tag of a scale-out observed slower: Role 3's pass (whatever passes ran since)
 _OBSERVED = -2
 _PURGE_AT = 4096  # stale completion events the heap may hold before they leave it
+#: preemptions in a row of one job, each before it did any work, after which a replay is called stalled
+FRUITLESS_LIMIT = 1000
 # columns of the per-job state tables
 _SUBMIT, _SINCE, _OVERHEAD, _SPEED, _ATT, _EXE, _WAIT, _FIRST, _SKEW, _REMAIN, _LIMIT, _POS = range(12)
 _F_COLUMNS = 12
 _GPUS, _STATUS, _QUEUE, _MASK, _POOL, _MIN, _MAX = range(7)
 _I_COLUMNS = 7
+
+
+class ReplayStalled(HpcElasticError):
+    """A replay that cannot end under its policy: a job left waiting forever, or preempted again and again before
+    it does any work."""
 
 
 class SimModel(StrEnum):
@@ -144,7 +152,7 @@ class SimConfig:
             raise ValueError(f"simulator setting model must be a SimModel, got {self.model!r}")
         checks = {
             "bandwidth": self.bandwidth > 0,
-            "restart_overhead": self.restart_overhead >= 0,
+            "restart_overhead": 0 <= self.restart_overhead <= MAX_SECONDS,
             "default_checkpoint_bytes": self.default_checkpoint_bytes >= 0,
             "spread_slowdown": self.spread_slowdown >= 1,
             "sched_interval": self.sched_interval >= 0,
@@ -326,6 +334,8 @@ class _Replay:
         self.owed: list[float] = [0.0] * n  # restore overhead owed at the next start
         self.version: list[int] = [0] * n
         self.preempts: list[int] = [0] * n
+        #: each job's preemptions in a row that came before it did any work (its restore not done)
+        self.fruitless: list[int] = [0] * n
         self.resizes: list[int] = [0] * n
         # speed and GPUs per type of a job just checkpointed for a resize (jobs with an EstProfile)
         self.before: dict[int, tuple[float, tuple[tuple[str, int], ...]]] = {}
@@ -428,7 +438,7 @@ class _Replay:
             self.progress(self.completed, n)
         if self.completed < n:  # nothing is left to happen: a job that never ends is the policy's fault
             row = next(r for r in range(n) if math.isnan(self.end[r]))
-            raise RuntimeError(
+            raise ReplayStalled(
                 f"policy {self.policy.name} left {n - self.completed} of {n} jobs unfinished on a cluster where "
                 f"nothing else happens (first: {self.sim.jobs[row].name!r}, {int(self.sim.gpus[row])} GPUs)"
             )
@@ -675,7 +685,19 @@ class _Replay:
 
     def preempt(self, row: int, now: float) -> None:
         """Checkpoint and requeue a running job: its progress is banked, it owes a restore at its next start."""
+        before = self.fstate[_REMAIN, row]
         self.stop(row, now)
+        if self.fstate[_REMAIN, row] < before:
+            self.fruitless[row] = 0
+        else:
+            self.fruitless[row] += 1
+            if self.fruitless[row] >= FRUITLESS_LIMIT:
+                raise ReplayStalled(
+                    f"policy {self.policy.name} preempted job {self.sim.jobs[row].name!r} {FRUITLESS_LIMIT} times "
+                    f"in a row before it did any work (each restart first restores for "
+                    f"{self.stop_cost[row]:g} s): the replay would never end; a minimum run time longer than the "
+                    "restore (--min-run-time) lets every run do work"
+                )
         i = self.istate[:, row]
         i[_STATUS] = _PENDING
         gpus = i[_GPUS] = self.base_gpus[row]  # it waits for the GPUs it asked for

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.policy.hetero import est_profile
 from hpc_elastic.policy.types import LINEAR, ScalingCurve
 from hpc_elastic.sim.trace import TraceJob
@@ -110,14 +111,18 @@ def with_ests(curve: ScalingCurve, ests: int) -> ScalingCurve:
     return ScalingCurve(counts, speedups)
 
 
+#: the largest ``--elastic`` factor: a job's ESTs (its GPUs x F) are a table the replay keeps per job
+MAX_ELASTIC_FACTOR = 64.0
+
+
 def make_elastic(
     jobs: Sequence[TraceJob], factor: float, curves: Mapping[str, ScalingCurve] | None
 ) -> tuple[TraceJob, ...]:
     """Every job whose scaling is known may run on [ceil(its GPUs / ``factor``), ceil(its GPUs x ``factor``)]
     GPUs with as many ESTs as its maximum (:func:`with_ests`); without ``curves`` every job is elastic with
     linear scaling between the counts that divide its ESTs (an optimistic bound)."""
-    if not (math.isfinite(factor) and factor >= 1):
-        raise ValueError(f"the elastic factor must be a finite number >= 1, got {factor!r}")
+    if not (math.isfinite(factor) and 1 <= factor <= MAX_ELASTIC_FACTOR):
+        raise ValueError(f"the elastic factor must be a number in [1, {MAX_ELASTIC_FACTOR:g}], got {factor!r}")
     out: list[TraceJob] = []
     for job in jobs:
         curve = curve_for(job.model, curves) if curves is not None else None
@@ -125,6 +130,11 @@ def make_elastic(
             out.append(job)
             continue
         top = max(job.gpus, math.ceil(job.gpus * factor))
+        if top > MAX_ESTS:
+            raise ValueError(
+                f"job {job.name!r} (line {job.line}) would run {top} ESTs at elastic factor {factor:g}, more than the "
+                f"runtime's {MAX_ESTS}"
+            )
         scaling = with_ests(curve or LINEAR, top)
         out.append(replace(job, min_gpus=math.ceil(job.gpus / factor), max_gpus=top, scaling=scaling))
     return tuple(out)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -36,6 +36,11 @@ class TraceFormat(StrEnum):
 
 class TraceFormatError(ValueError):
     """A malformed trace row or header: the message names the file, line and bad value."""
+
+
+MAX_SECONDS = 1e9
+"""The longest duration, and the latest arrival after the trace's first, a replay takes (about 31.7 years): past
+it a job's end would overflow to infinity, and a time-slicing replay would run for days."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,18 @@ class LoadedTrace:
         if load_scale == 1.0:
             return self
         jobs = tuple(replace(job, submit=job.submit / load_scale) for job in self.jobs)
+        _check_span(jobs, self.path, f" at load scale {load_scale:g}")
         return replace(self, jobs=jobs)
+
+
+def _check_span(jobs: Sequence[TraceJob], path: str, note: str = "") -> None:
+    """The arrivals (sorted, the first at 0) end within :data:`MAX_SECONDS`."""
+    if jobs and jobs[-1].submit > MAX_SECONDS:
+        last = jobs[-1]
+        raise TraceFormatError(
+            f"{path}:{last.line}: job {last.name!r} arrives {last.submit:g} s after the first{note}, later than "
+            f"{MAX_SECONDS:g} s"
+        )
 
 
 class _Row:
@@ -202,14 +218,20 @@ def _load(
             continue
         if job is None:
             ignored += 1
-        else:
-            jobs.append(job)
+            continue
+        if job.duration > MAX_SECONDS:
+            if not skip_bad_rows:
+                raise row.fail(f"duration {job.duration:g} s is longer than {MAX_SECONDS:g} s")
+            skipped += 1
+            continue
+        jobs.append(job)
     if not jobs:
         raise TraceFormatError(f"{path}: no usable job rows ({skipped} malformed, {ignored} ignored)")
     jobs.sort(key=lambda job: (job.submit, job.line))
     first = jobs[0].submit
     if first != 0.0:
         jobs = [replace(job, submit=job.submit - first) for job in jobs]
+    _check_span(jobs, str(path))
     return LoadedTrace(str(path), fmt, tuple(jobs), skipped, ignored)
 
 

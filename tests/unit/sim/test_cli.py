@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_elastic.cli.main import cli
+from hpc_elastic.cli.simulate import _clean
 from hpc_elastic.policy import POLICY_NAMES
 from tests.unit.sim.helpers import TRACES, needs_traces
 
@@ -204,5 +205,55 @@ def test_jobs_larger_than_the_cluster_are_named_on_stderr(runner: CliRunner, tmp
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     names = ", ".join(f"b[red]{i}[/]" for i in range(10))
-    assert f"12 job(s) need more GPUs than the cluster has and were left out: {names} and 2 more" in result.stderr
+    assert (
+        f"12 job(s) need more GPUs than any pool of a GPU type they may use has, and were left out: {names} and 2 more"
+        in result.stderr
+    )
     assert json.loads(result.stdout.strip().splitlines()[-1])["fifo"]["finished"] == 1
+
+
+def test_times_past_the_replay_horizon_and_huge_elastic_factors_are_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    """A duration of 1e308 s made a job's end overflow to infinity (a traceback), a load scale of 1e-300 the
+    arrivals, and ``--elastic 1e9`` built a table of a billion ESTs per job (24 GB before the OOM killer)."""
+    head = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval"
+    cases = {
+        "long.csv": ([head, "a,1,0,0,vgg16,100,0", "b,1,5,0,vgg16,1e308,0"], [], "long.csv:3: duration 1e+308 s"),
+        "late.csv": ([head, "a,1,0,0,vgg16,100,0", "b,1,2e9,0,vgg16,5,0"], [], "late.csv:3: job 'b' arrives 2e+09 s"),
+        "scaled.csv": (
+            [head, "a,1,0,0,vgg16,100,0", "b,1,10,0,vgg16,5,0"],
+            ["--load-scale", "1e-300"],
+            "at load scale",
+        ),
+        "elastic.csv": (
+            [head, "a,1,0,0,vgg16,100,0"],
+            ["--elastic", "1e9"],
+            "elastic factor must be a number in [1, 64]",
+        ),
+        "ests.csv": ([head, "a,512,0,0,vgg16,100,0"], ["--elastic", "64"], "would run 32768 ESTs"),
+    }
+    for name, (rows, extra, message) in cases.items():
+        path = tmp_path / name
+        path.write_text("\n".join(rows) + "\n")
+        args = ["simulate", "--trace", str(path), "--format", "tiresias", "--cluster", "1x4", "--policy", "fifo"]
+        result = runner.invoke(cli, [*args, *extra])
+        assert result.exit_code == 2, (name, result.output)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_replay_that_cannot_end_and_a_trace_of_only_dropped_jobs_are_one_line(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    path = tmp_path / "pair.csv"
+    path.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\na,4,0,1,vgg19,100,0\n"
+                    "b,4,0,1,vgg19,100,0\n")  # fmt: skip
+    args = ["simulate", "--trace", str(path), "--format", "tiresias", "--policy", "tiresias-las", "--json"]
+    stalled = runner.invoke(cli, [*args, "--cluster", "1x4", "--queues", "2", "--promote-knob", "1"])
+    assert stalled.exit_code == 2 and "preempted job 'a' 1000 times in a row" in stalled.stderr
+    assert len(stalled.stderr.strip().splitlines()) == 1
+    small = runner.invoke(cli, [*args, "--cluster", "1x2"])
+    assert small.exit_code == 2 and "every job of pair.csv needs more GPUs" in small.stderr
+
+
+def test_json_metrics_are_finite_or_null() -> None:
+    assert _clean(float("inf")) is None and _clean(float("-inf")) is None and _clean(float("nan")) is None
+    assert _clean(2.5) == 2.5

@@ -21,7 +21,7 @@ from hpc_elastic.policy import (
     make_policy,
 )
 from hpc_elastic.sim.cluster import NodeSpec, parse_cluster_spec
-from hpc_elastic.sim.engine import EventKind, SimConfig, SimResult, Simulator
+from hpc_elastic.sim.engine import FRUITLESS_LIMIT, EventKind, ReplayStalled, SimConfig, SimResult, Simulator
 from hpc_elastic.sim.metrics import summarize
 from hpc_elastic.sim.trace import TraceJob
 
@@ -244,7 +244,7 @@ class _Never(TiresiasLas):
 
 def test_a_replay_that_leaves_jobs_waiting_forever_fails_loudly() -> None:
     jobs = [TraceJob("a", 0.0, 1, 10.0, line=0)]
-    with pytest.raises(RuntimeError, match="left 1 of 1 jobs unfinished.*'a'"):
+    with pytest.raises(ReplayStalled, match="left 1 of 1 jobs unfinished.*'a'"):
         Simulator(jobs, parse_cluster_spec("1x2"), _Never()).run()
 
 
@@ -350,3 +350,17 @@ def decisions(result: SimResult) -> list[tuple[float, EventKind, int, tuple[tupl
     """Starts, preemptions and completions (the queue a running job is logged in may be updated later)."""
     kinds = {EventKind.START, EventKind.PREEMPT, EventKind.COMPLETE}
     return [(round(e.time, 9), e.kind, e.job_id, e.allocation) for e in result.log if e.kind in kinds]
+
+
+def test_two_jobs_preempting_each_other_before_any_work_is_a_stalled_replay() -> None:
+    """Two 4-GPU jobs on 4 GPUs under 2D-LAS with a 2 GPU-s first queue and PROMOTEKNOB 1: each is demoted within
+    its 1 s restore and the waiting one promoted at once, so neither ever works; before, the replay ran forever.
+    With a minimum run time longer than the restore both finish."""
+    jobs = [TraceJob(name, 0.0, 4, 100.0, line=i) for i, name in enumerate("ab")]
+    options = PolicyOptions(thresholds=(2.0,), promote_knob=1.0)
+    config = SimConfig(restart_overhead=1.0, default_checkpoint_bytes=0.0)
+    with pytest.raises(ReplayStalled, match=f"preempted job 'a' {FRUITLESS_LIMIT} times in a row before it did any"):
+        Simulator(jobs, parse_cluster_spec("1x4"), make_policy("tiresias-las", options), config).run()
+    pinned = replace(options, min_run_time=5.0)
+    result = Simulator(jobs, parse_cluster_spec("1x4"), make_policy("tiresias-las", pinned), config).run()
+    assert result.finished == 2 and np.isfinite(result.end).all() and result.preemptions.sum() > 0
