@@ -337,7 +337,6 @@ class State:
         self.reducer.zero()
         self._ran = []
         self.step += 1
-        self._show_first_est()
         busy, self._busy_s = self._busy_s, 0.0
         if self.paper is not None:
             self.paper.finish(busy)
@@ -349,6 +348,7 @@ class State:
                     moved = self.balancer.observe(self.step, window.workers, self.placement)
                     if moved is not None:
                         self.rebalance(moved)
+        self._show_first_est()
         if self._on_step is not None:
             self._on_step(self.step)
 
@@ -660,6 +660,7 @@ class State:
             self.comm, self.placement = old
             raise
         self.contexts = {v: ESTContext.from_state(contexts[v]) for v in self.local_ests}
+        self._show_first_est()
         self.store = store
         self.reducer = self._reducer()
         self._open_loader()
@@ -700,6 +701,7 @@ class State:
                 raise HpcElasticError(f"rebalance: no process handed over the context of EST {v}")
         self.placement = placement
         self.contexts = contexts
+        self._show_first_est()
         self.reducer = self._reducer()
         self._open_loader()
         self.rebalances.append((self.step, placement))
