@@ -5,7 +5,7 @@ module holds between steps (those of the process's lowest EST)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,15 +19,6 @@ from hpc_elastic.est.example import AugmentedBlobs, build_model
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.session import Session
 from hpc_elastic.state import RuntimeConfig, State
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    det = torch.are_deterministic_algorithms_enabled()
-    threads = torch.get_num_threads()
-    yield
-    torch.use_deterministic_algorithms(det)
-    torch.set_num_threads(threads)
 
 
 class Distilled(nn.Module):

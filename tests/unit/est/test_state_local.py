@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,6 @@ from hpc_elastic.est.kernels import TensorKernels
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.session import Session
 from hpc_elastic.state import RuntimeConfig, State
-
-
-@pytest.fixture(autouse=True)
-def _restore_torch_globals() -> Iterator[None]:
-    det = torch.are_deterministic_algorithms_enabled()
-    threads = torch.get_num_threads()
-    yield
-    torch.use_deterministic_algorithms(det)
-    torch.set_num_threads(threads)
 
 
 class RecordingKernels(TensorKernels):
