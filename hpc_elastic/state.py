@@ -537,6 +537,7 @@ class State:
         if self._active is not None or self._ran:
             raise RuntimeError("checkpoints are taken between global steps")
         check_loadable(self.extras, "state.extras")
+        self._check_replicas()
         shared = self.replicated() if self.comm.rank == 0 else None
         contexts = {v: self.contexts[v].to_state() for v in self.local_ests}
         meta = {
@@ -551,6 +552,20 @@ class State:
         path = save_state(store, self.step, contexts, shared, meta, mode=SaveMode(mode or self.mode))
         self.last_checkpoint, self.last_step = path, self.step
         return path
+
+    def _check_replicas(self) -> None:
+        """Every process holds the same parameters (D1/D2 step them from one reduced gradient; a checkpoint keeps
+        process 0's): a difference means something changed them outside the optimizer on some processes only (a
+        forward, a hook, the script), and continuing would train on copies that have parted. Collective."""
+        if self.comm.size == 1 or self.config.level is DeterminismLevel.D0:
+            return
+        digests = self.comm.allgather_object(digest_tree([self.params, self.frozen]))
+        parted = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+        if parted:
+            raise HpcElasticError(
+                f"step {self.step}: the parameters of process(es) {parted} differ from process 0's: something changed "
+                "them outside the optimizer on some processes only (a forward, a hook or the script); not committed"
+            )
 
     def wait(self) -> Path | None:
         """Finish an asynchronous commit in flight (collective)."""
