@@ -80,6 +80,8 @@ def load_cluster_file(path: str | Path) -> tuple[NodeSpec, ...]:
             raise ValueError(f"{file}:{line}: node {name!r} appears twice")
         seen.add(name)
         try:
+            if not raw.isascii() or not raw.isdigit():
+                raise ValueError
             gpus = int(raw)
         except ValueError:
             raise ValueError(f"{file}:{line}: GPU count must be an integer, got {raw!r}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -37,6 +38,10 @@ class TraceFormat(StrEnum):
 class TraceFormatError(ValueError):
     """A malformed trace row or header: the message names the file, line and bad value."""
 
+
+#: a number as trace files write it: ASCII digits, an optional fraction and exponent (Python's ``float`` also
+#: takes ``1_0``, full-width and other scripts' digits, ``inf`` and ``nan``)
+PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 MAX_SECONDS = 1e9
 """The longest duration, and the latest arrival after the trace's first, a replay takes (about 31.7 years): past
@@ -124,10 +129,9 @@ class _Row:
         raw = self.text(column, required=required)
         if not raw:
             return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self.fail(f"column {column!r} must be a number, got {raw!r}") from None
+        if not PLAIN_NUMBER.fullmatch(raw):
+            raise self.fail(f"column {column!r} must be a number, got {raw!r}")
+        value = float(raw)
         if not math.isfinite(value) or (minimum is not None and value < minimum):
             raise self.fail(f"column {column!r} must be a finite number >= {minimum}, got {raw!r}")
         return value
@@ -142,6 +146,8 @@ class _Row:
     def integer(self, column: str, *, minimum: int = 0) -> int:
         raw = self.text(column)
         try:
+            if not PLAIN_NUMBER.fullmatch(raw):
+                raise ValueError
             value = int(float(raw)) if "." in raw or "e" in raw.lower() else int(raw)
             if float(raw) != value:
                 raise ValueError

@@ -257,3 +257,21 @@ def test_a_replay_that_cannot_end_and_a_trace_of_only_dropped_jobs_are_one_line(
 def test_json_metrics_are_finite_or_null() -> None:
     assert _clean(float("inf")) is None and _clean(float("-inf")) is None and _clean(float("nan")) is None
     assert _clean(2.5) == 2.5
+
+
+def test_numbers_in_traces_and_cluster_files_are_plain_ascii(runner: CliRunner, tmp_path: Path) -> None:
+    """Python's int and float take ``1_0``, full-width and Arabic-Indic digits: a trace or cluster file holding
+    them is one line naming the row, as for any other malformed number."""
+    head = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval"
+    for value, column in (("1_0", "num_gpu"), ("\uff11", "num_gpu"), ("\u0663", "num_gpu"), ("1_00", "duration")):
+        row = f"a,{value},0,0,vgg16,100,0" if column == "num_gpu" else f"a,1,0,0,vgg16,{value},0"
+        path = tmp_path / "t.csv"
+        path.write_text(f"{head}\n{row}\n", encoding="utf-8")
+        args = ["simulate", "--trace", str(path), "--format", "tiresias", "--cluster", "1x4", "--policy", "fifo"]
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2 and f"t.csv:2: column '{column}' must be" in result.stderr, result.output
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("name,gpus\nn1,\uff14\n", encoding="utf-8")
+    args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster-file", str(nodes)]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2 and "nodes.csv:2: GPU count must be an integer" in result.stderr
