@@ -164,8 +164,9 @@ class State:
         self.params = [p for _, p in named]
         #: the parameters frozen when the State was built (a frozen body, an EMA teacher): not reduced, but synced
         #: at the start and checkpointed with the trainable ones
-        self.frozen_names = [n for n, p in model.named_parameters() if not p.requires_grad]
-        self.frozen = [p for n, p in model.named_parameters() if not p.requires_grad]
+        frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+        self.frozen_names = [n for n, _ in frozen]
+        self.frozen = [p for _, p in frozen]
         self._buffers = dict(model.named_buffers())
         self._kernels = kernels
         self.layout: BucketLayout = plan_buckets([p.numel() for p in self.params], config.bucket_elements, config.chunk)
@@ -442,12 +443,7 @@ class State:
 
     def _check_data(self, dataset_len: int, batch_size: int, shuffle: bool) -> None:
         """A data plan attached after a restore must be the checkpoint's: another one is another sample stream."""
-        restored = self._restored_data
-        if restored is not None and restored != _data_meta(dataset_len, batch_size, shuffle):
-            raise HpcElasticError(
-                f"checkpoint {self.last_checkpoint} was trained on {_describe_data(restored)}, now "
-                f"{_describe_data(_data_meta(dataset_len, batch_size, shuffle))}: another sample stream"
-            )
+        _refuse_other_data(self.last_checkpoint, self._restored_data, _data_meta(dataset_len, batch_size, shuffle))
 
     @property
     def epoch(self) -> int:
@@ -497,24 +493,10 @@ class State:
 
     def load_replicated(self, shared: Mapping[str, Any]) -> None:
         """Set the replicated state from :meth:`replicated`'s form."""
-        saved = shared["params"]
-        if len(saved) != len(self.params):
-            raise ValueError(f"the state has {len(saved)} parameters, the model {len(self.params)}")
-        with torch.no_grad():
-            for name, p, t in zip(self.param_names, self.params, saved, strict=True):
-                if tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"parameter {name} has shape {tuple(t.shape)} in the state, {tuple(p.shape)} now")
-                p.copy_(t)
-            frozen = shared.get("frozen")  # absent in checkpoints written before frozen parameters were kept
-            if frozen is not None:
-                if len(frozen) != len(self.frozen):
-                    raise ValueError(f"the state has {len(frozen)} frozen parameters, the model {len(self.frozen)}")
-                for name, p, t in zip(self.frozen_names, self.frozen, frozen, strict=True):
-                    if tuple(t.shape) != tuple(p.shape):
-                        raise ValueError(
-                            f"parameter {name} has shape {tuple(t.shape)} in the state, {tuple(p.shape)} now"
-                        )
-                    p.copy_(t)
+        _copy_saved(self.param_names, self.params, shared["params"], "parameters")
+        frozen = shared.get("frozen")  # absent in checkpoints written before frozen parameters were kept
+        if frozen is not None:
+            _copy_saved(self.frozen_names, self.frozen, frozen, "frozen parameters")
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scheduler is not None and shared.get("scheduler") is not None:
             self.scheduler.load_state_dict(shared["scheduler"])
@@ -603,11 +585,7 @@ class State:
                 raise HpcElasticError(
                     f"checkpoint {state.source} was written with {key}={meta[key]!r}, now {mine[key]!r}"
                 )
-        if meta.get("data") is not None and mine["data"] is not None and meta["data"] != mine["data"]:
-            raise HpcElasticError(
-                f"checkpoint {state.source} was trained on {_describe_data(meta['data'])}, now "
-                f"{_describe_data(mine['data'])}: another sample stream"
-            )
+        _refuse_other_data(state.source, meta.get("data"), mine["data"])
         saved_types = tuple(meta.get("device_types") or ())
         if (
             self.config.level is not DeterminismLevel.D2
@@ -758,6 +736,26 @@ def _refuse_in_place_parameters(model: nn.Module) -> None:
                 "its weight in place in every forward, outside the optimizer, so the processes' copies would part; "
                 "renormalise in the loss or after the optimizer step instead"
             )
+
+
+def _copy_saved(names: Sequence[str], params: Sequence[torch.Tensor], saved: Sequence[Any], what: str) -> None:
+    """Set ``params`` from a checkpoint's tensors, refusing another count or shape."""
+    if len(saved) != len(params):
+        raise ValueError(f"the state has {len(saved)} {what}, the model {len(params)}")
+    with torch.no_grad():
+        for name, p, t in zip(names, params, saved, strict=True):
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"parameter {name} has shape {tuple(t.shape)} in the state, {tuple(p.shape)} now")
+            p.copy_(t)
+
+
+def _refuse_other_data(source: object, saved: Any, now: Any) -> None:
+    """A checkpoint trained on another sample stream (:func:`_data_meta`; None: not recorded, or no plan yet)."""
+    if saved is not None and now is not None and saved != now:
+        raise HpcElasticError(
+            f"checkpoint {source} was trained on {_describe_data(saved)}, now {_describe_data(now)}: another sample "
+            "stream"
+        )
 
 
 def _data_meta(dataset_len: int, batch_size: int, shuffle: bool) -> list[Any]:

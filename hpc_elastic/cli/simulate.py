@@ -275,6 +275,10 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     ) as bar:
         for name in names:
             sim = Simulator(jobs, nodes, make_policy(name, options), config)
+            if not sim.jobs:  # (the same jobs are left out under every policy)
+                raise ValueError(
+                    f"every job of {trace_path.name} needs more GPUs than any pool of a GPU type it may use has"
+                )
             task = bar.add_task(name, total=len(sim.jobs))
 
             def report(done: int, total: int, task: TaskID = task) -> None:
@@ -285,8 +289,6 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
         for name, result in results.items():
             err.print(f"{name}: PACKLIMIT {pack_limit:g} -> {result.pack_limit:.3g} (refitted from placements)")
     dropped = next(iter(results.values())).dropped
-    if len(dropped) == len(jobs):
-        raise ValueError(f"every job of {trace_path.name} needs more GPUs than any pool of a GPU type it may use has")
     if dropped:
         shown = ", ".join(dropped[:DROPPED_SHOWN]) + (
             f" and {len(dropped) - DROPPED_SHOWN} more" if len(dropped) > DROPPED_SHOWN else ""

@@ -537,9 +537,9 @@ class _Replay:
         elif tag in {self.wake_gen, _OBSERVED}:
             self.woken = True
 
-    def stop(self, row: int, now: float) -> None:
+    def stop(self, row: int, now: float) -> float:
         """Account a running job's run up to ``now`` (service, and the work done past its restore overhead);
-        free its GPUs."""
+        free its GPUs. Returns the work done."""
         f = self.fstate[:, row]  # (a view: one job's scalars are cheaper to reach through it)
         v = f.tolist()
         el = now - v[_SINCE]
@@ -547,7 +547,7 @@ class _Replay:
         gpus = i.item(_GPUS)
         f[_ATT] = v[_ATT] + gpus * el
         f[_EXE] = v[_EXE] + el
-        done = max(el - v[_OVERHEAD], 0.0) * v[_SPEED]
+        done: float = max(el - v[_OVERHEAD], 0.0) * v[_SPEED]
         f[_REMAIN] = max(v[_REMAIN] - done, 0.0)
         self.service_total[row] += gpus * el
         self.busy += gpus * el
@@ -558,6 +558,7 @@ class _Replay:
             free[node] = free.item(node) + count
         self.alloc[row] = ()
         i[_POOL] = -1
+        return done
 
     # ------------------------------------------------------------------------------------------ a pass
 
@@ -685,9 +686,7 @@ class _Replay:
 
     def preempt(self, row: int, now: float) -> None:
         """Checkpoint and requeue a running job: its progress is banked, it owes a restore at its next start."""
-        before = self.fstate[_REMAIN, row]
-        self.stop(row, now)
-        if self.fstate[_REMAIN, row] < before:
+        if self.stop(row, now) > 0:
             self.fruitless[row] = 0
         else:
             self.fruitless[row] += 1
