@@ -8,7 +8,8 @@ Jobs are elastic on [ceil(GPUs / 2), ceil(GPUs x 2)] with the speedups of Gavel'
 (``gavel_simulation_throughputs.json``; :mod:`hpc_elastic.sim.scaling`) and as many ESTs as their maximum GPU
 count (a step takes ceil(ESTs / GPUs) micro-batch times): the elastic policy resizes them, the
 other policies run every job at the GPUs it asks for. Realistic model (checkpoint + restore per preemption and
-per resize at 1.2 GB/s, skewed jobs slower when spread); ``--restart-overhead`` adds seconds to every restart.
+per resize at 1.2 GB/s, skewed jobs slower when spread); ``--restart-overhead`` adds seconds to every restart,
+``--starve-limit`` sets the MLFQ policies' STARVELIMIT (the "max wait" column is the longest any job waited).
 
 Reference figures from the literature (to compare with, not to tune to): Tiresias reports average JCT 2.4x better
 than YARN-CS and 1.5x better than best effort on the Microsoft trace in simulation, close to SRTF; Pollux reports
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc_elastic.policy import POLICY_NAMES, make_policy
+from hpc_elastic.policy import POLICY_NAMES, PolicyOptions, make_policy
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.sim.cluster import NodeSpec, parse_cluster_spec
 from hpc_elastic.sim.engine import SimConfig, Simulator
@@ -57,13 +58,24 @@ def avg_jcts(
     policies: list[str],
     curves: dict[str, ScalingCurve],
     restart: float,
+    *,
+    options: PolicyOptions,
 ) -> dict[str, dict[str, float]]:
     elastic = make_elastic(jobs, FACTOR, curves)
     out: dict[str, dict[str, float]] = {}
     for name in policies:
-        result = Simulator(elastic, nodes, make_policy(name), SimConfig(restart_overhead=restart)).run()
+        result = Simulator(elastic, nodes, make_policy(name, options), SimConfig(restart_overhead=restart)).run()
         m = summarize(result)
-        keys = ("avg_jct", "median_jct", "p95_jct", "avg_queue_delay", "preemptions", "resizes", "utilization")
+        keys = (
+            "avg_jct",
+            "median_jct",
+            "p95_jct",
+            "avg_queue_delay",
+            "max_queue_delay",
+            "preemptions",
+            "resizes",
+            "utilization",
+        )
         out[name] = {k: m[k] for k in keys}
         out[name]["finished_fraction"] = m["finished"] / m["jobs"]
     return out
@@ -73,15 +85,16 @@ def report(title: str, per_policy: dict[str, dict[str, float]]) -> dict[str, flo
     base = per_policy["tiresias-las"]["avg_jct"]
     print(f"\n{title}")
     print(
-        f"  {'policy':20s} {'avg JCT s':>11s} {'median s':>10s} {'p95 s':>10s} {'FOI':>7s} {'preempt':>8s} "
-        f"{'resizes':>8s} {'util':>6s}"
+        f"  {'policy':20s} {'avg JCT s':>11s} {'median s':>10s} {'p95 s':>10s} {'max wait s':>11s} {'FOI':>7s} "
+        f"{'preempt':>8s} {'resizes':>8s} {'util':>6s}"
     )
     foi: dict[str, float] = {}
     for name, m in per_policy.items():
         foi[name] = m["avg_jct"] / base
         print(
-            f"  {name:20s} {m['avg_jct']:11.0f} {m['median_jct']:10.0f} {m['p95_jct']:10.0f} {foi[name]:7.2f} "
-            f"{m['preemptions']:8.0f} {m['resizes']:8.0f} {m['utilization']:6.3f}"
+            f"  {name:20s} {m['avg_jct']:11.0f} {m['median_jct']:10.0f} {m['p95_jct']:10.0f} "
+            f"{m['max_queue_delay']:11.0f} {foi[name]:7.2f} {m['preemptions']:8.0f} {m['resizes']:8.0f} "
+            f"{m['utilization']:6.3f}"
         )
     if "srtf" in per_policy:
         print(f"  SRTF gap: JCT(tiresias-las) / JCT(srtf) = {base / per_policy['srtf']['avg_jct']:.2f}")
@@ -100,7 +113,9 @@ def main() -> None:
     parser.add_argument("--synthetic-loads", default="0.7,1.2", help="nominal loads of the held-out synthetic trace")
     parser.add_argument("--policies", default=",".join(POLICY_NAMES))
     parser.add_argument("--restart-overhead", type=float, default=0.0, help="seconds added to every restart")
+    parser.add_argument("--starve-limit", type=float, default=math.inf, help="STARVELIMIT, s (inf: off)")
     args = parser.parse_args()
+    options = PolicyOptions(starve_limit=args.starve_limit)
     if not (args.traces / "tiresias_60_job.csv").is_file():
         sys.exit(f"shared traces not found in {args.traces}")
     curves = load_gavel_curves(args.traces / "gavel_simulation_throughputs.json")
@@ -122,12 +137,15 @@ def main() -> None:
         "pollux_loads": loads,
         "elastic_factor": FACTOR,
         "restart_overhead": restart,
+        "starve_limit": args.starve_limit if math.isfinite(args.starve_limit) else None,
     }
     results: dict[str, object] = {}
 
     tiresias = load_trace(args.traces / "tiresias_60_job.csv", "tiresias")
     for load in tiresias_loads:
-        per = avg_jcts(tiresias.scaled(load).jobs, parse_cluster_spec("15x4"), policies, curves, restart)
+        per = avg_jcts(
+            tiresias.scaled(load).jobs, parse_cluster_spec("15x4"), policies, curves, restart, options=options
+        )
         foi = report(f"Tiresias 60-job trace, 15x4 GPUs, load scale {load:g}", per)
         results[f"tiresias60@{load:g}"] = {"avg_jct": {k: v["avg_jct"] for k, v in per.items()}, "foi": foi}
 
@@ -136,7 +154,7 @@ def main() -> None:
         per_wl: list[dict[str, dict[str, float]]] = []
         for number in workloads:
             trace = load_trace(args.traces / "pollux_workloads" / f"workload-{number}.csv", "pollux")
-            per_wl.append(avg_jcts(trace.scaled(load).jobs, pollux_nodes, policies, curves, restart))
+            per_wl.append(avg_jcts(trace.scaled(load).jobs, pollux_nodes, policies, curves, restart, options=options))
         mean = {
             name: {key: statistics.fmean(w[name][key] for w in per_wl) for key in per_wl[0][name]} for name in policies
         }
@@ -152,7 +170,7 @@ def main() -> None:
     sizes = np.random.default_rng(SYNTHETIC_SEED).lognormal(math.log(3000.0), 1.5, size=5000).tolist()
     for load in [float(x) for x in args.synthetic_loads.split(",")]:
         jobs = synthesize(sizes, SYNTHETIC_JOBS, 64, load=load, seed=SYNTHETIC_SEED)
-        per = avg_jcts(jobs, nodes, policies, curves, restart)
+        per = avg_jcts(jobs, nodes, policies, curves, restart, options=options)
         foi = report(f"Held-out synthetic trace ({SYNTHETIC_JOBS:,} jobs) on 16x4 GPUs, nominal load {load:g}", per)
         results[f"synthetic@{load:g}"] = {"avg_jct": {k: v["avg_jct"] for k, v in per.items()}, "foi": foi}
 
@@ -160,7 +178,7 @@ def main() -> None:
         nodes = parse_cluster_spec("4x8")
         trace = load_trace(args.traces / "alibaba_openb" / "openb_pod_list_default.csv", "openb")
         for load in loads:
-            per = avg_jcts(trace.scaled(load).jobs, nodes, policies, curves, restart)
+            per = avg_jcts(trace.scaled(load).jobs, nodes, policies, curves, restart, options=options)
             foi = report(f"Alibaba openb pods on 4x8 GPUs, load scale {load:g}", per)
             results[f"openb@{load:g}"] = {"avg_jct": {k: v["avg_jct"] for k, v in per.items()}, "foi": foi}
 

@@ -77,6 +77,9 @@ class TiresiasConfig(_Section):
 
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     promote_knob: float = Field(default=math.inf, allow_inf_nan=True)
+    #: STARVELIMIT: a job that has waited this long goes ahead of every other (inf: never; the daemon still never
+    #: preempts a job within ``[preemption] min_run_time_s``)
+    starve_limit_s: float = Field(default=math.inf, allow_inf_nan=True)
     pack_limit: float = Field(default=DEFAULT_PACK_LIMIT, ge=0)
     #: refit PACKLIMIT from the placements and speeds the jobs report (§3.3.2; ``pack_limit`` stands until the
     #: reports separate two models: :mod:`slurm_plugin.pack_limit`)
@@ -103,6 +106,13 @@ class TiresiasConfig(_Section):
     def _knob(cls, value: float) -> float:
         if not value >= 0:  # NaN too
             raise ValueError(f"promote_knob must be >= 0 (inf disables promotion), got {value!r}")
+        return value
+
+    @field_validator("starve_limit_s")
+    @classmethod
+    def _starve(cls, value: float) -> float:
+        if not value >= 1:  # NaN too
+            raise ValueError(f"starve_limit_s must be >= 1 second (inf: never), got {value!r}")
         return value
 
     @field_validator("pack_limit")

@@ -109,6 +109,7 @@ def build_policy(config: PluginConfig, pack_limit: float | None = None) -> Polic
     options = PolicyOptions(
         thresholds=t.thresholds,
         promote_knob=t.promote_knob,
+        starve_limit=t.starve_limit_s,
         pack_limit=t.pack_limit if pack_limit is None else pack_limit,
         min_run_time=config.preemption.min_run_time_s,
         min_history=t.min_history,

@@ -45,6 +45,7 @@ _TABLE_COLUMNS = (
     ("p95_jct", "p95 s"),
     ("p99_jct", "p99 s"),
     ("avg_queue_delay", "avg queue s"),
+    ("max_queue_delay", "max queue s"),
     ("makespan", "makespan s"),
     ("preemptions", "preempt"),
     ("preemption_cost", "preempt cost s"),
@@ -143,6 +144,13 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
     help="MLFQ thresholds in GPU-seconds, comma-separated (K = count + 1 queues).",
 )
 @click.option("--promote-knob", type=float, default=math.inf, show_default=True, help="PROMOTEKNOB (inf: off).")
+@click.option(
+    "--starve-limit",
+    type=float,
+    default=math.inf,
+    show_default=True,
+    help="STARVELIMIT, s: a job waiting this long goes ahead of all others (MLFQ policies; inf: off).",
+)
 @click.option("--pack-limit", type=float, default=DEFAULT_PACK_LIMIT, show_default=True, help="PACKLIMIT (skew).")
 @click.option(
     "--refit-pack-limit", is_flag=True, help="Refit PACKLIMIT from observed (placement, speed) pairs while replaying."
@@ -204,6 +212,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     skip_bad_rows: bool,
     queues: str,
     promote_knob: float,
+    starve_limit: float,
     pack_limit: float,
     refit_pack_limit: bool,
     min_run_time: float,
@@ -242,6 +251,7 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     options = PolicyOptions(
         thresholds=_parse_queues(queues),
         promote_knob=promote_knob,
+        starve_limit=starve_limit,
         pack_limit=pack_limit,
         min_run_time=min_run_time,
         time_slice=time_slice,

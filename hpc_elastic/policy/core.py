@@ -28,6 +28,7 @@ from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.types import (
     BoolArray,
     ClusterState,
+    FloatArray,
     IntArray,
     PassInput,
     PlacementMode,
@@ -459,6 +460,100 @@ def nonpreemptive_idle(
             in_pool = np.sort(free[cluster.pool == p])[::-1]
             lack = min(lack, gpus - int(in_pool[: cluster.fewest_nodes(gpus, p)].sum()))
     return max(lack, 1)
+
+
+def starved_rows(inp: PassInput, limit: float) -> BoolArray | None:
+    """Waiting jobs that fit the cluster and have waited ``limit`` seconds or more since they last began to
+    (arrival, preemption, promotion); None when there is none or no limit (∞)."""
+    if math.isinf(limit) or len(inp.jobs) == 0:
+        return None
+    jobs = inp.jobs
+    starved = ~jobs.running & (_starve_time(inp.now, jobs.current_wait, limit) <= inp.now)
+    if not starved.any():
+        return None
+    starved &= feasible_rows(inp)
+    return starved if starved.any() else None
+
+
+def starved_first(
+    inp: PassInput, order: IntArray, pinned: BoolArray | None, starved: BoolArray, size: IntArray
+) -> tuple[IntArray, BoolArray | None]:
+    """Starvation avoidance (Tiresias §3.2.3, Pseudocode 1 line 6: a job WAITING longer than STARVELIMIT is
+    promoted to the first queue, which the caller does) for the pass in which the job starves. Promotion alone
+    is not enough: in the first queue a job that has never run ranks after every job that has (FIFO by first
+    start), and the walk skips it while a stream of smaller jobs keeps some of its GPUs busy, so it may wait for
+    ever. A starved job therefore also goes ahead of all others in this pass (starved jobs keep ``order`` among
+    themselves), and where the GPUs of its pool that are free or held by unpinned jobs fall short of its ``size``
+    (what the walk counts for it), the fewest pinned jobs of that pool lose their pin, the lowest in ``order``
+    first: the walk then holds the starved job, preempting them. Once it runs it is a job of the first queue that
+    started last, ahead of every job waiting there.
+
+    Pools are counted as the walk counts them: a running job's GPUs in its pool, a starved job in the first of its
+    pools with room, else in the one that needs the fewest pins lifted. Returns the new order and pins."""
+    front = starved[order]
+    order = np.concatenate((order[front], order[~front]))
+    if pinned is None or not pinned.any():
+        return order, pinned
+    jobs, cluster = inp.jobs, inp.cluster
+    n_pools = cluster.n_pools
+    room = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64)
+    loose = jobs.running & ~pinned
+    if loose.any():
+        room += np.bincount(jobs.pool[loose], weights=jobs.gpus[loose], minlength=n_pools).astype(np.int64)
+    room_l: list[int] = room.tolist()
+    # pinned jobs per pool, the lowest in the new order first (the first to lose their pin)
+    lifts: list[list[int]] = [[] for _ in range(n_pools)]
+    backwards = order[::-1]
+    for row in backwards[pinned[backwards]].tolist():
+        lifts[int(jobs.pool[row])].append(row)
+    liftable = [sum(int(jobs.gpus[r]) for r in rows) for rows in lifts]  # pinned GPUs per pool
+    pinned = pinned.copy()
+    capacity = cluster.capacity.tolist()
+    for row in order[: int(front.sum())].tolist():
+        need = int(size[row])
+        pools = [p for p in _pools_of(int(jobs.pool_mask[row]), n_pools) if capacity[p] >= need]
+        ready = [p for p in pools if room_l[p] >= need]
+        if ready:
+            room_l[ready[0]] -= need
+            continue
+        reach = [p for p in pools if room_l[p] + liftable[p] >= need]
+        if not reach:
+            continue
+        best, best_lifted = -1, NEVER
+        for p in reach:
+            have, lifted = room_l[p], 0
+            for r in lifts[p]:
+                if have >= need:
+                    break
+                have += int(jobs.gpus[r])
+                lifted += 1
+            if lifted < best_lifted:
+                best, best_lifted = p, lifted
+        for r in lifts[best][:best_lifted]:
+            pinned[r] = False
+            room_l[best] += int(jobs.gpus[r])
+            liftable[best] -= int(jobs.gpus[r])
+        del lifts[best][:best_lifted]
+        room_l[best] -= need
+    return order, (pinned if pinned.any() else None)
+
+
+def _starve_time(now: float, wait: FloatArray, limit: float) -> FloatArray:
+    """When jobs that have waited ``wait`` seconds at ``now`` count as starved (the limit less TIME_EPS): a job is
+    starved at ``now`` when this is not after ``now``, so a wake-up at this time always finds it starved."""
+    return now + ((limit - TIME_EPS) - wait)
+
+
+def starve_wakeup(inp: PassInput, waiting: BoolArray, limit: float, promoted: BoolArray | None) -> float:
+    """When the first job that waits after the pass, and is not starved yet, will be (∞ if none; a job the pass
+    preempts or ``promoted`` begins to wait now). Always after ``inp.now``: the caller keeps it as it is."""
+    if math.isinf(limit):
+        return math.inf
+    jobs = inp.jobs
+    fresh = jobs.running if promoted is None else jobs.running | promoted
+    due = _starve_time(inp.now, np.where(fresh, 0.0, jobs.current_wait), limit)
+    later = waiting & (due > inp.now)
+    return float(due[later].min()) if later.any() else math.inf
 
 
 def pinned_rows(inp: PassInput, min_run_time: float) -> BoolArray | None:

@@ -54,6 +54,7 @@ import numpy as np
 
 from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD, Proposal, best_plan, keep_scale_out, proposal_rank
+from hpc_elastic.policy.elastic import minimum_sizes
 from hpc_elastic.policy.placement import FreeIndex
 from hpc_elastic.policy.policies import TiresiasLas
 from hpc_elastic.policy.types import (
@@ -517,6 +518,9 @@ class EasyScaleHomo(TiresiasLas):
             own_types=self.own_types,
             fallback_hold=self.options.fallback_hold,
         )
+
+    def _walk_sizes(self, inp: PassInput) -> IntArray:
+        return minimum_sizes(inp)  # (rigid jobs: their GPUs)
 
     def schedule(self, inp: PassInput) -> Decision:
         """2D-LAS's pass with EasyScale's walk; it wakes up again when Role 3's cap on a job lapses (that job may

@@ -24,9 +24,12 @@ from hpc_elastic.policy.core import (
     pin_wakeup,
     pinned_rows,
     preemptive_walk,
+    starve_wakeup,
+    starved_first,
+    starved_rows,
 )
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
-from hpc_elastic.policy.elastic import elastic_walk
+from hpc_elastic.policy.elastic import elastic_walk, walk_sizes
 from hpc_elastic.policy.gittins import GittinsTable, ReferenceIndex, ServiceDistribution, gittins_index_sup
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS, MlfqConfig, mlfq_update, mlfq_wakeup
 from hpc_elastic.policy.placement import DEFAULT_PACK_LIMIT, FreeIndex
@@ -101,9 +104,14 @@ class PolicyOptions:
     #: EasyScale Role 3 (§3.4): seconds a job that fell back proposes no scale-out beyond its GPUs before, doubled
     #: for each fallback in a row (:meth:`~hpc_elastic.policy.hetero.ScaleOut.capped`).
     fallback_hold: float = DEFAULT_FALLBACK_HOLD
+    #: STARVELIMIT of the MLFQ policies: seconds a job may wait (since it last began to) before it goes ahead of
+    #: all others, lifting the pins it needs (:func:`~hpc_elastic.policy.core.starved_first`); ∞: never.
+    starve_limit: float = math.inf
 
     def __post_init__(self) -> None:
         MlfqConfig(self.thresholds, self.promote_knob)  # validates both
+        if not (isinstance(self.starve_limit, (int, float)) and self.starve_limit >= 1):  # (NaN too)
+            raise ValueError(f"starve_limit must be >= 1 second (inf: never), got {self.starve_limit!r}")
         if isinstance(self.min_history, bool) or not isinstance(self.min_history, int) or self.min_history < 0:
             raise ValueError(f"min_history must be an int >= 0, got {self.min_history!r}")
         if not (math.isfinite(self.pack_limit)):
@@ -205,9 +213,14 @@ def _finish(
     infeasible: tuple[int, ...],
     idle_below: int = 0,
     positions: FloatArray | None = None,
+    exact_wakeup: float = math.inf,
 ) -> Decision:
+    """The pass's decision. ``wakeup`` is kept at least TIME_EPS after now (a crossing that a tolerance already
+    counts must not wake the same instant again); ``exact_wakeup`` (> now) is kept as it is: moving a wake-up by
+    a tolerance would make the time it happens depend on which passes ran before."""
     if math.isfinite(wakeup):
         wakeup = max(wakeup, inp.now + TIME_EPS)
+    wakeup = min(wakeup, max(exact_wakeup, math.nextafter(inp.now, math.inf)))
     return Decision(
         starts=starts,
         preemptions=walk.preemptions if walk else (),
@@ -257,17 +270,32 @@ class _MlfqPolicy(Policy):
         mode, pack_limit = PlacementMode.SKEW_AWARE, self.options.pack_limit
         return preemptive_walk(inp, order, pinned, mode, pack_limit, deficit=self.fixed_order)
 
+    def _walk_sizes(self, inp: PassInput) -> IntArray:
+        """The GPUs :meth:`_walk` counts for a waiting job."""
+        return inp.jobs.gpus
+
     def schedule(self, inp: PassInput) -> Decision:
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
+        limit = self.options.starve_limit
+        starved = starved_rows(inp, limit)
+        if starved is not None:  # STARVELIMIT: a starved job below the first queue is promoted to it
+            lifted = starved & (queue > 0)
+            if lifted.any():
+                queue = np.where(lifted, 0, queue)
+                promoted = lifted if promoted is None else promoted | lifted
         # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
         attained = jobs.attained if promoted is None else np.where(promoted, 0.0, jobs.attained)
         # (a pass over one job has one order: half of a simulated trace's passes, an arrival that fits the free GPUs)
         order = self._order(inp, queue, attained) if len(jobs) > 1 else np.zeros(len(jobs), dtype=np.int64)
         pinned = pinned_rows(inp, self.options.min_run_time)
+        if starved is not None:
+            order, pinned = starved_first(inp, order, pinned, starved, self._walk_sizes(inp))
         walk = self._walk(inp, order, pinned)
         waiting = _waiting_after(inp, walk)
         wakeup = math.inf
+        # (the next pass orders a starved job that started as any other, and lifts pins by the GPUs freed)
+        idle_below = walk.deficit if self.fixed_order and starved is None else 0
         if waiting.any():
             # Jobs that hold GPUs after the pass (kept or started) accrue service from now on.
             wakeup = min(
@@ -293,8 +321,9 @@ class _MlfqPolicy(Policy):
             changes=_queue_changes(inp, queue, promoted),
             wakeup=wakeup,
             infeasible=walk.infeasible,
-            idle_below=walk.deficit if self.fixed_order else 0,
+            idle_below=idle_below,
             positions=_list_positions(inp, queue, order, walk.holding) if listed else None,
+            exact_wakeup=starve_wakeup(inp, waiting, limit, promoted),
         )
 
 
@@ -331,6 +360,9 @@ class TiresiasLasElastic(TiresiasLas):
 
     def _walk(self, inp: PassInput, order: IntArray, pinned: BoolArray | None) -> WalkResult:
         return elastic_walk(inp, order, pinned, PlacementMode.SKEW_AWARE, self.options.pack_limit)
+
+    def _walk_sizes(self, inp: PassInput) -> IntArray:
+        return walk_sizes(inp)
 
 
 class TiresiasGittins(_MlfqPolicy):

@@ -16,6 +16,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "p95_jct",
     "p99_jct",
     "avg_queue_delay",
+    "max_queue_delay",
     "makespan",
     "preemptions",
     "preemption_cost",
@@ -25,9 +26,10 @@ METRIC_KEYS: tuple[str, ...] = (
 
 
 def summarize(result: SimResult) -> dict[str, float]:
-    """avg / median / p95 / p99 JCT, average queueing delay (time spent waiting, all waits of a job summed),
-    makespan (last completion - first submission), preemptions and their total cost (seconds of checkpoint +
-    restore + restart), resizes of elastic jobs, GPU utilisation (GPU-seconds held by jobs / (GPUs x makespan)).
+    """avg / median / p95 / p99 JCT, average and longest queueing delay (time spent waiting, all waits of a job
+    summed; the longest shows starvation), makespan (last completion - first submission), preemptions and their
+    total cost (seconds of checkpoint + restore + restart), resizes of elastic jobs, GPU utilisation (GPU-seconds
+    held by jobs / (GPUs x makespan)).
     Seconds, counts, fraction. Only finished jobs enter the JCT statistics; ``finished`` < ``jobs`` flags a run
     that ended early.
     """
@@ -41,11 +43,12 @@ def summarize(result: SimResult) -> dict[str, float]:
             p95_jct=float(np.percentile(jct, 95)),
             p99_jct=float(np.percentile(jct, 99)),
             avg_queue_delay=float(result.queue_delay[done].mean()),
+            max_queue_delay=float(result.queue_delay[done].max()),
         )
         makespan = float(result.end[done].max() - result.submit.min())
     else:
         out.update(avg_jct=math.nan, median_jct=math.nan, p95_jct=math.nan, p99_jct=math.nan)
-        out["avg_queue_delay"] = math.nan
+        out["avg_queue_delay"] = out["max_queue_delay"] = math.nan
         makespan = math.nan
     out["makespan"] = makespan
     out["preemptions"] = float(result.preemptions.sum())

@@ -79,6 +79,8 @@ def test_missing_state_dir_key_and_relative_paths() -> None:
         ({"tiresias": {"refit_tolerance": 0.9}}, "tiresias.refit_tolerance"),
         ({"tiresias": {"refit_pack_limit": "sometimes"}}, "tiresias.refit_pack_limit"),
         ({"tiresias": {"promote_knob": float("nan")}}, "tiresias.promote_knob"),
+        ({"tiresias": {"starve_limit_s": 0}}, "tiresias.starve_limit_s"),
+        ({"tiresias": {"starve_limit_s": "1h"}}, "tiresias.starve_limit_s: must be a number"),
         # no coercion: a string or a boolean where a flag or a number belongs is a mistake, not a value
         ({"manage_all": "yes"}, "manage_all: must be true or false"),
         ({"interval_s": "10"}, "interval_s: must be a number"),
@@ -99,6 +101,14 @@ def test_infinite_promote_knob_still_means_no_promotion() -> None:
     assert parse_config({"state_dir": "/tmp", "tiresias": {"promote_knob": float("inf")}}).tiresias.promote_knob == (
         float("inf")
     )
+
+
+def test_starve_limit_reaches_the_policy() -> None:
+    """The shipped configuration leaves STARVELIMIT off; a site's value reaches the policy's options."""
+    shipped = parse_config({"state_dir": "/tmp"})
+    assert math.isinf(shipped.tiresias.starve_limit_s)
+    config = parse_config({"state_dir": "/tmp", "tiresias": {"starve_limit_s": 86400}})
+    assert build_policy(config).options.starve_limit == 86400.0
 
 
 def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:

@@ -49,8 +49,15 @@ def apply(decision: Decision, jobs: list[JobView], nodes: list[NodeView]) -> dic
     return free
 
 
-def options(knob: float, min_run: float) -> PolicyOptions:
-    return PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, min_history=0)
+def options(knob: float, min_run: float, starve: float = math.inf) -> PolicyOptions:
+    return PolicyOptions(
+        thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, min_history=0, starve_limit=starve
+    )
+
+
+def starving(inp: PassInput, starve: float) -> bool:
+    """Whether a job waits that has waited the STARVELIMIT (only then may a pin be lifted)."""
+    return bool((~inp.jobs.running & (inp.jobs.current_wait >= starve - 1e-6)).any())
 
 
 @settings(max_examples=60, deadline=None)
@@ -59,12 +66,13 @@ def options(knob: float, min_run: float) -> PolicyOptions:
     name=st.sampled_from(POLICY_NAMES),
     knob=st.sampled_from([math.inf, 0.5, 2.0]),
     min_run=st.sampled_from([0.0, 300.0]),
+    starve=st.sampled_from([math.inf, 2000.0]),
 )
 def test_capacity_and_roles(
-    case: tuple[PassInput, list[JobView], list[NodeView]], name: str, knob: float, min_run: float
+    case: tuple[PassInput, list[JobView], list[NodeView]], name: str, knob: float, min_run: float, starve: float
 ) -> None:
     inp, jobs, nodes = case
-    policy = make_policy(name, options(knob, min_run))
+    policy = make_policy(name, options(knob, min_run, starve))
     if policy.uses_history:
         policy = policy.with_history([100.0, 900.0, 4000.0, 20000.0])
     decision = policy.schedule(inp)
@@ -86,7 +94,7 @@ def test_capacity_and_roles(
     if not policy.preemptive:
         assert not preempted
     for row in preempted:
-        assert jobs[row].run_time + 1e-6 >= min_run, "pinned job preempted"
+        assert jobs[row].run_time + 1e-6 >= min_run or starving(inp, starve), "pinned job preempted"
 
 
 @settings(max_examples=80, deadline=None)
@@ -94,15 +102,17 @@ def test_capacity_and_roles(
     case=pass_inputs(types=("v100", "a100"), elastic=True),
     name=st.sampled_from(ELASTIC),
     min_run=st.sampled_from([0.0, 300.0]),
+    starve=st.sampled_from([math.inf, 2000.0]),
 )
 def test_elastic_passes_fit_and_keep_pinned_and_rigid_jobs(
-    case: tuple[PassInput, list[JobView], list[NodeView]], name: str, min_run: float
+    case: tuple[PassInput, list[JobView], list[NodeView]], name: str, min_run: float, starve: float
 ) -> None:
     """The elastic policies on two GPU types: after the preemptions, resizes (each job lets go of its GPUs first)
-    and starts no node is over-full; a job within its minimum run time is neither preempted nor resized; a rigid
+    and starts no node is over-full; a job within its minimum run time is neither preempted nor resized (unless a
+    starved job waits: STARVELIMIT lifts pins); a rigid
     job is never resized; every size is within the job's [min, max]."""
     inp, jobs, nodes = case
-    decision = make_policy(name, options(math.inf, min_run)).schedule(inp)
+    decision = make_policy(name, options(math.inf, min_run, starve)).schedule(inp)
     apply(decision, jobs, nodes)
     for resize in decision.resizes:
         job = jobs[resize.row]
@@ -110,7 +120,8 @@ def test_elastic_passes_fit_and_keep_pinned_and_rigid_jobs(
         assert min(job.min_gpus, job.gpus) <= resize.gpus <= max(job.max_gpus, job.gpus)
         assert sum(c for _, c in resize.allocation) == resize.gpus
     for row in {p.row for p in decision.preemptions} | {r.row for r in decision.resizes}:
-        assert jobs[row].run_time + 1e-6 >= min_run, f"job {jobs[row].job_id} within its minimum run time"
+        pinned = jobs[row].run_time + 1e-6 < min_run
+        assert not pinned or starving(inp, starve), f"job {jobs[row].job_id} within its minimum run time"
 
 
 @settings(max_examples=60, deadline=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -352,6 +353,82 @@ def test_promotion_resets_and_puts_job_first() -> None:
     assert decision.next_wakeup == pytest.approx(1100.0)
 
 
+def starving_cluster() -> tuple[list[JobView], list[NodeView]]:
+    """Three 1-GPU jobs of the first queue keep 3 of 4 GPUs busy (the last one started 10 s ago); a 4-GPU job
+    that never ran has waited 700 s."""
+    nodes = [NodeView("n0", 4, 1)]
+    small = [
+        job(
+            f"s{i}",
+            1,
+            float(i),
+            R,
+            attained_service=run_time,
+            executed_time=run_time,
+            run_time=run_time,
+            allocation=(("n0", 1),),
+            first_start_time=100.0 - run_time,
+        )
+        for i, run_time in enumerate((70.0, 40.0, 10.0))
+    ]
+    big = job("big", 4, 0.0, current_wait=700.0)
+    return [*small, big], nodes
+
+
+@pytest.mark.parametrize("name", ["tiresias-las", "tiresias-gittins", "tiresias-las+elastic", "easyscale-homo"])
+def test_starved_job_goes_first_and_lifts_the_fewest_pins(name: str) -> None:
+    """STARVELIMIT: a job that never ran ranks after every started job of its queue, so the walk skips it while
+    any of them runs; once it has waited the limit it goes first. Pins (minimum run time) it needs are lifted,
+    the lowest-ranked job's first: here all three (it needs every GPU)."""
+    jobs, nodes = starving_cluster()
+    before = run(name, jobs, nodes, min_run_time=300.0)
+    assert started(before) == [] and preempted(before) == []
+    decision = run(name, jobs, nodes, min_run_time=300.0, starve_limit=600.0)
+    assert name_of(jobs[int(decision.priority_order[0])].job_id) == "big"
+    assert started(decision) == ["big"] and sorted(preempted(decision)) == ["s0", "s1", "s2"]
+    assert decision.queue_changes == ()  # it is in the first queue already: nothing to promote
+
+
+def test_starved_job_lifts_only_the_pins_it_needs() -> None:
+    """A 2-GPU starved job with 1 GPU free needs one more: the pin of the job ranked lowest (started last) goes."""
+    jobs, nodes = starving_cluster()
+    jobs[-1] = job("big", 2, 0.0, current_wait=700.0)
+    decision = run("tiresias-las", jobs, nodes, min_run_time=300.0, starve_limit=600.0)
+    assert started(decision) == ["big"] and preempted(decision) == ["s2"]
+    unpinned = run("tiresias-las", jobs, nodes, starve_limit=600.0)
+    assert started(unpinned) == ["big"] and preempted(unpinned) == ["s2"]
+
+
+def test_starve_limit_wakes_the_pass_and_promotes_a_lower_queue_job() -> None:
+    """Before the limit the pass wakes up when the job will have waited it; a starved job of a lower queue is
+    promoted to the first (a reset, as PROMOTEKNOB's promotion) and goes ahead of the running first-queue jobs."""
+    jobs, nodes = starving_cluster()
+    jobs[-1] = job("big", 4, 0.0, current_wait=500.0)
+    decision = run("tiresias-las", jobs, nodes, starve_limit=600.0)
+    assert started(decision) == [] and decision.next_wakeup == pytest.approx(200.0)
+    low = job(
+        "big",
+        4,
+        0.0,
+        queue=1,
+        attained_service=9000.0,
+        executed_time=2250.0,
+        first_start_time=0.0,
+        waiting_time=700.0,
+        current_wait=700.0,
+    )
+    decision = run("tiresias-las", [*jobs[:-1], low], nodes, starve_limit=600.0)
+    (change,) = decision.queue_changes
+    assert name_of(change.job_id) == "big" and change.queue == 0 and change.reset
+    assert started(decision) == ["big"] and len(preempted(decision)) == 3
+    # Two starve at once on 4 free GPUs and only one fits: the other is promoted too, begins to wait again, and the
+    # pass wakes up when it will have waited the limit once more (before the started job's demotion at 100 + 800).
+    other = replace(low, job_id=_IDS.setdefault("other", len(_IDS)), submit_time=1.0)
+    decision = run("tiresias-las", [low, other], [NodeView("n0", 4, 4)], starve_limit=600.0)
+    assert sorted(name_of(c.job_id) for c in decision.queue_changes) == ["big", "other"]
+    assert started(decision) == ["big"] and decision.next_wakeup == pytest.approx(700.0)
+
+
 def test_gittins_orders_by_index_inside_a_queue() -> None:
     # Sizes 100 and 10,000: a job that has attained 90 is likely to end within Δ; a fresh one less so.
     hist = ServiceDistribution.from_samples([100.0] * 5 + [10_000.0] * 5)
@@ -387,6 +464,8 @@ def test_gittins_without_history_is_las() -> None:
         ({"time_slice": 0.0}, "time_slice"),
         ({"pack_limit": math.inf}, "PACKLIMIT"),
         ({"min_history": -1}, "min_history"),
+        ({"starve_limit": 0.0}, "starve_limit"),
+        ({"starve_limit": math.nan}, "starve_limit"),
     ],
 )
 def test_options_validated(kwargs: dict[str, object], match: str) -> None:

@@ -13,7 +13,17 @@ from hpc_elastic.cli.simulate import _clean
 from hpc_elastic.policy import POLICY_NAMES
 from tests.unit.sim.helpers import TRACES, needs_traces
 
-KEYS = {"avg_jct", "median_jct", "p95_jct", "p99_jct", "avg_queue_delay", "makespan", "preemptions", "utilization"}
+KEYS = {
+    "avg_jct",
+    "median_jct",
+    "p95_jct",
+    "p99_jct",
+    "avg_queue_delay",
+    "max_queue_delay",
+    "makespan",
+    "preemptions",
+    "utilization",
+}
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +190,7 @@ def test_refit_pack_limit_reported(runner: CliRunner, tmp_path: Path) -> None:
     ("extra", "message"),
     [
         (["--promote-knob", "-1"], "PROMOTEKNOB"),
+        (["--starve-limit", "0"], "starve_limit"),
         (["--pack-limit", "nan"], "PACKLIMIT"),
         (["--bandwidth", "0"], "bandwidth"),
         (["--time-slice", "0"], "time_slice"),
@@ -192,6 +203,23 @@ def test_bad_knobs_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], m
     result = runner.invoke(cli, args)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_starve_limit_bounds_the_wait_of_a_job_a_stream_overtakes(runner: CliRunner, tmp_path: Path) -> None:
+    """A 4-GPU job behind a stream of 1-GPU jobs (one every 30 s, 100 s each, on 4 GPUs) waits until the stream
+    ends under 2D-LAS; with ``--starve-limit 600`` it starts once it has waited 600 s."""
+    path = tmp_path / "stream.csv"
+    rows = ["job_id,num_gpu,submit_time,iterations,model_name,duration,interval", "big,4,5,0,resnet50,100,0"]
+    rows += [f"s{i},1,{30 * i},0,resnet50,100,0" for i in range(60)]
+    path.write_text("\n".join(rows) + "\n")
+    args = ["simulate", "--trace", str(path), "--format", "tiresias", "--cluster", "1x4", "--policy", "tiresias-las"]
+    waits = {}
+    for limit in ("inf", "600"):
+        result = runner.invoke(cli, [*args, "--starve-limit", limit, "--json"])
+        assert result.exit_code == 0, result.output
+        waits[limit] = json.loads(result.stdout)["tiresias-las"]["max_queue_delay"]
+    assert waits["inf"] > 30 * 59 - 5
+    assert waits["600"] == pytest.approx(600.0)
 
 
 def test_jobs_larger_than_the_cluster_are_named_on_stderr(runner: CliRunner, tmp_path: Path) -> None:

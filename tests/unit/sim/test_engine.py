@@ -288,6 +288,7 @@ def test_metrics() -> None:
     assert m["avg_jct"] == pytest.approx((10 + 40) / 2)
     assert m["median_jct"] == pytest.approx(25.0)
     assert m["avg_queue_delay"] == pytest.approx(5.0)
+    assert m["max_queue_delay"] == pytest.approx(10.0)
     assert m["makespan"] == pytest.approx(40.0)
     assert m["utilization"] == pytest.approx(1.0)
     assert m["p99_jct"] == pytest.approx(float(np.percentile([10, 40], 99)))
@@ -325,14 +326,17 @@ def test_pack_limit_refitted_from_observed_placements() -> None:
     knob=st.sampled_from([math.inf, 1.0]),
     min_run=st.sampled_from([0.0, 5.0]),
     order=st.sampled_from(QueueOrder),
+    starve=st.sampled_from([math.inf, 60.0]),
 )
 def test_skipped_and_shortcut_passes_change_nothing(
-    jobs: list[TraceJob], name: str, knob: float, min_run: float, order: QueueOrder
+    jobs: list[TraceJob], name: str, knob: float, min_run: float, order: QueueOrder, starve: float
 ) -> None:
     """Decision.idle_below only lets the simulator drop passes that would have decided nothing, and a pass over
-    the waiting jobs alone (Policy.fit_shortcut) decides what the full pass would."""
+    the waiting jobs alone (Policy.fit_shortcut) decides what the full pass would (also with STARVELIMIT)."""
     nodes = parse_cluster_spec("2x4")
-    options = PolicyOptions(thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, queue_order=order)
+    options = PolicyOptions(
+        thresholds=THRESHOLDS, promote_knob=knob, min_run_time=min_run, queue_order=order, starve_limit=starve
+    )
     policy = make_policy(name, options)
     slow = Simulator(
         jobs, nodes, policy, SimConfig(record_events=True, skip_idle_passes=False, fit_shortcut=False)
