@@ -3,7 +3,7 @@ as the samples the policy network imitates (DL² §4.2 bootstraps from whatever 
 
 The only module of :mod:`hpc_elastic.dl2` that talks to Slurm: :func:`read_history` runs the reads
 (:mod:`hpc_elastic.slurm`: ``sacct`` for the jobs and their steps, ``sinfo`` for the partition's nodes) and hands
-them to the pure :mod:`hpc_elastic.policy.dl2_history`, which turns them into DL²'s slots; :func:`train_on_history`
+them to the pure :mod:`hpc_elastic.dl2.history`, which turns them into DL²'s slots; :func:`train_on_history`
 trains on them (:func:`hpc_elastic.dl2.train.train`).
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from hpc_elastic.dl2.history import HistorySamples, collect, history_slots, partition_servers, ps_partitions
 from hpc_elastic.dl2.train import Teacher, TrainConfig, TrainResult, base_spec, train
 from hpc_elastic.env import read_environment
-from hpc_elastic.policy.dl2_history import HistorySamples, collect, history_slots, partition_servers, ps_partitions
 from hpc_elastic.slurm import connect
 
 

@@ -9,7 +9,7 @@ DRF's) is measured on DRF's trajectories of held-out traces (other seeds). §4.2
 the cluster runs: ``bootstrap`` names the simulated one (:data:`BOOTSTRAP_TEACHERS`: DRF, the paper's, or the
 Optimus-like policy), whose runs give the samples and the episode bounds; DRF stays the validation's baseline.
 
-**Supervised from Slurm's history** (§4.2 at a Slurm site, :mod:`hpc_elastic.policy.dl2_history`): the samples
+**Supervised from Slurm's history** (§4.2 at a Slurm site, :mod:`hpc_elastic.dl2.history`): the samples
 come from the slots of sacct history instead of DRF's runs (the slots of the last fifth of the window, in time,
 are the held-out ones); the ``bootstrap`` teacher still runs the training traces, for the online phase's episode
 bounds and the training range.
@@ -67,6 +67,7 @@ import numpy as np
 import torch
 
 from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.history import TeacherSlot
 from hpc_elastic.dl2.net import (
     NetShape,
     PolicyNet,
@@ -87,7 +88,6 @@ from hpc_elastic.policy.dl2 import (
     sampler,
     teacher_steps,
 )
-from hpc_elastic.policy.dl2_history import TeacherSlot
 from hpc_elastic.policy.drf import Drf
 from hpc_elastic.policy.optimus import OptimusLike
 from hpc_elastic.policy.slots import (

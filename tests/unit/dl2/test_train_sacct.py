@@ -17,8 +17,8 @@ pytest.importorskip("torch", reason="DL² training needs torch")
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.history import TeacherSlot, collect, history_slots
 from hpc_elastic.dl2.train import base_spec, history_samples, load_networks, save_model, train
-from hpc_elastic.policy.dl2_history import TeacherSlot, collect, history_slots
 from hpc_elastic.policy.slots import Servers
 from hpc_elastic.sim.ps_jobs import JOB_TYPES
 from hpc_elastic.slurm import parse

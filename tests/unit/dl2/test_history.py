@@ -1,4 +1,4 @@
-"""Slurm's history as DL²'s supervised samples (DL² §4.2, :mod:`hpc_elastic.policy.dl2_history`): slots cut by
+"""Slurm's history as DL²'s supervised samples (DL² §4.2, :mod:`hpc_elastic.dl2.history`): slots cut by
 hand on two PS-mode jobs, the samples against :func:`teacher_steps` of the hand-made decision, what is skipped and
 counted, and the sacct reading it rests on (the hand-written fixture in ``tests/fixtures``, in sacct's layout)."""
 
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_elastic.policy.dl2 import StateSpec, teacher_steps
-from hpc_elastic.policy.dl2_history import (
+from hpc_elastic.dl2.history import (
     ASSUMED_EPOCHS,
     Collected,
     JobRecord,
@@ -24,6 +23,7 @@ from hpc_elastic.policy.dl2_history import (
     ps_partitions,
     step_role,
 )
+from hpc_elastic.policy.dl2 import StateSpec, teacher_steps
 from hpc_elastic.policy.slots import Packing, Servers, SlotAction
 from hpc_elastic.sim.ps_jobs import JOB_TYPES, SLOT_SECONDS
 from hpc_elastic.slurm import commands, parse
