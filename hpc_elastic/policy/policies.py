@@ -280,10 +280,10 @@ class _MlfqPolicy(Policy):
         limit = self.options.starve_limit
         starved = starved_rows(inp, limit)
         if starved is not None:  # STARVELIMIT: a starved job below the first queue is promoted to it
-            lifted = starved & (queue > 0)
-            if lifted.any():
-                queue = np.where(lifted, 0, queue)
-                promoted = lifted if promoted is None else promoted | lifted
+            raised = starved & (queue > 0)
+            if raised.any():
+                queue = np.where(raised, 0, queue)
+                promoted = raised if promoted is None else promoted | raised
         # Promotion resets t_J and δ_J, hence a_J (§3.2.3), already for this pass.
         attained = jobs.attained if promoted is None else np.where(promoted, 0.0, jobs.attained)
         # (a pass over one job has one order: half of a simulated trace's passes, an arrival that fits the free GPUs)

@@ -1,5 +1,6 @@
 """Every policy the daemon runs, on random clusters (two GPU types, nodes of 1-8 GPUs) with rigid and elastic jobs,
-running and waiting, with and without a minimum run time: passes run to the end (no exception, no skip), and what
+running and waiting, with and without a minimum run time (and with a STARVELIMIT every waiting job has passed):
+passes run to the end (no exception, no skip), and what
 they start, resize or preempt is a job of the cluster."""
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def scenario(seed: int, jobs: list[Job], nodes: list[Node], root: Path) -> tuple
 
 
 @pytest.mark.parametrize("policy", DAEMON_POLICY_NAMES)
-@pytest.mark.parametrize("min_run", [0, 300])
+@pytest.mark.parametrize(("min_run", "starve"), [(0, "inf"), (300, "inf"), (300, "60")])
 def test_passes_of_every_daemon_policy_on_random_clusters(
-    tmp_path: Path, busy: tuple[list[Job], list[Node]], policy: str, min_run: int
+    tmp_path: Path, busy: tuple[list[Job], list[Node]], policy: str, min_run: int, starve: str
 ) -> None:
     captured_jobs, captured_nodes = busy
     start = next(j for j in captured_jobs if j.job_id == 24).start_time
@@ -92,7 +93,7 @@ def test_passes_of_every_daemon_policy_on_random_clusters(
             policy=policy,
             ckpt_roots=[str(root)],
             resize={"enabled": True},
-            tiresias={"thresholds": [600.0]},
+            tiresias={"thresholds": [600.0], "starve_limit_s": float(starve)},
             preemption={"min_run_time_s": min_run, "grace_s": 20, "requeue_wait_s": 2},
             **({"dl2": {"model": str(state / "absent.model")}} if policy == "dl2" else {}),  # its fallback
         )
