@@ -115,7 +115,11 @@ def main() -> None:
     parser.add_argument("--restart-overhead", type=float, default=0.0, help="seconds added to every restart")
     parser.add_argument("--starve-limit", type=float, default=math.inf, help="STARVELIMIT, s (inf: off)")
     args = parser.parse_args()
-    options = PolicyOptions(starve_limit=args.starve_limit)
+    try:
+        options = PolicyOptions(starve_limit=args.starve_limit)
+    except ValueError as err:
+        print(f"sched_quality.py: {err}", file=sys.stderr)
+        sys.exit(2)
     if not (args.traces / "tiresias_60_job.csv").is_file():
         sys.exit(f"shared traces not found in {args.traces}")
     curves = load_gavel_curves(args.traces / "gavel_simulation_throughputs.json")

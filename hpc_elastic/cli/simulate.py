@@ -155,7 +155,13 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
 @click.option(
     "--refit-pack-limit", is_flag=True, help="Refit PACKLIMIT from observed (placement, speed) pairs while replaying."
 )
-@click.option("--min-run-time", type=float, default=0.0, show_default=True, help="Seconds between preemptions.")
+@click.option(
+    "--min-run-time",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Seconds a (re)started job runs before it may be preempted (unless a job it overtook starves).",
+)
 @click.option("--time-slice", type=float, default=DEFAULT_TIME_SLICE, show_default=True, help="gandiva slice, s.")
 @click.option("--history", "history_path", type=click.Path(path_type=Path), help="Job sizes (GPU-s) for Gittins.")
 @click.option("--bandwidth", type=float, default=DEFAULT_BANDWIDTH / 1e9, show_default=True, help="Checkpoint GB/s.")

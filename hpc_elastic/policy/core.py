@@ -462,16 +462,17 @@ def nonpreemptive_idle(
     return max(lack, 1)
 
 
-def starved_rows(inp: PassInput, limit: float) -> BoolArray | None:
-    """Waiting jobs that fit the cluster and have waited ``limit`` seconds or more since they last began to
-    (arrival, preemption, promotion); None when there is none or no limit (∞)."""
+def starved_rows(inp: PassInput, limit: float, size: IntArray) -> BoolArray | None:
+    """Waiting jobs that fit the cluster at ``size`` GPUs (what the walk counts for them) and have waited ``limit``
+    seconds or more since they last began to (arrival, preemption, promotion); None when there is none or no
+    limit (∞)."""
     if math.isinf(limit) or len(inp.jobs) == 0:
         return None
     jobs = inp.jobs
     starved = ~jobs.running & (_starve_time(inp.now, jobs.current_wait, limit) <= inp.now)
     if not starved.any():
         return None
-    starved &= feasible_rows(inp)
+    starved &= feasible_rows(inp, size)
     return starved if starved.any() else None
 
 
@@ -483,64 +484,84 @@ def starved_first(
     is not enough: in the first queue a job that has never run ranks after every job that has (FIFO by first
     start), and the walk skips it while a stream of smaller jobs keeps some of its GPUs busy, so it may wait for
     ever. A starved job therefore also goes ahead of all others in this pass (starved jobs keep ``order`` among
-    themselves), and where the GPUs of its pool that are free or held by unpinned jobs fall short of its ``size``
-    (what the walk counts for it), the fewest pinned jobs of that pool lose their pin, the lowest in ``order``
-    first: the walk then holds the starved job, preempting them. Once it runs it is a job of the first queue that
-    started last, ahead of every job waiting there.
+    themselves).
 
-    Pools are counted as the walk counts them: a running job's GPUs in its pool, a starved job in the first of its
-    pools with room, else in the one that needs the fewest pins lifted. Returns the new order and pins."""
+    Where the GPUs of its pool that are free or held by unpinned jobs fall short of its ``size`` (what the walk
+    counts for it), pins (the minimum run time) are lifted, but only of jobs that started while it waited: they
+    overtook it. (Two jobs that preempt each other are never such: each began to wait when the other started, so
+    each run lasts the minimum run time.) The lowest-ranked of them lose their pin first, until the pool has room;
+    then any of those whose GPUs turn out not to be needed keeps it; of the pools that can make room, the one
+    that lifts the fewest. The walk then holds the starved job, preempting those.
+
+    Pools are counted as the walks count them: a running job's GPUs in the pools of its nodes, a starved job that
+    fits without lifting a pin in the pool :func:`_select_pools` would choose. Returns the new order and pins."""
     front = starved[order]
     order = np.concatenate((order[front], order[~front]))
     if pinned is None or not pinned.any():
         return order, pinned
     jobs, cluster = inp.jobs, inp.cluster
     n_pools = cluster.n_pools
-    room = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64)
-    loose = jobs.running & ~pinned
-    if loose.any():
-        room += np.bincount(jobs.pool[loose], weights=jobs.gpus[loose], minlength=n_pools).astype(np.int64)
-    room_l: list[int] = room.tolist()
-    # pinned jobs per pool, the lowest in the new order first (the first to lose their pin)
-    lifts: list[list[int]] = [[] for _ in range(n_pools)]
+    node_pool: list[int] = cluster.pool.tolist()
+    idle: list[int] = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64).tolist()
+    room = list(idle)  # what the walk may hand out in each pool
+    held: dict[int, list[int]] = {}  # a pinned job's GPUs per pool
+    for row in np.flatnonzero(jobs.running).tolist():
+        per = [0] * n_pools
+        for node, count in jobs.alloc[row]:
+            per[node_pool[node]] += count
+        if pinned[row]:
+            held[row] = per
+        else:
+            room = [a + b for a, b in zip(room, per, strict=True)]
     backwards = order[::-1]
-    for row in backwards[pinned[backwards]].tolist():
-        lifts[int(jobs.pool[row])].append(row)
-    liftable = [sum(int(jobs.gpus[r]) for r in rows) for rows in lifts]  # pinned GPUs per pool
-    pinned = pinned.copy()
+    ranked = backwards[pinned[backwards]].tolist()  # the lowest-ranked first
+    run_time, wait = jobs.run_time, jobs.current_wait
     capacity = cluster.capacity.tolist()
+    pinned = pinned.copy()
     for row in order[: int(front.sum())].tolist():
         need = int(size[row])
         pools = [p for p in _pools_of(int(jobs.pool_mask[row]), n_pools) if capacity[p] >= need]
-        ready = [p for p in pools if room_l[p] >= need]
+        ready = [p for p in pools if room[p] >= need]
         if ready:
-            room_l[ready[0]] -= need
+            quiet = [p for p in ready if idle[p] >= need]
+            p = min(quiet, key=lambda q: (idle[q], q)) if quiet else min(ready, key=lambda q: (room[q], q))
+            room[p] -= need
+            idle[p] -= min(idle[p], need)
             continue
-        reach = [p for p in pools if room_l[p] + liftable[p] >= need]
-        if not reach:
-            continue
-        best, best_lifted = -1, NEVER
-        for p in reach:
-            have, lifted = room_l[p], 0
-            for r in lifts[p]:
+        overtook = [r for r in ranked if pinned[r] and run_time[r] + TIME_EPS < wait[row]]
+        best: tuple[int, list[int]] | None = None
+        for p in pools:
+            have, lifts = room[p], []
+            for r in overtook:
                 if have >= need:
                     break
-                have += int(jobs.gpus[r])
-                lifted += 1
-            if lifted < best_lifted:
-                best, best_lifted = p, lifted
-        for r in lifts[best][:best_lifted]:
+                if held[r][p]:
+                    lifts.append(r)
+                    have += held[r][p]
+            if have < need:
+                continue
+            for r in lifts[::-1]:  # keep again the pins not needed
+                if have - held[r][p] >= need:
+                    lifts.remove(r)
+                    have -= held[r][p]
+            if best is None or len(lifts) < len(best[1]):
+                best = (p, lifts)
+        if best is None:
+            continue
+        p, lifts = best
+        for r in lifts:
             pinned[r] = False
-            room_l[best] += int(jobs.gpus[r])
-            liftable[best] -= int(jobs.gpus[r])
-        del lifts[best][:best_lifted]
-        room_l[best] -= need
+            room = [a + b for a, b in zip(room, held[r], strict=True)]
+        room[p] -= need
+        idle[p] -= min(idle[p], need)
     return order, (pinned if pinned.any() else None)
 
 
 def _starve_time(now: float, wait: FloatArray, limit: float) -> FloatArray:
     """When jobs that have waited ``wait`` seconds at ``now`` count as starved (the limit less TIME_EPS): a job is
-    starved at ``now`` when this is not after ``now``, so a wake-up at this time always finds it starved."""
+    starved at ``now`` when this is not after ``now``. A wake-up at this time finds it starved, or (rounding of
+    the clock) finds it a few ulps short and wakes again that much later: the same in every pass that computes it,
+    so the time a starved job is served does not depend on which passes ran before."""
     return now + ((limit - TIME_EPS) - wait)
 
 

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from numbers import Real
 from typing import ClassVar
 
 import numpy as np
@@ -110,7 +111,8 @@ class PolicyOptions:
 
     def __post_init__(self) -> None:
         MlfqConfig(self.thresholds, self.promote_knob)  # validates both
-        if not (isinstance(self.starve_limit, (int, float)) and self.starve_limit >= 1):  # (NaN too)
+        limit: object = self.starve_limit  # (a numpy number is fine, a bool is not)
+        if isinstance(limit, bool) or not isinstance(limit, Real) or not float(limit) >= 1:  # (NaN too)
             raise ValueError(f"starve_limit must be >= 1 second (inf: never), got {self.starve_limit!r}")
         if isinstance(self.min_history, bool) or not isinstance(self.min_history, int) or self.min_history < 0:
             raise ValueError(f"min_history must be an int >= 0, got {self.min_history!r}")
@@ -278,7 +280,7 @@ class _MlfqPolicy(Policy):
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
         limit = self.options.starve_limit
-        starved = starved_rows(inp, limit)
+        starved = starved_rows(inp, limit, self._walk_sizes(inp))
         if starved is not None:  # STARVELIMIT: a starved job below the first queue is promoted to it
             raised = starved & (queue > 0)
             if raised.any():

@@ -691,11 +691,13 @@ class _Replay:
         else:
             self.fruitless[row] += 1
             if self.fruitless[row] >= FRUITLESS_LIMIT:
+                starving = math.isfinite(self.policy.options.starve_limit)
                 raise ReplayStalled(
                     f"policy {self.policy.name} preempted job {self.sim.jobs[row].name!r} {FRUITLESS_LIMIT} times "
                     f"in a row before it did any work (each restart first restores for "
                     f"{self.stop_cost[row]:g} s): the replay would never end; a minimum run time longer than the "
                     "restore (--min-run-time) lets every run do work"
+                    + (", as does a --starve-limit longer than the restore" if starving else "")
                 )
         i = self.istate[:, row]
         i[_STATUS] = _PENDING

@@ -24,6 +24,7 @@ from hpc_elastic.policy import (
     make_policy,
     policy_names,
 )
+from hpc_elastic.policy.hetero import est_profile
 
 R = JobStatus.RUNNING
 _IDS: dict[str, int] = {}
@@ -397,6 +398,94 @@ def test_starved_job_lifts_only_the_pins_it_needs() -> None:
     assert started(decision) == ["big"] and preempted(decision) == ["s2"]
     unpinned = run("tiresias-las", jobs, nodes, starve_limit=600.0)
     assert started(unpinned) == ["big"] and preempted(unpinned) == ["s2"]
+
+
+def test_starved_job_lifts_only_the_pins_of_jobs_that_overtook_it_and_only_those_needed() -> None:
+    """A pinned 4-GPU job and a pinned 1-GPU job of a lower queue (ranked last) both started after the 4-GPU job
+    began to wait; lowest-ranked first would lift both, but the 4-GPU job's pin alone makes room: the 1-GPU job
+    keeps its pin (a 1-GPU waiting job does not take its GPU). A pinned job that was running before the starved job
+    began to wait did not overtake it: its pin holds, and the starved job waits for it."""
+    nodes = [NodeView("n0", 5, 0)]
+    big4 = job(
+        "big4",
+        4,
+        0.0,
+        R,
+        attained_service=40.0,
+        executed_time=10.0,
+        run_time=10.0,
+        first_start_time=90.0,
+        allocation=(("n0", 4),),
+    )
+    small = job(
+        "small",
+        1,
+        0.0,
+        R,
+        attained_service=5000.0,
+        executed_time=5000.0,
+        run_time=10.0,
+        first_start_time=0.0,
+        allocation=(("n0", 1),),
+        queue=1,
+    )
+    other = job("other", 1, 50.0, current_wait=10.0)
+    starved = job("starved", 4, 1.0, current_wait=700.0)
+    for name in ("tiresias-las", "tiresias-gittins", "tiresias-las+elastic", "easyscale-homo"):
+        decision = run(name, [big4, small, other, starved], nodes, min_run_time=300.0, starve_limit=600.0)
+        assert started(decision) == ["starved"] and preempted(decision) == ["big4"], name
+    older = replace(big4, run_time=800.0, executed_time=800.0, attained_service=3200.0 - 1.0)
+    decision = run("tiresias-las", [older, small, other, starved], nodes, min_run_time=1000.0, starve_limit=600.0)
+    assert started(decision) == [] and preempted(decision) == []
+
+
+def test_starved_job_lifts_the_pin_of_a_job_on_two_gpu_types() -> None:
+    """A pinned elastic job runs a plan on a100 and v100; a starved v100-only job needs its v100 GPUs, whatever the
+    order of the job's nodes."""
+    nodes = [NodeView("a0", 4, 3, gpu_type="a100"), NodeView("v0", 4, 0, gpu_type="v100")]
+    profile = est_profile({"a100": 1.0, "v100": 1.0}, 8, "v100")
+    for allocation in ((("a0", 1), ("v0", 4)), (("v0", 4), ("a0", 1))):
+        mixed = job(
+            "mixed",
+            5,
+            0.0,
+            R,
+            attained_service=50.0,
+            executed_time=10.0,
+            run_time=10.0,
+            first_start_time=90.0,
+            allocation=allocation,
+            min_gpus=1,
+            max_gpus=8,
+            scaling=profile,
+        )
+        starved = job("v100-only", 4, 1.0, current_wait=700.0, gpu_types=frozenset({"v100"}))
+        decision = run("easyscale-heter", [mixed, starved], nodes, min_run_time=300.0, starve_limit=600.0)
+        assert started(decision) == ["v100-only"], allocation
+
+
+def test_an_elastic_job_that_asks_more_than_the_cluster_starves_at_its_minimum() -> None:
+    """The elastic walks run a job that asks for 8 GPUs (minimum 2) on 4: it starves as any other."""
+    nodes = [NodeView("n0", 4, 0)]
+    runners = [
+        job(
+            f"r{i}",
+            1,
+            0.0,
+            R,
+            attained_service=10.0,
+            executed_time=10.0,
+            run_time=10.0,
+            first_start_time=90.0,
+            allocation=(("n0", 1),),
+        )
+        for i in range(4)
+    ]
+    wide = job("wide", 8, 0.0, current_wait=700.0, min_gpus=2, max_gpus=8)
+    jobs = [*runners, wide]
+    for name in ("tiresias-las+elastic", "easyscale-homo"):
+        decision = run(name, jobs, nodes, starve_limit=600.0)
+        assert name_of(jobs[int(decision.priority_order[0])].job_id) == "wide" and "wide" in started(decision)
 
 
 def test_starve_limit_wakes_the_pass_and_promotes_a_lower_queue_job() -> None:

@@ -356,6 +356,23 @@ def decisions(result: SimResult) -> list[tuple[float, EventKind, int, tuple[tupl
     return [(round(e.time, 9), e.kind, e.job_id, e.allocation) for e in result.log if e.kind in kinds]
 
 
+def test_two_starved_jobs_take_turns_and_each_run_does_work() -> None:
+    """Two 4-GPU jobs on 4 GPUs with STARVELIMIT 8 s: each starves in turn and preempts the other, but a pin is
+    lifted only for a job the pinned one overtook, never for the job it replaced, so with a minimum run time
+    longer than the 5 s restore both finish. With no minimum and a limit below the restore no run does any work:
+    a stalled replay, whose message names both knobs."""
+    jobs = [TraceJob(name, 0.0, 4, 100.0, line=i) for i, name in enumerate("ab")]
+    nodes = parse_cluster_spec("1x4")
+    config = SimConfig(restart_overhead=5.0)
+    for limit in (2.0, 8.0):
+        policy = make_policy("tiresias-las", PolicyOptions(starve_limit=limit, min_run_time=10.0))
+        result = Simulator(jobs, nodes, policy, config).run()
+        assert result.finished == 2 and int(result.preemptions.sum()) > 0
+    stalled = make_policy("tiresias-las", PolicyOptions(starve_limit=2.0))
+    with pytest.raises(ReplayStalled, match="--starve-limit longer than the restore"):
+        Simulator(jobs, nodes, stalled, config).run()
+
+
 def test_two_jobs_preempting_each_other_before_any_work_is_a_stalled_replay() -> None:
     """Two 4-GPU jobs on 4 GPUs under 2D-LAS with a 2 GPU-s first queue and PROMOTEKNOB 1: each is demoted within
     its 1 s restore and the waiting one promoted at once, so neither ever works; before, the replay ran forever.
