@@ -301,6 +301,18 @@ def _select_pools(
     return start_rows, start_pool
 
 
+def held_per_pool(inp: PassInput) -> IntArray:
+    """GPUs each job holds in each pool, from its allocation (a row per job, a column per pool; 0 while waiting):
+    a plan on several GPU types counts in each of them."""
+    jobs, cluster = inp.jobs, inp.cluster
+    node_pool: list[int] = cluster.pool.tolist()
+    held = np.zeros((len(jobs), cluster.n_pools), dtype=np.int64)
+    for row in np.flatnonzero(jobs.running).tolist():
+        for node, count in jobs.alloc[row]:
+            held[row, node_pool[node]] += count
+    return held
+
+
 def released(inp: PassInput, rows: list[int]) -> dict[int, int]:
     """GPUs per node that these running jobs hold (what stopping them frees)."""
     extra: dict[int, int] = {}
@@ -501,18 +513,11 @@ def starved_first(
         return order, pinned
     jobs, cluster = inp.jobs, inp.cluster
     n_pools = cluster.n_pools
-    node_pool: list[int] = cluster.pool.tolist()
     idle: list[int] = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64).tolist()
-    room = list(idle)  # what the walk may hand out in each pool
-    held: dict[int, list[int]] = {}  # a pinned job's GPUs per pool
-    for row in np.flatnonzero(jobs.running).tolist():
-        per = [0] * n_pools
-        for node, count in jobs.alloc[row]:
-            per[node_pool[node]] += count
-        if pinned[row]:
-            held[row] = per
-        else:
-            room = [a + b for a, b in zip(room, per, strict=True)]
+    per_pool = held_per_pool(inp)
+    # what the walk may hand out in each pool: the free GPUs and those of the unpinned running jobs
+    room: list[int] = (np.asarray(idle, dtype=np.int64) + per_pool[jobs.running & ~pinned].sum(axis=0)).tolist()
+    held = {row: per_pool[row].tolist() for row in np.flatnonzero(pinned).tolist()}  # a pinned job's, per pool
     backwards = order[::-1]
     ranked = backwards[pinned[backwards]].tolist()  # the lowest-ranked first
     run_time, wait = jobs.run_time, jobs.current_wait

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hpc_elastic.policy.core import WalkResult, _named, preemptions_of, released
+from hpc_elastic.policy.core import WalkResult, _named, held_per_pool, preemptions_of, released
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD, Proposal, best_plan, keep_scale_out, proposal_rank
 from hpc_elastic.policy.elastic import minimum_sizes
 from hpc_elastic.policy.placement import FreeIndex
@@ -252,17 +252,13 @@ def easyscale_walk(
     jobs, cluster = inp.jobs, inp.cluster
     n, n_pools = len(jobs), cluster.n_pools
     types = cluster.pool_names
-    node_pool = cluster.pool.tolist()
     running = jobs.running.tolist()
     gpus = jobs.gpus.tolist()
     low = np.minimum(jobs.min_gpus, jobs.gpus).tolist()
     top = np.maximum(jobs.max_gpus, jobs.gpus).tolist()
     masks = jobs.pool_mask.tolist()
     scaling = jobs.scaling
-    held = np.zeros((n, n_pools), dtype=np.int64)
-    for row in np.flatnonzero(jobs.running).tolist():
-        for node, count in jobs.alloc[row]:
-            held[row, node_pool[node]] += count
+    held = held_per_pool(inp)
     capacity = np.bincount(cluster.pool, weights=cluster.free, minlength=n_pools).astype(np.int64) + held.sum(axis=0)
     left = capacity.tolist()
     take = np.zeros((n, n_pools), dtype=np.int64)

@@ -280,7 +280,8 @@ class _MlfqPolicy(Policy):
         jobs = inp.jobs
         queue, promoted = mlfq_update(self.mlfq, jobs)
         limit = self.options.starve_limit
-        starved = starved_rows(inp, limit, self._walk_sizes(inp))
+        size = None if math.isinf(limit) else self._walk_sizes(inp)  # (what the walk counts: computed once)
+        starved = None if size is None else starved_rows(inp, limit, size)
         if starved is not None:  # STARVELIMIT: a starved job below the first queue is promoted to it
             raised = starved & (queue > 0)
             if raised.any():
@@ -291,8 +292,8 @@ class _MlfqPolicy(Policy):
         # (a pass over one job has one order: half of a simulated trace's passes, an arrival that fits the free GPUs)
         order = self._order(inp, queue, attained) if len(jobs) > 1 else np.zeros(len(jobs), dtype=np.int64)
         pinned = pinned_rows(inp, self.options.min_run_time)
-        if starved is not None:
-            order, pinned = starved_first(inp, order, pinned, starved, self._walk_sizes(inp))
+        if starved is not None and size is not None:
+            order, pinned = starved_first(inp, order, pinned, starved, size)
         walk = self._walk(inp, order, pinned)
         waiting = _waiting_after(inp, walk)
         wakeup = math.inf
