@@ -33,10 +33,11 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 @contextlib.contextmanager
 def reservation() -> Iterator[str]:
     """A reservation for the golden script, alive only while the test runs (sbatch --test-only refuses one that
-    has not started: "Invalid time specified")."""
+    has not started: "Invalid time specified"). It lasts well past the script's ``--begin=now+1hour``: one that ends
+    before the job may begin is "Requested reservation is invalid", as a 60-minute one is a second after it is made."""
     made = run(
         "scontrol", "create", "reservation", f"ReservationName={RESERVATION}", "Users=root", "Nodes=node1,node2",
-        "StartTime=now", "Duration=60", "Flags=IGNORE_JOBS",
+        "StartTime=now", "Duration=180", "Flags=IGNORE_JOBS",
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     try:
