@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from hpc_elastic.cli.group import Command
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.profile import ProfileError, ProfileNotFound, default_profile_dir, placement_skew, site_profile
@@ -111,7 +112,7 @@ def _load(path: Path) -> PluginConfig:
         sys.exit(2)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, prog="hpc-elastic-sched", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(path_type=Path), required=True, help="TOML configuration")
 @click.option("--once", is_flag=True, help="run one pass and exit")
 @click.option("--dry-run", is_flag=True, help="log the actions a pass would take; change nothing")

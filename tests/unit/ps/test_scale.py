@@ -240,6 +240,7 @@ def test_hpc_elastic_scale_refuses_before_writing(
 def test_bad_scale_values_are_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, ["scale", *args, f"--ckpt-root={tmp_path}"])
     assert result.exit_code == 2 and message in result.stderr, result.output
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
 
 

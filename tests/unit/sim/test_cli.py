@@ -196,13 +196,16 @@ def test_refit_pack_limit_reported(runner: CliRunner, tmp_path: Path) -> None:
         (["--time-slice", "0"], "time_slice"),
         (["--policy", "lottery"], "lottery"),
         (["--format", "csv"], "csv"),
+        (["--starve-limit", "abc"], "'abc' is not a valid float"),
+        (["--load-scale"], "Option '--load-scale' requires an argument"),
+        (["--cluster-size", "4"], "No such option '--cluster-size'"),
     ],
 )
-def test_bad_knobs_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], message: str) -> None:
+def test_bad_knobs_are_one_line_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], message: str) -> None:
     args = ["simulate", "--trace", str(trace(tmp_path)), "--format", "tiresias", "--cluster", "2x4", *extra]
     result = runner.invoke(cli, args)
     assert result.exit_code == 2
-    assert message in result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_starve_limit_bounds_the_wait_of_a_job_a_stream_overtakes(runner: CliRunner, tmp_path: Path) -> None:
