@@ -3,7 +3,8 @@ directory), hashing writers, and reads of files that someone else may have plant
 FIFO or device opened, the owner checked, the size bounded).
 
 Every atomic write of the package goes through :func:`atomic_write_bytes` (checkpoints, the control files of a job
-directory, profiles, the daemon's state file); every read of a file a user controls, by a process that runs with
+directory, profiles, the daemon's state file); :func:`sweep_temporaries` removes what a writer killed in one left
+behind. Every read of a file a user controls, by a process that runs with
 more rights than that user, goes through :func:`read_owned`.
 """
 
@@ -14,6 +15,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import secrets
 import stat
 import time
@@ -39,6 +41,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: the name of a temporary of :func:`atomic_write_bytes`: ``.<name>.tmp-<pid>-<16 hex digits>``
+TEMPORARY = re.compile(r"\..+\.tmp-[0-9]+-[0-9a-f]{16}")
+#: a temporary last modified this long ago belongs to a writer that died (a write takes milliseconds)
+STALE_TEMPORARY_S = 600.0
+
+
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` by ``data`` atomically: a temporary file beside it, fsync, rename, fsync the directory.
     A reader sees the old content or the new one, never a mix, whenever the writer dies.
@@ -59,6 +67,31 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def sweep_temporaries(directory: Path, *, now: float, older_than_s: float = STALE_TEMPORARY_S) -> int:
+    """Remove what writers killed inside :func:`atomic_write_bytes` (between the temporary's creation and its
+    rename: SIGKILL, a node lost) left in ``directory``: this user's plain files named as its temporaries and last
+    modified more than ``older_than_s`` before ``now``. The file each was to replace is intact. A write in
+    progress is younger, a link or another user's file is left alone; the number removed."""
+    try:
+        entries = os.scandir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    removed = 0
+    with entries:
+        for entry in entries:
+            if not TEMPORARY.fullmatch(entry.name):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and now - info.st_mtime > older_than_s:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
 
 
 #: the most one read of :func:`read_owned` asks for

@@ -82,7 +82,7 @@ from typing import Any
 
 from hpc_elastic.balance.speeds import check_capability
 from hpc_elastic.checkpoint import layout
-from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_owned
+from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_owned, sweep_temporaries
 
 CONTROL = "control"
 CHECKPOINTS = "checkpoints"
@@ -766,6 +766,12 @@ class JobDir:
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 os.rename(self.control / name, self.control / f"{name}{HANDLED}{stamp}")
+
+    def sweep_temporaries(self, now: float) -> int:
+        """Remove the stale temporaries of atomic writes (:func:`hpc_elastic.files.sweep_temporaries`) that a
+        process killed while writing a control file, the progress record, the result or a PS-mode status left in
+        the job directory; the number removed. The checkpoint store sweeps its own directory."""
+        return sum(sweep_temporaries(where, now=now) for where in (self.path, self.control, self.ps))
 
     def record_progress(self, progress: Progress) -> None:
         atomic_write_bytes(self.progress_path, progress.to_json().encode())

@@ -255,11 +255,13 @@ class Supervisor:
     def prepare(self) -> None:
         """Create the job directory, or check that the existing one is this user's and nobody else's to write into
         (:class:`~hpc_elastic.files.UnsafeFile` otherwise); set aside the stop request and acknowledgement of a
-        previous incarnation (kept for the record) so that neither is taken for one of this run.  A stop for a
-        chosen step that no checkpoint has acknowledged yet stands (:func:`hpc_elastic.jobdir.still_pending`)."""
+        previous incarnation (kept for the record) so that neither is taken for one of this run; remove the
+        temporaries of writes a kill interrupted.  A stop for a chosen step that no checkpoint has acknowledged yet
+        stands (:func:`hpc_elastic.jobdir.still_pending`)."""
         self.job_dir.prepare()
         standing = self.job_dir.standing_stop()
         self.job_dir.set_aside(int(self.clock()), keep_stop=standing is not None)
+        self.job_dir.sweep_temporaries(self.clock())
         newest = sorted(self.job_dir.checkpoints.glob("ckpt-*"))
         log.info(
             "job %s restart %d in %s; newest checkpoint: %s%s",

@@ -272,10 +272,12 @@ class PsWrapper:
         self.usr2 = True
 
     def prepare(self) -> bool:
-        """Create or check the job directory, set aside a previous incarnation's stop and acknowledgement; whether
-        this run restores the job (a checkpoint of an earlier run exists)."""
+        """Create or check the job directory, set aside a previous incarnation's stop and acknowledgement, remove the
+        temporaries of writes a kill interrupted; whether this run restores the job (a checkpoint of an earlier run
+        exists)."""
         self.job_dir.prepare()
         self.job_dir.set_aside(int(self.clock()))
+        self.job_dir.sweep_temporaries(self.clock())
         return ps_checkpoint.latest(self.job_dir.checkpoints) is not None
 
     def run(self) -> int:

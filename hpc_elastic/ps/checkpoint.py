@@ -10,9 +10,10 @@ that ``hpc-elastic job`` lists these checkpoints as it lists an EST-mode job's):
     LATEST                                "<seq>", written last: a checkpoint counts once LATEST names it
 
 Every file is written with :func:`hpc_elastic.files.atomic_write_bytes`, ``LATEST`` after all the others, so a
-master killed while saving leaves the previous checkpoint the latest. The two newest are kept, and a restore
-takes the newest of them whose files match its manifest (:func:`latest`): a damaged partition or queue file
-falls back to the previous checkpoint instead of failing every restore or restoring altered queues.
+master killed while saving leaves the previous checkpoint the latest (and temporaries, which a later save removes).
+The two newest are kept, and a restore takes the newest of them whose files match its manifest (:func:`latest`): a
+damaged partition or queue file falls back to the previous checkpoint instead of failing every restore or restoring
+altered queues.
 
 Partitions are keyed by global row id and array name, so a job may restore onto another number of PS: each new PS
 reads every old partition and keeps what hashes to it (:meth:`hpc_elastic.ps.server.ParameterServer.load`).
@@ -35,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hpc_elastic.checkpoint import CheckpointError, layout, open_checkpoint
-from hpc_elastic.files import atomic_write_bytes
+from hpc_elastic.files import atomic_write_bytes, sweep_temporaries
 from hpc_elastic.ps import wire
 from hpc_elastic.ps.shards import ShardState
 
@@ -124,6 +125,8 @@ def write(root: Path, seq: int, queues: ShardState, partitions: list[PsSnapshot]
     for old in _dirs(root):
         if _seq(old.name) <= seq - KEEP:
             shutil.rmtree(old, ignore_errors=True)
+    for kept in (root, where):  # what a master killed while saving left (an older save's directory goes whole)
+        sweep_temporaries(kept, now=time.time())
     return where
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -369,11 +370,15 @@ def test_a_stop_at_a_chosen_step_written_before_the_run_stands_and_is_requeued_w
     has acknowledged it), the workers stop there and acknowledge, and the wrapper requeues without any USR1."""
     job_dir = JobDir(tmp_path / "jobs" / "t-5").prepare()
     job_dir.request_stop(StopRequest(StopReason.RESIZE, time.time(), at_step=3))
+    killed = job_dir.control / ".ack.json.tmp-42-00000000000000ff"  # a write a kill interrupted, an hour ago
+    killed.write_bytes(b"{")
+    os.utime(killed, (time.time() - 3600,) * 2)
     command = (sys.executable, "-c", SCHEDULER_STOPPED_WORKER, "-", str(job_dir.control))
     monkeypatch.setattr("hpc_elastic.launch.workers.worker_argv", lambda step, exports=(): command)
     slurm = RecordingSlurm()
     supervisor = Supervisor(WrapperConfig(tmp_path / "jobs", command), JobEnvironment(job_id=5, job_name="t"), slurm)  # type: ignore[arg-type]
     supervisor.prepare()
+    assert not killed.exists()
     assert supervisor.run() == 0  # no USR1 ever arrives here
     assert slurm.requeued == [JobRef(5)]
     request = job_dir.read_stop()

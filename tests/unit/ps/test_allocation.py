@@ -123,7 +123,12 @@ def test_the_reason_of_usr1_is_recorded_and_the_job_requeued(
 ) -> None:
     slurm = RequeueSlurm(comment, limit_s, started=time.time())
     ps_wrapper = wrapper(tmp_path, slurm, 0, "--max-requeues=1")
+    ps_wrapper.job_dir.prepare()
+    killed = ps_wrapper.job_dir.control / ".stop.tmp-42-00000000000000ff"  # a write a kill interrupted, long ago
+    killed.write_bytes(b"{")
+    os.utime(killed, (time.time() - 3600,) * 2)
     ps_wrapper.prepare()
+    assert not killed.exists()
     ps_wrapper.usr1 = True
     ps_wrapper.stop = ps_wrapper.take_stop()
     assert ps_wrapper.stop is not None and ps_wrapper.stop[0] is reason
