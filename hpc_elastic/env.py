@@ -6,6 +6,7 @@ Everything else in hpc-elastic receives these values as arguments or through the
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -37,8 +38,8 @@ def _positive_float(name: str, raw: str) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {raw!r}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {raw!r}")
     return value
 
 

@@ -21,7 +21,7 @@ from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.launch.spec import JobMarker
 from hpc_elastic.profile import ProfileError, ProfileNotFound, default_profile_dir, placement_skew, site_profile
 from hpc_elastic.profile.schema import Profile, slugify
-from hpc_elastic.slurm import RetryPolicy, Runner, connect
+from hpc_elastic.slurm import RetryPolicy, Runner, SlurmError, connect
 from slurm_plugin.config import ConfigError, PluginConfig, load_config
 from slurm_plugin.daemon import CapabilityLookup, Daemon, DaemonLocked, SkewLookup, StopRequested, state_lock
 from slurm_plugin.easyscale import Capability, profiled_rates
@@ -124,12 +124,12 @@ def main(*, config_path: Path, once: bool, dry_run: bool, no_metrics: bool, log_
     config = _load(config_path)
     try:
         environment = read_environment()
+        # Slurm's version decides the backend; asked before the state database is opened, which stays untouched
+        client = connect(environment, Runner(timeout_s=environment.slurm_timeout_s, retry=RetryPolicy()))
         store = Store(config.state_dir, read_only=dry_run)
-    except (ValueError, StoreUnavailable) as exc:
-        click.echo(f"hpc-elastic-sched: {exc}", err=True)
+    except (ValueError, StoreUnavailable, SlurmError) as exc:  # SlurmError: Slurm down or its commands missing
+        click.echo(f"hpc-elastic-sched: {' '.join(str(exc).split())}", err=True)
         sys.exit(2)
-    runner = Runner(timeout_s=environment.slurm_timeout_s, retry=RetryPolicy())
-    client = connect(environment, runner)
     metrics = Metrics()
     if config.metrics.enabled and not no_metrics and not once:
         metrics.serve(config.metrics.address, config.metrics.port)

@@ -293,6 +293,8 @@ def load_config(path: Path) -> PluginConfig:
         raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start})"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+    except RecursionError:  # arrays or inline tables nested deeper than the parser goes
+        raise ConfigError([f"{path}: not valid TOML: nested too deeply"]) from None
     problems: list[str] = []
     try:
         config = parse_config(data, str(path))

@@ -46,6 +46,8 @@ def load_state(state_dir: Path) -> dict[str, Any]:
         raise NoState(f"no daemon state in {path} ({exc.strerror or exc}); has hpc-elastic-sched run?") from None
     except ValueError as exc:
         raise NoState(f"daemon state {path} is not valid JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the decoder goes
+        raise NoState(f"daemon state {path} is not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise NoState(f"daemon state {path} has no job list")
     for job in doc["jobs"]:

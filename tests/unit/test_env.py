@@ -27,7 +27,9 @@ def test_defaults_and_overrides() -> None:
     [
         ("HPC_ELASTIC_SLURM_BACKEND", "rest", "must be one of auto, cli, pyslurm, got 'rest'"),
         ("HPC_ELASTIC_SLURM_TIMEOUT", "soon", "must be a number of seconds, got 'soon'"),
-        ("HPC_ELASTIC_SLURM_TIMEOUT", "-1", "must be positive, got '-1'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "-1", "must be a positive, finite number of seconds, got '-1'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "1e400", "must be a positive, finite number of seconds, got '1e400'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "nan", "must be a positive, finite number of seconds, got 'nan'"),
     ],
 )
 def test_bad_values(key: str, value: str, message: str) -> None:

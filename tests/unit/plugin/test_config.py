@@ -121,6 +121,10 @@ def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     broken.write_text("state_dir = \n")
     result = CliRunner().invoke(main, ["--config", str(broken)])
     assert result.exit_code == 2 and "not valid TOML" in result.output
+    deep = tmp_path / "deep.toml"
+    deep.write_text(f'state_dir = "{tmp_path}"\nx = {"[" * 5000}{"]" * 5000}\n')
+    result = CliRunner().invoke(main, ["--config", str(deep)])
+    assert result.exit_code == 2 and result.stderr == f"hpc-elastic-sched: {deep}: not valid TOML: nested too deeply\n"
     undecodable = tmp_path / "latin1.toml"
     undecodable.write_bytes(f'state_dir = "{tmp_path}"\n# caf\xe9\n'.encode("latin-1"))
     result = CliRunner().invoke(main, ["--config", str(undecodable)])
@@ -129,6 +133,10 @@ def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     good.write_text(f'state_dir = "{tmp_path}"\n')
     result = CliRunner().invoke(main, ["--config", str(good), "--once"], env={"HPC_ELASTIC_SLURM_TIMEOUT": "abc"})
     assert result.exit_code == 2 and "HPC_ELASTIC_SLURM_TIMEOUT" in result.output and result.exception is not None
+    no_slurm = {"PATH": str(tmp_path / "no-bin"), "HPC_ELASTIC_SLURM_BACKEND": "auto"}  # no scontrol to ask
+    result = CliRunner().invoke(main, ["--config", str(good), "--once"], env=no_slurm)
+    assert result.exit_code == 2 and result.stderr.startswith("hpc-elastic-sched: scontrol not found"), result.output
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "state.sqlite3").exists()  # nothing opened
     (tmp_path / "state.sqlite3").mkdir()
     result = CliRunner().invoke(main, ["--config", str(good), "--once"])
     assert result.exit_code == 2 and "unable to open database file" in result.output
