@@ -52,15 +52,28 @@ def evaluate_model(config: EvalConfig) -> dict[str, float]:
 
 
 def plot_model(path: Path, loaded: model_file.ModelFile) -> None:
-    """The training curve stored in a model file."""
+    """The training curve stored in a model file (its ``meta``: a file's header, checked here before plotting)."""
     meta = loaded.meta
-    curve = [
-        CurvePoint(int(_num(p["update"])), int(_num(p["episode"])), _num(p["avg_jct"]), _num(p["episode_reward"]))
-        for p in meta.get("curve", [])
-    ]
-    losses = meta.get("supervised", {}).get("losses", [])
-    plot_curve(path, losses, curve, _num(meta.get("drf_validation_jct")))
+    points, supervised = meta.get("curve", []), meta.get("supervised", {})
+    if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+        raise ValueError("model file: the training curve is not a list of points")
+    if not isinstance(supervised, dict) or not isinstance(losses := supervised.get("losses", []), list):
+        raise ValueError("model file: the supervised losses are not a list")
+    curve = []
+    for p in points:
+        update, episode = p.get("update"), p.get("episode")
+        if not all(type(n) is int for n in (update, episode)):
+            raise ValueError(f"model file: curve point {str(p)[:80]} lacks an integer update and episode")
+        curve.append(CurvePoint(update, episode, _num(p.get("avg_jct")), _num(p.get("episode_reward"))))
+    plot_curve(path, [_num(x) for x in losses], curve, _num(meta.get("drf_validation_jct")))
 
 
 def _num(value: object) -> float:
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    """A finite number of the file, else NaN (not plotted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        number = float(value)
+    except OverflowError:
+        return math.nan
+    return number if math.isfinite(number) else math.nan

@@ -56,10 +56,14 @@ class ModelFile:
         indexes = sorted(int(m.group(1)) for name in self.arrays if (m := pattern.match(name)))
         out: Layers = []
         for k in indexes:
-            bias = self.arrays.get(f"{prefix}.{k}.bias")
+            weight, bias = self.arrays[f"{prefix}.{k}.weight"], self.arrays.get(f"{prefix}.{k}.bias")
             if bias is None:
                 raise ValueError(f"model file: {prefix}.{k} has a weight and no bias")
-            out.append((self.arrays[f"{prefix}.{k}.weight"], bias))
+            if weight.ndim != 2 or bias.shape != weight.shape[:1]:
+                raise ValueError(
+                    f"model file: {prefix}.{k} is not a linear layer (weight {weight.shape}, bias {bias.shape})"
+                )
+            out.append((weight, bias))
         return out
 
     def network(self) -> Network:
@@ -141,6 +145,8 @@ def decode(data: bytes, where: str = "model file") -> ModelFile:
         header = json.loads(body[start : start + length])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{where}: unreadable header ({exc})") from None
+    except RecursionError:  # nested deeper than the decoder goes
+        raise ValueError(f"{where}: unreadable header (nested too deeply)") from None
     if not isinstance(header, dict) or header.get("format") != "hpc-elastic-dl2":
         raise ValueError(f"{where}: not a DL² model file")
     if header.get("version") != VERSION:

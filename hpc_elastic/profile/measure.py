@@ -52,6 +52,10 @@ DEFAULT_CPU_CAP_FRACTION = 0.5  # of the host memory available when profiling st
 MEMORY_RESOLUTION = 1 / 32  # bisection stops within ~3 %: the peak RSS of one step varies by a few % run to run
 
 
+#: the largest batch size or PS shard count a profile measures (a larger one is a typo, not a workload)
+MAX_COUNT = 1 << 24
+
+
 @dataclass(frozen=True)
 class ProfileRequest:
     """Everything ``hpc-elastic profile run`` was asked to do."""
@@ -85,6 +89,8 @@ class ProfileRequest:
             raise ValueError(f"memory cap must be positive, got {self.memory_cap_bytes!r}")
         if self.batch_sizes is not None and (not self.batch_sizes or min(self.batch_sizes) < 1):
             raise ValueError(f"batch sizes must be positive integers, got {self.batch_sizes!r}")
+        if (largest := max((*(self.batch_sizes or ()), self.max_batch))) > MAX_COUNT:
+            raise ValueError(f"batch sizes must be at most {MAX_COUNT:,}, got {largest}")
         if self.name is not None and not re.match(NAME_PATTERN, self.name):
             raise ValueError(f"a profile name takes letters, digits, _ . + - and one @, got {self.name!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
@@ -93,6 +99,8 @@ class ProfileRequest:
             raise ValueError("--clock process times CPU work; a CUDA profile needs the wall clock")
         if not self.shard_counts or min(self.shard_counts) < 1:
             raise ValueError(f"shard counts must be positive integers, got {self.shard_counts!r}")
+        if max(self.shard_counts) > MAX_COUNT:
+            raise ValueError(f"shard counts must be at most {MAX_COUNT:,}, got {max(self.shard_counts)}")
 
 
 def _resolve_device(request: ProfileRequest) -> torch.device:

@@ -23,6 +23,8 @@ def settings_object(text: str, what: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the decoder goes
+        raise ValueError(f"{what} is not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a JSON object, not {text!r}")
     return data

@@ -200,6 +200,12 @@ REQUEST_WORKERS: tuple[int, ...] = (1, 2, 2, 4, 4, 8)
 REQUEST_PS: tuple[int, ...] = (1, 1, 2, 2, 4)
 
 
+#: the most jobs :func:`generate` makes or an experiment takes from a trace (more is a typo, not a workload)
+MAX_JOBS = 1_000_000
+#: the most servers, GPUs per server or cores per server ``parse_servers`` takes
+MAX_SERVER_COUNT = 100_000
+
+
 def parse_servers(spec: str) -> Servers:
     """``NxGxC``: N servers of G GPUs and C cores each (``16x4x16``)."""
     parts = spec.lower().split("x")
@@ -208,6 +214,8 @@ def parse_servers(spec: str) -> Servers:
     count, gpus, cpus = (int(part) for part in parts)
     if count < 1 or cpus < 1:
         raise ValueError(f"servers {spec!r}: need at least one server and one core per server")
+    if max(count, gpus, cpus) > MAX_SERVER_COUNT:
+        raise ValueError(f"servers {spec!r}: each of N, G and C must be at most {MAX_SERVER_COUNT:,}")
     return Servers.uniform(count, gpus, cpus)
 
 
@@ -276,8 +284,8 @@ def generate(
     (:func:`fit_request`). Durations are log-normal with mean ``mean_minutes`` at the requested allocation and the
     type's nominal speed; the variation changes the true speed, not the epochs (§6.4).
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise ValueError(f"jobs must be 1..{MAX_JOBS:,}, got {jobs!r}")
     pattern = Arrival(arrival)
     for name, value, low, high in (
         ("load", load, 0.0, math.inf),

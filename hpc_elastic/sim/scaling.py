@@ -60,25 +60,46 @@ GAVEL_JOB_TYPES: dict[str, str] = {
 MEDIAN = "median"
 
 
-def load_gavel_curves(path: str | Path, gpu_type: str = "v100") -> dict[str, ScalingCurve]:
-    """Speedup curves per Gavel job type measured on more than one GPU, plus :data:`MEDIAN`."""
-    file = Path(path)
+def _gavel_json(file: Path) -> object:
+    """The parsed throughputs file (Gavel's ``simulation_throughputs.json``); ``ValueError`` naming the problem."""
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc}") from None
+    except RecursionError:  # nested deeper than the decoder goes
+        raise ValueError(f"cannot read throughputs from {str(file)!r}: nested too deeply") from None
+
+
+def _gavel_entries(file: Path, data: object, gpu_type: str) -> list[tuple[str, int, float]]:
+    """``(job type, GPUs, iterations per second)`` of every entry of ``gpu_type`` (its key ``"('<job type>',
+    <GPUs>)"``, its value's ``null`` the job alone) with a positive, finite throughput; ``ValueError`` naming the
+    first entry that is not one, or a GPU count outside 1..MAX_ESTS."""
     table = data.get(gpu_type) if isinstance(data, dict) else None
     if not isinstance(table, dict):
         raise ValueError(f"{file}: no throughputs for GPU type {gpu_type!r}")
-    by_type: dict[str, dict[int, float]] = {}
+    entries = []
     for key, value in table.items():
         try:
             job_type, scale = ast.literal_eval(key)
-            throughput = float(value["null"])
-        except (ValueError, SyntaxError, TypeError, KeyError):
-            raise ValueError(f"{file}: unexpected entry {key!r} for {gpu_type}") from None
+            raw = value["null"]
+            if not isinstance(job_type, str) or type(scale) is not int or not 1 <= scale <= MAX_ESTS:
+                raise ValueError(key)
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                raise ValueError(raw)
+            throughput = float(raw)
+        except (ValueError, SyntaxError, TypeError, KeyError, OverflowError, RecursionError, MemoryError):
+            raise ValueError(f"{file}: unexpected entry {key[:80]!r} for {gpu_type}") from None
         if throughput > 0 and math.isfinite(throughput):
-            by_type.setdefault(str(job_type), {})[int(scale)] = throughput
+            entries.append((job_type, scale, throughput))
+    return entries
+
+
+def load_gavel_curves(path: str | Path, gpu_type: str = "v100") -> dict[str, ScalingCurve]:
+    """Speedup curves per Gavel job type measured on more than one GPU, plus :data:`MEDIAN`."""
+    file = Path(path)
+    by_type: dict[str, dict[int, float]] = {}
+    for job_type, scale, throughput in _gavel_entries(file, _gavel_json(file), gpu_type):
+        by_type.setdefault(job_type, {})[scale] = throughput
     curves: dict[str, ScalingCurve] = {}
     for job_type, points in by_type.items():
         if 1 not in points or len(points) < 2:
@@ -150,23 +171,12 @@ def load_gavel_capabilities(path: str | Path) -> dict[str, dict[str, float]]:
     type of :data:`GAVEL_GPU_TYPES`; plus :data:`MEDIAN`: per type, v100's median speed times the median over job
     types of the type's speed relative to v100."""
     file = Path(path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc}") from None
+    data = _gavel_json(file)
     by_job: dict[str, dict[str, float]] = {}
     for gpu_type in GAVEL_GPU_TYPES:
-        table = data.get(gpu_type) if isinstance(data, dict) else None
-        if not isinstance(table, dict):
-            raise ValueError(f"{file}: no throughputs for GPU type {gpu_type!r}")
-        for key, value in table.items():
-            try:
-                job_type, scale = ast.literal_eval(key)
-                throughput = float(value["null"])
-            except (ValueError, SyntaxError, TypeError, KeyError):
-                raise ValueError(f"{file}: unexpected entry {key!r} for {gpu_type}") from None
-            if int(scale) == 1 and throughput > 0 and math.isfinite(throughput):
-                by_job.setdefault(str(job_type), {})[gpu_type] = throughput
+        for job_type, scale, throughput in _gavel_entries(file, data, gpu_type):
+            if scale == 1:
+                by_job.setdefault(job_type, {})[gpu_type] = throughput
     out = {job: caps for job, caps in by_job.items() if len(caps) == len(GAVEL_GPU_TYPES)}
     if not out:
         raise ValueError(f"{file}: no job type measured on every one of {', '.join(GAVEL_GPU_TYPES)}")

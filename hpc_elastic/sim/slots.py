@@ -29,6 +29,7 @@ from hpc_elastic.policy.slots import JobType, Servers, SlotDecision, SlotInput, 
 from hpc_elastic.sim.ps_jobs import (
     DEFAULT_SERVERS,
     JOB_TYPES,
+    MAX_JOBS,
     SLOT_SECONDS,
     Arrival,
     SlotTraceJob,
@@ -336,8 +337,8 @@ class PsExperiment:
     def __post_init__(self) -> None:
         if not self.policies:
             raise ValueError("name at least one slot policy")
-        if self.jobs is not None and self.jobs < 1:
-            raise ValueError(f"jobs must be >= 1, got {self.jobs!r}")
+        if self.jobs is not None and not 1 <= self.jobs <= MAX_JOBS:
+            raise ValueError(f"jobs must be 1..{MAX_JOBS:,}, got {self.jobs!r}")
         if (self.trace is None) != (self.trace_format is None):
             raise ValueError("a trace file needs its format, and a format needs a trace file")
 

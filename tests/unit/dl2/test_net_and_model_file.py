@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ pytest.importorskip("torch", reason="the DL² networks need torch")
 import torch
 
 from hpc_elastic.dl2 import model_file
+from hpc_elastic.dl2.evaluate import plot_model
 from hpc_elastic.dl2.net import (
     NetShape,
     PolicyNet,
@@ -180,6 +183,38 @@ def test_a_well_formed_file_with_wrong_tensors_is_refused(tmp_path: Path) -> Non
     model_file.save(path, SPEC, {}, {}, arrays)
     with pytest.raises(ValueError, match="does not fit the spec"):
         model_file.load(path).network()
+
+
+def test_a_tensor_that_is_not_a_layer_or_a_header_nested_too_deeply_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m.dl2"
+    for weight in (np.zeros(12, dtype=np.float32), np.zeros((), dtype=np.float32), np.zeros((4, 3, 1), np.float32)):
+        model_file.save(
+            path, SPEC, {}, {}, {"policy.layers.0.weight": weight, "policy.layers.0.bias": np.zeros(4, np.float32)}
+        )
+        with pytest.raises(ValueError, match=r"policy.layers.0 is not a linear layer \(weight"):
+            model_file.load(path).network()
+    head = b'{"format":"hpc-elastic-dl2","version":1,"x":' + b"[" * 10**5 + b"]" * 10**5 + b"}"
+    body = model_file.MAGIC + len(head).to_bytes(8, "little") + head
+    path.write_bytes(body + hashlib.sha256(body).digest())
+    with pytest.raises(ValueError, match="unreadable header \\(nested too deeply\\)"):
+        model_file.load(path)
+
+
+def test_a_hostile_training_curve_is_refused_before_anything_is_plotted(tmp_path: Path) -> None:
+    policy, value = nets(4)
+    plot = tmp_path / "curve.png"
+    for meta, message in (
+        ({"curve": 3}, "the training curve is not a list of points"),
+        ({"curve": [3]}, "the training curve is not a list of points"),
+        ({"curve": [{}]}, "curve point {} lacks an integer update and episode"),
+        ({"curve": [{"update": 1e300, "episode": 0}]}, "lacks an integer update and episode"),
+        ({"supervised": [1]}, "the supervised losses are not a list"),
+        ({"supervised": {"losses": "low"}}, "the supervised losses are not a list"),
+    ):
+        model_file.save(tmp_path / "m.dl2", SPEC, {}, meta, to_arrays(policy, value))
+        with pytest.raises(ValueError, match=re.escape(message)):
+            plot_model(plot, model_file.load(tmp_path / "m.dl2"))
+        assert not plot.exists()
 
 
 def test_the_model_file_gives_the_registry_a_dl2_policy(tmp_path: Path) -> None:

@@ -56,11 +56,13 @@ def test_bad_ps_settings_file_is_named(tmp_path: Path) -> None:
         ('{"num_ps": 2}', "may not set num_ps: use --ps-range"),
         ("[1]", "must be a JSON object"),
         ('{"colour": 1}', "unknown PS job settings: ['colour']"),
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "the PS job's settings is not JSON: nested too deeply"),
     ):
         settings.write_text(text)
         args = ["submit", str(settings), f"--ckpt-root={tmp_path}", *PS, "--workers-range=1:1", "--ps-range=1:1"]
         result = CliRunner().invoke(cli, [*args, "--dry-run"])
-        assert result.exit_code == 2 and message in result.stderr, (text, result.output)
+        assert result.exit_code == 2 and message in result.stderr, (text[:80], result.output[-300:])
+        assert len(result.stderr.splitlines()) == 1
 
 
 def test_ranges_outside_ps_mode_are_refused() -> None:

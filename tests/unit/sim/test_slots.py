@@ -386,6 +386,9 @@ def test_cli_runs_and_prints_json() -> None:
         (["--load", "-1"], "load must be"),
         (["--load", "1e-9"], "load 1e-09 is too low: 5 jobs would arrive over"),  # (not slot after empty slot)
         (["--variation", "2"], "variation must be"),
+        (["--servers", "99999999999999999999x4x16"], "each of N, G and C must be at most 100,000"),
+        (["--jobs", "99999999999999999999"], "jobs must be 1..1,000,000, got 99999999999999999999"),
+        (["--jobs", "x"], "'x' is not a valid integer range"),
     ],
 )
 def test_cli_bad_input_exits_2(args: list[str], message: str) -> None:
