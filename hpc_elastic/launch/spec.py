@@ -17,7 +17,7 @@ from hpc_elastic.balance.mode import BalanceMode, check_balance
 from hpc_elastic.collective import Backend
 from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
-from hpc_elastic.ps.config import PsJobConfig, settings_object
+from hpc_elastic.ps.config import MAX_PROCESSES, PsJobConfig, settings_object
 
 DIRECTIVE = "#HPC-ELASTIC"
 MARKER = "hpc-elastic:"  # prefix of the job comment that marks a job as managed by the scheduler plugin
@@ -76,6 +76,8 @@ def _check_range(value: tuple[int, int], option: str) -> None:
     lo, hi = value
     if lo < 1 or lo > hi:
         raise ValueError(f"bad {option} {lo}:{hi}: two whole numbers A:B, 1 <= A <= B")
+    if hi > MAX_PROCESSES:
+        raise ValueError(f"bad {option} {lo}:{hi}: a PS-mode job runs at most {MAX_PROCESSES} of them")
 
 
 @dataclass(frozen=True)

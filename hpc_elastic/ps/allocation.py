@@ -83,7 +83,7 @@ from hpc_elastic.policy.brain import Group, JobLimits, Partition, Range, Resourc
 from hpc_elastic.ps import checkpoint as ps_checkpoint
 from hpc_elastic.ps.brain_agent import BrainAgent
 from hpc_elastic.ps.config import STEP_MEM_MB_PER_CPU, PsJobConfig
-from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher, StepNotPlaced
+from hpc_elastic.ps.job import OutOfMemory, ProcessFailed, PsJob, PsLauncher, StepNotPlaced, exit_on_signal
 from hpc_elastic.ps.placement import Nodes
 from hpc_elastic.slurm import connect
 from hpc_elastic.slurm.client import SlurmClient
@@ -217,10 +217,6 @@ def parse_args(argv: Sequence[str]) -> PsWrapperConfig:
     return config
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 class Outcome(StrEnum):
     """How the wrapper's watch over a running PS job ended."""
 
@@ -285,8 +281,8 @@ class PsWrapper:
         restore = self.prepare()
         self.warning = WarningDeadline.read(self.slurm, self.job, self.config.grace_s)
         previous = {
-            signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),  # a cancel, the time limit: stop the steps
-            signal.SIGINT: signal.signal(signal.SIGINT, _terminate),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, exit_on_signal),  # a cancel, the time limit: stop the steps
+            signal.SIGINT: signal.signal(signal.SIGINT, exit_on_signal),
             signal.SIGUSR1: take_usr1(self._on_usr1),
             signal.SIGUSR2: signal.signal(signal.SIGUSR2, self._on_usr2),
         }
@@ -606,7 +602,7 @@ class PsWrapper:
             return 0
         if action is Action.TIMEOUT:
             print("hpc-elastic-run: time-limit requeues spent: the job ends at its time limit", file=sys.stderr)
-            while True:  # Slurm's TERM at the limit ends the wrapper (_terminate)
+            while True:  # Slurm's TERM at the limit ends the wrapper (exit_on_signal)
                 time.sleep(POLL_S)
         print(f"hpc-elastic-run: the job ends as Slurm decided ({reason.value})", file=sys.stderr, flush=True)
         return 0 if outcome is Outcome.STOPPED else 1

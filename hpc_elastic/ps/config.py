@@ -30,6 +30,12 @@ def settings_object(text: str, what: str) -> dict[str, Any]:
     return data
 
 
+#: the most parameter servers, or workers, one PS-mode job runs
+MAX_PROCESSES = 4096
+#: the largest value of an integer setting (numpy's int64 holds it)
+MAX_SETTING = 1 << 62
+
+
 @dataclass(frozen=True)
 class PsJobConfig:
     num_ps: int = 2
@@ -74,6 +80,9 @@ class PsJobConfig:
             low = minimum.get(f.name, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{f.name} must be an integer >= {low}, not {value!r}")
+            high = MAX_PROCESSES if f.name in {"num_ps", "num_workers"} else MAX_SETTING
+            if value > high:
+                raise ValueError(f"{f.name} must be at most {high:,}, not {value!r}")
         self.shards()  # its own checks
 
     def shards(self) -> ShardConfig:

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import IO, Any
 
 from hpc_elastic.errors import HpcElasticError
@@ -67,6 +67,12 @@ POLL_S = 0.05
 STEP_PENDING_S = 30
 #: seconds a worker asked to leave (SIGTERM) has before it is killed (SIGKILL)
 LEAVE_GRACE_S = 10.0
+
+
+def exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """A handler for ``TERM`` and ``INT``: leave by ``SystemExit(128 + signal)``, so that a ``with PsJob(...)``
+    block stops its processes on the way out instead of leaving them running."""
+    raise SystemExit(128 + signum)
 
 
 def end_process(popen: subprocess.Popen[bytes], sig: signal.Signals, grace_s: float = LEAVE_GRACE_S) -> int:

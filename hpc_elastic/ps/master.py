@@ -37,6 +37,7 @@ later call of it, its late reports included, is refused (``refused`` counts them
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -73,8 +74,8 @@ class Master:
         *,
         liveness_s: float = LIVENESS_S,
     ) -> None:
-        if not liveness_s > 0:
-            raise ValueError(f"liveness_s must be a positive number of seconds, not {liveness_s!r}")
+        if not 0 < liveness_s < math.inf:
+            raise ValueError(f"liveness_s must be a positive, finite number of seconds, not {liveness_s!r}")
         if len(ps_addresses) != config.num_ps:
             raise ValueError(f"{len(ps_addresses)} PS addresses for num_ps={config.num_ps}")
         if checkpoint_every < 0:

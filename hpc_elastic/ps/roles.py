@@ -5,6 +5,7 @@ job, and ``local``, which runs a whole job on this machine and prints the master
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import tempfile
 import threading
@@ -16,7 +17,7 @@ import click
 
 from hpc_elastic.ps import checkpoint, rpc
 from hpc_elastic.ps.config import PsJobConfig, settings_object
-from hpc_elastic.ps.job import NODE_NAME, PsJob, PsLauncher, write_address
+from hpc_elastic.ps.job import NODE_NAME, PsJob, PsLauncher, exit_on_signal, write_address
 from hpc_elastic.ps.master import LIVENESS_S, Master
 from hpc_elastic.ps.server import ParameterServer
 
@@ -162,9 +163,14 @@ def local_command(
     )
     if num_workers < 1:
         raise ValueError(f"--workers must be at least 1, not {num_workers}")
-    with tempfile.TemporaryDirectory(prefix="hpc-elastic-ps-") as tmp:
-        t0 = time.monotonic()
-        with PsJob(config, run_dir or Path(tmp), launcher=PsLauncher(launcher)) as job:
-            status = job.wait()
-        status["seconds"] = round(time.monotonic() - t0, 2)
+    previous = {sig: signal.signal(sig, exit_on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:  # a TERM (a timeout, a cancel) stops the job's processes too
+        with tempfile.TemporaryDirectory(prefix="hpc-elastic-ps-") as tmp:
+            t0 = time.monotonic()
+            with PsJob(config, run_dir or Path(tmp), launcher=PsLauncher(launcher)) as job:
+                status = job.wait()
+            status["seconds"] = round(time.monotonic() - t0, 2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     click.echo(json.dumps(status))

@@ -74,7 +74,10 @@ def serve(
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=OPTIONS)
     rpc = grpc.unary_unary_rpc_method_handler(call)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Call": rpc}),))
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # gRPC's refusal of an address it cannot bind (not an address, not this host's)
+        bound = 0
     if bound == 0:
         raise HpcElasticError(f"cannot listen on {host}:{port}")
     server.start()

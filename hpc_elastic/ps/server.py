@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from hpc_elastic.ps import rpc, wire
 from hpc_elastic.ps.checkpoint import PsSnapshot
-from hpc_elastic.ps.config import PsJobConfig
+from hpc_elastic.ps.config import MAX_PROCESSES, PsJobConfig
 from hpc_elastic.ps.data import owner
 from hpc_elastic.ps.model import dense_owner, dense_shapes, init_dense, init_rows
 from hpc_elastic.ps.usage import own_usage
@@ -40,8 +40,8 @@ class ParameterServer:
 
     def _partition(self, index: int, num_ps: int) -> None:
         """Become partition ``index`` of ``num_ps`` with initial values."""
-        if not 0 <= index < num_ps:
-            raise ValueError(f"PS index {index} outside [0, {num_ps})")
+        if not 0 <= index < num_ps <= MAX_PROCESSES:
+            raise ValueError(f"PS index {index} outside [0, {num_ps}), or more than {MAX_PROCESSES} PS")
         self.index, self.num_ps = index, num_ps
         spec = self.config.model()
         all_ids = np.arange(self.config.criteo().num_ids, dtype=np.int64)

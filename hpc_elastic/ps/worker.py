@@ -293,6 +293,9 @@ def grow_resident(mb: int) -> bytearray:
 )
 def worker_command(worker_id: str, master_address: str, delay: float, run_dir: Path | None) -> None:
     """A worker: train on the master's shards until there are none left."""
+    host, colon, port = master_address.rpartition(":")
+    if not (host and colon and port.isdigit()):
+        raise ValueError(f"--master must be HOST:PORT, got {master_address!r}")
     torch.set_num_threads(1)
     worker = Worker(worker_id, master_address, delay, run_dir)
     report = worker.run()

@@ -30,6 +30,7 @@ def ps_spec(**values: object) -> SubmitSpec:
         (["--workers-range=-1:2", "--ps-range=1:1"], "bad --workers-range '-1:2'"),
         (["--workers-range=1:2", "--ps-range=0:1"], "bad --ps-range 0:1"),
         (["--workers-range=1:2", "--ps-range=2"], "bad --ps-range '2'"),
+        (["--workers-range=1:99999999999999999999", "--ps-range=1:1"], "a PS-mode job runs at most 4096 of them"),
         (["--workers-range=1:2"], "--mode ps needs --workers-range A:B and --ps-range C:D"),
         (["--workers-range=1:2", "--ps-range=1:1", "--gpus=2"], "--mode ps runs on CPUs: --gpus 2 is refused"),
         (["--workers-range=1:2", "--ps-range=1:1", "--procs=3"], "--procs is refused with --mode ps"),

@@ -249,6 +249,8 @@ def test_the_job_goes_on_from_its_checkpoint_after_everything_died(tmp_path: Pat
         (["--shard-size", "0"], "shard_size"),
         (["--workers", "0"], "--workers"),
         (["--lr", "-1"], "lr"),
+        (["--workers", "99999999999999999999"], "num_workers must be at most 4,096"),
+        (["--ps", "5000"], "num_ps must be at most 4,096"),
     ],
 )
 def test_bad_configs_are_one_line_and_exit_2(args: list[str], word: str) -> None:
@@ -257,9 +259,42 @@ def test_bad_configs_are_one_line_and_exit_2(args: list[str], word: str) -> None
     assert word in result.output and len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["ps", "--index", "0", "--num-ps", "99999999999999999999"], "PS index 0 outside [0, 99999999999999999999)"),
+        (["ps", "--index", "0", "--bind", "not an address"], "cannot listen on not an address:0"),
+        (["master", "--ps", "127.0.0.1:1", "--liveness", "inf"], "liveness_s must be a positive, finite number"),
+        (["worker", "--id", "w0", "--master", ""], "--master must be HOST:PORT, got ''"),
+    ],
+)
+def test_bad_role_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str], line: str) -> None:
+    config = ["--config", '{"num_ps": 1}', "--run-dir", str(tmp_path)] if args[0] != "worker" else []
+    result = CliRunner().invoke(main, [*args, *config])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"hpc-elastic: error: {line}") and len(result.stderr.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_job_sent_term_stops_its_processes_before_it_exits(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_elastic.ps", "local", "--samples", "2000000", "--run-dir", str(run_dir)]
+    job = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "master.addr").exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (run_dir / "master.addr").exists(), job.stderr.read() if job.stderr else ""
+    job.send_signal(signal.SIGTERM)  # to the parent alone, as a service manager or a kill of its pid does
+    assert job.wait(60) == 128 + signal.SIGTERM
+    left = subprocess.run(["pgrep", "-f", f"--run-dir {run_dir}"], capture_output=True, text=True, check=False)
+    assert left.stdout.split() == []
+
+
 def test_bad_config_values_are_named() -> None:
     with pytest.raises(ValueError, match="num_ps must be an integer >= 1, not 0"):
         PsJobConfig(num_ps=0)
+    with pytest.raises(ValueError, match="vocab must be at most 4,611,686,018,427,387,904, not 4611686018427387905"):
+        PsJobConfig(vocab=(1 << 62) + 1)
     with pytest.raises(ValueError, match="unknown PS job settings"):
         PsJobConfig.from_json({"num_ps": 1, "mode": "x"})
     for bad in (0, -1.0, float("inf"), True, "1"):
