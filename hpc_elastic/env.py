@@ -6,7 +6,6 @@ Everything else in hpc-elastic receives these values as arguments or through the
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,8 @@ from hpc_elastic.est.levels import DeterminismLevel
 
 DEFAULT_GPFS_ROOT = Path("/tmp/hpc-elastic/gpfs")  # noqa: S108 - the dev cluster's stand-in for GPFS
 DEFAULT_SLURM_TIMEOUT_S = 30.0
+#: the longest timeout taken from the environment: a day (a larger one overflows the system's timers)
+MAX_TIMEOUT_S = 86400.0
 SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
 
@@ -38,8 +39,8 @@ def _positive_float(name: str, raw: str) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {raw!r}")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT_S:.0f}], got {raw!r}")
     return value
 
 

@@ -44,10 +44,11 @@ def evaluate_model(config: EvalConfig) -> dict[str, float]:
         variation=config.variation,
         types=train_cfg.types,
     )
+    network = loaded.network()  # checked before anything is written
     if config.plot is not None:
         plot_model(config.plot, loaded)
     sim = SlotConfig(train_cfg.cluster, train_cfg.types)
-    jct = compare(Dl2Policy(loaded.network(), loaded.spec), policies, sim, trace)
+    jct = compare(Dl2Policy(network, loaded.spec), policies, sim, trace)
     return {name: value / SLOT_SECONDS for name, value in jct.items()}
 
 

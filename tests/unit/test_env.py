@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -27,13 +28,14 @@ def test_defaults_and_overrides() -> None:
     [
         ("HPC_ELASTIC_SLURM_BACKEND", "rest", "must be one of auto, cli, pyslurm, got 'rest'"),
         ("HPC_ELASTIC_SLURM_TIMEOUT", "soon", "must be a number of seconds, got 'soon'"),
-        ("HPC_ELASTIC_SLURM_TIMEOUT", "-1", "must be a positive, finite number of seconds, got '-1'"),
-        ("HPC_ELASTIC_SLURM_TIMEOUT", "1e400", "must be a positive, finite number of seconds, got '1e400'"),
-        ("HPC_ELASTIC_SLURM_TIMEOUT", "nan", "must be a positive, finite number of seconds, got 'nan'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "-1", "must be a number of seconds in (0, 86400], got '-1'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "1e400", "must be a number of seconds in (0, 86400], got '1e400'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "nan", "must be a number of seconds in (0, 86400], got 'nan'"),
+        ("HPC_ELASTIC_SLURM_TIMEOUT", "1e12", "must be a number of seconds in (0, 86400], got '1e12'"),
     ],
 )
 def test_bad_values(key: str, value: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         read_environment({key: value})
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("torch", reason="the DL² networks need torch")
 import torch
 
 from hpc_elastic.dl2 import model_file
-from hpc_elastic.dl2.evaluate import plot_model
+from hpc_elastic.dl2.evaluate import EvalConfig, evaluate_model, plot_model
 from hpc_elastic.dl2.net import (
     NetShape,
     PolicyNet,
@@ -29,7 +29,7 @@ from hpc_elastic.dl2.net import (
 from hpc_elastic.policy.dl2 import Dl2Policy, StateSpec, infer
 from hpc_elastic.policy.slot_registry import make_slot_policy
 from hpc_elastic.policy.slots import Servers, SlotInput, SlotJob
-from hpc_elastic.sim.ps_jobs import JOB_TYPES
+from hpc_elastic.sim.ps_jobs import JOB_TYPES, Arrival
 
 SPEC = StateSpec(jobs=6, type_names=tuple(kind.name for kind in JOB_TYPES), slot_seconds=1200.0, share_scale=0.01)
 SHAPE = NetShape(width_factor=0.5, hidden=32, row_hidden=16)
@@ -183,6 +183,11 @@ def test_a_well_formed_file_with_wrong_tensors_is_refused(tmp_path: Path) -> Non
     model_file.save(path, SPEC, {}, {}, arrays)
     with pytest.raises(ValueError, match="does not fit the spec"):
         model_file.load(path).network()
+    plot = tmp_path / "curve.png"
+    evaluation = EvalConfig(path, 0, 5, 1.0, Arrival.POISSON, 0.0, ("drf",), plot)
+    with pytest.raises(ValueError, match="does not fit the spec"):
+        evaluate_model(evaluation)
+    assert not plot.exists()  # refused before the plot is written
 
 
 def test_a_tensor_that_is_not_a_layer_or_a_header_nested_too_deeply_is_refused(tmp_path: Path) -> None:
