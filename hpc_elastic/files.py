@@ -5,7 +5,9 @@ FIFO or device opened, the owner checked, the size bounded).
 Every atomic write of the package goes through :func:`atomic_write_bytes` (checkpoints, the control files of a job
 directory, profiles, the daemon's state file); :func:`sweep_temporaries` removes what a writer killed in one left
 behind. Every read of a file a user controls, by a process that runs with
-more rights than that user, goes through :func:`read_owned`.
+more rights than that user, goes through :func:`read_owned`; every input file a user names to a command (a
+config, trace, cluster file, model, profile) through :func:`open_input` / :func:`read_input`, and every JSON
+document from outside the process through :func:`loads_json`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -136,6 +139,52 @@ def read_owned(base: Path, parts: Sequence[str], *, limit: int, owner: int | Non
     finally:
         for fd in reversed(fds):
             os.close(fd)
+
+
+#: the most bytes :func:`read_input` reads from one input file unless the caller says otherwise
+MAX_INPUT_BYTES = 1 << 30
+
+
+def open_input(path: Path, *, encoding: str | None = None, newline: str | None = None) -> IO[Any]:
+    """An input file a user named to a command, open for reading (binary, or text in ``encoding``): opened without
+    blocking and refused unless it is a regular file, so a FIFO, a device (``/dev/zero``) or a directory is one
+    error, not a read that waits or never ends. Raises :class:`OSError` (``FileNotFoundError`` when it is missing;
+    ``strerror`` says what is wrong)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a directory)", str(path))
+        os.set_blocking(fd, True)
+        if encoding is None:
+            return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "r", encoding=encoding, newline=newline)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: Path, *, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The content of the input file ``path`` (see :func:`open_input`), at most ``limit`` bytes: a larger file is an
+    :class:`OSError` (``EFBIG``) before anything is read into memory."""
+    with open_input(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise OSError(errno.EFBIG, f"{size} bytes, more than the {limit} allowed", str(path))
+        data: bytes = fh.read(limit + 1)  # one byte past the limit at most: a file grown since fstat
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"more than the {limit} bytes allowed", str(path))
+    return data
+
+
+def loads_json(text: str | bytes, what: str) -> Any:
+    """``json.loads(text)``, with every way a document from outside can fail as one :class:`ValueError` naming
+    ``what``: not JSON, not UTF-8, or nested deeper than the decoder goes (which raises ``RecursionError``)."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{what} is not JSON: nested too deeply") from None
 
 
 def _open_below(dir_fd: int, name: str, flags: int, base: Path) -> int:

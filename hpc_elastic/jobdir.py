@@ -82,7 +82,7 @@ from typing import Any
 
 from hpc_elastic.balance.speeds import check_capability
 from hpc_elastic.checkpoint import layout
-from hpc_elastic.files import UnsafeFile, atomic_write_bytes, private_dir, read_owned, sweep_temporaries
+from hpc_elastic.files import UnsafeFile, atomic_write_bytes, loads_json, private_dir, read_owned, sweep_temporaries
 
 CONTROL = "control"
 CHECKPOINTS = "checkpoints"
@@ -185,10 +185,7 @@ class StopRequest:
 
 
 def _json_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder goes
-        raise ValueError(f"{what} is not JSON: {text[:80]!r}") from None
+    doc = loads_json(text, what)
     if not isinstance(doc, dict):
         raise ValueError(f"{what} must hold a JSON object, got {str(doc)[:80]!r}")
     return doc

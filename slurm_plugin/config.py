@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from hpc_elastic.files import read_input
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, DEFAULT_PACK_LIMIT, DEFAULT_THRESHOLDS, POLICY_NAMES
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
 from hpc_elastic.policy.policies import Dl2GpuFallback
@@ -286,7 +287,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> PluginConfig:
 def load_config(path: Path) -> PluginConfig:
     """Read and validate the TOML file; the state directory must exist and be writable."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_input(path).decode("utf-8"))
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:

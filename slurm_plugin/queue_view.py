@@ -5,7 +5,6 @@ Used by ``hpc-elastic queue``. Reads one file; renders with rich.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from hpc_elastic.files import loads_json, read_input
 from slurm_plugin.daemon import STATE_NAME
 
 COLUMNS = (
@@ -41,13 +41,11 @@ class NoState(ValueError):
 def load_state(state_dir: Path) -> dict[str, Any]:
     path = state_dir / STATE_NAME
     try:
-        doc = json.loads(path.read_text())
+        doc = loads_json(read_input(path), f"daemon state {path}")
     except OSError as exc:
         raise NoState(f"no daemon state in {path} ({exc.strerror or exc}); has hpc-elastic-sched run?") from None
     except ValueError as exc:
-        raise NoState(f"daemon state {path} is not valid JSON: {exc}") from None
-    except RecursionError:  # nested deeper than the decoder goes
-        raise NoState(f"daemon state {path} is not valid JSON: nested too deeply") from None
+        raise NoState(str(exc)) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise NoState(f"daemon state {path} has no job list")
     for job in doc["jobs"]:

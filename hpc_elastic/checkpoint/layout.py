@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_elastic.files import loads_json
+
 FORMAT = "hpc-elastic-checkpoint/1"
 MANIFEST = "MANIFEST.json"
 #: the manifest's checksum of its own content (:func:`body_sha256`)
@@ -139,10 +141,7 @@ def _file_entry(name: str, raw: object) -> FileEntry:
 
 def parse_manifest(text: str) -> Manifest:
     """Parse ``MANIFEST.json``; raise ``ValueError`` naming what is wrong."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise ValueError(f"manifest is not JSON: {text[:80]!r}") from None
+    doc = loads_json(text, "manifest")
     if not isinstance(doc, dict):
         raise ValueError(f"manifest must be a JSON object, got {type(doc).__name__}")
     if doc.get("format") != FORMAT:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hpc_elastic.files import atomic_write_bytes
+from hpc_elastic.files import atomic_write_bytes, loads_json, read_input
 from hpc_elastic.policy.dl2 import Dl2Policy, Layers, Network, StateSpec
 from hpc_elastic.policy.slot_registry import SlotPolicyFactory
 
@@ -141,12 +141,7 @@ def decode(data: bytes, where: str = "model file") -> ModelFile:
     start = len(MAGIC) + _LENGTH.size
     if start + length > len(body):
         raise ValueError(f"{where}: header length {length} beyond the file")
-    try:
-        header = json.loads(body[start : start + length])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where}: unreadable header ({exc})") from None
-    except RecursionError:  # nested deeper than the decoder goes
-        raise ValueError(f"{where}: unreadable header (nested too deeply)") from None
+    header = loads_json(body[start : start + length], f"{where}: the header")
     if not isinstance(header, dict) or header.get("format") != "hpc-elastic-dl2":
         raise ValueError(f"{where}: not a DL² model file")
     if header.get("version") != VERSION:
@@ -181,10 +176,7 @@ def decode(data: bytes, where: str = "model file") -> ModelFile:
 def load(path: Path) -> ModelFile:
     """Read and check ``path``; ``ValueError`` for a missing, oversized, corrupt or foreign file."""
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ValueError(f"{path}: {size} bytes, more than a model file may have ({MAX_BYTES})")
-        data = path.read_bytes()
+        data = read_input(path, limit=MAX_BYTES)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
     return decode(data, str(path))

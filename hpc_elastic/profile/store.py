@@ -7,7 +7,6 @@ name is ``<model>@<device type>`` unless the user chose another; there is one fi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from pydantic import ValidationError
 
 from hpc_elastic.env import Environment, read_environment
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.files import UnsafeFile, atomic_write_bytes, read_owned
+from hpc_elastic.files import UnsafeFile, atomic_write_bytes, loads_json, read_input, read_owned
 from hpc_elastic.profile.schema import SCHEMA_VERSION, Profile, slugify
 
 SOURCE_PROFILE_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -77,20 +76,20 @@ def read_profile_file(path: Path | str) -> Profile:
     """Load and validate one profile file."""
     file = Path(path)
     try:
-        data = file.read_bytes()
+        data = read_input(file)
     except FileNotFoundError:
         raise ProfileError(f"no profile file {file}") from None
     except OSError as exc:
-        raise ProfileError(f"cannot read profile {file}: {exc}") from None
+        raise ProfileError(f"cannot read profile {file}: {exc.strerror or exc}") from None
     return _decode(data, file)
 
 
 def _decode(data: bytes, source: Path) -> Profile:
     """A profile from a file's bytes (UTF-8 JSON, validated); ``source`` names it in errors."""
     try:
-        decoded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # (nested past the decoder's depth)
-        raise ProfileError(f"{source}: not valid JSON: {exc}") from None
+        decoded = loads_json(data, str(source))
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
     return parse_profile(decoded, str(source))
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from hpc_elastic.files import loads_json
 from hpc_elastic.policy.brain import DEFAULT_HOT_THRESHOLD
 from hpc_elastic.ps.data import CriteoSpec
 from hpc_elastic.ps.model import ModelSpec
@@ -19,12 +19,7 @@ STEP_MEM_MB_PER_CPU = 1024
 
 def settings_object(text: str, what: str) -> dict[str, Any]:
     """``text`` as a JSON object (a PS job's settings); ``ValueError`` naming ``what`` otherwise."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{what} is not JSON: {exc}") from None
-    except RecursionError:  # nested deeper than the decoder goes
-        raise ValueError(f"{what} is not JSON: nested too deeply") from None
+    data = loads_json(text, what)
     if not isinstance(data, dict):
         raise ValueError(f"{what} must be a JSON object, not {text!r}")
     return data

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hpc_elastic.files import loads_json
+
 MAGIC = b"HPS1"
 #: the dtypes a message may carry (in this machine's byte order)
 DTYPES = frozenset({"float32", "float64", "int64", "int32", "uint8"})
@@ -46,7 +48,7 @@ def decode(data: bytes) -> tuple[dict[str, Any], Arrays]:
         raise ValueError(f"not a PS message (bad magic {bytes(data[:4])!r})")
     (n,) = struct.unpack_from("<I", data, 4)
     try:
-        doc = json.loads(data[8 : 8 + n])
+        doc = loads_json(data[8 : 8 + n], "a PS message header")
         header, meta = doc["h"], doc["a"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"not a PS message header: {exc}") from exc

@@ -25,7 +25,6 @@ throughput of its plan (EasyScale §3.4) relative to its requested GPUs of its r
 from __future__ import annotations
 
 import ast
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_elastic.est.detsum import MAX_ESTS
+from hpc_elastic.files import loads_json, read_input
 from hpc_elastic.policy.hetero import est_profile
 from hpc_elastic.policy.types import LINEAR, ScalingCurve
 from hpc_elastic.sim.trace import TraceJob
@@ -63,11 +63,9 @@ MEDIAN = "median"
 def _gavel_json(file: Path) -> object:
     """The parsed throughputs file (Gavel's ``simulation_throughputs.json``); ``ValueError`` naming the problem."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc}") from None
-    except RecursionError:  # nested deeper than the decoder goes
-        raise ValueError(f"cannot read throughputs from {str(file)!r}: nested too deeply") from None
+        return loads_json(read_input(file), f"throughputs file {str(file)!r}")
+    except OSError as exc:
+        raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc.strerror or exc}") from None
 
 
 def _gavel_entries(file: Path, data: object, gpu_type: str) -> list[tuple[str, int, float]]:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
+from hpc_elastic.files import open_input
 from hpc_elastic.policy.types import ScalingCurve
 from hpc_elastic.sim.models import model_info
 
@@ -160,7 +161,7 @@ class _Row:
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = open_input(path, encoding="utf-8", newline="")
     except OSError as exc:
         raise ValueError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
     with handle:

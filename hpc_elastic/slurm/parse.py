@@ -31,7 +31,6 @@ Formats understood
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -39,6 +38,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from hpc_elastic.files import loads_json
 from hpc_elastic.slurm.errors import SlurmParseError
 from hpc_elastic.slurm.types import GpuCounts, Job, JobState, Node, NodeState, Partition, PartitionState, Step
 
@@ -358,9 +358,9 @@ def _exit_code(value: Any) -> tuple[int | None, int | None]:
 
 def load_json(text: str, what: str) -> dict[str, Any]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmParseError(f"{what}: output is not JSON ({exc.msg} at line {exc.lineno})") from exc
+        data = loads_json(text, f"{what}: output")
+    except ValueError as exc:
+        raise SlurmParseError(str(exc)) from None
     if not isinstance(data, dict):
         raise SlurmParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -201,7 +201,7 @@ def test_a_tensor_that_is_not_a_layer_or_a_header_nested_too_deeply_is_refused(t
     head = b'{"format":"hpc-elastic-dl2","version":1,"x":' + b"[" * 10**5 + b"]" * 10**5 + b"}"
     body = model_file.MAGIC + len(head).to_bytes(8, "little") + head
     path.write_bytes(body + hashlib.sha256(body).digest())
-    with pytest.raises(ValueError, match="unreadable header \\(nested too deeply\\)"):
+    with pytest.raises(ValueError, match="the header is not JSON: nested too deeply"):
         model_file.load(path)
 
 

@@ -56,7 +56,7 @@ def test_queue_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
     assert out.exit_code == 2 and "a job entry lacks name, state, gpus, queue, attained_gpu_s" in out.output
     (incomplete / "state.json").write_text("[" * 100_000 + "]" * 100_000)
     out = CliRunner().invoke(cli, ["queue", "--config", str(_config_file(tmp_path, incomplete))])
-    assert out.exit_code == 2 and out.stderr.endswith("state.json is not valid JSON: nested too deeply\n")
+    assert out.exit_code == 2 and out.stderr.endswith("state.json is not JSON: nested too deeply\n")
     bad = tmp_path / "bad.toml"
     bad.write_text(f'state_dir = "{tmp_path}"\ninterval_s = -1\nfrobnicate = 1\n')
     out = CliRunner().invoke(cli, ["queue", "--config", str(bad)])

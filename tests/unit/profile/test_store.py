@@ -109,11 +109,14 @@ def test_unreadable_files(tmp_path: Path) -> None:
         api.read_profile_file(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(api.ProfileError, match="not valid JSON"):
+    with pytest.raises(api.ProfileError, match="bad.json is not JSON: Expecting property name"):
         api.read_profile_file(bad)
     bad.write_text('{"points": ' + "[" * 5000)  # nested past the decoder's depth
-    with pytest.raises(api.ProfileError, match="not valid JSON"):
+    with pytest.raises(api.ProfileError, match="bad.json is not JSON: nested too deeply"):
         api.read_profile_file(bad)
+    for unread in (Path("/dev/zero"), tmp_path):  # a device is never read to its end, a directory is no profile
+        with pytest.raises(api.ProfileError, match="not a regular file"):
+            api.read_profile_file(unread)
 
 
 def test_load_by_name_path_and_unique_model_name(tmp_path: Path) -> None:
