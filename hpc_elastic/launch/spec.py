@@ -72,12 +72,39 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def _check_range(value: tuple[int, int], option: str) -> None:
+def parse_number(text: str, option: str, kind: type[int] | type[float]) -> float:
+    """An option's value as ``kind`` (``int`` or ``float``); ``ValueError`` naming the option otherwise."""
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"bad {option} {text!r}: not {what}") from None
+
+
+def check_range(value: tuple[int, int], option: str) -> None:
+    """A PS job's ``--workers-range`` or ``--ps-range``: ``1 <= A <= B <= MAX_PROCESSES``."""
     lo, hi = value
     if lo < 1 or lo > hi:
         raise ValueError(f"bad {option} {lo}:{hi}: two whole numbers A:B, 1 <= A <= B")
     if hi > MAX_PROCESSES:
         raise ValueError(f"bad {option} {lo}:{hi}: a PS-mode job runs at most {MAX_PROCESSES} of them")
+
+
+#: the bounds of the wrapper's own options, the same in ``hpc-elastic submit`` and ``hpc-elastic-run``
+MAX_GRACE_S = 3600
+MAX_RESTARTS = 100
+MAX_REQUEUES = 1000
+
+
+def check_wrapper_limits(*, grace_s: float, max_restarts: int = 0, max_requeues: int = 0) -> None:
+    """The checkpoint grace (seconds, NaN and infinities refused), the restart budget within an allocation and the
+    requeues at the time limit; ``ValueError`` naming the option."""
+    if not 0 < grace_s <= MAX_GRACE_S:
+        raise ValueError(f"--grace must be between 1 and {MAX_GRACE_S} seconds, got {grace_s}")
+    if not 0 <= max_restarts <= MAX_RESTARTS:
+        raise ValueError(f"--max-restarts must be between 0 and {MAX_RESTARTS}, got {max_restarts}")
+    if not 0 <= max_requeues <= MAX_REQUEUES:
+        raise ValueError(f"--max-requeues must be between 0 and {MAX_REQUEUES}, got {max_requeues}")
 
 
 @dataclass(frozen=True)
@@ -199,8 +226,8 @@ def _check_ps(spec: SubmitSpec) -> None:
         raise ValueError(f"--mode ps runs on CPUs: --gpus {spec.gpus} is refused (give --gpus 0 or none)")
     if spec.workers_range is None or spec.ps_range is None:
         raise ValueError("--mode ps needs --workers-range A:B and --ps-range C:D")
-    _check_range(spec.workers_range, "--workers-range")
-    _check_range(spec.ps_range, "--ps-range")
+    check_range(spec.workers_range, "--workers-range")
+    check_range(spec.ps_range, "--ps-range")
     refused = {
         "--procs": spec.procs,
         "--workers": spec.workers,
@@ -252,8 +279,8 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"--gpus ({spec.gpus}) is above --max-gpus ({hi})")
     if spec.procs is not None and spec.procs < 1:
         raise ValueError(f"--procs must be >= 1, got {spec.procs}")
-    if spec.cpus_per_worker < 1:
-        raise ValueError(f"--cpus-per-worker must be >= 1, got {spec.cpus_per_worker}")
+    if not 1 <= spec.cpus_per_worker <= MAX_ESTS:
+        raise ValueError(f"--cpus-per-worker must be between 1 and {MAX_ESTS}, got {spec.cpus_per_worker}")
     if spec.nodes is not None and spec.nodes < 1:
         raise ValueError(f"--nodes must be >= 1, got {spec.nodes}")
     if spec.nodes is not None and spec.nodes > spec.processes:
@@ -276,12 +303,7 @@ def _check(spec: SubmitSpec) -> None:
         raise ValueError(f"bad job name {spec.job_name!r}: letters, digits and _.+- only, at most 64")
     if spec.profile is not None and not _PROFILE.fullmatch(spec.profile):
         raise ValueError(f"bad --profile {spec.profile!r}")
-    if not 0 < spec.grace_s <= 3600:
-        raise ValueError(f"--grace must be between 1 and 3600 seconds, got {spec.grace_s}")
-    if not 0 <= spec.max_restarts <= 100:
-        raise ValueError(f"--max-restarts must be between 0 and 100, got {spec.max_restarts}")
-    if not 0 <= spec.max_requeues <= 1000:
-        raise ValueError(f"--max-requeues must be between 0 and 1000, got {spec.max_requeues}")
+    check_wrapper_limits(grace_s=spec.grace_s, max_restarts=spec.max_restarts, max_requeues=spec.max_requeues)
     if not spec.ckpt_root.is_absolute():
         raise ValueError(f"--ckpt-root must be an absolute path on the shared filesystem, got {str(spec.ckpt_root)!r}")
     _check_sbatch_values(spec)

@@ -42,10 +42,11 @@ from typing import Any
 from hpc_elastic.balance.mode import BalanceMode
 from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment
+from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, ack_answers
 from hpc_elastic.launch.gpu_types import TypeAction, decide_gpu_type, feature_for_type
-from hpc_elastic.launch.spec import MarkerError, decode_marker
+from hpc_elastic.launch.spec import MarkerError, check_wrapper_limits, decode_marker, parse_number
 from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
 from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
 from hpc_elastic.slurm.client import SlurmClient
@@ -87,12 +88,11 @@ class WrapperConfig:
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("no worker command given (put it after --)")
-        if not self.grace_s > 0:
-            raise ValueError(f"grace must be positive, got {self.grace_s}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max restarts must be >= 0, got {self.max_restarts}")
-        if self.max_requeues < 0:
-            raise ValueError(f"max requeues must be >= 0, got {self.max_requeues}")
+        check_wrapper_limits(grace_s=self.grace_s, max_restarts=self.max_restarts, max_requeues=self.max_requeues)
+        if self.workers is not None and not 1 <= self.workers <= MAX_ESTS:
+            raise ValueError(f"--workers must be between 1 and {MAX_ESTS}, got {self.workers}")
+        if not 0 < self.kill_timeout_s < float("inf"):
+            raise ValueError(f"kill timeout must be a positive number of seconds, got {self.kill_timeout_s}")
         if self.launcher is Launcher.LOCAL:
             raise ValueError("hpc-elastic-run starts workers with srun or mpirun inside an allocation")
 
@@ -581,15 +581,15 @@ def parse_wrapper_args(argv: Sequence[str]) -> WrapperConfig:
         elif key == "--balance" and value:
             values["balance"] = BalanceMode.parse(value)
         elif key == "--workers" and value:
-            values["workers"] = int(value)
+            values["workers"] = parse_number(value, key, int)
         elif key == "--grace" and value:
-            values["grace_s"] = float(value)
+            values["grace_s"] = parse_number(value, key, float)
         elif key == "--launcher" and value:
             values["launcher"] = Launcher(value)
         elif key == "--max-restarts" and value:
-            values["max_restarts"] = int(value)
+            values["max_restarts"] = parse_number(value, key, int)
         elif key == "--max-requeues" and value:
-            values["max_requeues"] = int(value)
+            values["max_requeues"] = parse_number(value, key, int)
         else:
             raise ValueError(f"hpc-elastic-run: unknown or incomplete option {option!r}")
     if "ckpt_root" not in values:

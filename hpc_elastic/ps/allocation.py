@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from hpc_elastic.checkpoint import layout
 from hpc_elastic.env import JobEnvironment, read_environment, read_job_environment
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.files import atomic_write_bytes
 from hpc_elastic.jobdir import (
     Ack,
@@ -68,7 +69,7 @@ from hpc_elastic.jobdir import (
     StopRequest,
     next_progress,
 )
-from hpc_elastic.launch.spec import parse_range, ps_job_config
+from hpc_elastic.launch.spec import check_range, check_wrapper_limits, parse_number, parse_range, ps_job_config
 from hpc_elastic.launch.stops import Action, after_stop
 from hpc_elastic.launch.supervisor import (
     WarningDeadline,
@@ -115,6 +116,13 @@ class PsWrapperConfig:
     grace_s: float = 120.0
     settings: str | None = None
     max_requeues: int = 0  # requeues at the time limit (``--max-requeues``)
+
+    def __post_init__(self) -> None:
+        check_range(self.workers_range, "--workers-range")
+        check_range(self.ps_range, "--ps-range")
+        if not 1 <= self.cpus_per_worker <= MAX_ESTS:
+            raise ValueError(f"--cpus-per-worker must be between 1 and {MAX_ESTS}, got {self.cpus_per_worker}")
+        check_wrapper_limits(grace_s=self.grace_s, max_requeues=self.max_requeues)
 
     def job_config(self) -> PsJobConfig:
         return ps_job_config(self.settings, self.ps_range[0], self.workers_range[1])
@@ -198,12 +206,12 @@ def parse_args(argv: Sequence[str]) -> PsWrapperConfig:
             values["workers_range"] = parse_range(value, key)
         elif key == "--ps-range" and value:
             values["ps_range"] = parse_range(value, key)
-        elif key == "--cpus-per-worker" and value.isdigit() and int(value) >= 1:
-            values["cpus_per_worker"] = int(value)
+        elif key == "--cpus-per-worker" and value:
+            values["cpus_per_worker"] = parse_number(value, key, int)
         elif key == "--grace" and value:
-            values["grace_s"] = float(value)
-        elif key == "--max-requeues" and value.isdigit():
-            values["max_requeues"] = int(value)
+            values["grace_s"] = parse_number(value, key, float)
+        elif key == "--max-requeues" and value:
+            values["max_requeues"] = parse_number(value, key, int)
         elif key == "--ps-config" and value:
             values["settings"] = value
         else:

@@ -16,6 +16,7 @@ from hpc_elastic.collective import Backend
 from hpc_elastic.env import JobEnvironment, read_job_environment, tasks_per_node_total
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import JobDir, StopNotice, StopReason, StopRequest
+from hpc_elastic.launch import run
 from hpc_elastic.launch.supervisor import Supervisor, WrapperConfig, job_dir_of, job_ref_of, parse_wrapper_args
 from hpc_elastic.launch.workers import Launcher, WorkerStep, worker_argv, worker_environment
 from hpc_elastic.slurm import JobRef
@@ -112,12 +113,45 @@ def test_parse_wrapper_args() -> None:
         parse_wrapper_args(["--ckpt-root=/x", "--colour=red", "--", "python"])
     with pytest.raises(ValueError, match="no worker command"):
         parse_wrapper_args(["--ckpt-root=/x", "--"])
-    with pytest.raises(ValueError, match="max requeues must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="--max-requeues must be between 0 and 1000, got -1"):
         parse_wrapper_args(["--ckpt-root=/x", "--max-requeues=-1", "--", "python"])
     with pytest.raises(ValueError, match="unknown or incomplete option '--requeue-on-timelimit'"):
         parse_wrapper_args(["--ckpt-root=/x", "--requeue-on-timelimit", "--", "python"])
     with pytest.raises(ValueError, match="starts workers with srun or mpirun inside an allocation"):
         parse_wrapper_args(["--ckpt-root=/x", "--launcher=local", "--", "python"])
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--workers=-1", "--workers must be between 1 and 16384, got -1"),
+        ("--workers=99999999999999999999", "--workers must be between 1 and 16384"),
+        ("--workers=2.5", "bad --workers '2.5': not a whole number"),
+        ("--grace=inf", "--grace must be between 1 and 3600 seconds, got inf"),
+        ("--grace=nan", "--grace must be between 1 and 3600 seconds, got nan"),
+        ("--grace=soon", "bad --grace 'soon': not a number"),
+        ("--max-restarts=101", "--max-restarts must be between 0 and 100, got 101"),
+        ("--max-requeues=1001", "--max-requeues must be between 0 and 1000, got 1001"),
+    ],
+)
+def test_the_wrapper_refuses_bad_options_before_it_asks_slurm(
+    option: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_slurm(*_: object) -> None:
+        raise AssertionError("Slurm asked before the options were checked")
+
+    monkeypatch.setattr(run, "connect", no_slurm)
+    monkeypatch.setattr(run, "read_job_environment", no_slurm)
+    assert run.main(["--ckpt-root=/gpfs/jobs", option, "--", "python", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"hpc-elastic-run: error: {message}"), err
+
+
+def test_the_wrapper_help_is_its_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hpc-elastic-run --ckpt-root=DIR") and "--mode=ps" in out
+    assert run.main(["--mode=ps", "-h"]) == 0 and "--workers-range=A:B" in capsys.readouterr().out
 
 
 def test_job_directory_is_stable_across_requeues() -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from hpc_elastic.env import JobEnvironment
 from hpc_elastic.jobdir import StopNotice, StopReason
+from hpc_elastic.launch import run
 from hpc_elastic.policy.brain import Role
 from hpc_elastic.ps import allocation
 from hpc_elastic.ps.allocation import Outcome, PsWrapper, parse_args
@@ -304,3 +305,26 @@ def test_step_end_waits_for_accounting_and_takes_the_latest_step_of_a_name(
     end = ps_wrapper.step_end("ps0")
     assert end is not None and end.step_id == "5" and end.out_of_memory
     assert ps_wrapper.step_end("ps0") is None  # accounting never says
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--workers-range=2:1", "--ps-range=1:1"], "bad --workers-range 2:1: two whole numbers A:B, 1 <= A <= B"),
+        (["--workers-range=1:2", "--ps-range=1:99999999999999999999"], "a PS-mode job runs at most 4096 of them"),
+        (["--workers-range=1:2", "--ps-range=1:1", "--cpus-per-worker=0"], "--cpus-per-worker must be between 1"),
+        (["--workers-range=1:2", "--ps-range=1:1", "--grace=inf"], "--grace must be between 1 and 3600 seconds"),
+        (["--workers-range=1:2", "--ps-range=1:1", "--max-requeues=x"], "bad --max-requeues 'x': not a whole number"),
+    ],
+)
+def test_the_ps_wrapper_refuses_bad_options_before_it_asks_slurm(
+    options: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_slurm(*_: object) -> None:
+        raise AssertionError("Slurm asked before the options were checked")
+
+    monkeypatch.setattr(allocation, "connect", no_slurm)
+    monkeypatch.setattr(allocation, "read_job_environment", no_slurm)
+    assert run.main(["--mode=ps", "--ckpt-root=/gpfs/jobs", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hpc-elastic-run: error: ") and message in err, err
