@@ -16,6 +16,7 @@ from hpc_elastic.dl2.evaluate import EvalConfig, evaluate_model
 from hpc_elastic.dl2.plot import plot_curve
 from hpc_elastic.dl2.sacct import SacctTeacher, train_on_history
 from hpc_elastic.dl2.train import Teacher, TrainConfig, TrainResult, save_model, train
+from hpc_elastic.plotting import image_path
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES
 from hpc_elastic.sim.ps_jobs import Arrival, Catalogue, parse_servers
 
@@ -146,7 +147,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
     )
     _writable(out)
     if plot is not None:
-        _writable(plot)
+        image_path(plot, "--plot")
     say = None if as_json else click.echo
     result = train(config, progress=say) if sacct is None else train_on_history(sacct, config, progress=say)
     save_model(out, result)
@@ -184,7 +185,7 @@ def evaluate_command(  # noqa: PLR0917 - click passes every option as an argumen
     """Average JCT of a model file's policy against the slot baselines on a generated trace."""
     config = EvalConfig(model, seed, jobs, load, Arrival(arrival), variation, policies or SLOT_POLICY_NAMES, plot)
     if plot is not None:
-        _writable(plot)
+        image_path(plot, "--plot")
     jct = evaluate_model(config)
     ratios = {name: value / jct["dl2"] for name, value in jct.items() if name != "dl2"}
     if as_json:

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from hpc_elastic.cli.group import Group
 from hpc_elastic.env import read_environment
-from hpc_elastic.plotting import pyplot
+from hpc_elastic.plotting import image_path, pyplot, save
 from hpc_elastic.profile.measure import ProfileRequest, run_profile
 from hpc_elastic.profile.memory import format_size, parse_size
 from hpc_elastic.profile.options import parse_batch_sizes, parse_device, parse_model_spec, parse_positive_ints
@@ -393,7 +393,7 @@ def show_command(name: str, as_json: bool, profiles_dir: Path | None) -> None:
 def plot_command(name: str, output: Path | None, profiles_dir: Path | None) -> None:
     """Plot Γ(x) of profile NAME with its fit, saturation point and memory limit."""
     item = load_profile(name, _directory(profiles_dir))
-    target = output if output is not None else Path(f"{item.name}.png")
+    target = image_path(output if output is not None else Path(f"{item.name}.png"), "--output")
     plot_profile(item, target)
     click.echo(f"wrote {target}")
 
@@ -455,6 +455,4 @@ def plot_profile(item: Profile, target: Path) -> None:
     speed_handles, speed_labels = speed.get_legend_handles_labels()
     axis.legend(handles + speed_handles, labels + speed_labels, loc="upper left", fontsize="small")
     figure.tight_layout()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, dpi=110)
-    plt.close(figure)
+    save(figure, target, dpi=110)

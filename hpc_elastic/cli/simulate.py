@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hpc_elastic.plotting import pyplot
+from hpc_elastic.plotting import image_path, pyplot, save
 from hpc_elastic.policy import DEFAULT_MIN_HISTORY, POLICY_NAMES, PolicyOptions, ServiceDistribution, make_policy
 from hpc_elastic.policy.easyscale import DEFAULT_FALLBACK_HOLD
 from hpc_elastic.policy.mlfq import DEFAULT_THRESHOLDS
@@ -106,12 +106,7 @@ def _plot(results: dict[str, SimResult], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     cdf.legend(fontsize="small")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise ValueError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path, dpi=120)
 
 
 @click.command("simulate")
@@ -236,6 +231,8 @@ def simulate(  # noqa: PLR0917 - click passes every option as an argument
     fallback_hold: float,
 ) -> None:
     """Replay a job trace on a simulated GPU cluster and compare scheduling policies."""
+    if plot_path is not None:
+        image_path(plot_path, "--plot")
     nodes = _cluster(cluster_spec, cluster_file)
     trace = load_trace(trace_path, trace_format, skip_bad_rows=skip_bad_rows).scaled(load_scale)
     jobs = trace.jobs

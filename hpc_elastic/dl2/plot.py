@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpc_elastic.dl2.train import CurvePoint
-from hpc_elastic.plotting import pyplot
+from hpc_elastic.plotting import pyplot, save
 
 
 def plot_curve(path: Path, losses: Sequence[float], curve: Sequence[CurvePoint], drf_jct: float) -> None:
@@ -27,5 +27,4 @@ def plot_curve(path: Path, losses: Sequence[float], curve: Sequence[CurvePoint],
     right.set_title("Online RL (§4.3)")
     right.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path, dpi=100)

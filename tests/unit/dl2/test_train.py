@@ -120,6 +120,9 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path) -> None:
         (["--max-jobs", "0"], "max_jobs"),
         (["--teacher", "optimus", "--since", "2026-11-27"], "go with --teacher sacct"),
         (["--online-confidence", "0"], "online_confidence must be in (0, 1]"),
+        (["--plot", str(tmp_path / "curve.xyz")], "must be an image file name ending in .png"),
+        (["--plot", str(tmp_path / "curve")], "must be an image file name"),
+        (["--plot", str(tmp_path / "no" / "curve.png")], "does not exist"),
     ):
         code, text = run("train", "--out", str(out), *args)
         assert code == 2 and message in text, text

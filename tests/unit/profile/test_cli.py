@@ -104,8 +104,15 @@ def test_run_then_list_show_plot(tmp_path: Path) -> None:
 
     image = tmp_path / "plots" / "tiny.png"
     plotted = invoke("profile", "plot", "tiny", "-o", str(image), "--profiles-dir", str(tmp_path))
+    assert plotted.exit_code == 2 and "directory" in plotted.stderr and "does not exist" in plotted.stderr
+    image.parent.mkdir()
+    plotted = invoke("profile", "plot", "tiny", "-o", str(image), "--profiles-dir", str(tmp_path))
     assert plotted.exit_code == 0, plotted.output + plotted.stderr
-    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plotted.output == f"wrote {image}\n"
+    for name in (image.parent / "tiny", image.parent / "tiny.gif", ""):  # would be tiny.png, refused gif, ./.png
+        refused = invoke("profile", "plot", "tiny", "-o", str(name), "--profiles-dir", str(tmp_path))
+        assert refused.exit_code == 2 and "must be an image file name" in refused.stderr, refused.stderr
+    assert [p.name for p in image.parent.iterdir()] == ["tiny.png"]
 
 
 TRAINING_SCRIPT = """\

@@ -140,6 +140,8 @@ def test_table_output(runner: CliRunner, tmp_path: Path) -> None:
         (["--cluster", "2x4", "--throughputs", "t.json"], "needs --elastic"),
         (["--cluster", "2x4", "--min-history", "-1"], "min_history"),
         (["--cluster", "2x4", "--elastic", "2", "--throughputs", "/nonexistent.json"], "cannot read throughputs"),
+        (["--cluster", "2x4", "--plot", "jct.txt"], "--plot 'jct.txt' must be an image file name ending in .png"),
+        (["--cluster", "2x4", "--plot", "/nonexistent/jct.png"], "directory '/nonexistent' does not exist"),
     ],
 )
 def test_errors_are_one_line_exit_2(runner: CliRunner, tmp_path: Path, extra: list[str], message: str) -> None:
