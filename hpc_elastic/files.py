@@ -22,7 +22,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, BinaryIO
@@ -199,6 +199,23 @@ def _open_below(dir_fd: int, name: str, flags: int, base: Path) -> int:
 def _check_owner(info: os.stat_result, owner: int | None, base: Path, what: str) -> None:
     if owner is not None and info.st_uid != owner:
         raise UnsafeFile(f"{what} under {base} belongs to uid {info.st_uid}, not {owner}")
+
+
+@contextlib.contextmanager
+def dirs_kept_on_success(path: Path) -> Iterator[Path]:
+    """Create directory ``path`` and its missing parents for the ``with`` block; if the block raises, remove the
+    ones this call created (deepest first, each only while still empty), so that a refusal leaves nothing made."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for made in missing:  # deepest first
+            try:
+                made.rmdir()
+            except OSError:  # not empty (someone wrote into it) or already gone: keep what is not ours alone
+                break
+        raise
 
 
 def private_dir(path: Path, mode: int) -> Path:

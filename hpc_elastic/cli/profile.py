@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from hpc_elastic.cli.group import Group
 from hpc_elastic.env import read_environment
+from hpc_elastic.files import dirs_kept_on_success
 from hpc_elastic.plotting import image_path, pyplot, save
 from hpc_elastic.profile.measure import ProfileRequest, run_profile
 from hpc_elastic.profile.memory import format_size, parse_size
@@ -327,8 +328,8 @@ def _submit(
         program=(sys.executable, "-m", "hpc_elastic"),
     )
     client = connect(read_environment())
-    logs.mkdir(parents=True, exist_ok=True)  # sbatch does not create the directory of --output
-    job_id = client.submit(options=sbatch_options(request), script_text=job_script(request))
+    with dirs_kept_on_success(logs):  # sbatch does not create the directory of --output; gone if it refuses
+        job_id = client.submit(options=sbatch_options(request), script_text=job_script(request))
     click.echo(f"submitted profile job {job_id}: {shlex.join(build_sbatch_argv(request))}")
     click.echo(f"  runs: {shlex.join(profile_job_command(request))}")
     click.echo(f"  log:  {request.output.replace('%j', str(job_id)) if request.output else '(Slurm default)'}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import hpc_elastic
 from hpc_elastic.env import Environment
+from hpc_elastic.files import dirs_kept_on_success
 from hpc_elastic.launch.batch import render_batch_script
 from hpc_elastic.launch.spec import (
     Mode,
@@ -66,8 +67,8 @@ def submit_spec(spec: SubmitSpec, slurm: SlurmClient) -> int:
     """Check ``spec`` against the cluster, create its checkpoint root and submit it; the job id."""
     check_against_cluster(spec, slurm)
     script = batch_script(spec)  # (renders the marker, which checks its counts) before anything is made
-    spec.ckpt_root.mkdir(parents=True, exist_ok=True)
-    return slurm.submit(script_text=script)
+    with dirs_kept_on_success(spec.ckpt_root):  # the job's output goes there: made before sbatch, gone if it refuses
+        return slurm.submit(script_text=script)
 
 
 def resolve_profile(spec: SubmitSpec, env: Environment) -> SubmitSpec:

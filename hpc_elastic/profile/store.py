@@ -109,10 +109,12 @@ def save_profile(profile: Profile, directory: Path | str | None = None) -> Path:
 def list_profiles(directory: Path | str | None = None) -> list[Profile]:
     """All profiles in ``directory``, sorted by name; an invalid file raises :class:`ProfileError`.
 
-    A missing directory has no profiles.
+    A missing directory has no profiles; a path that is something else than a directory is a :class:`ProfileError`.
     """
     folder = _directory(directory)
     if not folder.is_dir():
+        if folder.exists():
+            raise ProfileError(f"profile directory {folder} is not a directory")
         return []
     profiles = [read_profile_file(path) for path in sorted(folder.glob(f"*{SUFFIX}")) if not path.name.startswith(".")]
     return sorted(profiles, key=lambda profile: profile.name)

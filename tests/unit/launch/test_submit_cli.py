@@ -64,3 +64,18 @@ def test_dry_run_shows_the_script_sbatch_lines_translated(script: Path, tmp_path
     lines = [line for line in result.stdout.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --account=root" in lines and "#SBATCH --qos=normal" in lines
     assert lines[-1] == "#SBATCH --exclude=node1"
+
+
+def test_a_refused_submit_leaves_no_checkpoint_root_it_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text("print('hi')\n")  # no --account: the first Slurm command is sbatch
+    monkeypatch.setenv("HPC_ELASTIC_SLURM_BACKEND", "cli")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))  # sbatch not found: refused after the checks
+    root = tmp_path / "gpfs" / "jobs"
+    result = CliRunner().invoke(cli, ["submit", str(script), f"--ckpt-root={root}", "--gpus=0"])
+    assert result.exit_code == 2 and "sbatch not found" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "gpfs").exists()  # neither the root nor its parent, both made for this submit
+    root.mkdir(parents=True)
+    (root / "earlier-job").mkdir()
+    result = CliRunner().invoke(cli, ["submit", str(script), f"--ckpt-root={root}", "--gpus=0"])
+    assert result.exit_code == 2 and [p.name for p in root.iterdir()] == ["earlier-job"]  # what was there stays

@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 
 from hpc_elastic.cli.main import cli
 from hpc_elastic.profile import load_profile, save_profile, submit
+from hpc_elastic.slurm.errors import SlurmCommandError
 
 from .helpers import make_profile
 
@@ -289,6 +290,23 @@ def test_submit_hands_the_job_to_the_slurm_adapter(tmp_path: Path, monkeypatch: 
     )
     assert [p.name for p in tmp_path.iterdir()] == ["logs"]  # sbatch needs the --output directory to exist
     assert result.output.splitlines()[-1] == f"  log:  {tmp_path.resolve()}/logs/profile-4242.out"
+
+
+def test_a_profile_job_sbatch_refuses_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refusing(environment: object = None) -> FakeSlurm:
+        fake = FakeSlurm()
+
+        def submit(*_: object, **__: object) -> int:
+            raise SlurmCommandError(["sbatch"], 1, "sbatch: error: invalid partition specified: gpu")
+
+        fake.submit = submit  # type: ignore[method-assign]
+        return fake
+
+    monkeypatch.setattr("hpc_elastic.cli.profile.connect", refusing)
+    profiles = tmp_path / "new" / "profiles"
+    result = invoke("profile", "run", TINY, "--submit", "--partition", "gpu", "--profiles-dir", str(profiles))
+    assert result.exit_code == 2 and "invalid partition" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_submit_a_script_passes_its_absolute_path(

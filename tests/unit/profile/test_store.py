@@ -137,6 +137,10 @@ def test_load_by_name_path_and_unique_model_name(tmp_path: Path) -> None:
 
 def test_list_and_find_by_model_and_device_type(tmp_path: Path) -> None:
     assert api.list_profiles(tmp_path / "missing") == []
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(api.ProfileError, match="a-file is not a directory"):
+        api.list_profiles(tmp_path / "a-file")
+    (tmp_path / "a-file").unlink()
     older = datetime(2026, 1, 1, tzinfo=UTC)
     newer = datetime(2026, 2, 1, tzinfo=UTC)
     api.save_profile(make_profile("toy", "nvidia-h100", created_at=older), tmp_path)
