@@ -31,6 +31,7 @@ from hpc_elastic.profile.meters import (
 from hpc_elastic.profile.model import ProfileRunError, load_model, model_info, torch_module
 from hpc_elastic.profile.options import DeviceSpec, auto_batch_sizes
 from hpc_elastic.profile.schema import (
+    MAX_NAME_LENGTH,
     NAME_PATTERN,
     DeviceInfo,
     DeviceKind,
@@ -93,6 +94,9 @@ class ProfileRequest:
             raise ValueError(f"batch sizes must be at most {MAX_COUNT:,}, got {largest}")
         if self.name is not None and not re.match(NAME_PATTERN, self.name):
             raise ValueError(f"a profile name takes letters, digits, _ . + - and one @, got {self.name!r}")
+        for label, text in (("a profile name", self.name), ("a device type", self.device_type)):
+            if text is not None and len(text) > MAX_NAME_LENGTH:
+                raise ValueError(f"{label} may have at most {MAX_NAME_LENGTH} characters, got {len(text)}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
         if self.clock is StepClock.PROCESS and self.device.kind is DeviceKind.CUDA:
@@ -143,6 +147,9 @@ def run_profile(request: ProfileRequest, progress: Progress | None = None) -> Pr
     loaded = load_model(request.model_spec)
     info = model_info(request.model_spec, loaded.name, loaded.module, request.shard_counts)
     device_info = identify_device(request.device, request.device_type)
+    name = request.name or f"{info.name}@{device_info.type}"
+    if len(name) > MAX_NAME_LENGTH:  # (a model's or a device's name): refused before anything is measured
+        raise ValueError(f"profile name {name[:40]!r}... has {len(name)} characters, more than {MAX_NAME_LENGTH}")
     meter: PeakMeter = CudaPeakMeter(device) if device.type == "cuda" else RssPeakMeter()
     runner = StepRunner(loaded, device, request.seed)
     runner.step(*runner.batch(1))  # creates the momentum buffers, so every probe sees the same state
@@ -216,7 +223,6 @@ def run_profile(request: ProfileRequest, progress: Progress | None = None) -> Pr
             saturation_batch=fit.saturation_batch,
             rms_relative_error=fit.rms_relative_error,
         )
-    name = request.name or f"{info.name}@{device_info.type}"
     return Profile(
         schema_version=1,
         name=name,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.files import read_input
 from hpc_elastic.profile.options import parse_model_spec
 from hpc_elastic.profile.schema import ModelInfo, ShardSkew, TensorInfo
 from hpc_elastic.profile.skew import largest_tensor_share, shard_skews
@@ -64,7 +65,8 @@ def _import_script(path_text: str, spec: str) -> Any:
         sys.path.insert(0, str(path.parent))
     sys.modules[name] = module
     try:
-        module_spec.loader.exec_module(module)
+        # compiled here, as Python runs a script: no bytecode cache left beside it (the loader's would write one)
+        exec(compile(read_input(path), str(path), "exec"), module.__dict__)  # noqa: S102 - the user's own script
     except BaseException as exc:  # the script is user code (SystemExit included): report it in one line
         del sys.modules[name]
         raise ProfileRunError(

@@ -21,6 +21,9 @@ from hpc_elastic.profile.skew import largest_tensor_share, shard_skew
 
 SCHEMA_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*(@[A-Za-z0-9][A-Za-z0-9_.+-]*)?$"
+#: the longest profile name: its file ``<name>.json`` and that file's temporary while it is written
+#: (``.<name>.json.tmp-<pid>-<16 hex>``) must fit a file name of 255 bytes
+MAX_NAME_LENGTH = 200
 DEVICE_TYPE_PATTERN = r"^[a-z0-9][a-z0-9_.+-]*$"
 _RELATIVE_TOLERANCE = 1e-6
 
@@ -246,7 +249,7 @@ class Profile(_Strict):
     """A profile of one model on one device type, schema version 1."""
 
     schema_version: Literal[1]  # == SCHEMA_VERSION
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)
     model: ModelInfo
     device: DeviceInfo
     measurement: Measurement

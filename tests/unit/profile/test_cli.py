@@ -159,7 +159,9 @@ def training_script(tmp_path: Path) -> Path:
     return path
 
 
-def test_run_a_training_script(tmp_path: Path, training_script: Path) -> None:
+def test_run_a_training_script(tmp_path: Path, training_script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as Python runs by default: caches what it imports
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
     out = tmp_path / "profiles"
     result = invoke(
         "profile", "run", str(training_script), "--max-batch", "2", "--device-type", "cpu-x",
@@ -171,9 +173,19 @@ def test_run_a_training_script(tmp_path: Path, training_script: Path) -> None:
     assert profile.model.name == "train"
     assert [t.shape for t in profile.model.tensors] == [[5, 6], [5], [3, 5], [3]]
     assert profile.memory_limit is not None and profile.memory_limit.batch_size == 2  # probes load it by path
+    assert [p.name for p in training_script.parent.iterdir()] == ["train.py"]  # no __pycache__ left beside it
     named = invoke("profile", "run", f"{training_script}:build", "--no-memory-limit", "--profiles-dir", str(out), *FAST)
     assert named.exit_code == 2
     assert "MODEL" in named.stderr and "must return (module, sample_batch)" in named.stderr
+
+
+def test_a_name_too_long_for_a_file_is_refused_before_anything_is_measured(tmp_path: Path) -> None:
+    out = tmp_path / "profiles"
+    given = invoke("profile", "run", TINY, "--name", "n" * 201, "--profiles-dir", str(out), *FAST)
+    assert_one_line_error(given, "a profile name may have at most 200 characters, got 201")
+    derived = invoke("profile", "run", TINY, "--device-type", "d" * 200, "--profiles-dir", str(out), *FAST)
+    assert_one_line_error(derived, "characters, more than 200")
+    assert not out.exists() and "Γ(x)" not in derived.output
 
 
 def test_memory_cap_below_one_sample_is_one_line(tmp_path: Path) -> None:
