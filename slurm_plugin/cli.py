@@ -107,8 +107,7 @@ def _load(path: Path) -> PluginConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
-        for problem in exc.problems:
-            click.echo(f"hpc-elastic-sched: {problem}", err=True)
+        click.echo(f"hpc-elastic-sched: {exc}", err=True)
         sys.exit(2)
 
 

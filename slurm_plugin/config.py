@@ -42,10 +42,10 @@ class OrderField(StrEnum):
 
 
 class ConfigError(ValueError):
-    """One or more problems in the configuration, one per line in :attr:`problems`."""
+    """One or more problems in the configuration, each in :attr:`problems`; as a message, all on one line."""
 
     def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
+        super().__init__("; ".join(problems))
         self.problems = problems
 
 

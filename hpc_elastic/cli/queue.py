@@ -39,7 +39,7 @@ def queue(config_path: Path | None, as_json: bool) -> None:
     try:
         config = load_config(path)
     except ConfigError as exc:
-        raise HpcElasticError("; ".join(exc.problems)) from None
+        raise HpcElasticError(str(exc)) from None
     try:
         doc = load_state(config.state_dir)
     except NoState as exc:

@@ -31,7 +31,7 @@ def _serve(name: str, handlers: dict[str, rpc.Handler], run_dir: Path, bind: str
     ``stopped`` is set; the address goes to ``run_dir/<name>.addr``."""
     host = socket.gethostname() if bind == NODE_NAME else bind
     server, port = rpc.serve(handlers, host=host)
-    write_address(run_dir, name, f"{host}:{port}")
+    write_address(run_dir, name, rpc.address(host, port))
     stopped.wait()
     server.stop(grace=1).wait()
 
@@ -48,7 +48,7 @@ _BIND = click.option(
 @click.command("ps")
 @click.option("--config", "config_json", required=True)
 @click.option("--index", type=int, required=True)
-@click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+@click.option("--run-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
 @_BIND
 @click.option("--num-ps", type=int, default=None, help="the number of PS it is one of (default: the config's)")
 @click.option("--name", default=None, help="its process name, of its address file (default: ps<index>)")
@@ -83,7 +83,7 @@ def ps_command(
 @click.command("master")
 @click.option("--config", "config_json", required=True)
 @click.option("--ps", "ps_addresses", required=True, help="the PS addresses, comma-separated, in index order")
-@click.option("--run-dir", type=click.Path(path_type=Path), required=True)
+@click.option("--run-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
 @_BIND
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--checkpoint-every", type=int, default=0, help="checkpoint after every N shards done (0: on request)")

@@ -9,6 +9,7 @@ is a bug of the server and reaches the caller as gRPC's UNKNOWN status.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
@@ -50,6 +51,25 @@ class PeerUnavailable(HpcElasticError):
     """The peer did not answer (gone, or not started yet)."""
 
 
+def address(host: str, port: int) -> str:
+    """``host:port`` as gRPC and the clients read it: an IPv6 host in brackets."""
+    bare = host.removeprefix("[").removesuffix("]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
+
+
+def _check_local_address(host: str, port: int) -> None:
+    """Refuse, in one line, a ``host`` that does not resolve or is not an address of this machine (gRPC's C core
+    would log its own line about it first): it is resolved, and a socket is bound to it on a free port."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(
+            host.removeprefix("[").removesuffix("]"), port, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind) as probe:
+            probe.bind((address[0], 0, *address[2:]))
+    except (OSError, UnicodeError, OverflowError, ValueError) as exc:  # (gaierror is an OSError)
+        raise HpcElasticError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 def serve(
     handlers: Mapping[str, Handler], port: int = 0, host: str = "127.0.0.1", threads: int = 8
 ) -> tuple[grpc.Server, int]:
@@ -71,11 +91,12 @@ def serve(
             return wire.encode({"error": f"malformed {op} request: {type(exc).__name__}: {exc}"})
         return wire.encode(reply, out)
 
+    _check_local_address(host, port)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), options=OPTIONS)
     rpc = grpc.unary_unary_rpc_method_handler(call)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Call": rpc}),))
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = server.add_insecure_port(address(host, port))
     except RuntimeError:  # gRPC's refusal of an address it cannot bind (not an address, not this host's)
         bound = 0
     if bound == 0:

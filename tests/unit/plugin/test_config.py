@@ -117,6 +117,11 @@ def test_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["--config", str(path), "--once", "--dry-run"])
     assert result.exit_code == 2
     assert "tiresias.thresholds: queue thresholds must be finite, > 0" in result.output
+    path.write_text(f'state_dir = "{tmp_path}"\ninterval_s = 0\n[metrics]\nport = 70000\n')  # two problems, one line
+    result = CliRunner().invoke(main, ["--config", str(path), "--once", "--dry-run"])
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"hpc-elastic-sched: {path}: ") and "; " in result.stderr
+    assert "interval_s" in result.stderr and "metrics.port" in result.stderr
     broken = tmp_path / "broken.toml"
     broken.write_text("state_dir = \n")
     result = CliRunner().invoke(main, ["--config", str(broken)])

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_elastic.policy.brain import Role
-from hpc_elastic.ps import checkpoint
+from hpc_elastic.ps import checkpoint, rpc
 from hpc_elastic.ps.__main__ import main
 from hpc_elastic.ps.config import PsJobConfig
 from hpc_elastic.ps.job import OutOfMemory, PsJob, end_process
@@ -264,6 +264,7 @@ def test_bad_configs_are_one_line_and_exit_2(args: list[str], word: str) -> None
     [
         (["ps", "--index", "0", "--num-ps", "99999999999999999999"], "PS index 0 outside [0, 99999999999999999999)"),
         (["ps", "--index", "0", "--bind", "not an address"], "cannot listen on not an address:0"),
+        (["ps", "--index", "0", "--bind", "192.0.2.1"], "cannot listen on 192.0.2.1:0: Cannot assign requested"),
         (["master", "--ps", "127.0.0.1:1", "--liveness", "inf"], "liveness_s must be a positive, finite number"),
         (["worker", "--id", "w0", "--master", ""], "--master must be HOST:PORT, got ''"),
     ],
@@ -274,6 +275,21 @@ def test_bad_role_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[s
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"hpc-elastic: error: {line}") and len(result.stderr.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_address_a_role_cannot_listen_on_is_one_line_of_ours(tmp_path: Path) -> None:
+    """gRPC's C core writes its own log line to the process's stderr before it refuses an address: the role refuses
+    it first (a real process: that line bypasses Python's streams)."""
+    for bind in ("not an address", "192.0.2.1"):  # (TEST-NET-1: never an address of this machine)
+        argv = ["ps", "--config", '{"num_ps": 1}', "--index", "0", "--run-dir", str(tmp_path), "--bind", bind]
+        out = subprocess.run(
+            [sys.executable, "-m", "hpc_elastic.ps", *argv], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert out.returncode == 2 and out.stderr.startswith(f"hpc-elastic: error: cannot listen on {bind}:0: ")
+        assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert rpc.address("::1", 5) == "[::1]:5" == rpc.address("[::1]", 5) and rpc.address("node1", 5) == "node1:5"
+    missing = CliRunner().invoke(main, ["ps", "--config", "{}", "--index", "0", "--run-dir", str(tmp_path / "no")])
+    assert missing.exit_code == 2 and "Directory" in missing.stderr and "does not exist" in missing.stderr
 
 
 def test_a_local_job_sent_term_stops_its_processes_before_it_exits(tmp_path: Path) -> None:
