@@ -31,6 +31,7 @@ from hpc_elastic.collective import Backend
 from hpc_elastic.env import read_environment
 from hpc_elastic.errors import HpcElasticError
 from hpc_elastic.est.checkpoint import Fingerprint, fingerprint
+from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import JobDir, StopReason, StopRequest
 from hpc_elastic.launch.batch import render_batch_script
@@ -286,12 +287,14 @@ class VerifyConfig:
     workdir: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if not 1 <= self.workers <= MAX_ESTS:
+            raise ValueError(f"--workers must be between 1 and {MAX_ESTS}, got {self.workers}")
         if self.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {self.steps}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--timeout must be a finite number of seconds > 0, got {self.timeout_s}")
+        if self.resize_at is not None and self.steps < 2:
+            raise ValueError(f"--resize-at needs --steps 2 or more (a step before the last), got {self.steps}")
         if self.resize_at is not None and not 0 < self.resize_at < self.steps:
             raise ValueError(
                 f"--resize-at must be in [1, {self.steps - 1}] for --steps {self.steps}, got {self.resize_at}"
