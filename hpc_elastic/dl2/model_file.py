@@ -169,6 +169,8 @@ def decode(data: bytes, where: str = "model file") -> ModelFile:
         if nbytes != 4 * math.prod(shape) or offset < 0 or offset + nbytes > len(payload):
             raise ValueError(f"{where}: tensor {name!r} does not fit the file")
         flat = np.frombuffer(payload[offset : offset + nbytes], dtype="<f4")
+        if not np.isfinite(flat).all():  # a network with NaN or infinite weights decides nothing sound
+            raise ValueError(f"{where}: tensor {name!r} holds NaN or infinite values")
         arrays[name] = flat.reshape(shape).astype(np.float32)
     return ModelFile(spec, config, meta, arrays)
 

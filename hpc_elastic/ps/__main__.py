@@ -15,7 +15,7 @@ COMMANDS = {
 }
 
 
-@click.group(cls=Group, lazy=COMMANDS)
+@click.group(cls=Group, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """PS-mode processes (parameter servers, job master, workers) and a local job."""
 

@@ -203,6 +203,13 @@ def test_a_tensor_that_is_not_a_layer_or_a_header_nested_too_deeply_is_refused(t
     path.write_bytes(body + hashlib.sha256(body).digest())
     with pytest.raises(ValueError, match="the header is not JSON: nested too deeply"):
         model_file.load(path)
+    for bad in (float("nan"), float("inf")):  # a checksummed file of a network that diverged decides nothing
+        diverged = np.zeros((4, 3), dtype=np.float32)
+        diverged[1, 2] = bad
+        tensors = {"policy.layers.0.weight": diverged, "policy.layers.0.bias": np.zeros(4, dtype=np.float32)}
+        model_file.save(path, SPEC, {}, {}, tensors)
+        with pytest.raises(ValueError, match="tensor 'policy.layers.0.weight' holds NaN or infinite values"):
+            model_file.load(path)
 
 
 def test_a_hostile_training_curve_is_refused_before_anything_is_plotted(tmp_path: Path) -> None:
