@@ -201,6 +201,43 @@ def _check_owner(info: os.stat_result, owner: int | None, base: Path, what: str)
         raise UnsafeFile(f"{what} under {base} belongs to uid {info.st_uid}, not {owner}")
 
 
+def _probe_write(directory: Path) -> None:
+    """Create and remove an empty file in ``directory``: whether this process may write there, asked of the
+    filesystem itself (a permission, a read-only mount, a pseudo-filesystem such as ``/proc``); ``OSError``."""
+    probe = directory / f".probe-{os.getpid()}-{secrets.token_hex(8)}"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    os.unlink(probe)
+
+
+def check_output_file(path: Path, what: str) -> Path:
+    """``path`` checked as a file a command writes when its work is done, before the work: in a directory that
+    exists and takes new files, not a directory itself; ``ValueError`` naming ``what`` (an option) otherwise."""
+    if not path.parent.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: directory {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{what} {str(path)!r} is a directory")
+    try:
+        _probe_write(path.parent)
+    except OSError as exc:
+        raise ValueError(f"{what} {str(path)!r}: cannot write in {str(path.parent)!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def check_output_dir(path: Path, what: str) -> Path:
+    """``path`` checked as a directory a command creates if need be and writes into when its work is done, before
+    the work: its nearest existing ancestor is a directory that takes new files; ``ValueError`` naming ``what``."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {str(path)!r}: {str(existing)!r} is not a directory")
+    try:
+        _probe_write(existing)
+    except OSError as exc:
+        raise ValueError(f"{what} {str(path)!r}: cannot write in {str(existing)!r}: {exc.strerror or exc}") from None
+    return path
+
+
 @contextlib.contextmanager
 def dirs_kept_on_success(path: Path) -> Iterator[Path]:
     """Create directory ``path`` and its missing parents for the ``with`` block; if the block raises, remove the

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_elastic.errors import HpcElasticError
+from hpc_elastic.files import check_output_file
 
 
 def pyplot() -> Any:
@@ -29,14 +30,10 @@ IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".tif", ".ti
 def image_path(path: Path, option: str) -> Path:
     """``path`` checked as the file a plot will be written to, before any work is done: a name with one of
     :data:`IMAGE_SUFFIXES` (matplotlib would add ``.png`` to any other, so the file named would not be the one
-    written), in a directory that exists, not a directory itself; ``ValueError`` naming ``option`` otherwise."""
+    written), and :func:`~hpc_elastic.files.check_output_file`; ``ValueError`` naming ``option`` otherwise."""
     if path.suffix.lower() not in IMAGE_SUFFIXES or not path.stem:
         raise ValueError(f"{option} {str(path)!r} must be an image file name ending in {', '.join(IMAGE_SUFFIXES)}")
-    if not path.parent.is_dir():
-        raise ValueError(f"{option} {str(path)!r}: directory {str(path.parent)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"{option} {str(path)!r} is a directory")
-    return path
+    return check_output_file(path, option)
 
 
 def save(figure: Any, path: Path, *, dpi: int) -> None:

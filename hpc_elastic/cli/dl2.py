@@ -16,6 +16,7 @@ from hpc_elastic.dl2.evaluate import EvalConfig, evaluate_model
 from hpc_elastic.dl2.plot import plot_curve
 from hpc_elastic.dl2.sacct import SacctTeacher, train_on_history
 from hpc_elastic.dl2.train import Teacher, TrainConfig, TrainResult, save_model, train
+from hpc_elastic.files import check_output_file
 from hpc_elastic.plotting import image_path
 from hpc_elastic.policy.slot_registry import SLOT_POLICY_NAMES
 from hpc_elastic.sim.ps_jobs import Arrival, Catalogue, parse_servers
@@ -24,14 +25,6 @@ from hpc_elastic.sim.ps_jobs import Arrival, Catalogue, parse_servers
 @click.group()
 def dl2() -> None:
     """DL² (deep-RL slot scheduler): train a policy, evaluate a model file."""
-
-
-def _writable(path: Path) -> Path:
-    if not path.parent.is_dir():
-        raise ValueError(f"--out {path}: directory {path.parent} does not exist")
-    if path.is_dir():
-        raise ValueError(f"--out {path} is a directory")
-    return path
 
 
 def _summary(result: TrainResult) -> dict[str, object]:
@@ -145,7 +138,7 @@ def train_command(  # noqa: PLR0917 - click passes every option as an argument
         immediate=immediate,
         online_confidence=online_confidence,
     )
-    _writable(out)
+    check_output_file(out, "--out")
     if plot is not None:
         image_path(plot, "--plot")
     say = None if as_json else click.echo

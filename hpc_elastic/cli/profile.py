@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from hpc_elastic.cli.group import Group
 from hpc_elastic.env import read_environment
-from hpc_elastic.files import dirs_kept_on_success
+from hpc_elastic.files import check_output_dir, dirs_kept_on_success
 from hpc_elastic.plotting import image_path, pyplot, save
 from hpc_elastic.profile.measure import ProfileRequest, run_profile
 from hpc_elastic.profile.memory import format_size, parse_size
@@ -290,6 +290,7 @@ def run_command(  # noqa: PLR0917 - click passes every option as an argument
         return
     if partition is not None or gpu_type is not None:
         raise click.UsageError("--partition and --gpu-type go with --submit")
+    check_output_dir(_directory(profiles_dir), "--profiles-dir")  # before the measurement, not when it is saved
     with _progress_bar(not quiet) as bar:
         task = bar.add_task(f"profiling {model}", total=None) if bar is not None else None
 

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from hpc_elastic.files import loads_json, open_input, read_input
+from hpc_elastic.cli.main import cli
+from hpc_elastic.files import check_output_dir, check_output_file, loads_json, open_input, read_input
 
 FIFO_SECONDS = 30
 
@@ -114,3 +116,28 @@ def test_the_daemon_refuses_a_config_that_is_a_device() -> None:
         out.stderr
         == "hpc-elastic-sched: /dev/zero: cannot read: not a regular file (a FIFO, a device or a directory)\n"
     )
+
+
+def test_output_paths_are_checked_by_the_filesystem_before_the_work(tmp_path: Path) -> None:
+    assert check_output_file(tmp_path / "model.dl2", "--out") == tmp_path / "model.dl2"
+    assert check_output_dir(tmp_path / "new" / "profiles", "--profiles-dir") == tmp_path / "new" / "profiles"
+    assert list(tmp_path.iterdir()) == []  # the probes leave nothing
+    with pytest.raises(ValueError, match="--out '/proc/model.dl2': cannot write in '/proc': "):
+        check_output_file(Path("/proc/model.dl2"), "--out")  # exists, a directory, and takes no new file
+    with pytest.raises(ValueError, match="directory .*missing' does not exist"):
+        check_output_file(tmp_path / "missing" / "model.dl2", "--out")
+    with pytest.raises(ValueError, match="is a directory"):
+        check_output_file(tmp_path, "--out")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match="a-file' is not a directory"):
+        check_output_dir(tmp_path / "a-file" / "profiles", "--profiles-dir")
+    with pytest.raises(ValueError, match="cannot write in '/proc'"):
+        check_output_dir(Path("/proc/x/profiles"), "--profiles-dir")
+
+
+def test_dl2_train_refuses_a_plot_it_could_not_write_before_it_trains(tmp_path: Path) -> None:
+    out = tmp_path / "m.dl2"
+    argv = ["dl2", "train", "--out", str(out), "--jobs", "5", "--traces", "1", "--plot", "/proc/curve.png"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 2 and "cannot write in '/proc'" in result.stderr and result.stderr.count("\n") == 1
+    assert not out.exists()  # refused before training, so no model either

@@ -188,6 +188,11 @@ def test_a_name_too_long_for_a_file_is_refused_before_anything_is_measured(tmp_p
     assert not out.exists() and "Γ(x)" not in derived.output
 
 
+def test_a_profiles_dir_that_cannot_be_written_is_refused_before_anything_is_measured() -> None:
+    result = invoke("profile", "run", TINY, "--profiles-dir", "/proc/profiles", *FAST)
+    assert_one_line_error(result, "--profiles-dir '/proc/profiles': cannot write in '/proc'")
+
+
 def test_memory_cap_below_one_sample_is_one_line(tmp_path: Path) -> None:
     result = invoke("profile", "run", TINY, "--memory-cap", "1M", "--max-batch", "4", "--profiles-dir", str(tmp_path))
     assert_one_line_error(result, "not even batch 1 fits under the memory cap 1.00 MiB")
