@@ -107,6 +107,16 @@ def check_wrapper_limits(*, grace_s: float, max_restarts: int = 0, max_requeues:
         raise ValueError(f"--max-requeues must be between 0 and {MAX_REQUEUES}, got {max_requeues}")
 
 
+def check_ckpt_root(path: Path) -> None:
+    """The checkpoint root, the same for ``hpc-elastic submit`` and ``hpc-elastic-run``: an absolute path (a job
+    may start in any directory of any node) that a batch script's line holds as it is: no whitespace (a newline
+    included), quote, backslash or NUL; ``ValueError`` otherwise."""
+    if not path.is_absolute():
+        raise ValueError(f"--ckpt-root must be an absolute path on the shared filesystem, got {str(path)!r}")
+    if re.search(r"[\s\"'\\\x00]", str(path)):
+        raise ValueError(f"--ckpt-root must not contain spaces, quotes or backslashes, got {str(path)!r}")
+
+
 @dataclass(frozen=True)
 class SubmitSpec:
     """A training job: its script, its resources and its elastic range.
@@ -304,14 +314,11 @@ def _check(spec: SubmitSpec) -> None:
     if spec.profile is not None and not _PROFILE.fullmatch(spec.profile):
         raise ValueError(f"bad --profile {spec.profile!r}")
     check_wrapper_limits(grace_s=spec.grace_s, max_restarts=spec.max_restarts, max_requeues=spec.max_requeues)
-    if not spec.ckpt_root.is_absolute():
-        raise ValueError(f"--ckpt-root must be an absolute path on the shared filesystem, got {str(spec.ckpt_root)!r}")
+    check_ckpt_root(spec.ckpt_root)
     _check_sbatch_values(spec)
     for option in spec.extra:
         check_sbatch_arg(option)
-    if re.search(r"[\s\"'\\]", str(spec.ckpt_root)):
-        raise ValueError(f"--ckpt-root must not contain spaces, quotes or backslashes, got {str(spec.ckpt_root)!r}")
-    for arg in (*spec.args, str(spec.script or ""), str(spec.ckpt_root)):
+    for arg in (*spec.args, str(spec.script or "")):
         if "\x00" in arg or "\n" in arg:
             raise ValueError(f"arguments and paths must be one line without NUL, got {arg!r}")
 

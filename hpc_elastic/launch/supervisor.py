@@ -46,7 +46,7 @@ from hpc_elastic.est.detsum import MAX_ESTS
 from hpc_elastic.est.levels import DeterminismLevel
 from hpc_elastic.jobdir import Ack, JobDir, StopNotice, StopReason, StopRequest, ack_answers
 from hpc_elastic.launch.gpu_types import TypeAction, decide_gpu_type, feature_for_type
-from hpc_elastic.launch.spec import MarkerError, check_wrapper_limits, decode_marker, parse_number
+from hpc_elastic.launch.spec import MarkerError, check_ckpt_root, check_wrapper_limits, decode_marker, parse_number
 from hpc_elastic.launch.stops import Action, after_stop, sigterm_reason, usr1_reason
 from hpc_elastic.launch.workers import Launcher, WorkerGroup, WorkerStep, start_workers
 from hpc_elastic.slurm.client import SlurmClient
@@ -88,6 +88,7 @@ class WrapperConfig:
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("no worker command given (put it after --)")
+        check_ckpt_root(self.ckpt_root)
         check_wrapper_limits(grace_s=self.grace_s, max_restarts=self.max_restarts, max_requeues=self.max_requeues)
         if self.workers is not None and not 1 <= self.workers <= MAX_ESTS:
             raise ValueError(f"--workers must be between 1 and {MAX_ESTS}, got {self.workers}")

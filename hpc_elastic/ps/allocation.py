@@ -69,7 +69,14 @@ from hpc_elastic.jobdir import (
     StopRequest,
     next_progress,
 )
-from hpc_elastic.launch.spec import check_range, check_wrapper_limits, parse_number, parse_range, ps_job_config
+from hpc_elastic.launch.spec import (
+    check_ckpt_root,
+    check_range,
+    check_wrapper_limits,
+    parse_number,
+    parse_range,
+    ps_job_config,
+)
 from hpc_elastic.launch.stops import Action, after_stop
 from hpc_elastic.launch.supervisor import (
     WarningDeadline,
@@ -118,6 +125,7 @@ class PsWrapperConfig:
     max_requeues: int = 0  # requeues at the time limit (``--max-requeues``)
 
     def __post_init__(self) -> None:
+        check_ckpt_root(self.ckpt_root)
         check_range(self.workers_range, "--workers-range")
         check_range(self.ps_range, "--ps-range")
         if not 1 <= self.cpus_per_worker <= MAX_ESTS:

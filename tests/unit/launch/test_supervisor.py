@@ -132,6 +132,8 @@ def test_parse_wrapper_args() -> None:
         ("--grace=soon", "bad --grace 'soon': not a number"),
         ("--max-restarts=101", "--max-restarts must be between 0 and 100, got 101"),
         ("--max-requeues=1001", "--max-requeues must be between 0 and 1000, got 1001"),
+        ("--ckpt-root=jobs", "--ckpt-root must be an absolute path on the shared filesystem, got 'jobs'"),
+        ("--ckpt-root=/gpfs/a\nb", "--ckpt-root must not contain spaces, quotes or backslashes"),
     ],
 )
 def test_the_wrapper_refuses_bad_options_before_it_asks_slurm(
@@ -142,7 +144,9 @@ def test_the_wrapper_refuses_bad_options_before_it_asks_slurm(
 
     monkeypatch.setattr(run, "connect", no_slurm)
     monkeypatch.setattr(run, "read_job_environment", no_slurm)
-    assert run.main(["--ckpt-root=/gpfs/jobs", option, "--", "python", "train.py"]) == 2
+    root = option.removeprefix("--ckpt-root=") if option.startswith("--ckpt-root=") else "/gpfs/jobs"
+    options = [] if option.startswith("--ckpt-root=") else [option]
+    assert run.main([f"--ckpt-root={root}", *options, "--", "python", "train.py"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"hpc-elastic-run: error: {message}"), err
 

@@ -315,6 +315,7 @@ def test_step_end_waits_for_accounting_and_takes_the_latest_step_of_a_name(
         (["--workers-range=1:2", "--ps-range=1:1", "--cpus-per-worker=0"], "--cpus-per-worker must be between 1"),
         (["--workers-range=1:2", "--ps-range=1:1", "--grace=inf"], "--grace must be between 1 and 3600 seconds"),
         (["--workers-range=1:2", "--ps-range=1:1", "--max-requeues=x"], "bad --max-requeues 'x': not a whole number"),
+        (["--workers-range=1:2", "--ps-range=1:1", "--ckpt-root=jobs"], "--ckpt-root must be an absolute path"),
     ],
 )
 def test_the_ps_wrapper_refuses_bad_options_before_it_asks_slurm(
