@@ -61,13 +61,14 @@ def _check_local_address(host: str, port: int) -> None:
     """Refuse, in one line, a ``host`` that does not resolve or is not an address of this machine (gRPC's C core
     would log its own line about it first): it is resolved, and a socket is bound to it on a free port."""
     try:
-        family, kind, _, _, address = socket.getaddrinfo(
+        family, kind, _, _, sockaddr = socket.getaddrinfo(
             host.removeprefix("[").removesuffix("]"), port, type=socket.SOCK_STREAM
         )[0]
         with socket.socket(family, kind) as probe:
-            probe.bind((address[0], 0, *address[2:]))
+            probe.bind((sockaddr[0], 0, *sockaddr[2:]))
     except (OSError, UnicodeError, OverflowError, ValueError) as exc:  # (gaierror is an OSError)
-        raise HpcElasticError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise HpcElasticError(f"cannot listen on {address(host, port)}: {reason}") from None
 
 
 def serve(
@@ -100,7 +101,7 @@ def serve(
     except RuntimeError:  # gRPC's refusal of an address it cannot bind (not an address, not this host's)
         bound = 0
     if bound == 0:
-        raise HpcElasticError(f"cannot listen on {host}:{port}")
+        raise HpcElasticError(f"cannot listen on {address(host, port)}")
     server.start()
     return server, bound
 
