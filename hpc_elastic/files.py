@@ -4,10 +4,10 @@ FIFO or device opened, the owner checked, the size bounded).
 
 Every atomic write of the package goes through :func:`atomic_write_bytes` (checkpoints, the control files of a job
 directory, profiles, the daemon's state file); :func:`sweep_temporaries` removes what a writer killed in one left
-behind. Every read of a file a user controls, by a process that runs with
-more rights than that user, goes through :func:`read_owned`; every input file a user names to a command (a
-config, trace, cluster file, model, profile) through :func:`open_input` / :func:`read_input`, and every JSON
-document from outside the process through :func:`loads_json`.
+behind. Every read of a file a user controls, by a process that runs with more rights than that user, goes through
+:func:`read_owned`; every input file a user names to a command (a config, trace, cluster file, model, profile)
+through :func:`open_input`, :func:`read_input` or :func:`read_text_input`, and every JSON document from outside the
+process through :func:`loads_json`.
 """
 
 from __future__ import annotations
@@ -174,6 +174,17 @@ def read_input(path: Path, *, limit: int = MAX_INPUT_BYTES) -> bytes:
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"more than the {limit} bytes allowed", str(path))
     return data
+
+
+def read_text_input(path: Path, what: str) -> str:
+    """The UTF-8 text of the input file ``path`` (:func:`read_input`); one ``ValueError`` ``cannot read <what>
+    '<path>': <reason>`` when it is missing, not a regular file, too large or not UTF-8."""
+    try:
+        return read_input(path).decode("utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {exc}") from None
 
 
 def loads_json(text: str | bytes, what: str) -> Any:

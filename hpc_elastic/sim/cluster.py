@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_elastic.files import read_input
+from hpc_elastic.files import read_text_input
 from hpc_elastic.policy.types import NodeView
 
 #: the largest simulated cluster: 100k nodes of 64 GPUs (a 10M-node cluster takes GBs before a pass)
@@ -55,12 +55,7 @@ def parse_cluster_spec(spec: str) -> tuple[NodeSpec, ...]:
 def load_cluster_file(path: str | Path) -> tuple[NodeSpec, ...]:
     """Nodes from a CSV node file (see module doc); errors name the line."""
     file = Path(path)
-    try:
-        text = read_input(file).decode("utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read cluster file {str(file)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"cannot read cluster file {str(file)!r}: {exc}") from None
+    text = read_text_input(file, "cluster file")
     reader = csv.DictReader(text.splitlines())
     header = [name.strip().lower() for name in (reader.fieldnames or [])]
     columns: dict[str, str] = {}

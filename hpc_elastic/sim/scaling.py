@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_elastic.est.detsum import MAX_ESTS
-from hpc_elastic.files import loads_json, read_input
+from hpc_elastic.files import loads_json, read_text_input
 from hpc_elastic.policy.hetero import est_profile
 from hpc_elastic.policy.types import LINEAR, ScalingCurve
 from hpc_elastic.sim.trace import TraceJob
@@ -62,10 +62,7 @@ MEDIAN = "median"
 
 def _gavel_json(file: Path) -> object:
     """The parsed throughputs file (Gavel's ``simulation_throughputs.json``); ``ValueError`` naming the problem."""
-    try:
-        return loads_json(read_input(file), f"throughputs file {str(file)!r}")
-    except OSError as exc:
-        raise ValueError(f"cannot read throughputs from {str(file)!r}: {exc.strerror or exc}") from None
+    return loads_json(read_text_input(file, "throughputs from"), f"throughputs file {str(file)!r}")
 
 
 def _gavel_entries(file: Path, data: object, gpu_type: str) -> list[tuple[str, int, float]]:

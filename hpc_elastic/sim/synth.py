@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc_elastic.files import read_input
+from hpc_elastic.files import read_text_input
 from hpc_elastic.sim.models import model_info
 from hpc_elastic.sim.trace import TraceJob
 
@@ -38,12 +38,7 @@ TABLE6_MODELS: tuple[str, ...] = (
 def load_sizes(path: str | Path) -> list[float]:
     """Job sizes (GPU-seconds), one per line after an optional header line; errors name the line."""
     file = Path(path)
-    try:
-        lines = read_input(file).decode("utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read job sizes from {str(file)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"cannot read job sizes from {str(file)!r}: {exc}") from None
+    lines = read_text_input(file, "job sizes from").splitlines()
     sizes: list[float] = []
     for number, raw in enumerate(lines, start=1):
         text = raw.strip().split(",")[0].strip()

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_elastic.cli.main import cli
-from hpc_elastic.files import check_output_dir, check_output_file, loads_json, open_input, read_input
+from hpc_elastic.files import check_output_dir, check_output_file, loads_json, open_input, read_input, read_text_input
 
 FIFO_SECONDS = 30
 
@@ -63,6 +63,13 @@ def test_regular_files_are_read_whole_and_the_limit_holds(tmp_path: Path) -> Non
         assert fh.read().splitlines() == ["name,gpus", "node0,4"]
     with pytest.raises(FileNotFoundError):
         read_input(tmp_path / "missing")
+    assert read_text_input(file, "nodes from") == "name,gpus\nnode0,4\n"
+    file.write_bytes(b"name,gpus\n\xff\n")
+    with pytest.raises(ValueError, match="cannot read nodes from '.*input.csv': 'utf-8' codec can't decode"):
+        read_text_input(file, "nodes from")
+    with pytest.raises(ValueError, match="cannot read nodes from '/dev/zero': not a regular file"):
+        read_text_input(Path("/dev/zero"), "nodes from")
+    file.write_bytes(b"name,gpus\nnode0,4\n")
     link = tmp_path / "link"
     link.symlink_to(file)  # a user's own command follows the user's own links
     assert read_input(link) == file.read_bytes()
