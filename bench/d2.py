@@ -143,22 +143,21 @@ def record_products(batch: int) -> list[tuple[Any, ...]]:
     det = to_d2(model)
     kernels = detsum.cpu_kernels()
     calls: list[tuple[Any, ...]] = []
-    original = kernels.matmul_nt_view
+    original = kernels.matmul_nt_parts
 
-    def recording(
-        a: Any, ga: Any, b: Any, gb: Any, out: Any, *, rows: tuple[int, int], out_geometry: Any = None
-    ) -> None:
-        og = None if out_geometry is None else out_geometry.copy()
-        calls.append((a.copy(), ga.copy(), b.copy(), gb.copy(), out.shape, rows, og))
-        original(a, ga, b, gb, out, rows=rows, out_geometry=out_geometry)
+    def recording(a: Any, ga: Any, b: Any, gb: Any, out: Any, *, parts: Any, threads: int) -> None:
+        for part in parts.reshape(-1, detsum.PART_VALUES):  # (one part per product on one thread)
+            pa, pb, rows, og = detsum.part_geometries(ga, gb, part)
+            calls.append((a.copy(), pa, b.copy(), pb, out.shape, rows, og))
+        original(a, ga, b, gb, out, parts=parts, threads=threads)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    kernels.matmul_nt_view = recording  # type: ignore[method-assign,assignment]
+    kernels.matmul_nt_parts = recording  # type: ignore[method-assign]
     try:
         eager_step(det, det_cross_entropy, x, y)
     finally:
-        del kernels.matmul_nt_view
+        del kernels.matmul_nt_parts
         torch.set_num_threads(threads)
     return calls
 

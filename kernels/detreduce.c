@@ -1365,53 +1365,75 @@ static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
 /* Runs the product of rows [r0, r1) of A with B into out (released GIL), with its scratch; 0, or -1 with a Python
    error set. */
 /* op: row r0's output; output (i, j) of the call at op + (i - r0) * ldo + (j / seg) * seg_stride + j % seg */
-static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
-                      Py_ssize_t k, Py_ssize_t ldo, Py_ssize_t seg, Py_ssize_t seg_stride) {
+/* The working memory of the product of a's rows [r0, r1) and b (held with the GIL: -1 and MemoryError when it
+   cannot be had, nothing left allocated). */
+static int scratch_init(scratch_t *sc, const operand_t *A, const operand_t *B, Py_ssize_t r0, Py_ssize_t r1,
+                        Py_ssize_t n, Py_ssize_t k, Py_ssize_t ldo, Py_ssize_t seg, Py_ssize_t seg_stride) {
     const Py_ssize_t m = r1 - r0;
-    scratch_t sc = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path(), 0, ldo, seg > 0 ? seg : 1, seg_stride};
-    sc.transpose_avx = transpose_avx_ok(sc.path);
+    const scratch_t empty = {NULL, NULL, NULL, 0, NULL, NULL, matmul_path(), 0, ldo, seg > 0 ? seg : 1, seg_stride};
+    *sc = empty;
+    sc->transpose_avx = transpose_avx_ok(sc->path);
     int failed = 0;
     if (m > 0 && n > 0 && k > 0) {
         const Py_ssize_t kc = k < K_CHUNK ? k : K_CHUNK;
         /* the AVX-512 path reads an operand of runs in place: only the rows' starts are stored */
-        const int wide = sc.path == PATH_AVX512;
+        const int wide = sc->path == PATH_AVX512;
         const int a_direct = wide && A->runs, b_direct = wide && B->runs;
         if (a_direct) {
-            failed |= (sc.arows = (const float **)malloc((size_t)m * sizeof(float *))) == NULL;
-            if (!failed) row_starts(A, r0, m, sc.arows);
+            failed |= (sc->arows = (const float **)malloc((size_t)m * sizeof(float *))) == NULL;
+            if (!failed) row_starts(A, r0, m, sc->arows);
         }
         if (b_direct) {
-            failed |= (sc.brows = (const float **)malloc((size_t)n * sizeof(float *))) == NULL;
-            if (!failed) row_starts(B, 0, n, sc.brows);
+            failed |= (sc->brows = (const float **)malloc((size_t)n * sizeof(float *))) == NULL;
+            if (!failed) row_starts(B, 0, n, sc->brows);
         }
-        sc.a_whole = !A->dense && !a_direct && n > N_PANEL && m * kc <= A_WHOLE;
+        sc->a_whole = !A->dense && !a_direct && n > N_PANEL && m * kc <= A_WHOLE;
         if (!A->dense && !a_direct) {
-            const Py_ssize_t rows = sc.a_whole ? m : M_TILE;
-            failed |= (sc.apack = (float *)malloc((size_t)(rows * kc) * sizeof(float))) == NULL;
+            const Py_ssize_t rows = sc->a_whole ? m : M_TILE;
+            failed |= (sc->apack = (float *)malloc((size_t)(rows * kc) * sizeof(float))) == NULL;
         }
         if (!B->dense && !b_direct) {
-            failed |= (sc.bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
+            failed |= (sc->bpack = (float *)malloc((size_t)(N_PANEL * kc) * sizeof(float))) == NULL;
         }
         if (k > K_CHUNK) {
-            sc.state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
-            failed |= sc.state == NULL;
+            sc->state = (lanes_t *)aligned_alloc(sizeof(lanes_t), (size_t)(m * n) * sizeof(lanes_t));
+            failed |= sc->state == NULL;
         }
     }
     if (failed) {
-        free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
+        free(sc->apack); free(sc->bpack); free(sc->state); free(sc->arows); free(sc->brows);
+        *sc = empty;
         PyErr_NoMemory();
         return -1;
     }
-    Py_BEGIN_ALLOW_THREADS
+    return 0;
+}
+
+static void scratch_free(scratch_t *sc) {
+    free(sc->apack); free(sc->bpack); free(sc->state); free(sc->arows); free(sc->brows);
+}
+
+/* The product itself, without the GIL. */
+static void matmul_run(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
+                       Py_ssize_t k, const scratch_t *sc) {
+    if (r1 <= r0 || n == 0) return;  /* no output (an empty part) */
     if (k > 0) {
-        matmul_dispatch(A, B, op, r0, r1, n, k, &sc);
-    } else {
-        for (Py_ssize_t i = 0; i < m; ++i) {  /* k = 0: empty sums */
-            for (Py_ssize_t j = 0; j < n; ++j) op[i * ldo + (j / sc.seg) * seg_stride + j % sc.seg] = 0.0f;
-        }
+        matmul_dispatch(A, B, op, r0, r1, n, k, sc);
+        return;
     }
+    for (Py_ssize_t i = 0; i < r1 - r0; ++i) {  /* k = 0: empty sums */
+        for (Py_ssize_t j = 0; j < n; ++j) op[i * sc->ldo + (j / sc->seg) * sc->seg_stride + j % sc->seg] = 0.0f;
+    }
+}
+
+static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
+                      Py_ssize_t k, Py_ssize_t ldo, Py_ssize_t seg, Py_ssize_t seg_stride) {
+    scratch_t sc;
+    if (scratch_init(&sc, A, B, r0, r1, n, k, ldo, seg, seg_stride) != 0) return -1;
+    Py_BEGIN_ALLOW_THREADS
+    matmul_run(A, B, op, r0, r1, n, k, &sc);
     Py_END_ALLOW_THREADS
-    free(sc.apack); free(sc.bpack); free(sc.state); free(sc.arows); free(sc.brows);
+    scratch_free(&sc);
     return 0;
 }
 
@@ -1454,10 +1476,17 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
 /* Reads an operand's geometry from desc = [offset, row dims, column dims, sizes..., strides...] (rows' dimensions
    first, then the columns'), checking that every element it names lies inside the buffer; its row and column counts
    go to *rows and *cols.  0, or -1 with ValueError. */
+static int parse_geometry(const buf_t *data, const int64_t *d, Py_ssize_t len, const char *name, operand_t *o,
+                          Py_ssize_t *rows, Py_ssize_t *cols);
+
 static int parse_operand(const buf_t *data, const buf_t *desc, const char *name, operand_t *o, Py_ssize_t *rows,
                          Py_ssize_t *cols) {
-    const int64_t *d = (const int64_t *)desc->view.buf;
-    const Py_ssize_t len = count(desc);
+    return parse_geometry(data, (const int64_t *)desc->view.buf, count(desc), name, o, rows, cols);
+}
+
+/* parse_operand of the geometry d[0, len) */
+static int parse_geometry(const buf_t *data, const int64_t *d, Py_ssize_t len, const char *name, operand_t *o,
+                          Py_ssize_t *rows, Py_ssize_t *cols) {
     if (len < 3 || d[1] < 1 || d[2] < 1 || d[1] > MAX_DIMS || d[2] > MAX_DIMS || len != 3 + 2 * (d[1] + d[2])) {
         PyErr_Format(PyExc_ValueError, "%s: bad geometry (%zd values; 1 to %d row and column dimensions)", name, len,
                      MAX_DIMS);
@@ -1557,6 +1586,100 @@ static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
         }
     }
     release(&a); release(&ga); release(&b); release(&gb); release(&o);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+#define PART_VALUES 9
+
+static const char matmul_parts_doc[] =
+    "matmul_nt_parts(a, a_geometry, b, b_geometry, out, parts, threads)\n"
+    "Several matmul_nt_view products at once, on up to `threads` threads of the OpenMP runtime (torch's own team\n"
+    "when torch is loaded: no second pool competing with it for the cores).  parts: int64 [P, 9], each row one\n"
+    "product: a's offset, b's offset, the size of b's first row dimension, r0, r1, and the out_geometry offset,\n"
+    "ldo, seg, seg_stride into the flat out; the geometries' other values are a_geometry's and b_geometry's.  Each\n"
+    "output is formed whole by one part with the operations of matmul_nt, so the bits do not depend on the parts\n"
+    "or the threads.";
+
+static PyObject *py_matmul_nt_parts(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oa, *oga, *ob, *ogb, *oo, *op;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOOOOOi", &oa, &oga, &ob, &ogb, &oo, &op, &threads)) return NULL;
+    buf_t a, ga, b, gb, o, pt;
+    if (acquire(oa, &a, 'f', 0, "a") != 0) return NULL;
+    if (acquire(oga, &ga, 'q', 0, "a_geometry") != 0) { release(&a); return NULL; }
+    if (acquire(ob, &b, 'f', 0, "b") != 0) { release(&a); release(&ga); return NULL; }
+    if (acquire(ogb, &gb, 'q', 0, "b_geometry") != 0) { release(&a); release(&ga); release(&b); return NULL; }
+    if (acquire(oo, &o, 'f', 1, "out") != 0) { release(&a); release(&ga); release(&b); release(&gb); return NULL; }
+    if (acquire(op, &pt, 'q', 0, "parts") != 0) {
+        release(&a); release(&ga); release(&b); release(&gb); release(&o);
+        return NULL;
+    }
+    const Py_ssize_t n_parts = count(&pt) / PART_VALUES, la = count(&ga), lb = count(&gb);
+    const int64_t *pv = (const int64_t *)pt.view.buf;
+    int64_t da[3 + 4 * MAX_DIMS], db[3 + 4 * MAX_DIMS];
+    operand_t *As = NULL, *Bs = NULL;
+    scratch_t *scs = NULL;
+    Py_ssize_t *ns = NULL, k = 0, ready = 0;
+    int rc = -1;
+    if (count(&pt) % PART_VALUES != 0 || threads < 1 || la > 3 + 4 * MAX_DIMS || lb > 3 + 4 * MAX_DIMS || la < 4 ||
+        lb < 4) {
+        PyErr_SetString(PyExc_ValueError, "matmul_nt_parts: parts [P, 9], threads >= 1, geometries of 1 to 6 dims");
+        goto done;
+    }
+    As = (operand_t *)calloc((size_t)(n_parts + 1), sizeof(operand_t));
+    Bs = (operand_t *)calloc((size_t)(n_parts + 1), sizeof(operand_t));
+    scs = (scratch_t *)calloc((size_t)(n_parts + 1), sizeof(scratch_t));
+    ns = (Py_ssize_t *)calloc((size_t)(n_parts + 1), sizeof(Py_ssize_t));
+    if (As == NULL || Bs == NULL || scs == NULL || ns == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(da, ga.view.buf, (size_t)la * sizeof(int64_t));
+    memcpy(db, gb.view.buf, (size_t)lb * sizeof(int64_t));
+    for (Py_ssize_t p = 0; p < n_parts; ++p) {
+        const int64_t *v = pv + p * PART_VALUES;
+        Py_ssize_t m, ka, kb;
+        da[0] = v[0];
+        db[0] = v[1];
+        db[3] = v[2];
+        if (parse_geometry(&a, da, la, "a", &As[p], &m, &ka) != 0 || parse_geometry(&b, db, lb, "b", &Bs[p], &ns[p], &kb) != 0) {
+            goto done;
+        }
+        const Py_ssize_t r0 = (Py_ssize_t)v[3], r1 = (Py_ssize_t)v[4], out_at = (Py_ssize_t)v[5], ldo = (Py_ssize_t)v[6],
+                         seg = (Py_ssize_t)v[7], seg_stride = (Py_ssize_t)v[8], n = ns[p];
+        const Py_ssize_t reach =
+            r1 == r0 || n == 0 || seg < 1 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
+        if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || out_at < 0 || ldo < 0 || seg < 1 || seg_stride < 0 ||
+            n % seg != 0 || reach >= count(&o)) {
+            PyErr_Format(PyExc_ValueError,
+                         "part %zd: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements (n a multiple of seg,"
+                         " inside out)", p, m, ka, n, kb, r0, r1, count(&o));
+            goto done;
+        }
+        k = ka;
+        if (scratch_init(&scs[p], &As[p], &Bs[p], r0, r1, n, ka, ldo, seg, seg_stride) != 0) goto done;
+        ready = p + 1;
+    }
+    {
+        float *out = (float *)o.view.buf;
+        const Py_ssize_t kk = k;
+        Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+        for (Py_ssize_t p = 0; p < n_parts; ++p) {
+            const int64_t *v = pv + p * PART_VALUES;
+            matmul_run(&As[p], &Bs[p], out + v[5] + v[3] * v[6], (Py_ssize_t)v[3], (Py_ssize_t)v[4], ns[p], kk, &scs[p]);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    rc = 0;
+done:
+    for (Py_ssize_t p = 0; p < ready; ++p) scratch_free(&scs[p]);
+    free(As); free(Bs); free(scs); free(ns);
+    release(&a); release(&ga); release(&b); release(&gb); release(&o); release(&pt);
     if (rc != 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -2269,6 +2392,7 @@ static PyMethodDef methods[] = {
     {"owner_sum", py_owner_sum, METH_VARARGS, owner_sum_doc},
     {"matmul_nt", py_matmul_nt, METH_VARARGS, matmul_doc},
     {"matmul_nt_view", py_matmul_nt_view, METH_VARARGS, matmul_view_doc},
+    {"matmul_nt_parts", py_matmul_nt_parts, METH_VARARGS, matmul_parts_doc},
     {"_matmul_paths", py_matmul_paths, METH_NOARGS, matmul_paths_doc},
     {"_matmul_path", py_matmul_path, METH_VARARGS, matmul_path_doc},
     {"batch_norm_forward", py_batch_norm_forward, METH_VARARGS, bn_forward_doc},

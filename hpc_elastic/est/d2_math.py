@@ -34,8 +34,6 @@ within 4 and erf within 2.  Results out of the normal float32 range are clamped 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -94,22 +92,15 @@ _EXP_CONSTANTS = np.array([LOG2E, LN2_HI, LN2_LO, EXP_LO, EXP_HI, *_EXPM1_P], dt
 PARALLEL_MIN_WORK = 1 << 20
 
 
-@lru_cache(maxsize=1)
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="d2-matmul")
+def _threads(count: int, work: int) -> int:
+    """The threads a product of ``work`` multiply-adds cut into ``count`` whole items runs on: torch's, at most one
+    per item, or one below :data:`PARALLEL_MIN_WORK`."""
+    return 1 if work < PARALLEL_MIN_WORK else max(1, min(torch.get_num_threads(), count))
 
 
-def _split_over_threads(count: int, work: int, run: Callable[[int, int], None]) -> None:
-    """``run(lo, hi)`` over [0, count) cut into whole items, one range per torch thread (the C kernels release the
-    GIL), or once on the calling thread below :data:`PARALLEL_MIN_WORK` multiply-adds: an item is never split, so
-    the bits do not depend on the cut."""
-    threads = min(torch.get_num_threads(), count)
-    if threads < 2 or work < PARALLEL_MIN_WORK:
-        run(0, count)
-        return
-    bounds = [count * t // threads for t in range(threads + 1)]
-    for job in [_pool(threads).submit(run, lo, hi) for lo, hi in itertools.pairwise(bounds)]:
-        job.result()
+def _cuts(count: int, threads: int) -> list[tuple[int, int]]:
+    """[0, count) in ``threads`` ranges of whole items."""
+    return list(itertools.pairwise(count * t // threads for t in range(threads + 1)))
 
 
 def _geometry(t: torch.Tensor, row_dims: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -130,8 +121,9 @@ def det_matmul_nt(
     chunk, instead of gathering it first (the same operations per output: only where the operands are read from
     changes).
 
-    On the CPU the rows of ``a`` are split over ``torch.get_num_threads()`` threads (the C kernel releases the GIL);
-    every output is formed whole by one call, so the bits do not depend on the split.
+    On the CPU the product is cut into one part per ``torch.get_num_threads()`` thread, along b's first dimension
+    or a's rows, and the parts run in one C call on the OpenMP runtime's threads (torch's team: kernels/README.md,
+    "Threads"); every output is formed whole by one part, so the bits do not depend on the cut.
 
     ``out``: where to write, an [m, S, seg] float32 view whose last dimension is contiguous (S * seg = n, output
     (i, j) at ``out[i, j // seg, j % seg]``), returned: a convolution's [O, N, Ho * Wo] product written as whole
@@ -173,21 +165,41 @@ def det_matmul_nt(
     else:
         on = out.as_strided((out.untyped_storage().nbytes() // 4,), (1,), 0).numpy()
         og = np.array([out.storage_offset(), out.stride(0), out.shape[2], out.stride(1)], dtype=np.int64)
-    kernels = cpu_kernels()
-
-    def rows(lo: int, hi: int) -> None:
-        part = on if og is not None else on[lo:hi]
-        kernels.matmul_nt_view(an, ag, bn, bg, part, rows=(lo, hi), out_geometry=og)
-
-    _split_over_threads(m, m * n * k, rows)
+    # One part per thread, cut along the operand read less often: b's first dimension (whole output columns) when
+    # it is the larger, so that each thread reads a part of b and all of a; else a's rows. An output is formed whole
+    # by one part either way (the same operations), so the bits do not depend on the cut.
+    flat = on.reshape(-1)
+    where = og if og is not None else np.array([0, n, n, 0], dtype=np.int64)
+    items = b.shape[0]
+    inner = n // items if items else 0
+    if n > m and items >= 2 and (og is None or inner % int(where[2]) == 0):
+        threads = _threads(items, m * n * k)
+        parts = [
+            (
+                ag[0],
+                bg[0] + lo * b.stride(0),
+                hi - lo,
+                0,
+                m,
+                where[0] + lo * inner if og is None else where[0] + lo * inner // where[2] * where[3],
+                where[1],
+                (hi - lo) * inner if og is None else where[2],
+                where[3],
+            )
+            for lo, hi in _cuts(items, threads)
+        ]
+    else:
+        threads = _threads(m, m * n * k)
+        parts = [(ag[0], bg[0], bg[3], lo, hi, *where) for lo, hi in _cuts(m, threads)]
+    cpu_kernels().matmul_nt_parts(an, ag, bn, bg, flat, parts=np.array(parts, dtype=np.int64), threads=threads)
     return result
 
 
 def det_bmm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a[i] @ b[i].T`` for every i of [B, m, k] and [B, n, k] float32 operands (any strides): each entry is one
     :func:`det_matmul_nt` product, so an entry's result depends on its operands alone.  On the CPU the entries'
-    views are named by one geometry whose offset moves (no per-entry checks or views) and split over the threads
-    by whole entries; on a GPU all entries in one launch of the CUDA twin."""
+    views are named by one geometry whose offset moves (no per-entry checks or views), one part per entry, the
+    parts on the OpenMP runtime's threads; on a GPU all entries in one launch of the CUDA twin."""
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
         raise ValueError(
             f"det_bmm_nt needs [B, m, k] and [B, n, k] operands, got {tuple(a.shape)} and {tuple(b.shape)}"
@@ -208,17 +220,15 @@ def det_bmm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a, b = a.detach(), b.detach()
     an, ag = _geometry(a[0], 1)
     bn, bg = _geometry(b[0], 1)
-    on = out.numpy()
-    kernels = cpu_kernels()
-
-    def entries(lo: int, hi: int) -> None:
-        ga, gb = ag.copy(), bg.copy()
-        for i in range(lo, hi):
-            ga[0] = a.storage_offset() + i * a.stride(0)
-            gb[0] = b.storage_offset() + i * b.stride(0)
-            kernels.matmul_nt_view(an, ga, bn, gb, on[i], rows=(0, m))
-
-    _split_over_threads(batch, batch * m * n * a.shape[2], entries)
+    parts = np.array(
+        [
+            (a.storage_offset() + i * a.stride(0), b.storage_offset() + i * b.stride(0), n, 0, m, i * m * n, n, n, 0)
+            for i in range(batch)
+        ],
+        dtype=np.int64,
+    )
+    threads = _threads(batch, batch * m * n * a.shape[2])
+    cpu_kernels().matmul_nt_parts(an, ag, bn, bg, out.numpy().reshape(-1), parts=parts, threads=threads)
     return out
 
 

@@ -70,6 +70,8 @@ from hpc_elastic.errors import HpcElasticError
 NONFINITE_TOP = 255
 EXP_BIAS = 127
 DOT_LANES = 8
+#: the values of one part of ``matmul_nt_parts`` (kernels/detreduce.c PART_VALUES)
+PART_VALUES = 9
 DEFAULT_CHUNK = 64
 MAX_ESTS = 1 << 14  # keeps the bin width >= 24 bits, so the largest value of a chunk is always exact
 
@@ -348,6 +350,18 @@ class Kernels(Protocol):
         out_geometry: I64 | None = None,
     ) -> None: ...
 
+    def matmul_nt_parts(
+        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, parts: I64, threads: int
+    ) -> None: ...
+
+
+def part_geometries(a_geometry: I64, b_geometry: I64, part: I64) -> tuple[I64, I64, tuple[int, int], I64]:
+    """One row of ``matmul_nt_parts``' parts as ``matmul_nt_view``'s arguments: a's geometry at the part's offset,
+    b's at its offset with the part's size of its first row dimension, the rows, and the out geometry."""
+    ga, gb = a_geometry.copy(), b_geometry.copy()
+    ga[0], gb[0], gb[3] = part[0], part[1], part[2]
+    return ga, gb, (int(part[3]), int(part[4])), part[5:9].copy()
+
 
 class ReferenceKernels:
     """The NumPy reference behind the :class:`Kernels` interface (slow; same bits)."""
@@ -400,6 +414,13 @@ class ReferenceKernels:
         start = offset + rows[0] * ldo
         target = np.lib.stride_tricks.as_strided(out[start:], shape=(m, n // seg, seg), strides=strides)
         target[...] = product.reshape(m, n // seg, seg)
+
+    def matmul_nt_parts(
+        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, parts: I64, threads: int
+    ) -> None:
+        for part in parts.reshape(-1, PART_VALUES):
+            ga, gb, rows, og = part_geometries(a_geometry, b_geometry, part)
+            self.matmul_nt_view(a, ga, b, gb, out, rows=rows, out_geometry=og)
 
 
 class CKernels:
@@ -455,6 +476,15 @@ class CKernels:
         seg_stride]`` a flat buffer where output (i, j) goes to ``offset + i * ldo + (j // seg) * seg_stride + j %
         seg`` (whole NCHW planes of a convolution)."""
         self._m.matmul_nt_view(a, a_geometry, b, b_geometry, out, rows[0], rows[1], out_geometry)
+
+    def matmul_nt_parts(
+        self, a: F32, a_geometry: I64, b: F32, b_geometry: I64, out: F32, *, parts: I64, threads: int
+    ) -> None:
+        """Several :meth:`matmul_nt_view` products in one call, on up to ``threads`` threads of the OpenMP runtime
+        (torch's team once torch is loaded): ``parts`` is int64 ``[P, 9]``, a row per product: a's offset, b's
+        offset, the size of b's first row dimension, the rows r0 and r1, and the out geometry (``out`` flat).
+        Each output is formed whole by one part, so the bits do not depend on the parts or the threads."""
+        self._m.matmul_nt_parts(a, a_geometry, b, b_geometry, out, parts, threads)
 
 
 def c_extension() -> ModuleType:

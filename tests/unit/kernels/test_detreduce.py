@@ -632,3 +632,68 @@ def test_every_matmul_path_the_cpu_runs_gives_the_reference_bits(m: int, n: int,
             assert same(out, ref), path
     finally:
         ext._matmul_path("auto")
+
+
+def _parts_of(
+    ga: np.ndarray, gb: np.ndarray, cuts: list[tuple[int, int]], by: str, m: int, n: int, inner: int
+) -> np.ndarray:
+    """Parts cutting a plain [m, n] product into ranges of a's rows or of b's first row dimension (``inner``
+    columns each; an empty range keeps a segment of ``inner``)."""
+    if by == "rows":
+        return np.array([(ga[0], gb[0], gb[3], lo, hi, 0, n, n, 0) for lo, hi in cuts], np.int64)
+    stride = gb[3 + int(gb[1]) + int(gb[2])]  # b's first row dimension's stride
+    return np.array(
+        [(ga[0], gb[0] + lo * stride, hi - lo, 0, m, lo * inner, n, max(hi - lo, 1) * inner, 0) for lo, hi in cuts],
+        np.int64,
+    )
+
+
+@pytest.mark.parametrize("by", ["rows", "columns"])
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_matmul_nt_parts_gives_the_bits_of_one_product_whatever_the_parts_and_threads(by: str, threads: int) -> None:
+    """Parts cut along a's rows or b's first row dimension (a convolution's patch rows read in place: [2, 5, 6]
+    rows of a padded channels-last image), on 1 to 8 OpenMP threads, on every path the CPU runs: the bits of the
+    product in one part, and of the NumPy reference behind the same interface."""
+    ext = d.c_extension()
+    rng = np.random.default_rng(threads)
+    data_a = (rng.standard_normal(20_000) * np.exp2(rng.integers(-40, 30, 20_000))).astype(np.float32)
+    data_b = rng.standard_normal(40_000).astype(np.float32)
+    data_b[::5] = np.float32(-0.0)
+    ga = _geometry(7, [(13, 600)], [(600, 1)])  # 13 rows, k = 600: two chunks of k
+    gb = _geometry(2, [(2, 12_000), (5, 1_000), (6, 100)], [(3, 200), (2, 100), (100, 1)])
+    m, n, inner = 13, 60, 30
+    whole = np.full((m, n), np.nan, np.float32)
+    C.matmul_nt_view(data_a, ga, data_b, gb, whole, rows=(0, m))
+    assert same(whole, d.ref_matmul_nt(d.view_matrix(data_a, ga), d.view_matrix(data_b, gb)))
+    cuts = {"rows": [(0, 1), (1, 6), (6, 6), (6, 13)], "columns": [(0, 1), (1, 1), (1, 2)]}[by]
+    parts = _parts_of(ga, gb, cuts, by, m, n, inner)
+    try:
+        for path in ext._matmul_paths():
+            ext._matmul_path(path)
+            out = np.full(m * n, np.nan, np.float32)
+            C.matmul_nt_parts(data_a, ga, data_b, gb, out, parts=parts, threads=threads)
+            assert same(out.reshape(m, n), whole), path
+    finally:
+        ext._matmul_path("auto")
+    ref = np.full(m * n, np.nan, np.float32)
+    d.ReferenceKernels().matmul_nt_parts(data_a, ga, data_b, gb, ref, parts=parts, threads=threads)
+    assert same(ref.reshape(m, n), whole)
+
+
+def test_matmul_nt_parts_refuses_bad_parts_before_any_product() -> None:
+    """A part outside the output, rows past a's, a ragged parts array or no thread: ValueError, nothing written."""
+    ext = d.c_extension()
+    data = np.ones(100, np.float32)
+    g = _geometry(0, [(4, 10)], [(10, 1)])
+    good = (0, 0, 4, 0, 4, 0, 4, 4, 0)
+    for parts, threads, match in (
+        ([good, (0, 0, 4, 0, 4, 1, 4, 4, 0)], 2, "inside out"),  # the second part's last output is element 16
+        ([(0, 0, 4, 0, 5, 0, 4, 4, 0)], 1, "rows"),
+        ([good[:8]], 1, "parts"),
+        ([good], 0, "threads"),
+        ([(0, 0, 4, 0, 4, 0, 4, 3, 0)], 1, "multiple of seg"),
+    ):
+        out = np.full(16, np.nan, np.float32)
+        with pytest.raises(ValueError, match=match):
+            ext.matmul_nt_parts(data, g, data, g, out, np.array(parts, np.int64), threads)
+        assert np.isnan(out).all()

@@ -1,0 +1,83 @@
+"""D2's products on the CPU give the same bits on any number of threads: cut along a's rows, along b's first
+dimension (whole output columns or whole planes of a convolution's output), or by entries of a batched product."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from hpc_elastic.est.d2_math import PARALLEL_MIN_WORK, det_bmm_nt, det_matmul_nt
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def bits_on_threads(fn: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+    """fn's result, as int32 bits, on 1, 2, 3 and 5 torch threads."""
+    out = []
+    for threads in (1, 2, 3, 5):
+        torch.set_num_threads(threads)
+        out.append(fn().clone().view(torch.int32))
+    return out
+
+
+@pytest.mark.usefixtures("torch_threads")
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (16, 3001, 333),  # n > m: cut by columns
+        (300, 40, 9000),  # m > n: cut by rows
+        (5, 100_003, 13),  # a few rows, many columns
+        (3, 2, 200_000),  # fewer items than threads
+    ],
+)
+def test_det_matmul_nt_bits_do_not_depend_on_the_threads(m: int, n: int, k: int) -> None:
+    assert m * n * k >= PARALLEL_MIN_WORK  # (the products are cut)
+    gen = torch.Generator().manual_seed(m + n + k)
+    a = torch.randn(m, k, generator=gen)
+    b = torch.randn(n, k, generator=gen)
+    b_strided = torch.randn(k, n, generator=gen).t()  # b read in place through its strides
+    for fn in (lambda: det_matmul_nt(a, b), lambda: det_matmul_nt(a, b_strided)):
+        first, *others = bits_on_threads(fn)
+        assert all(torch.equal(first, o) for o in others)
+    assert torch.allclose(det_matmul_nt(a, b), a @ b.T, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.usefixtures("torch_threads")
+@pytest.mark.parametrize("offset", [0, 2])
+def test_det_matmul_nt_planes_of_a_convolution_on_any_threads(offset: int) -> None:
+    """b a channels-last image's rows [N, H, W] (each thread a range of its N), out whole NCHW planes of a larger
+    buffer: the same bits on every thread count, nothing written outside the planes."""
+    n_img, h, w, c, o = 9, 17, 19, 40, 12
+    gen = torch.Generator().manual_seed(offset)
+    image = torch.randn(n_img, c, h, w, generator=gen).permute(0, 2, 3, 1)
+    weight = torch.randn(o, c, generator=gen)
+    big = torch.full((o, n_img + 3, h * w), float("nan"))
+
+    def conv() -> torch.Tensor:
+        det_matmul_nt(weight, image, a_rows=1, b_rows=3, out=big[:, offset : offset + n_img])
+        return big
+
+    first, *others = bits_on_threads(conv)
+    assert all(torch.equal(first, other) for other in others)
+    inside = big[:, offset : offset + n_img]
+    assert not inside.isnan().any()
+    assert big.isnan().sum() == o * 3 * h * w
+    ref = (weight @ image.reshape(-1, c).T).reshape(o, n_img, h * w)
+    assert torch.allclose(inside, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_det_bmm_nt_bits_do_not_depend_on_the_threads() -> None:
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(7, 33, 300, generator=gen)
+    b = torch.randn(300, 7, 41, generator=gen).permute(1, 2, 0)  # strided entries
+    first, *others = bits_on_threads(lambda: det_bmm_nt(a, b))
+    assert all(torch.equal(first, o) for o in others)
+    assert torch.allclose(det_bmm_nt(a, b), a @ b.transpose(1, 2), rtol=1e-4, atol=1e-3)
