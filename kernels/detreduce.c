@@ -34,6 +34,13 @@
 
 #include "pybuffer.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_ID omp_get_thread_num()
+#else
+#define THREAD_ID 0
+#endif
+
 #define NONFINITE_TOP 255
 #define EXP_BIAS 127
 #define DOT_LANES 8
@@ -1847,23 +1854,30 @@ static void bn_input_grad(const float *restrict g, const float *restrict xh, flo
     }
 }
 
+/* The shape of a batch norm's input and the working memory of its channel sums: one set per thread (channels are
+   shared out between up to `threads` OpenMP threads; a channel's sums are its own, so the bits do not depend on
+   the threads). */
 typedef struct {
     Py_ssize_t n, channels, block;
-    int nd;
+    int nd, threads;
     Py_ssize_t sizes[MAX_DIMS];
     float *buf, *work, *vals;
+    Py_ssize_t buf_len, work_len, vals_len;
 } bn_shape_t;
 
+/* Below this many elements a batch norm runs on the calling thread: waking a team costs more. */
+#define BN_PARALLEL_MIN (1 << 15)
+
 /* Reads the inner sizes and allocates the trees' buffers; 0, or -1 with a Python error. */
-static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf_t *sizes) {
+static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf_t *sizes, int threads) {
     sh->n = n;
     sh->channels = channels;
     sh->nd = (int)count(sizes);
     sh->block = 1;
     sh->buf = sh->work = sh->vals = NULL;
-    if (n < 1 || channels < 0 || sh->nd > MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "batch norm needs n >= 1, channels >= 0 and at most %d inner dimensions",
-                     MAX_DIMS);
+    if (n < 1 || channels < 0 || sh->nd > MAX_DIMS || threads < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "batch norm needs n >= 1, channels >= 0, at most %d inner dimensions and threads >= 1", MAX_DIMS);
         return -1;
     }
     Py_ssize_t widest = n;
@@ -1878,9 +1892,15 @@ static int bn_shape(bn_shape_t *sh, Py_ssize_t n, Py_ssize_t channels, const buf
     }
     Py_ssize_t p = 1;
     while (p < widest) p *= 2;
-    sh->buf = (float *)malloc((size_t)(2 * p) * sizeof(float));
-    sh->work = (float *)malloc((size_t)(n * sh->block) * sizeof(float));
-    sh->vals = (float *)malloc((size_t)(n > 1 ? p : 1) * sizeof(float));
+    const Py_ssize_t per_channel = n * sh->block;
+    sh->threads = 1;
+    if (per_channel * channels >= BN_PARALLEL_MIN) sh->threads = channels < threads ? (int)channels : threads;
+    sh->buf_len = 2 * p;
+    sh->work_len = per_channel;
+    sh->vals_len = n > 1 ? p : 1;
+    sh->buf = (float *)malloc((size_t)(sh->threads * sh->buf_len) * sizeof(float));
+    sh->work = (float *)malloc((size_t)(sh->threads * sh->work_len) * sizeof(float));
+    sh->vals = (float *)malloc((size_t)(sh->threads * sh->vals_len) * sizeof(float));
     if (!sh->buf || !sh->work || !sh->vals) {
         free(sh->buf); free(sh->work); free(sh->vals);
         PyErr_NoMemory();
@@ -1898,14 +1918,17 @@ static const char bn_forward_doc[] =
     "Batch norm's training forward on a contiguous x [n, channels, *sizes], the operations of d2_ops'\n"
     "definition in three passes per channel: mean = det_sum_dims(x) / count, sq = det_sum_dims((x - mean)^2),\n"
     "invstd = 1 / sqrt(sq / count + eps), xhat = (x - mean) * invstd, y = xhat * weight + bias (each operation\n"
-    "rounded; weight and bias empty when absent).";
+    "rounded; weight and bias empty when absent).  threads (optional, default 1): the channels are shared out\n"
+    "between up to that many OpenMP threads (each channel's operations are the same).";
 
 static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *ox, *oy, *oh, *om, *oq, *oi, *ow, *ob, *os;
     Py_ssize_t n, channels;
     double eps;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOnnOd", &ox, &oy, &oh, &om, &oq, &oi, &ow, &ob, &n, &channels, &os, &eps)) {
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnnOd|i", &ox, &oy, &oh, &om, &oq, &oi, &ow, &ob, &n, &channels, &os, &eps,
+                          &threads)) {
         return NULL;
     }
     buf_t bx, by, bh, bm, bq, bi, bw, bb, bs;
@@ -1919,7 +1942,7 @@ static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
     }
     bn_shape_t sh;
     int rc = -1;
-    if (got == 9 && bn_shape(&sh, n, channels, &bs) == 0) {
+    if (got == 9 && bn_shape(&sh, n, channels, &bs, threads) == 0) {
         const Py_ssize_t total = n * channels * sh.block;
         const int has_w = count(&bw) != 0, has_b = count(&bb) != 0;
         if (count(&bx) != total || count(&by) != total || count(&bh) != total || count(&bm) != channels ||
@@ -1934,12 +1957,18 @@ static PyObject *py_batch_norm_forward(PyObject *self, PyObject *args) {
             float *sq = (float *)bq.view.buf, *inv = (float *)bi.view.buf;
             const float cnt = (float)(n * sh.block), e = (float)eps;
             Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(sh.threads) schedule(static)
+#endif
             for (Py_ssize_t c = 0; c < channels; ++c) {
-                const float s = channel_sum(x, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block,
-                                            sh.buf, sh.work, sh.vals);
+                const int t_id = THREAD_ID;
+                float *buf = sh.buf + t_id * sh.buf_len, *work = sh.work + t_id * sh.work_len;
+                float *vals = sh.vals + t_id * sh.vals_len;
+                const float s =
+                    channel_sum(x, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block, buf, work, vals);
                 const float mu = s / cnt;
                 const float q = channel_sum(x, NULL, mu, TERM_SQUARED_DEVIATION, n, channels, c, sh.sizes, sh.nd,
-                                            sh.block, sh.buf, sh.work, sh.vals);
+                                            sh.block, buf, work, vals);
                 const float is = 1.0f / sqrtf(q / cnt + e);
                 mean[c] = mu;
                 sq[c] = q;
@@ -1964,13 +1993,15 @@ static const char bn_backward_doc[] =
     "batch_norm_backward(g, xhat, invstd, weight, gx, gw, gb, n, channels, sizes)\n"
     "Batch norm's training backward on contiguous g, xhat [n, channels, *sizes], d2_ops' operations in two\n"
     "passes per channel: gb = det_sum_dims(g), gw = det_sum_dims(g * xhat), and (gx not empty)\n"
-    "gx = ((g * weight - gb * weight / count) - xhat * (gw * weight / count)) * invstd (weight empty: absent).";
+    "gx = ((g * weight - gb * weight / count) - xhat * (gw * weight / count)) * invstd (weight empty: absent).\n"
+    "threads (optional, default 1): the channels are shared out between up to that many OpenMP threads.";
 
 static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *og, *oh, *oi, *ow, *ox, *ogw, *ogb, *os;
     Py_ssize_t n, channels;
-    if (!PyArg_ParseTuple(args, "OOOOOOOnnO", &og, &oh, &oi, &ow, &ox, &ogw, &ogb, &n, &channels, &os)) {
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnO|i", &og, &oh, &oi, &ow, &ox, &ogw, &ogb, &n, &channels, &os, &threads)) {
         return NULL;
     }
     buf_t bg, bh, bi, bw, bx, bgw, bgb, bs;
@@ -1983,7 +2014,7 @@ static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
     }
     bn_shape_t sh;
     int rc = -1;
-    if (got == 8 && bn_shape(&sh, n, channels, &bs) == 0) {
+    if (got == 8 && bn_shape(&sh, n, channels, &bs, threads) == 0) {
         const Py_ssize_t total = n * channels * sh.block;
         const int has_w = count(&bw) != 0, want_gx = count(&bx) != 0;
         if (count(&bg) != total || count(&bh) != total || count(&bi) != channels || count(&bgw) != channels ||
@@ -1996,11 +2027,17 @@ static PyObject *py_batch_norm_backward(PyObject *self, PyObject *args) {
             float *gx = (float *)bx.view.buf, *gw = (float *)bgw.view.buf, *gb = (float *)bgb.view.buf;
             const float cnt = (float)(n * sh.block);
             Py_BEGIN_ALLOW_THREADS
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(sh.threads) schedule(static)
+#endif
             for (Py_ssize_t c = 0; c < channels; ++c) {
-                const float sg = channel_sum(g, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block,
-                                             sh.buf, sh.work, sh.vals);
-                const float sgx = channel_sum(g, xh, 0.0f, TERM_PRODUCT, n, channels, c, sh.sizes, sh.nd, sh.block,
-                                              sh.buf, sh.work, sh.vals);
+                const int t_id = THREAD_ID;
+                float *buf = sh.buf + t_id * sh.buf_len, *work = sh.work + t_id * sh.work_len;
+                float *vals = sh.vals + t_id * sh.vals_len;
+                const float sg =
+                    channel_sum(g, NULL, 0.0f, TERM_X, n, channels, c, sh.sizes, sh.nd, sh.block, buf, work, vals);
+                const float sgx =
+                    channel_sum(g, xh, 0.0f, TERM_PRODUCT, n, channels, c, sh.sizes, sh.nd, sh.block, buf, work, vals);
                 gb[c] = sg;
                 gw[c] = sgx;
                 if (!want_gx) continue;

@@ -317,7 +317,7 @@ def batch_norm_train(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> BatchNormForward:
     """:func:`batch_norm_train_torch`'s operations; on the CPU by the C kernel in three passes per channel (the same
-    trees, the same operations per element: the same bits)."""
+    trees, the same operations per element: the same bits), the channels shared out between torch's threads."""
     ext = c_kernels()
     if x.device.type != "cpu" or ext is None:
         return batch_norm_train_torch(x, weight, bias, eps)
@@ -328,7 +328,7 @@ def batch_norm_train(
     sizes = np.array(xc.shape[2:], np.int64)
     ext.batch_norm_forward(
         xc.numpy(), y.numpy(), xhat.numpy(), mean.numpy(), sq.numpy(), invstd.numpy(),
-        _empty_if_none(weight), _empty_if_none(bias), n, c, sizes, f32(eps),
+        _empty_if_none(weight), _empty_if_none(bias), n, c, sizes, f32(eps), torch.get_num_threads(),
     )  # fmt: skip
     return BatchNormForward(y, xhat, mean, sq, invstd)
 
@@ -358,7 +358,7 @@ def batch_norm_train_backward(
     g: torch.Tensor, xhat: torch.Tensor, invstd: torch.Tensor, weight: torch.Tensor | None, want_gx: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """:func:`batch_norm_train_backward_torch`'s operations; on the CPU by the C kernel in two passes per
-    channel."""
+    channel, the channels shared out between torch's threads."""
     ext = c_kernels()
     if g.device.type != "cpu" or ext is None:
         return batch_norm_train_backward_torch(g, xhat, invstd, weight, want_gx)
@@ -369,7 +369,7 @@ def batch_norm_train_backward(
     sizes = np.array(gc.shape[2:], np.int64)
     ext.batch_norm_backward(
         gc.numpy(), xhat.detach().contiguous().numpy(), invstd.detach().contiguous().numpy(),
-        _empty_if_none(weight), gx.numpy(), gw.numpy(), gb.numpy(), n, c, sizes,
+        _empty_if_none(weight), gx.numpy(), gw.numpy(), gb.numpy(), n, c, sizes, torch.get_num_threads(),
     )  # fmt: skip
     return (gx if want_gx else None), gw, gb
 

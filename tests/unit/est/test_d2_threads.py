@@ -1,14 +1,23 @@
-"""D2's products on the CPU give the same bits on any number of threads: cut along a's rows, along b's first
-dimension (whole output columns or whole planes of a convolution's output), or by entries of a batched product."""
+"""D2's CPU kernels give the same bits on any number of threads: the products cut along a's rows, along b's first
+dimension (whole output columns or whole planes of a convolution's output), or by entries of a batched product;
+batch norm's channels shared out between threads."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-from hpc_elastic.est.d2_math import PARALLEL_MIN_WORK, det_bmm_nt, det_matmul_nt
+from hpc_elastic.est.d2_math import (
+    PARALLEL_MIN_WORK,
+    batch_norm_train,
+    batch_norm_train_backward,
+    batch_norm_train_torch,
+    det_bmm_nt,
+    det_matmul_nt,
+)
 
 
 @pytest.fixture
@@ -81,3 +90,29 @@ def test_det_bmm_nt_bits_do_not_depend_on_the_threads() -> None:
     first, *others = bits_on_threads(lambda: det_bmm_nt(a, b))
     assert all(torch.equal(first, o) for o in others)
     assert torch.allclose(det_bmm_nt(a, b), a @ b.transpose(1, 2), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.usefixtures("torch_threads")
+@pytest.mark.parametrize("shape", [(6, 7, 33, 29), (5, 3, 4100), (70_000, 2)])
+def test_batch_norm_bits_do_not_depend_on_the_threads(shape: tuple[int, ...]) -> None:
+    """Forward and backward (with and without weight), channels fewer and more than threads, each above the size
+    that wakes the threads: the same bits on every thread count, and the bits of the definition's torch ops."""
+    gen = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(*shape, generator=gen) * 3 + 1
+    g = torch.randn(*shape, generator=gen)
+    weight = torch.randn(shape[1], generator=gen)
+    bias = torch.randn(shape[1], generator=gen)
+    assert x.numel() >= 1 << 15
+
+    def step(w: torch.Tensor | None) -> torch.Tensor:
+        fwd = batch_norm_train(x, w, bias if w is not None else None, 1e-5)
+        gx, gw, gb = batch_norm_train_backward(g, fwd.xhat, fwd.invstd, w, True)
+        assert gx is not None
+        return torch.cat([t.reshape(-1) for t in (*fwd, gx, gw, gb)])
+
+    for w in (weight, None):
+        first, *others = bits_on_threads(functools.partial(step, w))
+        assert all(torch.equal(first, o) for o in others)
+        ref = batch_norm_train_torch(x, w, bias if w is not None else None, 1e-5)
+        got = batch_norm_train(x, w, bias if w is not None else None, 1e-5)
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, ref, strict=True))
