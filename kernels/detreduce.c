@@ -1659,7 +1659,7 @@ static PyObject *py_matmul_nt_parts(PyObject *self, PyObject *args) {
         const Py_ssize_t reach =
             r1 == r0 || n == 0 || seg < 1 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
         if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || out_at < 0 || ldo < 0 || seg < 1 || seg_stride < 0 ||
-            n % seg != 0 || reach >= count(&o)) {
+            n % seg != 0 || (r1 > r0 && n > 0 && reach >= count(&o))) {
             PyErr_Format(PyExc_ValueError,
                          "part %zd: a [%zd, %zd], b [%zd, %zd], rows [%zd, %zd), out %zd elements (n a multiple of seg,"
                          " inside out)", p, m, ka, n, kb, r0, r1, count(&o));

@@ -165,6 +165,8 @@ def det_matmul_nt(
     else:
         on = out.as_strided((out.untyped_storage().nbytes() // 4,), (1,), 0).numpy()
         og = np.array([out.storage_offset(), out.stride(0), out.shape[2], out.stride(1)], dtype=np.int64)
+    if m == 0 or n == 0:
+        return result  # no output
     # One part per thread, cut along the operand read less often: b's first dimension (whole output columns) when
     # it is the larger, so that each thread reads a part of b and all of a; else a's rows. An output is formed whole
     # by one part either way (the same operations), so the bits do not depend on the cut.

@@ -116,3 +116,15 @@ def test_batch_norm_bits_do_not_depend_on_the_threads(shape: tuple[int, ...]) ->
         ref = batch_norm_train_torch(x, w, bias if w is not None else None, 1e-5)
         got = batch_norm_train(x, w, bias if w is not None else None, 1e-5)
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, ref, strict=True))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(3, 0, 5), (0, 4, 5), (0, 0, 0), (3, 4, 0), (1, 2, 0)])
+def test_empty_products(m: int, n: int, k: int) -> None:
+    """No rows, no columns or no terms: the shape of ``a @ b.T``, zeros where there are outputs (empty sums)."""
+    a, b = torch.randn(m, k), torch.randn(n, k)
+    got = det_matmul_nt(a, b)
+    assert got.shape == (m, n)
+    assert torch.equal(got, torch.zeros(m, n))
+    batched = det_bmm_nt(a.expand(2, m, k), b.expand(2, n, k))
+    assert batched.shape == (2, m, n)
+    assert torch.equal(batched, torch.zeros(2, m, n))
