@@ -168,13 +168,15 @@ def det_matmul_nt(
     if m == 0 or n == 0:
         return result  # no output
     # One part per thread, cut along the operand read less often: b's first dimension (whole output columns) when
-    # it is the larger, so that each thread reads a part of b and all of a; else a's rows. An output is formed whole
-    # by one part either way (the same operations), so the bits do not depend on the cut.
+    # it is the larger and has enough items for the threads (or as many as a has rows), so that each thread reads a
+    # part of b and all of a; else a's rows. An output is formed whole by one part either way (the same
+    # operations), so the bits do not depend on the cut.
     flat = on.reshape(-1)
     where = og if og is not None else np.array([0, n, n, 0], dtype=np.int64)
     items = b.shape[0]
     inner = n // items if items else 0
-    if n > m and items >= 2 and (og is None or inner % int(where[2]) == 0):
+    enough = items >= 2 and items >= min(torch.get_num_threads(), m)
+    if n > m and enough and (og is None or inner % int(where[2]) == 0):
         threads = _threads(items, m * n * k)
         parts = [
             (

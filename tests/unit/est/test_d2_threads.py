@@ -128,3 +128,15 @@ def test_empty_products(m: int, n: int, k: int) -> None:
     batched = det_bmm_nt(a.expand(2, m, k), b.expand(2, n, k))
     assert batched.shape == (2, m, n)
     assert torch.equal(batched, torch.zeros(2, m, n))
+
+
+@pytest.mark.usefixtures("torch_threads")
+def test_few_column_items_cut_by_rows_give_the_same_bits() -> None:
+    """b's first dimension has 2 items for 5 threads and a has 15 rows: the cut goes along a's rows. The bits are
+    those of one thread, as on every other cut."""
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(15, 320, generator=gen)
+    b = torch.randn(2, 700, 320, generator=gen)  # n = 1,400 rows of b in 2 items
+    first, *others = bits_on_threads(lambda: det_matmul_nt(a, b, b_rows=2))
+    assert all(torch.equal(first, o) for o in others)
+    assert torch.allclose(det_matmul_nt(a, b, b_rows=2), a @ b.reshape(-1, 320).T, rtol=1e-4, atol=1e-3)
