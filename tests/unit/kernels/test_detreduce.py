@@ -697,3 +697,24 @@ def test_matmul_nt_parts_refuses_bad_parts_before_any_product() -> None:
         with pytest.raises(ValueError, match=match):
             ext.matmul_nt_parts(data, g, data, g, out, np.array(parts, np.int64), threads)
         assert np.isnan(out).all()
+
+
+def test_matmul_nt_view_of_no_rows_writes_nothing_on_every_path() -> None:
+    """An empty row range (r0 == r1) of an operand read in place returns at once on every path (it used to reach
+    the blocked loops without its row table and crash the process)."""
+    ext = d.c_extension()
+    rng = np.random.default_rng(1)
+    data_a = rng.standard_normal(20_000).astype(np.float32)
+    data_b = rng.standard_normal(40_000).astype(np.float32)
+    ga = _geometry(7, [(13, 600)], [(600, 1)])
+    gb = _geometry(2, [(2, 12_000), (5, 1_000), (6, 100)], [(3, 200), (2, 100), (100, 1)])
+    try:
+        for path in ext._matmul_paths():
+            ext._matmul_path(path)
+            out = np.zeros((0, 60), np.float32)
+            C.matmul_nt_view(data_a, ga, data_b, gb, out, rows=(6, 6))
+            flat = np.full(10, np.nan, np.float32)
+            C.matmul_nt_view(data_a, ga, data_b, gb, flat, rows=(6, 6), out_geometry=np.array([0, 60, 60, 0]))
+            assert np.isnan(flat).all(), path
+    finally:
+        ext._matmul_path("auto")
