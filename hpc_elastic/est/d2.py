@@ -4,7 +4,7 @@ Covered operators (identical bits on any CPU and any CUDA GPU by construction: s
 :mod:`hpc_elastic.est.d2_math` for why, :mod:`hpc_elastic.est.d2_ops` for the operators):
 
 - after :func:`to_d2`, which swaps the class of each module (parameters, buffers and state dict unchanged):
-  ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` (groups 1, zero padding), ``nn.BatchNorm1d/2d/3d``,
+  ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` (zero padding, any groups), ``nn.BatchNorm1d/2d/3d``,
   ``nn.LayerNorm``, ``nn.GroupNorm``,
   ``nn.Embedding`` (no max_norm, dense gradients), ``nn.MaxPool2d`` (no ceil_mode), ``nn.AdaptiveAvgPool2d``
   (output sizes dividing the input's; others fail at the forward), ``nn.Sigmoid``, ``nn.Tanh``, ``nn.SiLU``,

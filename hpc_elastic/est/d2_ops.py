@@ -1261,8 +1261,6 @@ class DetLinear(nn.Linear):
 
 def conv2d_unsupported(conv: nn.Conv1d | nn.Conv2d) -> str | None:
     """Why :class:`DetConv2d` (or :class:`DetConv1d`, the same convolution) cannot stand in for ``conv``, or None."""
-    if conv.groups != 1:
-        return f"groups={conv.groups} (only 1)"
     if conv.padding_mode != "zeros":
         return f"padding_mode={conv.padding_mode!r} (only 'zeros')"
     if isinstance(conv.padding, str) and conv.padding != "valid":
@@ -1281,19 +1279,36 @@ def _as_batch(input: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -
     return fn(input) if input.dim() == 4 else fn(input.unsqueeze(0)).squeeze(0)
 
 
+def _grouped_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, window: Window, groups: int
+) -> torch.Tensor:
+    """A convolution of ``groups`` groups as one :class:`_Conv2dFn` per group: group g's outputs are the convolution
+    of its input channels by its filters, each output the same fixed-order dot product over its group's (i, j, c)
+    as with one group. The groups' inputs and parameters are taken by ``torch.split`` and their outputs joined by
+    ``torch.cat`` (copies, and in the backward copies: exact on every device)."""
+    if groups == 1:
+        return _apply(_Conv2dFn, x, weight, bias, window)
+    xs = torch.split(x, x.shape[1] // groups, dim=1)
+    ws = torch.split(weight, weight.shape[0] // groups, dim=0)
+    bs: list[torch.Tensor | None] = (
+        list(torch.split(bias, bias.shape[0] // groups)) if bias is not None else [None] * groups
+    )
+    return torch.cat([_apply(_Conv2dFn, xg, wg, bg, window) for xg, wg, bg in zip(xs, ws, bs, strict=True)], dim=1)
+
+
 class DetConv2d(nn.Conv2d):
-    """``nn.Conv2d`` (groups 1, zero padding) as an implicit GEMM: a fixed-order product over patches read in
-    place."""
+    """``nn.Conv2d`` (zero padding, any groups: depthwise too) as an implicit GEMM: a fixed-order product over
+    patches read in place, one per group."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         _refuse(self, conv2d_unsupported(self))
         padding = (0, 0) if isinstance(self.padding, str) else _pair(self.padding)
         window = Window(_pair(self.kernel_size), _pair(self.stride), padding, _pair(self.dilation))
-        return _as_batch(input, lambda x: _apply(_Conv2dFn, x, self.weight, self.bias, window))
+        return _as_batch(input, lambda x: _grouped_conv(x, self.weight, self.bias, window, self.groups))
 
 
 class DetConv1d(nn.Conv1d):
-    """``nn.Conv1d`` (groups 1, zero padding) as :class:`DetConv2d`'s convolution of a height-1 image: the weight
+    """``nn.Conv1d`` (zero padding, any groups) as :class:`DetConv2d`'s convolution of a height-1 image: the weight
     [O, C, k] viewed as [O, C, 1, k], the input [N, C, L] as [N, C, 1, L] (views: the same parameters)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -1304,7 +1319,7 @@ class DetConv1d(nn.Conv1d):
         )
         batched = input.dim() == 3
         x = (input if batched else input.unsqueeze(0)).unsqueeze(2)
-        out = _apply(_Conv2dFn, x, self.weight.unsqueeze(2), self.bias, window).squeeze(2)
+        out = _grouped_conv(x, self.weight.unsqueeze(2), self.bias, window, self.groups).squeeze(2)
         return out if batched else out.squeeze(0)
 
 

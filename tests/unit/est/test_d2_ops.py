@@ -179,6 +179,20 @@ def _conv_channels() -> nn.Module:
     return nn.Conv2d(8, 16, 3, padding=1)
 
 
+def _conv_groups() -> nn.Module:
+    """Two groups of 3 input channels and 2 filters each (ResNeXt-style), strided."""
+    return nn.Conv2d(6, 4, 3, stride=2, padding=1, groups=2)
+
+
+def _conv_depthwise() -> nn.Module:
+    """Depthwise (MobileNet-style): one filter per channel, a multiplier of 2, without bias."""
+    return nn.Conv2d(4, 8, 3, padding=1, groups=4, bias=False)
+
+
+def _conv1d_depthwise() -> nn.Module:
+    return nn.Conv1d(3, 3, 5, padding=2, groups=3)
+
+
 def _bn2d() -> nn.Module:
     return nn.BatchNorm2d(3)
 
@@ -303,6 +317,9 @@ OPS: list[tuple[Callable[[], nn.Module], tuple[int, ...]]] = [
     (_encoder, (2, 7, 8)),
     (_MaskedSelfAttention, (3, 6, 8)),
     (_conv1d, (4, 3, 11)),
+    (_conv_groups, (3, 6, 7, 6)),
+    (_conv_depthwise, (2, 4, 6, 5)),
+    (_conv1d_depthwise, (3, 3, 10)),
     (_groupnorm, (3, 6, 5, 4)),
     (_TinyTransformer, (3, 6, 8)),
     (lambda: _TinyTransformer(activation="gelu", norm_first=True), (2, 5, 8)),
@@ -334,6 +351,9 @@ OP_IDS = [
     "encoder",
     "masked-attention",
     "conv1d",
+    "conv-groups",
+    "conv-depthwise",
+    "conv1d-depthwise",
     "groupnorm",
     "transformer",
     "transformer-norm-first-gelu",
@@ -668,14 +688,12 @@ def test_scanner_covers_the_reference_transformer_after_conversion() -> None:
 
 def test_unsupported_configurations_stay_not_covered() -> None:
     cases = [
-        (nn.Conv2d(4, 4, 3, groups=2), "groups=2"),
         (nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), "padding_mode='reflect'"),
         (nn.Embedding(5, 3, max_norm=1.0), "max_norm"),
         (nn.MaxPool2d(2, ceil_mode=True), "ceil_mode"),
         (nn.Softmax(), "dim=None"),
         (nn.InstanceNorm2d(4), "no D2 operator"),
         (nn.Conv3d(2, 2, 3), "Conv1d and Conv2d are covered"),
-        (nn.Conv1d(4, 4, 3, groups=2), "groups=2"),
         (nn.Dropout(0.1), "p=0.1"),
         (nn.MultiheadAttention(4, 2, dropout=0.1), "dropout=0.1"),
         (nn.MultiheadAttention(4, 2, add_bias_kv=True), "add_bias_kv"),
@@ -935,3 +953,32 @@ def test_det_sqrt_is_correctly_rounded() -> None:
     got = d2_math.det_sqrt(torch.from_numpy(x)).numpy()
     assert np.isnan(got[4]) and np.isnan(want[4])  # a NaN (its sign bit is not defined the same way everywhere)
     assert np.delete(got, 4).tobytes() == np.delete(want, 4).tobytes()
+
+
+def test_a_grouped_convolution_is_its_groups_convolutions_side_by_side() -> None:
+    """D2's definition of a grouped convolution: group g's output channels are, bit for bit, the one-group D2
+    convolution of its input channels by its filters (and so are the gradients of its input and parameters)."""
+    torch.manual_seed(4)
+    grouped = nn.Conv2d(6, 9, 3, padding=1, groups=3)
+    to_d2(grouped)  # (in place: the class swapped)
+    x = torch.randn(2, 6, 5, 5, requires_grad=True)
+    g = torch.randn(2, 9, 5, 5)
+    y = grouped(x)
+    y.backward(g)
+    assert x.grad is not None and grouped.weight.grad is not None and grouped.bias is not None
+    assert grouped.bias.grad is not None
+    for k in range(3):
+        one = nn.Conv2d(2, 3, 3, padding=1)
+        to_d2(one)
+        assert one.bias is not None
+        with torch.no_grad():
+            one.weight.copy_(grouped.weight[3 * k : 3 * k + 3])
+            one.bias.copy_(grouped.bias[3 * k : 3 * k + 3])
+        xk = x.detach()[:, 2 * k : 2 * k + 2].clone().requires_grad_(True)
+        yk = one(xk)
+        yk.backward(g[:, 3 * k : 3 * k + 3])
+        assert bits(yk.detach()) == bits(y.detach()[:, 3 * k : 3 * k + 3])
+        assert xk.grad is not None and one.weight.grad is not None and one.bias.grad is not None
+        assert bits(xk.grad) == bits(x.grad[:, 2 * k : 2 * k + 2])
+        assert bits(one.weight.grad) == bits(grouped.weight.grad[3 * k : 3 * k + 3])
+        assert bits(one.bias.grad) == bits(grouped.bias.grad[3 * k : 3 * k + 3])
