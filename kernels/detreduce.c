@@ -1369,9 +1369,6 @@ static PyObject *py_matmul_path(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(path_names[matmul_path()]);
 }
 
-/* Runs the product of rows [r0, r1) of A with B into out (released GIL), with its scratch; 0, or -1 with a Python
-   error set. */
-/* op: row r0's output; output (i, j) of the call at op + (i - r0) * ldo + (j / seg) * seg_stride + j % seg */
 /* The working memory of the product of a's rows [r0, r1) and b (held with the GIL: -1 and MemoryError when it
    cannot be had, nothing left allocated). */
 static int scratch_init(scratch_t *sc, const operand_t *A, const operand_t *B, Py_ssize_t r0, Py_ssize_t r1,
@@ -1420,7 +1417,8 @@ static void scratch_free(scratch_t *sc) {
     free(sc->apack); free(sc->bpack); free(sc->state); free(sc->arows); free(sc->brows);
 }
 
-/* The product itself, without the GIL. */
+/* The product itself, without the GIL (an empty range writes nothing).
+   op: row r0's output; output (i, j) of the call at op + (i - r0) * ldo + (j / seg) * seg_stride + j % seg */
 static void matmul_run(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                        Py_ssize_t k, const scratch_t *sc) {
     if (r1 <= r0 || n == 0) return;  /* no output (an empty part) */
@@ -1433,6 +1431,8 @@ static void matmul_run(const operand_t *A, const operand_t *B, float *op, Py_ssi
     }
 }
 
+/* Runs the product of rows [r0, r1) of A with B into op (released GIL), with its scratch; 0, or -1 with a Python
+   error set. */
 static int run_matmul(const operand_t *A, const operand_t *B, float *op, Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n,
                       Py_ssize_t k, Py_ssize_t ldo, Py_ssize_t seg, Py_ssize_t seg_stride) {
     scratch_t sc;
@@ -1480,18 +1480,9 @@ static PyObject *py_matmul_nt(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Reads an operand's geometry from desc = [offset, row dims, column dims, sizes..., strides...] (rows' dimensions
+/* Reads an operand's geometry from d[0, len) = [offset, row dims, column dims, sizes..., strides...] (rows' dimensions
    first, then the columns'), checking that every element it names lies inside the buffer; its row and column counts
    go to *rows and *cols.  0, or -1 with ValueError. */
-static int parse_geometry(const buf_t *data, const int64_t *d, Py_ssize_t len, const char *name, operand_t *o,
-                          Py_ssize_t *rows, Py_ssize_t *cols);
-
-static int parse_operand(const buf_t *data, const buf_t *desc, const char *name, operand_t *o, Py_ssize_t *rows,
-                         Py_ssize_t *cols) {
-    return parse_geometry(data, (const int64_t *)desc->view.buf, count(desc), name, o, rows, cols);
-}
-
-/* parse_operand of the geometry d[0, len) */
 static int parse_geometry(const buf_t *data, const int64_t *d, Py_ssize_t len, const char *name, operand_t *o,
                           Py_ssize_t *rows, Py_ssize_t *cols) {
     if (len < 3 || d[1] < 1 || d[2] < 1 || d[1] > MAX_DIMS || d[2] > MAX_DIMS || len != 3 + 2 * (d[1] + d[2])) {
@@ -1533,6 +1524,12 @@ static int parse_geometry(const buf_t *data, const int64_t *d, Py_ssize_t len, c
     return 0;
 }
 
+/* parse_geometry of the int64 array desc. */
+static int parse_operand(const buf_t *data, const buf_t *desc, const char *name, operand_t *o, Py_ssize_t *rows,
+                         Py_ssize_t *cols) {
+    return parse_geometry(data, (const int64_t *)desc->view.buf, count(desc), name, o, rows, cols);
+}
+
 static const char matmul_view_doc[] =
     "matmul_nt_view(a, a_geometry, b, b_geometry, out, r0, r1[, out_geometry])\n"
     "matmul_nt of two strided views, read in place: rows [r0, r1) of a against every row of b into out\n"
@@ -1541,6 +1538,13 @@ static const char matmul_view_doc[] =
     "With out_geometry [offset, ldo, seg, seg_stride] (int64), out is a flat buffer and output (i, j),\n"
     "r0 <= i < r1, goes to offset + i * ldo + (j / seg) * seg_stride + j % seg (n a multiple of seg): whole\n"
     "NCHW planes of a convolution from an [O, N * Ho * Wo] product.";
+
+/* The place of the last output of rows [r0, r1) of n columns in an out geometry (every stride >= 0, n a multiple
+   of seg): the product stays inside an out of count elements when this is below count; 0 for no output. */
+static Py_ssize_t out_reach(Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n, Py_ssize_t out_at, Py_ssize_t ldo,
+                            Py_ssize_t seg, Py_ssize_t seg_stride) {
+    return r1 == r0 || n == 0 || seg < 1 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
+}
 
 static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     (void)self;
@@ -1578,9 +1582,7 @@ static PyObject *py_matmul_nt_view(PyObject *self, PyObject *args) {
     int rc = -1;
     if (parse_operand(&a, &ga, "a", &A, &m, &ka) == 0 && parse_operand(&b, &gb, "b", &B, &n, &kb) == 0) {
         const int plain = ldo < 0;
-        /* the last output's place (every stride >= 0): inside out */
-        const Py_ssize_t reach =
-            plain || r1 == r0 || n == 0 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
+        const Py_ssize_t reach = plain ? 0 : out_reach(r0, r1, n, out_at, ldo, seg, seg_stride);
         if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || (plain && count(&o) != (r1 - r0) * n) ||
             (!plain && (n % seg != 0 || reach >= count(&o)))) {
             PyErr_Format(PyExc_ValueError,
@@ -1656,8 +1658,7 @@ static PyObject *py_matmul_nt_parts(PyObject *self, PyObject *args) {
         }
         const Py_ssize_t r0 = (Py_ssize_t)v[3], r1 = (Py_ssize_t)v[4], out_at = (Py_ssize_t)v[5], ldo = (Py_ssize_t)v[6],
                          seg = (Py_ssize_t)v[7], seg_stride = (Py_ssize_t)v[8], n = ns[p];
-        const Py_ssize_t reach =
-            r1 == r0 || n == 0 || seg < 1 ? 0 : out_at + (r1 - 1) * ldo + (n / seg - 1) * seg_stride + seg - 1;
+        const Py_ssize_t reach = out_reach(r0, r1, n, out_at, ldo, seg, seg_stride);
         if (ka != kb || r0 < 0 || r1 < r0 || r1 > m || out_at < 0 || ldo < 0 || seg < 1 || seg_stride < 0 ||
             n % seg != 0 || (r1 > r0 && n > 0 && reach >= count(&o))) {
             PyErr_Format(PyExc_ValueError,

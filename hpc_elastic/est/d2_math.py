@@ -178,20 +178,15 @@ def det_matmul_nt(
     enough = items >= 2 and items >= min(torch.get_num_threads(), m)
     if n > m and enough and (og is None or inner % int(where[2]) == 0):
         threads = _threads(items, m * n * k)
-        parts = [
-            (
-                ag[0],
-                bg[0] + lo * b.stride(0),
-                hi - lo,
-                0,
-                m,
-                where[0] + lo * inner if og is None else where[0] + lo * inner // where[2] * where[3],
-                where[1],
-                (hi - lo) * inner if og is None else where[2],
-                where[3],
-            )
-            for lo, hi in _cuts(items, threads)
-        ]
+
+        def columns(lo: int, hi: int) -> tuple[int, int, int, int]:
+            """Where b's items [lo, hi) write: in a plain [m, n] result, rows of their width n apart; in out's
+            planes, their whole segments."""
+            if og is None:
+                return lo * inner, n, (hi - lo) * inner, 0
+            return int(og[0] + lo * inner // og[2] * og[3]), int(og[1]), int(og[2]), int(og[3])
+
+        parts = [(ag[0], bg[0] + lo * b.stride(0), hi - lo, 0, m, *columns(lo, hi)) for lo, hi in _cuts(items, threads)]
     else:
         threads = _threads(m, m * n * k)
         parts = [(ag[0], bg[0], bg[3], lo, hi, *where) for lo, hi in _cuts(m, threads)]
