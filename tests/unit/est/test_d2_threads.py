@@ -1,20 +1,24 @@
 """D2's CPU kernels give the same bits on any number of threads: the products cut along a's rows, along b's first
 dimension (whole output columns or whole planes of a convolution's output), or by entries of a batched product;
-batch norm's channels shared out between threads."""
+batch norm's channels shared out between threads; the zero-padded images the convolutions read (rows shared out)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from hpc_elastic.est import d2_ops
 from hpc_elastic.est.d2_math import (
     PARALLEL_MIN_WORK,
     batch_norm_train,
     batch_norm_train_backward,
     batch_norm_train_torch,
+    c_kernels,
     det_bmm_nt,
     det_matmul_nt,
 )
@@ -140,3 +144,60 @@ def test_few_column_items_cut_by_rows_give_the_same_bits() -> None:
     first, *others = bits_on_threads(lambda: det_matmul_nt(a, b, b_rows=2))
     assert all(torch.equal(first, o) for o in others)
     assert torch.allclose(det_matmul_nt(a, b, b_rows=2), a @ b.reshape(-1, 320).T, rtol=1e-4, atol=1e-3)
+
+
+def padded_by_definition(x: torch.Tensor, pads: tuple[int, int, int, int], channels_last: bool) -> torch.Tensor:
+    top, bottom, left, right = pads
+    out = F.pad(x, (left, right, top, bottom))
+    return out.permute(0, 2, 3, 1).contiguous() if channels_last else out
+
+
+@pytest.mark.usefixtures("torch_threads")
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize(
+    ("shape", "pads"),
+    [
+        ((32, 16, 32, 32), (1, 1, 1, 1)),  # the first convolutions' images: 8 x 8 blocks only, rows threaded
+        ((3, 13, 11, 19), (2, 0, 1, 3)),  # channels and width not multiples of 8, pads uneven
+        ((2, 7, 5, 6), (0, 0, 0, 0)),  # no pad, below the size that wakes the threads: one thread
+        ((4, 64, 1, 9), (3, 2, 0, 4)),  # one row
+    ],
+)
+def test_padded_images_are_the_images_bits(
+    shape: tuple[int, int, int, int],
+    pads: tuple[int, int, int, int],
+    channels_last: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The C kernel's padded image, planes or channels last, is bit for bit ``F.pad`` of the image (permuted): a
+    NaN's payload, infinities and -0.0 moved as they are, +0.0 around, on 1, 2, 3 and 5 threads; from a
+    non-contiguous image too. The torch route (a CUDA tensor's) gives the same bits."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen)
+    flat = x.view(-1)
+    flat[::7] = -0.0
+    flat[1::11] = float("inf")
+    flat[2::13] = -float("inf")
+    flat.view(torch.int32)[3::17] = 0x7FC0_1234  # a NaN with a payload
+    want = padded_by_definition(x, pads, channels_last).view(torch.int32)
+    for got in bits_on_threads(lambda: d2_ops._pad_image(x, pads, channels_last=channels_last)):
+        assert torch.equal(got, want)
+    strided = torch.empty(shape[0], shape[2], shape[3], shape[1]).permute(0, 3, 1, 2).copy_(x)
+    assert not strided.is_contiguous()
+    got = d2_ops._pad_image(strided, pads, channels_last=channels_last)
+    assert torch.equal(got.view(torch.int32), want)
+    monkeypatch.setattr(d2_ops, "c_kernels", lambda: None)
+    got = d2_ops._pad_image(x, pads, channels_last=channels_last)
+    assert torch.equal(got.view(torch.int32), want)
+
+
+def test_pad_image_refuses_bad_geometry() -> None:
+    ext = c_kernels()
+    x, out = np.zeros((2, 3, 4, 5), np.float32), np.zeros((2, 6, 7, 3), np.float32)
+    ext.pad_image(x, out, np.array([2, 3, 4, 5, 1, 1, 1, 1], np.int64), True, 2)  # fits
+    with pytest.raises(ValueError, match="size mismatch"):
+        ext.pad_image(x, out, np.array([2, 3, 4, 5, 1, 1, 1, 2], np.int64), True, 2)
+    with pytest.raises(ValueError, match="geometry: 8 int64 values >= 0"):
+        ext.pad_image(x, out, np.array([2, 3, 4, 5, -1, 3, 1, 1], np.int64), True, 2)
+    with pytest.raises(ValueError, match="threads >= 1"):
+        ext.pad_image(x, out, np.array([2, 3, 4, 5, 1, 1, 1, 1], np.int64), True, 0)

@@ -5,7 +5,7 @@ The package build compiles the hot loops of kernels/detreduce.c for AVX-512 (x86
 Here the file is built once per instruction set this CPU can run, with the clones off (``-DDETREDUCE_NO_CLONES``,
 ``-march=...``), and every build must give the bits of the NumPy reference on the same data: values over the whole
 fp32 range (subnormals, zeros, both signs), a chunk with an infinity, several ESTs whose top bins rise between
-deposits; the D2 batch norm and exp kernels against their torch definitions.
+deposits; the D2 batch norm and exp kernels against their torch definitions, the padded images against F.pad.
 """
 
 from __future__ import annotations
@@ -218,3 +218,21 @@ def test_every_instruction_set_gives_the_exp_definitions_bits(
         got = np.empty_like(x)
         kern._m.exp(x, got, d2_math._EXP_CONSTANTS, fn)
         assert np.array_equal(_bits(got), _bits(want)), f"{arch}: fn {fn}"
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_every_instruction_set_pads_images_to_the_same_bits(builds: dict[str, d.CKernels], channels_last: bool) -> None:
+    """The padded images D2's convolutions read (8 x 8 block transposes as generic vector shuffles, compiled per
+    instruction set) are F.pad's bits in every build: whole blocks and edges (19 channels, width 21)."""
+    n, c, h, w = 3, 19, 6, 21
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(n, c, h, w, generator=gen)
+    x.view(-1)[::9] = -0.0
+    x.view(torch.int32).view(-1)[1::13] = 0x7FC0_0042  # a NaN with a payload
+    padded = torch.nn.functional.pad(x, (2, 1, 1, 3))
+    want = (padded.permute(0, 2, 3, 1).contiguous() if channels_last else padded).numpy()
+    geometry = np.array([n, c, h, w, 1, 3, 2, 1], np.int64)
+    for arch, kern in builds.items():
+        got = np.empty_like(want)
+        kern._m.pad_image(x.numpy(), got, geometry, channels_last, 2)
+        assert np.array_equal(_bits(got), _bits(want)), f"{arch}: channels_last {channels_last}"
