@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from hpc_elastic.errors import HpcElasticError
-from hpc_elastic.est.detsum import c_extension, cpu_kernels
+from hpc_elastic.est.detsum import PART_VALUES, c_extension, cpu_kernels
 from hpc_elastic.est.gpu import cuda_extension
 
 
@@ -128,15 +128,7 @@ def det_matmul_nt(
     ``out``: where to write, an [m, S, seg] float32 view whose last dimension is contiguous (S * seg = n, output
     (i, j) at ``out[i, j // seg, j % seg]``), returned: a convolution's [O, N, Ho * Wo] product written as whole
     planes of its NCHW output (on the CPU in place, without the [m, n] matrix and its copy)."""
-    if not (0 < a_rows < a.dim() and 0 < b_rows < b.dim()) or a.shape[a_rows:].numel() != b.shape[b_rows:].numel():
-        raise ValueError(
-            f"det_matmul_nt needs [*rows, *k] operands with the same k, got {tuple(a.shape)} (rows: {a_rows} dims) "
-            f"and {tuple(b.shape)} (rows: {b_rows} dims)"
-        )
-    if a.dtype != torch.float32 or b.dtype != torch.float32:
-        raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
-    if a.device != b.device:
-        raise ValueError(f"operands on different devices: {a.device} and {b.device}")
+    _check_operands(a, b, a_rows, b_rows, grouped=False)
     m, n, k = a.shape[:a_rows].numel(), b.shape[:b_rows].numel(), a.shape[a_rows:].numel()
     if out is not None and (
         out.dim() != 3
@@ -154,81 +146,166 @@ def det_matmul_nt(
     if a.device.type == "cuda":
         out_gpu: torch.Tensor = cuda_extension().matmul_nt(a.reshape(m, k).contiguous(), b.reshape(n, k).contiguous())
         return out_gpu if out is None else out.copy_(out_gpu.reshape(out.shape))
+    _check_cpu(a)
+    result = torch.empty((m, n), dtype=torch.float32) if out is None else out
+    if m and n:
+        _run_groups(a, b, a_rows, b_rows, result, planes=out is not None, groups=1, steps=(0, 0, 0))
+    return result
+
+
+def det_matmul_nt_groups(
+    a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``a[g] @ b[g].T`` for every group g of ``a`` [G, *rows, *k] and ``b`` [G, *rows, *k] (the first dimension the
+    group, any strides; a group's rows and k as in :func:`det_matmul_nt`): each group's product is one
+    :func:`det_matmul_nt` product, so its bits depend on its operands alone.  A grouped convolution's groups are
+    views of one padded image and one weight that differ by an offset, so all groups run in one C call (no copy per
+    group, no call per group); a batched product (:func:`det_bmm_nt`) is the case of one row dimension.
+
+    Returns [G, m, n], or writes ``out``, a [G, m, S, seg] view whose last dimension is contiguous (group g's output
+    (i, j) at ``out[g, i, j // seg, j % seg]``), and returns it.  On a GPU: one launch of the batched CUDA product
+    on contiguous copies (the same bits per output)."""
+    if a.dim() < 1 or b.dim() < 1 or a.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"det_matmul_nt_groups needs operands with the same groups, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    _check_operands(a, b, a_rows, b_rows, grouped=True)
+    groups = a.shape[0]
+    m, n, k = a.shape[1 : a_rows + 1].numel(), b.shape[1 : b_rows + 1].numel(), a.shape[a_rows + 1 :].numel()
+    if out is not None and (
+        out.dim() != 4
+        or out.shape[0] != groups
+        or out.shape[1] != m
+        or out.shape[2] * out.shape[3] != n
+        or out.stride(3) != 1
+        or out.dtype != torch.float32
+        or out.device != a.device
+    ):
+        raise ValueError(
+            f"det_matmul_nt_groups' out must be a [G, m, S, seg] float32 view with S * seg = n and a contiguous last "
+            f"dimension on {a.device}, for G = {groups}, m = {m}, n = {n}: got {tuple(out.shape)}, strides "
+            f"{out.stride()}"
+        )
+    a, b = a.detach(), b.detach()
+    if a.device.type == "cuda":
+        product: torch.Tensor = cuda_extension().bmm_nt(
+            a.reshape(groups, m, k).contiguous(), b.reshape(groups, n, k).contiguous()
+        )
+        return product if out is None else out.copy_(product.reshape(out.shape))
+    _check_cpu(a)
+    result = torch.empty((groups, m, n), dtype=torch.float32) if out is None else out
+    if groups and m and n:
+        steps = (a.stride(0), b.stride(0), result.stride(0))
+        _run_groups(a[0], b[0], a_rows, b_rows, result[0], planes=out is not None, groups=groups, steps=steps)
+    return result
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor, a_rows: int, b_rows: int, *, grouped: bool) -> None:
+    """ValueError unless ``a`` and ``b`` are ``[*rows, *k]`` float32 operands with the same k (``grouped``: behind
+    their first dimension, the group), on one device."""
+    a_shape, b_shape = (a.shape[1:], b.shape[1:]) if grouped else (a.shape, b.shape)
+    if not (0 < a_rows < len(a_shape) and 0 < b_rows < len(b_shape)) or (
+        a_shape[a_rows:].numel() != b_shape[b_rows:].numel()
+    ):
+        raise ValueError(
+            f"det_matmul_nt needs [*rows, *k] operands with the same k, got {tuple(a_shape)} (rows: {a_rows} dims) "
+            f"and {tuple(b_shape)} (rows: {b_rows} dims)"
+        )
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"operands on different devices: {a.device} and {b.device}")
+
+
+def _check_cpu(a: torch.Tensor) -> None:
     if a.device.type != "cpu":
         raise ValueError(f"no D2 kernel for device {a.device}")
-    result = torch.empty((m, n), dtype=torch.float32) if out is None else out
+
+
+def _run_groups(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_rows: int,
+    b_rows: int,
+    out: torch.Tensor,
+    *,
+    planes: bool,
+    groups: int,
+    steps: tuple[int, int, int],
+) -> None:
+    """The CPU product of ``a`` and ``b`` (group 0's views, non-empty) into ``out`` (group 0's: a plain [m, n]
+    result, or with ``planes`` an [m, S, seg] view), and of every further group at its ``steps`` (the offsets in
+    elements from one group's a, b and out to the next's): group 0's parts, then the same parts of each group,
+    in one C call on the OpenMP runtime's threads.  With fewer groups than threads, each group's product is cut
+    into parts for the threads; else each group is one part."""
+    m, n, k = a.shape[:a_rows].numel(), b.shape[:b_rows].numel(), a.shape[a_rows:].numel()
     an, ag = _geometry(a, a_rows)
     bn, bg = _geometry(b, b_rows)
-    og: np.ndarray[Any, Any] | None = None
-    if out is None:
-        on: np.ndarray[Any, Any] = result.numpy()
+    on = out.as_strided((out.untyped_storage().nbytes() // 4,), (1,), 0).numpy()
+    if planes:
+        where = (int(out.storage_offset()), out.stride(0), out.shape[2], out.stride(1))
     else:
-        on = out.as_strided((out.untyped_storage().nbytes() // 4,), (1,), 0).numpy()
-        og = np.array([out.storage_offset(), out.stride(0), out.shape[2], out.stride(1)], dtype=np.int64)
-    if m == 0 or n == 0:
-        return result  # no output
-    # One part per thread, cut along the operand read less often: b's first dimension (whole output columns) when
-    # it is the larger and has enough items for the threads (or as many as a has rows), so that each thread reads a
-    # part of b and all of a; else a's rows. An output is formed whole by one part either way (the same
-    # operations), so the bits do not depend on the cut.
-    flat = on.reshape(-1)
-    where = og if og is not None else np.array([0, n, n, 0], dtype=np.int64)
-    items = b.shape[0]
+        where = (int(out.storage_offset()), n, n, 0)  # rows n apart, one segment of n
+    per_group = -(-torch.get_num_threads() // groups)
+    parts = _parts(
+        int(ag[0]), int(bg[0]), b_step=b.stride(0), items=b.shape[0], m=m, n=n, k=k, where=where, plain=not planes,
+        cuts=per_group,
+    )  # fmt: skip
+    table = np.array(parts, dtype=np.int64)
+    if groups > 1:
+        shift = np.zeros(PART_VALUES, dtype=np.int64)
+        shift[[0, 1, 5]] = steps
+        table = (table[None, :, :] + np.arange(groups, dtype=np.int64)[:, None, None] * shift).reshape(-1, PART_VALUES)
+    threads = _threads(len(table), groups * m * n * k)
+    cpu_kernels().matmul_nt_parts(an, ag, bn, bg, on, parts=table, threads=threads)
+
+
+def _parts(
+    a_at: int,
+    b_at: int,
+    *,
+    b_step: int,
+    items: int,
+    m: int,
+    n: int,
+    k: int,
+    where: tuple[int, int, int, int],
+    plain: bool,
+    cuts: int,
+) -> list[tuple[int, ...]]:
+    """``matmul_nt_parts``' parts of one product (a at ``a_at``, b at ``b_at``, b's first dimension ``items`` of
+    ``b_step`` elements; the output where ``where`` = [offset, row stride, seg, seg stride] says): at most ``cuts``
+    parts, along the operand read less often: b's first dimension (whole output columns) when it is the larger and
+    has enough items for the cuts (or as many as a has rows), so that each part reads a part of b and all of a; else
+    a's rows. An output is formed whole by one part either way (the same operations), so the bits do not depend on
+    the cut."""
     inner = n // items if items else 0
-    enough = items >= 2 and items >= min(torch.get_num_threads(), m)
-    if n > m and enough and (og is None or inner % int(where[2]) == 0):
-        threads = _threads(items, m * n * k)
+    enough = items >= 2 and items >= min(cuts, m)
+    if n > m and enough and (plain or inner % where[2] == 0):
 
         def columns(lo: int, hi: int) -> tuple[int, int, int, int]:
             """Where b's items [lo, hi) write: in a plain [m, n] result, rows of their width n apart; in out's
             planes, their whole segments."""
-            if og is None:
+            if plain:
                 return lo * inner, n, (hi - lo) * inner, 0
-            return int(og[0] + lo * inner // og[2] * og[3]), int(og[1]), int(og[2]), int(og[3])
+            return where[0] + lo * inner // where[2] * where[3], where[1], where[2], where[3]
 
-        parts = [(ag[0], bg[0] + lo * b.stride(0), hi - lo, 0, m, *columns(lo, hi)) for lo, hi in _cuts(items, threads)]
-    else:
-        threads = _threads(m, m * n * k)
-        parts = [(ag[0], bg[0], bg[3], lo, hi, *where) for lo, hi in _cuts(m, threads)]
-    cpu_kernels().matmul_nt_parts(an, ag, bn, bg, flat, parts=np.array(parts, dtype=np.int64), threads=threads)
-    return result
+        count = min(cuts, _threads(items, m * n * k))
+        return [(a_at, b_at + lo * b_step, hi - lo, 0, m, *columns(lo, hi)) for lo, hi in _cuts(items, count)]
+    count = min(cuts, _threads(m, m * n * k))
+    return [(a_at, b_at, items, lo, hi, *where) for lo, hi in _cuts(m, count)]
 
 
 def det_bmm_nt(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a[i] @ b[i].T`` for every i of [B, m, k] and [B, n, k] float32 operands (any strides): each entry is one
-    :func:`det_matmul_nt` product, so an entry's result depends on its operands alone.  On the CPU the entries'
-    views are named by one geometry whose offset moves (no per-entry checks or views), one part per entry, the
-    parts on the OpenMP runtime's threads; on a GPU all entries in one launch of the CUDA twin."""
+    :func:`det_matmul_nt` product, so an entry's result depends on its operands alone (:func:`det_matmul_nt_groups`
+    with one row dimension: on the CPU one geometry whose offset moves, the parts on the OpenMP runtime's threads;
+    on a GPU all entries in one launch of the CUDA twin)."""
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
         raise ValueError(
             f"det_bmm_nt needs [B, m, k] and [B, n, k] operands, got {tuple(a.shape)} and {tuple(b.shape)}"
         )
-    if a.dtype != torch.float32 or b.dtype != torch.float32:
-        raise ValueError(f"det_bmm_nt supports float32 only, got {a.dtype} and {b.dtype}")
-    if a.device != b.device:
-        raise ValueError(f"operands on different devices: {a.device} and {b.device}")
-    batch, m, n = a.shape[0], a.shape[1], b.shape[1]
-    if a.device.type == "cuda":
-        result: torch.Tensor = cuda_extension().bmm_nt(a.detach().contiguous(), b.detach().contiguous())
-        return result
-    if a.device.type != "cpu":
-        raise ValueError(f"no D2 kernel for device {a.device}")
-    out = torch.empty((batch, m, n), dtype=torch.float32)
-    if batch == 0 or m * n == 0:
-        return out
-    a, b = a.detach(), b.detach()
-    an, ag = _geometry(a[0], 1)
-    bn, bg = _geometry(b[0], 1)
-    parts = np.array(
-        [
-            (a.storage_offset() + i * a.stride(0), b.storage_offset() + i * b.stride(0), n, 0, m, i * m * n, n, n, 0)
-            for i in range(batch)
-        ],
-        dtype=np.int64,
-    )
-    threads = _threads(batch, batch * m * n * a.shape[2])
-    cpu_kernels().matmul_nt_parts(an, ag, bn, bg, out.numpy().reshape(-1), parts=parts, threads=threads)
-    return out
+    return det_matmul_nt_groups(a, b)
 
 
 def det_sum(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:

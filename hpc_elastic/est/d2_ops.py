@@ -47,6 +47,7 @@ from hpc_elastic.est.d2_math import (
     det_exp,
     det_log,
     det_matmul_nt,
+    det_matmul_nt_groups,
     det_sigmoid,
     det_sqrt,
     det_sum,
@@ -174,19 +175,25 @@ def _columns(x: torch.Tensor, window: Window, out: Pair) -> torch.Tensor:
     return xq.as_strided(size, (s_h * dh, s_w * dw, s_c, s_n, s_h * sh, s_w * sw))
 
 
+def _by_group(t: torch.Tensor, dim: int, groups: int) -> torch.Tensor:
+    """The view of ``t`` with dimension ``dim`` cut into ``groups`` equal ranges, the group first: [G, ...,
+    size / G, ...] (a convolution's channels or filters, group by group; no copy)."""
+    return t.view(*t.shape[:dim], groups, t.shape[dim] // groups, *t.shape[dim + 1 :]).movedim(dim, 0)
+
+
 #: planes smaller than this are written as an [O, N*Ho*Wo] matrix and copied (the product's panels end at planes)
 MIN_PLANE = 16
 
 
 def _planes_product(a: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int, int, int]) -> torch.Tensor:
-    """``det_matmul_nt(a, rows, b_rows=3)``, an [C, N*H*W] product, as the contiguous [N, C, H, W] tensor whose planes
-    it holds: written in place (the product's output columns in segments of H*W, one plane each), or for small
-    planes formed as a matrix and copied.  The same values either way."""
+    """``det_matmul_nt_groups(a, rows, b_rows=3)``, group g's [C / G, N*H*W] product, as channels g C / G .. of the
+    contiguous [N, C, H, W] tensor whose planes they hold: written in place (each group's output columns in segments
+    of H*W, one plane each), or for small planes formed as a matrix and copied.  The same values either way."""
     n, c, h, w = shape
     if h * w < MIN_PLANE:
-        return det_matmul_nt(a, rows, b_rows=3).reshape(c, n, h, w).permute(1, 0, 2, 3).contiguous()
+        return det_matmul_nt_groups(a, rows, b_rows=3).reshape(c, n, h, w).permute(1, 0, 2, 3).contiguous()
     out = a.new_empty((n, c, h, w))
-    det_matmul_nt(a, rows, b_rows=3, out=out.view(n, c, h * w).permute(1, 0, 2))
+    det_matmul_nt_groups(a, rows, b_rows=3, out=_by_group(out.view(n, c, h * w).permute(1, 0, 2), 0, a.shape[0]))
     return out
 
 
@@ -200,15 +207,15 @@ def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> 
     return taps, first, step
 
 
-def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair) -> torch.Tensor:
+def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair, groups: int) -> torch.Tensor:
     """The gradient of a convolution's input [N, C, H, W]: the transposed convolution, one product per phase of the
-    stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's product is the weight of
-    the kernel offsets that reach it, [C, (i, j, o)] (offsets from the last to the first), against the windows of the
-    zero-padded channels-last output gradient over those offsets (a view read in place): every input value one
-    fixed-order dot product, no col2im and no product with the zeros a stride would put between the output
-    gradient's values."""
+    stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's product is, group by
+    group, the weight of the kernel offsets that reach it, [C / G, (i, j, o)] (offsets from the last to the first;
+    the group's filters o), against the windows of the zero-padded channels-last output gradient over those offsets
+    and the group's channels (a view read in place): every input value one fixed-order dot product, no col2im and
+    no product with the zeros a stride would put between the output gradient's values."""
     n, o, ho, wo = grad_out.shape
-    c = weight.shape[1]
+    c = weight.shape[1] * groups
     h, w = size
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
     strided = sh > 1 or sw > 1
@@ -233,21 +240,24 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
     covered = sum(p[8] * p[9] for p in phases) == h * w
     gx = grad_out.new_empty((n, c, h, w)) if covered else grad_out.new_zeros((n, c, h, w))
     for py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw in phases:
-        rows = gp.as_strided(
+        window_view = gp.as_strided(
             (n, th, tw, len(taps_i), len(taps_j), o),
             (s_n, s_h, s_w, s_h * step_i, s_w * step_j, 1),
             (first_i + top) * s_h + (first_j + left) * s_w,
         )
+        rows = _by_group(window_view, 5, groups)  # [G, n, th, tw, i, j, O / G]
         sub = (
-            weight.index_select(2, torch.tensor(taps_i, device=weight.device))
-            .index_select(3, torch.tensor(taps_j, device=weight.device))
-            .permute(1, 2, 3, 0)
-            .reshape(c, -1)
-        )  # [C, (i, j, o)]
+            _by_group(weight, 0, groups)
+            .index_select(3, torch.tensor(taps_i, device=weight.device))
+            .index_select(4, torch.tensor(taps_j, device=weight.device))
+            .permute(0, 2, 3, 4, 1)
+            .reshape(groups, weight.shape[1], -1)
+        )  # [G, C / G, (i, j, o)]
         # [C, N*th*tw]: the weight as the rows, so that a channel's values come out as whole planes (an FMA's
         # product commutes: each output sees the same operations as with the operands the other way round)
         if strided:
-            gx[:, :, py::sh, px::sw] = det_matmul_nt(sub, rows, b_rows=3).reshape(c, n, th, tw).permute(1, 0, 2, 3)
+            phase = det_matmul_nt_groups(sub, rows, b_rows=3)
+            gx[:, :, py::sh, px::sw] = phase.reshape(c, n, th, tw).permute(1, 0, 2, 3)
         else:
             gx = _planes_product(sub, rows, (n, c, h, w))
     return gx
@@ -256,21 +266,25 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
 class _Conv2dFn(torch.autograd.Function):
     """Implicit GEMM: the weight [O, kh*kw*C] against the patches [N*Ho*Wo, kh*kw*C], read in place from the padded
     channels-last image (a strided view, no gather); each output is one fixed-order dot product over (i, j, c).  The
-    input's gradient is the transposed convolution (:func:`_input_grad`), formed the same way."""
+    input's gradient is the transposed convolution (:func:`_input_grad`), formed the same way.  With G groups, group
+    g's filters against the patches of its channels, each output the dot product over its group's (i, j, c): the
+    groups' products are views of the same image and weight at offsets, run in one call
+    (:func:`det_matmul_nt_groups`)."""
 
     @staticmethod
-    def forward(
+    def forward(  # noqa: PLR0917 - autograd's apply passes every input positionally
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         window: Window,
+        groups: int,
     ) -> torch.Tensor:
         n, _, h, w = x.shape
         o = weight.shape[0]
         ho, wo = window.output(h, w)
-        rows = _patches(_padded_nhwc(x, window.padding), window, (ho, wo))
-        w_rows = weight.permute(0, 2, 3, 1).reshape(o, -1)
+        rows = _by_group(_patches(_padded_nhwc(x, window.padding), window, (ho, wo)), 5, groups)
+        w_rows = weight.permute(0, 2, 3, 1).reshape(groups, o // groups, -1)
         # [O, N*Ho*Wo]: the weight as the rows, so that the output's planes come out whole (the FMA's product
         # commutes: each output sees the same operations as with the patches as the rows), written in place as the
         # planes of the NCHW output
@@ -280,26 +294,28 @@ class _Conv2dFn(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         ctx.window = window
+        ctx.groups = groups
         return _fresh(out)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Grads:
         x, weight = ctx.saved_tensors
-        window = ctx.window
-        n, c, h, w = x.shape
-        o, _, kh, kw = weight.shape
+        window, groups = ctx.window, ctx.groups
+        n, _, h, w = x.shape
+        o, c, kh, kw = weight.shape  # (c: a group's channels)
         ho, wo = grad_out.shape[2], grad_out.shape[3]
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = _input_grad(grad_out, weight, window, (h, w))
+            gx = _input_grad(grad_out, weight, window, (h, w), groups)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             cols_g = grad_out.permute(1, 0, 2, 3)  # [O, (n, y, x)]
             if ctx.needs_input_grad[1]:
-                gw = det_matmul_nt(cols_g, _columns(x, window, (ho, wo)), b_rows=3).reshape(o, kh, kw, c)
+                columns = _by_group(_columns(x, window, (ho, wo)), 2, groups)  # [G, (i, j, c), (n, y, x)]
+                gw = det_matmul_nt_groups(_by_group(cols_g, 0, groups), columns, b_rows=3).reshape(o, kh, kw, c)
                 gw = gw.permute(0, 3, 1, 2).contiguous()
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 gb = det_sum(cols_g.reshape(o, n * ho * wo), 1)
-        return gx, gw, gb, None
+        return gx, gw, gb, None, None
 
 
 # ---------------------------------------------------------------------------------------------- normalisation
@@ -1291,32 +1307,15 @@ def _as_batch(input: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -
     return fn(input) if input.dim() == 4 else fn(input.unsqueeze(0)).squeeze(0)
 
 
-def _grouped_conv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, window: Window, groups: int
-) -> torch.Tensor:
-    """A convolution of ``groups`` groups as one :class:`_Conv2dFn` per group: group g's outputs are the convolution
-    of its input channels by its filters, each output the same fixed-order dot product over its group's (i, j, c)
-    as with one group. The groups' inputs and parameters are taken by ``torch.split`` and their outputs joined by
-    ``torch.cat`` (copies, and in the backward copies: exact on every device)."""
-    if groups == 1:
-        return _apply(_Conv2dFn, x, weight, bias, window)
-    xs = torch.split(x, x.shape[1] // groups, dim=1)
-    ws = torch.split(weight, weight.shape[0] // groups, dim=0)
-    bs: list[torch.Tensor | None] = (
-        list(torch.split(bias, bias.shape[0] // groups)) if bias is not None else [None] * groups
-    )
-    return torch.cat([_apply(_Conv2dFn, xg, wg, bg, window) for xg, wg, bg in zip(xs, ws, bs, strict=True)], dim=1)
-
-
 class DetConv2d(nn.Conv2d):
     """``nn.Conv2d`` (zero padding, any groups: depthwise too) as an implicit GEMM: a fixed-order product over
-    patches read in place, one per group."""
+    patches read in place, one per group, all groups in one call."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         _refuse(self, conv2d_unsupported(self))
         padding = (0, 0) if isinstance(self.padding, str) else _pair(self.padding)
         window = Window(_pair(self.kernel_size), _pair(self.stride), padding, _pair(self.dilation))
-        return _as_batch(input, lambda x: _grouped_conv(x, self.weight, self.bias, window, self.groups))
+        return _as_batch(input, lambda x: _apply(_Conv2dFn, x, self.weight, self.bias, window, self.groups))
 
 
 class DetConv1d(nn.Conv1d):
@@ -1331,7 +1330,7 @@ class DetConv1d(nn.Conv1d):
         )
         batched = input.dim() == 3
         x = (input if batched else input.unsqueeze(0)).unsqueeze(2)
-        out = _grouped_conv(x, self.weight.unsqueeze(2), self.bias, window, self.groups).squeeze(2)
+        out = _apply(_Conv2dFn, x, self.weight.unsqueeze(2), self.bias, window, self.groups).squeeze(2)
         return out if batched else out.squeeze(0)
 
 

@@ -825,25 +825,28 @@ def test_convolution_products_read_in_place_give_the_gathered_products_bits(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every product of a convolution's forward and backward (patch rows, the transposed convolution's windows per
-    phase, patch columns) reads its operands in place from the padded images: each gives the bits of gathering
-    those operands into matrices first and multiplying them, on random shapes, strides, paddings and dilations, at
-    1 and 3 threads."""
+    phase, patch columns) reads its operands in place from the padded images, all groups at once: each group's
+    product gives the bits of gathering that group's operands into matrices first and multiplying them, on random
+    shapes, groups, strides, paddings and dilations, at 1 and 3 threads."""
     checked: list[tuple[int, int]] = []
-    in_place = d2_math.det_matmul_nt
+    in_place = d2_math.det_matmul_nt_groups
 
     def both(
         a: torch.Tensor, b: torch.Tensor, *, a_rows: int = 1, b_rows: int = 1, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         result = in_place(a, b, a_rows=a_rows, b_rows=b_rows, out=out)  # with out: written as NCHW planes
-        k = a.shape[a_rows:].numel()
-        gathered = in_place(a.reshape(-1, k).contiguous(), b.reshape(-1, k).contiguous())
-        assert bits(result.reshape(gathered.shape)) == bits(gathered)
+        k = a.shape[a_rows + 1 :].numel()
+        for g in range(a.shape[0]):
+            gathered = d2_math.det_matmul_nt(a[g].reshape(-1, k).contiguous(), b[g].reshape(-1, k).contiguous())
+            assert bits(result[g].reshape(gathered.shape)) == bits(gathered)
         checked.append((a_rows, b_rows))
         return result
 
-    monkeypatch.setattr(d2_ops, "det_matmul_nt", both)
+    monkeypatch.setattr(d2_ops, "det_matmul_nt_groups", both)
     rng = np.random.default_rng(seed)
-    n, c, o = int(rng.integers(1, 4)), int(rng.integers(1, 20)), int(rng.integers(1, 70))
+    groups = (1, 2, 3, 1, 2, 3, 5, 7)[seed]
+    per_group = 1 if seed >= 6 else int(rng.integers(1, 8))  # the last two depthwise (one channel per group)
+    n, c, o = int(rng.integers(1, 4)), groups * per_group, groups * int(rng.integers(1, 24))
     kernel = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
     conv = nn.Conv2d(
         c,
@@ -852,6 +855,7 @@ def test_convolution_products_read_in_place_give_the_gathered_products_bits(
         stride=(int(rng.integers(1, 3)), int(rng.integers(1, 3))),
         padding=(int(rng.integers(0, 3)), int(rng.integers(0, 3))),
         dilation=(int(rng.integers(1, 3)), int(rng.integers(1, 3))),
+        groups=groups,
     )
     det = to_d2(copy.deepcopy(conv))
     x = torch.randn(n, c, int(rng.integers(6, 14)), int(rng.integers(6, 14)), requires_grad=True)

@@ -21,6 +21,7 @@ from hpc_elastic.est.d2_math import (
     c_kernels,
     det_bmm_nt,
     det_matmul_nt,
+    det_matmul_nt_groups,
 )
 
 
@@ -201,3 +202,42 @@ def test_pad_image_refuses_bad_geometry() -> None:
         ext.pad_image(x, out, np.array([2, 3, 4, 5, -1, 3, 1, 1], np.int64), True, 2)
     with pytest.raises(ValueError, match="threads >= 1"):
         ext.pad_image(x, out, np.array([2, 3, 4, 5, 1, 1, 1, 1], np.int64), True, 0)
+
+
+@pytest.mark.usefixtures("torch_threads")
+@pytest.mark.parametrize(("groups", "m", "n", "k"), [(1, 8, 6000, 200), (2, 4, 5000, 300), (64, 1, 4096, 9)])
+def test_grouped_products_are_each_groups_product(groups: int, m: int, n: int, k: int) -> None:
+    """Each group's result, on 1, 2, 3 and 5 threads (fewer groups than threads: each group cut; more: one part per
+    group), is bit for bit the one product of that group's operands, read in place from views of one tensor at
+    offsets, as a plain result and written as the planes of an NCHW output."""
+    gen = torch.Generator().manual_seed(groups * m)
+    a = torch.randn(m, groups, k, generator=gen).transpose(0, 1)  # [G, m, k]: a group at an offset, rows strided
+    b = torch.randn(n, groups * k, generator=gen).view(n, groups, k).transpose(0, 1)  # [G, n, k]
+    planes = 8  # n = planes * (n / planes): each row of a group's output as 8 planes of an NCHW tensor
+    seg = n // planes
+
+    def plain() -> torch.Tensor:
+        return det_matmul_nt_groups(a, b)
+
+    def as_planes() -> torch.Tensor:
+        out = torch.empty(planes, groups * m, seg)  # [N, C, H*W] with C = groups * m
+        det_matmul_nt_groups(a, b, out=out.permute(1, 0, 2).view(groups, m, planes, seg))
+        return out.permute(1, 0, 2).reshape(groups, m, n)
+
+    for fn in (plain, as_planes):
+        first, *others = bits_on_threads(fn)
+        assert all(torch.equal(first, o) for o in others)
+        for g in range(groups):
+            want = det_matmul_nt(a[g], b[g]).view(torch.int32)
+            assert torch.equal(first[g], want)
+
+
+def test_grouped_products_refuse_what_they_cannot_form() -> None:
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 6, 5)
+    assert det_matmul_nt_groups(torch.empty(0, 4, 5), torch.empty(0, 6, 5)).shape == (0, 4, 6)
+    with pytest.raises(ValueError, match="the same groups"):
+        det_matmul_nt_groups(a, torch.randn(2, 6, 5))
+    with pytest.raises(ValueError, match="the same k"):
+        det_matmul_nt_groups(a, torch.randn(3, 6, 4))
+    with pytest.raises(ValueError, match=r"out must be a \[G, m, S, seg\]"):
+        det_matmul_nt_groups(a, b, out=torch.empty(3, 4, 6))
