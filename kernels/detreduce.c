@@ -2551,6 +2551,129 @@ static PyObject *py_pad_image(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- stencil (D2 depthwise convolutions) */
+
+/* stencil: for every plane p of a zero-padded image and every output (t, u),
+ *   out[p, t, u] = the fixed-order dot product (matmul_nt's: lane l = k mod 8 accumulating fma(w_k, x_k, acc) in
+ *                  increasing k from +0, then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))) of the T taps
+ *                  w_k = weights[p mod C, k] and x_k = img[p, (y0 + t sy) Wp + x0 + u sx + offsets[k]].
+ * A depthwise convolution's output (taps: the kernel offsets) and its input's gradient (per phase of the stride:
+ * the offsets that reach it, from the last to the first) are such dot products over one channel's plane: the bits of
+ * the one-channel products of d2_ops' grouped convolution, with no per-output packing or tree of the blocked product
+ * (whose 3 x 4 blocks and 8-lane vectors over k are mostly empty for k = 9).  Here the vectors run along a row's
+ * outputs: STENCIL_RUN outputs at once, each lane's accumulator one array over them, every output seeing the same
+ * operations in the same order (written with fmaf, which the AVX2 and AVX-512 clones turn into vector FMAs; the
+ * same bits as the scalar one; lanes no tap reaches stay +0 and enter the tree, as in the product).  Planes are
+ * shared out between up to `threads` OpenMP threads. */
+
+#define STENCIL_RUN 16
+
+/* `run` outputs of a row (at most STENCIL_RUN; a constant STENCIL_RUN lets the compiler unroll and vectorise) */
+static inline __attribute__((always_inline)) void stencil_run(const float *restrict x0, const float *restrict w,
+                                                              const int64_t *restrict offsets, Py_ssize_t taps,
+                                                              Py_ssize_t sx, float *restrict out, Py_ssize_t out_sx,
+                                                              Py_ssize_t run) {
+    float acc[DOT_LANES][STENCIL_RUN];
+    for (Py_ssize_t l = 0; l < DOT_LANES; ++l) {
+        for (Py_ssize_t u = 0; u < STENCIL_RUN; ++u) acc[l][u] = 0.0f;
+    }
+    for (Py_ssize_t k = 0; k < taps; ++k) {
+        float *restrict lane = acc[k % DOT_LANES];
+        const float wk = w[k];
+        const float *restrict x = x0 + offsets[k];
+        if (sx == 1) {
+            for (Py_ssize_t u = 0; u < run; ++u) lane[u] = fmaf(wk, x[u], lane[u]);
+        } else {
+            for (Py_ssize_t u = 0; u < run; ++u) lane[u] = fmaf(wk, x[u * sx], lane[u]);
+        }
+    }
+    for (Py_ssize_t u = 0; u < run; ++u) {
+        const float s01 = acc[0][u] + acc[1][u], s23 = acc[2][u] + acc[3][u];
+        const float s45 = acc[4][u] + acc[5][u], s67 = acc[6][u] + acc[7][u];
+        out[u * out_sx] = (s01 + s23) + (s45 + s67);
+    }
+}
+
+CLONES
+static void stencil_row(const float *restrict row, const float *restrict w, const int64_t *restrict offsets,
+                        Py_ssize_t taps, Py_ssize_t sx, float *restrict out, Py_ssize_t out_sx, Py_ssize_t width) {
+    Py_ssize_t u0 = 0;
+    for (; u0 + STENCIL_RUN <= width; u0 += STENCIL_RUN) {
+        stencil_run(row + u0 * sx, w, offsets, taps, sx, out + u0 * out_sx, out_sx, STENCIL_RUN);
+    }
+    if (u0 < width) stencil_run(row + u0 * sx, w, offsets, taps, sx, out + u0 * out_sx, out_sx, width - u0);
+}
+
+PyDoc_STRVAR(stencil_doc,
+    "stencil(img, weights, offsets, out, geometry, threads)\n"
+    "Contiguous float32 img [planes, hp, wp] and weights [c, taps]; int64 offsets [taps] (elements within a plane);\n"
+    "out: float32, written at out_at + p * out_sp + t * out_st + u * out_su for p < planes, t < th, u < tw.\n"
+    "geometry: int64 [planes, hp, wp, c, y0, x0, sy, sx, th, tw, out_at, out_sp, out_st, out_su].  Each output\n"
+    "the fixed-order dot product of matmul_nt over the taps (see kernels/detreduce.c).");
+
+static PyObject *py_stencil(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oi, *ow, *of, *oo, *og;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOOOOi", &oi, &ow, &of, &oo, &og, &threads)) return NULL;
+    buf_t bi, bw, bf, bo, bg;
+    buf_t *held[5] = {&bi, &bw, &bf, &bo, &bg};
+    int got = 0;
+    if (acquire(oi, &bi, 'f', 0, "img") == 0 && ++got && acquire(ow, &bw, 'f', 0, "weights") == 0 && ++got &&
+        acquire(of, &bf, 'q', 0, "offsets") == 0 && ++got && acquire(oo, &bo, 'f', 1, "out") == 0 && ++got &&
+        acquire(og, &bg, 'q', 0, "geometry") == 0 && ++got) {
+    }
+    int rc = -1;
+    if (got == 5) {
+        const int64_t *g = (const int64_t *)bg.view.buf;
+        const int64_t *offsets = (const int64_t *)bf.view.buf;
+        const Py_ssize_t taps = count(&bf);
+        int ok = count(&bg) == 14 && threads >= 1;
+        for (int i = 0; ok && i < 14; ++i) ok = g[i] >= 0;
+        const Py_ssize_t planes = ok ? g[0] : 0, hp = ok ? g[1] : 0, wp = ok ? g[2] : 0, c = ok ? g[3] : 0;
+        const Py_ssize_t y0 = ok ? g[4] : 0, x0 = ok ? g[5] : 0, sy = ok ? g[6] : 0, sx = ok ? g[7] : 0;
+        const Py_ssize_t th = ok ? g[8] : 0, tw = ok ? g[9] : 0;
+        const Py_ssize_t out_at = ok ? g[10] : 0, out_sp = ok ? g[11] : 0, out_st = ok ? g[12] : 0;
+        const Py_ssize_t out_su = ok ? g[13] : 0;
+        /* every read inside its plane (the first and last outputs' windows by the least and greatest offsets), every
+           write inside out */
+        Py_ssize_t lo = 0, hi = 0;
+        for (Py_ssize_t k = 0; ok && k < taps; ++k) {
+            lo = k == 0 || offsets[k] < lo ? offsets[k] : lo;
+            hi = k == 0 || offsets[k] > hi ? offsets[k] : hi;
+        }
+        const Py_ssize_t first = y0 * wp + x0, last = (y0 + (th - 1) * sy) * wp + x0 + (tw - 1) * sx;
+        const Py_ssize_t reach = out_at + (planes - 1) * out_sp + (th - 1) * out_st + (tw - 1) * out_su;
+        if (!ok || c < 1 || sy < 1 || sx < 1) {
+            PyErr_SetString(PyExc_ValueError, "stencil: geometry of 14 int64 values >= 0, c, sy, sx >= 1; threads >= 1");
+        } else if (count(&bi) != planes * hp * wp || count(&bw) != c * taps || (planes > 0 && planes % c != 0)) {
+            PyErr_SetString(PyExc_ValueError, "stencil: size mismatch: img [planes, hp, wp], weights [c, taps], "
+                                              "planes a multiple of c");
+        } else if (planes > 0 && th > 0 && tw > 0 &&
+                   ((taps > 0 && (first + lo < 0 || last + hi >= hp * wp)) || reach >= count(&bo))) {
+            PyErr_SetString(PyExc_ValueError, "stencil: a window outside its plane or an output outside out");
+        } else {
+            const float *img = (const float *)bi.view.buf, *w = (const float *)bw.view.buf;
+            float *out = (float *)bo.view.buf;
+            const int team = planes * th * tw * (taps > 0 ? taps : 1) >= LAYOUT_PARALLEL_MIN ? threads : 1;
+            Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(team) schedule(static)
+            for (Py_ssize_t p = 0; p < planes; ++p) {
+                for (Py_ssize_t t = 0; t < th; ++t) {
+                    const float *row = img + p * hp * wp + (y0 + t * sy) * wp + x0;
+                    stencil_row(row, w + (p % c) * taps, offsets, taps, sx, out + out_at + p * out_sp + t * out_st,
+                                out_su, tw);
+                }
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -2571,6 +2694,7 @@ static PyMethodDef methods[] = {
     {"max_pool_backward", py_max_pool_backward, METH_VARARGS, max_pool_backward_doc},
     {"exp", py_exp, METH_VARARGS, exp_doc},
     {"pad_image", py_pad_image, METH_VARARGS, pad_image_doc},
+    {"stencil", py_stencil, METH_VARARGS, stencil_doc},
     {NULL, NULL, 0, NULL},
 };
 

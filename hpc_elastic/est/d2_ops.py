@@ -207,6 +207,45 @@ def _taps(phase: int, kernel: int, stride: int, padding: int, dilation: int) -> 
     return taps, first, step
 
 
+class _Phase(NamedTuple):
+    """The input positions ``(py + sh * t, px + sw * u)`` of one phase of a convolution's stride, t < th and u < tw,
+    and the kernel offsets that reach them (from the last to the first) with the output position of the first and
+    the step between them, per axis (:func:`_taps`)."""
+
+    py: int
+    px: int
+    taps_i: list[int]
+    first_i: int
+    step_i: int
+    taps_j: list[int]
+    first_j: int
+    step_j: int
+    th: int
+    tw: int
+
+
+def _phases(window: Window, size: Pair, out: Pair) -> tuple[list[_Phase], tuple[int, int, int, int]]:
+    """The phases any window reaches, and the (top, bottom, left, right) zero padding of the output gradient that
+    every phase's windows read inside."""
+    h, w = size
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    phases = []
+    for py in range(min(sh, h)):
+        taps_i, first_i, step_i = _taps(py, kh, sh, ph, dh)
+        for px in range(min(sw, w)):
+            taps_j, first_j, step_j = _taps(px, kw, sw, pw, dw)
+            if taps_i and taps_j:  # else no window reaches these positions: their gradient is 0
+                th, tw = len(range(py, h, sh)), len(range(px, w, sw))
+                phases.append(_Phase(py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw))
+    if not phases:
+        return phases, (0, 0, 0, 0)
+    top = max(max(0, -p.first_i) for p in phases)
+    left = max(max(0, -p.first_j) for p in phases)
+    bottom = max(max(0, p.th + p.first_i + p.step_i * (len(p.taps_i) - 1) - out[0]) for p in phases)
+    right = max(max(0, p.tw + p.first_j + p.step_j * (len(p.taps_j) - 1) - out[1]) for p in phases)
+    return phases, (top, bottom, left, right)
+
+
 def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair, groups: int) -> torch.Tensor:
     """The gradient of a convolution's input [N, C, H, W]: the transposed convolution, one product per phase of the
     stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's product is, group by
@@ -217,27 +256,15 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
     n, o, ho, wo = grad_out.shape
     c = weight.shape[1] * groups
     h, w = size
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
-    strided = sh > 1 or sw > 1
-    # the phases any window reaches, each with its taps, the output position of its first tap and its size
-    phases = []
-    for py in range(min(sh, h)):
-        taps_i, first_i, step_i = _taps(py, kh, sh, ph, dh)
-        for px in range(min(sw, w)):
-            taps_j, first_j, step_j = _taps(px, kw, sw, pw, dw)
-            if taps_i and taps_j:  # else no window reaches these positions: their gradient is 0
-                th, tw = len(range(py, h, sh)), len(range(px, w, sw))
-                phases.append((py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw))
+    sh, sw = window.stride
+    phases, pads = _phases(window, size, (ho, wo))
     if not phases:
         return grad_out.new_zeros((n, c, h, w))
     # one zero-padded channels-last copy of the output gradient, padded for every phase's windows
-    top = max(max(0, -p[3]) for p in phases)
-    left = max(max(0, -p[6]) for p in phases)
-    bottom = max(max(0, p[8] + p[3] + p[4] * (len(p[2]) - 1) - ho) for p in phases)
-    right = max(max(0, p[9] + p[6] + p[7] * (len(p[5]) - 1) - wo) for p in phases)
-    gp = _pad_image(grad_out, (top, bottom, left, right), channels_last=True)
+    top, _, left, _ = pads
+    gp = _pad_image(grad_out, pads, channels_last=True)
     s_n, s_h, s_w, _ = gp.stride()
-    covered = sum(p[8] * p[9] for p in phases) == h * w
+    covered = sum(p.th * p.tw for p in phases) == h * w
     gx = grad_out.new_empty((n, c, h, w)) if covered else grad_out.new_zeros((n, c, h, w))
     for py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw in phases:
         window_view = gp.as_strided(
@@ -255,11 +282,76 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
         )  # [G, C / G, (i, j, o)]
         # [C, N*th*tw]: the weight as the rows, so that a channel's values come out as whole planes (an FMA's
         # product commutes: each output sees the same operations as with the operands the other way round)
-        if strided:
+        if sh > 1 or sw > 1:
             phase = det_matmul_nt_groups(sub, rows, b_rows=3)
             gx[:, :, py::sh, px::sw] = phase.reshape(c, n, th, tw).permute(1, 0, 2, 3)
         else:
             gx = _planes_product(sub, rows, (n, c, h, w))
+    return gx
+
+
+def _depthwise_ext(x: torch.Tensor, weight: torch.Tensor, groups: int) -> Any:
+    """The C extension when it runs this convolution as a depthwise one (a CPU float32 tensor, one channel and one
+    filter per group), else None."""
+    depthwise = groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1
+    return c_kernels() if depthwise and x.device.type == "cpu" and x.dtype == torch.float32 else None
+
+
+def _stencil(
+    ext: Any, img: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *, offsets: list[int], geometry: Any
+) -> None:
+    """``ext.stencil`` (kernels/detreduce.c) over the planes of ``img``, a contiguous padded [N, C, Hp, Wp] image:
+    geometry ``(y0, x0, sy, sx, th, tw, out_at, out_st, out_su)`` (kernels/detreduce.c), ``out`` a contiguous
+    [N, C, H, W] tensor, a plane apart per channel."""
+    n, c, hp, wp = img.shape
+    y0, x0, sy, sx, th, tw, out_at, out_st, out_su = geometry
+    plane = out.shape[2] * out.shape[3]
+    full = np.array([n * c, hp, wp, c, y0, x0, sy, sx, th, tw, out_at, plane, out_st, out_su], np.int64)
+    flat = weights.detach().contiguous().numpy()
+    ext.stencil(img.numpy(), flat, np.array(offsets, np.int64), out.numpy(), full, torch.get_num_threads())
+
+
+def _depthwise_forward(ext: Any, x: torch.Tensor, weight: torch.Tensor, window: Window) -> torch.Tensor:
+    """A depthwise convolution's output [N, C, Ho, Wo] by the stencil kernel: each output the dot product over the
+    kernel offsets (i, j) in row-major order of the channel's filter and its window of the zero-padded plane: the
+    bits of the one-channel implicit GEMM (k = (i, j, c) with one c), with no patches and no per-output tree."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    ho, wo = window.output(h, w)
+    xp = _pad_image(x, (ph, ph, pw, pw), channels_last=False)
+    wp = xp.shape[3]
+    offsets = [i * dh * wp + j * dw for i in range(kh) for j in range(kw)]
+    out = x.new_empty((n, c, ho, wo))
+    if out.numel():
+        geometry = (0, 0, sh, sw, ho, wo, 0, wo, 1)
+        _stencil(ext, xp, weight.reshape(c, kh * kw), out, offsets=offsets, geometry=geometry)
+    return out
+
+
+def _depthwise_input_grad(
+    ext: Any, grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair
+) -> torch.Tensor:
+    """:func:`_input_grad` of a depthwise convolution by the stencil kernel, phase by phase: each input value the dot
+    product over the offsets that reach it (from the last to the first) of the channel's filter and the zero-padded
+    plane of the output gradient, as the one-channel product has it (k = (i, j, o) with one o)."""
+    n, c, ho, wo = grad_out.shape
+    h, w = size
+    sh, sw = window.stride
+    kw = weight.shape[3]
+    phases, pads = _phases(window, size, (ho, wo))
+    covered = sum(p.th * p.tw for p in phases) == h * w
+    gx = grad_out.new_empty((n, c, h, w)) if covered else grad_out.new_zeros((n, c, h, w))
+    if not phases or not gx.numel():
+        return gx
+    top, _, left, _ = pads
+    gp = _pad_image(grad_out, pads, channels_last=False)
+    wp = gp.shape[3]
+    filters = weight.reshape(c, -1)
+    for p in phases:
+        taps = [i * kw + j for i in p.taps_i for j in p.taps_j]
+        offsets = [a * p.step_i * wp + b * p.step_j for a in range(len(p.taps_i)) for b in range(len(p.taps_j))]
+        geometry = (p.first_i + top, p.first_j + left, 1, 1, p.th, p.tw, p.py * w + p.px, sh * w, sw)
+        _stencil(ext, gp, filters[:, taps], gx, offsets=offsets, geometry=geometry)
     return gx
 
 
@@ -283,12 +375,16 @@ class _Conv2dFn(torch.autograd.Function):
         n, _, h, w = x.shape
         o = weight.shape[0]
         ho, wo = window.output(h, w)
-        rows = _by_group(_patches(_padded_nhwc(x, window.padding), window, (ho, wo)), 5, groups)
-        w_rows = weight.permute(0, 2, 3, 1).reshape(groups, o // groups, -1)
-        # [O, N*Ho*Wo]: the weight as the rows, so that the output's planes come out whole (the FMA's product
-        # commutes: each output sees the same operations as with the patches as the rows), written in place as the
-        # planes of the NCHW output
-        out = _planes_product(w_rows, rows, (n, o, ho, wo))
+        ext = _depthwise_ext(x, weight, groups)
+        if ext is not None:
+            out = _depthwise_forward(ext, x, weight, window)
+        else:
+            rows = _by_group(_patches(_padded_nhwc(x, window.padding), window, (ho, wo)), 5, groups)
+            w_rows = weight.permute(0, 2, 3, 1).reshape(groups, o // groups, -1)
+            # [O, N*Ho*Wo]: the weight as the rows, so that the output's planes come out whole (the FMA's product
+            # commutes: each output sees the same operations as with the patches as the rows), written in place as
+            # the planes of the NCHW output
+            out = _planes_product(w_rows, rows, (n, o, ho, wo))
         if bias is not None:
             out = out + bias.reshape(1, o, 1, 1)
         ctx.save_for_backward(x, weight)
@@ -306,7 +402,11 @@ class _Conv2dFn(torch.autograd.Function):
         ho, wo = grad_out.shape[2], grad_out.shape[3]
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = _input_grad(grad_out, weight, window, (h, w), groups)
+            ext = _depthwise_ext(x, weight, groups)
+            if ext is not None:
+                gx = _depthwise_input_grad(ext, grad_out.contiguous(), weight, window, (h, w))
+            else:
+                gx = _input_grad(grad_out, weight, window, (h, w), groups)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             cols_g = grad_out.permute(1, 0, 2, 3)  # [O, (n, y, x)]
             if ctx.needs_input_grad[1]:

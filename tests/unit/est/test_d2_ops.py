@@ -986,3 +986,87 @@ def test_a_grouped_convolution_is_its_groups_convolutions_side_by_side() -> None
         assert bits(xk.grad) == bits(x.grad[:, 2 * k : 2 * k + 2])
         assert bits(one.weight.grad) == bits(grouped.weight.grad[3 * k : 3 * k + 3])
         assert bits(one.bias.grad) == bits(grouped.bias.grad[3 * k : 3 * k + 3])
+
+
+@pytest.mark.parametrize(
+    ("size", "kernel", "stride", "padding", "dilation"),
+    [
+        ((16, 16), (3, 3), (1, 1), (1, 1), (1, 1)),  # MobileNet's 3 x 3: one run of 16 outputs per row
+        ((23, 37), (3, 3), (2, 2), (1, 1), (1, 1)),  # strided: four phases in the input's gradient; a ragged run
+        ((9, 40), (5, 3), (1, 3), (2, 0), (2, 1)),  # uneven kernel, stride and dilation, no padding across
+        ((1, 50), (1, 9), (1, 1), (0, 4), (1, 1)),  # Conv1d's shape: 9 taps, the ninth in lane 0 again
+        ((7, 7), (7, 7), (1, 1), (3, 3), (1, 1)),  # 49 taps: lanes reached six or seven times
+        ((5, 6), (2, 2), (3, 3), (0, 0), (1, 1)),  # stride beyond the kernel: positions no window reaches
+    ],
+)
+def test_depthwise_convolutions_give_the_grouped_products_bits(
+    size: tuple[int, int],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A depthwise convolution on the CPU runs its output and its input's gradient by the stencil kernel: every value
+    bit for bit the one-channel products of the grouped convolution (its definition), on 1 and 3 threads, with
+    signed zeros and values of very different magnitudes in the image, the filters and the output's gradient."""
+    gen = torch.Generator().manual_seed(sum(size) + sum(kernel))
+    channels = 5
+
+    def values(*shape: int) -> torch.Tensor:
+        v = torch.randn(*shape, generator=gen) * torch.exp2(torch.randint(-12, 12, shape, generator=gen).float())
+        v.view(-1)[::11] = -0.0
+        return v
+
+    conv = nn.Conv2d(channels, channels, kernel, stride, padding, dilation, groups=channels)
+    with torch.no_grad():
+        conv.weight.copy_(values(*conv.weight.shape))
+    to_d2(conv)  # (in place: the class swapped)
+    det = conv
+    x = values(3, channels, *size)
+    assert d2_ops._depthwise_ext(x, det.weight, channels) is not None  # (the stencil route runs)
+    out_shape = det(x).shape
+    g = values(*out_shape)
+
+    def step() -> list[torch.Tensor]:
+        xr = x.clone().requires_grad_(True)
+        det.zero_grad()
+        y = det(xr)
+        y.backward(g)
+        assert xr.grad is not None and det.weight.grad is not None and det.bias is not None
+        assert det.bias.grad is not None
+        return [t.detach().clone() for t in (y, xr.grad, det.weight.grad, det.bias.grad)]
+
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            results.append(step())
+        with monkeypatch.context() as m:
+            m.setattr(d2_ops, "_depthwise_ext", lambda *_: None)  # the grouped products, one channel per group
+            definition = step()
+    finally:
+        torch.set_num_threads(before)
+    for got in results:
+        for a, b in zip(got, definition, strict=True):
+            assert bits(a) == bits(b)
+
+
+def test_stencil_refuses_windows_outside_the_plane() -> None:
+    """The kernel checks that every window lies inside its plane and every output inside out (it runs as the
+    caller's process: a read past the buffer would be a crash, not an exception)."""
+    ext = d2_math.c_kernels()
+    img, weights = np.zeros((2, 4, 5), np.float32), np.ones((1, 2), np.float32)
+    out = np.zeros((2, 3, 4), np.float32)
+    offsets = np.array([0, 6], np.int64)
+    ext.stencil(img, weights, offsets, out, np.array([2, 4, 5, 1, 0, 0, 1, 1, 3, 4, 0, 12, 4, 1], np.int64), 1)
+    with pytest.raises(ValueError, match="a window outside its plane"):
+        ext.stencil(img, weights, offsets, out, np.array([2, 4, 5, 1, 1, 0, 1, 1, 3, 4, 0, 12, 4, 1], np.int64), 1)
+    with pytest.raises(ValueError, match="an output outside out"):
+        ext.stencil(img, weights, offsets, out, np.array([2, 4, 5, 1, 0, 0, 1, 1, 3, 4, 1, 12, 4, 1], np.int64), 1)
+    with pytest.raises(ValueError, match="size mismatch"):
+        ext.stencil(img, np.ones((1, 3), np.float32), offsets, out,
+                    np.array([2, 4, 5, 1, 0, 0, 1, 1, 3, 4, 0, 12, 4, 1], np.int64), 1)  # fmt: skip
+    with pytest.raises(ValueError, match="geometry of 14 int64 values"):
+        ext.stencil(img, weights, offsets, out, np.array([2, 4, 5, 1, 0, 0, 0, 1, 3, 4, 0, 12, 4, 1], np.int64), 1)

@@ -5,7 +5,8 @@ The package build compiles the hot loops of kernels/detreduce.c for AVX-512 (x86
 Here the file is built once per instruction set this CPU can run, with the clones off (``-DDETREDUCE_NO_CLONES``,
 ``-march=...``), and every build must give the bits of the NumPy reference on the same data: values over the whole
 fp32 range (subnormals, zeros, both signs), a chunk with an infinity, several ESTs whose top bins rise between
-deposits; the D2 batch norm and exp kernels against their torch definitions, the padded images against F.pad.
+deposits; the D2 batch norm and exp kernels against their torch definitions, the padded images against F.pad,
+the stencil (depthwise convolutions) against the product.
 """
 
 from __future__ import annotations
@@ -236,3 +237,24 @@ def test_every_instruction_set_pads_images_to_the_same_bits(builds: dict[str, d.
         got = np.empty_like(want)
         kern._m.pad_image(x.numpy(), got, geometry, channels_last, 2)
         assert np.array_equal(_bits(got), _bits(want)), f"{arch}: channels_last {channels_last}"
+
+
+def test_every_instruction_set_gives_the_stencils_product_bits(builds: dict[str, d.CKernels]) -> None:
+    """The stencil kernel (a depthwise convolution's dot products, vectorised along a row's outputs per instruction
+    set) against the fixed-order product of the gathered windows: the same bits from every build, with a ragged run
+    of outputs (width 21) and 11 taps (lanes 0-2 reached twice)."""
+    planes, c, hp, wp, th, tw = 6, 3, 9, 30, 4, 21
+    gen = torch.Generator().manual_seed(11)
+    img = torch.randn(planes, hp, wp, generator=gen) * torch.exp2(torch.randint(-9, 9, (planes, hp, wp), generator=gen))
+    img.view(-1)[::7] = -0.0
+    offsets = np.array([0, 1, 2, wp, wp + 4, 2 * wp, 2 * wp + 1, 3 * wp + 3, 4 * wp, 4 * wp + 5, 4 * wp + 8], np.int64)
+    weights = torch.randn(c, len(offsets), generator=gen)
+    y0, x0, sy = 1, 0, 1
+    rows = [(y0 + t * sy) * wp + x0 + u for t in range(th) for u in range(tw)]
+    windows = img.reshape(planes, -1)[:, torch.tensor(rows)[:, None] + torch.from_numpy(offsets)[None, :]]
+    want = torch.stack([d2_math.det_matmul_nt(weights[p % c : p % c + 1], windows[p])[0] for p in range(planes)])
+    geometry = np.array([planes, hp, wp, c, y0, x0, sy, 1, th, tw, 0, th * tw, tw, 1], np.int64)
+    for arch, kern in builds.items():
+        got = np.empty((planes, th, tw), np.float32)
+        kern._m.stencil(img.numpy(), weights.numpy(), offsets, got, geometry, 2)
+        assert np.array_equal(_bits(got), _bits(want.reshape(planes, th, tw).numpy())), arch
