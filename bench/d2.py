@@ -1,7 +1,8 @@
 """D2 operators vs the stock kernels: one training step (forward, loss, backward) of the reference models.
 
-For ``hpc_elastic.models.resnet_like``, ``vgg_like``, ``transformer_small`` and ``lstm_small`` and every device
-present (the CPU, and the GPU when torch sees one), times interleaved repetitions of
+For ``hpc_elastic.models.resnet_like``, ``vgg_like``, ``transformer_small`` and ``lstm_small`` (``--models``: also
+``resnet18``, CIFAR ResNet-18) and every device present (the CPU, and the GPU when torch sees one), times
+interleaved repetitions of
 
 - ``stock``: the model as built, ``F.cross_entropy``, autograd's backward (torch's own kernels: oneDNN/MKL on the
   CPU, cuDNN/cuBLAS on the GPU);
@@ -24,7 +25,7 @@ product's step this CPU runs (``avx512``, ``avx2``, ``scalar`` unless ``--paths`
 widest), next to torch's ``a @ b.T`` on dense copies of the same operands: process CPU time, medians, GF/s (2 m n k
 per product) and each path's total over the step.  Usage::
 
-    python bench/d2.py [--batch 32] [--reps 5] [--threads N] [--devices cpu,cuda] [--paths avx2]
+    python bench/d2.py [--batch 32] [--reps 5] [--threads N] [--devices cpu,cuda] [--paths avx2] [--models resnet18]
     python bench/d2.py --products [--paths avx512,avx2]
 """
 
@@ -56,7 +57,10 @@ MODELS: dict[str, Callable[[], models.ModelBundle]] = {
     "vgg_like": models.vgg_like,
     "transformer_small": models.transformer_small,
     "lstm_small": models.lstm_small,
+    "resnet18": models.resnet18,
 }
+#: measured unless --models names others (resnet18, 11.2 M parameters, takes about a second a step on 2 CPU cores)
+DEFAULT_MODELS = ("resnet_like", "vgg_like", "transformer_small", "lstm_small")
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -234,7 +238,16 @@ def main() -> None:
         help="with --products: comma-separated paths to time (default: all); else one path the steps' products take",
     )
     p.add_argument("--devices", default=None, help="comma-separated devices (default: cpu, and cuda if present)")
+    p.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help=f"comma-separated models of {', '.join(MODELS)} (default: {', '.join(DEFAULT_MODELS)})",
+    )
     args = p.parse_args()
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        p.error(f"--models: unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.products:
@@ -254,7 +267,7 @@ def main() -> None:
     results = []
     load_before = os.getloadavg()[0]
     for device in devices:
-        for name in MODELS:
+        for name in names:
             r = measure(name, device, args.batch, args.reps, graphs=device.type == "cuda")
             results.append(r)
             print(
