@@ -2674,6 +2674,102 @@ static PyObject *py_stencil(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* stencil_weight_grad: a depthwise convolution's weight gradient, gw[c, k] = the fixed-order dot product (as above)
+ * over the outputs (n, y, x) in row-major order, t = (n Th + y) Tw + x, of g[n, c, y, x] and
+ * img[n c, (y0 + y sy) Wp + x0 + x sx + offsets[k]]: the one-channel product of the output gradient's plane and the
+ * patch columns of d2_ops' grouped convolution (lane t mod 8 of each output), with whole runs of 8 outputs that start
+ * at lane 0 as one vector step.  Channels are shared out between up to `threads` OpenMP threads. */
+
+CLONES
+static float stencil_dot(const float *restrict img, const float *restrict g, Py_ssize_t n, Py_ssize_t c,
+                         Py_ssize_t plane, Py_ssize_t wp, Py_ssize_t y0, Py_ssize_t x0, Py_ssize_t sy, Py_ssize_t sx,
+                         Py_ssize_t th, Py_ssize_t tw, int64_t offset) {
+    float acc[DOT_LANES] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int lane = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        for (Py_ssize_t y = 0; y < th; ++y) {
+            const float *restrict gr = g + ((i * c) * th + y) * tw;
+            const float *restrict xr = img + (i * c) * plane + (y0 + y * sy) * wp + x0 + offset;
+            Py_ssize_t x = 0;
+            while (x < tw) {
+                if (lane == 0 && sx == 1 && tw - x >= DOT_LANES) {
+                    for (int l = 0; l < DOT_LANES; ++l) acc[l] = fmaf(gr[x + l], xr[x + l], acc[l]);
+                    x += DOT_LANES;
+                } else {
+                    acc[lane] = fmaf(gr[x], xr[x * sx], acc[lane]);
+                    lane = (lane + 1) % DOT_LANES;
+                    ++x;
+                }
+            }
+        }
+    }
+    const float s01 = acc[0] + acc[1], s23 = acc[2] + acc[3], s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
+    return (s01 + s23) + (s45 + s67);
+}
+
+PyDoc_STRVAR(stencil_weight_grad_doc,
+    "stencil_weight_grad(img, g, offsets, out, geometry, threads)\n"
+    "Contiguous float32 img [n * c, hp, wp], g [n, c, th, tw] and out [c, taps]; int64 offsets [taps];\n"
+    "geometry: int64 [n, c, hp, wp, y0, x0, sy, sx, th, tw].  out[c, k]: the fixed-order dot product over the\n"
+    "outputs (n, y, x) of g and the image at the output's window position plus offsets[k].");
+
+static PyObject *py_stencil_weight_grad(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *oi, *og, *of, *oo, *ogeo;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOOOOi", &oi, &og, &of, &oo, &ogeo, &threads)) return NULL;
+    buf_t bi, bg, bf, bo, bgeo;
+    buf_t *held[5] = {&bi, &bg, &bf, &bo, &bgeo};
+    int got = 0;
+    if (acquire(oi, &bi, 'f', 0, "img") == 0 && ++got && acquire(og, &bg, 'f', 0, "g") == 0 && ++got &&
+        acquire(of, &bf, 'q', 0, "offsets") == 0 && ++got && acquire(oo, &bo, 'f', 1, "out") == 0 && ++got &&
+        acquire(ogeo, &bgeo, 'q', 0, "geometry") == 0 && ++got) {
+    }
+    int rc = -1;
+    if (got == 5) {
+        const int64_t *geo = (const int64_t *)bgeo.view.buf;
+        const int64_t *offsets = (const int64_t *)bf.view.buf;
+        const Py_ssize_t taps = count(&bf);
+        int ok = count(&bgeo) == 10 && threads >= 1;
+        for (int i = 0; ok && i < 10; ++i) ok = geo[i] >= 0;
+        const Py_ssize_t n = ok ? geo[0] : 0, c = ok ? geo[1] : 0, hp = ok ? geo[2] : 0, wp = ok ? geo[3] : 0;
+        const Py_ssize_t y0 = ok ? geo[4] : 0, x0 = ok ? geo[5] : 0, sy = ok ? geo[6] : 0, sx = ok ? geo[7] : 0;
+        const Py_ssize_t th = ok ? geo[8] : 0, tw = ok ? geo[9] : 0;
+        Py_ssize_t lo = 0, hi = 0;
+        for (Py_ssize_t k = 0; ok && k < taps; ++k) {
+            lo = k == 0 || offsets[k] < lo ? offsets[k] : lo;
+            hi = k == 0 || offsets[k] > hi ? offsets[k] : hi;
+        }
+        const Py_ssize_t first = y0 * wp + x0, last = (y0 + (th - 1) * sy) * wp + x0 + (tw - 1) * sx;
+        if (!ok || sy < 1 || sx < 1) {
+            PyErr_SetString(PyExc_ValueError,
+                            "stencil_weight_grad: geometry of 10 int64 values >= 0, sy, sx >= 1; threads >= 1");
+        } else if (count(&bi) != n * c * hp * wp || count(&bg) != n * c * th * tw || count(&bo) != c * taps) {
+            PyErr_SetString(PyExc_ValueError, "stencil_weight_grad: size mismatch: img [n c, hp, wp], "
+                                              "g [n, c, th, tw], out [c, taps]");
+        } else if (n > 0 && th > 0 && tw > 0 && taps > 0 && (first + lo < 0 || last + hi >= hp * wp)) {
+            PyErr_SetString(PyExc_ValueError, "stencil_weight_grad: a window outside its plane");
+        } else {
+            const float *img = (const float *)bi.view.buf, *g = (const float *)bg.view.buf;
+            float *out = (float *)bo.view.buf;
+            const int team = c * taps * n * th * tw >= LAYOUT_PARALLEL_MIN ? threads : 1;
+            Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(team) schedule(static)
+            for (Py_ssize_t ch = 0; ch < c; ++ch) {
+                for (Py_ssize_t k = 0; k < taps; ++k) {
+                    out[ch * taps + k] = stencil_dot(img + ch * hp * wp, g + ch * th * tw, n, c, hp * wp, wp, y0, x0,
+                                                     sy, sx, th, tw, offsets[k]);
+                }
+            }
+            Py_END_ALLOW_THREADS
+            rc = 0;
+        }
+    }
+    for (int i = 0; i < got; ++i) release(held[i]);
+    if (rc != 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -2695,6 +2791,7 @@ static PyMethodDef methods[] = {
     {"exp", py_exp, METH_VARARGS, exp_doc},
     {"pad_image", py_pad_image, METH_VARARGS, pad_image_doc},
     {"stencil", py_stencil, METH_VARARGS, stencil_doc},
+    {"stencil_weight_grad", py_stencil_weight_grad, METH_VARARGS, stencil_weight_grad_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -355,6 +355,25 @@ def _depthwise_input_grad(
     return gx
 
 
+def _depthwise_weight_grad(
+    ext: Any, grad_out: torch.Tensor, x: torch.Tensor, window: Window, out: Pair
+) -> torch.Tensor:
+    """A depthwise convolution's weight gradient [C, kh * kw] by the stencil kernel: each value the dot product over
+    the outputs (n, y, x) of the channel's output gradient and its window values at that kernel offset, lane t mod 8
+    of output t, as the one-channel product of the gradient's plane and the patch columns has it."""
+    n, c = x.shape[0], x.shape[1]
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    xp = _pad_image(x, (ph, ph, pw, pw), channels_last=False)
+    hp, wp = xp.shape[2], xp.shape[3]
+    offsets = np.array([i * dh * wp + j * dw for i in range(kh) for j in range(kw)], np.int64)
+    gw = x.new_empty((c, kh * kw))
+    geometry = np.array([n, c, hp, wp, 0, 0, sh, sw, out[0], out[1]], np.int64)
+    ext.stencil_weight_grad(
+        xp.numpy(), grad_out.detach().numpy(), offsets, gw.numpy(), geometry, torch.get_num_threads()
+    )
+    return gw
+
+
 class _Conv2dFn(torch.autograd.Function):
     """Implicit GEMM: the weight [O, kh*kw*C] against the patches [N*Ho*Wo, kh*kw*C], read in place from the padded
     channels-last image (a strided view, no gather); each output is one fixed-order dot product over (i, j, c).  The
@@ -401,15 +420,17 @@ class _Conv2dFn(torch.autograd.Function):
         o, c, kh, kw = weight.shape  # (c: a group's channels)
         ho, wo = grad_out.shape[2], grad_out.shape[3]
         gx = gw = gb = None
+        ext = _depthwise_ext(x, weight, groups)
         if ctx.needs_input_grad[0]:
-            ext = _depthwise_ext(x, weight, groups)
             if ext is not None:
                 gx = _depthwise_input_grad(ext, grad_out.contiguous(), weight, window, (h, w))
             else:
                 gx = _input_grad(grad_out, weight, window, (h, w), groups)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             cols_g = grad_out.permute(1, 0, 2, 3)  # [O, (n, y, x)]
-            if ctx.needs_input_grad[1]:
+            if ctx.needs_input_grad[1] and ext is not None:
+                gw = _depthwise_weight_grad(ext, grad_out.contiguous(), x, window, (ho, wo)).reshape(weight.shape)
+            elif ctx.needs_input_grad[1]:
                 columns = _by_group(_columns(x, window, (ho, wo)), 2, groups)  # [G, (i, j, c), (n, y, x)]
                 gw = det_matmul_nt_groups(_by_group(cols_g, 0, groups), columns, b_rows=3).reshape(o, kh, kw, c)
                 gw = gw.permute(0, 3, 1, 2).contiguous()

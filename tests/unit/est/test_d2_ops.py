@@ -1053,7 +1053,7 @@ def test_depthwise_convolutions_give_the_grouped_products_bits(
             assert bits(a) == bits(b)
 
 
-def test_stencil_refuses_windows_outside_the_plane() -> None:
+def test_stencil_kernels_refuse_windows_outside_the_plane() -> None:
     """The kernel checks that every window lies inside its plane and every output inside out (it runs as the
     caller's process: a read past the buffer would be a crash, not an exception)."""
     ext = d2_math.c_kernels()
@@ -1070,3 +1070,10 @@ def test_stencil_refuses_windows_outside_the_plane() -> None:
                     np.array([2, 4, 5, 1, 0, 0, 1, 1, 3, 4, 0, 12, 4, 1], np.int64), 1)  # fmt: skip
     with pytest.raises(ValueError, match="geometry of 14 int64 values"):
         ext.stencil(img, weights, offsets, out, np.array([2, 4, 5, 1, 0, 0, 0, 1, 3, 4, 0, 12, 4, 1], np.int64), 1)
+    grads = np.zeros((1, 2), np.float32)
+    g = np.zeros((2, 1, 3, 4), np.float32)
+    ext.stencil_weight_grad(img, g, offsets, grads, np.array([2, 1, 4, 5, 0, 0, 1, 1, 3, 4], np.int64), 1)
+    with pytest.raises(ValueError, match="a window outside its plane"):
+        ext.stencil_weight_grad(img, g, offsets, grads, np.array([2, 1, 4, 5, 1, 0, 1, 1, 3, 4], np.int64), 1)
+    with pytest.raises(ValueError, match="size mismatch"):
+        ext.stencil_weight_grad(img, g, offsets, grads, np.array([2, 1, 4, 5, 0, 0, 1, 1, 3, 3], np.int64), 1)

@@ -258,3 +258,26 @@ def test_every_instruction_set_gives_the_stencils_product_bits(builds: dict[str,
         got = np.empty((planes, th, tw), np.float32)
         kern._m.stencil(img.numpy(), weights.numpy(), offsets, got, geometry, 2)
         assert np.array_equal(_bits(got), _bits(want.reshape(planes, th, tw).numpy())), arch
+
+
+def test_every_instruction_set_gives_the_weight_gradients_product_bits(builds: dict[str, d.CKernels]) -> None:
+    """The depthwise weight gradient's kernel (runs of 8 outputs from lane 0 as one vector step, the rest lane by
+    lane) against the fixed-order product of the gathered columns: the same bits from every build, rows of 13
+    outputs (the lanes shift from row to row), rows 2 apart."""
+    n, c, hp, wp, th, tw, sy, sx = 3, 4, 12, 30, 5, 13, 2, 1
+    gen = torch.Generator().manual_seed(12)
+    img = torch.randn(n * c, hp, wp, generator=gen)
+    img.view(-1)[::5] = -0.0
+    g = torch.randn(n, c, th, tw, generator=gen)
+    offsets = np.array([0, 1, 2, wp, 2 * wp + 1], np.int64)
+    cols = torch.tensor([(y * sy) * wp + x * sx for y in range(th) for x in range(tw)])
+    want = torch.empty(c, len(offsets))
+    for ch in range(c):
+        planes = img.reshape(n, c, -1)[:, ch]  # [n, hp * wp]
+        columns = torch.stack([planes[:, cols + int(o)].reshape(-1) for o in offsets])  # [taps, (n, y, x)]
+        want[ch] = d2_math.det_matmul_nt(g[:, ch].reshape(1, -1), columns)[0]
+    geometry = np.array([n, c, hp, wp, 0, 0, sy, sx, th, tw], np.int64)
+    for arch, kern in builds.items():
+        got = np.empty((c, len(offsets)), np.float32)
+        kern._m.stencil_weight_grad(img.numpy(), g.numpy(), offsets, got, geometry, 2)
+        assert np.array_equal(_bits(got), _bits(want.numpy())), arch
