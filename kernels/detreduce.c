@@ -2561,47 +2561,74 @@ static PyObject *py_pad_image(PyObject *self, PyObject *args) {
  * the offsets that reach it, from the last to the first) are such dot products over one channel's plane: the bits of
  * the one-channel products of d2_ops' grouped convolution, with no per-output packing or tree of the blocked product
  * (whose 3 x 4 blocks and 8-lane vectors over k are mostly empty for k = 9).  Here the vectors run along a row's
- * outputs: STENCIL_RUN outputs at once, each lane's accumulator one array over them, every output seeing the same
- * operations in the same order (written with fmaf, which the AVX2 and AVX-512 clones turn into vector FMAs; the
- * same bits as the scalar one; lanes no tap reaches stay +0 and enter the tree, as in the product).  Planes are
- * shared out between up to `threads` OpenMP threads. */
+ * outputs, 8 at once, each lane's accumulator one vector over them, every output seeing the same operations in the
+ * same order (the vector FMA where the product's path has one, else fmaf lane by lane: the same bits; lanes no tap
+ * reaches stay +0 and enter the tree, as in the product).  Planes are shared out between up to `threads` OpenMP
+ * threads. */
 
-#define STENCIL_RUN 16
-
-/* `run` outputs of a row (at most STENCIL_RUN; a constant STENCIL_RUN lets the compiler unroll and vectorise) */
-static inline __attribute__((always_inline)) void stencil_run(const float *restrict x0, const float *restrict w,
-                                                              const int64_t *restrict offsets, Py_ssize_t taps,
-                                                              Py_ssize_t sx, float *restrict out, Py_ssize_t out_sx,
-                                                              Py_ssize_t run) {
-    float acc[DOT_LANES][STENCIL_RUN];
-    for (Py_ssize_t l = 0; l < DOT_LANES; ++l) {
-        for (Py_ssize_t u = 0; u < STENCIL_RUN; ++u) acc[l][u] = 0.0f;
-    }
-    for (Py_ssize_t k = 0; k < taps; ++k) {
-        float *restrict lane = acc[k % DOT_LANES];
-        const float wk = w[k];
-        const float *restrict x = x0 + offsets[k];
-        if (sx == 1) {
-            for (Py_ssize_t u = 0; u < run; ++u) lane[u] = fmaf(wk, x[u], lane[u]);
-        } else {
-            for (Py_ssize_t u = 0; u < run; ++u) lane[u] = fmaf(wk, x[u * sx], lane[u]);
+/* One row of `width` outputs, DOT_LANES at a time: acc[l] holds lane l of 8 outputs (the taps k0 + l: constant lane
+   indices, so the accumulators stay in registers), each step one vector FMA of a tap's weight and 8 window values;
+   then each output's tree, 8 outputs at once (element-wise additions: each output sees its own). */
+static inline __attribute__((always_inline)) void stencil_row_impl(const float *row, const float *w,
+                                                                   const int64_t *offsets, Py_ssize_t taps,
+                                                                   Py_ssize_t sx, float *out, Py_ssize_t out_sx,
+                                                                   Py_ssize_t width, const int use_fma) {
+    (void)use_fma;
+    for (Py_ssize_t u0 = 0; u0 < width; u0 += DOT_LANES) {
+        const Py_ssize_t run = width - u0 < DOT_LANES ? width - u0 : DOT_LANES;
+        const float *x0 = row + u0 * sx;
+        lanes_t acc[DOT_LANES];
+#pragma GCC unroll 8
+        for (int l = 0; l < DOT_LANES; ++l) acc[l] = (lanes_t){0};
+        for (Py_ssize_t k0 = 0; k0 < taps; k0 += DOT_LANES) {
+#pragma GCC unroll 8
+            for (int l = 0; l < DOT_LANES; ++l) {
+                if (k0 + l < taps) {
+                    const float *x = x0 + offsets[k0 + l];
+                    lanes_t xv, wv;
+                    if (sx == 1 && run == DOT_LANES) {
+                        LOAD_LANES(xv, x);
+                    } else {
+                        for (int v = 0; v < DOT_LANES; ++v) xv[v] = v < run ? x[v * sx] : 0.0f;
+                    }
+                    const float wk = w[k0 + l];
+                    for (int v = 0; v < DOT_LANES; ++v) wv[v] = wk;
+                    FMA_STEP(acc[l], wv, xv);
+                }
+            }
         }
-    }
-    for (Py_ssize_t u = 0; u < run; ++u) {
-        const float s01 = acc[0][u] + acc[1][u], s23 = acc[2][u] + acc[3][u];
-        const float s45 = acc[4][u] + acc[5][u], s67 = acc[6][u] + acc[7][u];
-        out[u * out_sx] = (s01 + s23) + (s45 + s67);
+        const lanes_t sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        if (out_sx == 1 && run == DOT_LANES) {
+            STORE_LANES(out + u0, sum);
+        } else {
+            for (Py_ssize_t u = 0; u < run; ++u) out[(u0 + u) * out_sx] = sum[u];
+        }
     }
 }
 
-CLONES
-static void stencil_row(const float *restrict row, const float *restrict w, const int64_t *restrict offsets,
-                        Py_ssize_t taps, Py_ssize_t sx, float *restrict out, Py_ssize_t out_sx, Py_ssize_t width) {
-    Py_ssize_t u0 = 0;
-    for (; u0 + STENCIL_RUN <= width; u0 += STENCIL_RUN) {
-        stencil_run(row + u0 * sx, w, offsets, taps, sx, out + u0 * out_sx, out_sx, STENCIL_RUN);
-    }
-    if (u0 < width) stencil_run(row + u0 * sx, w, offsets, taps, sx, out + u0 * out_sx, out_sx, width - u0);
+typedef void (*stencil_row_fn)(const float *, const float *, const int64_t *, Py_ssize_t, Py_ssize_t, float *,
+                               Py_ssize_t, Py_ssize_t);
+
+static void stencil_row_plain(const float *row, const float *w, const int64_t *offsets, Py_ssize_t taps,
+                              Py_ssize_t sx, float *out, Py_ssize_t out_sx, Py_ssize_t width) {
+    stencil_row_impl(row, w, offsets, taps, sx, out, out_sx, width, 0);
+}
+
+#ifdef HAVE_X86_FMA
+__attribute__((target("avx2,fma"))) static void stencil_row_fma(const float *row, const float *w,
+                                                                 const int64_t *offsets, Py_ssize_t taps,
+                                                                 Py_ssize_t sx, float *out, Py_ssize_t out_sx,
+                                                                 Py_ssize_t width) {
+    stencil_row_impl(row, w, offsets, taps, sx, out, out_sx, width, 1);
+}
+#endif
+
+/* the vector FMA where the product's path has one (AVX2, AVX-512), else fmaf lane by lane: the same bits */
+static stencil_row_fn stencil_row_for_path(void) {
+#ifdef HAVE_X86_FMA
+    if (matmul_path() != PATH_SCALAR) return stencil_row_fma;
+#endif
+    return stencil_row_plain;
 }
 
 PyDoc_STRVAR(stencil_doc,
@@ -2656,6 +2683,7 @@ static PyObject *py_stencil(PyObject *self, PyObject *args) {
             const float *img = (const float *)bi.view.buf, *w = (const float *)bw.view.buf;
             float *out = (float *)bo.view.buf;
             const int team = planes * th * tw * (taps > 0 ? taps : 1) >= LAYOUT_PARALLEL_MIN ? threads : 1;
+            const stencil_row_fn stencil_row = stencil_row_for_path();
             Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(team) schedule(static)
             for (Py_ssize_t p = 0; p < planes; ++p) {
@@ -2680,31 +2708,79 @@ static PyObject *py_stencil(PyObject *self, PyObject *args) {
  * patch columns of d2_ops' grouped convolution (lane t mod 8 of each output), with whole runs of 8 outputs that start
  * at lane 0 as one vector step.  Channels are shared out between up to `threads` OpenMP threads. */
 
-CLONES
-static float stencil_dot(const float *restrict img, const float *restrict g, Py_ssize_t n, Py_ssize_t c,
-                         Py_ssize_t plane, Py_ssize_t wp, Py_ssize_t y0, Py_ssize_t x0, Py_ssize_t sy, Py_ssize_t sx,
-                         Py_ssize_t th, Py_ssize_t tw, int64_t offset) {
-    float acc[DOT_LANES] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int lane = 0;
+/* The dot product over the outputs of one channel and one tap: the outputs' (g, window value) pairs in order, 8 at a
+   time into one vector FMA (lane = the output's position mod 8), read straight from the row where 8 start at lane 0
+   there, else staged; the last step padded with g = +0 and x = -0, which adds the exact product -0 to the lanes
+   past the end: x + (-0) = x for every x, so they keep their bits (the product's tail does the same).
+   window: y0, x0, sy, sx, th, tw. */
+static inline __attribute__((always_inline)) float stencil_dot_impl(const float *img, const float *g, Py_ssize_t n,
+                                                                    Py_ssize_t c, Py_ssize_t plane, Py_ssize_t wp,
+                                                                    const Py_ssize_t *window, int64_t offset,
+                                                                    const int use_fma) {
+    (void)use_fma;
+    const Py_ssize_t y0 = window[0], x0 = window[1], sy = window[2], sx = window[3], th = window[4], tw = window[5];
+    lanes_t acc = (lanes_t){0}, gv, xv;
+    float gbuf[DOT_LANES], xbuf[DOT_LANES];
+    int fill = 0;
     for (Py_ssize_t i = 0; i < n; ++i) {
         for (Py_ssize_t y = 0; y < th; ++y) {
-            const float *restrict gr = g + ((i * c) * th + y) * tw;
-            const float *restrict xr = img + (i * c) * plane + (y0 + y * sy) * wp + x0 + offset;
+            const float *gr = g + ((i * c) * th + y) * tw;
+            const float *xr = img + (i * c) * plane + (y0 + y * sy) * wp + x0 + offset;
             Py_ssize_t x = 0;
             while (x < tw) {
-                if (lane == 0 && sx == 1 && tw - x >= DOT_LANES) {
-                    for (int l = 0; l < DOT_LANES; ++l) acc[l] = fmaf(gr[x + l], xr[x + l], acc[l]);
+                if (fill == 0 && sx == 1 && tw - x >= DOT_LANES) {
+                    LOAD_LANES(gv, gr + x);
+                    LOAD_LANES(xv, xr + x);
+                    FMA_STEP(acc, gv, xv);
                     x += DOT_LANES;
-                } else {
-                    acc[lane] = fmaf(gr[x], xr[x * sx], acc[lane]);
-                    lane = (lane + 1) % DOT_LANES;
-                    ++x;
+                    continue;
+                }
+                gbuf[fill] = gr[x];
+                xbuf[fill] = xr[x * sx];
+                ++x;
+                if (++fill == DOT_LANES) {
+                    LOAD_LANES(gv, gbuf);
+                    LOAD_LANES(xv, xbuf);
+                    FMA_STEP(acc, gv, xv);
+                    fill = 0;
                 }
             }
         }
     }
+    if (fill > 0) {
+        for (int l = fill; l < DOT_LANES; ++l) {
+            gbuf[l] = 0.0f;
+            xbuf[l] = -0.0f;
+        }
+        LOAD_LANES(gv, gbuf);
+        LOAD_LANES(xv, xbuf);
+        FMA_STEP(acc, gv, xv);
+    }
     const float s01 = acc[0] + acc[1], s23 = acc[2] + acc[3], s45 = acc[4] + acc[5], s67 = acc[6] + acc[7];
     return (s01 + s23) + (s45 + s67);
+}
+
+typedef float (*stencil_dot_fn)(const float *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                                const Py_ssize_t *, int64_t);
+
+static float stencil_dot_plain(const float *img, const float *g, Py_ssize_t n, Py_ssize_t c, Py_ssize_t plane,
+                               Py_ssize_t wp, const Py_ssize_t *window, int64_t offset) {
+    return stencil_dot_impl(img, g, n, c, plane, wp, window, offset, 0);
+}
+
+#ifdef HAVE_X86_FMA
+__attribute__((target("avx2,fma"))) static float stencil_dot_fma(const float *img, const float *g, Py_ssize_t n,
+                                                                  Py_ssize_t c, Py_ssize_t plane, Py_ssize_t wp,
+                                                                  const Py_ssize_t *window, int64_t offset) {
+    return stencil_dot_impl(img, g, n, c, plane, wp, window, offset, 1);
+}
+#endif
+
+static stencil_dot_fn stencil_dot_for_path(void) {
+#ifdef HAVE_X86_FMA
+    if (matmul_path() != PATH_SCALAR) return stencil_dot_fma;
+#endif
+    return stencil_dot_plain;
 }
 
 PyDoc_STRVAR(stencil_weight_grad_doc,
@@ -2753,12 +2829,13 @@ static PyObject *py_stencil_weight_grad(PyObject *self, PyObject *args) {
             const float *img = (const float *)bi.view.buf, *g = (const float *)bg.view.buf;
             float *out = (float *)bo.view.buf;
             const int team = c * taps * n * th * tw >= LAYOUT_PARALLEL_MIN ? threads : 1;
+            const stencil_dot_fn dot = stencil_dot_for_path();
+            const Py_ssize_t window[6] = {y0, x0, sy, sx, th, tw};
             Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(team) schedule(static)
             for (Py_ssize_t ch = 0; ch < c; ++ch) {
                 for (Py_ssize_t k = 0; k < taps; ++k) {
-                    out[ch * taps + k] = stencil_dot(img + ch * hp * wp, g + ch * th * tw, n, c, hp * wp, wp, y0, x0,
-                                                     sy, sx, th, tw, offsets[k]);
+                    out[ch * taps + k] = dot(img + ch * hp * wp, g + ch * th * tw, n, c, hp * wp, wp, window, offsets[k]);
                 }
             }
             Py_END_ALLOW_THREADS
