@@ -2631,6 +2631,32 @@ static stencil_row_fn stencil_row_for_path(void) {
     return stencil_row_plain;
 }
 
+/* Whether every window of a stencil lies inside its plane of `plane` elements: the first and last outputs' windows
+   (rows wp apart) by the least and greatest offsets. */
+static int windows_inside(const int64_t *offsets, Py_ssize_t taps, Py_ssize_t plane, Py_ssize_t wp,
+                          const Py_ssize_t *window) {
+    const Py_ssize_t y0 = window[0], x0 = window[1], sy = window[2], sx = window[3], th = window[4], tw = window[5];
+    if (taps == 0 || th == 0 || tw == 0) return 1;
+    Py_ssize_t lo = offsets[0], hi = offsets[0];
+    for (Py_ssize_t k = 1; k < taps; ++k) {
+        lo = offsets[k] < lo ? offsets[k] : lo;
+        hi = offsets[k] > hi ? offsets[k] : hi;
+    }
+    const Py_ssize_t first = y0 * wp + x0, last = (y0 + (th - 1) * sy) * wp + x0 + (tw - 1) * sx;
+    return first + lo >= 0 && last + hi < plane;
+}
+
+/* geometry's `len` int64 values into g, all >= 0; else 0 */
+static int read_geometry(const buf_t *geometry, Py_ssize_t *g, Py_ssize_t len) {
+    if (count(geometry) != len) return 0;
+    const int64_t *v = (const int64_t *)geometry->view.buf;
+    for (Py_ssize_t i = 0; i < len; ++i) {
+        if (v[i] < 0) return 0;
+        g[i] = (Py_ssize_t)v[i];
+    }
+    return 1;
+}
+
 PyDoc_STRVAR(stencil_doc,
     "stencil(img, weights, offsets, out, geometry, threads)\n"
     "Contiguous float32 img [planes, hp, wp] and weights [c, taps]; int64 offsets [taps] (elements within a plane);\n"
@@ -2652,24 +2678,12 @@ static PyObject *py_stencil(PyObject *self, PyObject *args) {
     }
     int rc = -1;
     if (got == 5) {
-        const int64_t *g = (const int64_t *)bg.view.buf;
         const int64_t *offsets = (const int64_t *)bf.view.buf;
         const Py_ssize_t taps = count(&bf);
-        int ok = count(&bg) == 14 && threads >= 1;
-        for (int i = 0; ok && i < 14; ++i) ok = g[i] >= 0;
-        const Py_ssize_t planes = ok ? g[0] : 0, hp = ok ? g[1] : 0, wp = ok ? g[2] : 0, c = ok ? g[3] : 0;
-        const Py_ssize_t y0 = ok ? g[4] : 0, x0 = ok ? g[5] : 0, sy = ok ? g[6] : 0, sx = ok ? g[7] : 0;
-        const Py_ssize_t th = ok ? g[8] : 0, tw = ok ? g[9] : 0;
-        const Py_ssize_t out_at = ok ? g[10] : 0, out_sp = ok ? g[11] : 0, out_st = ok ? g[12] : 0;
-        const Py_ssize_t out_su = ok ? g[13] : 0;
-        /* every read inside its plane (the first and last outputs' windows by the least and greatest offsets), every
-           write inside out */
-        Py_ssize_t lo = 0, hi = 0;
-        for (Py_ssize_t k = 0; ok && k < taps; ++k) {
-            lo = k == 0 || offsets[k] < lo ? offsets[k] : lo;
-            hi = k == 0 || offsets[k] > hi ? offsets[k] : hi;
-        }
-        const Py_ssize_t first = y0 * wp + x0, last = (y0 + (th - 1) * sy) * wp + x0 + (tw - 1) * sx;
+        Py_ssize_t g[14] = {0};
+        const int ok = read_geometry(&bg, g, 14) && threads >= 1;
+        const Py_ssize_t planes = g[0], hp = g[1], wp = g[2], c = g[3], sy = g[6], sx = g[7], th = g[8], tw = g[9];
+        const Py_ssize_t out_at = g[10], out_sp = g[11], out_st = g[12], out_su = g[13];
         const Py_ssize_t reach = out_at + (planes - 1) * out_sp + (th - 1) * out_st + (tw - 1) * out_su;
         if (!ok || c < 1 || sy < 1 || sx < 1) {
             PyErr_SetString(PyExc_ValueError, "stencil: geometry of 14 int64 values >= 0, c, sy, sx >= 1; threads >= 1");
@@ -2677,9 +2691,10 @@ static PyObject *py_stencil(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "stencil: size mismatch: img [planes, hp, wp], weights [c, taps], "
                                               "planes a multiple of c");
         } else if (planes > 0 && th > 0 && tw > 0 &&
-                   ((taps > 0 && (first + lo < 0 || last + hi >= hp * wp)) || reach >= count(&bo))) {
+                   (!windows_inside(offsets, taps, hp * wp, wp, g + 4) || reach >= count(&bo))) {
             PyErr_SetString(PyExc_ValueError, "stencil: a window outside its plane or an output outside out");
         } else {
+            const Py_ssize_t y0 = g[4], x0 = g[5];
             const float *img = (const float *)bi.view.buf, *w = (const float *)bw.view.buf;
             float *out = (float *)bo.view.buf;
             const int team = planes * th * tw * (taps > 0 ? taps : 1) >= LAYOUT_PARALLEL_MIN ? threads : 1;
@@ -2803,34 +2818,26 @@ static PyObject *py_stencil_weight_grad(PyObject *self, PyObject *args) {
     }
     int rc = -1;
     if (got == 5) {
-        const int64_t *geo = (const int64_t *)bgeo.view.buf;
         const int64_t *offsets = (const int64_t *)bf.view.buf;
         const Py_ssize_t taps = count(&bf);
-        int ok = count(&bgeo) == 10 && threads >= 1;
-        for (int i = 0; ok && i < 10; ++i) ok = geo[i] >= 0;
-        const Py_ssize_t n = ok ? geo[0] : 0, c = ok ? geo[1] : 0, hp = ok ? geo[2] : 0, wp = ok ? geo[3] : 0;
-        const Py_ssize_t y0 = ok ? geo[4] : 0, x0 = ok ? geo[5] : 0, sy = ok ? geo[6] : 0, sx = ok ? geo[7] : 0;
-        const Py_ssize_t th = ok ? geo[8] : 0, tw = ok ? geo[9] : 0;
-        Py_ssize_t lo = 0, hi = 0;
-        for (Py_ssize_t k = 0; ok && k < taps; ++k) {
-            lo = k == 0 || offsets[k] < lo ? offsets[k] : lo;
-            hi = k == 0 || offsets[k] > hi ? offsets[k] : hi;
-        }
-        const Py_ssize_t first = y0 * wp + x0, last = (y0 + (th - 1) * sy) * wp + x0 + (tw - 1) * sx;
+        Py_ssize_t geo[10] = {0};
+        const int ok = read_geometry(&bgeo, geo, 10) && threads >= 1;
+        const Py_ssize_t n = geo[0], c = geo[1], hp = geo[2], wp = geo[3], sy = geo[6], sx = geo[7];
+        const Py_ssize_t th = geo[8], tw = geo[9];
         if (!ok || sy < 1 || sx < 1) {
             PyErr_SetString(PyExc_ValueError,
                             "stencil_weight_grad: geometry of 10 int64 values >= 0, sy, sx >= 1; threads >= 1");
         } else if (count(&bi) != n * c * hp * wp || count(&bg) != n * c * th * tw || count(&bo) != c * taps) {
             PyErr_SetString(PyExc_ValueError, "stencil_weight_grad: size mismatch: img [n c, hp, wp], "
                                               "g [n, c, th, tw], out [c, taps]");
-        } else if (n > 0 && th > 0 && tw > 0 && taps > 0 && (first + lo < 0 || last + hi >= hp * wp)) {
+        } else if (n > 0 && !windows_inside(offsets, taps, hp * wp, wp, geo + 4)) {
             PyErr_SetString(PyExc_ValueError, "stencil_weight_grad: a window outside its plane");
         } else {
             const float *img = (const float *)bi.view.buf, *g = (const float *)bg.view.buf;
             float *out = (float *)bo.view.buf;
             const int team = c * taps * n * th * tw >= LAYOUT_PARALLEL_MIN ? threads : 1;
             const stencil_dot_fn dot = stencil_dot_for_path();
-            const Py_ssize_t window[6] = {y0, x0, sy, sx, th, tw};
+            const Py_ssize_t *window = geo + 4;
             Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(team) schedule(static)
             for (Py_ssize_t ch = 0; ch < c; ++ch) {

@@ -130,18 +130,8 @@ def det_matmul_nt(
     planes of its NCHW output (on the CPU in place, without the [m, n] matrix and its copy)."""
     _check_operands(a, b, a_rows, b_rows, grouped=False)
     m, n, k = a.shape[:a_rows].numel(), b.shape[:b_rows].numel(), a.shape[a_rows:].numel()
-    if out is not None and (
-        out.dim() != 3
-        or out.shape[0] != m
-        or out.shape[1] * out.shape[2] != n
-        or out.stride(2) != 1
-        or out.dtype != torch.float32
-        or out.device != a.device
-    ):
-        raise ValueError(
-            f"det_matmul_nt's out must be an [m, S, seg] float32 view with S * seg = n and a contiguous last "
-            f"dimension on {a.device}, for m = {m}, n = {n}: got {tuple(out.shape)}, strides {out.stride()}"
-        )
+    if out is not None:
+        _check_out(out, (), m, n, a.device)
     a, b = a.detach(), b.detach()
     if a.device.type == "cuda":
         out_gpu: torch.Tensor = cuda_extension().matmul_nt(a.reshape(m, k).contiguous(), b.reshape(n, k).contiguous())
@@ -172,20 +162,8 @@ def det_matmul_nt_groups(
     _check_operands(a, b, a_rows, b_rows, grouped=True)
     groups = a.shape[0]
     m, n, k = a.shape[1 : a_rows + 1].numel(), b.shape[1 : b_rows + 1].numel(), a.shape[a_rows + 1 :].numel()
-    if out is not None and (
-        out.dim() != 4
-        or out.shape[0] != groups
-        or out.shape[1] != m
-        or out.shape[2] * out.shape[3] != n
-        or out.stride(3) != 1
-        or out.dtype != torch.float32
-        or out.device != a.device
-    ):
-        raise ValueError(
-            f"det_matmul_nt_groups' out must be a [G, m, S, seg] float32 view with S * seg = n and a contiguous last "
-            f"dimension on {a.device}, for G = {groups}, m = {m}, n = {n}: got {tuple(out.shape)}, strides "
-            f"{out.stride()}"
-        )
+    if out is not None:
+        _check_out(out, (groups,), m, n, a.device)
     a, b = a.detach(), b.detach()
     if a.device.type == "cuda":
         product: torch.Tensor = cuda_extension().bmm_nt(
@@ -215,6 +193,27 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, a_rows: int, b_rows: int, 
         raise ValueError(f"det_matmul_nt supports float32 only, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"operands on different devices: {a.device} and {b.device}")
+
+
+def _check_out(out: torch.Tensor, lead: tuple[int, ...], m: int, n: int, device: torch.device) -> None:
+    """ValueError unless ``out`` is a ``[*lead, m, S, seg]`` float32 view on ``device`` with S * seg = n and a
+    contiguous last dimension."""
+    d = len(lead)
+    if (
+        out.dim() != d + 3
+        or tuple(out.shape[:d]) != lead
+        or out.shape[d] != m
+        or out.shape[d + 1] * out.shape[d + 2] != n
+        or out.stride(d + 2) != 1
+        or out.dtype != torch.float32
+        or out.device != device
+    ):
+        want = "[G, m, S, seg]" if lead else "[m, S, seg]"
+        raise ValueError(
+            f"det_matmul_nt's out must be a {want} float32 view with S * seg = n and a contiguous last dimension on "
+            f"{device}, for {'G = ' + str(lead[0]) + ', ' if lead else ''}m = {m}, n = {n}: got {tuple(out.shape)}, "
+            f"strides {out.stride()}"
+        )
 
 
 def _check_cpu(a: torch.Tensor) -> None:
