@@ -2427,50 +2427,41 @@ static PyObject *py_exp(PyObject *self, PyObject *args) {
  * bits (moved as 32-bit integers: a NaN's payload, the sign of a zero kept) and +0.0 around: exact, whatever the
  * order.  Each output row is written once: no fill of the whole tensor before the copy, as F.pad does.  torch's copy
  * of a permuted view into channels last moves one element at a time, 5-8x slower than a plain copy of the same bytes;
- * here an output row (one image row of every channel) is transposed in blocks of 8 x 8.  Rows are shared out between
+ * here an output row (one image row of every channel) is transposed in blocks of 8 x 8 (the AVX shuffles that pack
+ * a transposed operand for the product).  Rows are shared out between
  * up to `threads` OpenMP threads (torch's team) from LAYOUT_PARALLEL_MIN elements. */
 
 #define LAYOUT_PARALLEL_MIN (1 << 15)
 
-typedef uint32_t bits8_t __attribute__((vector_size(8 * sizeof(uint32_t))));
-#if defined(__clang__)
-#define SHUFFLE8(x, y, ...) __builtin_shufflevector((x), (y), __VA_ARGS__)
-#else
-#define SHUFFLE8(x, y, ...) __builtin_shuffle((x), (y), (lane_index_t){__VA_ARGS__})
-#endif
-
-/* An 8 x 8 block: dst rows (dst_stride apart) = src columns (src rows src_stride apart), by the three rounds of
-   pairwise interleaves of the classic AVX transpose, written as generic vector shuffles (each clone's own
-   instructions; only bits move). */
-static inline __attribute__((always_inline)) void transpose8(const uint32_t *src, Py_ssize_t src_stride,
-                                                              uint32_t *dst, Py_ssize_t dst_stride) {
-    bits8_t r[8], t[8];
-    for (int i = 0; i < 8; ++i) memcpy(&r[i], src + i * src_stride, sizeof r[i]);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = SHUFFLE8(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-        t[i + 1] = SHUFFLE8(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+/* geometry's `len` int64 values into g, all >= 0; else 0 */
+static int read_geometry(const buf_t *geometry, Py_ssize_t *g, Py_ssize_t len) {
+    if (count(geometry) != len) return 0;
+    const int64_t *v = (const int64_t *)geometry->view.buf;
+    for (Py_ssize_t i = 0; i < len; ++i) {
+        if (v[i] < 0) return 0;
+        g[i] = (Py_ssize_t)v[i];
     }
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = SHUFFLE8(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-        r[i + 1] = SHUFFLE8(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-        r[i + 2] = SHUFFLE8(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
-        r[i + 3] = SHUFFLE8(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
-    }
-    for (int i = 0; i < 4; ++i) {
-        t[i] = SHUFFLE8(r[i], r[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-        t[i + 4] = SHUFFLE8(r[i], r[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-    }
-    for (int i = 0; i < 8; ++i) memcpy(dst + i * dst_stride, &t[i], sizeof t[i]);
+    return 1;
 }
 
-/* dst [w, c] = src [c, w] (rows `stride` apart): whole 8 x 8 blocks by transpose8, the edges element by element. */
-CLONES
+/* dst [w, c] = src [c, w] (rows `stride` apart): whole 8 x 8 blocks by the packing's AVX shuffles (transpose8_avx)
+   where `avx`, the rest, and everything without AVX2, element by element (only bits move either way). */
 static void transpose_tiles(const uint32_t *restrict src, uint32_t *restrict dst, Py_ssize_t c, Py_ssize_t stride,
-                            Py_ssize_t w) {
-    const Py_ssize_t c8 = c - c % 8, w8 = w - w % 8;
-    for (Py_ssize_t c0 = 0; c0 < c8; c0 += 8) {
-        for (Py_ssize_t x0 = 0; x0 < w8; x0 += 8) transpose8(src + c0 * stride + x0, stride, dst + x0 * c + c0, c);
+                            Py_ssize_t w, int avx) {
+    Py_ssize_t c8 = 0, w8 = 0;
+#ifdef HAVE_X86_FMA
+    if (avx) {
+        c8 = c - c % 8;
+        w8 = w - w % 8;
+        for (Py_ssize_t c0 = 0; c0 < c8; c0 += 8) {
+            for (Py_ssize_t x0 = 0; x0 < w8; x0 += 8) {
+                transpose8_avx((const float *)(src + c0 * stride + x0), stride, (float *)(dst + x0 * c + c0), c);
+            }
+        }
     }
+#else
+    (void)avx;
+#endif
     for (Py_ssize_t ch = 0; ch < c; ++ch) {
         const uint32_t *s = src + ch * stride;
         const Py_ssize_t from = ch < c8 ? w8 : 0;
@@ -2481,11 +2472,11 @@ static void transpose_tiles(const uint32_t *restrict src, uint32_t *restrict dst
 /* One output row of a zero-padded image: `left` zeros, the w values of src, `right` zeros (planes), or the same in
    pixels of c channels, src the row of channel 0 and the channels `plane` apart (channels last). */
 static void pad_row(const uint32_t *src, uint32_t *dst, Py_ssize_t c, Py_ssize_t plane, Py_ssize_t w,
-                    Py_ssize_t left, Py_ssize_t right, int channels_last) {
+                    Py_ssize_t left, Py_ssize_t right, int channels_last, int avx) {
     const Py_ssize_t px = channels_last ? c : 1;
     memset(dst, 0, (size_t)(left * px) * sizeof *dst);
     if (channels_last) {
-        transpose_tiles(src, dst + left * c, c, plane, w);
+        transpose_tiles(src, dst + left * c, c, plane, w, avx);
     } else {
         memcpy(dst + left, src, (size_t)w * sizeof *dst);
     }
@@ -2511,10 +2502,8 @@ static PyObject *py_pad_image(PyObject *self, PyObject *args) {
     }
     int rc = -1;
     if (got == 3) {
-        const int64_t *g = (const int64_t *)bg.view.buf;
-        int ok = count(&bg) == 8 && threads >= 1;
-        for (int i = 0; ok && i < 8; ++i) ok = g[i] >= 0;
-        if (!ok) {
+        Py_ssize_t g[8] = {0};
+        if (!read_geometry(&bg, g, 8) || threads < 1) {
             PyErr_SetString(PyExc_ValueError,
                             "geometry: 8 int64 values >= 0 (n, c, h, w, top, bottom, left, right); threads >= 1");
         } else {
@@ -2530,6 +2519,7 @@ static PyObject *py_pad_image(PyObject *self, PyObject *args) {
                 const Py_ssize_t images = channels_last ? n : n * c, px = channels_last ? c : 1;
                 const Py_ssize_t rows = images * hp, row = wp * px, image = channels_last ? c * plane : plane;
                 const int team = rows * row >= LAYOUT_PARALLEL_MIN ? threads : 1;
+                const int avx = transpose_avx_ok(matmul_path());
                 Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(team) schedule(static)
                 for (Py_ssize_t r = 0; r < rows; ++r) {
@@ -2538,7 +2528,7 @@ static PyObject *py_pad_image(PyObject *self, PyObject *args) {
                     if (y < 0 || y >= h) {
                         memset(dst, 0, (size_t)row * sizeof *dst);
                     } else {
-                        pad_row(x + (r / hp) * image + y * w, dst, c, plane, w, left, right, channels_last);
+                        pad_row(x + (r / hp) * image + y * w, dst, c, plane, w, left, right, channels_last, avx);
                     }
                 }
                 Py_END_ALLOW_THREADS
@@ -2644,17 +2634,6 @@ static int windows_inside(const int64_t *offsets, Py_ssize_t taps, Py_ssize_t pl
     }
     const Py_ssize_t first = y0 * wp + x0, last = (y0 + (th - 1) * sy) * wp + x0 + (tw - 1) * sx;
     return first + lo >= 0 && last + hi < plane;
-}
-
-/* geometry's `len` int64 values into g, all >= 0; else 0 */
-static int read_geometry(const buf_t *geometry, Py_ssize_t *g, Py_ssize_t len) {
-    if (count(geometry) != len) return 0;
-    const int64_t *v = (const int64_t *)geometry->view.buf;
-    for (Py_ssize_t i = 0; i < len; ++i) {
-        if (v[i] < 0) return 0;
-        g[i] = (Py_ssize_t)v[i];
-    }
-    return 1;
 }
 
 PyDoc_STRVAR(stencil_doc,

@@ -246,6 +246,13 @@ def _phases(window: Window, size: Pair, out: Pair) -> tuple[list[_Phase], tuple[
     return phases, (top, bottom, left, right)
 
 
+def _input_grad_buffer(grad_out: torch.Tensor, phases: list[_Phase], shape: tuple[int, int, int, int]) -> torch.Tensor:
+    """The input gradient's tensor: uninitialised where the phases cover every position, else zeros (a position no
+    window reaches has gradient 0)."""
+    covered = sum(p.th * p.tw for p in phases) == shape[2] * shape[3]
+    return grad_out.new_empty(shape) if covered else grad_out.new_zeros(shape)
+
+
 def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, size: Pair, groups: int) -> torch.Tensor:
     """The gradient of a convolution's input [N, C, H, W]: the transposed convolution, one product per phase of the
     stride (input positions ``(py + sh * t, px + sw * u)``, stride 1: one phase).  A phase's product is, group by
@@ -264,8 +271,7 @@ def _input_grad(grad_out: torch.Tensor, weight: torch.Tensor, window: Window, si
     top, _, left, _ = pads
     gp = _pad_image(grad_out, pads, channels_last=True)
     s_n, s_h, s_w, _ = gp.stride()
-    covered = sum(p.th * p.tw for p in phases) == h * w
-    gx = grad_out.new_empty((n, c, h, w)) if covered else grad_out.new_zeros((n, c, h, w))
+    gx = _input_grad_buffer(grad_out, phases, (n, c, h, w))
     for py, px, taps_i, first_i, step_i, taps_j, first_j, step_j, th, tw in phases:
         window_view = gp.as_strided(
             (n, th, tw, len(taps_i), len(taps_j), o),
@@ -311,20 +317,26 @@ def _stencil(
     ext.stencil(img.numpy(), flat, np.array(offsets, np.int64), out.numpy(), full, torch.get_num_threads())
 
 
+def _kernel_offsets(window: Window, wp: int) -> list[int]:
+    """The kernel offsets (i, j) in row-major order as distances in a padded plane of rows ``wp`` apart."""
+    (kh, kw), _, _, (dh, dw) = window
+    return [i * dh * wp + j * dw for i in range(kh) for j in range(kw)]
+
+
 def _depthwise_forward(ext: Any, x: torch.Tensor, weight: torch.Tensor, window: Window) -> torch.Tensor:
     """A depthwise convolution's output [N, C, Ho, Wo] by the stencil kernel: each output the dot product over the
     kernel offsets (i, j) in row-major order of the channel's filter and its window of the zero-padded plane: the
     bits of the one-channel implicit GEMM (k = (i, j, c) with one c), with no patches and no per-output tree."""
     n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    (kh, kw), (sh, sw), (ph, pw), _ = window
     ho, wo = window.output(h, w)
     xp = _pad_image(x, (ph, ph, pw, pw), channels_last=False)
-    wp = xp.shape[3]
-    offsets = [i * dh * wp + j * dw for i in range(kh) for j in range(kw)]
     out = x.new_empty((n, c, ho, wo))
     if out.numel():
         geometry = (0, 0, sh, sw, ho, wo, 0, wo, 1)
-        _stencil(ext, xp, weight.reshape(c, kh * kw), out, offsets=offsets, geometry=geometry)
+        _stencil(
+            ext, xp, weight.reshape(c, kh * kw), out, offsets=_kernel_offsets(window, xp.shape[3]), geometry=geometry
+        )
     return out
 
 
@@ -339,8 +351,7 @@ def _depthwise_input_grad(
     sh, sw = window.stride
     kw = weight.shape[3]
     phases, pads = _phases(window, size, (ho, wo))
-    covered = sum(p.th * p.tw for p in phases) == h * w
-    gx = grad_out.new_empty((n, c, h, w)) if covered else grad_out.new_zeros((n, c, h, w))
+    gx = _input_grad_buffer(grad_out, phases, (n, c, h, w))
     if not phases or not gx.numel():
         return gx
     top, _, left, _ = pads
@@ -362,10 +373,10 @@ def _depthwise_weight_grad(
     the outputs (n, y, x) of the channel's output gradient and its window values at that kernel offset, lane t mod 8
     of output t, as the one-channel product of the gradient's plane and the patch columns has it."""
     n, c = x.shape[0], x.shape[1]
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window
+    (kh, kw), (sh, sw), (ph, pw), _ = window
     xp = _pad_image(x, (ph, ph, pw, pw), channels_last=False)
     hp, wp = xp.shape[2], xp.shape[3]
-    offsets = np.array([i * dh * wp + j * dw for i in range(kh) for j in range(kw)], np.int64)
+    offsets = np.array(_kernel_offsets(window, wp), np.int64)
     gw = x.new_empty((c, kh * kw))
     geometry = np.array([n, c, hp, wp, 0, 0, sh, sw, out[0], out[1]], np.int64)
     ext.stencil_weight_grad(
@@ -428,12 +439,13 @@ class _Conv2dFn(torch.autograd.Function):
                 gx = _input_grad(grad_out, weight, window, (h, w), groups)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             cols_g = grad_out.permute(1, 0, 2, 3)  # [O, (n, y, x)]
-            if ctx.needs_input_grad[1] and ext is not None:
-                gw = _depthwise_weight_grad(ext, grad_out.contiguous(), x, window, (ho, wo)).reshape(weight.shape)
-            elif ctx.needs_input_grad[1]:
-                columns = _by_group(_columns(x, window, (ho, wo)), 2, groups)  # [G, (i, j, c), (n, y, x)]
-                gw = det_matmul_nt_groups(_by_group(cols_g, 0, groups), columns, b_rows=3).reshape(o, kh, kw, c)
-                gw = gw.permute(0, 3, 1, 2).contiguous()
+            if ctx.needs_input_grad[1]:
+                if ext is not None:
+                    gw = _depthwise_weight_grad(ext, grad_out.contiguous(), x, window, (ho, wo)).reshape(weight.shape)
+                else:
+                    columns = _by_group(_columns(x, window, (ho, wo)), 2, groups)  # [G, (i, j, c), (n, y, x)]
+                    gw = det_matmul_nt_groups(_by_group(cols_g, 0, groups), columns, b_rows=3)
+                    gw = gw.reshape(o, kh, kw, c).permute(0, 3, 1, 2).contiguous()
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 gb = det_sum(cols_g.reshape(o, n * ho * wo), 1)
         return gx, gw, gb, None, None

@@ -223,8 +223,9 @@ def test_every_instruction_set_gives_the_exp_definitions_bits(
 
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_every_instruction_set_pads_images_to_the_same_bits(builds: dict[str, d.CKernels], channels_last: bool) -> None:
-    """The padded images D2's convolutions read (8 x 8 block transposes as generic vector shuffles, compiled per
-    instruction set) are F.pad's bits in every build: whole blocks and edges (19 channels, width 21)."""
+    """The padded images D2's convolutions read (8 x 8 blocks by the AVX shuffles of the product's packing in the
+    builds with AVX2, element by element in the baseline one) are F.pad's bits in every build: whole blocks and
+    edges (19 channels, width 21)."""
     n, c, h, w = 3, 19, 6, 21
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(n, c, h, w, generator=gen)
